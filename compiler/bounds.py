@@ -1,0 +1,148 @@
+"""Analytic lower bounds on kernel and stage times, in cycles.
+
+A kernel cannot finish before its busiest PE has done its FLOPs (compute), read and written its
+bytes through the SRAM ports (sram), and taken its inputs in through its one ramp (link); nor
+before a wavelet has crossed its longest dependent path (path: hops plus the ramp in and out).
+Its bound is the largest of these. A stage runs one micro-batch at a time and a kernel starts
+when its inputs are complete, so a stage's bound is its layers times the critical path of a
+layer's kernel graph (kernel bounds plus the hop latency of the transfers between them), plus
+the embedding, the head and the arriving transfer. The simulator's times must never be lower.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compiler import opgraph as og
+from compiler.intensity import SILU_MUL_FLOPS, ROPE_FLOPS, RMSNORM_FLOPS, Workload, op_cost
+from wse_emu.fabric import FabricSpec
+from wse_emu.model import ModelSpec
+from wse_emu.program import Kernel, Rect
+
+RESOURCES = ("compute", "sram", "link", "path")
+
+ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
+                     "residual_attn": 1, "residual_mlp": 1}
+# Inputs read per output element (the rotary tables count as one more input).
+ELEMENTWISE_INPUTS = {"rope_q": 2, "rope_k": 2, "silu_mul": 2, "residual_attn": 2,
+                      "residual_mlp": 2}
+ATTENTION_OPS = (og.KV_APPEND, og.ATTN_SCORES, og.SOFTMAX, og.ATTN_WEIGHTED_SUM)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _result(fabric: FabricSpec, compute: float, sram: float, link: float, path: float) -> dict:
+    parts = {"compute": compute, "sram": sram, "link": link, "path": path}
+    total = max(parts.values())
+    dominant = max(parts, key=parts.get)
+    return {**{k: float(math.ceil(v)) for k, v in parts.items()},
+            "cycles": float(math.ceil(total)), "dominant": dominant}
+
+
+def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: FabricSpec,
+                 work: Workload) -> dict:
+    """Lower bound on one execution of ``kernel`` for one layer of the step."""
+    d = model.dtype_bytes
+    fpc = fabric.fp16_flops_per_cycle
+    rd, wr = fabric.sram_read_bytes_per_cycle, fabric.sram_write_bytes_per_cycle
+    link = fabric.link_bytes_per_cycle
+    hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
+    t = work.new_tokens
+    if kernel.kind in ("matrix", "gather"):
+        k, n = kernel.matrix
+        kp, np_ = kernel.grid
+        kc, nr = _ceil(k, kp), _ceil(n, np_)
+        path = hop * ((kp - 1) + (np_ - 1)) + 2 * ramp
+        if kernel.kind == "gather":
+            # One table row per token: the owning PEs read their slice and send it on.
+            seg = nr if kernel.weight_ref is None else kc
+            return _result(fabric, 0, t * seg * d / rd, t * seg * d / link, path)
+        rows = 1 if (kernel.name == "lm_head" and work.phase == "prefill") else t
+        bias = nr if kernel.name in ("q_proj", "k_proj", "v_proj") and model.attention_bias else 0
+        compute = rows * (2 * kc * nr + bias) / fpc
+        sram = max((kc * nr * d + rows * kc * d) / rd, rows * nr * d / wr)
+        ramp_in = rows * (kc + (nr if kp > 1 else 0)) * d / link
+        return _result(fabric, compute, sram, ramp_in, path)
+    if kernel.kind in ("norm", "elementwise"):
+        pes = kernel.rect.area
+        seg = _ceil(kernel.length, pes)
+        if kernel.kind == "norm":
+            compute = t * RMSNORM_FLOPS * seg / fpc
+            sram = max((t * seg * d + seg * d) / rd, t * seg * d / wr)
+            # Sum of squares reduced along the line, the scale broadcast back.
+            path = 2 * hop * (pes - 1) + 2 * ramp
+            return _result(fabric, compute, sram, t * seg * d / link, path)
+        flops = ELEMENTWISE_FLOPS[kernel.name]
+        compute = t * flops * seg / fpc
+        sram = max(t * ELEMENTWISE_INPUTS[kernel.name] * seg * d / rd, t * seg * d / wr)
+        return _result(fabric, compute, sram, t * seg * d / link, 2 * ramp)
+    if kernel.kind == "attention":
+        pes = kernel.rect.area
+        flops = reads = writes = 0
+        for kind in ATTENTION_OPS:
+            c = op_cost({"kind": kind, "op": kind}, model, work)
+            flops += c.flops
+            reads += c.read_bytes
+            writes += c.write_bytes
+        # The KV cache is spread evenly over the stage; queries reach every PE and partial
+        # results (softmax max and sum, weighted values) are reduced across it.
+        radius = _ceil(kernel.rect.w - 1, 2) + _ceil(kernel.rect.h - 1, 2)
+        path = 2 * hop * radius + 2 * ramp
+        q_in = t * model.q_size * d / pes
+        return _result(fabric, flops / (pes * fpc), max(reads / (pes * rd), writes / (pes * wr)),
+                       q_in / link, path)
+    raise ValueError(f"no bound for kernel kind {kernel.kind!r}")
+
+
+def transfer_cycles(hops: int, fabric: FabricSpec) -> float:
+    return float(hops * fabric.hop_latency_cycles)
+
+
+# The kernel graph of one layer inside a stage: kernel -> the kernels it waits for.
+LAYER_DEPENDENCIES = {
+    "input_norm": [],
+    "q_proj": ["input_norm"], "k_proj": ["input_norm"], "v_proj": ["input_norm"],
+    "rope_q": ["q_proj"], "rope_k": ["k_proj"],
+    "attention": ["rope_q", "rope_k", "v_proj"],
+    "o_proj": ["attention"],
+    "residual_attn": ["o_proj"],
+    "post_attn_norm": ["residual_attn"],
+    "gate_proj": ["post_attn_norm"], "up_proj": ["post_attn_norm"],
+    "silu_mul": ["gate_proj", "up_proj"],
+    "down_proj": ["silu_mul"],
+    "residual_mlp": ["down_proj"],
+}
+
+
+def stage_bound(kernels: dict[str, dict], hops: dict[tuple[str, str], int], layers: int,
+                extra: list[str], entry_hops: int, fabric: FabricSpec) -> dict:
+    """Critical-path bound of a stage from its kernels' bounds (name -> bound dict)."""
+    finish: dict[str, float] = {}
+    via: dict[str, str | None] = {}
+    for name, deps in LAYER_DEPENDENCIES.items():
+        if name not in kernels:
+            continue
+        start, prev = 0.0, None
+        for dep in deps:
+            if dep in finish:
+                arrive = finish[dep] + transfer_cycles(hops.get((dep, name), 0), fabric)
+                if arrive >= start:
+                    start, prev = arrive, dep
+        finish[name] = start + kernels[name]["cycles"]
+        via[name] = prev
+    layer_cycles = finish.get("residual_mlp", 0.0)
+    tally = {r: 0.0 for r in RESOURCES}
+    node = "residual_mlp" if layers else None
+    while node is not None:
+        tally[kernels[node]["dominant"]] += kernels[node]["cycles"] * layers
+        node = via[node]
+    total = layers * layer_cycles + transfer_cycles(entry_hops, fabric)
+    for name in extra:
+        total += kernels[name]["cycles"]
+        tally[kernels[name]["dominant"]] += kernels[name]["cycles"]
+    tally["path"] += transfer_cycles(entry_hops, fabric)
+    return {"cycles": float(total), "seconds": total / fabric.clock_hz,
+            "layer_cycles": float(layer_cycles),
+            "dominant": max(tally, key=tally.get), "by_resource": tally}

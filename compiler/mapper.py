@@ -1,0 +1,222 @@
+"""compile_model: the whole mapping compiler, from a model and a cluster to a WaferProgram."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+
+from compiler.options import CompileOptions
+from compiler.partition import RegionPlan, partition, too_big_message, wafers_needed
+from compiler.routing import color_masks, popcount
+from compiler.template import NoLayout, RegionTemplate, build_template
+from wse_emu.errors import CompileError
+from wse_emu.fabric import ClusterSpec
+from wse_emu.model import ModelSpec
+from wse_emu.program import SRAM_CATEGORIES, Rect, Region, Route, WaferProgram
+
+log = logging.getLogger(__name__)
+
+
+def compile_model(model: ModelSpec, cluster: ClusterSpec,
+                  options: CompileOptions | None = None) -> WaferProgram:
+    options = options or CompileOptions()
+    plans, templates = _plan_and_template(model, cluster, options)
+    program = _instantiate(model, cluster, options, plans, templates)
+    verify(program)
+    return program
+
+
+def _shape(plan: RegionPlan) -> tuple[tuple[int, int], ...]:
+    return tuple((p.w, p.h) for p in plan.parts)
+
+
+def _plan_and_template(model, cluster, options):
+    """Partition, then map each distinct region shape; with automatic replicas, halve the
+    replica count while a region is too small to lay out."""
+    cap = None
+    while True:
+        plans = partition(model, cluster, options, replicas_cap=cap)
+        templates: dict[tuple, RegionTemplate] = {}
+        try:
+            for plan in plans:
+                shape = _shape(plan)
+                if shape not in templates:
+                    templates[shape] = build_template(model, cluster.fabric, list(shape), options)
+            return plans, templates
+        except NoLayout as exc:
+            per_part = _replicas_per_part(plans)
+            if options.region is not None or per_part <= 1:
+                raise CompileError(f"{model.name} cannot be laid out on {cluster.describe()}: "
+                                   f"{exc}; try --layers-per-stage or a larger region") from None
+            cap = per_part // 2
+
+
+def _replicas_per_part(plans: list[RegionPlan]) -> int:
+    counts: dict[tuple[str, int], int] = {}
+    for p in plans:
+        key = (p.role, p.parts[0].system)
+        counts[key] = counts.get(key, 0) + 1
+    return max(counts.values())
+
+
+def _instantiate(model, cluster, options, plans, templates) -> WaferProgram:
+    fabric = cluster.fabric
+    shape3 = (cluster.systems, fabric.height, fabric.width)
+    arrays = {f"sram_{c}": np.zeros(shape3, np.uint16) for c in SRAM_CATEGORIES}
+    arrays["stage_id"] = np.full(shape3, -1, np.int32)
+    regions, stages, kernels, routes = [], [], [], []
+    for plan in plans:
+        t = templates[_shape(plan)]
+        k0, s0, r0 = len(kernels), len(stages), len(routes)
+
+        def move(rect: Rect) -> Rect:
+            part = plan.parts[rect.system]
+            return Rect(part.system, part.x + rect.x, part.y + rect.y, rect.w, rect.h)
+
+        region = Region(plan.name, plan.role, plan.replica, plan.parts,
+                        kv_capacity_tokens=t.kv_capacity_tokens, weight_bytes=t.weight_bytes)
+        for st in t.stages:
+            s = copy.deepcopy(st)
+            s.id, s.region, s.rect = st.id + s0, plan.name, move(st.rect)
+            s.kernel_ids = [k + k0 for k in st.kernel_ids]
+            stages.append(s)
+            region.stage_ids.append(s.id)
+        for kt in t.kernels:
+            k = copy.copy(kt)
+            k.id, k.stage, k.rect = kt.id + k0, kt.stage + s0, move(kt.rect)
+            if kt.weight_ref is not None:
+                k.weight_ref = kt.weight_ref + k0
+            kernels.append(k)
+        for rt in t.routes:
+            r = copy.copy(rt)
+            r.id, r.footprint = rt.id + r0, move(rt.footprint)
+            r.src = None if rt.src is None else rt.src + k0
+            r.dst = [d + k0 for d in rt.dst]
+            r.stage = None if rt.stage is None else rt.stage + s0
+            routes.append(r)
+        for part, a in zip(plan.parts, t.arrays):
+            sl = (part.system, slice(part.y, part.y1), slice(part.x, part.x1))
+            arrays["sram_weights"][sl] = a["weights"]
+            arrays["sram_activations"][sl] = a["activations"]
+            arrays["sram_kv_cache"][sl] = a["kv_cache"]
+            arrays["sram_reserved"][sl] = fabric.reserved_bytes_per_pe
+            arrays["stage_id"][sl] = np.where(a["stage"] >= 0, a["stage"] + s0, -1)
+        regions.append(region)
+
+    masks = color_masks(routes, shape3)
+    if options.plan == "disaggregated":
+        routes.extend(_kv_handoff_routes(regions, routes, masks, fabric))
+    arrays["color_mask"] = masks
+    program = WaferProgram(fabric=fabric, systems=cluster.systems, model=model,
+                           options=options.to_dict(), regions=regions, stages=stages,
+                           kernels=kernels, routes=routes, arrays=arrays)
+    program.summary = summarize(program, templates, plans)
+    return program
+
+
+def _kv_handoff_routes(regions, routes, masks, fabric) -> list[Route]:
+    """KV moves from prefill to decode regions over one dedicated color per system, whose route
+    the runtime switches between layer pairs (control wavelets), so that a handoff does not hold
+    a color per layer across the wafer. Between systems it leaves through the I/O edges."""
+    out = []
+    systems = sorted({p.system for r in regions for p in r.parts})
+    for system in systems:
+        parts = [p for r in regions for p in r.parts if p.system == system]
+        x0, y0 = min(p.x for p in parts), min(p.y for p in parts)
+        foot = Rect(system, x0, y0, max(p.x1 for p in parts) - x0, max(p.y1 for p in parts) - y0)
+        used = np.bitwise_or.reduce(masks[foot.slices()].ravel())
+        color = next((c for c in range(fabric.colors_available) if not used >> c & 1), None)
+        if color is None:
+            raise CompileError(f"colors run out: no color left on system {system} for the KV "
+                               f"handoff from prefill to decode regions")
+        roles = {r.role for r in regions if any(p.system == system for p in r.parts)}
+        route = Route(id=len(routes) + len(out), kind="kv_handoff", name=f"kv_handoff.s{system}",
+                      footprint=foot, color=color, offwafer=roles != {"prefill", "decode"})
+        masks[foot.slices()] |= np.uint32(1 << color)
+        out.append(route)
+    return out
+
+
+def verify(program: WaferProgram) -> None:
+    """The compiler's guarantees, checked on the finished program; a failure is a bug."""
+    fabric, model = program.fabric, program.model
+    total = program.sram_total()
+    if int(total.max()) > fabric.sram_bytes_per_pe:
+        raise AssertionError(f"a PE holds {int(total.max())} bytes > {fabric.sram_bytes_per_pe}")
+    weights = int(program.arrays["sram_weights"].astype(np.int64).sum())
+    expected = model.weight_bytes() * len(program.regions)
+    if weights != expected:
+        raise AssertionError(f"per-PE weights sum to {weights}, expected {expected}")
+    if sum(k.weight_bytes for k in program.kernels) != expected:
+        raise AssertionError("kernel weight bytes do not add up to the model's")
+    for stage in program.stages:
+        owners = [k for k in program.stage_kernels(stage) if k.kind == "matrix"
+                  or (k.kind == "gather" and k.weight_ref is None)]
+        for i, a in enumerate(owners):
+            if not stage.rect.contains(a.rect):
+                raise AssertionError(f"kernel {a.name} leaves stage {stage.id}")
+            for b in owners[i + 1:]:
+                if a.rect.overlaps(b.rect):
+                    raise AssertionError(f"kernels {a.name} and {b.name} overlap")
+    if int(popcount(program.arrays["color_mask"]).max()) > fabric.colors_available:
+        raise AssertionError("a PE uses more colors than the fabric allows")
+
+
+def summarize(program: WaferProgram, templates, plans) -> dict:
+    fabric, model = program.fabric, program.model
+    total = program.sram_total()
+    used = program.arrays["stage_id"] >= 0
+    colors = popcount(program.arrays["color_mask"])
+    by_shape = {_shape(p): templates[_shape(p)] for p in plans}
+    first = next(iter(by_shape.values()))
+    region_rows = []
+    for plan, region in zip(plans, program.regions):
+        t = templates[_shape(plan)]
+        region_rows.append({
+            "name": region.name, "role": region.role, "replica": region.replica,
+            "parts": [str(p) for p in region.parts], "pes": region.pes,
+            "stages": len(region.stage_ids), "weight_bytes": region.weight_bytes,
+            "kv_capacity_tokens": region.kv_capacity_tokens,
+            "bounds": t.bounds,
+        })
+    stage_rows = [{
+        "id": s.id, "region": s.region, "rect": str(s.rect), "layers": s.layers,
+        "embedding": s.has_embedding, "head": s.has_head,
+        "kv_capacity_tokens": s.kv_capacity_tokens,
+        "prefill_bound_cycles": s.bounds["prefill"]["cycles"],
+        "decode_bound_cycles": s.bounds["decode"]["cycles"],
+    } for s in program.stages]
+    wafers = wafers_needed(model, fabric)
+    return {
+        "model": model.name,
+        "cluster": f"{program.systems} x {fabric.name}",
+        "plan": program.options["plan"],
+        "params": model.params(),
+        "regions": region_rows,
+        "stages": stage_rows,
+        "stages_per_region": len(first.stages),
+        "pes_total": int(program.systems * fabric.pes),
+        "pes_used": int(used.sum()),
+        "weight_bytes_total": int(program.arrays["sram_weights"].astype(np.int64).sum()),
+        "weight_bytes_model": model.weight_bytes(),
+        "sram_bytes_per_pe": fabric.sram_bytes_per_pe,
+        "sram_bytes_max_per_pe": int(total.max()),
+        "sram_bytes_by_category": {c: int(program.arrays[f"sram_{c}"].astype(np.int64).sum())
+                                   for c in SRAM_CATEGORIES},
+        "kv_capacity_tokens": {r.name: r.kv_capacity_tokens for r in program.regions},
+        "kv_bytes_per_token": model.kv_bytes_per_token(),
+        "colors_available": fabric.colors_available,
+        "colors_max_per_pe": int(colors.max()),
+        "wafers_per_replica": wafers,
+        "placement": {shape_key(s): t.placement for s, t in by_shape.items()},
+        "bounds": {r["name"]: r["bounds"] for r in region_rows},
+    }
+
+
+def shape_key(shape) -> str:
+    return "+".join(f"{w}x{h}" for w, h in shape)
+
+
+__all__ = ["compile_model", "verify", "too_big_message"]

@@ -1,0 +1,70 @@
+"""Compile options: every knob of the mapping compiler in one validated dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from wse_emu.errors import UserError
+
+PLANS = ("colocated", "disaggregated")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    plan: str = "colocated"
+    # Disaggregated on every wafer: the prefill share of each wafer's columns.
+    prefill_share: float | None = None
+    # Disaggregated across systems: the first P systems prefill, the rest decode.
+    prefill_systems: int | None = None
+    # Region rectangle (width, height) for replicas; None picks automatically.
+    region: tuple[int, int] | None = None
+    # Auto replicas: keep each replica's weights within this share of its region's usable SRAM
+    # so that the rest holds KV cache.
+    weight_share_target: float = 0.5
+    max_replicas_per_part: int = 64
+    # Layers per pipeline stage; None picks the smallest count that maps.
+    layers_per_stage: int | None = None
+    # Tokens of activation buffer per PE per kernel (2 = double-buffered streaming).
+    buffer_tokens: int = 2
+    # Placement optimizer.
+    optimize_placement: bool = True
+    anneal_steps: int = 1500
+    seed: int = 0
+    # Reference workloads for the bounds stored in the program.
+    bound_prefill_tokens: int = 4096
+    bound_decode_batch: int = 1
+    bound_decode_context: int = 4096
+
+    def __post_init__(self):
+        if self.plan not in PLANS:
+            raise UserError(f"--plan must be one of {', '.join(PLANS)}, got {self.plan!r}")
+        if self.prefill_share is not None and self.prefill_systems is not None:
+            raise UserError("give --prefill-share or --prefill-systems, not both")
+        if self.plan == "colocated" and (self.prefill_share is not None
+                                         or self.prefill_systems is not None):
+            raise UserError("--prefill-share and --prefill-systems need --plan disaggregated")
+        if self.prefill_share is not None and not 0.0 < self.prefill_share < 1.0:
+            raise UserError(f"--prefill-share must be between 0 and 1, got {self.prefill_share}")
+        if self.prefill_systems is not None and self.prefill_systems < 1:
+            raise UserError(f"--prefill-systems must be at least 1, got {self.prefill_systems}")
+        if self.region is not None and min(self.region) < 1:
+            raise UserError(f"--region must be WxH with positive sides, got {self.region}")
+        if self.layers_per_stage is not None and self.layers_per_stage < 1:
+            raise UserError(f"--layers-per-stage must be at least 1, got {self.layers_per_stage}")
+        if not 0.0 < self.weight_share_target <= 1.0:
+            raise UserError("weight_share_target must be in (0, 1]")
+        if self.buffer_tokens < 1:
+            raise UserError("buffer_tokens must be at least 1")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["region"] = list(self.region) if self.region else None
+        return out
+
+
+def parse_region(text: str) -> tuple[int, int]:
+    try:
+        w, h = text.lower().split("x")
+        return int(w), int(h)
+    except ValueError:
+        raise UserError(f"--region must look like WxH (e.g. 377x585), got {text!r}") from None

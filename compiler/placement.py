@@ -1,0 +1,180 @@
+"""Placement of kernels inside a stage: the order of its strips along the long side and the
+edge of each strip where outputs collect (its root).
+
+Strips span the stage's short side, so traffic between them runs along the long side on
+``short`` parallel lanes. That makes placement one-dimensional and exact to score:
+- bytes x hops: each transfer's bytes times the distance between its ports (a transfer to or
+  from the attention kernel, which spans the stage, averages over the stage);
+- link load: the bytes crossing each cut between two columns, over the lanes; the busiest cut
+  is the bottleneck link.
+The baseline is data-flow order with every root toward the next kernel; the optimizer anneals
+over orders and roots, from a fixed seed, and keeps the best it saw.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.stages import StageSpec, home_strip
+from wse_emu.model import ModelSpec
+
+STAGE = "@stage"  # the attention kernel, spread over the whole stage
+ENTRY = "@entry"  # where the previous stage's output arrives
+EXIT = "@exit"  # where the next stage takes this stage's output
+
+
+@dataclass(frozen=True)
+class Transfer:
+    src: str  # strip name (its root), STAGE or ENTRY
+    dst: str  # strip name, STAGE or EXIT
+    nbytes: int  # per decode token, all layers of the stage
+    data: str  # what moves; transfers of the same data from one source share a multicast route
+    to_edge: bool = False  # True: lands on dst's root edge (an elementwise op), else dst's body
+
+
+def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
+    d = model.dtype_bytes
+    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    names = {s.name for s in spec.strips}
+    home = home_strip(spec).name
+    out: list[Transfer] = []
+    layers = spec.num_layers
+    if "embedding" in names:
+        out.append(Transfer("embedding", home, h * d, "embedded", to_edge=True))
+    else:
+        out.append(Transfer(ENTRY, home, h * d, "stage_input", to_edge=True))
+    if layers:
+        per_layer = [
+            Transfer(home, "q_proj", h * d, "x_norm"), Transfer(home, "k_proj", h * d, "x_norm"),
+            Transfer(home, "v_proj", h * d, "x_norm"),
+            Transfer("q_proj", STAGE, q * d, "q"), Transfer("k_proj", STAGE, kv * d, "k"),
+            Transfer("v_proj", STAGE, kv * d, "v"), Transfer(STAGE, "o_proj", q * d, "attn"),
+            Transfer(home, "o_proj", h * d, "residual", to_edge=True),
+            Transfer("o_proj", "gate_proj", h * d, "h_norm"),
+            Transfer("o_proj", "up_proj", h * d, "h_norm"),
+            Transfer("gate_proj", "up_proj", inter * d, "gate", to_edge=True),
+            Transfer("up_proj", "down_proj", inter * d, "act"),
+            Transfer("o_proj", "down_proj", h * d, "h", to_edge=True),
+        ]
+        out.extend(Transfer(t.src, t.dst, t.nbytes * layers, t.data, t.to_edge)
+                   for t in per_layer)
+    if "lm_head" in names:
+        if home != "lm_head":
+            out.append(Transfer(home, "lm_head", h * d, "h_final"))
+    else:
+        out.append(Transfer(home, EXIT, h * d, "stage_output"))
+    return out
+
+
+class StageScorer:
+    """Scores an arrangement of one stage's strips: (bytes x hops, busiest-cut bytes per lane)."""
+
+    def __init__(self, names: list[str], extents: dict[str, int], short: int,
+                 transfers: list[Transfer], entry: float, exit_: float):
+        self.names = names
+        self.extents = extents
+        self.length = sum(extents.values())
+        self.short = short
+        self.transfers = transfers
+        self.entry = entry
+        self.exit = exit_
+        self.nbytes = np.array([t.nbytes for t in transfers], dtype=float)
+
+    def ports(self, order: list[str], roots: dict[str, bool]):
+        """Per transfer: source and destination coordinates along the long side (NaN for a
+        stage-wide end)."""
+        start, u = {}, 0
+        for name in order:
+            start[name] = u
+            u += self.extents[name]
+
+        def root(name):
+            return start[name] + (self.extents[name] - 1 if roots[name] else 0)
+
+        def body(name):
+            return start[name] + (self.extents[name] - 1) / 2
+
+        src, dst = [], []
+        for t in self.transfers:
+            src.append(math.nan if t.src == STAGE else self.entry if t.src == ENTRY else root(t.src))
+            if t.dst == STAGE:
+                dst.append(math.nan)
+            elif t.dst == EXIT:
+                dst.append(self.exit)
+            else:
+                dst.append(root(t.dst) if t.to_edge else body(t.dst))
+        return np.array(src), np.array(dst), start
+
+    def score(self, order: list[str], roots: dict[str, bool]) -> tuple[float, float]:
+        src, dst, start = self.ports(order, roots)
+        length = self.length
+        spread = np.isnan(src) | np.isnan(dst)
+        point = np.where(np.isnan(src), dst, src)
+        # Point to point: |src - dst|. Point to the whole stage: the mean distance to a column.
+        hops = np.where(spread, (point ** 2 + (length - 1 - point) ** 2) / (2 * max(length - 1, 1)),
+                        np.abs(src - dst))
+        bytes_hops = float((self.nbytes * hops).sum())
+        # Cuts between columns c-1 and c, at every place a load can change.
+        cand = {float(start[n]) for n in order} | {float(start[n] + self.extents[n]) for n in order}
+        cand |= {math.floor(v) + 1 for v in np.concatenate([src, dst]) if not math.isnan(v)}
+        cuts = np.array(sorted(c for c in cand if 0 < c < length), dtype=float)
+        if cuts.size == 0:
+            return bytes_hops, 0.0
+        lo = np.minimum(np.nan_to_num(src, nan=np.inf), np.nan_to_num(dst, nan=np.inf))
+        hi = np.maximum(np.nan_to_num(src, nan=-np.inf), np.nan_to_num(dst, nan=-np.inf))
+        crossing = ((lo[:, None] < cuts[None, :]) & (cuts[None, :] <= hi[:, None])).astype(float)
+        # A stage-wide end: the share of the stage on the far side of the cut from the point.
+        far = np.where(point[:, None] < cuts[None, :], (length - cuts[None, :]) / length,
+                       cuts[None, :] / length)
+        crossing = np.where(spread[:, None], far, crossing)
+        loads = (self.nbytes[:, None] * crossing).sum(axis=0) / self.short
+        return bytes_hops, float(loads.max())
+
+    def objective(self, order, roots) -> float:
+        bytes_hops, max_load = self.score(order, roots)
+        # A busiest-link byte costs as much as a byte sent across the whole stage.
+        return bytes_hops + max_load * self.length
+
+
+def baseline_arrangement(spec: StageSpec) -> tuple[list[str], dict[str, bool]]:
+    """Data-flow order, every root on the high end (toward the next kernel)."""
+    order = [s.name for s in spec.strips]
+    return order, {n: True for n in order}
+
+
+def anneal(scorer: StageScorer, order: list[str], roots: dict[str, bool], steps: int,
+           seed: int) -> tuple[list[str], dict[str, bool]]:
+    rng = np.random.default_rng(seed)
+    cur_o, cur_r = list(order), dict(roots)
+    cur = scorer.objective(cur_o, cur_r)
+    best_o, best_r, best = list(cur_o), dict(cur_r), cur
+    n = len(order)
+    if n < 2 or steps <= 0:
+        return best_o, best_r
+    t0 = max(cur * 0.05, 1e-9)
+    for step in range(steps):
+        temp = t0 * (1e-4 ** (step / steps))
+        new_o, new_r = list(cur_o), dict(cur_r)
+        move = rng.integers(3)
+        if move == 0:
+            i, j = rng.choice(n, size=2, replace=False)
+            new_o[i], new_o[j] = new_o[j], new_o[i]
+        elif move == 1:
+            name = new_o[rng.integers(n)]
+            new_r[name] = not new_r[name]
+        else:
+            i, j = rng.choice(n, size=2, replace=False)
+            new_o.insert(int(j), new_o.pop(int(i)))
+        value = scorer.objective(new_o, new_r)
+        if value <= cur or rng.random() < math.exp(-(value - cur) / temp):
+            cur_o, cur_r, cur = new_o, new_r, value
+            if value < best:
+                best_o, best_r, best = list(new_o), dict(new_r), value
+    return best_o, best_r
+
+
+def mirror(order: list[str], roots: dict[str, bool]) -> tuple[list[str], dict[str, bool]]:
+    return list(reversed(order)), {k: not v for k, v in roots.items()}

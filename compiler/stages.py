@@ -1,0 +1,277 @@
+"""Pipeline stages: which layers each stage holds, how much area each gets, and where.
+
+A stage holds consecutive layers stacked on one rectangle: each of its matrix kernels is a strip
+of the rectangle (full length of the short side, an extent along the long side) that owns that
+matrix of every layer in the stage. The embedding joins the region's first stage and the final
+norm plus LM head its last stage.
+
+Areas balance the bottleneck. Within a layer the matrix kernels run in steps (q/k/v together,
+then o, then gate/up together, then down), and a decode step reads every weight once, so a
+step of c weight bytes on a PEs takes time proportional to c / a. For a stage of area A the
+sum over steps is smallest with a_step proportional to sqrt(c_step), giving stage time
+(sum sqrt(c_step))^2 / A; stage areas follow so that every stage takes the same time. Capacity
+wins over speed: no kernel gets less area than its weights need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.geometry import proportional_split
+from compiler.tiling import min_cross_extent
+from wse_emu.errors import CompileError
+from wse_emu.model import ModelSpec
+
+# Matrix kernels in data-flow order, and the step each belongs to.
+STRIP_STEPS = {
+    "embedding": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
+    "gate_proj": 3, "up_proj": 3, "down_proj": 4, "lm_head": 5,
+}
+
+
+@dataclass
+class StripSpec:
+    name: str
+    k: int
+    n: int
+    layers: int
+    step: int
+    weight_bytes: int  # matrix bytes over all layers of the stage
+    vectors: dict[str, int] = field(default_factory=dict)  # name -> length, per layer
+    vector_layers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def work(self) -> float:
+        """Decode work: bytes read per token. The embedding gathers one row: no area needed."""
+        return 0.0 if self.name == "embedding" else float(self.weight_bytes)
+
+
+@dataclass
+class StageSpec:
+    layers: tuple[int, int]
+    has_embedding: bool
+    has_head: bool
+    strips: list[StripSpec]
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        vec = sum(length * s.vector_layers[name] * dtype_bytes
+                  for s in self.strips for name, length in s.vectors.items())
+        return sum(s.weight_bytes for s in self.strips) + vec
+
+
+def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> StageSpec:
+    d = model.dtype_bytes
+    n_layers = l1 - l0
+    strips = []
+    if first and not model.tie_embeddings:
+        strips.append(StripSpec("embedding", model.vocab_size, model.hidden_size, 1, 0,
+                                model.embedding_params() * d))
+    if n_layers:
+        for name, (k, n) in model.layer_matrices().items():
+            s = StripSpec(name, k, n, n_layers, STRIP_STEPS[name], k * n * n_layers * d)
+            if model.attention_bias and name in ("q_proj", "k_proj", "v_proj"):
+                s.vectors[name[0] + "_bias"] = n
+                s.vector_layers[name[0] + "_bias"] = n_layers
+            if name == "o_proj":
+                s.vectors["post_attn_norm"] = model.hidden_size
+                s.vector_layers["post_attn_norm"] = n_layers
+            if name == "down_proj":
+                # The stage's residual home: the input norm of each layer runs here.
+                s.vectors["input_norm"] = model.hidden_size
+                s.vector_layers["input_norm"] = n_layers
+            strips.append(s)
+    if last:
+        head = StripSpec("lm_head", model.hidden_size, model.vocab_size, 1, 5,
+                         model.vocab_size * model.hidden_size * d)
+        home = strips[-1] if n_layers else head
+        home.vectors["final_norm"] = model.hidden_size
+        home.vector_layers["final_norm"] = 1
+        strips.append(head)
+    return StageSpec((l0, l1), first, last, strips)
+
+
+def home_strip(spec: StageSpec) -> StripSpec:
+    """The strip whose output edge holds the stage's residual stream."""
+    names = {s.name: s for s in spec.strips}
+    return names.get("down_proj") or names.get("lm_head") or names["embedding"]
+
+
+def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
+                 extra_first: float, extra_last: float) -> list[tuple[int, int]]:
+    """Contiguous layer ranges, one per part, that minimize the fullest part's share of its
+    budget; the embedding and the head add to the first and last part."""
+    parts = len(part_budgets)
+    if parts == 1:
+        return [(0, num_layers)]
+
+    def fits(limit: float) -> list[tuple[int, int]] | None:
+        ranges, start = [], 0
+        for p in range(parts):
+            extra = (extra_first if p == 0 else 0.0) + (extra_last if p == parts - 1 else 0.0)
+            room = limit * part_budgets[p] - extra
+            count = max(0, int(room // layer_bytes)) if room > 0 else 0
+            if p == parts - 1:
+                count = num_layers - start
+                if count * layer_bytes + extra > limit * part_budgets[p] + 1e-6:
+                    return None
+            count = min(count, num_layers - start)
+            ranges.append((start, start + count))
+            start += count
+        return ranges
+
+    lo, hi = 0.0, 4.0
+    if fits(hi) is None:
+        raise CompileError("cannot split the layers across the region's wafers")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if fits(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return fits(hi)
+
+
+def allocate_areas(specs: list[StageSpec], total_area: int,
+                   min_areas: list[list[float]]) -> list[list[float]]:
+    """Continuous area per strip (see the module docstring), summing to ``total_area``."""
+    works = []
+    for spec in specs:
+        step_work: dict[int, float] = {}
+        for s in spec.strips:
+            step_work[s.step] = step_work.get(s.step, 0.0) + s.work
+        root_sum = sum(math.sqrt(c) for c in step_work.values() if c > 0)
+        works.append([(s.work / math.sqrt(step_work[s.step]) * root_sum) if s.work > 0 else 0.0
+                      for s in spec.strips])
+    flat_w = np.array([w for ws in works for w in ws], dtype=float)
+    flat_m = np.array([m for ms in min_areas for m in ms], dtype=float)
+    if flat_m.sum() > total_area:
+        raise CompileError("weights do not fit in the region")
+
+    def total(inv_t: float) -> float:
+        return float(np.maximum(flat_m, flat_w * inv_t).sum())
+
+    lo, hi = 0.0, 1.0
+    while total(hi) < total_area and hi < 1e30:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if total(mid) < total_area:
+            lo = mid
+        else:
+            hi = mid
+    flat_a = np.maximum(flat_m, flat_w * lo)
+    # Hand any rounding slack to the largest strip so areas sum exactly.
+    out, i = [], 0
+    for ws in works:
+        out.append(list(flat_a[i:i + len(ws)]))
+        i += len(ws)
+    return out
+
+
+@dataclass
+class StageRect:
+    x: int
+    y: int
+    w: int
+    h: int
+
+
+def layout_stages(width: int, height: int, areas: list[float],
+                  min_long: list[int]) -> list[StageRect]:
+    """Stage rectangles tiling width x height in serpentine bands (left to right, then right
+    to left), stage areas close to ``areas``; each stage's long side is at least its
+    ``min_long``. Picks the band count whose worst stage is closest to square."""
+    n = len(areas)
+    areas = np.asarray(areas, dtype=float)
+    best, best_key = None, None
+    for bands in range(1, n + 1):
+        if bands > height:
+            break
+        groups = _contiguous_groups(areas, bands)
+        if groups is None:
+            continue
+        sums = [areas[a:b].sum() for a, b in groups]
+        try:
+            heights = proportional_split(height, sums, 1)
+        except ValueError:
+            continue
+        rects: list[StageRect | None] = [None] * n
+        y, ok = 0, True
+        for band, ((a, b), hh) in enumerate(zip(groups, heights)):
+            if b - a > width:
+                ok = False
+                break
+            widths = proportional_split(width, areas[a:b], 1)
+            xs = np.concatenate([[0], np.cumsum(widths)[:-1]])
+            for idx, (x, ww) in enumerate(zip(xs, widths)):
+                stage = a + idx
+                if band % 2 == 1:  # serpentine: odd bands run right to left
+                    x = width - x - ww
+                rects[stage] = StageRect(int(x), int(y), int(ww), int(hh))
+            y += hh
+        if not ok:
+            continue
+        longs = [max(r.w, r.h) for r in rects]
+        if any(lg < m for lg, m in zip(longs, min_long)):
+            continue
+        worst = max(max(r.w, r.h) / min(r.w, r.h) for r in rects)
+        key = (worst, bands)
+        if best_key is None or key < best_key:
+            best, best_key = rects, key
+    if best is None:
+        raise CompileError("stages do not fit")
+    return best
+
+
+def _contiguous_groups(values: np.ndarray, groups: int) -> list[tuple[int, int]] | None:
+    n = len(values)
+    if groups > n:
+        return None
+    cum = np.cumsum(values)
+    targets = cum[-1] * np.arange(1, groups) / groups
+    cuts = []
+    prev = 0
+    for j, t in enumerate(targets):
+        idx = int(np.searchsorted(cum, t))
+        # choose the closer of idx and idx+1 as the cut (cut = number of items before)
+        cut = idx + 1 if idx < n and (idx == 0 or abs(cum[idx] - t) <= abs(cum[idx - 1] - t)) else idx
+        cut = max(cut, prev + 1)
+        cut = min(cut, n - (groups - 1 - j))
+        cuts.append(cut)
+        prev = cut
+    bounds = [0] + cuts + [n]
+    return [(bounds[i], bounds[i + 1]) for i in range(groups)]
+
+
+def strip_min_extent(strip: StripSpec, short_side: int, budget: int, dtype_bytes: int) -> int | None:
+    """The fewest PEs along the stage's long side that hold the strip's blocks and its
+    output-edge vectors within ``budget`` bytes per PE; None if impossible."""
+    vec = sum(-(-length // short_side) * strip.vector_layers[name] * dtype_bytes
+              for name, length in strip.vectors.items())
+    room = budget - vec
+    if room <= 0:
+        return None
+    extent = min_cross_extent(strip.k, strip.n, strip.layers, dtype_bytes, short_side, "rows", room)
+    return None if extent is None else max(1, extent)
+
+
+def strip_extents(spec: StageSpec, areas: list[float], long_side: int, short_side: int,
+                  budget: int, dtype_bytes: int) -> np.ndarray | None:
+    """Integer extents along the long side, one per strip, proportional to ``areas`` and each
+    at least its capacity minimum; None if the minimums do not fit."""
+    mins = []
+    for s in spec.strips:
+        m = strip_min_extent(s, short_side, budget, dtype_bytes)
+        if m is None:
+            return None
+        mins.append(m)
+    if sum(mins) > long_side:
+        return None
+    return proportional_split(long_side, areas, np.array(mins))

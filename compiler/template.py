@@ -1,0 +1,521 @@
+"""The layout of one region shape, computed once and stamped out for every replica.
+
+Replicas of a region have identical shapes, so their stages, kernels, routes, colors, per-PE
+SRAM plans and bounds are identical up to a translation. ``build_template`` maps a region of
+the given part shapes (one part per wafer it spans) in part-relative coordinates, where a rect's
+``system`` is the part index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler import placement as pl
+from compiler.bounds import LAYER_DEPENDENCIES, kernel_bound, stage_bound
+from compiler.intensity import Workload
+from compiler.options import CompileOptions
+from compiler.routing import assign_colors, manhattan
+from compiler.stages import (
+    StageRect,
+    StageSpec,
+    allocate_areas,
+    home_strip,
+    layout_stages,
+    split_layers,
+    stage_spec,
+    strip_extents,
+)
+from compiler.tiling import block_bytes, vector_bytes
+from compiler.geometry import even_split
+from wse_emu.errors import CompileError
+from wse_emu.fabric import FabricSpec
+from wse_emu.model import ModelSpec
+from wse_emu.program import Kernel, Rect, Route, Stage
+
+INITIAL_BUFFER_RESERVE = 1024  # bytes per PE held back for activation buffers while sizing
+INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
+TOKEN_ID_BYTES = 4
+
+
+class NoLayout(Exception):
+    """The region shape is too small for any stage layout (the caller may use fewer replicas)."""
+
+
+@dataclass
+class StageLayout:
+    spec: StageSpec
+    rect: Rect
+    axis: str  # "x" or "y": the long side, along which strips are laid
+    areas: list[float]
+    extents: dict[str, int] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    roots: dict[str, bool] = field(default_factory=dict)
+    baseline: tuple[list[str], dict[str, bool]] | None = None
+    scorer: pl.StageScorer | None = None
+
+    @property
+    def long(self) -> int:
+        return self.rect.w if self.axis == "x" else self.rect.h
+
+    @property
+    def short(self) -> int:
+        return self.rect.h if self.axis == "x" else self.rect.w
+
+
+@dataclass
+class RegionTemplate:
+    part_shapes: list[tuple[int, int]]
+    stages: list[Stage]
+    kernels: list[Kernel]
+    routes: list[Route]
+    arrays: list[dict[str, np.ndarray]]  # per part: weights, activations, kv_cache, stage
+    placement: dict
+    kv_capacity_tokens: int
+    weight_bytes: int
+    colors_used: int
+    bounds: dict
+
+
+def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple[int, int]],
+                   options: CompileOptions) -> RegionTemplate:
+    reserve = INITIAL_BUFFER_RESERVE
+    for _ in range(4):
+        budget = fabric.usable_bytes_per_pe - reserve
+        layouts = _layout_region(model, fabric, part_shapes, options, budget)
+        _place(layouts, model, options)
+        template = _assemble(model, fabric, part_shapes, layouts, options)
+        over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
+                   for a in template.arrays) - fabric.usable_bytes_per_pe
+        if over <= 0:
+            return template
+        reserve += over
+    raise CompileError(f"{model.name}: activation buffers do not fit beside the weights; "
+                       "use more systems or fewer replicas")
+
+
+# --- stages ---------------------------------------------------------------------------------
+
+def _layout_region(model, fabric, part_shapes, options, budget) -> list[list[StageLayout]]:
+    d = model.dtype_bytes
+    parts = len(part_shapes)
+    extra_first = 0 if model.tie_embeddings else model.embedding_params() * d
+    extra_last = model.head_params() * d
+    ranges = split_layers(model.layer_params() * d, model.num_layers,
+                          [w * h * budget for w, h in part_shapes], extra_first, extra_last)
+    if any(l1 <= l0 for l0, l1 in ranges):
+        raise CompileError(f"{model.name}: too few layers to pipeline over {parts} wafers")
+    return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options)
+            for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
+
+
+def _layout_part(model, width, height, l0, l1, first, last, part, budget,
+                 options) -> list[StageLayout]:
+    d = model.dtype_bytes
+    count = l1 - l0
+    choices = [options.layers_per_stage] if options.layers_per_stage else range(1, count + 1)
+    for per_stage in choices:
+        starts = list(range(l0, l1, per_stage))
+        specs = [stage_spec(model, a, min(a + per_stage, l1), first and a == l0,
+                            last and min(a + per_stage, l1) == l1) for a in starts]
+        mins = [[s.weight_bytes / budget for s in spec.strips] for spec in specs]
+        if sum(map(sum, mins)) > width * height:
+            raise CompileError(f"{model.name}: weights do not fit in a {width}x{height} region")
+        areas = allocate_areas(specs, width * height, mins)
+        try:
+            rects = layout_stages(width, height, [sum(a) for a in areas],
+                                  [len(s.strips) for s in specs])
+        except CompileError:
+            continue
+        layouts = []
+        for spec, area, r in zip(specs, areas, rects):
+            axis = "x" if r.w >= r.h else "y"
+            lay = StageLayout(spec, Rect(part, r.x, r.y, r.w, r.h), axis, area)
+            ext = strip_extents(spec, area, lay.long, lay.short, budget, d)
+            if ext is None:
+                break
+            lay.extents = {s.name: int(e) for s, e in zip(spec.strips, ext)}
+            layouts.append(lay)
+        if len(layouts) == len(specs):
+            return layouts
+    raise NoLayout(f"no stage layout for layers {l0}-{l1 - 1} in {width}x{height}")
+
+
+# --- placement ------------------------------------------------------------------------------
+
+def _ends(lay: StageLayout, prev: Rect | None, nxt: Rect | None) -> tuple[float, float]:
+    """Where the previous stage's output arrives and the next stage's input leaves, projected
+    on this stage's long side (the middle when there is no neighbour on the wafer)."""
+    def project(other: Rect | None) -> float:
+        if other is None:
+            return (lay.long - 1) / 2
+        cx, cy = other.center()
+        u = cx - lay.rect.x if lay.axis == "x" else cy - lay.rect.y
+        return float(min(max(u, 0), lay.long - 1))
+    return project(prev), project(nxt)
+
+
+def _scorer(lay: StageLayout, model, prev, nxt) -> pl.StageScorer:
+    entry, exit_ = _ends(lay, prev, nxt)
+    return pl.StageScorer([s.name for s in lay.spec.strips], lay.extents, lay.short,
+                          pl.stage_transfers(lay.spec, model), entry, exit_)
+
+
+def _place(layouts: list[list[StageLayout]], model, options) -> None:
+    canonical: dict[tuple, tuple[list[str], dict[str, bool], bool]] = {}
+    for part in layouts:
+        for i, lay in enumerate(part):
+            prev = part[i - 1].rect if i > 0 else None
+            nxt = part[i + 1].rect if i + 1 < len(part) else None
+            scorer = _scorer(lay, model, prev, nxt)
+            forward = scorer.entry <= scorer.exit
+            base_o, base_r = pl.baseline_arrangement(lay.spec)
+            if not forward:
+                base_o, base_r = pl.mirror(base_o, base_r)
+            order, roots = base_o, base_r
+            if options.optimize_placement:
+                kind = (tuple(s.name for s in lay.spec.strips), lay.spec.num_layers)
+                if kind not in canonical:
+                    o, r = pl.anneal(scorer, base_o, base_r, options.anneal_steps, options.seed)
+                    canonical[kind] = (o, r, forward)
+                o, r, fwd = canonical[kind]
+                if fwd != forward:
+                    o, r = pl.mirror(o, r)
+                if scorer.objective(o, r) < scorer.objective(base_o, base_r):
+                    order, roots = o, r
+            lay.order, lay.roots = order, roots
+            lay.baseline = (base_o, base_r)
+            lay.scorer = scorer
+
+
+# --- kernels, routes, SRAM ------------------------------------------------------------------
+
+MATRIX_PATTERNS = {"decode": "gemv_tree", "prefill": "gemm_stream"}
+GATHER_PATTERNS = {"decode": "row_gather", "prefill": "row_gather"}
+EDGE = {("x", True): "east", ("x", False): "west", ("y", True): "south", ("y", False): "north"}
+
+
+def _strip_rects(lay: StageLayout) -> dict[str, tuple[Rect, Rect]]:
+    """Per strip: (its rect, its root edge line)."""
+    out, u = {}, 0
+    r = lay.rect
+    for name in lay.order:
+        e = lay.extents[name]
+        high = lay.roots[name]
+        if lay.axis == "x":
+            body = Rect(r.system, r.x + u, r.y, e, r.h)
+            edge = Rect(r.system, r.x + u + (e - 1 if high else 0), r.y, 1, r.h)
+        else:
+            body = Rect(r.system, r.x, r.y + u, r.w, e)
+            edge = Rect(r.system, r.x, r.y + u + (e - 1 if high else 0), r.w, 1)
+        out[name] = (body, edge)
+        u += e
+    return out
+
+
+def _gap(a: Rect, b: Rect) -> int:
+    """Fewest hops from any PE of ``a`` to any PE of ``b``."""
+    gx = max(0, a.x - b.x1 + 1, b.x - a.x1 + 1)
+    gy = max(0, a.y - b.y1 + 1, b.y - a.y1 + 1)
+    return gx + gy
+
+
+class _Builder:
+    def __init__(self, model, fabric, part_shapes, options):
+        self.model, self.fabric, self.options = model, fabric, options
+        self.d = model.dtype_bytes
+        self.stages: list[Stage] = []
+        self.kernels: list[Kernel] = []
+        self.routes: list[Route] = []
+        self.arrays = [{"weights": np.zeros((h, w), np.int64),
+                        "activations": np.zeros((h, w), np.int64),
+                        "stage": np.full((h, w), -1, np.int32)} for w, h in part_shapes]
+        self.part_shapes = part_shapes
+
+    # kernels -----------------------------------------------------------------------------
+    def kernel(self, stage: Stage, name: str, kind: str, rect: Rect, **kw) -> Kernel:
+        k = Kernel(id=len(self.kernels), stage=stage.id, name=name, kind=kind, rect=rect,
+                   layers=kw.pop("layers", stage.num_layers), **kw)
+        self.kernels.append(k)
+        stage.kernel_ids.append(k.id)
+        return k
+
+    def add(self, category: str, rect: Rect, values) -> None:
+        self.arrays[rect.system][category][rect.y:rect.y1, rect.x:rect.x1] += values
+
+    def route(self, kind: str, name: str, footprint: Rect, **kw) -> Route:
+        r = Route(id=len(self.routes), kind=kind, name=name, footprint=footprint, **kw)
+        self.routes.append(r)
+        return r
+
+    def edge_route(self, kind: str, name: str, rect: Rect, **kw) -> Route:
+        """A route between ``rect`` and the nearer of its wafer's east and west edges, where the
+        off-wafer I/O channels are."""
+        width = self.part_shapes[rect.system][0]
+        if rect.center()[0] < width / 2:
+            foot = Rect(rect.system, 0, rect.y, rect.x1, rect.h)
+        else:
+            foot = Rect(rect.system, rect.x, rect.y, width - rect.x, rect.h)
+        return self.route(kind, name, foot, hops=foot.w - 1, offwafer=True, **kw)
+
+    def connect(self, name: str, src: Rect, dst: Rect, nbytes: int, **kw) -> None:
+        if src.system == dst.system:
+            self.route("transfer", name, src.bbox(dst), hops=manhattan(src, dst),
+                       bytes_per_token=nbytes, **kw)
+        else:
+            self.edge_route("offwafer_out", name + ":out", src, bytes_per_token=nbytes, **kw)
+            self.edge_route("offwafer_in", name + ":in", dst, bytes_per_token=nbytes, **kw)
+
+    def matrix_kernel(self, stage, lay, strip, body, edge, high) -> Kernel:
+        model, d = self.model, self.d
+        e, short = lay.extents[strip.name], lay.short
+        kind = "gather" if strip.name == "embedding" else "matrix"
+        vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
+                        if n.endswith("_bias"))
+        k = self.kernel(stage, strip.name, kind, body, layers=strip.layers,
+                        ops=[strip.name], matrix=[strip.k, strip.n], grid=[e, short],
+                        k_axis=lay.axis, weight_bytes=strip.weight_bytes + vec_bytes,
+                        root=EDGE[(lay.axis, high)],
+                        pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
+        w = block_bytes(strip.k, strip.n, e, short, strip.layers, d)  # (short, e)
+        # Inputs stream through a small FIFO (each arriving element triggers an update of the
+        # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
+        # gather holds its output row slices and the token ids.
+        out_seg = even_split(strip.n, short)[:, None] * np.ones((1, e), np.int64)
+        per_token = out_seg * d + (TOKEN_ID_BYTES if kind == "gather" else 0)
+        act = per_token * self.options.buffer_tokens + INPUT_FIFO_BYTES
+        if lay.axis == "y":
+            w, act = w.T, act.T
+        self.add("weights", body, w)
+        self.add("activations", body, act)
+        for name, length in strip.vectors.items():
+            if name.endswith("_bias"):
+                self.add("weights", edge, self.line(edge, vector_bytes(length, short,
+                                                                       strip.vector_layers[name], d)))
+        # The kernel's internal collectives: inputs broadcast across the strip, partial sums
+        # reduced along it by a two-level tree (one color per level).
+        self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
+        levels = 0 if e == 1 else (1 if e <= 2 else 2)
+        for level in range(levels):
+            self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],
+                       stage=stage.id)
+        return k
+
+    def line(self, edge: Rect, values: np.ndarray) -> np.ndarray:
+        return values[:, None] if edge.w == 1 else values[None, :]
+
+    def vector_kernel(self, stage, name, kind, edge: Rect, length: int, layers: int,
+                      weights: bool, ops: list[str]) -> Kernel:
+        d = self.d
+        pes = edge.area
+        k = self.kernel(stage, name, kind, edge, layers=layers, ops=ops, length=length,
+                        weight_bytes=length * layers * d if weights else 0,
+                        pattern={"decode": kind, "prefill": kind})
+        if weights:
+            self.add("weights", edge, self.line(edge, vector_bytes(length, pes, layers, d)))
+        seg = even_split(length, pes) * (self.options.buffer_tokens * d)
+        self.add("activations", edge, self.line(edge, seg))
+        if kind == "norm":
+            self.route("reduce", f"{name}.allreduce", edge, src=k.id, dst=[k.id], stage=stage.id)
+        return k
+
+
+def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
+    b = _Builder(model, fabric, part_shapes, options)
+    d = model.dtype_bytes
+    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    flat = [lay for part in layouts for lay in part]
+    homes: list[Rect] = []
+    named: list[dict[str, Kernel]] = []
+    for index, lay in enumerate(flat):
+        spec = lay.spec
+        stage = Stage(id=index, region="", index=index, rect=lay.rect, layers=list(spec.layers),
+                      has_embedding=spec.has_embedding, has_head=spec.has_head,
+                      strip_axis=lay.axis)
+        b.stages.append(stage)
+        b.arrays[lay.rect.system]["stage"][lay.rect.y:lay.rect.y1, lay.rect.x:lay.rect.x1] = index
+        rects = _strip_rects(lay)
+        strips = {s.name: s for s in spec.strips}
+        ks: dict[str, Kernel] = {}
+        for name in lay.order:
+            body, edge = rects[name]
+            ks[name] = b.matrix_kernel(stage, lay, strips[name], body, edge, lay.roots[name])
+        home = home_strip(spec).name
+        home_edge = rects[home][1]
+        homes.append(home_edge)
+        n = spec.num_layers
+        if n:
+            ks["input_norm"] = b.vector_kernel(stage, "input_norm", "norm", home_edge, h, n, True,
+                                               ["input_norm"])
+            ks["rope_q"] = b.vector_kernel(stage, "rope_q", "elementwise", rects["q_proj"][1], q,
+                                           n, False, ["rope_q"])
+            ks["rope_k"] = b.vector_kernel(stage, "rope_k", "elementwise", rects["k_proj"][1], kv,
+                                           n, False, ["rope_k"])
+            att = b.kernel(stage, "attention", "attention", lay.rect,
+                           ops=["kv_append", "attn_scores", "attn_softmax", "attn_weighted_sum"],
+                           pattern={"decode": "attention_kv_spread",
+                                    "prefill": "attention_kv_spread"})
+            ks["attention"] = att
+            # Attention works one query head at a time on each PE: its query, its output
+            # accumulator, and the softmax running max and sum in FP32.
+            b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * 4)
+            b.route("reduce", "attention.reduce", lay.rect, src=att.id, dst=[att.id],
+                    stage=stage.id)
+            o_edge, up_edge = rects["o_proj"][1], rects["up_proj"][1]
+            ks["residual_attn"] = b.vector_kernel(stage, "residual_attn", "elementwise", o_edge,
+                                                  h, n, False, ["residual_attn"])
+            ks["post_attn_norm"] = b.vector_kernel(stage, "post_attn_norm", "norm", o_edge, h, n,
+                                                   True, ["post_attn_norm"])
+            ks["silu_mul"] = b.vector_kernel(stage, "silu_mul", "elementwise", up_edge, inter, n,
+                                             False, ["silu_mul"])
+            ks["residual_mlp"] = b.vector_kernel(stage, "residual_mlp", "elementwise", home_edge,
+                                                 h, n, False, ["residual_mlp"])
+        if spec.has_head:
+            ks["final_norm"] = b.vector_kernel(stage, "final_norm", "norm", home_edge, h, 1, True,
+                                               ["final_norm"])
+        named.append(ks)
+        # Transfers between this stage's kernels, as the placement model scored them; one
+        # multicast route per source and datum.
+        groups: dict[tuple[str, str], list] = {}
+        for t in pl.stage_transfers(spec, model):
+            if t.src != pl.ENTRY and t.dst != pl.EXIT:
+                groups.setdefault((t.src, t.data), []).append(t)
+        for (src_name, data), ts in groups.items():
+            src = lay.rect if src_name == pl.STAGE else rects[src_name][1]
+            dsts = [lay.rect if t.dst == pl.STAGE else rects[t.dst][1 if t.to_edge else 0]
+                    for t in ts]
+            foot = src
+            for dst in dsts:
+                foot = foot.bbox(dst)
+            name = f"{data}:{src_name}->{'+'.join(t.dst for t in ts)}".replace("@", "")
+            b.route("transfer", name, foot, hops=max(manhattan(src, dst) for dst in dsts),
+                    bytes_per_token=ts[0].nbytes, stage=stage.id,
+                    src=ks[src_name].id if src_name in ks else ks["attention"].id,
+                    dst=[ks[t.dst].id if t.dst in ks else ks["attention"].id for t in ts])
+
+    # Between stages, between wafers, and the token I/O.
+    for i in range(1, len(flat)):
+        b.connect(f"stage{i - 1}->stage{i}", homes[i - 1], homes[i], h * d, stage=i)
+    first, last = named[0], named[-1]
+    head = last["lm_head"]
+    if model.tie_embeddings:
+        gather = b.kernel(b.stages[-1], "embedding", "gather", head.rect, layers=1,
+                          ops=["embedding"], matrix=list(head.matrix), grid=list(head.grid),
+                          k_axis=head.k_axis, weight_ref=head.id, root=head.root,
+                          pattern=GATHER_PATTERNS)
+        first["embedding"] = gather
+        b.connect("embedding->stage0", gather.rect, homes[0], h * d, stage=0)
+    b.edge_route("io_in", "tokens->embedding", first["embedding"].rect, bytes_per_token=4,
+                 dst=[first["embedding"].id])
+    b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4, src=head.id)
+
+    colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages))
+    arrays = _kv_plan(b, model, fabric, flat)
+    template = RegionTemplate(
+        part_shapes=part_shapes, stages=b.stages, kernels=b.kernels, routes=b.routes,
+        arrays=arrays, placement=_placement_report(flat, homes, model),
+        kv_capacity_tokens=min((s.kv_capacity_tokens for s in b.stages if s.num_layers),
+                               default=0),
+        weight_bytes=sum(k.weight_bytes for k in b.kernels), colors_used=colors, bounds={})
+    template.bounds = _bounds(template, named, homes, model, fabric, options)
+    return template
+
+
+def rects_edge(k: Kernel) -> Rect:
+    r = k.rect
+    if k.root == "east":
+        return Rect(r.system, r.x1 - 1, r.y, 1, r.h)
+    if k.root == "west":
+        return Rect(r.system, r.x, r.y, 1, r.h)
+    if k.root == "south":
+        return Rect(r.system, r.x, r.y1 - 1, r.w, 1)
+    return Rect(r.system, r.x, r.y, r.w, 1)
+
+
+def _describe_route(route: Route, stages: list[Stage]) -> str:
+    where = f"stage {route.stage}" if route.stage is not None else "the region"
+    return f"route {route.name} in {where} ({route.footprint})"
+
+
+def _kv_plan(b: _Builder, model: ModelSpec, fabric: FabricSpec, flat) -> list[dict[str, np.ndarray]]:
+    """The KV cache takes what weights and buffers leave, in whole slots (K and V of one token
+    for one KV head of one layer); each stage can hold as many tokens as its slots allow for
+    all of its layers and KV heads."""
+    slot = 2 * model.head_dim * model.dtype_bytes
+    out = []
+    for arrays in b.arrays:
+        free = np.clip(fabric.usable_bytes_per_pe - arrays["weights"] - arrays["activations"],
+                       0, None)
+        slots = np.where(arrays["stage"] >= 0, free // slot, 0)
+        out.append({"weights": arrays["weights"], "activations": arrays["activations"],
+                    "kv_cache": slots * slot, "stage": arrays["stage"], "_slots": slots})
+    for stage in b.stages:
+        r = stage.rect
+        stage.kv_slots = int(out[r.system]["_slots"][r.y:r.y1, r.x:r.x1].sum())
+        per_token = stage.num_layers * model.num_kv_heads
+        stage.kv_capacity_tokens = stage.kv_slots // per_token if per_token else 0
+    for arrays in out:
+        del arrays["_slots"]
+    return out
+
+
+def _placement_report(flat, homes, model) -> dict:
+    """Bytes x hops and the busiest link (bytes per decode token) for the baseline and the
+    optimized placement, inside stages plus between consecutive stages."""
+    report = {}
+    between = sum(model.hidden_size * model.dtype_bytes * manhattan(homes[i - 1], homes[i])
+                  for i in range(1, len(homes)) if homes[i - 1].system == homes[i].system)
+    for label in ("baseline", "optimized"):
+        bytes_hops, worst = float(between), 0.0
+        for lay in flat:
+            arrangement = lay.baseline if label == "baseline" else (lay.order, lay.roots)
+            bh, load = lay.scorer.score(*arrangement)
+            bytes_hops += bh
+            worst = max(worst, load)
+        report[label] = {"bytes_hops_per_token": bytes_hops, "max_link_bytes_per_token": worst}
+    return report
+
+
+def _bounds(template, named, homes, model, fabric, options) -> dict:
+    works = {
+        "prefill": Workload("prefill", tokens=options.bound_prefill_tokens),
+        "decode": Workload("decode", batch=options.bound_decode_batch,
+                           context=options.bound_decode_context),
+    }
+    for kernel in template.kernels:
+        stage_rect = template.stages[kernel.stage].rect
+        kernel.bounds = {ph: kernel_bound(kernel, stage_rect, model, fabric, w)
+                         for ph, w in works.items()}
+    region = {}
+    for phase in works:
+        per_stage = []
+        for i, (stage, ks) in enumerate(zip(template.stages, named)):
+            bounds = {name: k.bounds[phase] for name, k in ks.items()}
+            hops = {(src, dst): _gap(ks[src].rect, ks[dst].rect)
+                    for dst, deps in LAYER_DEPENDENCIES.items() if dst in ks
+                    for src in deps if src in ks}
+            extra = [n for n in ("embedding", "final_norm", "lm_head") if n in ks]
+            entry = 0 if i == 0 else (_gap(homes[i - 1], homes[i])
+                                      if homes[i - 1].system == homes[i].system else 0)
+            sb = stage_bound(bounds, hops, stage.num_layers, extra, entry, fabric)
+            stage.bounds[phase] = sb
+            per_stage.append(sb["cycles"])
+        # Crossing a wafer boundary costs at least the activation's bytes over the off-wafer
+        # link of one system.
+        tokens = works[phase].new_tokens
+        crossings = sum(1 for i in range(1, len(homes)) if homes[i - 1].system != homes[i].system)
+        offwafer = crossings * tokens * model.hidden_size * model.dtype_bytes \
+            / fabric.offwafer_bytes_per_cycle()
+        bottleneck = int(np.argmax(per_stage))
+        latency = float(sum(per_stage) + offwafer)
+        region[phase] = {
+            "workload": works[phase].describe(),
+            "bottleneck_stage": bottleneck,
+            "bottleneck_cycles": per_stage[bottleneck],
+            "pipeline_latency_cycles": latency,
+            "pipeline_latency_s": latency / fabric.clock_hz,
+            "offwafer_cycles": offwafer,
+            "max_tokens_per_s": tokens * fabric.clock_hz / per_stage[bottleneck],
+        }
+    return region

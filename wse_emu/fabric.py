@@ -1,0 +1,144 @@
+"""FabricSpec: the emulated wafer's parameters, and the cluster of identical wafers.
+
+Every number comes from a preset in ``programs/fabrics/`` that cites ``HARDWARE.md``; uncertain
+values (clock, hop and ramp latency, reserved runtime memory) are fields, never constants in code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wse_emu.configfile import (
+    build_dataclass,
+    check_version,
+    preset_dir,
+    preset_names,
+    read_yaml_mapping,
+    require,
+)
+from wse_emu.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """One wafer: a width x height mesh of PEs (the user rectangle) and its per-PE resources."""
+
+    name: str
+    width: int
+    height: int
+    sram_bytes_per_pe: int
+    reserved_bytes_per_pe: int
+    clock_hz: float
+    fp16_flops_per_cycle: int
+    fp32_flops_per_cycle: int
+    sram_read_bytes_per_cycle: int
+    sram_write_bytes_per_cycle: int
+    link_bytes_per_cycle: int
+    hop_latency_cycles: int
+    ramp_latency_cycles: int
+    colors_total: int
+    colors_reserved: int
+    offwafer_bytes_per_s: float
+    host_transfer_overhead_s: float = 0.0
+    description: str = ""
+
+    @property
+    def pes(self) -> int:
+        return self.width * self.height
+
+    @property
+    def usable_bytes_per_pe(self) -> int:
+        """SRAM left for weights, KV cache and activation buffers after code and runtime."""
+        return self.sram_bytes_per_pe - self.reserved_bytes_per_pe
+
+    @property
+    def sram_bytes_total(self) -> int:
+        return self.pes * self.sram_bytes_per_pe
+
+    @property
+    def colors_available(self) -> int:
+        """Colors a program may allocate: the routable ones minus the runtime's reserved ones."""
+        return self.colors_total - self.colors_reserved
+
+    @property
+    def sram_bytes_per_cycle(self) -> int:
+        return self.sram_read_bytes_per_cycle + self.sram_write_bytes_per_cycle
+
+    def ridge_flop_per_byte(self) -> float:
+        """FP16 FLOP per SRAM byte read at which a read-dominated op turns compute-bound."""
+        return self.fp16_flops_per_cycle / self.sram_read_bytes_per_cycle
+
+    def offwafer_bytes_per_cycle(self) -> float:
+        return self.offwafer_bytes_per_s / self.clock_hz
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, source: str) -> "FabricSpec":
+        positive = [
+            "width", "height", "sram_bytes_per_pe", "clock_hz", "fp16_flops_per_cycle",
+            "fp32_flops_per_cycle", "sram_read_bytes_per_cycle", "sram_write_bytes_per_cycle",
+            "link_bytes_per_cycle", "colors_total", "offwafer_bytes_per_s",
+        ]
+        for name in positive:
+            require(getattr(self, name) > 0, source, f"field '{name}' must be positive")
+        for name in ["reserved_bytes_per_pe", "hop_latency_cycles", "ramp_latency_cycles",
+                     "colors_reserved", "host_transfer_overhead_s"]:
+            require(getattr(self, name) >= 0, source, f"field '{name}' must be >= 0")
+        require(self.sram_bytes_per_pe <= 65535, source,
+                "field 'sram_bytes_per_pe' must be <= 65535 (per-PE plans are 16-bit)")
+        require(self.reserved_bytes_per_pe < self.sram_bytes_per_pe, source,
+                "field 'reserved_bytes_per_pe' must be below 'sram_bytes_per_pe'")
+        require(self.colors_reserved < self.colors_total, source,
+                "field 'colors_reserved' must be below 'colors_total'")
+        require(self.colors_total <= 32, source, "field 'colors_total' must be <= 32")
+        return self
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """N identical systems (wafers) joined by off-wafer links."""
+
+    fabric: FabricSpec
+    systems: int = 1
+
+    def __post_init__(self):
+        if self.systems < 1:
+            raise ConfigError(f"--systems must be at least 1, got {self.systems}")
+
+    @property
+    def sram_bytes_total(self) -> int:
+        return self.systems * self.fabric.sram_bytes_total
+
+    def describe(self) -> str:
+        return f"{self.systems} x {self.fabric.name}"
+
+
+def fabric_from_dict(data: dict[str, Any], source: str) -> FabricSpec:
+    check_version(data, source)
+    spec = build_dataclass(FabricSpec, data, source, skip=("version", "sources"))
+    return spec.validate(source)
+
+
+def load_fabric(name_or_path: str | Path) -> FabricSpec:
+    """A preset name under ``programs/fabrics/`` or a path to a fabric YAML file."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return fabric_from_dict(read_yaml_mapping(path), str(path))
+    preset = preset_dir("fabrics") / f"{text}.yaml"
+    if not preset.exists():
+        raise ConfigError(
+            f"unknown fabric '{text}': choose one of {', '.join(preset_names('fabrics'))} "
+            "or give a YAML path"
+        )
+    return fabric_from_dict(read_yaml_mapping(preset), f"fabric preset {text}")
+
+
+def with_overrides(spec: FabricSpec, **overrides: Any) -> FabricSpec:
+    """A copy with some fields replaced (for the uncertain parameters), re-validated."""
+    data = {**spec.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
+    return fabric_from_dict(data, f"fabric {spec.name} with overrides")

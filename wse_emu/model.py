@@ -1,0 +1,219 @@
+"""ModelSpec: the shapes of a decoder-only transformer, and loading them.
+
+A model is a preset name under ``programs/models/``, a model YAML path, or a Hugging Face
+``config.json`` (file or directory) of a supported architecture (Llama, Mistral, Qwen2: pre-norm
+RMSNorm decoders with rotary embeddings, grouped-query attention and a gated SiLU MLP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wse_emu.configfile import (
+    build_dataclass,
+    check_version,
+    preset_dir,
+    preset_names,
+    read_yaml_mapping,
+    require,
+)
+from wse_emu.errors import ConfigError
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+# Hugging Face architecture name -> our family.
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    sliding_window: int | None = None
+    dtype_bytes: int = 2
+    source: str = ""
+
+    # --- derived shapes -------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    def layer_matrices(self) -> dict[str, tuple[int, int]]:
+        """Weight matrices of one decoder layer as (input dim K, output dim N)."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (h, self.q_size),
+            "k_proj": (h, self.kv_size),
+            "v_proj": (h, self.kv_size),
+            "o_proj": (self.q_size, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def layer_vectors(self) -> dict[str, int]:
+        """Per-layer weight vectors (norm scales, projection biases) and their lengths."""
+        vectors = {"input_norm": self.hidden_size, "post_attn_norm": self.hidden_size}
+        if self.attention_bias:
+            vectors.update(q_bias=self.q_size, k_bias=self.kv_size, v_bias=self.kv_size)
+        return vectors
+
+    def layer_params(self) -> int:
+        return sum(k * n for k, n in self.layer_matrices().values()) + sum(
+            self.layer_vectors().values()
+        )
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def head_params(self) -> int:
+        """Final norm plus the LM head (zero extra matrix when tied to the embedding)."""
+        lm = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return self.hidden_size + lm
+
+    def params(self) -> int:
+        return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()
+
+    def weight_bytes(self) -> int:
+        return self.params() * self.dtype_bytes
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers."""
+        return 2 * self.num_layers * self.kv_size * self.dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, source: str) -> "ModelSpec":
+        require(self.family in FAMILIES, source,
+                f"field 'family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        for name in ["hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "vocab_size", "dtype_bytes",
+                     "max_position_embeddings"]:
+            require(getattr(self, name) > 0, source, f"field '{name}' must be positive")
+        require(self.num_heads % self.num_kv_heads == 0, source,
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})")
+        require(self.head_dim % 2 == 0, source, "field 'head_dim' must be even (rotary pairs)")
+        require(self.dtype_bytes in (2, 4), source, "field 'dtype_bytes' must be 2 or 4")
+        require(self.sliding_window is None or self.sliding_window > 0, source,
+                "field 'sliding_window' must be positive or null")
+        return self
+
+
+def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
+    check_version(data, source)
+    return build_dataclass(ModelSpec, data, source, skip=("version",)).validate(source)
+
+
+def model_from_hf_config(config: dict[str, Any], source: str, name: str | None = None) -> ModelSpec:
+    """Translate a Hugging Face ``config.json`` mapping; unsupported ones raise ConfigError."""
+    archs = config.get("architectures") or []
+    model_type = config.get("model_type")
+    family = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
+    if family is None and not archs and model_type in FAMILIES:
+        family = model_type
+    if family is None:
+        shown = ", ".join(archs) if archs else f"model_type {model_type!r}"
+        raise ConfigError(
+            f"{source}: unsupported architecture {shown}; supported: "
+            f"{', '.join(HF_ARCHITECTURES)}"
+        )
+    for moe_key in ("num_local_experts", "num_experts"):
+        if config.get(moe_key):
+            raise ConfigError(f"{source}: mixture-of-experts models ('{moe_key}') are not supported")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{source}: field 'hidden_act' must be 'silu', got {act!r}")
+
+    def need(key: str) -> Any:
+        if key not in config:
+            raise ConfigError(f"{source}: missing required field '{key}'")
+        return config[key]
+
+    hidden = need("hidden_size")
+    heads = need("num_attention_heads")
+    head_dim = config.get("head_dim") or (hidden // heads if heads else 0)
+    bias_default = family == "qwen2"
+    sliding = None
+    if family == "mistral" or config.get("use_sliding_window"):
+        sliding = config.get("sliding_window")
+    dtype = str(config.get("torch_dtype", "bfloat16"))
+    data = {
+        "name": name or config.get("_name_or_path") or Path(source).parent.name or family,
+        "family": family,
+        "hidden_size": hidden,
+        "intermediate_size": need("intermediate_size"),
+        "num_layers": need("num_hidden_layers"),
+        "num_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": head_dim,
+        "vocab_size": need("vocab_size"),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "attention_bias": bool(config.get("attention_bias", bias_default)),
+        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-5)),
+        "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "max_position_embeddings": config.get("max_position_embeddings", 4096),
+        "sliding_window": sliding,
+        "dtype_bytes": 4 if dtype == "float32" else 2,
+        "source": f"Hugging Face config {source}",
+    }
+    return model_from_dict(data, source)
+
+
+def load_model(name_or_path: str | Path) -> ModelSpec:
+    """A preset name, a model YAML path, or a Hugging Face config.json (file or directory)."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.exists():
+            raise ConfigError(f"{text}: directory has no config.json")
+    if path.suffix == ".json":
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: malformed JSON (line {exc.lineno})") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        return model_from_hf_config(config, str(path))
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return model_from_dict(read_yaml_mapping(path), str(path))
+    preset = preset_dir("models") / f"{text.lower()}.yaml"
+    if not preset.exists():
+        raise ConfigError(
+            f"unknown model '{text}': choose one of {', '.join(preset_names('models'))}, "
+            "or give a YAML path or a Hugging Face config.json"
+        )
+    return model_from_dict(read_yaml_mapping(preset), f"model preset {text}")

@@ -1,0 +1,311 @@
+"""The WaferProgram: what the compiler produces and the engines execute.
+
+A program is saved as ``program.json`` (structure: regions, stages, kernels, routes, bounds) plus
+``program.npz`` (per-PE arrays of every system: SRAM bytes by category, stage ids, color masks).
+Both carry ``FORMAT_VERSION``; loading checks it, so an old file fails with a clear message
+instead of being misread. Kernels are stored as a pattern and its parameters, never as per-PE
+instruction lists: engines expand patterns into per-PE work themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.fabric import FabricSpec, fabric_from_dict
+from wse_emu.model import ModelSpec, model_from_dict
+
+FORMAT = "wse-emu-program"
+FORMAT_VERSION = 1
+
+# Per-PE SRAM categories, in the order reports list them.
+SRAM_CATEGORIES = ("weights", "kv_cache", "activations", "reserved")
+
+
+@dataclass(frozen=True)
+class Rect:
+    """A rectangle of PEs on one system: columns x .. x+w-1, rows y .. y+h-1."""
+
+    system: int
+    x: int
+    y: int
+    w: int
+    h: int
+
+    @property
+    def area(self) -> int:
+        return self.w * self.h
+
+    @property
+    def x1(self) -> int:
+        return self.x + self.w
+
+    @property
+    def y1(self) -> int:
+        return self.y + self.h
+
+    def center(self) -> tuple[float, float]:
+        return (self.x + (self.w - 1) / 2, self.y + (self.h - 1) / 2)
+
+    def overlaps(self, other: "Rect") -> bool:
+        return (self.system == other.system and self.x < other.x1 and other.x < self.x1
+                and self.y < other.y1 and other.y < self.y1)
+
+    def contains(self, other: "Rect") -> bool:
+        return (self.system == other.system and self.x <= other.x and other.x1 <= self.x1
+                and self.y <= other.y and other.y1 <= self.y1)
+
+    def bbox(self, other: "Rect") -> "Rect":
+        x0, y0 = min(self.x, other.x), min(self.y, other.y)
+        return Rect(self.system, x0, y0, max(self.x1, other.x1) - x0, max(self.y1, other.y1) - y0)
+
+    def slices(self) -> tuple[int, slice, slice]:
+        """Index into a (systems, height, width) per-PE array."""
+        return self.system, slice(self.y, self.y1), slice(self.x, self.x1)
+
+    def to_list(self) -> list[int]:
+        return [self.system, self.x, self.y, self.w, self.h]
+
+    @classmethod
+    def from_list(cls, values: list[int]) -> "Rect":
+        return cls(*(int(v) for v in values))
+
+    def __str__(self) -> str:
+        return f"{self.w}x{self.h}@({self.x},{self.y})" + (f"/s{self.system}" if self.system else "")
+
+
+@dataclass
+class Region:
+    """A set of PEs holding one model replica, with a role: prefill, decode or mixed."""
+
+    name: str
+    role: str
+    replica: int
+    parts: list[Rect]
+    stage_ids: list[int] = field(default_factory=list)
+    kv_capacity_tokens: int = 0
+    weight_bytes: int = 0
+
+    @property
+    def pes(self) -> int:
+        return sum(p.area for p in self.parts)
+
+
+@dataclass
+class Stage:
+    """Consecutive layers on one rectangle; their kernels' weights stay resident there."""
+
+    id: int
+    region: str
+    index: int  # position in the region's pipeline
+    rect: Rect
+    layers: list[int]  # first, last + 1
+    has_embedding: bool
+    has_head: bool
+    strip_axis: str  # "x": kernels are full-height column strips; "y": full-width row strips
+    kernel_ids: list[int] = field(default_factory=list)
+    kv_slots: int = 0
+    kv_capacity_tokens: int = 0
+    bounds: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass
+class Kernel:
+    """One op of the stage's layers on a PE sub-grid, stored as a dataflow pattern.
+
+    ``matrix`` is (K, N) for matrix kernels: the grid's columns split K (inputs broadcast down
+    columns), its rows split N (partial sums reduced along rows to the ``root`` edge). Vector
+    kernels (norms, elementwise) keep ``length`` elements split over their rows.
+    """
+
+    id: int
+    stage: int
+    name: str
+    kind: str  # matrix, gather, norm, elementwise, attention
+    pattern: dict[str, str]  # phase -> dataflow pattern
+    rect: Rect
+    layers: int
+    ops: list[str]
+    matrix: list[int] | None = None  # (K, N)
+    grid: list[int] | None = None  # (parts of K, parts of N)
+    k_axis: str = ""  # "x": columns split K; "y": rows split K
+    length: int | None = None  # vector kernels: elements per layer, split over the rect
+    weight_bytes: int = 0  # owned by this kernel, all its layers
+    weight_ref: int | None = None  # kernel that owns the weights this kernel reads (tied)
+    root: str = ""  # edge where outputs collect: "east", "west", "south", "north"
+    bounds: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Route:
+    """A static color route: its footprint (the PEs whose routers it configures) and color."""
+
+    id: int
+    kind: str
+    name: str
+    footprint: Rect
+    color: int = -1
+    src: int | None = None  # kernel id
+    dst: list[int] = field(default_factory=list)
+    stage: int | None = None
+    bytes_per_token: int = 0
+    hops: int = 0
+    offwafer: bool = False
+
+
+@dataclass
+class WaferProgram:
+    fabric: FabricSpec
+    systems: int
+    model: ModelSpec
+    options: dict[str, Any]
+    regions: list[Region]
+    stages: list[Stage]
+    kernels: list[Kernel]
+    routes: list[Route]
+    arrays: dict[str, np.ndarray]  # name -> (systems, height, width)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    # --- lookups --------------------------------------------------------------------------
+    def region(self, name: str) -> Region:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise UserError(
+            f"no region named {name!r}: choose one of {', '.join(r.name for r in self.regions)}"
+        )
+
+    def stage_kernels(self, stage: Stage) -> list[Kernel]:
+        return [self.kernels[k] for k in stage.kernel_ids]
+
+    def sram_total(self) -> np.ndarray:
+        return sum(self.arrays[f"sram_{c}"].astype(np.int64) for c in SRAM_CATEGORIES)
+
+    # --- serialization --------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        def dump(obj):
+            out = {}
+            for f in fields(obj):
+                value = getattr(obj, f.name)
+                if isinstance(value, Rect):
+                    value = value.to_list()
+                elif isinstance(value, list) and value and isinstance(value[0], Rect):
+                    value = [r.to_list() for r in value]
+                out[f.name] = value
+            return out
+
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "fabric": self.fabric.to_dict(),
+            "systems": self.systems,
+            "model": self.model.to_dict(),
+            "options": self.options,
+            "summary": self.summary,
+            "regions": [dump(r) for r in self.regions],
+            "stages": [dump(s) for s in self.stages],
+            "kernels": [dump(k) for k in self.kernels],
+            "routes": [dump(r) for r in self.routes],
+        }
+
+    def save(self, directory: str | Path) -> None:
+        """Write program.json and program.npz into ``directory`` (created if needed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "program.json", "w", encoding="utf-8") as fh:
+            json.dump(self.to_json(), fh, indent=1, default=_json_default)
+        np.savez_compressed(directory / "program.npz", format_version=np.int32(FORMAT_VERSION),
+                            **self.arrays)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "WaferProgram":
+        directory = Path(directory)
+        path = directory / "program.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError:
+            raise UserError(f"{directory}: no program.json (compile one with 'wse-emu compile')") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: malformed JSON (line {exc.lineno})") from None
+        if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
+            raise UserError(
+                f"{path}: not a version-{FORMAT_VERSION} wse-emu program "
+                f"(found format {data.get('format')!r}, version {data.get('version')!r}); recompile it"
+            )
+        try:
+            with np.load(directory / "program.npz") as npz:
+                arrays = {k: npz[k] for k in npz.files if k != "format_version"}
+                version = int(npz["format_version"])
+        except (OSError, KeyError, ValueError):
+            raise UserError(f"{directory}: program.npz is missing or unreadable; recompile") from None
+        if version != FORMAT_VERSION:
+            raise UserError(f"{directory}: program.npz is version {version}; recompile")
+
+        def build(cls_, item):
+            kwargs = {}
+            for f in fields(cls_):
+                if f.name not in item:
+                    continue
+                value = item[f.name]
+                if f.type in ("Rect",) and value is not None:
+                    value = Rect.from_list(value)
+                elif f.type == "list[Rect]":
+                    value = [Rect.from_list(v) for v in value]
+                kwargs[f.name] = value
+            return cls_(**kwargs)
+
+        return cls(
+            fabric=fabric_from_dict(data["fabric"], str(path)),
+            systems=int(data["systems"]),
+            model=model_from_dict(data["model"], str(path)),
+            options=data["options"],
+            regions=[build(Region, r) for r in data["regions"]],
+            stages=[build(Stage, s) for s in data["stages"]],
+            kernels=[build(Kernel, k) for k in data["kernels"]],
+            routes=[build(Route, r) for r in data["routes"]],
+            arrays=arrays,
+            summary=data.get("summary", {}),
+        )
+
+
+def _json_default(value):
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def write_run_dir(directory: str | Path, writer) -> Path:
+    """Create ``directory`` atomically: ``writer(tmpdir)`` fills a sibling temp folder which
+    is renamed into place only when it succeeds, so a failure leaves nothing half-written.
+    An existing non-empty directory is never overwritten."""
+    directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UserError(f"run directory {directory} exists and is not empty: choose another -o")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        writer(tmp)
+        if directory.exists():
+            directory.rmdir()
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
