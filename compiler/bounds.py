@@ -3,10 +3,9 @@
 A kernel cannot finish before its busiest PE has done its FLOPs (compute), read and written its
 bytes through the SRAM ports (sram), and taken its inputs in through its one ramp (link); nor
 before a wavelet has crossed its longest dependent path (path: hops plus the ramp in and out).
-Its bound is the largest of these. A stage runs one micro-batch at a time and a kernel starts
-when its inputs are complete, so a stage's bound is its layers times the critical path of a
-layer's kernel graph (kernel bounds plus the hop latency of the transfers between them), plus
-the embedding, the head and the arriving transfer. The simulator's times must never be lower.
+Its bound is the largest of these. A stage's bound holds for any schedule: its busiest strip of
+PEs must do the work of every kernel on it for all the stage's layers, and one token must cross
+every kernel's path in order. The simulator's times must never be lower.
 """
 
 from __future__ import annotations
@@ -116,9 +115,9 @@ LAYER_DEPENDENCIES = {
 }
 
 
-def stage_bound(kernels: dict[str, dict], hops: dict[tuple[str, str], int], layers: int,
-                extra: list[str], entry_hops: int, fabric: FabricSpec) -> dict:
-    """Critical-path bound of a stage from its kernels' bounds (name -> bound dict)."""
+def _walk(kernels: dict[str, dict], hops: dict[tuple[str, str], int], key: str,
+          fabric: FabricSpec) -> tuple[float, dict[str, str | None]]:
+    """Longest path through one layer's kernel graph, weighting kernels by ``key``."""
     finish: dict[str, float] = {}
     via: dict[str, str | None] = {}
     for name, deps in LAYER_DEPENDENCIES.items():
@@ -130,19 +129,35 @@ def stage_bound(kernels: dict[str, dict], hops: dict[tuple[str, str], int], laye
                 arrive = finish[dep] + transfer_cycles(hops.get((dep, name), 0), fabric)
                 if arrive >= start:
                     start, prev = arrive, dep
-        finish[name] = start + kernels[name]["cycles"]
+        finish[name] = start + kernels[name][key]
         via[name] = prev
-    layer_cycles = finish.get("residual_mlp", 0.0)
-    tally = {r: 0.0 for r in RESOURCES}
-    node = "residual_mlp" if layers else None
-    while node is not None:
-        tally[kernels[node]["dominant"]] += kernels[node]["cycles"] * layers
-        node = via[node]
-    total = layers * layer_cycles + transfer_cycles(entry_hops, fabric)
-    for name in extra:
-        total += kernels[name]["cycles"]
-        tally[kernels[name]["dominant"]] += kernels[name]["cycles"]
-    tally["path"] += transfer_cycles(entry_hops, fabric)
-    return {"cycles": float(total), "seconds": total / fabric.clock_hz,
-            "layer_cycles": float(layer_cycles),
-            "dominant": max(tally, key=tally.get), "by_resource": tally}
+    return finish.get("residual_mlp", 0.0), via
+
+
+def stage_bound(layer_kernels: dict[str, dict], extras: list[dict], strip_loads: list[dict],
+                hops: dict[tuple[str, str], int], layers: int, entry_hops: int,
+                fabric: FabricSpec) -> dict:
+    """Lower bound on a stage's time for one micro-batch, whatever the schedule.
+
+    ``layer_kernels`` maps a layer's kernel names to their bounds, ``extras`` are the bounds of
+    the kernels that run once (embedding, final norm, LM head), and ``strip_loads`` gives, per
+    strip of PEs, the resource cycles every kernel on it adds up to for the whole stage. The
+    bound is the larger of the busiest strip's busiest resource and the latency of one token
+    through the stage (kernel paths plus hops between kernels). ``serial_cycles`` is what a
+    schedule that starts each kernel only when its inputs are complete could at best reach.
+    """
+    busiest, resource = 0.0, "compute"
+    for load in strip_loads:
+        for r in ("compute", "sram", "link"):
+            if load[r] > busiest:
+                busiest, resource = load[r], r
+    entry = transfer_cycles(entry_hops, fabric)
+    layer_latency, _ = _walk(layer_kernels, hops, "path", fabric)
+    latency = layers * layer_latency + entry + sum(e["path"] for e in extras)
+    layer_serial, _ = _walk(layer_kernels, hops, "cycles", fabric)
+    serial = layers * layer_serial + entry + sum(e["cycles"] for e in extras)
+    cycles = max(busiest, latency)
+    return {"cycles": float(cycles), "seconds": cycles / fabric.clock_hz,
+            "dominant": resource if busiest >= latency else "path",
+            "resource_cycles": float(busiest), "latency_cycles": float(latency),
+            "serial_cycles": float(serial)}

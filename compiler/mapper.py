@@ -126,11 +126,10 @@ def _kv_handoff_routes(regions, routes, masks, fabric) -> list[Route]:
         parts = [p for r in regions for p in r.parts if p.system == system]
         x0, y0 = min(p.x for p in parts), min(p.y for p in parts)
         foot = Rect(system, x0, y0, max(p.x1 for p in parts) - x0, max(p.y1 for p in parts) - y0)
-        used = np.bitwise_or.reduce(masks[foot.slices()].ravel())
-        color = next((c for c in range(fabric.colors_available) if not used >> c & 1), None)
-        if color is None:
-            raise CompileError(f"colors run out: no color left on system {system} for the KV "
-                               f"handoff from prefill to decode regions")
+        # Region templates held the last color back for this route.
+        color = fabric.colors_available - 1
+        if int(np.bitwise_or.reduce(masks[foot.slices()].ravel())) >> color & 1:
+            raise AssertionError("the KV handoff color is already taken")
         roles = {r.role for r in regions if any(p.system == system for p in r.parts)}
         route = Route(id=len(routes) + len(out), kind="kv_handoff", name=f"kv_handoff.s{system}",
                       footprint=foot, color=color, offwafer=roles != {"prefill", "decode"})
@@ -203,6 +202,7 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "weight_bytes_model": model.weight_bytes(),
         "sram_bytes_per_pe": fabric.sram_bytes_per_pe,
         "sram_bytes_max_per_pe": int(total.max()),
+        "sram_static_bytes_max_per_pe": int((total - program.arrays["sram_kv_cache"]).max()),
         "sram_bytes_by_category": {c: int(program.arrays[f"sram_{c}"].astype(np.int64).sum())
                                    for c in SRAM_CATEGORIES},
         "kv_capacity_tokens": {r.name: r.kv_capacity_tokens for r in program.regions},

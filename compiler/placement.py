@@ -50,8 +50,10 @@ def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
         per_layer = [
             Transfer(home, "q_proj", h * d, "x_norm"), Transfer(home, "k_proj", h * d, "x_norm"),
             Transfer(home, "v_proj", h * d, "x_norm"),
-            Transfer("q_proj", STAGE, q * d, "q"), Transfer("k_proj", STAGE, kv * d, "k"),
-            Transfer("v_proj", STAGE, kv * d, "v"), Transfer(STAGE, "o_proj", q * d, "attn"),
+            # V joins K at k_proj's edge, so one route carries both into the KV cache.
+            Transfer("q_proj", STAGE, q * d, "q"), Transfer("v_proj", "k_proj", kv * d, "v",
+                                                            to_edge=True),
+            Transfer("k_proj", STAGE, 2 * kv * d, "kv"), Transfer(STAGE, "o_proj", q * d, "attn"),
             Transfer(home, "o_proj", h * d, "residual", to_edge=True),
             Transfer("o_proj", "gate_proj", h * d, "h_norm"),
             Transfer("o_proj", "up_proj", h * d, "h_norm"),

@@ -3,8 +3,8 @@
 Every route is a static color route with a footprint: the rectangle of PEs whose routers it
 configures (for a transfer, the bounding box of its source and destination, which holds every
 dimension-ordered path between them). Two routes whose footprints share a PE need different
-colors there. Colors are given greedily (largest footprint first, smallest free color), within
-the fabric's budget of routable colors minus those the runtime reserves.
+colors there. Colors are given greedily, within the fabric's budget of routable colors minus
+those the runtime reserves.
 """
 
 from __future__ import annotations
@@ -16,37 +16,50 @@ from wse_emu.fabric import FabricSpec
 from wse_emu.program import Rect, Route
 
 
-def assign_colors(routes: list[Route], fabric: FabricSpec, describe) -> int:
-    """Set ``route.color`` for every route; returns the number of colors used. ``describe``
-    names a route's place for the error message when colors run out."""
-    budget = fabric.colors_available
+def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: int = 0) -> int:
+    """Set ``route.color`` for every route; returns the number of colors used.
+
+    Greedy coloring is tried in a few orders (largest footprint first; sweeping along x; along
+    y) and the one needing the fewest colors wins. ``held_back`` colors stay free for routes
+    added later (the KV handoff); ``describe`` names a route for the error message."""
+    budget = fabric.colors_available - held_back
     if not routes:
         return 0
     fp = np.array([r.footprint.to_list() for r in routes], dtype=np.int64)
+    area = fp[:, 3] * fp[:, 4]
+    idx = np.arange(len(routes))
+    orders = [np.lexsort((idx, -area)), np.lexsort((idx, -area, fp[:, 1], fp[:, 0])),
+              np.lexsort((idx, -area, fp[:, 2], fp[:, 0]))]
+    best = None
+    for order in orders:
+        colors = _greedy(fp, order)
+        if best is None or colors.max() < best.max():
+            best = colors
+    if best.max() >= budget:
+        worst = int(np.argmax(best))
+        raise CompileError(
+            f"colors run out: {describe(routes[worst])} needs color {int(best.max()) + 1} of "
+            f"the {budget} that {fabric.name} leaves ({fabric.colors_total} total - "
+            f"{fabric.colors_reserved} reserved by the runtime"
+            + (f" - {held_back} for the KV handoff" if held_back else "")
+            + "); use more layers per stage or a larger region")
+    for route, color in zip(routes, best):
+        route.color = int(color)
+    return int(best.max()) + 1
+
+
+def _greedy(fp: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Smallest free color for each route in ``order``, given overlapping footprints."""
     sys_, x0, y0 = fp[:, 0], fp[:, 1], fp[:, 2]
     x1, y1 = x0 + fp[:, 3], y0 + fp[:, 4]
-    order = np.lexsort((np.arange(len(routes)), -(fp[:, 3] * fp[:, 4])))
-    colors = np.full(len(routes), -1, dtype=np.int64)
-    used = 0
+    colors = np.full(len(fp), -1, dtype=np.int64)
     for i in order:
         overlap = ((sys_ == sys_[i]) & (x0 < x1[i]) & (x0[i] < x1) & (y0 < y1[i]) & (y0[i] < y1)
                    & (colors >= 0))
-        taken = np.zeros(budget + 1, dtype=bool)
-        neighbour_colors = colors[overlap]
-        taken[neighbour_colors[neighbour_colors <= budget]] = True
-        free = np.flatnonzero(~taken)
-        color = int(free[0])
-        if color >= budget:
-            raise CompileError(
-                f"colors run out: {describe(routes[i])} needs a color beyond the "
-                f"{budget} that {fabric.name} allows ({fabric.colors_total} total - "
-                f"{fabric.colors_reserved} reserved); use fewer layers per stage or a "
-                f"larger region")
-        colors[i] = color
-        used = max(used, color + 1)
-    for route, color in zip(routes, colors):
-        route.color = int(color)
-    return used
+        taken = np.zeros(len(fp) + 1, dtype=bool)
+        taken[colors[overlap]] = True
+        colors[i] = int(np.argmin(taken))
+    return colors
 
 
 def color_masks(routes: list[Route], shape: tuple[int, int, int]) -> np.ndarray:

@@ -5,17 +5,16 @@ of the rectangle (full length of the short side, an extent along the long side) 
 matrix of every layer in the stage. The embedding joins the region's first stage and the final
 norm plus LM head its last stage.
 
-Areas balance the bottleneck. Within a layer the matrix kernels run in steps (q/k/v together,
-then o, then gate/up together, then down), and a decode step reads every weight once, so a
-step of c weight bytes on a PEs takes time proportional to c / a. For a stage of area A the
-sum over steps is smallest with a_step proportional to sqrt(c_step), giving stage time
-(sum sqrt(c_step))^2 / A; stage areas follow so that every stage takes the same time. Capacity
-wins over speed: no kernel gets less area than its weights need.
+Areas balance the bottleneck. A decode step reads every weight once and a prefill does two
+FLOPs per weight per token, so a strip's work is proportional to its weight bytes, and the time
+its PEs need is that work over its area. Giving every strip (and so every stage) area in
+proportion to its work makes the busiest strip, which bounds the stage whatever the schedule,
+as fast as the region allows. Capacity wins over speed: no strip gets less area than its
+weights need; the embedding, which gathers one row per token, gets just that.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,22 +139,16 @@ def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
 
 def allocate_areas(specs: list[StageSpec], total_area: int,
                    min_areas: list[list[float]]) -> list[list[float]]:
-    """Continuous area per strip (see the module docstring), summing to ``total_area``."""
-    works = []
-    for spec in specs:
-        step_work: dict[int, float] = {}
-        for s in spec.strips:
-            step_work[s.step] = step_work.get(s.step, 0.0) + s.work
-        root_sum = sum(math.sqrt(c) for c in step_work.values() if c > 0)
-        works.append([(s.work / math.sqrt(step_work[s.step]) * root_sum) if s.work > 0 else 0.0
-                      for s in spec.strips])
-    flat_w = np.array([w for ws in works for w in ws], dtype=float)
+    """Continuous area per strip, proportional to its work and at least its minimum, summing
+    to ``total_area`` (see the module docstring)."""
+    flat_w = np.array([s.work for spec in specs for s in spec.strips], dtype=float)
     flat_m = np.array([m for ms in min_areas for m in ms], dtype=float)
     if flat_m.sum() > total_area:
         raise CompileError("weights do not fit in the region")
-
-    def total(inv_t: float) -> float:
-        return float(np.maximum(flat_m, flat_w * inv_t).sum())
+    # Area per unit of work, found by bisection so that max(minimum, work * scale) fills the
+    # region exactly.
+    def total(scale: float) -> float:
+        return float(np.maximum(flat_m, flat_w * scale).sum())
 
     lo, hi = 0.0, 1.0
     while total(hi) < total_area and hi < 1e30:
@@ -167,11 +160,10 @@ def allocate_areas(specs: list[StageSpec], total_area: int,
         else:
             hi = mid
     flat_a = np.maximum(flat_m, flat_w * lo)
-    # Hand any rounding slack to the largest strip so areas sum exactly.
     out, i = [], 0
-    for ws in works:
-        out.append(list(flat_a[i:i + len(ws)]))
-        i += len(ws)
+    for spec in specs:
+        out.append(list(flat_a[i:i + len(spec.strips)]))
+        i += len(spec.strips)
     return out
 
 

@@ -249,6 +249,17 @@ class _Builder:
         self.routes.append(r)
         return r
 
+    def line_reduce(self, kernel: Kernel, stage: Stage) -> None:
+        """An all-reduce along a kernel's line of PEs. Kernels on the same line never run at
+        once (a norm per layer, the final norm after the last), so they share one route."""
+        for r in self.routes:
+            if r.kind == "line_reduce" and r.footprint == kernel.rect:
+                r.dst.append(kernel.id)
+                r.name += f"+{kernel.name}"
+                return
+        self.route("line_reduce", f"{kernel.name}.allreduce", kernel.rect, src=kernel.id,
+                   dst=[kernel.id], stage=stage.id)
+
     def edge_route(self, kind: str, name: str, rect: Rect, **kw) -> Route:
         """A route between ``rect`` and the nearer of its wafer's east and west edges, where the
         off-wafer I/O channels are."""
@@ -317,7 +328,7 @@ class _Builder:
         seg = even_split(length, pes) * (self.options.buffer_tokens * d)
         self.add("activations", edge, self.line(edge, seg))
         if kind == "norm":
-            self.route("reduce", f"{name}.allreduce", edge, src=k.id, dst=[k.id], stage=stage.id)
+            self.line_reduce(k, stage)
         return k
 
 
@@ -410,7 +421,8 @@ def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
                  dst=[first["embedding"].id])
     b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4, src=head.id)
 
-    colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages))
+    held_back = 1 if options.plan == "disaggregated" else 0
+    colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages), held_back)
     arrays = _kv_plan(b, model, fabric, flat)
     template = RegionTemplate(
         part_shapes=part_shapes, stages=b.stages, kernels=b.kernels, routes=b.routes,
@@ -477,6 +489,27 @@ def _placement_report(flat, homes, model) -> dict:
     return report
 
 
+ONCE_PER_STEP = ("embedding", "final_norm", "lm_head")
+
+
+def _strip_loads(ks: dict[str, Kernel], layers: int, phase: str) -> list[dict[str, float]]:
+    """Per strip of PEs: the compute, SRAM and link cycles of every kernel that runs on it in
+    one step (its own kernel, the kernels on its output edge, its share of attention)."""
+    strips = [k for k in ks.values() if k.kind in ("matrix", "gather") and k.weight_ref is None]
+    loads = []
+    for strip in strips:
+        load = {"compute": 0.0, "sram": 0.0, "link": 0.0}
+        for name, k in ks.items():
+            if not (k is strip or strip.rect.contains(k.rect) or k.kind == "attention"
+                    or (k.weight_ref is not None and k.rect == strip.rect)):
+                continue
+            times = 1 if name in ONCE_PER_STEP else layers
+            for r in load:
+                load[r] += times * k.bounds[phase][r]
+        loads.append(load)
+    return loads
+
+
 def _bounds(template, named, homes, model, fabric, options) -> dict:
     works = {
         "prefill": Workload("prefill", tokens=options.bound_prefill_tokens),
@@ -491,14 +524,16 @@ def _bounds(template, named, homes, model, fabric, options) -> dict:
     for phase in works:
         per_stage = []
         for i, (stage, ks) in enumerate(zip(template.stages, named)):
-            bounds = {name: k.bounds[phase] for name, k in ks.items()}
+            layer_kernels = {n: k.bounds[phase] for n, k in ks.items() if n in LAYER_DEPENDENCIES}
+            extras = [ks[n].bounds[phase] for n in ("embedding", "final_norm", "lm_head")
+                      if n in ks]
             hops = {(src, dst): _gap(ks[src].rect, ks[dst].rect)
                     for dst, deps in LAYER_DEPENDENCIES.items() if dst in ks
                     for src in deps if src in ks}
-            extra = [n for n in ("embedding", "final_norm", "lm_head") if n in ks]
             entry = 0 if i == 0 else (_gap(homes[i - 1], homes[i])
                                       if homes[i - 1].system == homes[i].system else 0)
-            sb = stage_bound(bounds, hops, stage.num_layers, extra, entry, fabric)
+            sb = stage_bound(layer_kernels, extras, _strip_loads(ks, stage.num_layers, phase),
+                             hops, stage.num_layers, entry, fabric)
             stage.bounds[phase] = sb
             per_stage.append(sb["cycles"])
         # Crossing a wafer boundary costs at least the activation's bytes over the off-wafer

@@ -1,0 +1,92 @@
+"""Fabric and model presets load with their documented values; bad files fail clearly."""
+
+import pytest
+
+from wse_emu.configfile import preset_names
+from wse_emu.errors import ConfigError
+from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
+from wse_emu.model import load_model
+
+
+def test_wafer_presets_match_hardware_md():
+    wse2, wse3 = load_fabric("wse2"), load_fabric("wse3")
+    assert (wse2.width, wse2.height) == (750, 994)
+    assert (wse3.width, wse3.height) == (755, 1170)
+    for f in (wse2, wse3):
+        assert f.sram_bytes_per_pe == 48 * 1024
+        assert f.link_bytes_per_cycle == 4
+        assert (f.colors_total, f.colors_reserved) == (24, 6)
+        assert f.colors_available == 18
+        assert f.offwafer_bytes_per_s == pytest.approx(1.2e12 / 8)
+    assert (wse2.fp16_flops_per_cycle, wse3.fp16_flops_per_cycle) == (8, 16)
+    # HARDWARE.md consistency check: 48 KiB x 883,350 PEs is about 43 GB on the user rectangle.
+    assert wse3.sram_bytes_total == pytest.approx(43.4e9, rel=0.01)
+
+
+def test_small_meshes_exist_for_tests():
+    names = preset_names("fabrics")
+    for k in (8, 16, 32, 64, 128):
+        assert f"mesh{k}" in names
+        assert load_fabric(f"mesh{k}").pes == k * k
+
+
+def test_uncertain_values_are_parameters():
+    wse3 = load_fabric("wse3")
+    slower = with_overrides(wse3, clock_hz=850e6, hop_latency_cycles=2)
+    assert slower.clock_hz == 850e6 and slower.hop_latency_cycles == 2
+    assert slower.width == wse3.width
+
+
+@pytest.mark.parametrize("name,params", [
+    ("llama-3.2-1b", 1_235_814_400),
+    ("llama-3.1-8b", 8_030_261_248),
+    ("llama-3.1-70b", 70_553_706_496),
+    ("qwen2.5-7b", 7_615_616_512),
+    ("qwen2.5-0.5b", 494_032_768),
+    ("mistral-7b-v0.3", 7_248_023_552),
+])
+def test_model_presets_have_published_parameter_counts(name, params):
+    assert load_model(name).params() == params
+
+
+def test_grouped_query_attention_shapes():
+    m = load_model("llama-3.1-70b")
+    assert m.group_size == 8
+    assert m.layer_matrices()["k_proj"] == (8192, 1024)
+    assert m.kv_bytes_per_token() == 80 * 2 * 1024 * 2
+
+
+def test_bad_yaml_names_file_and_field(tmp_path):
+    bad = tmp_path / "f.yaml"
+    bad.write_text("version: 1\nname: x\nwidth: [1\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_fabric(bad)
+    wrong = tmp_path / "g.yaml"
+    wrong.write_text("version: 1\nname: g\nwidth: eight\n")
+    with pytest.raises(ConfigError, match="g.yaml: field 'width' must be an integer"):
+        load_fabric(wrong)
+
+
+def test_unknown_field_and_version(tmp_path):
+    text = load_model("tiny").to_dict()
+    path = tmp_path / "m.yaml"
+    path.write_text("version: 1\n" + "\n".join(f"{k}: {v}" for k, v in text.items()
+                                                if v is not None and k != "source")
+                    + "\nhiden_size: 3\n")
+    with pytest.raises(ConfigError, match="unknown field 'hiden_size'"):
+        load_model(path)
+    path.write_text("version: 9\nname: m\n")
+    with pytest.raises(ConfigError, match="'version' must be 1"):
+        load_model(path)
+
+
+def test_unknown_names_list_the_choices():
+    with pytest.raises(ConfigError, match="llama-3.1-8b"):
+        load_model("gpt-5")
+    with pytest.raises(ConfigError, match="wse3"):
+        load_fabric("wse9")
+
+
+def test_cluster_needs_a_system():
+    with pytest.raises(ConfigError):
+        ClusterSpec(load_fabric("wse3"), 0)

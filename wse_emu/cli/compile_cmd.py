@@ -1,0 +1,130 @@
+"""``wse-emu compile``: map a model onto a cluster of wafers and report how it lands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions, parse_region
+from wse_emu.cli.fmt import gb, seconds, si, table
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.model import load_model
+from wse_emu.program import WaferProgram, write_run_dir
+
+
+def add_cluster_args(p) -> None:
+    p.add_argument("--fabric", default="wse3", help="fabric preset or YAML (default wse3)")
+    p.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
+    p.add_argument("--plan", choices=["colocated", "disaggregated"], default="colocated")
+    share = p.add_mutually_exclusive_group()
+    share.add_argument("--prefill-share", type=float, help="disaggregated: prefill share of "
+                       "every wafer's columns (default 0.5)")
+    share.add_argument("--prefill-systems", type=int, help="disaggregated: systems for prefill")
+    p.add_argument("--region", help="region rectangle WxH for replicas (default: automatic)")
+    p.add_argument("--layers-per-stage", type=int, help="layers per pipeline stage "
+                   "(default: the fewest that map)")
+    p.add_argument("--no-optimize", action="store_true", help="keep the baseline placement")
+    p.add_argument("--seed", type=int, default=0, help="placement optimizer seed")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a model onto a cluster of wafers")
+    p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
+    add_cluster_args(p)
+    p.add_argument("-o", "--output", help="run directory to write (program, config, summary)")
+    p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args) -> CompileOptions:
+    return CompileOptions(
+        plan=args.plan, prefill_share=args.prefill_share, prefill_systems=args.prefill_systems,
+        region=parse_region(args.region) if args.region else None,
+        layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
+        seed=args.seed)
+
+
+def compile_from_args(args) -> WaferProgram:
+    model = load_model(args.model)
+    cluster = ClusterSpec(load_fabric(args.fabric), args.systems)
+    return compile_model(model, cluster, options_from_args(args))
+
+
+def run(args):
+    program = compile_from_args(args)
+    if args.output:
+        resolved = {"command": "compile", "model": program.model.to_dict(),
+                    "fabric": program.fabric.to_dict(), "systems": program.systems,
+                    "options": program.options}
+
+        def write(tmp: Path) -> None:
+            program.save(tmp)
+            (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+            (tmp / "summary.json").write_text(json.dumps(program.summary, indent=1))
+
+        write_run_dir(args.output, write)
+    if args.json:
+        return program.summary
+    text = render(program)
+    if args.output:
+        text += f"\n\nwrote {args.output}/ (program.json, program.npz, config.yaml, summary.json)"
+    return text
+
+
+def render(program: WaferProgram, max_stages: int = 6) -> str:
+    s = program.summary
+    cats = s["sram_bytes_by_category"]
+    first = s["regions"][0]
+    lines = [
+        f"{s['model']} ({s['params'] / 1e9:.3g} B parameters) on {s['cluster']}, {s['plan']}: "
+        f"{len(s['regions'])} region(s), {s['stages_per_region']} stages per region",
+        f"  PEs used             {s['pes_used']:,} of {s['pes_total']:,}",
+        f"  weights              {gb(s['weight_bytes_total'])} on-wafer = "
+        f"{len(s['regions'])} x {gb(s['weight_bytes_model'])}, every element owned by one PE",
+        f"  SRAM per PE, max     {s['sram_bytes_max_per_pe']:,} of {s['sram_bytes_per_pe']:,} B "
+        f"(without KV cache: {s['sram_static_bytes_max_per_pe']:,} B)",
+        "  SRAM by category     " + ", ".join(f"{c} {gb(v)}" for c, v in cats.items()),
+        f"  colors per PE, max   {s['colors_max_per_pe']} of {s['colors_available']} available",
+        f"  KV cache per token   {s['kv_bytes_per_token'] / 1024:g} KiB (all layers)",
+        "",
+        "Regions",
+    ]
+    rows = []
+    for r in s["regions"]:
+        pre, dec = r["bounds"]["prefill"], r["bounds"]["decode"]
+        rows.append([r["name"], r["role"], f"{r['pes']:,}", r["stages"],
+                     f"{r['kv_capacity_tokens']:,}",
+                     seconds(pre["pipeline_latency_s"]), f"{si(pre['max_tokens_per_s'])}",
+                     seconds(dec["pipeline_latency_s"]), f"{si(dec['max_tokens_per_s'])}"])
+    shown = rows if len(rows) <= 8 else rows[:4] + [["..."] + [""] * 8] + rows[-2:]
+    lines.append(table(["region", "role", "PEs", "stages", "KV tokens", "prefill latency",
+                        "prefill tok/s", "decode latency", "decode tok/s"], shown, "llrrrrrrr"))
+    lines.append(f"  bounds: prefill of {program.options['bound_prefill_tokens']} tokens; decode "
+                 f"of batch {program.options['bound_decode_batch']} at context "
+                 f"{program.options['bound_decode_context']}; latency = lower bound on one "
+                 "micro-batch through the pipeline, tok/s = upper bound with the pipeline full")
+    lines += ["", "Placement (per decode token, all stages of a region)"]
+    prow = []
+    for shape, rep in s["placement"].items():
+        for label in ("baseline", "optimized"):
+            prow.append([shape, label, si(rep[label]["bytes_hops_per_token"], "B.hop"),
+                         si(rep[label]["max_link_bytes_per_token"], "B")])
+    lines.append(table(["region shape", "placement", "bytes x hops", "busiest link"], prow,
+                       "llrr"))
+    lines += ["", f"Stages of {first['name']}"]
+    stages = [st for st in s["stages"] if st["region"] == first["name"]]
+    srows = []
+    for st in stages:
+        extra = "+emb" if st["embedding"] else ""
+        extra += "+head" if st["head"] else ""
+        srows.append([st["id"], st["rect"], f"{st['layers'][0]}-{st['layers'][1] - 1}{extra}",
+                      f"{st['prefill_bound_cycles']:,.0f}", f"{st['decode_bound_cycles']:,.0f}",
+                      f"{st['kv_capacity_tokens']:,}"])
+    if len(srows) > max_stages:
+        srows = srows[:max_stages // 2] + [["..."] + [""] * 5] + srows[-(max_stages // 2):]
+    lines.append(table(["stage", "rect", "layers", "prefill bound (cyc)",
+                        "decode bound (cyc)", "KV tokens"], srows, "llrrrr"))
+    return "\n".join(lines)

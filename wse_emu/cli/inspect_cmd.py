@@ -1,0 +1,61 @@
+"""``wse-emu inspect``: the op graph with FLOPs, bytes and arithmetic intensity per op."""
+
+from __future__ import annotations
+
+from compiler.intensity import Workload, analyze
+from compiler.opgraph import build_op_graph
+from wse_emu.cli.fmt import si, table
+from wse_emu.fabric import load_fabric
+from wse_emu.model import load_model
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("inspect", help="op graph, FLOPs, bytes moved and arithmetic intensity")
+    p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
+    p.add_argument("--fabric", default="wse3", help="fabric whose PE ridge point classifies ops")
+    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
+    p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
+    p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
+    p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
+    p.add_argument("--all-layers", action="store_true", help="list the ops of every layer")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> dict | str:
+    model = load_model(args.model)
+    fabric = load_fabric(args.fabric)
+    work = Workload(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
+    result = analyze(build_op_graph(model), model, work, fabric)
+    layers = result["layers"]
+    if args.json:
+        return {
+            "model": model.name, "fabric": fabric.name, "workload": result["workload"],
+            "ridge_flop_per_byte": result["ridge_flop_per_byte"],
+            "ops": [row.to_dict() for row in result["ops"]],
+            "layers": [{"layer": i, "flops": c.flops, "bytes": c.bytes, "intensity": c.intensity}
+                       for i, c in sorted(layers.items())],
+            "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
+                      "intensity": result["total"].intensity},
+        }
+    shown = [r for r in result["ops"] if args.all_layers or r.layer in (None, 0)]
+    rows = [[r.node, r.kind, si(r.cost.flops), si(r.cost.weight_bytes, "B"),
+             si(r.cost.act_bytes, "B"), si(r.cost.kv_bytes, "B"), f"{r.cost.intensity:.3g}",
+             r.bound] for r in shown]
+    total = result["total"]
+    layer0 = layers[0]
+    lines = [
+        f"{model.name}: {work.describe()}; {fabric.name} PE ridge point "
+        f"{result['ridge_flop_per_byte']:.3g} FLOP per SRAM byte read",
+        "",
+        table(["op", "kind", "FLOPs", "weights", "activations", "KV", "FLOP/B", "bound"], rows,
+              "llrrrrrl"),
+        "",
+        f"per layer (all {len(layers)} alike): {si(layer0.flops)}FLOP, {si(layer0.bytes, 'B')}"
+        f" moved, {layer0.intensity:.3g} FLOP/B",
+        f"whole model: {si(total.flops)}FLOP, {si(total.bytes, 'B')} moved, "
+        f"{total.intensity:.3g} FLOP/B",
+    ]
+    if not args.all_layers and len(layers) > 1:
+        lines.append(f"(layers 1-{len(layers) - 1} repeat layer 0; --all-layers lists them)")
+    return "\n".join(lines)

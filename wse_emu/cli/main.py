@@ -1,0 +1,62 @@
+"""Entry point of the ``wse-emu`` console script.
+
+Every command returns either text or a JSON-able dict; this module prints it. A UserError
+becomes one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from wse_emu import __version__
+from wse_emu.errors import UserError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from wse_emu.cli import bench, compile_cmd, demo, inspect_cmd, list_cmd
+
+    parser = _Parser(prog="wse-emu", description="A wafer-scale hardware emulator with a "
+                     "mapping compiler for transformer inference.")
+    parser.add_argument("--version", action="version", version=f"wse-emu {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for module in (demo, inspect_cmd, compile_cmd, bench, list_cmd):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(name)s: %(message)s")
+    try:
+        result = args.func(args)
+    except UserError as exc:
+        print(f"wse-emu: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("wse-emu: interrupted", file=sys.stderr)
+        return 130
+    if isinstance(result, dict):
+        print(json.dumps(result, indent=1))
+    elif result:
+        print(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
