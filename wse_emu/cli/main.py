@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from wse_emu import __version__
@@ -51,10 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wse-emu: interrupted", file=sys.stderr)
         return 130
-    if isinstance(result, dict):
-        print(json.dumps(result, indent=1))
-    elif result:
-        print(result)
+    try:
+        if isinstance(result, dict):
+            print(json.dumps(result, indent=1))
+        elif result:
+            print(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
