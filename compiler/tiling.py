@@ -13,11 +13,6 @@ import numpy as np
 from compiler.geometry import even_split
 
 
-def max_block(k: int, n: int, cols: int, rows: int) -> int:
-    """Elements of the largest block on a cols x rows grid."""
-    return -(-k // cols) * -(-n // rows)
-
-
 def block_bytes(k: int, n: int, cols: int, rows: int, layers: int, dtype_bytes: int) -> np.ndarray:
     """Per-PE weight bytes, shape (rows, cols)."""
     kc = even_split(k, cols)
@@ -43,9 +38,14 @@ def min_cross_extent(k: int, n: int, layers: int, dtype_bytes: int, fixed: int,
     return None if q == 0 else -(-n // q)
 
 
-def ownership_check(k: int, n: int, cols: int, rows: int) -> bool:
-    """Every element of K x N is owned by exactly one PE of the grid."""
-    kc = even_split(k, cols)
-    nr = even_split(n, rows)
-    return bool((kc >= 0).all() and (nr >= 0).all() and kc.sum() == k and nr.sum() == n
-                and int(np.outer(nr, kc).sum()) == k * n)
+def ownership_check(k: int, n: int, k_parts: int, n_parts: int) -> bool:
+    """The grid's row and column ranges partition K x N: consecutive, non-empty where the
+    matrix has elements to give, covering 0..K and 0..N, so each element has one owner."""
+    kc = even_split(k, k_parts)
+    nr = even_split(n, n_parts)
+    for sizes, total, parts in ((kc, k, k_parts), (nr, n, n_parts)):
+        if sizes.sum() != total or (sizes < 0).any():
+            return False
+        if (sizes == 0).sum() != max(0, parts - total):
+            return False
+    return True

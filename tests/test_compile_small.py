@@ -99,3 +99,22 @@ def test_bounds_are_positive_and_consistent(tiny_8x8):
         for phase in ("prefill", "decode"):
             kb = k.bounds[phase]
             assert kb["cycles"] == max(kb[r] for r in ("compute", "sram", "link", "path"))
+
+
+def test_verify_catches_a_broken_program(tiny_8x8):
+    import copy
+
+    import pytest
+
+    from compiler.mapper import verify
+
+    verify(tiny_8x8)
+    broken = copy.deepcopy(tiny_8x8)
+    broken.arrays["sram_weights"][0, 7, 7] += 2
+    with pytest.raises(AssertionError, match="weights sum"):
+        verify(broken)
+    broken = copy.deepcopy(tiny_8x8)
+    q = next(k for k in broken.kernels if k.name == "q_proj")
+    q.name = "k_proj"  # two owners of k_proj in one layer, none of q_proj
+    with pytest.raises(AssertionError, match="exactly once"):
+        verify(broken)

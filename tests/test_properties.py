@@ -13,7 +13,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 
 from compiler.mapper import compile_model, verify
 from compiler.options import CompileOptions
@@ -73,6 +73,24 @@ def compile_options(draw) -> CompileOptions:
 
 
 systems = st.integers(1, 3)
+
+
+@st.composite
+def multi_wafer_cases(draw):
+    """Models too large for one small wafer, on clusters of a few wafers."""
+    model = draw(models(max_hidden=1024, max_intermediate=2048).filter(
+        lambda m: m.hidden_size >= 128 and m.num_layers >= 2))
+    fab = fabric(draw(st.sampled_from(["mesh8", "mesh16"])),
+                 draw(st.one_of(st.none(), st.tuples(st.integers(4, 16), st.integers(4, 16)))))
+    n_systems = draw(st.integers(2, 4))
+    plan = draw(st.sampled_from(["colocated", "disaggregated"]))
+    prefill_systems = None
+    if plan == "disaggregated":
+        prefill_systems = draw(st.integers(1, n_systems))
+    options = CompileOptions(plan=plan, prefill_systems=prefill_systems,
+                             layers_per_stage=draw(st.sampled_from([None, 1, 2])),
+                             anneal_steps=50)
+    return model, fab, n_systems, options
 
 
 # --- the guarantees of a compiled program ---------------------------------------------------
@@ -145,14 +163,39 @@ def check_refusal(exc: CompileError):
 
 # --- properties -----------------------------------------------------------------------------
 
-@settings(max_examples=150, **PROPERTY_SETTINGS)
+@settings(max_examples=300, **PROPERTY_SETTINGS)
 @given(model=models(), fab=fabrics, n_systems=systems, options=compile_options())
 def test_compile_returns_a_valid_program_or_refuses(model, fab, n_systems, options):
     try:
         program = compile_model(model, ClusterSpec(fab, n_systems), options)
     except CompileError as exc:
+        event("refused")
         check_refusal(exc)
         return
+    event(f"compiled: {len(program.regions)} region(s), "
+          f"{'one wafer' if len(program.regions[0].parts) == 1 else 'spanning wafers'}")
+    check_program(program, model, fab, n_systems)
+
+
+@settings(max_examples=80, **PROPERTY_SETTINGS)
+@given(case=multi_wafer_cases())
+def test_compile_across_wafers_returns_a_valid_program_or_refuses(case):
+    model, fab, n_systems, options = case
+    try:
+        program = compile_model(model, ClusterSpec(fab, n_systems), options)
+    except CompileError as exc:
+        event("refused")
+        check_refusal(exc)
+        return
+    span = len(program.regions[0].parts)
+    event(f"compiled: {'one wafer' if span == 1 else 'spanning wafers'}")
+    if span > 1:
+        # A region of whole wafers, one per system, each system in one region only.
+        systems_used = [p.system for r in program.regions for p in r.parts]
+        assert len(systems_used) == len(set(systems_used))
+        for region in program.regions:
+            assert all((p.x, p.y, p.w, p.h) == (0, 0, fab.width, fab.height)
+                       for p in region.parts)
     check_program(program, model, fab, n_systems)
 
 
@@ -178,7 +221,7 @@ def test_compile_is_deterministic(model, fab, n_systems, options):
         assert np.array_equal(first.arrays[key], second.arrays[key]), key
 
 
-@settings(max_examples=25, **PROPERTY_SETTINGS)
+@settings(max_examples=40, **PROPERTY_SETTINGS)
 @given(model=models(max_hidden=128, max_intermediate=256), fab=fabrics, n_systems=systems,
        options=compile_options())
 def test_save_and_load_round_trip(model, fab, n_systems, options):

@@ -63,10 +63,6 @@ class FabricSpec:
         """Colors a program may allocate: the routable ones minus the runtime's reserved ones."""
         return self.colors_total - self.colors_reserved
 
-    @property
-    def sram_bytes_per_cycle(self) -> int:
-        return self.sram_read_bytes_per_cycle + self.sram_write_bytes_per_cycle
-
     def ridge_flop_per_byte(self) -> float:
         """FP16 FLOP per SRAM byte read at which a read-dominated op turns compute-bound."""
         return self.fp16_flops_per_cycle / self.sram_read_bytes_per_cycle
