@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from compiler import opgraph as og
-from compiler.intensity import SILU_MUL_FLOPS, ROPE_FLOPS, RMSNORM_FLOPS, Workload, op_cost
+from compiler.intensity import RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, Workload, op_cost
 from wse_emu.fabric import FabricSpec
 from wse_emu.model import ModelSpec
 from wse_emu.program import Kernel, Rect

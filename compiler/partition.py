@@ -72,7 +72,9 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
             raise CompileError(
                 f"{model.name} spans {span} wafers, so a wafer cannot be split between "
                 f"prefill and decode: use --prefill-systems P with --systems {2 * span} or more")
-        share = options.prefill_share if options.prefill_share is not None else DEFAULT_PREFILL_SHARE
+        share = options.prefill_share
+        if share is None:
+            share = DEFAULT_PREFILL_SHARE
         cut = round(fabric.width * share)
         if not 0 < cut < fabric.width:
             raise CompileError(f"--prefill-share {share} leaves an empty part of the wafer")

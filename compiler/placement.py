@@ -101,7 +101,10 @@ class StageScorer:
 
         src, dst = [], []
         for t in self.transfers:
-            src.append(math.nan if t.src == STAGE else self.entry if t.src == ENTRY else root(t.src))
+            if t.src == STAGE:
+                src.append(math.nan)
+            else:
+                src.append(self.entry if t.src == ENTRY else root(t.src))
             if t.dst == STAGE:
                 dst.append(math.nan)
             elif t.dst == EXIT:

@@ -232,8 +232,9 @@ def _contiguous_groups(values: np.ndarray, groups: int) -> list[tuple[int, int]]
     prev = 0
     for j, t in enumerate(targets):
         idx = int(np.searchsorted(cum, t))
-        # choose the closer of idx and idx+1 as the cut (cut = number of items before)
-        cut = idx + 1 if idx < n and (idx == 0 or abs(cum[idx] - t) <= abs(cum[idx - 1] - t)) else idx
+        # Cut after item idx or before it, whichever leaves the running sum closer to target.
+        closer_after = idx == 0 or abs(cum[idx] - t) <= abs(cum[idx - 1] - t)
+        cut = idx + 1 if idx < n and closer_after else idx
         cut = max(cut, prev + 1)
         cut = min(cut, n - (groups - 1 - j))
         cuts.append(cut)
@@ -242,7 +243,8 @@ def _contiguous_groups(values: np.ndarray, groups: int) -> list[tuple[int, int]]
     return [(bounds[i], bounds[i + 1]) for i in range(groups)]
 
 
-def strip_min_extent(strip: StripSpec, short_side: int, budget: int, dtype_bytes: int) -> int | None:
+def strip_min_extent(strip: StripSpec, short_side: int, budget: int,
+                     dtype_bytes: int) -> int | None:
     """The fewest PEs along the stage's long side that hold the strip's blocks and its
     output-edge vectors within ``budget`` bytes per PE; None if impossible."""
     vec = sum(-(-length // short_side) * strip.vector_layers[name] * dtype_bytes

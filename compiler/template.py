@@ -14,11 +14,11 @@ import numpy as np
 
 from compiler import placement as pl
 from compiler.bounds import LAYER_DEPENDENCIES, kernel_bound, stage_bound
+from compiler.geometry import even_split
 from compiler.intensity import Workload
 from compiler.options import CompileOptions
 from compiler.routing import assign_colors, manhattan
 from compiler.stages import (
-    StageRect,
     StageSpec,
     allocate_areas,
     home_strip,
@@ -28,7 +28,6 @@ from compiler.stages import (
     strip_extents,
 )
 from compiler.tiling import block_bytes, vector_bytes
-from compiler.geometry import even_split
 from wse_emu.errors import CompileError
 from wse_emu.fabric import FabricSpec
 from wse_emu.model import ModelSpec
@@ -83,7 +82,7 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
     reserve = INITIAL_BUFFER_RESERVE
     for _ in range(4):
         budget = fabric.usable_bytes_per_pe - reserve
-        layouts = _layout_region(model, fabric, part_shapes, options, budget)
+        layouts = _layout_region(model, part_shapes, options, budget)
         _place(layouts, model, options)
         template = _assemble(model, fabric, part_shapes, layouts, options)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
@@ -97,7 +96,7 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
 
 # --- stages ---------------------------------------------------------------------------------
 
-def _layout_region(model, fabric, part_shapes, options, budget) -> list[list[StageLayout]]:
+def _layout_region(model, part_shapes, options, budget) -> list[list[StageLayout]]:
     d = model.dtype_bytes
     parts = len(part_shapes)
     extra_first = 0 if model.tie_embeddings else model.embedding_params() * d
@@ -279,7 +278,7 @@ class _Builder:
             self.edge_route("offwafer_in", name + ":in", dst, bytes_per_token=nbytes, **kw)
 
     def matrix_kernel(self, stage, lay, strip, body, edge, high) -> Kernel:
-        model, d = self.model, self.d
+        d = self.d
         e, short = lay.extents[strip.name], lay.short
         kind = "gather" if strip.name == "embedding" else "matrix"
         vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
@@ -302,8 +301,8 @@ class _Builder:
         self.add("activations", body, act)
         for name, length in strip.vectors.items():
             if name.endswith("_bias"):
-                self.add("weights", edge, self.line(edge, vector_bytes(length, short,
-                                                                       strip.vector_layers[name], d)))
+                per_pe = vector_bytes(length, short, strip.vector_layers[name], d)
+                self.add("weights", edge, self.line(edge, per_pe))
         # The kernel's internal collectives: inputs broadcast across the strip, partial sums
         # reduced along it by a two-level tree (one color per level).
         self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
@@ -423,7 +422,7 @@ def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
 
     held_back = 1 if options.plan == "disaggregated" else 0
     colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages), held_back)
-    arrays = _kv_plan(b, model, fabric, flat)
+    arrays = _kv_plan(b, model, fabric)
     template = RegionTemplate(
         part_shapes=part_shapes, stages=b.stages, kernels=b.kernels, routes=b.routes,
         arrays=arrays, placement=_placement_report(flat, homes, model),
@@ -450,7 +449,7 @@ def _describe_route(route: Route, stages: list[Stage]) -> str:
     return f"route {route.name} in {where} ({route.footprint})"
 
 
-def _kv_plan(b: _Builder, model: ModelSpec, fabric: FabricSpec, flat) -> list[dict[str, np.ndarray]]:
+def _kv_plan(b: _Builder, model: ModelSpec, fabric: FabricSpec) -> list[dict[str, np.ndarray]]:
     """The KV cache takes what weights and buffers leave, in whole slots (K and V of one token
     for one KV head of one layer); each stage can hold as many tokens as its slots allow for
     all of its layers and KV heads."""

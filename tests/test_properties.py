@@ -13,10 +13,12 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
 
 from compiler.mapper import compile_model, verify
 from compiler.options import CompileOptions
+from compiler.partition import wafers_needed
 from compiler.routing import popcount
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
@@ -30,15 +32,16 @@ PROPERTY_SETTINGS = dict(deadline=None, derandomize=True,
 # --- strategies -----------------------------------------------------------------------------
 
 @st.composite
-def models(draw, max_hidden: int = 512, max_intermediate: int = 1024) -> ModelSpec:
+def models(draw, max_hidden: int = 512, max_intermediate: int = 1024, min_hidden: int = 8,
+           min_intermediate: int = 8, min_layers: int = 1, max_layers: int = 4) -> ModelSpec:
     heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
     kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
     return ModelSpec(
         name="prop",
         family="llama",
-        hidden_size=draw(st.integers(8, max_hidden)),
-        intermediate_size=draw(st.integers(8, max_intermediate)),
-        num_layers=draw(st.integers(1, 4)),
+        hidden_size=draw(st.integers(min_hidden, max_hidden)),
+        intermediate_size=draw(st.integers(min_intermediate, max_intermediate)),
+        num_layers=draw(st.integers(min_layers, max_layers)),
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=2 * draw(st.integers(4, 16)),
@@ -77,16 +80,20 @@ systems = st.integers(1, 3)
 
 @st.composite
 def multi_wafer_cases(draw):
-    """Models too large for one small wafer, on clusters of a few wafers."""
-    model = draw(models(max_hidden=1024, max_intermediate=2048).filter(
-        lambda m: m.hidden_size >= 128 and m.num_layers >= 2))
-    fab = fabric(draw(st.sampled_from(["mesh8", "mesh16"])),
-                 draw(st.one_of(st.none(), st.tuples(st.integers(4, 16), st.integers(4, 16)))))
-    n_systems = draw(st.integers(2, 4))
-    plan = draw(st.sampled_from(["colocated", "disaggregated"]))
-    prefill_systems = None
-    if plan == "disaggregated":
-        prefill_systems = draw(st.integers(1, n_systems))
+    """Models too large for one small wafer, on clusters of about as many wafers as one
+    replica needs (sometimes too few)."""
+    model = draw(models(min_hidden=256, max_hidden=768, min_intermediate=512,
+                        max_intermediate=2048, min_layers=4, max_layers=8))
+    fab = fabric("mesh16", draw(st.one_of(st.none(), st.tuples(st.integers(12, 24),
+                                                                 st.integers(12, 24)))))
+    span = wafers_needed(model, fab)
+    if draw(st.booleans()):
+        plan, prefill_systems = "colocated", None
+        n_systems = draw(st.sampled_from([span, span + 1, max(1, span - 1)]))
+    else:
+        plan = "disaggregated"
+        n_systems = draw(st.sampled_from([2 * span, 2 * span + 1, max(2, 2 * span - 1)]))
+        prefill_systems = draw(st.sampled_from([n_systems // 2, 1, n_systems]))
     options = CompileOptions(plan=plan, prefill_systems=prefill_systems,
                              layers_per_stage=draw(st.sampled_from([None, 1, 2])),
                              anneal_steps=50)

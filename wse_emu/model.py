@@ -150,7 +150,8 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
         )
     for moe_key in ("num_local_experts", "num_experts"):
         if config.get(moe_key):
-            raise ConfigError(f"{source}: mixture-of-experts models ('{moe_key}') are not supported")
+            raise ConfigError(
+                f"{source}: mixture-of-experts models ('{moe_key}') are not supported")
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{source}: field 'hidden_act' must be 'silu', got {act!r}")

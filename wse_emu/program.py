@@ -79,7 +79,8 @@ class Rect:
         return cls(*(int(v) for v in values))
 
     def __str__(self) -> str:
-        return f"{self.w}x{self.h}@({self.x},{self.y})" + (f"/s{self.system}" if self.system else "")
+        where = f"/s{self.system}" if self.system else ""
+        return f"{self.w}x{self.h}@({self.x},{self.y}){where}"
 
 
 @dataclass
@@ -236,20 +237,23 @@ class WaferProgram:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except OSError:
-            raise UserError(f"{directory}: no program.json (compile one with 'wse-emu compile')") from None
+            raise UserError(
+                f"{directory}: no program.json (compile one with 'wse-emu compile')") from None
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: malformed JSON (line {exc.lineno})") from None
         if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
             raise UserError(
                 f"{path}: not a version-{FORMAT_VERSION} wse-emu program "
-                f"(found format {data.get('format')!r}, version {data.get('version')!r}); recompile it"
+                f"(found format {data.get('format')!r}, version {data.get('version')!r}); "
+                "recompile it"
             )
         try:
             with np.load(directory / "program.npz") as npz:
                 arrays = {k: npz[k] for k in npz.files if k != "format_version"}
                 version = int(npz["format_version"])
         except (OSError, KeyError, ValueError):
-            raise UserError(f"{directory}: program.npz is missing or unreadable; recompile") from None
+            raise UserError(
+                f"{directory}: program.npz is missing or unreadable; recompile") from None
         if version != FORMAT_VERSION:
             raise UserError(f"{directory}: program.npz is version {version}; recompile")
 

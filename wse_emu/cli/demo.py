@@ -9,7 +9,7 @@ from __future__ import annotations
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.cli.compile_cmd import render
-from wse_emu.cli.fmt import si, seconds, table
+from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 
