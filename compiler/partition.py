@@ -42,7 +42,12 @@ def wafers_needed(model: ModelSpec, fabric: FabricSpec) -> int:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.0f} GB" if n >= 1e10 else f"{n / 1e9:.1f} GB"
+    """Bytes for a message: '141 GB', '2.5 GB', '213 kB'."""
+    for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str = "") -> str:
@@ -50,6 +55,18 @@ def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str
             f"{cluster.systems} x {cluster.fabric.name} holds "
             f"{_gb(cluster.systems * cluster.fabric.sram_bytes_total)} of SRAM{what}: "
             f"use --systems {need} or more")
+
+
+def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int,
+                    span: int) -> str:
+    if cluster.systems < 2 * span:
+        fix = f"use --systems {2 * span} or more with --prefill-systems {span}"
+    elif role == "prefill":
+        fix = f"use --prefill-systems {span} or more"
+    else:
+        fix = f"use --prefill-systems {cluster.systems - span} or fewer"
+    return (f"{model.name} needs {span} systems per replica ({_gb(model.weight_bytes())} of "
+            f"weights); the {role} role has {have}: {fix}")
 
 
 def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
@@ -85,10 +102,10 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
     for role, systems, (x0, width) in pools:
         if span > 1:
             count = len(systems) // span
+            if count < 1 and role == "mixed":
+                raise CompileError(too_big_message(model, cluster, span))
             if count < 1:
-                raise CompileError(too_big_message(
-                    model, ClusterSpec(fabric, len(systems)), span,
-                    f" for the {role} role" if role != "mixed" else ""))
+                raise CompileError(_role_too_small(model, cluster, role, len(systems), span))
             for r in range(count):
                 parts = [Rect(s, whole.x, whole.y, whole.w, whole.h)
                          for s in systems[r * span:(r + 1) * span]]

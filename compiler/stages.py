@@ -109,23 +109,30 @@ def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
     parts = len(part_budgets)
     if parts == 1:
         return [(0, num_layers)]
+    if num_layers < parts:
+        raise CompileError(f"{num_layers} layers cannot be pipelined over {parts} wafers")
 
     def fits(limit: float) -> list[tuple[int, int]] | None:
+        """Fill parts front to back, leaving at least one layer for every later part."""
         ranges, start = [], 0
         for p in range(parts):
             extra = (extra_first if p == 0 else 0.0) + (extra_last if p == parts - 1 else 0.0)
             room = limit * part_budgets[p] - extra
             count = max(0, int(room // layer_bytes)) if room > 0 else 0
+            count = min(count, num_layers - start - (parts - 1 - p))
             if p == parts - 1:
                 count = num_layers - start
                 if count * layer_bytes + extra > limit * part_budgets[p] + 1e-6:
                     return None
-            count = min(count, num_layers - start)
+            if count < 1:
+                return None
             ranges.append((start, start + count))
             start += count
         return ranges
 
     lo, hi = 0.0, 4.0
+    while fits(hi) is None and hi < 1e6:
+        hi *= 2.0
     if fits(hi) is None:
         raise CompileError("cannot split the layers across the region's wafers")
     for _ in range(60):

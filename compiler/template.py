@@ -103,8 +103,6 @@ def _layout_region(model, part_shapes, options, budget) -> list[list[StageLayout
     extra_last = model.head_params() * d
     ranges = split_layers(model.layer_params() * d, model.num_layers,
                           [w * h * budget for w, h in part_shapes], extra_first, extra_last)
-    if any(l1 <= l0 for l0, l1 in ranges):
-        raise CompileError(f"{model.name}: too few layers to pipeline over {parts} wafers")
     return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options)
             for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
 
@@ -120,7 +118,7 @@ def _layout_part(model, width, height, l0, l1, first, last, part, budget,
                             last and min(a + per_stage, l1) == l1) for a in starts]
         mins = [[s.weight_bytes / budget for s in spec.strips] for spec in specs]
         if sum(map(sum, mins)) > width * height:
-            raise CompileError(f"{model.name}: weights do not fit in a {width}x{height} region")
+            raise NoLayout(f"the weights do not fit in a {width}x{height} region")
         areas = allocate_areas(specs, width * height, mins)
         try:
             rects = layout_stages(width, height, [sum(a) for a in areas],

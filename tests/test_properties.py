@@ -262,3 +262,46 @@ def test_save_and_load_round_trip(model, fab, n_systems, options):
         assert f"sram_{category}" in loaded.arrays
     # The loaded program still keeps every guarantee.
     check_program(loaded, model, fab, n_systems)
+
+
+# --- regressions found by the properties above ------------------------------------------
+
+def test_split_layers_gives_every_wafer_a_layer():
+    from compiler.stages import split_layers
+
+    # One byte per layer, three wafers of one byte, a one-byte head on the last wafer:
+    # (0, 2), (2, 3), (3, 4) fills the fullest wafer to 2, as does the answer with an empty
+    # last wafer.
+    ranges = split_layers(1, 4, [1.0, 1.0, 1.0], 0.0, 1.0)
+    assert all(l1 > l0 for l0, l1 in ranges), ranges
+
+
+def test_automatic_replicas_fall_back_to_fewer_replicas():
+    model = ModelSpec(name="m", family="llama", hidden_size=148, intermediate_size=122,
+                      num_layers=2, num_heads=1, num_kv_heads=1, head_dim=14,
+                      vocab_size=328).validate("test")
+    fab = fabric("mesh32", None)
+    cluster = ClusterSpec(fab, 1)
+    # With at most 32 replicas it maps (16 regions after halving) ...
+    capped = compile_model(model, cluster, CompileOptions(max_replicas_per_part=32,
+                                                          anneal_steps=50))
+    assert len(capped.regions) >= 1
+    # ... so the default (at most 64, first try 51) should fall back to fewer, not refuse.
+    program = compile_model(model, cluster, CompileOptions(anneal_steps=50))
+    check_program(program, model, fab, 1)
+
+
+def test_role_too_small_advice_names_the_role_option():
+    model = ModelSpec(name="m", family="llama", hidden_size=512, intermediate_size=1024,
+                      num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
+                      vocab_size=512).validate("test")
+    fab = fabric("mesh16", None)
+    span = wafers_needed(model, fab)
+    assert span >= 2
+    n_systems = 2 * span + 2
+    with pytest.raises(CompileError) as info:
+        compile_model(model, ClusterSpec(fab, n_systems),
+                      CompileOptions(plan="disaggregated", prefill_systems=1))
+    message = str(info.value)
+    assert "prefill" in message
+    assert f"--systems {span} or more" not in message, message
