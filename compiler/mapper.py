@@ -202,7 +202,9 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "embedding": s.has_embedding, "head": s.has_head,
         "kv_capacity_tokens": s.kv_capacity_tokens,
         "prefill_bound_cycles": s.bounds["prefill"]["cycles"],
+        "prefill_bound_by": s.bounds["prefill"]["dominant"],
         "decode_bound_cycles": s.bounds["decode"]["cycles"],
+        "decode_bound_by": s.bounds["decode"]["dominant"],
     } for s in program.stages]
     wafers = wafers_needed(model, fabric)
     return {

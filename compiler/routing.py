@@ -38,8 +38,9 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
     if best.max() >= budget:
         worst = int(np.argmax(best))
         raise CompileError(
-            f"colors run out: {describe(routes[worst])} needs color {int(best.max()) + 1} of "
-            f"the {budget} that {fabric.name} leaves ({fabric.colors_total} total - "
+            f"colors run out: the routes around {describe(routes[worst])} need "
+            f"{int(best.max()) + 1} colors where {fabric.name} leaves {budget} "
+            f"({fabric.colors_total} total - "
             f"{fabric.colors_reserved} reserved by the runtime"
             + (f" - {held_back} for the KV handoff" if held_back else "")
             + "); use more layers per stage or a larger region")

@@ -69,3 +69,21 @@ def test_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "llama-3.1-70b" in out and "wse3" in out
+
+
+def test_uncertain_fabric_values_can_be_overridden(capsys):
+    assert main(["inspect", "tiny", "--set", "sram_read_bytes_per_cycle=32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ridge_flop_per_byte"] == 0.5
+    assert main(["compile", "tiny", "--fabric", "mesh8", "--region", "8x8", "--json",
+                 "--set", "clock_hz=850e6"]) == 0
+    slow = json.loads(capsys.readouterr().out)["bounds"]["mixed0"]["decode"]
+    assert main(["compile", "tiny", "--fabric", "mesh8", "--region", "8x8", "--json"]) == 0
+    fast = json.loads(capsys.readouterr().out)["bounds"]["mixed0"]["decode"]
+    assert slow["bottleneck_cycles"] == fast["bottleneck_cycles"]
+    assert slow["pipeline_latency_s"] == pytest.approx(fast["pipeline_latency_s"] * 1.1e9 / 850e6)
+
+
+def test_bad_override_is_a_one_line_error():
+    proc = run_cli("compile", "tiny", "--fabric", "mesh8", "--set", "bogus=1")
+    assert proc.returncode == 2 and "unknown field 'bogus'" in proc.stderr
+    assert proc.stderr.count("\n") == 1

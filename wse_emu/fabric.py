@@ -137,4 +137,4 @@ def load_fabric(name_or_path: str | Path) -> FabricSpec:
 def with_overrides(spec: FabricSpec, **overrides: Any) -> FabricSpec:
     """A copy with some fields replaced (for the uncertain parameters), re-validated."""
     data = {**spec.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
-    return fabric_from_dict(data, f"fabric {spec.name} with overrides")
+    return fabric_from_dict(data, f"fabric {spec.name} with --set")

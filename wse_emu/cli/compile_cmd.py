@@ -10,13 +10,43 @@ import yaml
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions, parse_region
 from wse_emu.cli.fmt import gb, seconds, si, table
-from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.errors import UserError
+from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.model import load_model
 from wse_emu.program import WaferProgram, write_run_dir
 
 
-def add_cluster_args(p) -> None:
+def add_fabric_args(p) -> None:
     p.add_argument("--fabric", default="wse3", help="fabric preset or YAML (default wse3)")
+    p.add_argument("--set", dest="fabric_set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a fabric field, e.g. --set clock_hz=850e6 (repeatable)")
+
+
+def fabric_from_args(args) -> FabricSpec:
+    fabric = load_fabric(args.fabric)
+    if not args.fabric_set:
+        return fabric
+    overrides = {}
+    for item in args.fabric_set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"--set needs FIELD=VALUE, got {item!r}")
+        overrides[key] = _scalar(value)
+    return with_overrides(fabric, **overrides)
+
+
+def _scalar(text: str):
+    """'850e6' -> 850000000.0, '2' -> 2, 'true' -> True, anything else stays a string."""
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def add_cluster_args(p) -> None:
+    add_fabric_args(p)
     p.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
     p.add_argument("--plan", choices=["colocated", "disaggregated"], default="colocated")
     share = p.add_mutually_exclusive_group()
@@ -49,7 +79,7 @@ def options_from_args(args) -> CompileOptions:
 
 def compile_from_args(args) -> WaferProgram:
     model = load_model(args.model)
-    cluster = ClusterSpec(load_fabric(args.fabric), args.systems)
+    cluster = ClusterSpec(fabric_from_args(args), args.systems)
     return compile_model(model, cluster, options_from_args(args))
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from compiler.intensity import Workload, analyze
 from compiler.opgraph import build_op_graph
+from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.cli.fmt import si, table
-from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("inspect", help="op graph, FLOPs, bytes moved and arithmetic intensity")
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
-    p.add_argument("--fabric", default="wse3", help="fabric whose PE ridge point classifies ops")
+    add_fabric_args(p)
     p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
     p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> dict | str:
     model = load_model(args.model)
-    fabric = load_fabric(args.fabric)
+    fabric = fabric_from_args(args)
     work = Workload(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
     result = analyze(build_op_graph(model), model, work, fabric)
     layers = result["layers"]
