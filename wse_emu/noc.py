@@ -81,6 +81,7 @@ class NocResult:
     latency_p99: float
     hops_mean: float
     delivered_fraction: float
+    worst_source_slowdown: float  # max over PEs of mean latency / mean zero-load latency
     saturation_bound: float | None
     cycles: int
     packets_measured: int
@@ -101,12 +102,43 @@ def run_noc(k: int, pattern: str, rate: float, *, packet_wavelets: int = 1, vcs:
     latency = (res.t_done - msgs.t_ready)[done]
     in_window = (res.t_done >= warmup) & (res.t_done < warmup + window)
     accepted = float(msgs.length[in_window].sum()) / (k * k * window)
+    # Saturation shows first at the PEs whose flows share the busiest link: compare each PE's
+    # mean latency with what it would be on an idle network.
+    zero_load = msgs.hops(k) * hop + 2 * ramp + msgs.length - 1
+    per_src = np.bincount(msgs.src[done], weights=latency, minlength=k * k)
+    per_src_zero = np.bincount(msgs.src[done], weights=zero_load[done], minlength=k * k)
+    has = per_src_zero > 0
+    slowdown = float((per_src[has] / per_src_zero[has]).max()) if has.any() else float("nan")
     return NocResult(
         mesh=k, pattern=pattern, offered_rate=rate, accepted_rate=accepted,
         latency_mean=float(latency.mean()) if len(latency) else float("nan"),
         latency_p99=float(np.percentile(latency, 99)) if len(latency) else float("nan"),
         hops_mean=float(msgs.hops(k)[measured].mean()) if measured.any() else float("nan"),
         delivered_fraction=float(done.sum() / max(measured.sum(), 1)),
+        worst_source_slowdown=slowdown,
         saturation_bound=saturation_bound(pattern, k), cycles=res.cycles,
         packets_measured=int(measured.sum()),
         conservation_violations=0 if res.violation_cycle < 0 else 1)
+
+
+def stable(result: NocResult, slowdown_limit: float = 3.0) -> bool:
+    """Below saturation: (nearly) every measured packet arrives, and no PE's packets take more
+    than ``slowdown_limit`` times their idle-network latency on average."""
+    return result.delivered_fraction > 0.99 and result.worst_source_slowdown < slowdown_limit
+
+
+def find_saturation(k: int, pattern: str, steps: int = 6, **kwargs) -> tuple[float, list]:
+    """Bisect the offered rate between half and 1.2x the closed-form bound (or 0.05 and 1 for
+    patterns without one) for the highest stable rate; returns it and the runs made."""
+    bound = saturation_bound(pattern, k)
+    lo, hi = (0.5 * bound, min(1.0, 1.2 * bound)) if bound else (0.02, 1.0)
+    runs = []
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        res = run_noc(k, pattern, mid, **kwargs)
+        runs.append(res)
+        if stable(res):
+            lo = mid
+        else:
+            hi = mid
+    return lo, runs

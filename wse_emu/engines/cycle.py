@@ -95,7 +95,8 @@ def _pack(m, dx, dy, line):
 
 
 # Per-router scalars packed in one 64-byte row (one cache line): per input port a bit mask of
-# its non-empty color queues, the total of queued wavelets, the active flag, the arbitration start port, color round-robin pointers, x, y.
+# its non-empty color queues, the total of queued wavelets, the active flag, the arbitration
+# start port, color round-robin pointers, x, y.
 _POCC, _ROCC, _ACT, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
 
 

@@ -1,0 +1,117 @@
+"""The cycle engine against closed forms (VALIDATION.md) and against its plain-Python twin."""
+
+import numpy as np
+import pytest
+
+from wse_emu.engines import cycle
+from wse_emu.engines.messages import LINE, Messages
+from wse_emu.engines.reference import cycle_twin
+from wse_emu.noc import (
+    find_saturation,
+    generate,
+    mean_hops_uniform,
+    run_noc,
+    saturation_bound,
+    stable,
+)
+
+
+@pytest.mark.parametrize("hop,ramp", [(1, 2), (2, 1), (3, 2)])
+@pytest.mark.parametrize("src,dst,length", [((0, 0), (5, 3), 1), ((7, 7), (0, 2), 9),
+                                            ((3, 3), (3, 3), 4), ((2, 6), (2, 0), 2)])
+def test_zero_load_latency_is_exact(hop, ramp, src, dst, length):
+    k = 8
+    s, d = src[1] * k + src[0], dst[1] * k + dst[0]
+    hops = abs(src[0] - dst[0]) + abs(src[1] - dst[1])
+    res = cycle.run(k, k, 2, 4, hop, ramp, Messages.build([7], [s], [d], [length]), 500, True)
+    assert res.t_first[0] == 7
+    assert res.t_done[0] - 7 == hops * hop + 2 * ramp + (length - 1)
+    assert res.violation_cycle == -1
+    assert res.link_wavelets.sum() == hops * length
+
+
+def test_line_multicast_reaches_every_router_on_its_path():
+    k = 8
+    res = cycle.run(k, k, 1, 4, 1, 2, Messages.build([0], [8 * 2], [8 * 2 + 7], [3], LINE), 500,
+                    True)
+    # Point i (i+1 hops away) gets its last wavelet at (i+1)*hop + 2*ramp + 2.
+    assert list(res.point_done) == [(i + 1) + 4 + 2 for i in range(7)]
+    assert res.delivered == 7 * 3 and res.injected == 3
+
+
+def test_one_link_shared_by_many_flows_carries_one_wavelet_per_cycle():
+    # Eight PEs of row 0 all send 50 wavelets east to the end of row 0: the last link into
+    # PE 7 carries everything, one wavelet per cycle.
+    k = 8
+    msgs = Messages.build(np.zeros(7, int), np.arange(7), np.full(7, 7), 50,
+                          vc=np.arange(7) % 4)
+    res = cycle.run(k, k, 4, 4, 1, 2, msgs, 5000, True)
+    assert res.link_wavelets[6, 1] == 7 * 50
+    assert res.t_done.max() >= 7 * 50
+    assert res.violation_cycle == -1
+
+
+def test_disjoint_routes_do_not_interfere():
+    k = 8
+    alone = cycle.run(k, k, 1, 4, 1, 2, Messages.build([0], [0], [7], [40]), 500)
+    rows = Messages.build(np.zeros(8, int), np.arange(8) * k, np.arange(8) * k + 7, 40)
+    together = cycle.run(k, k, 1, 4, 1, 2, rows, 500)
+    assert (together.t_done == alone.t_done[0]).all()
+
+
+def test_backpressure_loses_nothing_under_overload():
+    msgs = generate("hotspot", 6, 0.9, 300, 3, 2, seed=4)
+    res = cycle.run(6, 6, 2, 2, 1, 2, msgs, 100_000, True)
+    assert res.violation_cycle == -1
+    assert (res.t_done >= 0).all()
+    assert res.delivered == res.injected == msgs.length.sum()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_the_python_twin(seed):
+    rng = np.random.default_rng(seed)
+    w, h, vcs = 4, 3, 2
+    count = 60
+    t = np.sort(rng.integers(0, 40, count))
+    msgs = Messages.build(t, rng.integers(0, w * h, count), rng.integers(0, w * h, count),
+                          rng.integers(1, 5, count), rng.integers(0, 2, count),
+                          rng.integers(0, vcs, count))
+    for hop, ramp, qcap in ((1, 2, 2), (2, 1, 3)):
+        fast = cycle.run(w, h, vcs, qcap, hop, ramp, msgs, 10_000, True)
+        cycles, t_first, t_done, point_done, links = cycle_twin(w, h, vcs, qcap, hop, ramp,
+                                                                 msgs, 10_000)
+        assert fast.cycles == cycles
+        assert np.array_equal(fast.t_first, t_first)
+        assert np.array_equal(fast.t_done, t_done)
+        flat = [d for per in point_done for d in per]
+        assert list(fast.point_done) == flat
+        for (r, d), count_ in links.items():
+            assert fast.link_wavelets[r, d] == count_
+        assert fast.link_wavelets.sum() == sum(links.values())
+
+
+@pytest.mark.parametrize("k", [8, 16])
+def test_mean_hops_uniform(k):
+    res = run_noc(k, "uniform", 0.02, warmup=200, window=3000, drain=2000)
+    assert res.hops_mean == pytest.approx(mean_hops_uniform(k), rel=0.03)
+
+
+def test_conservation_and_littles_law():
+    msgs = generate("uniform", 8, 0.3, 3000, 1, 4, seed=1)
+    res = cycle.run(8, 8, 4, 8, 1, 2, msgs, 20_000, True)
+    assert res.violation_cycle == -1
+    latency = (res.t_done - msgs.t_ready).astype(float)
+    in_network = (res.t_done - res.t_first + 1).sum()  # wavelet-cycles from injection
+    # Little's law: mean occupancy over the run = throughput x mean time in the network.
+    assert res.in_flight_cycles / res.cycles == pytest.approx(in_network / res.cycles, rel=0.1)
+    assert latency.min() >= 2 * 2  # at least both ramps
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("pattern", ["uniform", "transpose", "bitcomp"])
+def test_saturation_within_75_to_100_percent_of_the_bound(k, pattern):
+    bound = saturation_bound(pattern, k)
+    assert stable(run_noc(k, pattern, 0.5 * bound))
+    assert not stable(run_noc(k, pattern, 1.2 * bound))
+    rate, _ = find_saturation(k, pattern)
+    assert 0.75 * bound <= rate <= bound, rate / bound
