@@ -6,11 +6,13 @@ the physical link, which carries one wavelet per cycle per direction. A wavelet 
 when the queue it goes to has room (credits, returned one cycle after the wavelet moves on), so
 none is ever dropped. A link delivers after ``hop`` cycles, a ramp after ``ramp`` cycles.
 
-One cycle, in order: messages whose time has come join their PE's send queue; wavelets arrive
-from links and ramps; every router moves at most one wavelet per input port and one per output
-port (input ports tried round-robin starting at ``(cycle + router) % 5``, colors round-robin per
-port); every PE injects at most one wavelet; freed credits return. A line multicast moves only
-when all the outputs it needs (the next hop and the local ramp) are free at once.
+One cycle, in order: wavelets reach PEs (feeding the tasks that wait for them); tasks start and
+finish (as in ``taskgraph``; finished ones queue their messages to send), and external messages
+whose time has come queue too; wavelets arrive from links and ramps; every router moves at most
+one wavelet per input port and one per output port (input ports tried round-robin starting at
+``(cycle + router) % 5``, colors round-robin per port); every PE injects at most one wavelet;
+freed credits return. A line multicast moves only when all the outputs it needs (the next hop
+and the local ramp) are free at once.
 
 Zero-load latency of an M-wavelet message over H hops is H*hop + 2*ramp + (M - 1) cycles from
 the cycle it may start to the cycle its last wavelet reaches the PE.
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from wse_emu.engines.fast import EV_DONE, EV_READY, ID_BITS, _grow, _pop, _push
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
+from wse_emu.engines.taskgraph import TaskGraph
 
 NO_VIOLATION = -1
 
@@ -31,6 +35,8 @@ NO_VIOLATION = -1
 @dataclass
 class CycleResult:
     cycles: int  # cycles simulated
+    task_start: np.ndarray
+    task_end: np.ndarray
     t_first: np.ndarray  # per message: cycle its first wavelet was injected (-1: never)
     t_done: np.ndarray  # per message: cycle its last wavelet reached its last point (-1: not)
     point_done: np.ndarray  # per delivery point: cycle it had all wavelets (-1: not yet)
@@ -45,17 +51,31 @@ class CycleResult:
 def run(width: int, height: int, vcs: int, queue_wavelets: int, hop: int, ramp: int,
         messages: Messages, max_cycles: int, check: bool = False) -> CycleResult:
     """Simulate ``messages`` (sorted by ``t_ready``) until all are delivered or ``max_cycles``."""
+    messages.validate(width, height, vcs)
+    empty = np.zeros(0, dtype=np.int64)
+    graph = TaskGraph(width, height, empty, empty, empty, empty, np.zeros(1, np.int64), empty,
+                      np.zeros(1, np.int64), empty, messages,
+                      np.full(int(messages.points(width).sum()), -1, dtype=np.int64))
+    return run_graph(graph, vcs, queue_wavelets, hop, ramp, max_cycles, check)
+
+
+def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: int,
+              max_cycles: int, check: bool = False) -> CycleResult:
+    """Execute a task graph; messages use virtual channel ``vc % vcs``."""
     if hop < 1 or ramp < 1:
         raise ValueError("the cycle engine needs hop and ramp latency of at least one cycle")
-    messages.validate(width, height, vcs)
-    points = messages.points(width)
-    point_base = np.zeros(len(messages) + 1, dtype=np.int64)
-    np.cumsum(points, out=point_base[1:])
-    out = _simulate(width, height, vcs, queue_wavelets, hop, ramp, messages.t_ready,
-                    messages.src, messages.dst, messages.length, messages.mode, messages.vc,
-                    point_base, max_cycles, check)
-    cycles, t_first, t_done, point_done, links, injected, delivered, occupancy, violation = out
-    return CycleResult(int(cycles), t_first, t_done, point_done, point_base[:-1], links,
+    msgs = graph.msgs
+    base = graph.point_base()
+    external = np.flatnonzero(msgs.t_ready >= 0)
+    external = external[np.argsort(msgs.t_ready[external], kind="stable")]
+    out = _simulate(graph.width, graph.height, vcs, queue_wavelets, hop, ramp, msgs.t_ready,
+                    msgs.src, msgs.dst, msgs.length, msgs.mode, msgs.vc % vcs, base,
+                    external, graph.task_pe, graph.task_cycles, graph.task_need, graph.out_ptr,
+                    graph.out_msg, graph.succ_ptr, graph.succ_task, graph.msg_target,
+                    max_cycles, check)
+    (cycles, start, end, t_first, t_done, point_done, links, injected, delivered, occupancy,
+     violation) = out
+    return CycleResult(int(cycles), start, end, t_first, t_done, point_done, base[:-1], links,
                        int(injected), int(delivered), int(occupancy), int(violation))
 
 
@@ -102,7 +122,8 @@ _POCC, _ROCC, _ACT, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
 
 @njit(cache=True)
 def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mode, vc,
-              point_base, max_cycles, check):
+              point_base, external, task_pe, task_cycles, task_need, out_ptr, out_msg,
+              succ_ptr, succ_task, msg_target, max_cycles, check):
     n = width * height
     m_count = len(src)
     opposite = np.array([2, 3, 0, 1], dtype=np.int64)
@@ -160,6 +181,20 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     t_done = np.full(m_count, -1, dtype=np.int64)
     links = np.zeros((n, 4), dtype=np.int64)
 
+    # Tasks: an event heap of (cycle, kind, task), as in the fast engine.
+    n_tasks = len(task_pe)
+    need = task_need.copy()
+    start_t = np.full(n_tasks, -1, dtype=np.int64)
+    end_t = np.full(n_tasks, -1, dtype=np.int64)
+    pe_free = np.zeros(n, dtype=np.int64)
+    ht = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
+    hk = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
+    hsize = 0
+    for k in range(n_tasks):
+        if need[k] == 0:
+            hsize = _push(ht, hk, hsize, 0, (EV_READY << ID_BITS) | k)
+    tasks_done = 0
+
     released = 0
     finished = 0
     injected = 0
@@ -169,21 +204,8 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     queued = 0
     violation = -1
     t = 0
-    while t < max_cycles and finished < m_count:
-        # 1. Messages whose time has come join their PE's send queue.
-        while released < m_count and t_ready[released] <= t:
-            m = released
-            s = src[m]
-            if pe_tail[s] < 0:
-                pe_head[s] = m
-                senders[n_senders] = s
-                n_senders += 1
-            else:
-                nxt[pe_tail[s]] = m
-            pe_tail[s] = m
-            released += 1
-
-        # 2. Arrivals: ramps out to PEs, links into queues, ramps in into queues.
+    while t < max_cycles and (finished < m_count or tasks_done < n_tasks):
+        # 1. Arrivals at PEs: a delivery point with all its wavelets may make a task ready.
         rs = t % ramp
         ls = t % hop
         for i in range(o_n[rs]):
@@ -195,11 +217,64 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             point_count[idx] += 1
             if point_count[idx] == length[m]:
                 point_done[idx] = t
+                target = msg_target[idx]
+                if target >= 0:
+                    need[target] -= 1
+                    if need[target] == 0:
+                        ht, hk = _grow(ht, hk, hsize)
+                        hsize = _push(ht, hk, hsize, t, (EV_READY << ID_BITS) | target)
                 points_left[m] -= 1
                 if points_left[m] == 0:
                     t_done[m] = t
                     finished += 1
         o_n[rs] = 0
+
+        # 2. Tasks: ready ones claim their PE's core, finished ones send their messages.
+        #    External messages whose time has come join their PE's send queue too.
+        while hsize > 0 and ht[0] <= t:
+            _, key, hsize = _pop(ht, hk, hsize)
+            kind = key >> ID_BITS
+            task = key & ((1 << ID_BITS) - 1)
+            if kind == EV_READY:
+                p = task_pe[task]
+                begin = t if t > pe_free[p] else pe_free[p]
+                start_t[task] = begin
+                pe_free[p] = begin + task_cycles[task]
+                ht, hk = _grow(ht, hk, hsize)
+                hsize = _push(ht, hk, hsize, begin + task_cycles[task],
+                              (EV_DONE << ID_BITS) | task)
+            else:
+                end_t[task] = t
+                tasks_done += 1
+                for i in range(succ_ptr[task], succ_ptr[task + 1]):
+                    nx = succ_task[i]
+                    need[nx] -= 1
+                    if need[nx] == 0:
+                        ht, hk = _grow(ht, hk, hsize)
+                        hsize = _push(ht, hk, hsize, t, (EV_READY << ID_BITS) | nx)
+                for i in range(out_ptr[task], out_ptr[task + 1]):
+                    m = out_msg[i]
+                    s = src[m]
+                    if pe_tail[s] < 0:
+                        pe_head[s] = m
+                        senders[n_senders] = s
+                        n_senders += 1
+                    else:
+                        nxt[pe_tail[s]] = m
+                    pe_tail[s] = m
+        while released < len(external) and t_ready[external[released]] <= t:
+            m = external[released]
+            s = src[m]
+            if pe_tail[s] < 0:
+                pe_head[s] = m
+                senders[n_senders] = s
+                n_senders += 1
+            else:
+                nxt[pe_tail[s]] = m
+            pe_tail[s] = m
+            released += 1
+
+        # 3. Arrivals from links and ramps into router queues.
         for i in range(l_n[ls] + i_n[rs]):
             if i < l_n[ls]:
                 nb = _neighbour(l_r[ls, i], l_d[ls, i], width)
@@ -227,7 +302,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
         l_n[ls] = 0
         i_n[rs] = 0
 
-        # 3. Switch: one wavelet per input port and per output port.
+        # 4. Switch: one wavelet per input port and per output port.
         nret = 0
         keep = 0
         t_port = t % PORTS
@@ -305,7 +380,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
                 rinfo[r, _ACT] = 0
         n_active = keep
 
-        # 4. Each PE injects at most one wavelet of the message at the head of its queue.
+        # 5. Each PE injects at most one wavelet of the message at the head of its queue.
         keep = 0
         for a in range(n_senders):
             s = senders[a]
@@ -330,7 +405,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
                 keep += 1
         n_senders = keep
 
-        # 5. Credits freed this cycle become usable next cycle.
+        # 6. Credits freed this cycle become usable next cycle.
         for i in range(nret):
             cred[ret_r[i], ret_d[i], ret_v[i]] += 1
 
@@ -348,4 +423,5 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             if counted != flight or flight < 0 or recount != queued:
                 violation = t
         t += 1
-    return (t, t_first, t_done, point_done, links, injected, delivered, occupancy, violation)
+    return (t, start_t, end_t, t_first, t_done, point_done, links, injected, delivered,
+            occupancy, violation)

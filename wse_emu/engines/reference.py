@@ -6,11 +6,15 @@ engine's documented rules literally, with dictionaries and deques instead of pac
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import numpy as np
 
 from wse_emu.engines.messages import LINE, RAMP, Messages
+from wse_emu.engines.taskgraph import TaskGraph
+
+DELIVERY, RELEASE, DONE, READY = 0, 1, 2, 3
 
 DIRS = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # N, E, S, W as (dx, dy)
 OPPOSITE = {0: 2, 1: 3, 2: 0, 3: 1}
@@ -28,9 +32,21 @@ def xy_next(x, y, dx, dy):
     return RAMP
 
 
-def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles):
-    """Returns (cycles, t_first, t_done, point_done list per message, link counts dict)."""
+def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles,
+               graph: TaskGraph | None = None):
+    """Returns (cycles, t_first, t_done, point_done list per message, link counts dict,
+    task start, task end)."""
     n = width * height
+    tasks = graph.tasks if graph is not None else 0
+    need = list(graph.task_need) if graph is not None else []
+    start_t, end_t = [-1] * tasks, [-1] * tasks
+    pe_free = [0] * n
+    events = [(0, READY, k) for k in range(tasks) if need[k] == 0]
+    heapq.heapify(events)
+    targets = []
+    if graph is not None:
+        base = graph.point_base()
+        targets = [list(graph.msg_target[base[m]:base[m + 1]]) for m in range(len(msgs))]
     coords = [(r % width, r // width) for r in range(n)]
     queues = {(r, p, v): deque() for r in range(n) for p in range(5) for v in range(vcs)}
     credits = {(r, p, v): qcap for r in range(n) for p in range(5) for v in range(vcs)}
@@ -44,15 +60,12 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles):
     point_done = [[-1] * int(points[m]) for m in range(len(msgs))]
     t_done = [-1] * len(msgs)
     links = {}
-    order = list(range(len(msgs)))
+    order = [m for m in range(len(msgs)) if msgs.t_ready[m] >= 0]
+    order.sort(key=lambda m: msgs.t_ready[m])
     released = 0
     finished = 0
     t = 0
-    while t < max_cycles and finished < len(msgs):
-        while released < len(msgs) and msgs.t_ready[order[released]] <= t:
-            m = order[released]
-            send_queue[int(msgs.src[m])].append(m)
-            released += 1
+    while t < max_cycles and (finished < len(msgs) or sum(e >= 0 for e in end_t) < tasks):
         arriving = [w for w in in_transit if w[0] == t]
         in_transit = [w for w in in_transit if w[0] != t]
         for _, kind, r, port, m, v in arriving:
@@ -64,10 +77,34 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles):
                 got[m][idx] += 1
                 if got[m][idx] == msgs.length[m]:
                     point_done[m][idx] = t
+                    if targets and targets[m][idx] >= 0:
+                        need[targets[m][idx]] -= 1
+                        if need[targets[m][idx]] == 0:
+                            heapq.heappush(events, (t, READY, targets[m][idx]))
                     if all(d >= 0 for d in point_done[m]):
                         t_done[m] = t
                         finished += 1
+        while events and events[0][0] <= t:
+            _, kind, k = heapq.heappop(events)
+            if kind == READY:
+                p = int(graph.task_pe[k])
+                start_t[k] = max(t, pe_free[p])
+                pe_free[p] = start_t[k] + int(graph.task_cycles[k])
+                heapq.heappush(events, (pe_free[p], DONE, k))
             else:
+                end_t[k] = t
+                for nx in graph.succ_task[graph.succ_ptr[k]:graph.succ_ptr[k + 1]]:
+                    need[nx] -= 1
+                    if need[nx] == 0:
+                        heapq.heappush(events, (t, READY, int(nx)))
+                for m in graph.out_msg[graph.out_ptr[k]:graph.out_ptr[k + 1]]:
+                    send_queue[int(msgs.src[m])].append(int(m))
+        while released < len(order) and msgs.t_ready[order[released]] <= t:
+            m = order[released]
+            send_queue[int(msgs.src[m])].append(m)
+            released += 1
+        for _, kind, r, port, m, v in arriving:
+            if kind != "eject":
                 queues[(r, port, v)].append(m)
         returns = []
         for r in range(n):
@@ -124,4 +161,76 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles):
         for key in returns:
             credits[key] += 1
         t += 1
-    return t, np.array(t_first), np.array(t_done), point_done, links
+    return t, np.array(t_first), np.array(t_done), point_done, links, start_t, end_t
+
+
+def fast_twin(graph: TaskGraph, hop: int, ramp: int):
+    """The fast engine's rules, literally: returns (task start, task end, point done)."""
+    width = graph.width
+    msgs = graph.msgs
+    base = graph.point_base()
+    need = list(graph.task_need)
+    start, end = [-1] * graph.tasks, [-1] * graph.tasks
+    point_done = [-1] * len(graph.msg_target)
+    pe_free, ramp_in, ramp_out, link_free = {}, {}, {}, {}
+    events = [(0, READY, k) for k in range(graph.tasks) if need[k] == 0]
+    events += [(int(msgs.t_ready[m]), RELEASE, m) for m in range(len(msgs))
+               if msgs.t_ready[m] >= 0]
+    heapq.heapify(events)
+
+    def send(m, now):
+        s, d, length = int(msgs.src[m]), int(msgs.dst[m]), int(msgs.length[m])
+        inj = max(now, ramp_in.get(s, 0))
+        ramp_in[s] = inj + length
+        head = inj + ramp
+        x, y = s % width, s // width
+        dx, dy = d % width, d // width
+        path = [(x, y)]
+        while (x, y) != (dx, dy):
+            step = xy_next(x, y, dx, dy)
+            x, y = x + DIRS[step][0], y + DIRS[step][1]
+            path.append((x, y))
+        if len(path) == 1:
+            e = max(head, ramp_out.get(s, 0))
+            ramp_out[s] = e + length
+            heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m])))
+            return
+        point = 0
+        for (ax, ay), (bx, by) in zip(path, path[1:]):
+            direction = xy_next(ax, ay, bx, by)
+            key = (ay * width + ax, direction)
+            t = max(head, link_free.get(key, 0))
+            link_free[key] = t + length
+            head = t + hop
+            r = by * width + bx
+            if msgs.mode[m] == LINE or r == d:
+                e = max(head, ramp_out.get(r, 0))
+                ramp_out[r] = e + length
+                heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m]) + point))
+                point += 1
+
+    while events:
+        now, kind, ident = heapq.heappop(events)
+        if kind == READY:
+            p = int(graph.task_pe[ident])
+            start[ident] = max(now, pe_free.get(p, 0))
+            pe_free[p] = start[ident] + int(graph.task_cycles[ident])
+            heapq.heappush(events, (pe_free[p], DONE, ident))
+        elif kind == DONE:
+            end[ident] = now
+            for nx in graph.succ_task[graph.succ_ptr[ident]:graph.succ_ptr[ident + 1]]:
+                need[nx] -= 1
+                if need[nx] == 0:
+                    heapq.heappush(events, (now, READY, int(nx)))
+            for m in graph.out_msg[graph.out_ptr[ident]:graph.out_ptr[ident + 1]]:
+                send(int(m), now)
+        elif kind == RELEASE:
+            send(ident, now)
+        else:
+            point_done[ident] = now
+            target = int(graph.msg_target[ident])
+            if target >= 0:
+                need[target] -= 1
+                if need[target] == 0:
+                    heapq.heappush(events, (now, READY, target))
+    return start, end, point_done

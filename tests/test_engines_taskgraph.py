@@ -1,0 +1,92 @@
+"""Both engines on task graphs: against their Python twins, and against each other."""
+
+import numpy as np
+import pytest
+
+from wse_emu.engines import cycle, fast
+from wse_emu.engines.messages import LINE, UNICAST
+from wse_emu.engines.reference import cycle_twin, fast_twin
+from wse_emu.engines.taskgraph import Builder
+
+
+def random_graph(seed, w=4, h=3, tasks=40):
+    """A random DAG: each task may feed later tasks by messages (unicast or line) or directly."""
+    rng = np.random.default_rng(seed)
+    b = Builder(w, h)
+    pes = rng.integers(0, w * h, tasks)
+    ids = [b.task(int(pes[i]), int(rng.integers(0, 30)), kind=i % 3) for i in range(tasks)]
+    for i in range(tasks - 1):
+        for _ in range(int(rng.integers(0, 3))):
+            j = int(rng.integers(i + 1, tasks))
+            if rng.random() < 0.3 and pes[j] != pes[i]:
+                # A line along the row or column of the source, feeding a task at every point.
+                sx, sy = pes[i] % w, pes[i] // w
+                if rng.random() < 0.5:
+                    dst = sy * w + int(rng.choice([0, w - 1]))
+                else:
+                    dst = int(rng.choice([0, h - 1])) * w + sx
+                hops = abs(dst % w - sx) + abs(dst // w - sy)
+                if hops == 0:
+                    continue
+                feeds = []
+                for k in range(hops):
+                    feeds.append(b.task(int(dst), 1, kind=9))  # placeholders, PE fixed below
+                # Put each fed task on its point's PE.
+                step = np.sign([dst % w - sx, dst // w - sy])
+                for k, t in enumerate(feeds):
+                    b.tasks[t][0] = int((sy + step[1] * (k + 1)) * w + sx + step[0] * (k + 1))
+                b.send(ids[i], int(pes[i]), int(dst), int(rng.integers(1, 6)), feeds, LINE,
+                       int(rng.integers(0, 2)))
+            elif rng.random() < 0.5:
+                b.send(ids[i], int(pes[i]), int(pes[j]), int(rng.integers(1, 6)), ids[j],
+                       UNICAST, int(rng.integers(0, 2)))
+            else:
+                b.then(ids[i], ids[j])
+    return b.build()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_engine_matches_its_twin(seed):
+    g = random_graph(seed)
+    res = fast.run(g, 1, 2)
+    start, end, point_done = fast_twin(g, 1, 2)
+    assert list(res.task_start) == start
+    assert list(res.task_end) == end
+    assert list(res.point_done) == point_done
+    assert res.unfinished() == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cycle_engine_runs_task_graphs_like_its_twin(seed):
+    g = random_graph(seed)
+    res = cycle.run_graph(g, 2, 3, 1, 2, 20_000, check=True)
+    cycles, t_first, t_done, point_done, links, start, end = cycle_twin(
+        g.width, g.height, 2, 3, 1, 2, g.msgs, 20_000, graph=g)
+    assert list(res.task_start) == start and list(res.task_end) == end
+    assert np.array_equal(res.t_done, t_done)
+    assert res.violation_cycle == -1
+    assert (res.task_end >= 0).all()
+
+
+def test_engines_agree_exactly_without_contention():
+    # A chain of tasks passing one message each along a row: no two messages ever compete.
+    b = Builder(8, 8)
+    prev = b.task(0, 5)
+    for pe in range(1, 8):
+        nxt = b.task(pe, 3)
+        b.send(prev, pe - 1, pe, 4, nxt)
+        prev = nxt
+    g = b.build()
+    f = fast.run(g, 1, 2)
+    c = cycle.run_graph(g, 2, 8, 1, 2, 10_000)
+    assert list(f.task_end) == list(c.task_end)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_engines_agree_within_ten_percent_on_random_graphs(seed):
+    g = random_graph(seed + 10, w=6, h=6, tasks=80)
+    f = fast.run(g, 1, 2)
+    c = cycle.run_graph(g, 4, 8, 1, 2, 50_000)
+    makespan_f = max(f.task_end.max(), f.msg_done.max())
+    makespan_c = max(c.task_end.max(), c.t_done.max())
+    assert makespan_f == pytest.approx(makespan_c, rel=0.10)

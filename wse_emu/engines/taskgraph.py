@@ -1,0 +1,112 @@
+"""Task graphs: what kernels expand into, and what both engines execute.
+
+A task runs on one PE's core for ``cycles`` cycles once ``need`` inputs have arrived (message
+deliveries to it plus completions of the tasks that precede it); a PE runs one task at a time,
+ready tasks in order of (ready time, task id). When a task completes, the messages listed for
+it join its PE's send queue in order and its successor tasks count one input more. A message's
+delivery point (its destination, or each router of a line multicast) may name a task it feeds.
+Messages with ``t_ready >= 0`` are sent at that time whatever the tasks do (external input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wse_emu.engines.messages import Messages
+
+
+@dataclass
+class TaskGraph:
+    width: int
+    height: int
+    task_pe: np.ndarray
+    task_cycles: np.ndarray
+    task_need: np.ndarray
+    task_kind: np.ndarray  # a label per task (kernel index), for reports
+    out_ptr: np.ndarray  # CSR over tasks: messages sent on completion, in order
+    out_msg: np.ndarray
+    succ_ptr: np.ndarray  # CSR over tasks: tasks that wait for this one
+    succ_task: np.ndarray
+    msgs: Messages
+    msg_target: np.ndarray  # per delivery point (see Messages.points): task fed, or -1
+
+    @property
+    def tasks(self) -> int:
+        return len(self.task_pe)
+
+    def point_base(self) -> np.ndarray:
+        base = np.zeros(len(self.msgs) + 1, dtype=np.int64)
+        np.cumsum(self.msgs.points(self.width), out=base[1:])
+        return base
+
+    def validate(self) -> None:
+        n = self.width * self.height
+        if self.tasks and (self.task_pe.min() < 0 or self.task_pe.max() >= n):
+            raise ValueError("task on a PE outside the mesh")
+        if len(self.msg_target) != int(self.msgs.points(self.width).sum()):
+            raise ValueError("msg_target needs one entry per delivery point")
+        # Every task's need must be met exactly by its senders and predecessors.
+        fed = np.zeros(self.tasks, dtype=np.int64)
+        np.add.at(fed, self.msg_target[self.msg_target >= 0], 1)
+        np.add.at(fed, self.succ_task, 1)
+        if not np.array_equal(fed, self.task_need):
+            bad = int(np.flatnonzero(fed != self.task_need)[0])
+            raise ValueError(f"task {bad} needs {self.task_need[bad]} inputs but gets {fed[bad]}")
+        # Messages sent by a task must start at that task's PE.
+        for t in range(self.tasks):
+            ms = self.out_msg[self.out_ptr[t]:self.out_ptr[t + 1]]
+            if len(ms) and (self.msgs.src[ms] != self.task_pe[t]).any():
+                raise ValueError(f"task {t} sends a message from another PE")
+
+
+class Builder:
+    """Append tasks and messages, then ``build()`` the CSR arrays (used by tests and tools;
+    kernel expanders write the arrays directly)."""
+
+    def __init__(self, width: int, height: int):
+        self.width, self.height = width, height
+        self.tasks: list[list] = []  # pe, cycles, kind, [out msgs], [succ tasks]
+        self.msgs: list[list] = []  # t_ready, src, dst, length, mode, vc, [targets]
+
+    def task(self, pe: int, cycles: int, kind: int = 0) -> int:
+        self.tasks.append([pe, cycles, kind, [], []])
+        return len(self.tasks) - 1
+
+    def then(self, before: int, after: int) -> None:
+        self.tasks[before][4].append(after)
+
+    def send(self, task: int | None, src: int, dst: int, length: int, targets, mode: int = 0,
+             vc: int = 0, t_ready: int = -1) -> int:
+        self.msgs.append([t_ready, src, dst, length, mode, vc, list(np.atleast_1d(targets))])
+        m = len(self.msgs) - 1
+        if task is not None:
+            self.tasks[task][3].append(m)
+        return m
+
+    def build(self) -> TaskGraph:
+        n_tasks = len(self.tasks)
+        out_ptr = np.zeros(n_tasks + 1, dtype=np.int64)
+        succ_ptr = np.zeros(n_tasks + 1, dtype=np.int64)
+        out_ptr[1:] = np.cumsum([len(t[3]) for t in self.tasks])
+        succ_ptr[1:] = np.cumsum([len(t[4]) for t in self.tasks])
+        cols = list(zip(*[m[:6] for m in self.msgs])) if self.msgs else [[]] * 6
+        msgs = Messages.build(*[np.array(c, dtype=np.int64) for c in cols]) if self.msgs else \
+            Messages.build([], [], [], [], [], [])
+        targets = np.array([x for m in self.msgs for x in m[6]], dtype=np.int64)
+        need = np.zeros(n_tasks, dtype=np.int64)
+        np.add.at(need, targets[targets >= 0], 1)
+        for t in self.tasks:
+            for s in t[4]:
+                need[s] += 1
+        g = TaskGraph(
+            self.width, self.height,
+            np.array([t[0] for t in self.tasks], dtype=np.int64),
+            np.array([t[1] for t in self.tasks], dtype=np.int64), need,
+            np.array([t[2] for t in self.tasks], dtype=np.int64),
+            out_ptr, np.array([m for t in self.tasks for m in t[3]], dtype=np.int64),
+            succ_ptr, np.array([s for t in self.tasks for s in t[4]], dtype=np.int64),
+            msgs, targets)
+        g.validate()
+        return g
