@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def even_split(total: int, parts: int) -> np.ndarray:
-    """Sizes of ``parts`` contiguous pieces of ``total``; they differ by at most one."""
-    bounds = (np.arange(parts + 1, dtype=np.int64) * total) // parts
-    return np.diff(bounds)
+from wse_emu.splits import even_split  # noqa: F401  (re-exported for the compiler)
 
 
 def proportional_split(total: int, weights, minimum=None) -> np.ndarray:

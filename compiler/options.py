@@ -55,6 +55,10 @@ class CompileOptions:
             raise UserError("weight_share_target must be in (0, 1]")
         if self.buffer_tokens < 1:
             raise UserError("buffer_tokens must be at least 1")
+        if self.seed < 0:
+            raise UserError(f"--seed must be 0 or more, got {self.seed}")
+        if self.anneal_steps < 0:
+            raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -41,20 +41,98 @@ def wafers_needed(model: ModelSpec, fabric: FabricSpec) -> int:
     return max(1, math.ceil(model.weight_bytes() / wafer_weight_capacity(fabric)))
 
 
-def _gb(n: float) -> str:
-    """Bytes for a message: '141 GB', '2.5 GB', '213 kB'."""
+def _gb(n: float, extra_digits: int = 0) -> str:
+    """Bytes for a message: '141 GB', '2.5 GB', '213 kB' (``extra_digits`` more decimals)."""
     for factor, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
         if n >= factor:
             value = n / factor
-            return f"{value:.0f} {unit}" if value >= 10 else f"{value:.1f} {unit}"
+            digits = (0 if value >= 10 else 1) + extra_digits
+            return f"{value:.{digits}f} {unit}"
     return f"{n:.0f} B"
 
 
+def _two_sizes(a: float, b: float) -> tuple[str, str]:
+    """``_gb`` of two sizes, with enough decimals that different sizes do not print the same."""
+    for extra in range(4):
+        sa, sb = _gb(a, extra), _gb(b, extra)
+        if sa != sb or a == b:
+            break
+    return sa, sb
+
+
 def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str = "") -> str:
-    return (f"{model.name} needs {_gb(model.weight_bytes())} of weights; "
+    weights_text, capacity_text = _two_sizes(
+        model.weight_bytes(), cluster.systems * wafer_weight_capacity(cluster.fabric))
+    return (f"{model.name} needs {weights_text} of weights; "
             f"{cluster.systems} x {cluster.fabric.name} holds "
-            f"{_gb(cluster.systems * cluster.fabric.sram_bytes_total)} of SRAM{what}: "
+            f"{_gb(cluster.systems * cluster.fabric.sram_bytes_total)} of SRAM, of which "
+            f"{capacity_text} can hold weights (less code, runtime and buffers){what}: "
             f"use --systems {need} or more")
+
+
+def _part_weight_capacity(fabric: FabricSpec, width: int) -> float:
+    """Weight bytes a part of ``width`` full-height columns of one wafer can hold."""
+    return width * fabric.height * fabric.usable_bytes_per_pe * WEIGHT_FILL_MAX
+
+
+def _min_part_width(model: ModelSpec, fabric: FabricSpec) -> int:
+    """The fewest full-height columns of one wafer that hold the model's weights."""
+    weights = model.weight_bytes()
+    width = max(1, math.ceil(weights / _part_weight_capacity(fabric, 1)))
+    while width > 1 and weights <= _part_weight_capacity(fabric, width - 1):
+        width -= 1
+    while weights > _part_weight_capacity(fabric, width):
+        width += 1
+    return width
+
+
+def _share_fits(share: float, width: int, min_width: int) -> bool:
+    """Whether ``--prefill-share share`` leaves both parts of a ``width``-column wafer at least
+    ``min_width`` columns (the cut computed as in ``partition``)."""
+    cut = round(width * share)
+    return min_width <= cut <= width - min_width
+
+
+def _share_range(width: int, min_width: int) -> tuple[float, float] | None:
+    """Round bounds lo <= hi such that every share from lo to hi fits both parts, or None."""
+    if 2 * min_width > width:
+        return None
+    for digits in (2, 3, 4):
+        scale = 10 ** digits
+        lo = math.ceil(min_width / width * scale) / scale
+        hi = math.floor((width - min_width) / width * scale) / scale
+        while lo <= hi and not _share_fits(lo, width, min_width):
+            lo = round(lo + 1 / scale, digits)
+        while hi >= lo and not _share_fits(hi, width, min_width):
+            hi = round(hi - 1 / scale, digits)
+        if 0 < lo <= hi < 1:
+            return lo, hi
+    return None
+
+
+def _part_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, width: int) -> str:
+    """A prefill or decode part of a split wafer cannot hold the model: say which shares
+    would work, or that none does and systems must be split instead."""
+    fabric = cluster.fabric
+    weights_text, capacity_text = _two_sizes(model.weight_bytes(),
+                                             _part_weight_capacity(fabric, width))
+    head = (f"{model.name} needs {weights_text} of weights; the {role} part "
+            f"({width}x{fabric.height} PEs) can hold {capacity_text} of weights")
+    min_width = _min_part_width(model, fabric)
+    shares = _share_range(fabric.width, min_width)
+    if shares is not None:
+        lo, hi = shares
+        which = f"{lo:g}" if lo == hi else f"between {lo:g} and {hi:g}"
+        return (f"{head}: use --prefill-share {which} (the shares that leave both parts "
+                "room for the weights)")
+    if cluster.systems < 2:
+        fix = "use --prefill-systems 1 --systems 2 (or more systems)"
+    elif cluster.systems == 2:
+        fix = "use --prefill-systems 1"
+    else:
+        fix = f"use --prefill-systems between 1 and {cluster.systems - 1}"
+    return (f"{head}, and no --prefill-share fits both parts (each needs at least {min_width} "
+            f"of the {fabric.width} columns): {fix}")
 
 
 def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int,
@@ -74,6 +152,11 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
     fabric = cluster.fabric
     span = wafers_needed(model, fabric)
     whole = Rect(0, 0, 0, fabric.width, fabric.height)
+    if options.region is not None and span > 1:
+        rw, rh = options.region
+        raise CompileError(
+            f"--region {rw}x{rh} applies only to models that fit one wafer; {model.name} "
+            f"spans {span} wafers of {fabric.name}: drop --region")
 
     if options.plan == "colocated":
         pools = [("mixed", list(range(cluster.systems)), (0, fabric.width))]
@@ -111,15 +194,10 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                          for s in systems[r * span:(r + 1) * span]]
                 regions.append(RegionPlan(f"{role}{r}", role, r, parts))
             continue
-        part_pes = width * fabric.height
-        capacity = part_pes * fabric.usable_bytes_per_pe
-        if model.weight_bytes() > capacity * WEIGHT_FILL_MAX:
-            if role == "mixed":
-                raise CompileError(too_big_message(model, cluster, span + 1))
-            raise CompileError(
-                f"{model.name} needs {_gb(model.weight_bytes())} of weights; the {role} part "
-                f"({width}x{fabric.height} PEs) holds {_gb(capacity)}: give {role} a larger "
-                f"share or use --prefill-systems")
+        # A mixed or whole-system part is a whole wafer, which holds the model when span is 1
+        # (the same product as wafer_weight_capacity): only a split wafer's part can fail here.
+        if model.weight_bytes() > _part_weight_capacity(fabric, width):
+            raise CompileError(_part_too_small(model, cluster, role, width))
         rects = _replica_rects(model, fabric, x0, width, options, replicas_cap)
         index = 0
         for s in systems:

@@ -198,7 +198,7 @@ def layout_stages(width: int, height: int, areas: list[float],
             continue
         sums = [areas[a:b].sum() for a, b in groups]
         try:
-            heights = proportional_split(height, sums, 1)
+            heights = regular_split(height, np.array(sums))
         except ValueError:
             continue
         rects: list[StageRect | None] = [None] * n
@@ -207,7 +207,7 @@ def layout_stages(width: int, height: int, areas: list[float],
             if b - a > width:
                 ok = False
                 break
-            widths = proportional_split(width, areas[a:b], 1)
+            widths = regular_split(width, areas[a:b])
             xs = np.concatenate([[0], np.cumsum(widths)[:-1]])
             for idx, (x, ww) in enumerate(zip(xs, widths)):
                 stage = a + idx
@@ -227,6 +227,25 @@ def layout_stages(width: int, height: int, areas: list[float],
     if best is None:
         raise CompileError("stages do not fit")
     return best
+
+
+def regular_split(total: int, weights: np.ndarray) -> np.ndarray:
+    """Like ``proportional_split`` with minimum 1, but pieces of equal weight get equal sizes
+    (what is left over goes to the heaviest piece), so that stages of equal work get the same
+    shape and the simulator can time one of them for all."""
+    sizes = proportional_split(total, weights, 1)
+    if len(weights) < 2:
+        return sizes
+    _, group = np.unique(np.round(np.asarray(weights, dtype=float), 6), return_inverse=True)
+    for g in np.unique(group):
+        members = group == g
+        if members.sum() > 1:
+            sizes[members] = max(1, int(sizes[members].min()))
+    heaviest = int(np.argmax(weights))
+    sizes[heaviest] += total - sizes.sum()
+    if sizes[heaviest] < 1:
+        return proportional_split(total, weights, 1)
+    return sizes
 
 
 def _contiguous_groups(values: np.ndarray, groups: int) -> list[tuple[int, int]] | None:

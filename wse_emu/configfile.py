@@ -6,6 +6,8 @@ Configs are plain data: loading one has no side effects beyond reading the file.
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
 import typing
 from importlib import resources
 from pathlib import Path
@@ -27,18 +29,33 @@ def preset_names(kind: str) -> list[str]:
     return sorted(p.stem for p in preset_dir(kind).glob("*.yaml"))
 
 
-def read_yaml_mapping(path: Path) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; malformed files raise ConfigError."""
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a one-line message, cut short when long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a config file; unreadable or non-UTF-8 files raise ConfigError."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Read a YAML file that must hold a mapping; malformed files raise ConfigError."""
+    text = read_text(path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ConfigError(f"{path}: malformed YAML{where}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed YAML (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     return data
@@ -52,7 +69,7 @@ def build_dataclass(cls: type, data: dict[str, Any], source: str, skip: tuple[st
     """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(data) - set(fields) - set(skip))
+    unknown = sorted(str(k) for k in set(data) - set(fields) - set(skip))
     if unknown:
         raise ConfigError(
             f"{source}: unknown field '{unknown[0]}' (allowed: {', '.join(sorted(fields))})"
@@ -71,37 +88,65 @@ def build_dataclass(cls: type, data: dict[str, Any], source: str, skip: tuple[st
     return cls(**values)
 
 
+_UNION_TYPES = (typing.Union, types.UnionType)
+
+
 def _coerce(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Union or str(origin) == "types.UnionType":
+    if origin in _UNION_TYPES:
+        args = typing.get_args(hint)
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], where)
+        for candidate in inner:
+            try:
+                return _coerce(value, candidate, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} has the wrong type, got {shown(value)}")
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
+            raise ConfigError(f"{where} must be true or false, got {shown(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
+            raise ConfigError(f"{where} must be an integer, got {shown(value)}")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
+        return _coerce_float(value, where)
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
+            raise ConfigError(f"{where} must be a string, got {shown(value)}")
         return value
     return value
 
 
+def _coerce_float(value: Any, where: str) -> float:
+    """A finite number; a string such as '1e-5' (which YAML 1.1 leaves a string) is parsed."""
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{where} must be a number, got {shown(value)}") from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where} must be a number, got {shown(value)}")
+    else:
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ConfigError(f"{where} must be a finite number, got {shown(value)}") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{where} must be a finite number, got {shown(value)}")
+    return number
+
+
 def check_version(data: dict[str, Any], source: str) -> None:
     version = data.get("version", CONFIG_VERSION)
-    if version != CONFIG_VERSION:
-        raise ConfigError(f"{source}: field 'version' must be {CONFIG_VERSION}, got {version!r}")
+    if isinstance(version, bool) or version != CONFIG_VERSION:
+        raise ConfigError(
+            f"{source}: field 'version' must be {CONFIG_VERSION}, got {shown(version)}")
 
 
 def require(condition: bool, source: str, message: str) -> None:

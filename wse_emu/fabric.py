@@ -7,6 +7,7 @@ values (clock, hop and ramp latency, reserved runtime memory) are fields, never 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from wse_emu.configfile import (
     require,
 )
 from wse_emu.errors import ConfigError
+
+# Sane upper limits: a typo must not ask for an emulated cluster of hundreds of GiB.
+MAX_SIDE = 4096
+MAX_SYSTEMS = 64
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ class FabricSpec:
         return dataclasses.asdict(self)
 
     def validate(self, source: str) -> "FabricSpec":
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                require(math.isfinite(value), source,
+                        f"field '{f.name}' must be a finite number, got {value!r}")
         positive = [
             "width", "height", "sram_bytes_per_pe", "clock_hz", "fp16_flops_per_cycle",
             "fp32_flops_per_cycle", "sram_read_bytes_per_cycle", "sram_write_bytes_per_cycle",
@@ -84,6 +94,9 @@ class FabricSpec:
         for name in ["reserved_bytes_per_pe", "hop_latency_cycles", "ramp_latency_cycles",
                      "colors_reserved", "host_transfer_overhead_s"]:
             require(getattr(self, name) >= 0, source, f"field '{name}' must be >= 0")
+        for name in ("width", "height"):
+            require(getattr(self, name) <= MAX_SIDE, source,
+                    f"field '{name}' must be <= {MAX_SIDE}, got {getattr(self, name)}")
         require(self.sram_bytes_per_pe <= 65535, source,
                 "field 'sram_bytes_per_pe' must be <= 65535 (per-PE plans are 16-bit)")
         require(self.reserved_bytes_per_pe < self.sram_bytes_per_pe, source,
@@ -104,6 +117,8 @@ class ClusterSpec:
     def __post_init__(self):
         if self.systems < 1:
             raise ConfigError(f"--systems must be at least 1, got {self.systems}")
+        if self.systems > MAX_SYSTEMS:
+            raise ConfigError(f"--systems must be at most {MAX_SYSTEMS}, got {self.systems}")
 
     @property
     def sram_bytes_total(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from wse_emu.configfile import (
     check_version,
     preset_dir,
     preset_names,
+    read_text,
     read_yaml_mapping,
     require,
+    shown,
 )
 from wse_emu.errors import ConfigError
 
@@ -115,7 +118,7 @@ class ModelSpec:
 
     def validate(self, source: str) -> "ModelSpec":
         require(self.family in FAMILIES, source,
-                f"field 'family' must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+                f"field 'family' must be one of {', '.join(FAMILIES)}, got {shown(self.family)}")
         for name in ["hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim", "vocab_size", "dtype_bytes",
                      "max_position_embeddings"]:
@@ -135,17 +138,34 @@ def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
     return build_dataclass(ModelSpec, data, source, skip=("version",)).validate(source)
 
 
+_ABSENT = object()
+
+
+def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
+    """'architectures' as a list of names: a single string counts as a one-element list."""
+    archs = config.get("architectures")
+    if archs is None:
+        return []
+    if isinstance(archs, str):
+        return [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConfigError(f"{source}: field 'architectures' must be a list of names, "
+                          f"got {shown(archs)}")
+    return archs
+
+
 def model_from_hf_config(config: dict[str, Any], source: str, name: str | None = None) -> ModelSpec:
     """Translate a Hugging Face ``config.json`` mapping; unsupported ones raise ConfigError."""
-    archs = config.get("architectures") or []
+    archs = _hf_architectures(config, source)
     model_type = config.get("model_type")
     family = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
-    if family is None and not archs and model_type in FAMILIES:
+    if family is None and not archs and isinstance(model_type, str) and model_type in FAMILIES:
         family = model_type
     if family is None:
-        shown = ", ".join(archs) if archs else f"model_type {model_type!r}"
+        found = (", ".join(a if a.isprintable() else shown(a) for a in archs) if archs
+                 else f"model_type {shown(model_type)}")
         raise ConfigError(
-            f"{source}: unsupported architecture {shown}; supported: "
+            f"{source}: unsupported architecture {found}; supported: "
             f"{', '.join(HF_ARCHITECTURES)}"
         )
     for moe_key in ("num_local_experts", "num_experts"):
@@ -154,36 +174,74 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
                 f"{source}: mixture-of-experts models ('{moe_key}') are not supported")
     act = config.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"{source}: field 'hidden_act' must be 'silu', got {act!r}")
+        raise ConfigError(f"{source}: field 'hidden_act' must be 'silu', got {shown(act)}")
 
-    def need(key: str) -> Any:
-        if key not in config:
+    def get(key: str, default: Any) -> Any:
+        value = config.get(key, default)
+        if value is _ABSENT:
             raise ConfigError(f"{source}: missing required field '{key}'")
-        return config[key]
+        return value
 
-    hidden = need("hidden_size")
-    heads = need("num_attention_heads")
-    head_dim = config.get("head_dim") or (hidden // heads if heads else 0)
+    def wrong(key: str, what: str, value: Any) -> ConfigError:
+        return ConfigError(f"{source}: field '{key}' must be {what}, got {shown(value)}")
+
+    def integer(key: str, default: Any = _ABSENT, nullable: bool = False) -> int | None:
+        value = get(key, default)
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong(key, "an integer or null" if nullable else "an integer", value)
+        return value
+
+    def number(key: str, default: float) -> float:
+        value = get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong(key, "a number", value)
+        try:
+            result = float(value)
+        except OverflowError:
+            result = math.inf
+        if not math.isfinite(result):
+            raise wrong(key, "a finite number", value)
+        return result
+
+    def flag(key: str, default: bool) -> bool:
+        value = get(key, default)
+        if not isinstance(value, bool):
+            raise wrong(key, "true or false", value)
+        return value
+
+    def string(key: str, default: str | None) -> str | None:
+        value = get(key, default)
+        if value is not None and not isinstance(value, str):
+            raise wrong(key, "a string", value)
+        return value
+
+    hidden = integer("hidden_size")
+    heads = integer("num_attention_heads")
+    # null or 0 means "derive it", as Hugging Face does.
+    head_dim = integer("head_dim", None, nullable=True) or (hidden // heads if heads else 0)
+    kv_heads = integer("num_key_value_heads", None, nullable=True) or heads
     bias_default = family == "qwen2"
     sliding = None
-    if family == "mistral" or config.get("use_sliding_window"):
-        sliding = config.get("sliding_window")
-    dtype = str(config.get("torch_dtype", "bfloat16"))
+    if family == "mistral" or flag("use_sliding_window", False):
+        sliding = integer("sliding_window", None, nullable=True)
+    dtype = string("torch_dtype", None) or "bfloat16"
     data = {
-        "name": name or config.get("_name_or_path") or Path(source).parent.name or family,
+        "name": name or string("_name_or_path", None) or Path(source).parent.name or family,
         "family": family,
         "hidden_size": hidden,
-        "intermediate_size": need("intermediate_size"),
-        "num_layers": need("num_hidden_layers"),
+        "intermediate_size": integer("intermediate_size"),
+        "num_layers": integer("num_hidden_layers"),
         "num_heads": heads,
-        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "num_kv_heads": kv_heads,
         "head_dim": head_dim,
-        "vocab_size": need("vocab_size"),
-        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
-        "attention_bias": bool(config.get("attention_bias", bias_default)),
-        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-5)),
-        "rope_theta": float(config.get("rope_theta", 10000.0)),
-        "max_position_embeddings": config.get("max_position_embeddings", 4096),
+        "vocab_size": integer("vocab_size"),
+        "tie_embeddings": flag("tie_word_embeddings", False),
+        "attention_bias": flag("attention_bias", bias_default),
+        "rms_norm_eps": number("rms_norm_eps", 1e-5),
+        "rope_theta": number("rope_theta", 10000.0),
+        "max_position_embeddings": integer("max_position_embeddings", 4096),
         "sliding_window": sliding,
         "dtype_bytes": 4 if dtype == "float32" else 2,
         "source": f"Hugging Face config {source}",
@@ -201,11 +259,11 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
             raise ConfigError(f"{text}: directory has no config.json")
     if path.suffix == ".json":
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+            config = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: malformed JSON (line {exc.lineno})") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: malformed JSON (nested too deeply)") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{path}: expected a JSON object")
         return model_from_hf_config(config, str(path))

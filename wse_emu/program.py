@@ -299,17 +299,42 @@ def write_run_dir(directory: str | Path, writer) -> Path:
     is renamed into place only when it succeeds, so a failure leaves nothing half-written.
     An existing non-empty directory is never overwritten."""
     directory = Path(directory)
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise UserError(f"run directory {directory} exists and is not empty: choose another -o")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+
+    def cannot(reason) -> UserError:
+        if isinstance(reason, OSError):
+            reason = reason.strerror or reason
+        return UserError(f"cannot create run directory {directory}: {reason}")
+
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"run directory {directory} exists and is not a directory: "
+                        "choose another -o")
+    try:
+        if directory.exists() and any(directory.iterdir()):
+            raise UserError(f"run directory {directory} exists and is not empty: "
+                            "choose another -o")
+    except OSError as exc:
+        raise cannot(exc) from None
+    for parent in (directory.parent, *directory.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise cannot(f"{parent} is not a directory")
+            break
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    except OSError as exc:
+        raise cannot(exc) from None
     try:
         writer(tmp)
+        # mkdtemp creates 0700; a run directory is as readable as one made by mkdir. Set the
+        # mode before the rename so the directory never appears with the private mode.
+        os.chmod(tmp, 0o755)
         if directory.exists():
             directory.rmdir()
         os.replace(tmp, directory)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise cannot(exc) from None
         raise
     return directory
-

@@ -39,15 +39,95 @@ print(json.dumps({"seconds": min(times), "seconds_all": times,
 """
 
 
+SIM_CHILD = r"""
+import json, resource, sys, time
+case = json.loads(sys.argv[1])
+if case["kind"] == "noc":
+    from wse_emu.engines import cycle
+    from wse_emu.noc import generate, saturation_bound
+    k = case["mesh"]
+    rate = case["fraction"] * saturation_bound("uniform", k)
+    msgs = generate("uniform", k, rate, case["cycles"], 1, 4, 0)
+    cycle.run(k, k, 4, 8, 1, 2, msgs, 50)  # compiled and warm
+    best = None
+    for _ in range(case["repeat"]):
+        start = time.perf_counter()
+        res = cycle.run(k, k, 4, 8, 1, 2, msgs, case["cycles"])
+        took = time.perf_counter() - start
+        best = took if best is None else min(best, took)
+    out = {"seconds": best, "cycles": res.cycles, "offered_rate": rate,
+           "router_cycles_per_s": res.cycles * k * k / best}
+else:
+    from compiler.mapper import compile_model
+    from compiler.options import CompileOptions
+    from wse_emu.fabric import ClusterSpec, load_fabric
+    from wse_emu.kernels.stage import Step
+    from wse_emu.model import load_model
+    from wse_emu.runner import run_region
+    program = compile_model(load_model(case["model"]), ClusterSpec(load_fabric(case["fabric"])),
+                            CompileOptions())
+    step = Step(**case["step"])
+    run_region(program, "mixed0", Step("decode", batch=1, context=8))  # compiled and warm
+    best = None
+    for _ in range(case["repeat"]):
+        start = time.perf_counter()
+        run = run_region(program, "mixed0", step)
+        took = time.perf_counter() - start
+        best = took if best is None else min(best, took)
+    out = {"seconds": best, "simulated_step_s": run.step_seconds,
+           "stages_simulated": run.simulated}
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+SIM_CASES = [
+    {"name": "cycle engine, 64x64 mesh, uniform traffic at 25% of saturation", "kind": "noc",
+     "mesh": 64, "fraction": 0.25, "cycles": 5000, "goal": {"router_cycles_per_s": 18e6}},
+    {"name": "fast engine, Llama-3.1-8B decode (batch 1, context 4096) on one wse3",
+     "kind": "run", "model": "llama-3.1-8b", "fabric": "wse3",
+     "step": {"phase": "decode", "batch": 1, "context": 4096}, "goal": {"seconds": 1.0}},
+    {"name": "fast engine, Llama-3.1-8B prefill of 4096 tokens on one wse3", "kind": "run",
+     "model": "llama-3.1-8b", "fabric": "wse3",
+     "step": {"phase": "prefill", "tokens": 4096, "chunks": 4}, "goal": {"seconds": 10.0}},
+]
+PEAK_MEMORY_GOAL_MIB = 4096
+
+
+def _child(script: str, payload: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(payload)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark case {payload} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_sim(repeat: int) -> dict:
+    cases = []
+    for case in SIM_CASES:
+        measured = _child(SIM_CHILD, {**case, "repeat": repeat})
+        goal = case["goal"]
+        if "seconds" in goal:
+            met = measured["seconds"] < goal["seconds"]
+        else:
+            met = measured["router_cycles_per_s"] >= goal["router_cycles_per_s"]
+        met = met and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB
+        cases.append({**{k: v for k, v in case.items() if k != "goal"}, **measured,
+                      "goal": {**goal, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB}, "goal_met": met})
+    return {"benchmark": "sim", "repeat": repeat,
+            "reference_router_cycles_per_s": 0.18e6, "cases": cases}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="speed and memory benchmarks (JSON)")
-    p.add_argument("target", choices=["compile"], help="what to benchmark")
+    p.add_argument("target", choices=["compile", "sim"], help="what to benchmark")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")
     p.add_argument("--json", action="store_true", help="accepted for symmetry; output is JSON")
     p.set_defaults(func=run, always_json=True)
 
 
 def run(args) -> dict:
+    if args.target == "sim":
+        return run_sim(max(1, args.repeat))
     results = []
     for case in COMPILE_CASES:
         payload = json.dumps({**case, "repeat": max(1, args.repeat)})

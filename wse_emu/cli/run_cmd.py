@@ -1,0 +1,202 @@
+"""``wse-emu run``: one prefill or decode step of a compiled program on the simulator."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from compiler.bounds import kernel_bound
+from compiler.intensity import Workload
+from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
+from wse_emu.cli.fmt import seconds, si, table
+from wse_emu.errors import UserError
+from wse_emu.kernels.stage import Step
+from wse_emu.program import WaferProgram, write_run_dir
+from wse_emu.runner import RegionRun, run_region
+from wse_emu.timeline import chrome_trace
+
+DEFAULT_TILES = 4
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="simulate one prefill or decode step of a compiled program")
+    p.add_argument("target", help="a run directory from 'wse-emu compile -o', or a MODEL to "
+                   "compile first with the cluster options below")
+    add_cluster_args(p, region_flag="--region-size")
+    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
+    p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
+    p.add_argument("--tiles", type=int, default=DEFAULT_TILES,
+                   help="prefill: token tiles streamed through each stage")
+    p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
+    p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
+    p.add_argument("--engine", choices=["fast", "cycle"], default="fast")
+    p.add_argument("--region", dest="run_region", help="region to run (default: the first of "
+                   "the phase's role)")
+    p.add_argument("--no-reuse", action="store_true",
+                   help="simulate every stage, not one per distinct shape")
+    p.add_argument("-o", "--output", help="write per-PE and per-link counters, results and a "
+                   "timeline to this run directory")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def load_or_compile(args) -> WaferProgram:
+    target = Path(args.target)
+    if target.is_dir() and (target / "program.json").exists():
+        return WaferProgram.load(target)
+    if target.is_dir():
+        raise UserError(f"{target}: no program.json (compile one with 'wse-emu compile -o')")
+    args.model = args.target
+    return compile_from_args(args)
+
+
+def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
+    if name:
+        return program.region(name).name
+    for role in (phase, "mixed"):
+        for r in program.regions:
+            if r.role == role:
+                return r.name
+    return program.regions[0].name
+
+
+def make_step(args) -> Step:
+    for name in ("tokens", "batch", "context", "tiles"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.phase == "prefill":
+        return Step("prefill", tokens=args.tokens, chunks=min(args.tiles, args.tokens))
+    return Step("decode", batch=args.batch, context=args.context)
+
+
+def bounds_at(program: WaferProgram, run: RegionRun) -> dict[int, dict[str, float]]:
+    """Per stage, the largest kernel lower bound at this run's workload (cycles), one layer."""
+    step = run.step
+    work = Workload(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,
+                    context=step.context)
+    out = {}
+    for sr in run.stages:
+        stage = program.stages[sr.stage]
+        out[sr.stage] = {k.name: kernel_bound(k, stage.rect, program.model, program.fabric,
+                                              work)["cycles"]
+                         for k in program.stage_kernels(stage)}
+    return out
+
+
+def summary(program: WaferProgram, run: RegionRun) -> dict:
+    clock = run.clock_hz
+    bounds = bounds_at(program, run)
+    stages = []
+    for sr in run.stages:
+        stage = program.stages[sr.stage]
+        pes = sr.busy.size
+        stages.append({
+            "stage": sr.stage, "layers": stage.layers, "cycles": sr.cycles,
+            "seconds": sr.cycles / clock, "first_tile_cycles": sr.first_tile_cycles,
+            "compute_utilization": float(sr.busy.sum()) / (pes * sr.cycles) if sr.cycles else 0,
+            "link_utilization": float(sr.links.sum()) / (sr.links.size * sr.cycles)
+            if sr.cycles else 0,
+            "kernel_cycles": {n: span[1] - span[0] for n, span in sr.kernels.items()},
+            "kernel_busy_cycles": sr.kernel_busy,
+            "kernel_bound_cycles": bounds[sr.stage],
+            "tasks": sr.tasks, "messages": sr.messages, "reused_from": sr.reused_from,
+        })
+    b = run.bottleneck
+    compiled_bounds = program.summary.get("bounds", {}).get(run.region, {}).get(run.step.phase)
+    opts = program.options
+    same = (run.step.phase == "prefill" and run.step.tokens == opts["bound_prefill_tokens"]) or (
+        run.step.phase == "decode" and run.step.batch == opts["bound_decode_batch"]
+        and run.step.context == opts["bound_decode_context"])
+    if not same:
+        compiled_bounds = None  # the compiler's bounds are for another workload
+    return {
+        "model": program.model.name, "cluster": f"{program.systems} x {program.fabric.name}",
+        "region": run.region, "engine": run.engine,
+        "step": {"phase": run.step.phase, "tokens": run.step.tokens, "batch": run.step.batch,
+                 "context": run.step.context, "tiles": len(run.step.tiles())},
+        "step_cycles": run.step_cycles, "step_seconds": run.step_seconds,
+        "tokens_per_s_alone": run.latency_tokens_per_s(),
+        "tokens_per_s_pipelined": run.tokens_per_s(),
+        "bottleneck_stage": run.stages[b].stage, "bottleneck_cycles": run.stages[b].cycles,
+        "compiled_bounds": compiled_bounds,
+        "compute_utilization": run.compute_utilization(),
+        "link_utilization": run.link_utilization(),
+        "transfer_cycles": run.transfers,
+        "stages": stages, "stages_simulated": run.simulated, "wall_seconds": run.wall_seconds,
+    }
+
+
+def write_outputs(directory: Path, program: WaferProgram, run: RegionRun, data: dict) -> None:
+    shape = (program.systems, program.fabric.height, program.fabric.width)
+    busy = np.zeros(shape, dtype=np.int64)
+    links = np.zeros(shape + (4,), dtype=np.int64)
+    for sr in run.stages:
+        r = program.stages[sr.stage].rect
+        busy[r.system, r.y:r.y1, r.x:r.x1] = sr.busy
+        links[r.system, r.y:r.y1, r.x:r.x1] = sr.links
+    sram = {f"sram_{k[5:]}": v for k, v in program.arrays.items() if k.startswith("sram_")}
+    np.savez_compressed(directory / "counters.npz", pe_busy_cycles=busy,
+                        link_wavelets_nesw=links, **sram)
+    (directory / "results.json").write_text(json.dumps(data, indent=1))
+    (directory / "timeline.json").write_text(json.dumps(chrome_trace(program, run)))
+
+
+def run(args):
+    program = load_or_compile(args)
+    step = make_step(args)
+    region = pick_region(program, args.phase, args.run_region)
+    progress = None
+    if sys.stderr.isatty() and not args.json:
+        def progress(done, total):
+            print(f"\rsimulating stages: {done}/{total}", end="" if done < total else "\n",
+                  file=sys.stderr)
+    result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
+                        progress=progress)
+    data = summary(program, result)
+    if args.output:
+        write_run_dir(args.output, lambda tmp: write_outputs(tmp, program, result, data))
+    if args.json:
+        return data
+    return render(data, args.output)
+
+
+def render(d: dict, output: str | None) -> str:
+    st = d["step"]
+    what = (f"prefill of {st['tokens']} tokens in {st['tiles']} tiles" if st["phase"] == "prefill"
+            else f"decode of batch {st['batch']} at context {st['context']}")
+    lines = [
+        f"{d['model']} on {d['cluster']}, region {d['region']}: {what}, {d['engine']} engine",
+        f"  step                 {d['step_cycles']:,.0f} cycles = {seconds(d['step_seconds'])}",
+        f"  tokens/s             {si(d['tokens_per_s_alone'])} for one micro-batch alone, "
+        f"{si(d['tokens_per_s_pipelined'])} with the pipeline full",
+        f"  bottleneck           stage {d['bottleneck_stage']}: {d['bottleneck_cycles']:,} cycles",
+        f"  utilization          compute {d['compute_utilization']:.1%}, links "
+        f"{d['link_utilization']:.1%}",
+        f"  simulated            {d['stages_simulated']} distinct stage shapes of "
+        f"{len(d['stages'])} in {d['wall_seconds']:.2f} s",
+    ]
+    cb = d.get("compiled_bounds")
+    if cb:
+        lines.append(f"  compiler's bounds    {cb['workload']}: pipeline latency >= "
+                     f"{seconds(cb['pipeline_latency_s'])}, slowest stage >= "
+                     f"{cb['bottleneck_cycles']:,.0f} cycles")
+    rows = []
+    stages = d["stages"]
+    shown = stages if len(stages) <= 8 else stages[:3] + [None] + stages[-3:]
+    for s in shown:
+        if s is None:
+            rows.append(["..."] + [""] * 5)
+            continue
+        slowest = max(s["kernel_busy_cycles"], key=s["kernel_busy_cycles"].get)
+        rows.append([s["stage"], f"{s['layers'][0]}-{s['layers'][1] - 1}", f"{s['cycles']:,}",
+                     f"{s['compute_utilization']:.1%}", slowest,
+                     "" if s["reused_from"] is None else f"= stage {s['reused_from']}"])
+    lines += ["", table(["stage", "layers", "cycles", "compute util", "busiest kernel",
+                         "timed as"], rows, "lrrrll")]
+    if output:
+        lines += ["", f"wrote {output}{os.sep} (results.json, counters.npz, timeline.json)"]
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Communication and compute primitives over lines of PEs, for whole arrays of lines at once.
+
+A "line" is a row or column of PEs inside a strip: lines are given as 2-D arrays of PE indices
+(lines, positions). Every function adds tasks and messages to a GraphBuilder and returns the
+task ids downstream code waits for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from wse_emu.engines.messages import LINE
+from wse_emu.kernels.graph import GraphBuilder
+
+# Virtual channels by traffic class (the cycle engine maps colors onto these).
+VC_BCAST, VC_REDUCE1, VC_REDUCE2, VC_TRANSFER = 0, 1, 2, 3
+
+
+def wavelets(values, dtype_bytes: int) -> np.ndarray:
+    """32-bit wavelets that carry ``values`` numbers of ``dtype_bytes`` each."""
+    return -(-np.asarray(values, dtype=np.int64) * dtype_bytes // 4)
+
+
+class CostModel:
+    """Core cycles of a task from its FLOPs and SRAM traffic on one PE."""
+
+    def __init__(self, fabric):
+        self.fpc = fabric.fp16_flops_per_cycle
+        self.rd = fabric.sram_read_bytes_per_cycle
+        self.wr = fabric.sram_write_bytes_per_cycle
+
+    def cycles(self, flops, reads, writes) -> np.ndarray:
+        flops, reads, writes = (np.asarray(a, dtype=np.float64) for a in (flops, reads, writes))
+        return np.ceil(np.maximum(np.maximum(flops / self.fpc, reads / self.rd),
+                                  writes / self.wr)).astype(np.int64)
+
+    def add(self, values, dtype_bytes: int) -> np.ndarray:
+        """Adding a vector of ``values`` into an accumulator (read 2, write 1 per value)."""
+        v = np.asarray(values)
+        return self.cycles(v, 2 * v * dtype_bytes, v * dtype_bytes)
+
+
+def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready: np.ndarray,
+                   wave: np.ndarray, kind: int, cycles_at=None) -> np.ndarray:
+    """Each line's data, ready at task ``ready[i]`` on PE ``lines[i, source[i]]``, reaches every
+    other PE of the line by line multicasts toward both ends. Returns a task per (line, pos)
+    (shape of ``lines``): at the source the ready task itself, elsewhere a receive task of
+    ``cycles_at`` (default 0) cycles."""
+    n_lines, length = lines.shape
+    out = np.empty(lines.shape, dtype=np.int64)
+    rows = np.arange(n_lines)
+    out[rows, source] = ready
+    cyc = 0 if cycles_at is None else cycles_at
+    for direction in (-1, 1):
+        # Lines grouped by how many PEs lie beyond the source in this direction.
+        beyond = (source if direction < 0 else length - 1 - source)
+        for hops in np.unique(beyond[beyond > 0]):
+            sel = rows[beyond == hops]
+            pos = source[sel][:, None] + direction * np.arange(1, hops + 1)[None, :]
+            recv = g.tasks(lines[sel[:, None], pos], cyc, kind).reshape(len(sel), hops)
+            out[sel[:, None], pos] = recv
+            g.send(ready[sel], lines[sel, source[sel]], lines[sel, pos[:, -1]], wave[sel], recv,
+                   LINE, VC_BCAST)
+    return out
+
+
+def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.ndarray,
+                wave: np.ndarray, add_cycles: np.ndarray, kind: int,
+                gather: bool = False) -> np.ndarray:
+    """Partial results, ready at ``ready[i, pos]`` on each PE of each line, are summed onto the
+    line's ``root`` position by a two-level tree (groups of about sqrt(length) PEs send to their
+    member nearest the root, group leaders send to the root). Returns the root's final task per
+    line. ``wave``/``add_cycles``: message size and one addition's cost, per line. With
+    ``gather`` the pieces are concatenated instead: a leader forwards its whole group's."""
+    n_lines, length = lines.shape
+    rows = np.arange(n_lines)
+    if length == 1:
+        return ready[:, 0].copy()
+    group = max(1, math.isqrt(length - 1) + 1)
+    pos = np.arange(length)
+    dist = np.abs(pos[None, :] - root[:, None])  # (lines, length)
+    # Groups by distance from the root, so the root leads group 0 and each leader is the
+    # member nearest the root.
+    gid = dist // group
+    leader_dist = gid * group
+    is_leader = dist == leader_dist
+    final = ready.copy()
+    side = np.sign(pos[None, :] - root[:, None])  # members on each side form their own groups
+    leader_pos = root[:, None] + side * leader_dist
+    members = ~is_leader
+    # Level 1: members to their leader (by line and leader position).
+    count1 = np.zeros((n_lines, length), dtype=np.int64)
+    np.add.at(count1, (np.nonzero(members)[0], leader_pos[members]), 1)
+    level1 = np.where(is_leader & (count1 > 0), -1, final)
+    li, lp = np.nonzero(is_leader & (count1 > 0))
+    if len(li):
+        acc = g.tasks(lines[li, lp], add_cycles[li] * count1[li, lp], kind)
+        g.then(final[li, lp], acc)
+        level1[li, lp] = acc
+        mi, mp = np.nonzero(members)
+        g.send(final[mi, mp], lines[mi, mp], lines[mi, leader_pos[mi, mp]], wave[mi],
+               level1[mi, leader_pos[mi, mp]], 0, VC_REDUCE1)
+    # Level 2: leaders other than the root to the root.
+    others = is_leader & (dist > 0)
+    count2 = others.sum(axis=1)
+    out = level1[rows, root].copy()
+    need = rows[count2 > 0]
+    if len(need):
+        acc = g.tasks(lines[need, root[need]], add_cycles[need] * count2[need], kind)
+        g.then(level1[need, root[need]], acc)
+        oi, op = np.nonzero(others)
+        slot = np.full(n_lines, -1, dtype=np.int64)
+        slot[need] = acc
+        size = wave[oi] * (count1[oi, op] + 1) if gather else wave[oi]
+        g.send(level1[oi, op], lines[oi, op], lines[oi, root[oi]], size, slot[oi], 0,
+               VC_REDUCE2)
+        out[need] = acc
+    return out
+
+
+def transfer(g: GraphBuilder, src_pe: np.ndarray, src_sizes: np.ndarray, src_ready: np.ndarray,
+             dst_pe: np.ndarray, dst_sizes: np.ndarray, per_value_wavelets, kind: int,
+             dst_cycles=0) -> np.ndarray:
+    """A vector split into ``src_sizes`` pieces (ready at ``src_ready`` on ``src_pe``) is
+    re-split into ``dst_sizes`` pieces on ``dst_pe``: one message per overlap. Returns a
+    receive task per destination piece (it waits for all its overlaps)."""
+    sb = np.concatenate([[0], np.cumsum(src_sizes)])
+    db = np.concatenate([[0], np.cumsum(dst_sizes)])
+    cuts = np.union1d(sb, db)
+    lo, hi = cuts[:-1], cuts[1:]
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    si = np.searchsorted(sb, lo, side="right") - 1
+    di = np.searchsorted(db, lo, side="right") - 1
+    recv = g.tasks(dst_pe, dst_cycles, kind)
+    size = (hi - lo) * per_value_wavelets
+    # Pieces on the same PE need no message: they feed the receive task directly.
+    local = src_pe[si] == dst_pe[di]
+    g.then(src_ready[si[local]], recv[di[local]])
+    remote = ~local
+    g.send(src_ready[si[remote]], src_pe[si[remote]], dst_pe[di[remote]],
+           np.ceil(size[remote]).astype(np.int64), recv[di[remote]], 0, VC_TRANSFER)
+    # Pieces of size zero on either side still need a receive that completes.
+    empty = np.setdiff1d(np.arange(len(dst_pe)), di)
+    if len(empty):
+        g.then(np.full(len(empty), src_ready[0]), recv[empty])
+    return recv

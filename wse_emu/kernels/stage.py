@@ -1,0 +1,435 @@
+"""One stage of a compiled program, for one micro-batch, as a task graph.
+
+Per layer, in the stage's own coordinates:
+- matrix kernels (q, k, v, o, gate, up, down, LM head): each line across the strip owns an
+  input segment; the line's entry PE receives it from the producer and multicasts it across the
+  strip; every PE multiplies its block for every token; partial sums meet at the root edge by a
+  two-level tree along the strip;
+- vector kernels on an edge line (norms, rotary, residual adds, SiLU-multiply): a task per PE
+  on its segment; norms all-reduce the sum of squares along the line;
+- attention over the KV cache spread over the stage: each column along the long side holds the
+  K and V of a share of the cached tokens, split by feature across the short side like the
+  queries; queries are multicast along the long side; partial scores are all-reduced across
+  each column; weighted values are reduced along the long side toward o_proj;
+- between kernels, vectors are re-split from producer to consumer by point-to-point messages.
+The stage starts with its input on the home line (a task per PE at cycle 0) and ends when the
+last layer's residual add (in the last stage: the LM head's argmax) is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wse_emu.engines.messages import LINE
+from wse_emu.kernels.graph import GraphBuilder
+from wse_emu.kernels.primitives import (
+    VC_BCAST,
+    CostModel,
+    line_broadcast,
+    line_reduce,
+    transfer,
+    wavelets,
+)
+from wse_emu.program import Kernel, Stage, WaferProgram
+from wse_emu.splits import even_split
+
+RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, SOFTMAX_FLOPS = 4, 3, 5, 5
+
+
+@dataclass(frozen=True)
+class Step:
+    """The micro-batch: a prefill of ``tokens`` (streamed through the stage in ``chunks`` tiles
+    of tokens, each attending to the tiles before it) or a decode of ``batch`` sequences at
+    ``context``. ``prefix`` counts tokens already in the cache before this tile."""
+
+    phase: str
+    tokens: int = 1
+    batch: int = 1
+    context: int = 1
+    chunks: int = 1
+    prefix: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return self.tokens if self.phase == "prefill" else self.batch
+
+    def tiles(self) -> list["Step"]:
+        if self.phase != "prefill" or self.chunks <= 1:
+            return [self]
+        sizes = even_split(self.tokens, min(self.chunks, self.tokens))
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return [Step("prefill", int(n), chunks=1, prefix=int(a)) for n, a in zip(sizes, starts)]
+
+
+@dataclass
+class Strip:
+    """A matrix kernel's PE grid in stage coordinates: ``pe[a, b]`` with a along the strip
+    (splitting K) and b across it (splitting N)."""
+
+    kernel: Kernel
+    pe: np.ndarray  # (e, s)
+    k_sizes: np.ndarray
+    n_sizes: np.ndarray
+    root: int  # a of the root edge
+
+    @property
+    def edge(self) -> np.ndarray:
+        return self.pe[self.root]
+
+
+class StageGraph:
+    def __init__(self, program: WaferProgram, stage: Stage, step: Step):
+        self.program, self.stage, self.step = program, stage, step
+        self.model = program.model
+        self.d = self.model.dtype_bytes
+        r = stage.rect
+        self.g = GraphBuilder(r.w, r.h)
+        self.cost = CostModel(program.fabric)
+        self.kernels = {k.name: k for k in program.stage_kernels(stage)}
+        self.kind = {name: i for i, name in enumerate(self.kernels)}
+        self.kind_names = list(self.kernels)
+        self.whole_tokens = step.tokens
+
+    # --- geometry -------------------------------------------------------------------------
+    def strip(self, k: Kernel) -> Strip:
+        r, st = k.rect, self.stage.rect
+        e, s = k.grid
+        a = np.arange(e)[:, None]
+        b = np.arange(s)[None, :]
+        if k.k_axis == "x":
+            x, y = r.x - st.x + a, r.y - st.y + b
+        else:
+            x, y = r.x - st.x + b, r.y - st.y + a
+        root = e - 1 if k.root in ("east", "south") else 0
+        return Strip(k, self.g.pe(x, y), even_split(k.matrix[0], e), even_split(k.matrix[1], s),
+                     root)
+
+    def stage_grid(self) -> np.ndarray:
+        """All stage PEs as (a along the long side, b across), in the strips' orientation."""
+        r = self.stage.rect
+        if self.stage.strip_axis == "x":
+            a, b = np.arange(r.w)[:, None], np.arange(r.h)[None, :]
+            return self.g.pe(a + 0 * b, b + 0 * a)
+        a, b = np.arange(r.h)[:, None], np.arange(r.w)[None, :]
+        return self.g.pe(b + 0 * a, a + 0 * b)
+
+    # --- kernels ----------------------------------------------------------------------------
+    def feed(self, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, name) -> np.ndarray:
+        per_value = self.step_tokens(name) * self.d / 4
+        return transfer(self.g, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, per_value,
+                        self.kind[name])
+
+    def step_tokens(self, name: str) -> int:
+        last_only = self.step.phase == "prefill" and name in ("lm_head", "final_norm")
+        return 1 if last_only else self.step.new_tokens
+
+    @staticmethod
+    def entries(st: Strip) -> np.ndarray:
+        """Where each line across the strip takes its input segment in: at the position
+        across the strip proportional to the segment's place in the vector, so that a vector
+        spread over a parallel line arrives on parallel lanes instead of funnelling into one
+        corner."""
+        e, s = st.pe.shape
+        bounds = np.concatenate([[0], np.cumsum(st.k_sizes)])
+        middle = (bounds[:-1] + bounds[1:]) / 2
+        return np.minimum((middle * s / max(bounds[-1], 1)).astype(np.int64), s - 1)
+
+    def entry_pes(self, st: Strip) -> np.ndarray:
+        return st.pe[np.arange(st.pe.shape[0]), self.entries(st)]
+
+    def matrix(self, st: Strip, entry_ready: np.ndarray) -> np.ndarray:
+        """GEMV / weight-stationary GEMM; returns the root task per b."""
+        k, kind = st.kernel, self.kind[st.kernel.name]
+        t, d = self.step_tokens(k.name), self.d
+        e, s = st.pe.shape
+        if s > 1:
+            got = line_broadcast(self.g, st.pe, self.entries(st), entry_ready,
+                                 wavelets(st.k_sizes * t, d), kind)
+        else:
+            got = entry_ready[:, None]
+        ka, nb = st.k_sizes[:, None], st.n_sizes[None, :]
+        bias = nb if (self.model.attention_bias and k.name in ("q_proj", "k_proj", "v_proj")) \
+            else 0
+        compute = self.g.tasks(st.pe, self.cost.cycles(
+            t * (2 * ka * nb + bias), t * (ka * nb * d + ka * d), t * nb * d), kind)
+        self.g.then(got.ravel(), compute)
+        compute = compute.reshape(e, s)
+        rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
+        return line_reduce(self.g, rows, np.full(s, st.root), compute.T,
+                           wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind)
+
+    def gather(self, st: Strip, tied: bool) -> np.ndarray:
+        """Embedding lookup: the columns that hold the tokens' rows send their slices to the
+        root edge. Untied tables split the vocabulary along the strip; a tied table (the LM
+        head's) splits it across, so the row's slices travel along one line instead."""
+        kind = self.kind["embedding"]
+        t, d = self.step.new_tokens, self.d
+        e, s = st.pe.shape
+        if not tied:
+            # Tokens spread evenly over the columns of the vocabulary.
+            per_col = even_split(t, min(t, e))
+            cols = (np.arange(len(per_col)) * e) // len(per_col)
+            lookups = self.g.tasks(st.pe[cols].ravel(), self.cost.cycles(
+                0, np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d,
+                np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d), kind)
+            lookups = lookups.reshape(len(cols), s)
+            roots = self.g.tasks(st.edge, 0, kind)
+            for i, a in enumerate(cols):
+                if a == st.root:
+                    self.g.then(lookups[i], roots)
+                else:
+                    self.g.send(lookups[i], st.pe[a], st.edge,
+                                wavelets(per_col[i] * st.n_sizes, d), roots, 0, 1)
+            return roots
+        # Tied: K (hidden) runs along the strip: the token's row is one line across a.
+        line = self.entry_pes(st)
+        lookup = self.g.tasks(line, self.cost.cycles(0, t * st.k_sizes * d, t * st.k_sizes * d),
+                              kind)
+        return lookup  # hidden split along the strip (k_sizes), on line b = 0
+
+    def vector(self, name: str, pes: np.ndarray, inputs: list[np.ndarray], flops_per: int,
+               sizes: np.ndarray, tokens: int | None = None) -> np.ndarray:
+        t = tokens or self.step_tokens(name)
+        seg = sizes * t
+        tasks = self.g.tasks(pes, self.cost.cycles(flops_per * seg, len(inputs) * seg * self.d,
+                                                   seg * self.d), self.kind[name])
+        for ready in inputs:
+            self.g.then(ready, tasks)
+        return tasks
+
+    def norm(self, name: str, pes: np.ndarray, ready: np.ndarray, sizes: np.ndarray):
+        """RMSNorm on a line: local sums of squares, an all-reduce along the line, scaling."""
+        kind, d = self.kind[name], self.d
+        t = self.step_tokens(name)
+        seg = sizes * t
+        squares = self.g.tasks(pes, self.cost.cycles(2 * seg, seg * d, 0), kind)
+        self.g.then(ready, squares)
+        n = len(pes)
+        line = pes[None, :]
+        total = line_reduce(self.g, line, np.array([0]), squares[None, :],
+                            wavelets(np.array([t]), 4), self.cost.add(np.array([t]), 4), kind)
+        got = line_broadcast(self.g, line, np.array([0]), total, wavelets(np.array([t]), 4),
+                             kind)[0] if n > 1 else total
+        scale = self.g.tasks(pes, self.cost.cycles(2 * seg, 2 * seg * d, seg * d), kind)
+        self.g.then(got, scale)
+        self.g.then(squares, scale)
+        return scale
+
+    def head_groups(self, s: int) -> list[np.ndarray]:
+        """Rows across the stage that share a KV head (one row each when rows are fewer than
+        KV heads: such a row holds several heads)."""
+        n_kv = self.model.num_kv_heads
+        if s <= n_kv:
+            return [np.array([b]) for b in range(s)]
+        owner = (np.arange(s) * n_kv) // s
+        return [np.flatnonzero(owner == h) for h in range(n_kv)]
+
+    def across_groups(self, grid_cols: np.ndarray, groups, ready: np.ndarray,
+                      values: np.ndarray, kind: int, back: bool) -> np.ndarray:
+        """Sum ``values`` over the rows of each head group, in every given column at once
+        (``grid_cols``, ``ready`` and ``values``: (columns, rows)); with ``back`` the sum
+        returns to every row of the group. Returns a task per (column, row)."""
+        grid_cols, ready, values = (np.atleast_2d(a) for a in (grid_cols, ready, values))
+        out = ready.copy()
+        d = self.d
+        cols = grid_cols.shape[0]
+        for size in sorted({len(gr) for gr in groups}):
+            if size == 1:
+                continue
+            rows = np.stack([gr for gr in groups if len(gr) == size])  # (groups, size)
+            lines = grid_cols[:, rows].reshape(-1, size)  # (columns * groups, size)
+            val = values[:, rows[:, 0]].ravel()
+            root = np.zeros(len(lines), dtype=np.int64)
+            total = line_reduce(self.g, lines, root, ready[:, rows].reshape(-1, size),
+                                wavelets(val, d), self.cost.add(val, d), kind)
+            if back:
+                got = line_broadcast(self.g, lines, root, total, wavelets(val, d), kind)
+                out[:, rows] = got.reshape(cols, len(rows), size)
+            else:
+                out[:, rows[:, 0]] = total.reshape(cols, len(rows))
+        return out
+
+    def attention(self, q_ready, q_edge, k_ready, k_edge, o_strip: Strip) -> np.ndarray:
+        """Attention over the KV cache spread across the stage; returns receive tasks at
+        o_proj's input entries.
+
+        Rows across the stage are divided among the KV heads; queries and keys arrive split by
+        feature across rows, like every vector of the stage. A decode splits the cached tokens
+        over the PEs of each head (flash-decoding): queries go along the rows, each PE scores
+        its tokens, and partial outputs with their softmax max and sum are reduced along the
+        row and then over the head's rows. A prefill splits the queries along the rows
+        instead: keys and values go along the rows, partial scores over each row's features
+        are all-reduced over the head's rows, and each PE's outputs for its queries are
+        gathered along the row toward o_proj."""
+        model, step, d = self.model, self.step, self.d
+        kind = self.kind["attention"]
+        grid = self.stage_grid()  # (L, s)
+        length, s = grid.shape
+        t = step.new_tokens
+        hd = model.head_dim
+        groups = self.head_groups(s)
+        q_sizes = even_split(model.q_size, s)
+        kv_sizes = even_split(model.kv_size, s)
+        rows_of = np.zeros(s, dtype=np.int64)
+        for gr in groups:
+            rows_of[gr] = len(gr)
+        # Query heads whose features a row holds, and per group (all its rows).
+        kv_heads_row = np.maximum(1, -(-model.num_kv_heads // s)) if s < model.num_kv_heads \
+            else 1
+        q_heads_group = kv_heads_row * model.group_size
+        a_q = int(np.flatnonzero((grid == q_edge[0]).any(axis=1))[0])
+        a_k = int(np.flatnonzero((grid == k_edge[0]).any(axis=1))[0])
+        a_o = int(np.flatnonzero((grid == o_strip.pe[0, o_strip.pe.shape[1] // 2]).any(axis=1))[0])
+        rows = np.ascontiguousarray(grid.T)  # (s, L)
+        window = model.sliding_window
+        if step.phase == "decode":
+            ctx = min(step.context, window) if window else step.context
+            # Queries of each head group gathered at the q edge, then sent along the rows.
+            q_group = t * q_heads_group * hd
+            q_all = self.across_groups(grid[a_q], groups, q_ready,
+                                       np.full(s, q_group), kind, back=True)[0]
+            q_at = line_broadcast(self.g, rows, np.full(s, a_q), q_all,
+                                  wavelets(np.full(s, q_group), d), kind).T
+            # The new token's K and V go to the column that holds the newest slots.
+            a_new = length - 1 if a_k < length // 2 else 0
+            kv_new = self.g.tasks(grid[a_new], 0, kind)
+            if a_new == a_k:
+                self.g.then(k_ready, kv_new)
+            else:
+                self.g.send(k_ready, grid[a_k], grid[a_new], wavelets(2 * kv_sizes * t, d),
+                            kv_new, 0, 3)
+            tokens_pe = ctx / (length * rows_of)  # per row, cached tokens per PE
+            pairs = t * tokens_pe[None, :] * q_heads_group * np.ones((length, 1))
+            kv_reads = t * tokens_pe[None, :] * kv_heads_row * hd * 2 * d
+            partial = self.g.tasks(grid, self.cost.cycles(
+                (4 * hd + SOFTMAX_FLOPS) * pairs, kv_reads + q_group * d,
+                t * q_heads_group * (hd + 2) * d), kind).reshape(length, s)
+            self.g.then(q_at.ravel(), partial.ravel())
+            self.g.then(kv_new, partial[a_new])
+            out_values = np.full(s, t * q_heads_group * (hd + 2))
+            along = line_reduce(self.g, rows, np.full(s, a_o), partial.T,
+                                wavelets(out_values, d), self.cost.add(out_values, d), kind)
+            done = self.across_groups(grid[a_o], groups, along, out_values, kind,
+                                      back=False)[0]
+            # Each group's output (its heads' features) leaves from the group's first row.
+            first = np.array([gr[0] for gr in groups])
+            feat = np.array([q_sizes[gr].sum() for gr in groups])
+            final = self.g.tasks(grid[a_o][first], self.cost.cycles(
+                feat * t, feat * t * d, feat * t * d), kind)
+            self.g.then(done[first], final)
+            return self.feed(grid[a_o][first], feat, final, self.entry_pes(o_strip), o_strip.k_sizes,
+                             "attention")
+        # Prefill: queries split along the rows, keys and values sent along them. A tile's
+        # queries see the tokens before the tile and, causally, their own.
+        causal_keys = step.prefix + (t + 1) / 2
+        q_at = line_broadcast(self.g, rows, np.full(s, a_q), q_ready,
+                              wavelets(q_sizes * t, d), kind).T
+        kv_at = line_broadcast(self.g, rows, np.full(s, a_k), k_ready,
+                               wavelets(2 * kv_sizes * t, d), kind).T
+        t_a = even_split(t, length)[:, None]  # queries per column
+        heads_b = np.maximum(1, (q_heads_group * q_sizes) // max(1, q_sizes[groups[0]].sum()))
+        score_values = t_a * causal_keys * heads_b[None, :]
+        scores = self.g.tasks(grid, self.cost.cycles(
+            2 * t_a * causal_keys * q_sizes[None, :],
+            t_a * causal_keys * kv_sizes[None, :] * d + t_a * q_sizes[None, :] * d,
+            score_values * d), kind).reshape(length, s)
+        self.g.then(q_at.ravel(), scores.ravel())
+        self.g.then(kv_at.ravel(), scores.ravel())
+        full = self.across_groups(grid, groups, scores,
+                                  np.ceil(score_values).astype(np.int64), kind, back=True)
+        weighted = self.g.tasks(grid, self.cost.cycles(
+            (2 * hd + SOFTMAX_FLOPS) * t_a * causal_keys * heads_b[None, :],
+            t_a * causal_keys * (kv_sizes[None, :] + heads_b[None, :]) * d,
+            t_a * q_sizes[None, :] * d), kind).reshape(length, s)
+        self.g.then(full.ravel(), weighted.ravel())
+        piece = (t_a[:, 0].max() * q_sizes)
+        gathered = line_reduce(self.g, rows, np.full(s, a_o), weighted.T,
+                               wavelets(piece, d), np.zeros(s, dtype=np.int64), kind,
+                               gather=True)
+        return self.feed(grid[a_o], q_sizes, gathered, self.entry_pes(o_strip), o_strip.k_sizes,
+                         "attention")
+
+    # --- a stage --------------------------------------------------------------------------
+    def build(self):
+        """The whole stage for the step: a prefill's token tiles one after another (their
+        tasks interleave on the PEs, so tiles stream through the kernels). Returns the graph
+        and, per tile, the tasks that finish it."""
+        finals = []
+        whole = self.step
+        for tile in whole.tiles():
+            self.step = tile
+            finals.append(self.build_tile())
+        self.step = whole
+        return self.g.build(), finals
+
+    def build_tile(self) -> np.ndarray:
+        ks, model = self.kernels, self.model
+        h = model.hidden_size
+        strips = {n: self.strip(k) for n, k in ks.items()
+                  if k.kind == "matrix" or (k.kind == "gather" and k.weight_ref is None)}
+        home_name = "down_proj" if "down_proj" in strips else "lm_head"
+        home = strips[home_name]
+        hsz = even_split(h, len(home.edge))
+        if "embedding" in strips:
+            x = self.gather(strips["embedding"], tied=False)
+            x = self.feed(strips["embedding"].edge, hsz, x, home.edge, hsz, "embedding")
+        else:
+            x = self.g.tasks(home.edge, 0, self.kind.get("input_norm", 0))
+        for _ in range(self.stage.num_layers):
+            x = self.layer(strips, home, x, hsz)
+        if "lm_head" in strips and (self.step.phase == "decode" or self.is_last_tile()):
+            head = strips["lm_head"]
+            normed = self.norm("final_norm", home.edge, x, hsz)
+            entries = self.feed(home.edge, hsz, normed, self.entry_pes(head), head.k_sizes, "lm_head")
+            logits = self.matrix(head, entries)
+            t = self.step_tokens("lm_head")
+            best = self.vector("lm_head", head.edge, [logits], 1, head.n_sizes, t)
+            x = line_reduce(self.g, head.edge[None, :], np.array([0]), best[None, :],
+                            wavelets(np.array([2 * t]), 4), self.cost.add(np.array([t]), 4),
+                            self.kind["lm_head"])
+        return x
+
+    def is_last_tile(self) -> bool:
+        return self.step.prefix + self.step.tokens >= self.whole_tokens
+
+    def layer(self, strips, home: Strip, x: np.ndarray, hsz: np.ndarray) -> np.ndarray:
+        model = self.model
+        q, k, v, o = (strips[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        gate, up, down = (strips[n] for n in ("gate_proj", "up_proj", "down_proj"))
+        xn = self.norm("input_norm", home.edge, x, hsz)
+        qo = self.matrix(q, self.feed(home.edge, hsz, xn, self.entry_pes(q), q.k_sizes, "q_proj"))
+        ko = self.matrix(k, self.feed(home.edge, hsz, xn, self.entry_pes(k), k.k_sizes, "k_proj"))
+        vo = self.matrix(v, self.feed(home.edge, hsz, xn, self.entry_pes(v), v.k_sizes, "v_proj"))
+        qr = self.vector("rope_q", q.edge, [qo], ROPE_FLOPS, q.n_sizes)
+        kr = self.vector("rope_k", k.edge, [ko], ROPE_FLOPS, k.n_sizes)
+        v_at_k = self.feed(v.edge, v.n_sizes, vo, k.edge, k.n_sizes, "v_proj")
+        kv = self.g.tasks(k.edge, 0, self.kind["attention"])
+        self.g.then(kr, kv)
+        self.g.then(v_at_k, kv)
+        o_in = self.attention(qr, q.edge, kv, k.edge, o)
+        oo = self.matrix(o, o_in)
+        residual = self.feed(home.edge, hsz, x, o.edge, o.n_sizes, "residual_attn")
+        hres = self.vector("residual_attn", o.edge, [oo, residual], 1, o.n_sizes)
+        hn = self.norm("post_attn_norm", o.edge, hres, o.n_sizes)
+        go = self.matrix(gate, self.feed(o.edge, o.n_sizes, hn, self.entry_pes(gate), gate.k_sizes,
+                                         "gate_proj"))
+        uo = self.matrix(up, self.feed(o.edge, o.n_sizes, hn, self.entry_pes(up), up.k_sizes,
+                                       "up_proj"))
+        g_at_up = self.feed(gate.edge, gate.n_sizes, go, up.edge, up.n_sizes, "silu_mul")
+        act = self.vector("silu_mul", up.edge, [uo, g_at_up], SILU_MUL_FLOPS, up.n_sizes)
+        do = self.matrix(down, self.feed(up.edge, up.n_sizes, act, self.entry_pes(down),
+                                         down.k_sizes, "down_proj"))
+        h_at_home = self.feed(o.edge, o.n_sizes, hres, home.edge, hsz, "residual_mlp")
+        return self.vector("residual_mlp", home.edge, [do, h_at_home], 1, hsz)
+
+
+def stage_graph(program: WaferProgram, stage: Stage, step: Step):
+    """(task graph, final tasks per token tile, kernel names by task kind) for one stage."""
+    sg = StageGraph(program, stage, step)
+    graph, finals = sg.build()
+    return graph, finals, sg.kind_names
+
+
+__all__ = ["Step", "stage_graph", "LINE", "VC_BCAST"]

@@ -1,0 +1,180 @@
+"""Run one prefill or decode step of a compiled program on one region, stage by stage.
+
+Stages of the same shape (same kernel geometry and layer count) take the same time for the
+same micro-batch, so each distinct shape is simulated once and its result reused
+(``reuse=False`` simulates every stage, which tests compare against). Between stages the
+activation moves over the fabric (or the off-wafer link) on parallel lanes.
+
+A decode step's latency is the sum of its stages and transfers. A prefill streams its prompt
+through the pipeline in token tiles, so its latency is the first tile's trip through every
+stage plus the remaining tiles at the pace of the slowest stage (a flow shop).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wse_emu.engines import cycle, fast
+from wse_emu.errors import UserError
+from wse_emu.kernels.primitives import wavelets
+from wse_emu.kernels.stage import Step, stage_graph
+from wse_emu.program import Stage, WaferProgram
+from wse_emu.splits import even_split
+
+CYCLE_ENGINE_MAX_PES = 128 * 128
+CYCLE_ENGINE_MAX_CYCLES = 20_000_000
+
+
+@dataclass
+class StageRun:
+    stage: int
+    cycles: int  # all tiles through the stage
+    first_tile_cycles: int
+    busy: np.ndarray  # (h, w) core cycles per PE of the stage
+    links: np.ndarray  # (h, w, 4) wavelets sent per direction N, E, S, W
+    kernels: dict[str, list[int]]  # kernel name -> [first start, last end]
+    kernel_busy: dict[str, int]  # kernel name -> core cycles on its busiest PE
+    tasks: int
+    messages: int
+    reused_from: int | None = None
+
+
+@dataclass
+class RegionRun:
+    region: str
+    engine: str
+    step: Step
+    stages: list[StageRun]
+    transfers: list[int]  # cycles to move the activation into stage i (0 for the first)
+    step_cycles: float
+    clock_hz: float
+    tokens: int
+    wall_seconds: float
+    simulated: int  # stages actually simulated (the rest reused)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.step_cycles / self.clock_hz
+
+    @property
+    def bottleneck(self) -> int:
+        return int(np.argmax([s.cycles for s in self.stages]))
+
+    def tokens_per_s(self) -> float:
+        """With the pipeline full: one micro-batch leaves every slowest-stage time."""
+        return self.tokens * self.clock_hz / max(s.cycles for s in self.stages)
+
+    def latency_tokens_per_s(self) -> float:
+        """One micro-batch alone: tokens over the step latency."""
+        return self.tokens / self.step_seconds
+
+    def compute_utilization(self) -> float:
+        busy = sum(float(s.busy.sum()) for s in self.stages)
+        capacity = sum(s.busy.size * s.cycles for s in self.stages)
+        return busy / capacity if capacity else 0.0
+
+    def link_utilization(self) -> float:
+        sent = sum(float(s.links.sum()) for s in self.stages)
+        capacity = sum(s.links.size * s.cycles for s in self.stages)
+        return sent / capacity if capacity else 0.0
+
+
+def signature(program: WaferProgram, stage: Stage) -> tuple:
+    r = stage.rect
+    kernels = tuple((k.name, k.kind, k.rect.x - r.x, k.rect.y - r.y, k.rect.w, k.rect.h,
+                     tuple(k.grid or ()), k.root, tuple(k.matrix or ()), k.weight_ref is None)
+                    for k in program.stage_kernels(stage))
+    return (r.w, r.h, stage.strip_axis, stage.num_layers, stage.has_embedding, stage.has_head,
+            kernels)
+
+
+def simulate_stage(program: WaferProgram, stage: Stage, step: Step, engine: str) -> StageRun:
+    fabric = program.fabric
+    graph, finals, names = stage_graph(program, stage, step)
+    hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
+    if engine == "fast":
+        res = fast.run(graph, hop, ramp)
+        start, end, done = res.task_start, res.task_end, res.msg_done
+        links = res.link_wavelets
+    else:
+        if graph.width * graph.height > CYCLE_ENGINE_MAX_PES:
+            raise UserError(f"the cycle engine runs stages of up to {CYCLE_ENGINE_MAX_PES:,} PEs;"
+                            f" this stage has {graph.width * graph.height:,}: use --engine fast")
+        res = cycle.run_graph(graph, 4, 8, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
+        if (res.task_end < 0).any():
+            raise UserError(f"the cycle engine stopped at {CYCLE_ENGINE_MAX_CYCLES:,} cycles "
+                            "before the stage finished: use --engine fast")
+        start, end, done = res.task_start, res.task_end, res.t_done
+        links = res.link_wavelets
+    makespan = int(max(end.max(initial=0), done.max(initial=0)))
+    first = int(end[finals[0]].max()) if len(finals[0]) else makespan
+    busy = np.bincount(graph.task_pe, weights=graph.task_cycles,
+                       minlength=graph.width * graph.height).reshape(graph.height, graph.width)
+    spans, kernel_busy = {}, {}
+    for k, name in enumerate(names):
+        sel = graph.task_kind == k
+        if sel.any():
+            spans[name] = [int(start[sel].min()), int(end[sel].max())]
+            kernel_busy[name] = int(np.bincount(graph.task_pe[sel],
+                                                weights=graph.task_cycles[sel]).max())
+    return StageRun(stage.id, makespan, first, busy.astype(np.int64),
+                    links.reshape(graph.height, graph.width, 4), spans, kernel_busy,
+                    graph.tasks, len(graph.msgs))
+
+
+def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
+    """The residual stream from one stage's home line to the next, on parallel lanes."""
+    fabric, model = program.fabric, program.model
+    home = [k for k in program.stage_kernels(a) if k.name in ("down_proj", "lm_head")][0]
+    lanes = home.grid[1]
+    seg = int(wavelets(even_split(model.hidden_size, lanes).max() * tokens, model.dtype_bytes))
+    if a.rect.system != b.rect.system:
+        nbytes = model.hidden_size * tokens * model.dtype_bytes
+        return int(2 * fabric.ramp_latency_cycles + np.ceil(nbytes /
+                                                              fabric.offwafer_bytes_per_cycle()))
+    (ax, ay), (bx, by) = a.rect.center(), b.rect.center()
+    hops = int(abs(ax - bx) + abs(ay - by))
+    return hops * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles + seg - 1
+
+
+def run_region(program: WaferProgram, region_name: str, step: Step, engine: str = "fast",
+               reuse: bool = True, progress=None) -> RegionRun:
+    if engine not in ("fast", "cycle"):
+        raise UserError(f"--engine must be fast or cycle, got {engine!r}")
+    region = program.region(region_name)
+    stages = [program.stages[i] for i in region.stage_ids]
+    began = time.perf_counter()
+    done: dict[tuple, StageRun] = {}
+    runs: list[StageRun] = []
+    simulated = 0
+    for i, stage in enumerate(stages):
+        key = signature(program, stage) if reuse else (stage.id,)
+        if key in done:
+            base = done[key]
+            runs.append(StageRun(stage.id, base.cycles, base.first_tile_cycles, base.busy,
+                                 base.links, base.kernels, base.kernel_busy, base.tasks,
+                                 base.messages, reused_from=base.stage))
+        else:
+            run = simulate_stage(program, stage, step, engine)
+            done[key] = run
+            runs.append(run)
+            simulated += 1
+        if progress:
+            progress(i + 1, len(stages))
+    tile = step.tiles()[0].new_tokens
+    transfers = [0] + [transfer_cycles(program, a, b, tile)
+                       for a, b in zip(stages, stages[1:])]
+    tiles = len(step.tiles())
+    if tiles > 1:
+        periods = [(r.cycles - r.first_tile_cycles) / (tiles - 1) for r in runs]
+        step_cycles = sum(r.first_tile_cycles for r in runs) + sum(transfers) \
+            + (tiles - 1) * max(periods)
+    else:
+        step_cycles = float(sum(r.cycles for r in runs) + sum(transfers))
+    return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
+                     program.fabric.clock_hz, step.new_tokens,
+                     time.perf_counter() - began, simulated)
