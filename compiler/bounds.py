@@ -22,8 +22,8 @@ RESOURCES = ("compute", "sram", "link", "path")
 
 ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
                      "residual_attn": 1, "residual_mlp": 1}
-# Inputs read per output element (the rotary tables count as one more input).
-ELEMENTWISE_INPUTS = {"rope_q": 2, "rope_k": 2, "silu_mul": 2, "residual_attn": 2,
+# Operands read per output element.
+ELEMENTWISE_INPUTS = {"rope_q": 1, "rope_k": 1, "silu_mul": 2, "residual_attn": 2,
                       "residual_mlp": 2}
 ATTENTION_OPS = (og.KV_APPEND, og.ATTN_SCORES, og.SOFTMAX, og.ATTN_WEIGHTED_SUM)
 
@@ -49,20 +49,27 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
     link = fabric.link_bytes_per_cycle
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
     t = work.new_tokens
+    if work.phase == "prefill" and kernel.name == "final_norm":
+        t = 1  # only the last position goes on to the LM head
     if kernel.kind in ("matrix", "gather"):
         k, n = kernel.matrix
         kp, np_ = kernel.grid
         kc, nr = _ceil(k, kp), _ceil(n, np_)
-        path = hop * ((kp - 1) + (np_ - 1)) + 2 * ramp
         if kernel.kind == "gather":
-            # One table row per token: the owning PEs read their slice and send it on.
+            # A token's row may sit in the root's own column: only writing the gathered
+            # slices is certain.
             seg = nr if kernel.weight_ref is None else kc
-            return _result(fabric, 0, t * seg * d / rd, t * seg * d / link, path)
+            return _result(fabric, 0, t * seg * d / wr, 0, 0)
         rows = 1 if (kernel.name == "lm_head" and work.phase == "prefill") else t
         bias = nr if kernel.name in ("q_proj", "k_proj", "v_proj") and model.attention_bias else 0
         compute = rows * (2 * kc * nr + bias) / fpc
         sram = max((kc * nr * d + rows * kc * d) / rd, rows * nr * d / wr)
-        ramp_in = rows * (kc + (nr if kp > 1 else 0)) * d / link
+        # Inputs enter a line across the strip at one PE and must reach its farthest PE (at
+        # least half the line away); partial sums travel the strip to its root edge. Some PE
+        # takes a whole input segment, or a whole partial sum, in through its ramp.
+        hops = _ceil(np_ - 1, 2) + (kp - 1)
+        path = hop * hops + (2 * ramp if hops else 0)
+        ramp_in = rows * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
         return _result(fabric, compute, sram, ramp_in, path)
     if kernel.kind in ("norm", "elementwise"):
         pes = kernel.rect.area
@@ -70,13 +77,16 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
         if kernel.kind == "norm":
             compute = t * RMSNORM_FLOPS * seg / fpc
             sram = max((t * seg * d + seg * d) / rd, t * seg * d / wr)
-            # Sum of squares reduced along the line, the scale broadcast back.
-            path = 2 * hop * (pes - 1) + 2 * ramp
-            return _result(fabric, compute, sram, t * seg * d / link, path)
+            # The sum of squares meets somewhere on the line and returns: at least the
+            # line's radius each way.
+            radius = _ceil(pes - 1, 2)
+            path = 2 * hop * radius + (2 * ramp if pes > 1 else 0)
+            return _result(fabric, compute, sram, t * 4 / link if pes > 1 else 0, path)
+        # Elementwise ops work where their operands already are.
         flops = ELEMENTWISE_FLOPS[kernel.name]
         compute = t * flops * seg / fpc
         sram = max(t * ELEMENTWISE_INPUTS[kernel.name] * seg * d / rd, t * seg * d / wr)
-        return _result(fabric, compute, sram, t * seg * d / link, 2 * ramp)
+        return _result(fabric, compute, sram, 0, 0)
     if kernel.kind == "attention":
         pes = kernel.rect.area
         flops = reads = writes = 0

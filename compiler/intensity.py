@@ -2,7 +2,8 @@
 
 Conventions (stated once, used everywhere):
 - A prefill processes S new tokens of one sequence from an empty cache (causal attention); the
-  LM head runs on the last position only, the one whose logits pick the first output token.
+  final norm and the LM head run on the last position only, the one whose logits pick the
+  first output token.
 - A decode step processes one new token for each of B sequences, each attending over L cached
   tokens (L counts the new token's own entry; a sliding window caps it).
 - A GEMM of T tokens by a K x N weight is 2*T*K*N FLOPs. Bytes moved are the unique bytes an op
@@ -140,6 +141,8 @@ def op_cost(attrs: dict, model: ModelSpec, work: Workload) -> OpCost:
         return OpCost(2 * rows * k * n + rows * bias, (k * n + bias) * d, rows * k * d,
                       rows * n * d)
     if kind == og.RMSNORM:
+        if attrs["op"] == "final_norm" and work.phase == "prefill":
+            t = 1  # only the last position goes on to the LM head
         return OpCost(RMSNORM_FLOPS * t * h, h * d, t * h * d, t * h * d)
     if kind == og.ROPE:
         n = model.q_size if attrs["op"] == "rope_q" else model.kv_size

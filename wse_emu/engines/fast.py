@@ -5,8 +5,10 @@ its PE's ramp takes one wavelet per cycle (messages queue behind each other); th
 the source router ``ramp`` cycles after injection; on each link of its dimension-ordered path it
 starts when both the head has arrived (``hop`` cycles per hop) and the link is free, and holds
 the link for its M wavelets; at each delivery point the ramp out takes M cycles, and the last
-wavelet lands ``ramp + M - 1`` cycles after the head reached the router. Links are claimed in
-the order messages are injected. On an idle network this gives exactly the cycle engine's
+wavelet lands ``ramp + M - 1`` cycles after the head reached the router. A message held up
+downstream also holds the links behind it, less what the queues in between can absorb
+(``queue_wavelets`` per router), as a wormhole does. Links are claimed in the order messages
+are injected. On an idle network this gives exactly the cycle engine's
 zero-load latency; under contention it is an approximation, checked against the cycle engine.
 """
 
@@ -38,9 +40,10 @@ class RunResult:
         return int((self.task_end < 0).sum())
 
 
-def run(graph: TaskGraph, hop: int, ramp: int) -> RunResult:
+def run(graph: TaskGraph, hop: int, ramp: int, queue_wavelets: int = 8) -> RunResult:
     base = graph.point_base()
-    out = _simulate(graph.width, graph.height, hop, ramp, graph.task_pe, graph.task_cycles,
+    out = _simulate(graph.width, graph.height, hop, ramp, queue_wavelets, graph.task_pe,
+                    graph.task_cycles,
                     graph.task_need, graph.out_ptr, graph.out_msg, graph.succ_ptr,
                     graph.succ_task, graph.msgs.t_ready, graph.msgs.src, graph.msgs.dst,
                     graph.msgs.length, graph.msgs.mode, base, graph.msg_target)
@@ -109,8 +112,9 @@ ID_BITS = 40
 
 
 @njit(cache=True)
-def _simulate(width, height, hop, ramp, task_pe, task_cycles, task_need, out_ptr, out_msg,
-              succ_ptr, succ_task, t_ready, src, dst, length, mode, point_base, msg_target):
+def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, out_ptr,
+              out_msg, succ_ptr, succ_task, t_ready, src, dst, length, mode, point_base,
+              msg_target):
     n = width * height
     n_tasks = len(task_pe)
     n_msgs = len(src)
@@ -126,6 +130,9 @@ def _simulate(width, height, hop, ramp, task_pe, task_cycles, task_need, out_ptr
     ramp_in_free = np.zeros(n, dtype=np.int64)
     ramp_out_free = np.zeros(n, dtype=np.int64)
     pe_free = np.zeros(n, dtype=np.int64)
+    path_r = np.zeros(width + height + 2, dtype=np.int64)  # scratch: one message's path
+    path_d = np.zeros(width + height + 2, dtype=np.int64)
+    path_t = np.zeros(width + height + 2, dtype=np.int64)
 
     cap = 1024 + 4 * (n_tasks + len(msg_target))
     ht = np.empty(cap, dtype=np.int64)
@@ -162,13 +169,14 @@ def _simulate(width, height, hop, ramp, task_pe, task_cycles, task_need, out_ptr
                     size = _push(ht, hk, size, now, (EV_READY << ID_BITS) | s)
             for i in range(out_ptr[ident], out_ptr[ident + 1]):
                 ht, hk = _grow(ht, hk, size + 64)
-                size = _send(out_msg[i], now, width, hop, ramp, src, dst, length, mode,
+                size = _send(out_msg[i], now, width, hop, ramp, qcap, src, dst, length, mode,
                              point_base, first, links, link_free, ramp_in_free, ramp_out_free,
-                             ht, hk, size)
+                             ht, hk, size, path_r, path_d, path_t)
         elif kind == EV_RELEASE:
             ht, hk = _grow(ht, hk, size + 64)
-            size = _send(ident, now, width, hop, ramp, src, dst, length, mode, point_base,
-                         first, links, link_free, ramp_in_free, ramp_out_free, ht, hk, size)
+            size = _send(ident, now, width, hop, ramp, qcap, src, dst, length, mode,
+                         point_base, first, links, link_free, ramp_in_free, ramp_out_free, ht,
+                         hk, size, path_r, path_d, path_t)
         else:  # EV_DELIVERY of one point
             point_done[ident] = now
             target = msg_target[ident]
@@ -190,8 +198,8 @@ def _simulate(width, height, hop, ramp, task_pe, task_cycles, task_need, out_ptr
 
 
 @njit(cache=True)
-def _send(m, now, width, hop, ramp, src, dst, length, mode, point_base, first, links,
-          link_free, ramp_in_free, ramp_out_free, ht, hk, size):
+def _send(m, now, width, hop, ramp, qcap, src, dst, length, mode, point_base, first, links,
+          link_free, ramp_in_free, ramp_out_free, ht, hk, size, path_r, path_d, path_t):
     """Time message ``m`` released at ``now``: claim its ramp, links and ramps out, and push
     a delivery event per point."""
     s = src[m]
@@ -211,6 +219,7 @@ def _send(m, now, width, hop, ramp, src, dst, length, mode, point_base, first, l
         ramp_out_free[r] = e + M
         return _push(ht, hk, size, e + ramp + M - 1,
                      (EV_DELIVERY << ID_BITS) | point_base[m])
+    n_links = 0
     while r != dst[m]:
         if dx > x:
             d = 1
@@ -223,6 +232,10 @@ def _send(m, now, width, hop, ramp, src, dst, length, mode, point_base, first, l
         t = head if head > link_free[r, d] else link_free[r, d]
         link_free[r, d] = t + M
         links[r, d] += M
+        path_r[n_links] = r
+        path_d[n_links] = d
+        path_t[n_links] = t
+        n_links += 1
         if d == 0:
             y -= 1
             r -= width
@@ -242,4 +255,14 @@ def _send(m, now, width, hop, ramp, src, dst, length, mode, point_base, first, l
             size = _push(ht, hk, size, e + ramp + M - 1,
                          (EV_DELIVERY << ID_BITS) | (point_base[m] + point))
             point += 1
+            # A multicast moves on only as its tap into this PE takes the wavelets.
+            head = e
+    # Wormhole: a link is held until the wavelets behind a hold-up fit in the queues ahead.
+    hold = path_t[n_links - 1] + M
+    for i in range(n_links - 2, -1, -1):
+        hold = hold - hop - qcap
+        if hold > link_free[path_r[i], path_d[i]]:
+            link_free[path_r[i], path_d[i]] = hold
+        else:
+            hold = link_free[path_r[i], path_d[i]]
     return size

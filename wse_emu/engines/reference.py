@@ -164,7 +164,7 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles,
     return t, np.array(t_first), np.array(t_done), point_done, links, start_t, end_t
 
 
-def fast_twin(graph: TaskGraph, hop: int, ramp: int):
+def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
     """The fast engine's rules, literally: returns (task start, task end, point done)."""
     width = graph.width
     msgs = graph.msgs
@@ -196,11 +196,13 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int):
             heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m])))
             return
         point = 0
+        claimed = []
         for (ax, ay), (bx, by) in zip(path, path[1:]):
             direction = xy_next(ax, ay, bx, by)
             key = (ay * width + ax, direction)
             t = max(head, link_free.get(key, 0))
             link_free[key] = t + length
+            claimed.append((key, t))
             head = t + hop
             r = by * width + bx
             if msgs.mode[m] == LINE or r == d:
@@ -208,6 +210,12 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int):
                 ramp_out[r] = e + length
                 heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m]) + point))
                 point += 1
+                head = e  # the multicast waits for its tap
+        # Each link stays held until the tail ahead of it leaves, less the queue in between.
+        hold = claimed[-1][1] + length
+        for key, _ in reversed(claimed[:-1]):
+            hold = max(hold - hop - qcap, link_free[key])
+            link_free[key] = hold
 
     while events:
         now, kind, ident = heapq.heappop(events)

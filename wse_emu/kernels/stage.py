@@ -22,10 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wse_emu.engines.messages import LINE
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
-    VC_BCAST,
     CostModel,
     line_broadcast,
     line_reduce,
@@ -190,10 +188,13 @@ class StageGraph:
         return lookup  # hidden split along the strip (k_sizes), on line b = 0
 
     def vector(self, name: str, pes: np.ndarray, inputs: list[np.ndarray], flops_per: int,
-               sizes: np.ndarray, tokens: int | None = None) -> np.ndarray:
+               sizes: np.ndarray, tokens: int | None = None,
+               inputs_read: int | None = None) -> np.ndarray:
+        """An elementwise op on a line: reads its operands, writes one result per element."""
         t = tokens or self.step_tokens(name)
         seg = sizes * t
-        tasks = self.g.tasks(pes, self.cost.cycles(flops_per * seg, len(inputs) * seg * self.d,
+        reads = ELEMENTWISE_INPUTS.get(name, 1) if inputs_read is None else inputs_read
+        tasks = self.g.tasks(pes, self.cost.cycles(flops_per * seg, reads * seg * self.d,
                                                    seg * self.d), self.kind[name])
         for ready in inputs:
             self.g.then(ready, tasks)
@@ -319,8 +320,8 @@ class StageGraph:
             final = self.g.tasks(grid[a_o][first], self.cost.cycles(
                 feat * t, feat * t * d, feat * t * d), kind)
             self.g.then(done[first], final)
-            return self.feed(grid[a_o][first], feat, final, self.entry_pes(o_strip), o_strip.k_sizes,
-                             "attention")
+            return self.feed(grid[a_o][first], feat, final, self.entry_pes(o_strip),
+                             o_strip.k_sizes, "attention")
         # Prefill: queries split along the rows, keys and values sent along them. A tile's
         # queries see the tokens before the tile and, causally, their own.
         causal_keys = step.prefix + (t + 1) / 2
@@ -382,10 +383,11 @@ class StageGraph:
         if "lm_head" in strips and (self.step.phase == "decode" or self.is_last_tile()):
             head = strips["lm_head"]
             normed = self.norm("final_norm", home.edge, x, hsz)
-            entries = self.feed(home.edge, hsz, normed, self.entry_pes(head), head.k_sizes, "lm_head")
+            entries = self.feed(home.edge, hsz, normed, self.entry_pes(head), head.k_sizes,
+                                "lm_head")
             logits = self.matrix(head, entries)
             t = self.step_tokens("lm_head")
-            best = self.vector("lm_head", head.edge, [logits], 1, head.n_sizes, t)
+            best = self.vector("lm_head", head.edge, [logits], 1, head.n_sizes, t, inputs_read=1)
             x = line_reduce(self.g, head.edge[None, :], np.array([0]), best[None, :],
                             wavelets(np.array([2 * t]), 4), self.cost.add(np.array([t]), 4),
                             self.kind["lm_head"])
@@ -395,7 +397,6 @@ class StageGraph:
         return self.step.prefix + self.step.tokens >= self.whole_tokens
 
     def layer(self, strips, home: Strip, x: np.ndarray, hsz: np.ndarray) -> np.ndarray:
-        model = self.model
         q, k, v, o = (strips[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         gate, up, down = (strips[n] for n in ("gate_proj", "up_proj", "down_proj"))
         xn = self.norm("input_norm", home.edge, x, hsz)
@@ -432,4 +433,39 @@ def stage_graph(program: WaferProgram, stage: Stage, step: Step):
     return graph, finals, sg.kind_names
 
 
-__all__ = ["Step", "stage_graph", "LINE", "VC_BCAST"]
+
+ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
+                     "residual_attn": 1, "residual_mlp": 1}
+ELEMENTWISE_INPUTS = {"rope_q": 1, "rope_k": 1, "silu_mul": 2, "residual_attn": 2,
+                      "residual_mlp": 2}
+
+
+def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: Step):
+    """One kernel of a stage alone, its inputs present at cycle 0 (to time it against its
+    analytic bound and to compare the engines pattern by pattern)."""
+    sg = StageGraph(program, stage, step)
+    k = sg.kernels[name]
+    kind = sg.kind[name]
+    if k.kind == "matrix":
+        st = sg.strip(k)
+        sg.matrix(st, sg.g.tasks(sg.entry_pes(st), 0, kind))
+    elif k.kind == "gather":
+        sg.gather(sg.strip(k) if k.weight_ref is None else sg.strip(program.kernels[k.weight_ref]),
+                  tied=k.weight_ref is not None)
+    elif k.kind in ("norm", "elementwise"):
+        r, st = k.rect, stage.rect
+        xs, ys = np.meshgrid(np.arange(r.x, r.x1) - st.x, np.arange(r.y, r.y1) - st.y)
+        pes = sg.g.pe(xs.ravel(), ys.ravel())
+        sizes = even_split(k.length, len(pes))
+        if k.kind == "norm":
+            sg.norm(name, pes, sg.g.tasks(pes, 0, kind), sizes)
+        else:
+            inputs = [sg.g.tasks(pes, 0, kind) for _ in range(ELEMENTWISE_INPUTS[name])]
+            sg.vector(name, pes, inputs, ELEMENTWISE_FLOPS[name], sizes)
+    elif k.kind == "attention":
+        q, kk, o = (sg.strip(sg.kernels[n]) for n in ("q_proj", "k_proj", "o_proj"))
+        sg.attention(sg.g.tasks(q.edge, 0, kind), q.edge, sg.g.tasks(kk.edge, 0, kind), kk.edge,
+                     o)
+    else:
+        raise ValueError(f"no pattern for kernel kind {k.kind!r}")
+    return sg.g.build()

@@ -1,0 +1,109 @@
+"""Compiled kernels on the engines: the engines agree, and nothing beats its analytic bound."""
+
+import numpy as np
+import pytest
+
+from compiler.bounds import kernel_bound
+from compiler.intensity import Workload
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.engines import cycle, fast
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.kernels.stage import Step, kernel_graph, stage_graph
+from wse_emu.model import ModelSpec
+from wse_emu.runner import run_region
+
+SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                  vocab_size=2048).validate("test")
+STEPS = {"decode": (Step("decode", batch=2, context=256), Workload("decode", batch=2,
+                                                                  context=256)),
+         "prefill": (Step("prefill", tokens=64), Workload("prefill", tokens=64))}
+
+
+@pytest.fixture(scope="module")
+def small_on_64():
+    return compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                         CompileOptions(region=(64, 64)))
+
+
+def makespan_fast(g):
+    r = fast.run(g, 1, 2)
+    assert r.unfinished() == 0
+    return int(max(r.task_end.max(), r.msg_done.max(initial=0)))
+
+
+def makespan_cycle(g):
+    r = cycle.run_graph(g, 4, 8, 1, 2, 10**7)
+    assert (r.task_end >= 0).all()
+    return int(max(r.task_end.max(), r.t_done.max(initial=0)))
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_every_kernel_at_or_above_its_bound_and_engines_agree(small_on_64, phase):
+    p = small_on_64
+    step, work = STEPS[phase]
+    for stage in p.stages:
+        for k in p.stage_kernels(stage):
+            g = kernel_graph(p, stage, k.name, step)
+            g.validate()
+            f, c = makespan_fast(g), makespan_cycle(g)
+            bound = kernel_bound(k, stage.rect, p.model, p.fabric, work)["cycles"]
+            assert min(f, c) >= bound, (k.name, f, c, bound)
+            # Flash-decoding attention merges many partial results into few PEs, where the
+            # fast engine's first-come links and the cycle engine's round-robin ports differ
+            # most; it is held to 20% until the fast engine models fair link sharing.
+            tolerance = 0.20 if (k.name == "attention" and phase == "decode") else 0.10
+            assert f == pytest.approx(c, rel=tolerance), (k.name, f, c)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_whole_compiled_stage_engines_agree(small_on_64, phase):
+    p = small_on_64
+    step, _ = STEPS[phase]
+    for stage in p.stages:
+        g, finals, _ = stage_graph(p, stage, step)
+        f, c = makespan_fast(g), makespan_cycle(g)
+        assert f == pytest.approx(c, rel=0.12), (stage.id, f, c)
+
+
+def test_stage_time_at_or_above_the_stage_bound():
+    opts = CompileOptions(region=(64, 64), bound_prefill_tokens=64, bound_decode_batch=2,
+                          bound_decode_context=256)
+    p = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1), opts)
+    for phase, (step, _) in STEPS.items():
+        run = run_region(p, "mixed0", step)
+        for sr in run.stages:
+            assert sr.cycles >= p.stages[sr.stage].bounds[phase]["cycles"]
+        region_bound = p.summary["bounds"]["mixed0"][phase]["pipeline_latency_cycles"]
+        assert run.step_cycles >= region_bound
+
+
+def test_reusing_equal_stages_changes_nothing():
+    deep = ModelSpec(**{**SMALL.to_dict(), "num_layers": 8}).validate("test")
+    p = compile_model(deep, ClusterSpec(load_fabric("mesh128"), 1),
+                      CompileOptions(region=(128, 128)))
+    step = Step("decode", batch=1, context=128)
+    reused = run_region(p, "mixed0", step, reuse=True)
+    full = run_region(p, "mixed0", step, reuse=False)
+    assert reused.simulated < full.simulated == len(full.stages)
+    assert [s.cycles for s in reused.stages] == [s.cycles for s in full.stages]
+    assert reused.step_cycles == full.step_cycles
+    for a, b in zip(reused.stages, full.stages):
+        assert np.array_equal(a.busy, b.busy) and np.array_equal(a.links, b.links)
+
+
+def test_deterministic(small_on_64):
+    step, _ = STEPS["decode"]
+    a = run_region(small_on_64, "mixed0", step)
+    b = run_region(small_on_64, "mixed0", step)
+    assert a.step_cycles == b.step_cycles
+    assert [s.cycles for s in a.stages] == [s.cycles for s in b.stages]
+
+
+def test_prefill_tiles_stream_through_a_stage(small_on_64):
+    p = small_on_64
+    one = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=1))
+    four = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=4))
+    # Tiles overlap kernels, so the prompt gets through faster than as one block.
+    assert four.step_cycles < one.step_cycles
