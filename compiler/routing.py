@@ -16,6 +16,10 @@ from wse_emu.fabric import FabricSpec
 from wse_emu.program import Rect, Route
 
 
+class ColorsExhausted(CompileError):
+    """More colors are needed than the fabric leaves (fewer, larger stages may fit)."""
+
+
 def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: int = 0) -> int:
     """Set ``route.color`` for every route; returns the number of colors used.
 
@@ -37,7 +41,7 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
             best = colors
     if best.max() >= budget:
         worst = int(np.argmax(best))
-        raise CompileError(
+        raise ColorsExhausted(
             f"colors run out: the routes around {describe(routes[worst])} need "
             f"{int(best.max()) + 1} colors where {fabric.name} leaves {budget} "
             f"({fabric.colors_total} total - "
@@ -61,6 +65,23 @@ def _greedy(fp: np.ndarray, order: np.ndarray) -> np.ndarray:
         taken[colors[overlap]] = True
         colors[i] = int(np.argmin(taken))
     return colors
+
+
+def check_colors(routes: list[Route]) -> None:
+    """Routes whose footprints share a PE never share a color (raises AssertionError)."""
+    if not routes:
+        return
+    fp = np.array([r.footprint.to_list() for r in routes], dtype=np.int64)
+    colors = np.array([r.color for r in routes], dtype=np.int64)
+    x0, y0, x1, y1 = fp[:, 1], fp[:, 2], fp[:, 1] + fp[:, 3], fp[:, 2] + fp[:, 4]
+    for i in range(len(routes)):
+        clash = ((fp[:, 0] == fp[i, 0]) & (x0 < x1[i]) & (x0[i] < x1) & (y0 < y1[i])
+                 & (y0[i] < y1) & (colors == colors[i]))
+        clash[i] = False
+        if clash.any() or colors[i] < 0:
+            other = int(np.flatnonzero(clash)[0]) if clash.any() else i
+            raise AssertionError(f"routes {routes[i].name} and {routes[other].name} share "
+                                 f"color {colors[i]} on overlapping PEs")
 
 
 def color_masks(routes: list[Route], shape: tuple[int, int, int]) -> np.ndarray:

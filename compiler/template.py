@@ -17,7 +17,7 @@ from compiler.bounds import LAYER_DEPENDENCIES, kernel_bound, stage_bound
 from compiler.geometry import even_split
 from compiler.intensity import Workload
 from compiler.options import CompileOptions
-from compiler.routing import assign_colors, manhattan
+from compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
 from compiler.stages import (
     StageSpec,
     allocate_areas,
@@ -79,10 +79,23 @@ class RegionTemplate:
 
 def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple[int, int]],
                    options: CompileOptions) -> RegionTemplate:
+    """With automatic layers per stage, a layout whose routes need more colors than the fabric
+    has is retried with more layers per stage (fewer stages, so fewer routes crossing)."""
+    fewest = 1
+    while True:
+        try:
+            return _build_template(model, fabric, part_shapes, options, fewest)
+        except ColorsExhausted as exc:
+            if options.layers_per_stage or exc.layers_per_stage >= model.num_layers:
+                raise
+            fewest = exc.layers_per_stage + 1
+
+
+def _build_template(model, fabric, part_shapes, options, fewest) -> RegionTemplate:
     reserve = INITIAL_BUFFER_RESERVE
     for _ in range(4):
         budget = fabric.usable_bytes_per_pe - reserve
-        layouts = _layout_region(model, part_shapes, options, budget)
+        layouts = _layout_region(model, part_shapes, options, budget, fewest)
         _place(layouts, model, options)
         template = _assemble(model, fabric, part_shapes, layouts, options)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
@@ -96,22 +109,23 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
 
 # --- stages ---------------------------------------------------------------------------------
 
-def _layout_region(model, part_shapes, options, budget) -> list[list[StageLayout]]:
+def _layout_region(model, part_shapes, options, budget, fewest) -> list[list[StageLayout]]:
     d = model.dtype_bytes
     parts = len(part_shapes)
     extra_first = 0 if model.tie_embeddings else model.embedding_params() * d
     extra_last = model.head_params() * d
     ranges = split_layers(model.layer_params() * d, model.num_layers,
                           [w * h * budget for w, h in part_shapes], extra_first, extra_last)
-    return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options)
-            for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
+    return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options,
+                         fewest) for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
 
 
 def _layout_part(model, width, height, l0, l1, first, last, part, budget,
-                 options) -> list[StageLayout]:
+                 options, fewest) -> list[StageLayout]:
     d = model.dtype_bytes
     count = l1 - l0
-    choices = [options.layers_per_stage] if options.layers_per_stage else range(1, count + 1)
+    choices = ([options.layers_per_stage] if options.layers_per_stage
+               else range(min(fewest, count), count + 1))
     for per_stage in choices:
         starts = list(range(l0, l1, per_stage))
         specs = [stage_spec(model, a, min(a + per_stage, l1), first and a == l0,
@@ -258,8 +272,9 @@ class _Builder:
                    dst=[kernel.id], stage=stage.id)
 
     def edge_route(self, kind: str, name: str, rect: Rect, **kw) -> Route:
-        """A route between ``rect`` and the nearer of its wafer's east and west edges, where the
-        off-wafer I/O channels are."""
+        """A route between ``rect`` and the nearer of its region's east and west edges. The
+        wafer's I/O channels are on its east and west edges; between them and a region's edge,
+        data rides the runtime's memcpy network, on the colors it reserves."""
         width = self.part_shapes[rect.system][0]
         if rect.center()[0] < width / 2:
             foot = Rect(rect.system, 0, rect.y, rect.x1, rect.h)
@@ -419,7 +434,13 @@ def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
     b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4, src=head.id)
 
     held_back = 1 if options.plan == "disaggregated" else 0
-    colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages), held_back)
+    try:
+        colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages),
+                               held_back)
+    except ColorsExhausted as exc:
+        exc.layers_per_stage = max(lay.spec.num_layers for lay in flat)
+        raise
+    check_colors(b.routes)
     arrays = _kv_plan(b, model, fabric)
     template = RegionTemplate(
         part_shapes=part_shapes, stages=b.stages, kernels=b.kernels, routes=b.routes,

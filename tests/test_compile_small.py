@@ -118,3 +118,19 @@ def test_verify_catches_a_broken_program(tiny_8x8):
     q.name = "k_proj"  # two owners of k_proj in one layer, none of q_proj
     with pytest.raises(AssertionError, match="exactly once"):
         verify(broken)
+
+
+def test_color_check_catches_a_clash(tiny_8x8):
+    import copy
+
+    import pytest
+
+    from compiler.routing import check_colors
+
+    routes = copy.deepcopy(tiny_8x8.routes)
+    check_colors(routes)
+    a = routes[0]
+    b = next(r for r in routes[1:] if r.footprint.overlaps(a.footprint))
+    b.color = a.color
+    with pytest.raises(AssertionError, match="share color"):
+        check_colors(routes)

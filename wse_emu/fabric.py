@@ -25,6 +25,7 @@ from wse_emu.errors import ConfigError
 # Sane upper limits: a typo must not ask for an emulated cluster of hundreds of GiB.
 MAX_SIDE = 4096
 MAX_SYSTEMS = 64
+MAX_CLUSTER_PES = 64 * 755 * 1170  # per-PE plans of 64 wse3 systems fit a 24 GiB machine
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class ClusterSpec:
             raise ConfigError(f"--systems must be at least 1, got {self.systems}")
         if self.systems > MAX_SYSTEMS:
             raise ConfigError(f"--systems must be at most {MAX_SYSTEMS}, got {self.systems}")
+        if self.systems * self.fabric.pes > MAX_CLUSTER_PES:
+            raise ConfigError(
+                f"{self.systems} x {self.fabric.name} is {self.systems * self.fabric.pes:,} PEs; "
+                f"the emulator handles at most {MAX_CLUSTER_PES:,} (64 wse3 systems)")
 
     @property
     def sram_bytes_total(self) -> int:
