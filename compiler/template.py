@@ -561,7 +561,12 @@ def _bounds(template, named, homes, model, fabric, options) -> dict:
         offwafer = crossings * tokens * model.hidden_size * model.dtype_bytes \
             / fabric.offwafer_bytes_per_cycle()
         bottleneck = int(np.argmax(per_stage))
-        latency = float(sum(per_stage) + offwafer)
+        # Tokens may stream from stage to stage, so the step is bounded by the slowest stage's
+        # whole work plus one token's trip through every other stage (a flow shop), not by
+        # the sum of the stages.
+        trips = [s.bounds[phase]["latency_cycles"] for s in template.stages]
+        latency = float(max(c + sum(trips) - trip for c, trip in zip(per_stage, trips))
+                        + offwafer)
         region[phase] = {
             "workload": works[phase].describe(),
             "bottleneck_stage": bottleneck,

@@ -117,12 +117,16 @@ def test_same_inputs_same_program():
         assert np.array_equal(a.arrays[key], b.arrays[key])
 
 
-def test_bounds_sum_to_pipeline_latency(llama8b_colocated):
+def test_pipeline_bound_is_a_flow_shop_of_stage_bounds(llama8b_colocated):
     p = llama8b_colocated
     for phase in ("prefill", "decode"):
         region_bound = p.summary["bounds"]["mixed0"][phase]
         stage_cycles = [s.bounds[phase]["cycles"] for s in p.stages]
-        assert region_bound["pipeline_latency_cycles"] == pytest.approx(sum(stage_cycles))
+        trips = [s.bounds[phase]["latency_cycles"] for s in p.stages]
+        # The slowest stage's whole work plus one token's trip through the others.
+        expect = max(c + sum(trips) - t for c, t in zip(stage_cycles, trips))
+        assert region_bound["pipeline_latency_cycles"] == pytest.approx(expect)
+        assert max(stage_cycles) < region_bound["pipeline_latency_cycles"] <= sum(stage_cycles)
         assert region_bound["bottleneck_cycles"] == max(stage_cycles)
     # Prefill is compute-bound on the busiest strip; a batch-1 decode is bound by latency.
     assert all(s.bounds["prefill"]["dominant"] == "compute" for s in p.stages)

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except UserError as exc:
-        print(f"wse-emu: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        print(f"wse-emu: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("wse-emu: interrupted", file=sys.stderr)

@@ -34,6 +34,7 @@ from wse_emu.program import Kernel, Stage, WaferProgram
 from wse_emu.splits import even_split
 
 RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, SOFTMAX_FLOPS = 4, 3, 5, 5
+SLICE_TOKENS = 256  # tokens per multiply task of a prefill tile
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,17 @@ class StageGraph:
         ka, nb = st.k_sizes[:, None], st.n_sizes[None, :]
         bias = nb if (self.model.attention_bias and k.name in ("q_proj", "k_proj", "v_proj")) \
             else 0
-        compute = self.g.tasks(st.pe, self.cost.cycles(
-            t * (2 * ka * nb + bias), t * (ka * nb * d + ka * d), t * nb * d), kind)
-        self.g.then(got.ravel(), compute)
+        # The multiply runs as a chain of tasks of at most SLICE_TOKENS tokens each, so that
+        # a PE can take up other kernels' short tasks between slices (as its microthreads do).
+        slices = -(-t // SLICE_TOKENS)
+        per = np.diff((np.arange(slices + 1) * t) // slices)
+        compute = None
+        for n_tok in per:
+            part = self.g.tasks(st.pe, self.cost.cycles(
+                n_tok * (2 * ka * nb + bias), n_tok * (ka * nb * d + ka * d), n_tok * nb * d),
+                kind)
+            self.g.then(got.ravel() if compute is None else compute, part)
+            compute = part
         compute = compute.reshape(e, s)
         rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
         return line_reduce(self.g, rows, np.full(s, st.root), compute.T,
