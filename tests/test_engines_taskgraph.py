@@ -14,7 +14,8 @@ def random_graph(seed, w=4, h=3, tasks=40):
     rng = np.random.default_rng(seed)
     b = Builder(w, h)
     pes = rng.integers(0, w * h, tasks)
-    ids = [b.task(int(pes[i]), int(rng.integers(0, 30)), kind=i % 3) for i in range(tasks)]
+    ids = [b.task(int(pes[i]), int(rng.integers(0, 30)), kind=i % 3,
+                  priority=int(rng.integers(0, 3))) for i in range(tasks)]
     for i in range(tasks - 1):
         for _ in range(int(rng.integers(0, 3))):
             j = int(rng.integers(i + 1, tasks))

@@ -25,7 +25,20 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from wse_emu.engines.fast import EV_DONE, EV_READY, ID_BITS, _grow, _pop, _push
+from wse_emu.engines.fast import (
+    EV_DISPATCH,
+    EV_DONE,
+    EV_READY,
+    ID_BITS,
+    PRIORITY_SHIFT,
+    TASK_BITS,
+    _grow,
+    _pop,
+    _push,
+    _qpop,
+    _qpush,
+    _ready,
+)
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
 
@@ -70,7 +83,8 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     external = external[np.argsort(msgs.t_ready[external], kind="stable")]
     out = _simulate(graph.width, graph.height, vcs, queue_wavelets, hop, ramp, msgs.t_ready,
                     msgs.src, msgs.dst, msgs.length, msgs.mode, msgs.vc % vcs, base,
-                    external, graph.task_pe, graph.task_cycles, graph.task_need, graph.out_ptr,
+                    external, graph.task_pe, graph.task_priority, graph.task_cycles,
+                    graph.task_need, graph.out_ptr,
                     graph.out_msg, graph.succ_ptr, graph.succ_task, graph.msg_target,
                     max_cycles, check)
     (cycles, start, end, t_first, t_done, point_done, links, injected, delivered, occupancy,
@@ -122,8 +136,8 @@ _POCC, _ROCC, _ACT, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
 
 @njit(cache=True)
 def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mode, vc,
-              point_base, external, task_pe, task_cycles, task_need, out_ptr, out_msg,
-              succ_ptr, succ_task, msg_target, max_cycles, check):
+              point_base, external, task_pe, task_priority, task_cycles, task_need, out_ptr,
+              out_msg, succ_ptr, succ_task, msg_target, max_cycles, check):
     n = width * height
     m_count = len(src)
     opposite = np.array([2, 3, 0, 1], dtype=np.int64)
@@ -186,13 +200,22 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     need = task_need.copy()
     start_t = np.full(n_tasks, -1, dtype=np.int64)
     end_t = np.full(n_tasks, -1, dtype=np.int64)
-    pe_free = np.zeros(n, dtype=np.int64)
+    q_base = np.zeros(n + 1, dtype=np.int64)
+    for k in range(n_tasks):
+        q_base[task_pe[k] + 1] += 1
+    for p in range(n):
+        q_base[p + 1] += q_base[p]
+    qa = np.zeros(max(n_tasks, 1), dtype=np.int64)
+    qb = np.zeros(max(n_tasks, 1), dtype=np.int64)
+    q_count = np.zeros(n, dtype=np.int64)
+    running = np.full(n, -1, dtype=np.int64)
+    dispatch_due = np.zeros(n, dtype=np.bool_)
     ht = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
     hk = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
     hsize = 0
     for k in range(n_tasks):
         if need[k] == 0:
-            hsize = _push(ht, hk, hsize, 0, (EV_READY << ID_BITS) | k)
+            hsize = _push(ht, hk, hsize, 0, _ready(task_priority[k], k))
     tasks_done = 0
 
     released = 0
@@ -222,7 +245,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
                     need[target] -= 1
                     if need[target] == 0:
                         ht, hk = _grow(ht, hk, hsize)
-                        hsize = _push(ht, hk, hsize, t, (EV_READY << ID_BITS) | target)
+                        hsize = _push(ht, hk, hsize, t, _ready(task_priority[target], target))
                 points_left[m] -= 1
                 if points_left[m] == 0:
                     t_done[m] = t
@@ -236,22 +259,44 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             kind = key >> ID_BITS
             task = key & ((1 << ID_BITS) - 1)
             if kind == EV_READY:
+                task = task & ((1 << TASK_BITS) - 1)
                 p = task_pe[task]
-                begin = t if t > pe_free[p] else pe_free[p]
-                start_t[task] = begin
-                pe_free[p] = begin + task_cycles[task]
-                ht, hk = _grow(ht, hk, hsize)
-                hsize = _push(ht, hk, hsize, begin + task_cycles[task],
-                              (EV_DONE << ID_BITS) | task)
+                if running[p] < 0 and q_count[p] == 0 and not dispatch_due[p]:
+                    running[p] = task
+                    start_t[task] = t
+                    ht, hk = _grow(ht, hk, hsize)
+                    hsize = _push(ht, hk, hsize, t + task_cycles[task],
+                                  (EV_DONE << ID_BITS) | task)
+                else:
+                    _qpush(qa, qb, q_base[p], q_count[p],
+                           (task_priority[task] << PRIORITY_SHIFT) | t, task)
+                    q_count[p] += 1
+            elif kind == EV_DISPATCH:
+                p = task
+                dispatch_due[p] = False
+                if running[p] < 0 and q_count[p] > 0:
+                    nxt_task = _qpop(qa, qb, q_base[p], q_count[p])
+                    q_count[p] -= 1
+                    running[p] = nxt_task
+                    start_t[nxt_task] = t
+                    ht, hk = _grow(ht, hk, hsize)
+                    hsize = _push(ht, hk, hsize, t + task_cycles[nxt_task],
+                                  (EV_DONE << ID_BITS) | nxt_task)
             else:
                 end_t[task] = t
                 tasks_done += 1
+                p = task_pe[task]
+                running[p] = -1
+                if q_count[p] > 0 and not dispatch_due[p]:
+                    dispatch_due[p] = True
+                    ht, hk = _grow(ht, hk, hsize)
+                    hsize = _push(ht, hk, hsize, t, (EV_DISPATCH << ID_BITS) | p)
                 for i in range(succ_ptr[task], succ_ptr[task + 1]):
                     nx = succ_task[i]
                     need[nx] -= 1
                     if need[nx] == 0:
                         ht, hk = _grow(ht, hk, hsize)
-                        hsize = _push(ht, hk, hsize, t, (EV_READY << ID_BITS) | nx)
+                        hsize = _push(ht, hk, hsize, t, _ready(task_priority[nx], nx))
                 for i in range(out_ptr[task], out_ptr[task + 1]):
                     m = out_msg[i]
                     s = src[m]

@@ -22,7 +22,7 @@ from numba import njit
 from wse_emu.engines.messages import LINE
 from wse_emu.engines.taskgraph import TaskGraph
 
-EV_DELIVERY, EV_RELEASE, EV_DONE, EV_READY = 0, 1, 2, 3
+EV_DELIVERY, EV_RELEASE, EV_DONE, EV_READY, EV_DISPATCH = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -43,7 +43,7 @@ class RunResult:
 def run(graph: TaskGraph, hop: int, ramp: int, queue_wavelets: int = 8) -> RunResult:
     base = graph.point_base()
     out = _simulate(graph.width, graph.height, hop, ramp, queue_wavelets, graph.task_pe,
-                    graph.task_cycles,
+                    graph.task_priority, graph.task_cycles,
                     graph.task_need, graph.out_ptr, graph.out_msg, graph.succ_ptr,
                     graph.succ_task, graph.msgs.t_ready, graph.msgs.src, graph.msgs.dst,
                     graph.msgs.length, graph.msgs.mode, base, graph.msg_target)
@@ -111,10 +111,63 @@ def _grow(ht, hk, size):
 ID_BITS = 40
 
 
+# --- per-PE ready queues: heaps keyed (priority, ready cycle, task id), one slice per PE ----
+
 @njit(cache=True)
-def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, out_ptr,
-              out_msg, succ_ptr, succ_task, t_ready, src, dst, length, mode, point_base,
-              msg_target):
+def _qpush(qa, qb, base, count, a, b):
+    i = count
+    qa[base + i] = a
+    qb[base + i] = b
+    while i > 0:
+        parent = (i - 1) // 2
+        pi, ci = base + parent, base + i
+        if qa[ci] < qa[pi] or (qa[ci] == qa[pi] and qb[ci] < qb[pi]):
+            qa[ci], qa[pi] = qa[pi], qa[ci]
+            qb[ci], qb[pi] = qb[pi], qb[ci]
+            i = parent
+        else:
+            break
+
+
+@njit(cache=True)
+def _qpop(qa, qb, base, count):
+    """Remove and return the id of the best task in a PE's queue of ``count`` entries."""
+    best = qb[base]
+    count -= 1
+    qa[base] = qa[base + count]
+    qb[base] = qb[base + count]
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= count:
+            break
+        child = left
+        lc, rc = base + left, base + left + 1
+        if left + 1 < count and (qa[rc] < qa[lc] or (qa[rc] == qa[lc] and qb[rc] < qb[lc])):
+            child = left + 1
+        ci, ii = base + child, base + i
+        if qa[ci] < qa[ii] or (qa[ci] == qa[ii] and qb[ci] < qb[ii]):
+            qa[ci], qa[ii] = qa[ii], qa[ci]
+            qb[ci], qb[ii] = qb[ii], qb[ci]
+            i = child
+        else:
+            break
+    return best
+
+
+PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
+TASK_BITS = 32  # a READY event's id: priority above the task, so equal-time READYs go best first
+
+
+@njit(cache=True)
+def _ready(priority, task):
+    return (EV_READY << ID_BITS) | (priority << TASK_BITS) | task
+
+
+@njit(cache=True)
+def _simulate(width, height, hop, ramp, qcap, task_pe, task_priority, task_cycles, task_need,
+              out_ptr, out_msg, succ_ptr, succ_task, t_ready, src, dst, length, mode,
+              point_base, msg_target):
     n = width * height
     n_tasks = len(task_pe)
     n_msgs = len(src)
@@ -129,7 +182,17 @@ def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, o
     link_free = np.zeros((n, 4), dtype=np.int64)
     ramp_in_free = np.zeros(n, dtype=np.int64)
     ramp_out_free = np.zeros(n, dtype=np.int64)
-    pe_free = np.zeros(n, dtype=np.int64)
+    # Ready tasks wait in their PE's queue; a PE runs one task at a time.
+    q_base = np.zeros(n + 1, dtype=np.int64)
+    for t in range(n_tasks):
+        q_base[task_pe[t] + 1] += 1
+    for p in range(n):
+        q_base[p + 1] += q_base[p]
+    qa = np.zeros(max(n_tasks, 1), dtype=np.int64)
+    qb = np.zeros(max(n_tasks, 1), dtype=np.int64)
+    q_count = np.zeros(n, dtype=np.int64)
+    running = np.full(n, -1, dtype=np.int64)
+    dispatch_due = np.zeros(n, dtype=np.bool_)
     path_r = np.zeros(width + height + 2, dtype=np.int64)  # scratch: one message's path
     path_d = np.zeros(width + height + 2, dtype=np.int64)
     path_t = np.zeros(width + height + 2, dtype=np.int64)
@@ -140,7 +203,7 @@ def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, o
     size = 0
     for t in range(n_tasks):
         if need[t] == 0:
-            size = _push(ht, hk, size, 0, (EV_READY << ID_BITS) | t)
+            size = _push(ht, hk, size, 0, _ready(task_priority[t], t))
     for m in range(n_msgs):
         if t_ready[m] >= 0:
             size = _push(ht, hk, size, t_ready[m], (EV_RELEASE << ID_BITS) | m)
@@ -152,21 +215,44 @@ def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, o
         if now > last:
             last = now
         if kind == EV_READY:
-            p = task_pe[ident]
-            s = now if now > pe_free[p] else pe_free[p]
-            start[ident] = s
-            pe_free[p] = s + task_cycles[ident]
-            busy[p] += task_cycles[ident]
-            ht, hk = _grow(ht, hk, size)
-            size = _push(ht, hk, size, s + task_cycles[ident], (EV_DONE << ID_BITS) | ident)
+            task = ident & ((1 << TASK_BITS) - 1)
+            p = task_pe[task]
+            if running[p] < 0 and q_count[p] == 0 and not dispatch_due[p]:
+                # An idle PE: READYs at one cycle arrive best first, so this one goes now.
+                running[p] = task
+                start[task] = now
+                busy[p] += task_cycles[task]
+                ht, hk = _grow(ht, hk, size)
+                size = _push(ht, hk, size, now + task_cycles[task], (EV_DONE << ID_BITS) | task)
+            else:
+                _qpush(qa, qb, q_base[p], q_count[p],
+                       (task_priority[task] << PRIORITY_SHIFT) | now, task)
+                q_count[p] += 1
+        elif kind == EV_DISPATCH:
+            p = ident
+            dispatch_due[p] = False
+            if running[p] < 0 and q_count[p] > 0:
+                task = _qpop(qa, qb, q_base[p], q_count[p])
+                q_count[p] -= 1
+                running[p] = task
+                start[task] = now
+                busy[p] += task_cycles[task]
+                ht, hk = _grow(ht, hk, size)
+                size = _push(ht, hk, size, now + task_cycles[task], (EV_DONE << ID_BITS) | task)
         elif kind == EV_DONE:
             end[ident] = now
+            p = task_pe[ident]
+            running[p] = -1
+            if q_count[p] > 0 and not dispatch_due[p]:
+                dispatch_due[p] = True
+                ht, hk = _grow(ht, hk, size)
+                size = _push(ht, hk, size, now, (EV_DISPATCH << ID_BITS) | p)
             for i in range(succ_ptr[ident], succ_ptr[ident + 1]):
                 s = succ_task[i]
                 need[s] -= 1
                 if need[s] == 0:
                     ht, hk = _grow(ht, hk, size)
-                    size = _push(ht, hk, size, now, (EV_READY << ID_BITS) | s)
+                    size = _push(ht, hk, size, now, _ready(task_priority[s], s))
             for i in range(out_ptr[ident], out_ptr[ident + 1]):
                 ht, hk = _grow(ht, hk, size + 64)
                 size = _send(out_msg[i], now, width, hop, ramp, qcap, src, dst, length, mode,
@@ -184,7 +270,7 @@ def _simulate(width, height, hop, ramp, qcap, task_pe, task_cycles, task_need, o
                 need[target] -= 1
                 if need[target] == 0:
                     ht, hk = _grow(ht, hk, size)
-                    size = _push(ht, hk, size, now, (EV_READY << ID_BITS) | target)
+                    size = _push(ht, hk, size, now, _ready(task_priority[target], target))
     for m in range(n_msgs):
         latest = -1
         for i in range(point_base[m], point_base[m + 1]):

@@ -14,7 +14,48 @@ import numpy as np
 from wse_emu.engines.messages import LINE, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
 
-DELIVERY, RELEASE, DONE, READY = 0, 1, 2, 3
+DELIVERY, RELEASE, DONE, READY, DISPATCH = 0, 1, 2, 3, 4
+
+
+class Cores:
+    """Each PE's core: one task at a time, the ready task with the smallest (priority, ready
+    cycle, id) next."""
+
+    def __init__(self, graph: TaskGraph):
+        self.graph = graph
+        self.ready = {}  # pe -> heap of (priority, ready cycle, task)
+        self.running = {}
+        self.due = set()
+
+    def ready_event(self, task, now):
+        """READY events at one cycle are taken best first: (priority, task id)."""
+        return (now, READY, int(self.graph.task_priority[task]), task)
+
+    def make_ready(self, task, now, events, start):
+        p = int(self.graph.task_pe[task])
+        if self.running.get(p) is None and not self.ready.get(p) and p not in self.due:
+            self.run(p, task, now, events, start)
+            return
+        heapq.heappush(self.ready.setdefault(p, []),
+                       (int(self.graph.task_priority[task]), now, task))
+
+    def run(self, p, task, now, events, start):
+        self.running[p] = task
+        start[task] = now
+        heapq.heappush(events, (now + int(self.graph.task_cycles[task]), DONE, 0, task))
+
+    def dispatch(self, p, now, events, start):
+        self.due.discard(p)
+        if self.running.get(p) is None and self.ready.get(p):
+            _, _, task = heapq.heappop(self.ready[p])
+            self.run(p, task, now, events, start)
+
+    def finish(self, task, now, events):
+        p = int(self.graph.task_pe[task])
+        self.running[p] = None
+        if self.ready.get(p) and p not in self.due:
+            self.due.add(p)
+            heapq.heappush(events, (now, DISPATCH, 0, p))
 
 DIRS = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}  # N, E, S, W as (dx, dy)
 OPPOSITE = {0: 2, 1: 3, 2: 0, 3: 1}
@@ -40,8 +81,8 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles,
     tasks = graph.tasks if graph is not None else 0
     need = list(graph.task_need) if graph is not None else []
     start_t, end_t = [-1] * tasks, [-1] * tasks
-    pe_free = [0] * n
-    events = [(0, READY, k) for k in range(tasks) if need[k] == 0]
+    cores = Cores(graph) if graph is not None else None
+    events = [cores.ready_event(k, 0) for k in range(tasks) if need[k] == 0] if cores else []
     heapq.heapify(events)
     targets = []
     if graph is not None:
@@ -80,23 +121,23 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles,
                     if targets and targets[m][idx] >= 0:
                         need[targets[m][idx]] -= 1
                         if need[targets[m][idx]] == 0:
-                            heapq.heappush(events, (t, READY, targets[m][idx]))
+                            heapq.heappush(events, cores.ready_event(targets[m][idx], t))
                     if all(d >= 0 for d in point_done[m]):
                         t_done[m] = t
                         finished += 1
         while events and events[0][0] <= t:
-            _, kind, k = heapq.heappop(events)
+            _, kind, _, k = heapq.heappop(events)
             if kind == READY:
-                p = int(graph.task_pe[k])
-                start_t[k] = max(t, pe_free[p])
-                pe_free[p] = start_t[k] + int(graph.task_cycles[k])
-                heapq.heappush(events, (pe_free[p], DONE, k))
+                cores.make_ready(k, t, events, start_t)
+            elif kind == DISPATCH:
+                cores.dispatch(k, t, events, start_t)
             else:
                 end_t[k] = t
+                cores.finish(k, t, events)
                 for nx in graph.succ_task[graph.succ_ptr[k]:graph.succ_ptr[k + 1]]:
                     need[nx] -= 1
                     if need[nx] == 0:
-                        heapq.heappush(events, (t, READY, int(nx)))
+                        heapq.heappush(events, cores.ready_event(int(nx), t))
                 for m in graph.out_msg[graph.out_ptr[k]:graph.out_ptr[k + 1]]:
                     send_queue[int(msgs.src[m])].append(int(m))
         while released < len(order) and msgs.t_ready[order[released]] <= t:
@@ -172,9 +213,10 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
     need = list(graph.task_need)
     start, end = [-1] * graph.tasks, [-1] * graph.tasks
     point_done = [-1] * len(graph.msg_target)
-    pe_free, ramp_in, ramp_out, link_free = {}, {}, {}, {}
-    events = [(0, READY, k) for k in range(graph.tasks) if need[k] == 0]
-    events += [(int(msgs.t_ready[m]), RELEASE, m) for m in range(len(msgs))
+    ramp_in, ramp_out, link_free = {}, {}, {}
+    cores = Cores(graph)
+    events = [cores.ready_event(k, 0) for k in range(graph.tasks) if need[k] == 0]
+    events += [(int(msgs.t_ready[m]), RELEASE, 0, m) for m in range(len(msgs))
                if msgs.t_ready[m] >= 0]
     heapq.heapify(events)
 
@@ -193,7 +235,7 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
         if len(path) == 1:
             e = max(head, ramp_out.get(s, 0))
             ramp_out[s] = e + length
-            heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m])))
+            heapq.heappush(events, (e + ramp + length - 1, DELIVERY, 0, int(base[m])))
             return
         point = 0
         claimed = []
@@ -208,7 +250,8 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
             if msgs.mode[m] == LINE or r == d:
                 e = max(head, ramp_out.get(r, 0))
                 ramp_out[r] = e + length
-                heapq.heappush(events, (e + ramp + length - 1, DELIVERY, int(base[m]) + point))
+                heapq.heappush(events, (e + ramp + length - 1, DELIVERY, 0,
+                                        int(base[m]) + point))
                 point += 1
                 head = e  # the multicast waits for its tap
         # Each link stays held until the tail ahead of it leaves, less the queue in between.
@@ -218,18 +261,18 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
             link_free[key] = hold
 
     while events:
-        now, kind, ident = heapq.heappop(events)
+        now, kind, _, ident = heapq.heappop(events)
         if kind == READY:
-            p = int(graph.task_pe[ident])
-            start[ident] = max(now, pe_free.get(p, 0))
-            pe_free[p] = start[ident] + int(graph.task_cycles[ident])
-            heapq.heappush(events, (pe_free[p], DONE, ident))
+            cores.make_ready(ident, now, events, start)
+        elif kind == DISPATCH:
+            cores.dispatch(ident, now, events, start)
         elif kind == DONE:
             end[ident] = now
+            cores.finish(ident, now, events)
             for nx in graph.succ_task[graph.succ_ptr[ident]:graph.succ_ptr[ident + 1]]:
                 need[nx] -= 1
                 if need[nx] == 0:
-                    heapq.heappush(events, (now, READY, int(nx)))
+                    heapq.heappush(events, cores.ready_event(int(nx), now))
             for m in graph.out_msg[graph.out_ptr[ident]:graph.out_ptr[ident + 1]]:
                 send(int(m), now)
         elif kind == RELEASE:
@@ -240,5 +283,5 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
             if target >= 0:
                 need[target] -= 1
                 if need[target] == 0:
-                    heapq.heappush(events, (now, READY, target))
+                    heapq.heappush(events, cores.ready_event(target, now))
     return start, end, point_done

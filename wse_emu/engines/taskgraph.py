@@ -2,7 +2,8 @@
 
 A task runs on one PE's core for ``cycles`` cycles once ``need`` inputs have arrived (message
 deliveries to it plus completions of the tasks that precede it); a PE runs one task at a time,
-ready tasks in order of (ready time, task id). When a task completes, the messages listed for
+and when free it starts the ready task with the smallest (priority, ready time, task id): an
+earlier micro-batch's work goes first. When a task completes, the messages listed for
 it join its PE's send queue in order and its successor tasks count one input more. A message's
 delivery point (its destination, or each router of a line multicast) may name a task it feeds.
 Messages with ``t_ready >= 0`` are sent at that time whatever the tasks do (external input).
@@ -31,6 +32,11 @@ class TaskGraph:
     succ_task: np.ndarray
     msgs: Messages
     msg_target: np.ndarray  # per delivery point (see Messages.points): task fed, or -1
+    task_priority: np.ndarray | None = None  # lower runs first; None: all 0
+
+    def __post_init__(self):
+        if self.task_priority is None:
+            self.task_priority = np.zeros(len(self.task_pe), dtype=np.int64)
 
     @property
     def tasks(self) -> int:
@@ -70,8 +76,8 @@ class Builder:
         self.tasks: list[list] = []  # pe, cycles, kind, [out msgs], [succ tasks]
         self.msgs: list[list] = []  # t_ready, src, dst, length, mode, vc, [targets]
 
-    def task(self, pe: int, cycles: int, kind: int = 0) -> int:
-        self.tasks.append([pe, cycles, kind, [], []])
+    def task(self, pe: int, cycles: int, kind: int = 0, priority: int = 0) -> int:
+        self.tasks.append([pe, cycles, kind, [], [], priority])
         return len(self.tasks) - 1
 
     def then(self, before: int, after: int) -> None:
@@ -107,6 +113,6 @@ class Builder:
             np.array([t[2] for t in self.tasks], dtype=np.int64),
             out_ptr, np.array([m for t in self.tasks for m in t[3]], dtype=np.int64),
             succ_ptr, np.array([s for t in self.tasks for s in t[4]], dtype=np.int64),
-            msgs, targets)
+            msgs, targets, np.array([t[5] for t in self.tasks], dtype=np.int64))
         g.validate()
         return g

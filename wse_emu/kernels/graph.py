@@ -16,6 +16,8 @@ class GraphBuilder:
         self._succ: list[tuple[np.ndarray, np.ndarray]] = []
         self._msgs: list[tuple] = []
         self._n_msgs = 0
+        self._priority: list[np.ndarray] = []
+        self.priority = 0  # given to the tasks added from now on (lower runs first)
 
     @property
     def n_tasks(self) -> int:
@@ -30,6 +32,7 @@ class GraphBuilder:
         pe = pe.ravel()
         ids = np.arange(self._n_tasks, self._n_tasks + len(pe), dtype=np.int64)
         self._tasks.append((pe, cycles, np.full(len(pe), kind, dtype=np.int64)))
+        self._priority.append(np.full(len(pe), self.priority, dtype=np.int64))
         self._n_tasks += len(pe)
         return ids
 
@@ -86,5 +89,8 @@ class GraphBuilder:
         np.cumsum(np.bincount(sender[has], minlength=n), out=out_ptr[1:])
         need = np.bincount(targets[targets >= 0], minlength=n).astype(np.int64)
         need += np.bincount(after, minlength=n).astype(np.int64)
+        priority = (np.concatenate(self._priority) if self._priority
+                    else np.zeros(0, dtype=np.int64))
         return TaskGraph(self.width, self.height, pe, cycles, need, kind, out_ptr,
-                         out_order.astype(np.int64), succ_ptr, succ_task, msgs, targets)
+                         out_order.astype(np.int64), succ_ptr, succ_task, msgs, targets,
+                         priority)

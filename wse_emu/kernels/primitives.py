@@ -43,14 +43,19 @@ class CostModel:
 
 
 def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready: np.ndarray,
-                   wave: np.ndarray, kind: int, cycles_at=None) -> np.ndarray:
+                   wave: np.ndarray, kind: int, cycles_at=None,
+                   targets: np.ndarray | None = None) -> np.ndarray:
     """Each line's data, ready at task ``ready[i]`` on PE ``lines[i, source[i]]``, reaches every
     other PE of the line by line multicasts toward both ends. Returns a task per (line, pos)
     (shape of ``lines``): at the source the ready task itself, elsewhere a receive task of
-    ``cycles_at`` (default 0) cycles."""
+    ``cycles_at`` (default 0) cycles. With ``targets`` (tasks shaped like ``lines``) the data
+    feeds those tasks directly instead, and ``targets`` is returned."""
     n_lines, length = lines.shape
-    out = np.empty(lines.shape, dtype=np.int64)
     rows = np.arange(n_lines)
+    if targets is not None:
+        g.then(ready, targets[rows, source])
+        feed = targets
+    out = np.empty(lines.shape, dtype=np.int64)
     out[rows, source] = ready
     cyc = 0 if cycles_at is None else cycles_at
     for direction in (-1, 1):
@@ -59,11 +64,14 @@ def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready
         for hops in np.unique(beyond[beyond > 0]):
             sel = rows[beyond == hops]
             pos = source[sel][:, None] + direction * np.arange(1, hops + 1)[None, :]
-            recv = g.tasks(lines[sel[:, None], pos], cyc, kind).reshape(len(sel), hops)
+            if targets is not None:
+                recv = feed[sel[:, None], pos]
+            else:
+                recv = g.tasks(lines[sel[:, None], pos], cyc, kind).reshape(len(sel), hops)
             out[sel[:, None], pos] = recv
             g.send(ready[sel], lines[sel, source[sel]], lines[sel, pos[:, -1]], wave[sel], recv,
                    LINE, VC_BCAST)
-    return out
+    return targets if targets is not None else out
 
 
 def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.ndarray,

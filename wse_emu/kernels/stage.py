@@ -143,11 +143,6 @@ class StageGraph:
         k, kind = st.kernel, self.kind[st.kernel.name]
         t, d = self.step_tokens(k.name), self.d
         e, s = st.pe.shape
-        if s > 1:
-            got = line_broadcast(self.g, st.pe, self.entries(st), entry_ready,
-                                 wavelets(st.k_sizes * t, d), kind)
-        else:
-            got = entry_ready[:, None]
         ka, nb = st.k_sizes[:, None], st.n_sizes[None, :]
         bias = nb if (self.model.attention_bias and k.name in ("q_proj", "k_proj", "v_proj")) \
             else 0
@@ -155,13 +150,23 @@ class StageGraph:
         # a PE can take up other kernels' short tasks between slices (as its microthreads do).
         slices = -(-t // SLICE_TOKENS)
         per = np.diff((np.arange(slices + 1) * t) // slices)
-        compute = None
+        first = compute = None
         for n_tok in per:
             part = self.g.tasks(st.pe, self.cost.cycles(
                 n_tok * (2 * ka * nb + bias), n_tok * (ka * nb * d + ka * d), n_tok * nb * d),
                 kind)
-            self.g.then(got.ravel() if compute is None else compute, part)
+            if compute is None:
+                first = part
+            else:
+                self.g.then(compute, part)
             compute = part
+        # The input segment reaches the first slice of every PE of its line.
+        first = first.reshape(e, s)
+        if s > 1:
+            line_broadcast(self.g, st.pe, self.entries(st), entry_ready,
+                           wavelets(st.k_sizes * t, d), kind, targets=first)
+        else:
+            self.g.then(entry_ready, first[:, 0])
         compute = compute.reshape(e, s)
         rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
         return line_reduce(self.g, rows, np.full(s, st.root), compute.T,
@@ -368,8 +373,9 @@ class StageGraph:
         and, per tile, the tasks that finish it."""
         finals = []
         whole = self.step
-        for tile in whole.tiles():
+        for i, tile in enumerate(whole.tiles()):
             self.step = tile
+            self.g.priority = i  # an earlier tile's work goes first on every PE
             finals.append(self.build_tile())
         self.step = whole
         return self.g.build(), finals
