@@ -178,3 +178,73 @@ def run_region(program: WaferProgram, region_name: str, step: Step, engine: str 
     return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
                      program.fabric.clock_hz, step.new_tokens,
                      time.perf_counter() - began, simulated)
+
+
+@dataclass
+class HandoffRun:
+    prefill_region: str
+    decode_region: str
+    tokens: int
+    cycles: int
+    clock_hz: float
+    kv_bytes: int
+    offwafer: bool
+    messages: int
+    links: np.ndarray | None  # (systems, h, w, 4) wavelets, for an on-wafer handoff
+
+    @property
+    def seconds(self) -> float:
+        return self.cycles / self.clock_hz
+
+
+def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
+               tokens: int) -> HandoffRun:
+    """Move the KV cache of a ``tokens``-long prompt from a prefill region to a decode region:
+    each prefill stage sends its layers' K and V to the decode stage holding the same layers,
+    every row across the stage carrying its share, all stages at once over the shared fabric
+    (fast engine, whole wafer) or, between systems, over the off-wafer link."""
+    from wse_emu.engines.messages import UNICAST
+    from wse_emu.kernels.graph import GraphBuilder
+
+    fabric, model = program.fabric, program.model
+    src_region, dst_region = program.region(prefill_region), program.region(decode_region)
+    by_layers = {tuple(program.stages[i].layers): program.stages[i]
+                 for i in dst_region.stage_ids}
+    per_token = 2 * model.kv_size * model.dtype_bytes
+    total = tokens * model.num_layers * per_token
+    src_systems = {p.system for p in src_region.parts}
+    dst_systems = {p.system for p in dst_region.parts}
+    if src_systems != dst_systems or len(src_systems) > 1:
+        cycles = int(np.ceil(total / fabric.offwafer_bytes_per_cycle())) \
+            + 2 * fabric.ramp_latency_cycles
+        return HandoffRun(prefill_region, decode_region, tokens, cycles, fabric.clock_hz, total,
+                          True, 0, None)
+    system = next(iter(src_systems))
+    g = GraphBuilder(fabric.width, fabric.height)
+    for i in src_region.stage_ids:
+        a = program.stages[i]
+        b = by_layers.get(tuple(a.layers))
+        if b is None:
+            raise UserError(f"regions {prefill_region} and {decode_region} stage their layers "
+                            "differently; compile both roles with the same --layers-per-stage")
+        # The KV is spread over all of a stage's PEs: it leaves along the stage's rows (the
+        # direction that crosses between regions placed side by side), one lane per row,
+        # keeping its row where the two stages share rows.
+        rows = min(a.rect.h, b.rect.h)
+        share = even_split(tokens * a.num_layers * per_token, rows)
+        idx = np.arange(rows)
+        ya = a.rect.y + (idx * a.rect.h) // rows
+        yb = np.where((ya >= b.rect.y) & (ya < b.rect.y1), ya,
+                      b.rect.y + (idx * b.rect.h) // rows)
+        src = g.pe(np.full(rows, a.rect.x + a.rect.w // 2), ya)
+        dst = g.pe(np.full(rows, b.rect.x + b.rect.w // 2), yb)
+        senders = g.tasks(src, 0, 0)
+        receivers = g.tasks(dst, 0, 0)
+        g.send(senders, src, dst, wavelets(share, 1), receivers, UNICAST, 3)
+    graph = g.build()
+    res = fast.run(graph, fabric.hop_latency_cycles, fabric.ramp_latency_cycles)
+    links = np.zeros((program.systems, fabric.height, fabric.width, 4), dtype=np.int64)
+    links[system] = res.link_wavelets.reshape(fabric.height, fabric.width, 4)
+    cycles = int(max(res.task_end.max(), res.msg_done.max()))
+    return HandoffRun(prefill_region, decode_region, tokens, cycles, fabric.clock_hz, total,
+                      False, len(graph.msgs), links)

@@ -16,7 +16,7 @@ from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
 from wse_emu.kernels.stage import Step
 from wse_emu.program import WaferProgram, write_run_dir
-from wse_emu.runner import RegionRun, run_region
+from wse_emu.runner import HandoffRun, RegionRun, kv_handoff, run_region
 from wse_emu.timeline import chrome_trace
 
 DEFAULT_TILES = 4
@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("target", help="a run directory from 'wse-emu compile -o', or a MODEL to "
                    "compile first with the cluster options below")
     add_cluster_args(p, region_flag="--region-size")
-    p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
+    p.add_argument("--phase", choices=["prefill", "decode", "handoff"], default="decode",
+                   help="handoff: move a prompt's KV cache from a prefill to a decode region")
     p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
     p.add_argument("--tiles", type=int, default=DEFAULT_TILES,
                    help="prefill: token tiles streamed through each stage")
@@ -145,8 +146,37 @@ def write_outputs(directory: Path, program: WaferProgram, run: RegionRun, data: 
     (directory / "timeline.json").write_text(json.dumps(chrome_trace(program, run)))
 
 
+def run_handoff(args, program: WaferProgram):
+    roles = {r.role: r.name for r in reversed(program.regions)}
+    if "prefill" not in roles or "decode" not in roles:
+        raise UserError("--phase handoff needs a disaggregated program (compile with "
+                        "--plan disaggregated)")
+    if args.tokens < 1:
+        raise UserError(f"--tokens must be at least 1, got {args.tokens}")
+    src = program.region(args.run_region).name if args.run_region else roles["prefill"]
+    h: HandoffRun = kv_handoff(program, src, roles["decode"], args.tokens)
+    data = {"model": program.model.name, "prefill_region": h.prefill_region,
+            "decode_region": h.decode_region, "tokens": h.tokens, "kv_bytes": h.kv_bytes,
+            "cycles": h.cycles, "seconds": h.seconds, "bytes_per_s": h.kv_bytes / h.seconds,
+            "offwafer": h.offwafer, "messages": h.messages}
+    if args.output:
+        def write(tmp: Path) -> None:
+            (tmp / "results.json").write_text(json.dumps(data, indent=1))
+            if h.links is not None:
+                np.savez_compressed(tmp / "counters.npz", link_wavelets_nesw=h.links)
+        write_run_dir(args.output, write)
+    if args.json:
+        return data
+    route = "the off-wafer link" if h.offwafer else "the wafer's fabric"
+    return (f"{data['model']}: KV cache of a {h.tokens}-token prompt, {h.kv_bytes / 1e6:.1f} MB, "
+            f"from {h.prefill_region} to {h.decode_region} over {route}\n"
+            f"  {h.cycles:,} cycles = {seconds(h.seconds)} ({si(data['bytes_per_s'], 'B/s')})")
+
+
 def run(args):
     program = load_or_compile(args)
+    if args.phase == "handoff":
+        return run_handoff(args, program)
     step = make_step(args)
     region = pick_region(program, args.phase, args.run_region)
     progress = None
