@@ -78,54 +78,55 @@ def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.
                 wave: np.ndarray, add_cycles: np.ndarray, kind: int,
                 gather: bool = False) -> np.ndarray:
     """Partial results, ready at ``ready[i, pos]`` on each PE of each line, are summed onto the
-    line's ``root`` position by a two-level tree (groups of about sqrt(length) PEs send to their
-    member nearest the root, group leaders send to the root). Returns the root's final task per
-    line. ``wave``/``add_cycles``: message size and one addition's cost, per line. With
-    ``gather`` the pieces are concatenated instead: a leader forwards its whole group's."""
+    line's ``root`` position by a two-level tree. On each side of the root the line is cut into
+    groups of about sqrt(length) PEs; members send to their group's leader, the member
+    farthest from the root (level one, away from the root); leaders send their group's sum to
+    the root (level two, toward the root). The two levels run in opposite directions, so one
+    never holds up the other on a link. Returns the root's final task per line.
+    ``wave``/``add_cycles``: message size and one addition's cost, per line. With ``gather``
+    the pieces are concatenated instead: a leader sends on its whole group's."""
     n_lines, length = lines.shape
     rows = np.arange(n_lines)
     if length == 1:
         return ready[:, 0].copy()
     group = max(1, math.isqrt(length - 1) + 1)
-    pos = np.arange(length)
-    dist = np.abs(pos[None, :] - root[:, None])  # (lines, length)
-    # Groups by distance from the root, so the root leads group 0 and each leader is the
-    # member nearest the root.
-    gid = dist // group
-    leader_dist = gid * group
-    is_leader = dist == leader_dist
-    final = ready.copy()
-    side = np.sign(pos[None, :] - root[:, None])  # members on each side form their own groups
-    leader_pos = root[:, None] + side * leader_dist
-    members = ~is_leader
-    # Level 1: members to their leader (by line and leader position).
+    pos = np.arange(length)[None, :]
+    side = np.sign(pos - root[:, None])  # -1 before the root, +1 after, 0 at it
+    dist = np.abs(pos - root[:, None])
+    reach = np.where(side < 0, root[:, None], length - 1 - root[:, None])  # PEs on that side
+    k = np.maximum(dist - 1, 0) // group
+    far = np.minimum((k + 1) * group, reach)  # distance of the group's leader
+    on_side = dist > 0
+    is_leader = on_side & (dist == far)
+    members = on_side & ~is_leader
+    # Level one: members to their leader.
     count1 = np.zeros((n_lines, length), dtype=np.int64)
-    np.add.at(count1, (np.nonzero(members)[0], leader_pos[members]), 1)
-    level1 = np.where(is_leader & (count1 > 0), -1, final)
-    li, lp = np.nonzero(is_leader & (count1 > 0))
-    if len(li):
-        acc = g.tasks(lines[li, lp], add_cycles[li] * count1[li, lp], kind)
-        g.then(final[li, lp], acc)
-        level1[li, lp] = acc
-        mi, mp = np.nonzero(members)
-        g.send(final[mi, mp], lines[mi, mp], lines[mi, leader_pos[mi, mp]], wave[mi],
-               level1[mi, leader_pos[mi, mp]], 0, VC_REDUCE1)
-    # Level 2: leaders other than the root to the root.
-    others = is_leader & (dist > 0)
-    count2 = others.sum(axis=1)
-    out = level1[rows, root].copy()
+    leader_pos = root[:, None] + side * far
+    mi, mp = np.nonzero(members)
+    np.add.at(count1, (mi, leader_pos[mi, mp]), 1)
+    li, lp = np.nonzero(is_leader)
+    level1 = ready[li, lp].copy()
+    with_members = count1[li, lp] > 0
+    if with_members.any():
+        acc = g.tasks(lines[li[with_members], lp[with_members]],
+                      add_cycles[li[with_members]] * count1[li, lp][with_members], kind)
+        g.then(ready[li[with_members], lp[with_members]], acc)
+        level1[with_members] = acc
+    acc_at = np.full((n_lines, length), -1, dtype=np.int64)
+    acc_at[li, lp] = level1
+    g.send(ready[mi, mp], lines[mi, mp], lines[mi, leader_pos[mi, mp]], wave[mi],
+           acc_at[mi, leader_pos[mi, mp]], 0, VC_REDUCE1)
+    # Level two: leaders to the root.
+    count2 = np.bincount(li, minlength=n_lines)
+    final = ready[rows, root].copy()
     need = rows[count2 > 0]
     if len(need):
-        acc = g.tasks(lines[need, root[need]], add_cycles[need] * count2[need], kind)
-        g.then(level1[need, root[need]], acc)
-        oi, op = np.nonzero(others)
-        slot = np.full(n_lines, -1, dtype=np.int64)
-        slot[need] = acc
-        size = wave[oi] * (count1[oi, op] + 1) if gather else wave[oi]
-        g.send(level1[oi, op], lines[oi, op], lines[oi, root[oi]], size, slot[oi], 0,
-               VC_REDUCE2)
-        out[need] = acc
-    return out
+        done = g.tasks(lines[need, root[need]], add_cycles[need] * count2[need], kind)
+        g.then(ready[need, root[need]], done)
+        final[need] = done
+    size = wave[li] * (count1[li, lp] + 1) if gather else wave[li]
+    g.send(level1, lines[li, lp], lines[li, root[li]], size, final[li], 0, VC_REDUCE2)
+    return final
 
 
 def transfer(g: GraphBuilder, src_pe: np.ndarray, src_sizes: np.ndarray, src_ready: np.ndarray,
