@@ -25,19 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from wse_emu.engines.fast import (
-    EV_DISPATCH,
-    EV_DONE,
-    EV_READY,
+from wse_emu.engines.cores import (
     ID_BITS,
-    PRIORITY_SHIFT,
-    TASK_BITS,
-    _grow,
-    _pop,
-    _push,
-    _qpop,
-    _qpush,
-    _ready,
+    core_event,
+    feed,
+    new_cores,
+    pop,
+    push,
+    ready_key,
 )
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
@@ -116,6 +111,20 @@ def _neighbour(r, direction, width):
     if direction == 2:
         return r + width
     return r - 1
+
+
+@njit(cache=True)
+def _queue_send(m, src, pe_head, pe_tail, nxt, senders, n_senders):
+    """Message ``m`` joins the end of its PE's send queue; returns the number of senders."""
+    s = src[m]
+    if pe_tail[s] < 0:
+        pe_head[s] = m
+        senders[n_senders] = s
+        n_senders += 1
+    else:
+        nxt[pe_tail[s]] = m
+    pe_tail[s] = m
+    return n_senders
 
 
 # A queued wavelet is one int64: its message id (low 32 bits) and what routing needs, so that
@@ -200,22 +209,14 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     need = task_need.copy()
     start_t = np.full(n_tasks, -1, dtype=np.int64)
     end_t = np.full(n_tasks, -1, dtype=np.int64)
-    q_base = np.zeros(n + 1, dtype=np.int64)
-    for k in range(n_tasks):
-        q_base[task_pe[k] + 1] += 1
-    for p in range(n):
-        q_base[p + 1] += q_base[p]
-    qa = np.zeros(max(n_tasks, 1), dtype=np.int64)
-    qb = np.zeros(max(n_tasks, 1), dtype=np.int64)
-    q_count = np.zeros(n, dtype=np.int64)
-    running = np.full(n, -1, dtype=np.int64)
-    dispatch_due = np.zeros(n, dtype=np.bool_)
+    q_base, qa, qb, q_count, running, dispatch_due = new_cores(n, task_pe)
+    busy = np.zeros(n, dtype=np.int64)
     ht = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
     hk = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
     hsize = 0
     for k in range(n_tasks):
         if need[k] == 0:
-            hsize = _push(ht, hk, hsize, 0, _ready(task_priority[k], k))
+            hsize = push(ht, hk, hsize, 0, ready_key(task_priority[k], k))
     tasks_done = 0
 
     released = 0
@@ -240,12 +241,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             point_count[idx] += 1
             if point_count[idx] == length[m]:
                 point_done[idx] = t
-                target = msg_target[idx]
-                if target >= 0:
-                    need[target] -= 1
-                    if need[target] == 0:
-                        ht, hk = _grow(ht, hk, hsize)
-                        hsize = _push(ht, hk, hsize, t, _ready(task_priority[target], target))
+                ht, hk, hsize = feed(msg_target[idx], t, need, task_priority, ht, hk, hsize)
                 points_left[m] -= 1
                 if points_left[m] == 0:
                     t_done[m] = t
@@ -255,68 +251,19 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
         # 2. Tasks: ready ones claim their PE's core, finished ones send their messages.
         #    External messages whose time has come join their PE's send queue too.
         while hsize > 0 and ht[0] <= t:
-            _, key, hsize = _pop(ht, hk, hsize)
-            kind = key >> ID_BITS
-            task = key & ((1 << ID_BITS) - 1)
-            if kind == EV_READY:
-                task = task & ((1 << TASK_BITS) - 1)
-                p = task_pe[task]
-                if running[p] < 0 and q_count[p] == 0 and not dispatch_due[p]:
-                    running[p] = task
-                    start_t[task] = t
-                    ht, hk = _grow(ht, hk, hsize)
-                    hsize = _push(ht, hk, hsize, t + task_cycles[task],
-                                  (EV_DONE << ID_BITS) | task)
-                else:
-                    _qpush(qa, qb, q_base[p], q_count[p],
-                           (task_priority[task] << PRIORITY_SHIFT) | t, task)
-                    q_count[p] += 1
-            elif kind == EV_DISPATCH:
-                p = task
-                dispatch_due[p] = False
-                if running[p] < 0 and q_count[p] > 0:
-                    nxt_task = _qpop(qa, qb, q_base[p], q_count[p])
-                    q_count[p] -= 1
-                    running[p] = nxt_task
-                    start_t[nxt_task] = t
-                    ht, hk = _grow(ht, hk, hsize)
-                    hsize = _push(ht, hk, hsize, t + task_cycles[nxt_task],
-                                  (EV_DONE << ID_BITS) | nxt_task)
-            else:
-                end_t[task] = t
+            _, key, hsize = pop(ht, hk, hsize)
+            ht, hk, hsize, finished = core_event(
+                key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, ht, hk, hsize, task_pe,
+                task_priority, task_cycles, succ_ptr, succ_task, need, start_t, end_t, busy,
+                q_base, qa, qb, q_count, running, dispatch_due)
+            if finished >= 0:
                 tasks_done += 1
-                p = task_pe[task]
-                running[p] = -1
-                if q_count[p] > 0 and not dispatch_due[p]:
-                    dispatch_due[p] = True
-                    ht, hk = _grow(ht, hk, hsize)
-                    hsize = _push(ht, hk, hsize, t, (EV_DISPATCH << ID_BITS) | p)
-                for i in range(succ_ptr[task], succ_ptr[task + 1]):
-                    nx = succ_task[i]
-                    need[nx] -= 1
-                    if need[nx] == 0:
-                        ht, hk = _grow(ht, hk, hsize)
-                        hsize = _push(ht, hk, hsize, t, _ready(task_priority[nx], nx))
-                for i in range(out_ptr[task], out_ptr[task + 1]):
-                    m = out_msg[i]
-                    s = src[m]
-                    if pe_tail[s] < 0:
-                        pe_head[s] = m
-                        senders[n_senders] = s
-                        n_senders += 1
-                    else:
-                        nxt[pe_tail[s]] = m
-                    pe_tail[s] = m
+                for i in range(out_ptr[finished], out_ptr[finished + 1]):
+                    n_senders = _queue_send(out_msg[i], src, pe_head, pe_tail, nxt, senders,
+                                            n_senders)
         while released < len(external) and t_ready[external[released]] <= t:
-            m = external[released]
-            s = src[m]
-            if pe_tail[s] < 0:
-                pe_head[s] = m
-                senders[n_senders] = s
-                n_senders += 1
-            else:
-                nxt[pe_tail[s]] = m
-            pe_tail[s] = m
+            n_senders = _queue_send(external[released], src, pe_head, pe_tail, nxt, senders,
+                                    n_senders)
             released += 1
 
         # 3. Arrivals from links and ramps into router queues.
