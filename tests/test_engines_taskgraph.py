@@ -15,7 +15,7 @@ def random_graph(seed, w=4, h=3, tasks=40):
     b = Builder(w, h)
     pes = rng.integers(0, w * h, tasks)
     ids = [b.task(int(pes[i]), int(rng.integers(0, 30)), kind=i % 3,
-                  priority=int(rng.integers(0, 3))) for i in range(tasks)]
+                  priority=int(rng.choice([0, 1, 2, 254, 255]))) for i in range(tasks)]
     for i in range(tasks - 1):
         for _ in range(int(rng.integers(0, 3))):
             j = int(rng.integers(i + 1, tasks))
@@ -91,3 +91,10 @@ def test_engines_agree_within_ten_percent_on_random_graphs(seed):
     makespan_f = max(f.task_end.max(), f.msg_done.max())
     makespan_c = max(c.task_end.max(), c.t_done.max())
     assert makespan_f == pytest.approx(makespan_c, rel=0.10)
+
+
+def test_priorities_beyond_the_packed_range_are_refused():
+    b = Builder(2, 1)
+    b.task(0, 5, priority=256)
+    with pytest.raises(ValueError, match="priorities"):
+        b.build()

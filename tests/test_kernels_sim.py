@@ -102,5 +102,19 @@ def test_prefill_tiles_stream_through_a_stage(small_on_64):
     p = small_on_64
     one = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=1))
     four = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=4))
-    # Tiles overlap kernels, so the prompt gets through faster than as one block.
+    # Tiles overlap kernels, so the prompt gets through faster than as one block...
     assert four.step_cycles < one.step_cycles
+    for sr in four.stages:
+        # ...a tile alone is quicker than the whole prompt, and the flow shop adds up.
+        assert sr.first_tile_cycles < sr.cycles
+    periods = [(s.cycles - s.first_tile_cycles) / 3 for s in four.stages]
+    assert four.step_cycles == pytest.approx(sum(s.first_tile_cycles for s in four.stages)
+                                             + sum(four.transfers) + 3 * max(periods))
+
+
+def test_streamed_prefill_engines_agree(small_on_64):
+    p = small_on_64
+    step = Step("prefill", tokens=256, chunks=4)
+    for stage in p.stages:
+        g, _, _ = stage_graph(p, stage, step)
+        assert makespan_fast(g) == pytest.approx(makespan_cycle(g), rel=0.12)

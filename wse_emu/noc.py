@@ -127,18 +127,20 @@ def stable(result: NocResult, slowdown_limit: float = 3.0) -> bool:
     return result.delivered_fraction > 0.99 and result.worst_source_slowdown < slowdown_limit
 
 
-def find_saturation(k: int, pattern: str, steps: int = 6, **kwargs) -> tuple[float, list]:
-    """Bisect the offered rate between half and 1.2x the closed-form bound (or 0.05 and 1 for
-    patterns without one) for the highest stable rate; returns it and the runs made."""
+def find_saturation(k: int, pattern: str, steps: int = 7,
+                    **kwargs) -> tuple[float | None, list]:
+    """Bisect the offered rate in (0, min(1, 1.2 x the closed-form bound)] for the highest
+    stable rate; returns it (None if no rate tried was stable) and the runs made. A PE can
+    inject at most one wavelet per cycle, hence the cap at 1."""
     bound = saturation_bound(pattern, k)
-    lo, hi = (0.5 * bound, min(1.0, 1.2 * bound)) if bound else (0.02, 1.0)
-    runs = []
+    lo, hi = 0.0, min(1.0, 1.2 * bound) if bound else 1.0
+    best, runs = None, []
     for _ in range(steps):
         mid = (lo + hi) / 2
         res = run_noc(k, pattern, mid, **kwargs)
         runs.append(res)
         if stable(res):
-            lo = mid
+            lo = best = mid
         else:
             hi = mid
-    return lo, runs
+    return best, runs

@@ -12,7 +12,9 @@ stage plus the remaining tiles at the pace of the slowest stage (a flow shop).
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +22,7 @@ import numpy as np
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
 from wse_emu.kernels.primitives import wavelets
-from wse_emu.kernels.stage import Step, stage_graph
+from wse_emu.kernels.stage import Step, kernel_graph, stage_graph
 from wse_emu.program import Stage, WaferProgram
 from wse_emu.splits import even_split
 
@@ -92,26 +94,39 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
             kernels)
 
 
-def simulate_stage(program: WaferProgram, stage: Stage, step: Step, engine: str) -> StageRun:
-    fabric = program.fabric
-    graph, finals, names = stage_graph(program, stage, step)
+def execute(graph, fabric, engine: str):
+    """(task start, task end, message done, link wavelets) of a graph on an engine."""
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
     if engine == "fast":
         res = fast.run(graph, hop, ramp)
-        start, end, done = res.task_start, res.task_end, res.msg_done
-        links = res.link_wavelets
-    else:
-        if graph.width * graph.height > CYCLE_ENGINE_MAX_PES:
-            raise UserError(f"the cycle engine runs stages of up to {CYCLE_ENGINE_MAX_PES:,} PEs;"
-                            f" this stage has {graph.width * graph.height:,}: use --engine fast")
-        res = cycle.run_graph(graph, 4, 8, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
-        if (res.task_end < 0).any():
-            raise UserError(f"the cycle engine stopped at {CYCLE_ENGINE_MAX_CYCLES:,} cycles "
-                            "before the stage finished: use --engine fast")
-        start, end, done = res.task_start, res.task_end, res.t_done
-        links = res.link_wavelets
-    makespan = int(max(end.max(initial=0), done.max(initial=0)))
-    first = int(end[finals[0]].max()) if len(finals[0]) else makespan
+        return res.task_start, res.task_end, res.msg_done, res.link_wavelets
+    if graph.width * graph.height > CYCLE_ENGINE_MAX_PES:
+        raise UserError(f"the cycle engine runs stages of up to {CYCLE_ENGINE_MAX_PES:,} PEs;"
+                        f" this stage has {graph.width * graph.height:,}: use --engine fast")
+    res = cycle.run_graph(graph, 4, 8, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
+    if (res.task_end < 0).any():
+        raise UserError(f"the cycle engine stopped at {CYCLE_ENGINE_MAX_CYCLES:,} cycles "
+                        "before the stage finished: use --engine fast")
+    return res.task_start, res.task_end, res.t_done, res.link_wavelets
+
+
+def makespan_of(end, done) -> int:
+    return int(max(end.max(initial=0), done.max(initial=0)))
+
+
+def simulate_stage(program: WaferProgram, stage: Stage, step: Step, engine: str) -> StageRun:
+    fabric = program.fabric
+    graph, finals, names = stage_graph(program, stage, step)
+    start, end, done, links = execute(graph, fabric, engine)
+    makespan = makespan_of(end, done)
+    first = makespan
+    tiles = step.tiles()
+    if len(tiles) > 1:
+        # The first tile's own trip through the stage, as it makes it when it arrives alone
+        # (in a pipeline, tiles reach a stage one after another).
+        alone, _, _ = stage_graph(program, stage, tiles[0])
+        _, a_end, a_done, _ = execute(alone, fabric, engine)
+        first = makespan_of(a_end, a_done)
     busy = np.bincount(graph.task_pe, weights=graph.task_cycles,
                        minlength=graph.width * graph.height).reshape(graph.height, graph.width)
     spans, kernel_busy = {}, {}
@@ -148,26 +163,43 @@ def run_region(program: WaferProgram, region_name: str, step: Step, engine: str 
     region = program.region(region_name)
     stages = [program.stages[i] for i in region.stage_ids]
     began = time.perf_counter()
+    keys = [signature(program, st) if reuse else (st.id,) for st in stages]
+    first_of: dict[tuple, Stage] = {}
+    for key, stage in zip(keys, stages):
+        first_of.setdefault(key, stage)
+    # Distinct stages are independent: time them on parallel threads (the engine releases
+    # the GIL), then hand each stage its shape's result.
     done: dict[tuple, StageRun] = {}
+    with ThreadPoolExecutor(max_workers=min(len(first_of), os.cpu_count() or 1)) as pool:
+        futures = {key: pool.submit(simulate_stage, program, stage, step, engine)
+                   for key, stage in first_of.items()}
+        for i, (key, future) in enumerate(futures.items()):
+            done[key] = future.result()
+            if progress:
+                progress(i + 1, len(futures))
     runs: list[StageRun] = []
-    simulated = 0
-    for i, stage in enumerate(stages):
-        key = signature(program, stage) if reuse else (stage.id,)
-        if key in done:
-            base = done[key]
+    for key, stage in zip(keys, stages):
+        base = done[key]
+        if base.stage == stage.id:
+            runs.append(base)
+        else:
             runs.append(StageRun(stage.id, base.cycles, base.first_tile_cycles, base.busy,
                                  base.links, base.kernels, base.kernel_busy, base.tasks,
                                  base.messages, reused_from=base.stage))
-        else:
-            run = simulate_stage(program, stage, step, engine)
-            done[key] = run
-            runs.append(run)
-            simulated += 1
-        if progress:
-            progress(i + 1, len(stages))
+    simulated = len(done)
     tile = step.tiles()[0].new_tokens
     transfers = [0] + [transfer_cycles(program, a, b, tile)
                        for a, b in zip(stages, stages[1:])]
+    extra = {}
+    if program.model.tie_embeddings:
+        # The table lives in the LM head of the last stage: the lookup runs there and its
+        # output travels to the first stage before the first stage can start.
+        graph = kernel_graph(program, stages[-1], "embedding", step.tiles()[0])
+        _, end, done_at, _ = execute(graph, program.fabric, engine)
+        extra["embedding_cycles"] = makespan_of(end, done_at)
+        extra["embedding_transfer_cycles"] = transfer_cycles(program, stages[-1], stages[0],
+                                                             tile)
+        transfers[0] = extra["embedding_cycles"] + extra["embedding_transfer_cycles"]
     tiles = len(step.tiles())
     if tiles > 1:
         periods = [(r.cycles - r.first_tile_cycles) / (tiles - 1) for r in runs]
@@ -177,7 +209,7 @@ def run_region(program: WaferProgram, region_name: str, step: Step, engine: str 
         step_cycles = float(sum(r.cycles for r in runs) + sum(transfers))
     return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
                      program.fabric.clock_hz, step.new_tokens,
-                     time.perf_counter() - began, simulated)
+                     time.perf_counter() - began, simulated, extra)
 
 
 @dataclass

@@ -36,6 +36,11 @@ def run(args):
     for name in ("packet", "vcs", "queue", "window"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1")
+    for name in ("warmup", "drain", "seed"):
+        if getattr(args, name) < 0:
+            raise UserError(f"--{name} must be at least 0")
+    if args.queue > 1024 or args.packet > 4096:
+        raise UserError("--queue must be at most 1024 and --packet at most 4096 wavelets")
     if args.vcs > 31:
         raise UserError("--vcs must be at most 31")
     fabric = fabric_from_args(args)
@@ -49,7 +54,7 @@ def run(args):
         rate, runs = find_saturation(args.mesh, args.pattern, **kw)
         results = runs
         extra = {"saturation_rate": rate,
-                 "saturation_fraction_of_bound": rate / bound if bound else None}
+                 "saturation_fraction_of_bound": rate / bound if (bound and rate) else None}
     else:
         if args.rates:
             try:
@@ -74,6 +79,9 @@ def run(args):
     if extra:
         frac = extra["saturation_fraction_of_bound"]
         lines.append("")
-        lines.append(f"saturation: {extra['saturation_rate']:.4g} wavelets/PE/cycle"
-                     + (f" = {frac:.0%} of the closed form" if frac else ""))
+        if extra["saturation_rate"] is None:
+            lines.append("saturation: no offered rate tried was stable")
+        else:
+            lines.append(f"saturation: {extra['saturation_rate']:.4g} wavelets/PE/cycle"
+                         + (f" = {frac:.0%} of the closed form" if frac else ""))
     return "\n".join(lines)

@@ -65,12 +65,25 @@ def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
     return program.regions[0].name
 
 
-def make_step(args) -> Step:
+MAX_TILES = 128
+
+
+def make_step(args, program: WaferProgram, region: str) -> Step:
     for name in ("tokens", "batch", "context", "tiles"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.tiles > MAX_TILES:
+        raise UserError(f"--tiles must be at most {MAX_TILES}, got {args.tiles}")
+    capacity = program.region(region).kv_capacity_tokens
     if args.phase == "prefill":
+        if args.tokens > capacity:
+            raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
+                            f"region {region} ({capacity:,} tokens)")
         return Step("prefill", tokens=args.tokens, chunks=min(args.tiles, args.tokens))
+    if args.batch * args.context > capacity:
+        raise UserError(f"--batch {args.batch} x --context {args.context} = "
+                        f"{args.batch * args.context:,} cached tokens do not fit the KV cache of "
+                        f"region {region} ({capacity:,} tokens)")
     return Step("decode", batch=args.batch, context=args.context)
 
 
@@ -103,7 +116,7 @@ def summary(program: WaferProgram, run: RegionRun) -> dict:
             if sr.cycles else 0,
             "kernel_cycles": {n: span[1] - span[0] for n, span in sr.kernels.items()},
             "kernel_busy_cycles": sr.kernel_busy,
-            "kernel_bound_cycles": bounds[sr.stage],
+            "kernel_bound_cycles_each": bounds[sr.stage],  # one layer, one token tile
             "tasks": sr.tasks, "messages": sr.messages, "reused_from": sr.reused_from,
         })
     b = run.bottleneck
@@ -154,6 +167,12 @@ def run_handoff(args, program: WaferProgram):
     if args.tokens < 1:
         raise UserError(f"--tokens must be at least 1, got {args.tokens}")
     src = program.region(args.run_region).name if args.run_region else roles["prefill"]
+    if program.region(src).role != "prefill":
+        raise UserError(f"--region {src} is a {program.region(src).role} region; the handoff "
+                        "starts from a prefill region")
+    if args.tokens > program.region(roles["decode"]).kv_capacity_tokens:
+        raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
+                        f"region {roles['decode']}")
     h: HandoffRun = kv_handoff(program, src, roles["decode"], args.tokens)
     data = {"model": program.model.name, "prefill_region": h.prefill_region,
             "decode_region": h.decode_region, "tokens": h.tokens, "kv_bytes": h.kv_bytes,
@@ -177,13 +196,13 @@ def run(args):
     program = load_or_compile(args)
     if args.phase == "handoff":
         return run_handoff(args, program)
-    step = make_step(args)
     region = pick_region(program, args.phase, args.run_region)
+    step = make_step(args, program, region)
     progress = None
     if sys.stderr.isatty() and not args.json:
         def progress(done, total):
-            print(f"\rsimulating stages: {done}/{total}", end="" if done < total else "\n",
-                  file=sys.stderr)
+            print(f"\rsimulating stage shapes: {done}/{total}",
+                  end="" if done < total else "\n", file=sys.stderr)
     result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
                         progress=progress)
     data = summary(program, result)

@@ -72,6 +72,7 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     """Execute a task graph; messages use virtual channel ``vc % vcs``."""
     if hop < 1 or ramp < 1:
         raise ValueError("the cycle engine needs hop and ramp latency of at least one cycle")
+    graph.check_ranges()
     msgs = graph.msgs
     base = graph.point_base()
     external = np.flatnonzero(msgs.t_ready >= 0)

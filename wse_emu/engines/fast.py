@@ -51,6 +51,7 @@ class RunResult:
 
 
 def run(graph: TaskGraph, hop: int, ramp: int, queue_wavelets: int = 8) -> RunResult:
+    graph.check_ranges()
     base = graph.point_base()
     out = _simulate(graph.width, graph.height, hop, ramp, queue_wavelets, graph.task_pe,
                     graph.task_priority, graph.task_cycles,
@@ -62,7 +63,7 @@ def run(graph: TaskGraph, hop: int, ramp: int, queue_wavelets: int = 8) -> RunRe
                      busy.reshape(graph.height, graph.width), links)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # stages of a step are timed on parallel threads
 def _simulate(width, height, hop, ramp, qcap, task_pe, task_priority, task_cycles, task_need,
               out_ptr, out_msg, succ_ptr, succ_task, t_ready, src, dst, length, mode,
               point_base, msg_target):

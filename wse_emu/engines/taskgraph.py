@@ -47,7 +47,15 @@ class TaskGraph:
         np.cumsum(self.msgs.points(self.width), out=base[1:])
         return base
 
+    def check_ranges(self) -> None:
+        """What the engines' packed keys can hold: priorities below 256, ids below 2**32."""
+        if self.tasks and (self.task_priority.min() < 0 or self.task_priority.max() >= 256):
+            raise ValueError("task priorities must be in 0..255")
+        if self.tasks >= 2**32 or len(self.msg_target) >= 2**32:
+            raise ValueError("too many tasks or delivery points for one graph")
+
     def validate(self) -> None:
+        self.check_ranges()
         n = self.width * self.height
         if self.tasks and (self.task_pe.min() < 0 or self.task_pe.max() >= n):
             raise ValueError("task on a PE outside the mesh")

@@ -36,6 +36,17 @@ class GraphBuilder:
         self._n_tasks += len(pe)
         return ids
 
+    def set_cycles(self, ids: np.ndarray, cycles: np.ndarray) -> None:
+        """Set the cycles of tasks added earlier (ids from one ``tasks`` call)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        offset = 0
+        for pe, cyc, _ in self._tasks:
+            lo, hi = offset, offset + len(pe)
+            sel = (ids >= lo) & (ids < hi)
+            if sel.any():
+                cyc[ids[sel] - lo] = np.asarray(cycles, dtype=np.int64)[sel]
+            offset = hi
+
     def then(self, before, after) -> None:
         before, after = np.broadcast_arrays(np.asarray(before, dtype=np.int64),
                                             np.asarray(after, dtype=np.int64))

@@ -34,7 +34,7 @@ from wse_emu.program import Kernel, Stage, WaferProgram
 from wse_emu.splits import even_split
 
 RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, SOFTMAX_FLOPS = 4, 3, 5, 5
-SLICE_TOKENS = 256  # tokens per multiply task of a prefill tile
+SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,9 @@ class StageGraph:
         self.kind = {name: i for i, name in enumerate(self.kernels)}
         self.kind_names = list(self.kernels)
         self.whole_tokens = step.tokens
+        self.layer_index = 0
+        self.prev_kv: dict | None = None  # per layer, the previous tile's attention tasks
+        self.kv_now: dict = {}
 
     # --- geometry -------------------------------------------------------------------------
     def strip(self, k: Kernel) -> Strip:
@@ -242,25 +245,43 @@ class StageGraph:
         return [np.flatnonzero(owner == h) for h in range(n_kv)]
 
     def across_groups(self, grid_cols: np.ndarray, groups, ready: np.ndarray,
-                      values: np.ndarray, kind: int, back: bool) -> np.ndarray:
+                      values: np.ndarray, kind: int, back: bool,
+                      targets: np.ndarray | None = None,
+                      gathered: np.ndarray | None = None) -> np.ndarray:
         """Sum ``values`` over the rows of each head group, in every given column at once
         (``grid_cols``, ``ready`` and ``values``: (columns, rows)); with ``back`` the sum
-        returns to every row of the group. Returns a task per (column, row)."""
+        returns to every row of the group, feeding ``targets`` (tasks, (columns, rows)) if
+        given. With ``gathered`` (values per group, (columns, rows) at the group's first row)
+        the rows' ``values`` are concatenated instead of summed, and the whole returns.
+        Returns a task per (column, row) (``targets`` itself when given)."""
         grid_cols, ready, values = (np.atleast_2d(a) for a in (grid_cols, ready, values))
+        if targets is not None:
+            targets = np.atleast_2d(targets)
+        if gathered is not None:
+            gathered = np.atleast_2d(gathered)
         out = ready.copy()
         d = self.d
         cols = grid_cols.shape[0]
         for size in sorted({len(gr) for gr in groups}):
             if size == 1:
+                if targets is not None:
+                    single = np.array([gr[0] for gr in groups if len(gr) == 1])
+                    self.g.then(ready[:, single].ravel(), targets[:, single].ravel())
+                    out[:, single] = targets[:, single]
                 continue
             rows = np.stack([gr for gr in groups if len(gr) == size])  # (groups, size)
             lines = grid_cols[:, rows].reshape(-1, size)  # (columns * groups, size)
             val = values[:, rows[:, 0]].ravel()
             root = np.zeros(len(lines), dtype=np.int64)
             total = line_reduce(self.g, lines, root, ready[:, rows].reshape(-1, size),
-                                wavelets(val, d), self.cost.add(val, d), kind)
+                                wavelets(val, d),
+                                np.zeros_like(val) if gathered is not None
+                                else self.cost.add(val, d), kind, gather=gathered is not None)
             if back:
-                got = line_broadcast(self.g, lines, root, total, wavelets(val, d), kind)
+                fed = None if targets is None else targets[:, rows].reshape(-1, size)
+                whole = val if gathered is None else gathered[:, rows[:, 0]].ravel()
+                got = line_broadcast(self.g, lines, root, total, wavelets(whole, d), kind,
+                                     targets=fed)
                 out[:, rows] = got.reshape(cols, len(rows), size)
             else:
                 out[:, rows[:, 0]] = total.reshape(cols, len(rows))
@@ -303,10 +324,13 @@ class StageGraph:
             ctx = min(step.context, window) if window else step.context
             # Queries of each head group gathered at the q edge, then sent along the rows.
             q_group = t * q_heads_group * hd
-            q_all = self.across_groups(grid[a_q], groups, q_ready,
-                                       np.full(s, q_group), kind, back=True)[0]
-            q_at = line_broadcast(self.g, rows, np.full(s, a_q), q_all,
-                                  wavelets(np.full(s, q_group), d), kind).T
+            # Each row holds its share of the group's queries: gathered at the group's first
+            # row, the whole returns to every row of the group.
+            q_all = self.across_groups(grid[a_q], groups, q_ready, t * q_sizes, kind,
+                                       back=True, gathered=np.full(s, q_group))[0]
+            partial = self.g.tasks(grid, 0, kind).reshape(length, s)  # costed below
+            line_broadcast(self.g, rows, np.full(s, a_q), q_all,
+                           wavelets(np.full(s, q_group), d), kind, targets=partial.T.copy())
             # The new token's K and V go to the column that holds the newest slots.
             a_new = length - 1 if a_k < length // 2 else 0
             kv_new = self.g.tasks(grid[a_new], 0, kind)
@@ -318,10 +342,9 @@ class StageGraph:
             tokens_pe = ctx / (length * rows_of)  # per row, cached tokens per PE
             pairs = t * tokens_pe[None, :] * q_heads_group * np.ones((length, 1))
             kv_reads = t * tokens_pe[None, :] * kv_heads_row * hd * 2 * d
-            partial = self.g.tasks(grid, self.cost.cycles(
+            self.g.set_cycles(partial.ravel(), self.cost.cycles(
                 (4 * hd + SOFTMAX_FLOPS) * pairs, kv_reads + q_group * d,
-                t * q_heads_group * (hd + 2) * d), kind).reshape(length, s)
-            self.g.then(q_at.ravel(), partial.ravel())
+                t * q_heads_group * (hd + 2) * d).ravel())
             self.g.then(kv_new, partial[a_new])
             out_values = np.full(s, t * q_heads_group * (hd + 2))
             along = line_reduce(self.g, rows, np.full(s, a_o), partial.T,
@@ -339,10 +362,6 @@ class StageGraph:
         # Prefill: queries split along the rows, keys and values sent along them. A tile's
         # queries see the tokens before the tile and, causally, their own.
         causal_keys = step.prefix + (t + 1) / 2
-        q_at = line_broadcast(self.g, rows, np.full(s, a_q), q_ready,
-                              wavelets(q_sizes * t, d), kind).T
-        kv_at = line_broadcast(self.g, rows, np.full(s, a_k), k_ready,
-                               wavelets(2 * kv_sizes * t, d), kind).T
         t_a = even_split(t, length)[:, None]  # queries per column
         heads_b = np.maximum(1, (q_heads_group * q_sizes) // max(1, q_sizes[groups[0]].sum()))
         score_values = t_a * causal_keys * heads_b[None, :]
@@ -350,15 +369,24 @@ class StageGraph:
             2 * t_a * causal_keys * q_sizes[None, :],
             t_a * causal_keys * kv_sizes[None, :] * d + t_a * q_sizes[None, :] * d,
             score_values * d), kind).reshape(length, s)
-        self.g.then(q_at.ravel(), scores.ravel())
-        self.g.then(kv_at.ravel(), scores.ravel())
-        full = self.across_groups(grid, groups, scores,
-                                  np.ceil(score_values).astype(np.int64), kind, back=True)
+        line_broadcast(self.g, rows, np.full(s, a_q), q_ready, wavelets(q_sizes * t, d), kind,
+                       targets=scores.T.copy())
+        line_broadcast(self.g, rows, np.full(s, a_k), k_ready,
+                       wavelets(2 * kv_sizes * t, d), kind, targets=scores.T.copy())
+        if self.prev_kv is not None:
+            # A tile's queries also attend to the keys of the tiles before it.
+            self.g.then(np.broadcast_to(self.prev_kv[self.layer_index], scores.shape).ravel(),
+                        scores.ravel())
+        self.kv_now[self.layer_index] = scores  # stands for this tile's keys being in place
+        # Softmax over each query's scores of the row's heads, then the weighted values of the
+        # row's output features.
+        head_share = q_sizes[None, :] / hd
         weighted = self.g.tasks(grid, self.cost.cycles(
-            (2 * hd + SOFTMAX_FLOPS) * t_a * causal_keys * heads_b[None, :],
+            (2 * q_sizes[None, :] + SOFTMAX_FLOPS * head_share) * t_a * causal_keys,
             t_a * causal_keys * (kv_sizes[None, :] + heads_b[None, :]) * d,
             t_a * q_sizes[None, :] * d), kind).reshape(length, s)
-        self.g.then(full.ravel(), weighted.ravel())
+        self.across_groups(grid, groups, scores, np.ceil(score_values).astype(np.int64), kind,
+                           back=True, targets=weighted)
         piece = (t_a[:, 0].max() * q_sizes)
         gathered = line_reduce(self.g, rows, np.full(s, a_o), weighted.T,
                                wavelets(piece, d), np.zeros(s, dtype=np.int64), kind,
@@ -376,7 +404,9 @@ class StageGraph:
         for i, tile in enumerate(whole.tiles()):
             self.step = tile
             self.g.priority = i  # an earlier tile's work goes first on every PE
+            self.kv_now = {}
             finals.append(self.build_tile())
+            self.prev_kv = self.kv_now
         self.step = whole
         return self.g.build(), finals
 
@@ -393,7 +423,8 @@ class StageGraph:
             x = self.feed(strips["embedding"].edge, hsz, x, home.edge, hsz, "embedding")
         else:
             x = self.g.tasks(home.edge, 0, self.kind.get("input_norm", 0))
-        for _ in range(self.stage.num_layers):
+        for i in range(self.stage.num_layers):
+            self.layer_index = i
             x = self.layer(strips, home, x, hsz)
         if "lm_head" in strips and (self.step.phase == "decode" or self.is_last_tile()):
             head = strips["lm_head"]
