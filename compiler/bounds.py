@@ -18,8 +18,6 @@ from wse_emu.fabric import FabricSpec
 from wse_emu.model import ModelSpec
 from wse_emu.program import Kernel, Rect
 
-RESOURCES = ("compute", "sram", "link", "path")
-
 ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
                      "residual_attn": 1, "residual_mlp": 1}
 # Operands read per output element.
@@ -44,7 +42,7 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
                  work: Workload) -> dict:
     """Lower bound on one execution of ``kernel`` for one layer of the step."""
     d = model.dtype_bytes
-    fpc = fabric.fp16_flops_per_cycle
+    fpc = fabric.flops_per_cycle(d)
     rd, wr = fabric.sram_read_bytes_per_cycle, fabric.sram_write_bytes_per_cycle
     link = fabric.link_bytes_per_cycle
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles

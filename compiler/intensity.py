@@ -188,9 +188,9 @@ class OpRow:
                 "bound": self.bound}
 
 
-def classify(cost: OpCost, fabric: FabricSpec) -> str:
+def classify(cost: OpCost, fabric: FabricSpec, dtype_bytes: int = 2) -> str:
     """'compute' when the FLOPs take at least as long as the busier SRAM port, else 'memory'."""
-    compute = cost.flops / fabric.fp16_flops_per_cycle
+    compute = cost.flops / fabric.flops_per_cycle(dtype_bytes)
     memory = max(cost.read_bytes / fabric.sram_read_bytes_per_cycle,
                  cost.write_bytes / fabric.sram_write_bytes_per_cycle)
     return "compute" if compute >= memory and cost.flops else "memory"
@@ -204,7 +204,7 @@ def analyze(g: nx.DiGraph, model: ModelSpec, work: Workload, fabric: FabricSpec)
         attrs = g.nodes[node]
         cost = op_cost(attrs, model, work)
         rows.append(OpRow(node, attrs["op"], attrs["kind"], attrs["layer"], cost,
-                          classify(cost, fabric)))
+                          classify(cost, fabric, model.dtype_bytes)))
     per_layer: dict[int, OpCost] = {}
     total = ZERO
     for row in rows:

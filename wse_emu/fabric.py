@@ -69,6 +69,10 @@ class FabricSpec:
         """Colors a program may allocate: the routable ones minus the runtime's reserved ones."""
         return self.colors_total - self.colors_reserved
 
+    def flops_per_cycle(self, dtype_bytes: int) -> int:
+        """Peak FLOP per cycle of one PE for 2-byte (FP16) or 4-byte (FP32) numbers."""
+        return self.fp32_flops_per_cycle if dtype_bytes == 4 else self.fp16_flops_per_cycle
+
     def ridge_flop_per_byte(self) -> float:
         """FP16 FLOP per SRAM byte read at which a read-dominated op turns compute-bound."""
         return self.fp16_flops_per_cycle / self.sram_read_bytes_per_cycle

@@ -37,8 +37,6 @@ from wse_emu.engines.cores import (
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
 
-NO_VIOLATION = -1
-
 
 @dataclass
 class CycleResult:

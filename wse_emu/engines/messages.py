@@ -19,9 +19,6 @@ LINE = 1
 # Router ports. Directions first so that a port index doubles as a link direction.
 NORTH, EAST, SOUTH, WEST, RAMP = 0, 1, 2, 3, 4
 PORTS = 5
-OPPOSITE = np.array([SOUTH, WEST, NORTH, EAST], dtype=np.int64)
-DX = np.array([0, 1, 0, -1], dtype=np.int64)
-DY = np.array([-1, 0, 1, 0], dtype=np.int64)
 
 
 @dataclass

@@ -15,7 +15,6 @@ class GraphBuilder:
         self._n_tasks = 0
         self._succ: list[tuple[np.ndarray, np.ndarray]] = []
         self._msgs: list[tuple] = []
-        self._n_msgs = 0
         self._priority: list[np.ndarray] = []
         self.priority = 0  # given to the tasks added from now on (lower runs first)
 
@@ -69,7 +68,6 @@ class GraphBuilder:
         else:
             targets = np.broadcast_to(targets, (n,)).reshape(n, 1)
         self._msgs.append((sender, src, dst, length.copy(), mode, vc, targets.ravel().copy()))
-        self._n_msgs += n
 
     def build(self) -> TaskGraph:
         pe = np.concatenate([t[0] for t in self._tasks]) if self._tasks else np.zeros(0, np.int64)

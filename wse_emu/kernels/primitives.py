@@ -26,8 +26,8 @@ def wavelets(values, dtype_bytes: int) -> np.ndarray:
 class CostModel:
     """Core cycles of a task from its FLOPs and SRAM traffic on one PE."""
 
-    def __init__(self, fabric):
-        self.fpc = fabric.fp16_flops_per_cycle
+    def __init__(self, fabric, dtype_bytes: int = 2):
+        self.fpc = fabric.flops_per_cycle(dtype_bytes)
         self.rd = fabric.sram_read_bytes_per_cycle
         self.wr = fabric.sram_write_bytes_per_cycle
 

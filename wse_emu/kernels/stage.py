@@ -85,7 +85,7 @@ class StageGraph:
         self.d = self.model.dtype_bytes
         r = stage.rect
         self.g = GraphBuilder(r.w, r.h)
-        self.cost = CostModel(program.fabric)
+        self.cost = CostModel(program.fabric, self.d)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.kind = {name: i for i, name in enumerate(self.kernels)}
         self.kind_names = list(self.kernels)
