@@ -6,10 +6,11 @@ from wse_emu.cli.fmt import table
 from wse_emu.configfile import preset_names
 from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model
+from wse_emu.runtime.workload import generate, load_workload
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("list", help="list the model and fabric presets")
+    p = sub.add_parser("list", help="list the model, fabric and workload presets")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run)
 
@@ -17,14 +18,25 @@ def add_parser(sub) -> None:
 def run(args):
     models = [load_model(n) for n in preset_names("models")]
     fabrics = [load_fabric(n) for n in preset_names("fabrics")]
+    workloads = [load_workload(n) for n in preset_names("workloads")]
     if args.json:
         return {"models": [m.to_dict() | {"params": m.params()} for m in models],
-                "fabrics": [f.to_dict() for f in fabrics]}
+                "fabrics": [f.to_dict() for f in fabrics],
+                "workloads": [w.__dict__ | generate(w).summary() for w in workloads]}
     mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B", m.num_layers, m.hidden_size,
               f"{m.num_heads}/{m.num_kv_heads}", "tied" if m.tie_embeddings else ""]
              for m in models]
     frows = [[f.name, f"{f.width} x {f.height}", f"{f.pes:,}", f"{f.sram_bytes_total / 1e9:.1f} GB",
               f.fp16_flops_per_cycle, f"{f.clock_hz / 1e9:g} GHz"] for f in fabrics]
+    wrows = []
+    for w in workloads:
+        s = generate(w).summary()
+        wrows.append([w.name, w.arrival, f"{w.rate:g}/s", s["requests"],
+                      f"{s['prompt_tokens_mean']:.0f}", f"{s['output_tokens_mean']:.0f}",
+                      w.description if len(w.description) <= 60
+                      else w.description[:57] + "..."])
     return (table(["model", "family", "params", "layers", "hidden", "heads/kv", "embeddings"],
                   mrows) + "\n\n" +
-            table(["fabric", "PEs", "count", "SRAM", "FP16 FLOP/cyc", "clock"], frows))
+            table(["fabric", "PEs", "count", "SRAM", "FP16 FLOP/cyc", "clock"], frows) + "\n\n" +
+            table(["workload", "arrivals", "rate", "calls", "prompt mean", "output mean",
+                   "description"], wrows, "llrrrrl"))
