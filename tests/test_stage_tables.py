@@ -1,0 +1,59 @@
+"""Stage-time tables: interpolation against direct simulation, and the disk cache."""
+
+import numpy as np
+import pytest
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.kernels.stage import Step
+from wse_emu.model import ModelSpec
+from wse_emu.runner import run_region
+from wse_emu.runtime.tables import build_table
+
+SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                  vocab_size=2048).validate("test")
+DECODE_AXES = ((1, 2, 4, 8, 16), (64, 256, 1024, 4096))
+PREFILL_AXES = ((16, 64, 256, 1024), (0, 256, 1024, 4096))
+
+
+@pytest.fixture(scope="module")
+def program():
+    return compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                         CompileOptions(region=(64, 64)))
+
+
+def direct(program, step):
+    return np.array([s.cycles for s in run_region(program, "mixed0", step).stages], dtype=float)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_interpolation_within_five_percent_of_direct_simulation(program, phase, tmp_path):
+    axes = DECODE_AXES if phase == "decode" else PREFILL_AXES
+    table = build_table(program, "mixed0", phase, axes=axes, cache_dir=tmp_path)
+    # On the grid the table is the simulation itself.
+    a, b = axes[0][1], axes[1][2]
+    step = (Step("decode", batch=a, context=b) if phase == "decode"
+            else Step("prefill", tokens=a, prefix=b))
+    assert np.allclose(table.stage_cycles(a, b), direct(program, step))
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        a = int(rng.integers(axes[0][0], axes[0][-1] + 1))
+        b = int(rng.integers(axes[1][0], axes[1][-1] + 1))
+        step = (Step("decode", batch=a, context=b) if phase == "decode"
+                else Step("prefill", tokens=a, prefix=b))
+        assert table.stage_cycles(a, b) == pytest.approx(direct(program, step), rel=0.05)
+
+
+def test_tables_are_cached_by_program(program, tmp_path):
+    first = build_table(program, "mixed0", "decode", axes=DECODE_AXES, cache_dir=tmp_path)
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    again = build_table(program, "mixed0", "decode", axes=DECODE_AXES, cache_dir=tmp_path)
+    assert np.array_equal(first.cycles, again.cycles)
+    assert len(list(tmp_path.iterdir())) == 1
+    other = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                          CompileOptions(region=(64, 64), seed=3))
+    build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2
