@@ -1,0 +1,95 @@
+"""The serving runtime: exactly-once completion, a lone request's timing, KV limits."""
+
+import numpy as np
+import pytest
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.model import ModelSpec
+from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.workload import generate, workload_from_dict
+
+SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                  vocab_size=2048).validate("test")
+AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
+
+
+def regions(program, tmp_path):
+    out = []
+    for r in program.regions:
+        tables = {ph: build_table(program, r.name, ph, axes=AXES[ph], cache_dir=tmp_path)
+                  for ph in ("prefill", "decode")}
+        out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens,
+                               tables["prefill"] if r.role != "decode" else None,
+                               tables["decode"] if r.role != "prefill" else None,
+                               max_tile_tokens=256))
+    return out
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory):
+    p = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                      CompileOptions(region=(64, 64)))
+    return p, regions(p, tmp_path_factory.mktemp("tables"))
+
+
+def test_lone_request_times_are_the_pipeline_sums(colocated):
+    program, regs = colocated
+    reqs = generate(workload_from_dict({"name": "one", "requests": 1,
+                                        "prompt": {"kind": "fixed", "value": 200},
+                                        "output": {"kind": "fixed", "value": 4}}, "t"))
+    res = serve(reqs, regs, ServeOptions())
+    table_p, table_d = regs[0].prefill, regs[0].decode
+    expect_ttft = table_p.stage_cycles(200, 0).sum() + table_p.transfer_cycles(200, 0)
+    assert res.first_token[0] - res.arrival[0] == pytest.approx(expect_ttft)
+    expect_rest = sum(table_d.stage_cycles(1, 200 + k).sum() + table_d.transfer_cycles(1, 200 + k)
+                      for k in range(1, 4))
+    assert res.finish[0] - res.first_token[0] == pytest.approx(expect_rest)
+    assert res.tokens[0] == 4
+
+
+def test_every_request_completes_once_with_its_tokens(colocated):
+    program, regs = colocated
+    spec = workload_from_dict({"name": "mix", "rate": 20000.0, "requests": 60,
+                               "prompt": {"kind": "uniform", "low": 16, "high": 400},
+                               "output": {"kind": "uniform", "low": 1, "high": 12},
+                               "seed": 3}, "t")
+    reqs = generate(spec)
+    res = serve(reqs, regs, ServeOptions(batch_limit=8))
+    assert np.array_equal(res.tokens, reqs.output_tokens)
+    assert (res.first_token >= res.arrival).all() and (res.finish >= res.first_token).all()
+    again = serve(reqs, regs, ServeOptions(batch_limit=8))
+    assert np.array_equal(again.finish, res.finish)
+
+
+def test_agentic_calls_follow_each_other(colocated):
+    program, regs = colocated
+    spec = workload_from_dict({"name": "agent", "requests": 3, "calls": 3, "think_s": 1e-4,
+                               "prompt": {"kind": "fixed", "value": 64},
+                               "output": {"kind": "fixed", "value": 3},
+                               "tool_tokens": {"kind": "fixed", "value": 32}}, "t")
+    reqs = generate(spec)
+    res = serve(reqs, regs, ServeOptions())
+    clock = ServeOptions().clock_hz
+    for s in range(3):
+        rows = np.flatnonzero(reqs.session == s)
+        for a, b in zip(rows, rows[1:]):
+            assert res.arrival[b] == pytest.approx(res.finish[a] + 1e-4 * clock)
+
+
+def test_disaggregated_serving_hands_off_and_respects_capacity(tmp_path):
+    p = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                      CompileOptions(plan="disaggregated", region=(32, 64)))
+    regs = regions(p, tmp_path)
+    assert {r.role for r in regs} == {"prefill", "decode"}
+    spec = workload_from_dict({"name": "mix", "rate": 50000.0, "requests": 40,
+                               "prompt": {"kind": "uniform", "low": 16, "high": 300},
+                               "output": {"kind": "uniform", "low": 2, "high": 10}}, "t")
+    reqs = generate(spec)
+    res = serve(reqs, regs, ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token()))
+    assert np.array_equal(res.tokens, reqs.output_tokens)
+    decode_names = {r.name for r in regs if r.role == "decode"}
+    assert set(res.region) <= decode_names

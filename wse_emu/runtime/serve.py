@@ -1,0 +1,235 @@
+"""Serving requests on regions, event by event (the execution model of the design notes).
+
+A region is a pipeline of stages. A micro-batch (a prefill tile of one prompt, or one new token
+for each of up to ``batch_limit`` sequences) enters stage 0 when it is free, holds each stage
+for that stage's time (from the region's stage-time tables) and moves on; micro-batches never
+overtake each other. A sequence's next token can enter only after its previous one left the
+last stage. Colocated regions serve both phases with prefill priority: a waiting prompt goes
+before any decode micro-batch. Disaggregated, prefill regions serve prompts first come first
+served, and a finished prompt's KV cache moves to a decode region with room for it (the
+handoff takes the KV's bytes over the link between them); decode regions run decode
+micro-batches. A region admits a sequence only when its whole KV (prompt and output) fits.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.runtime.tables import StageTable
+from wse_emu.runtime.workload import Requests
+
+
+@dataclass
+class RegionModel:
+    """What the runtime needs of a region: its role, KV capacity and stage-time tables."""
+
+    name: str
+    role: str  # mixed, prefill or decode
+    kv_capacity_tokens: int
+    prefill: StageTable | None
+    decode: StageTable | None
+    max_tile_tokens: int = 4096
+
+
+@dataclass
+class ServeOptions:
+    batch_limit: int = 64
+    clock_hz: float = 1.1e9
+    handoff_bytes_per_cycle: float = 136.0  # the link between prefill and decode regions
+    kv_bytes_per_token: int = 0
+
+
+@dataclass
+class _Pipeline:
+    model: RegionModel
+    free: np.ndarray  # cycle each stage next becomes free
+    kv_used: int = 0
+    prefills: list = field(default_factory=list)  # request ids waiting, in order
+    ready: list = field(default_factory=list)  # sequences ready for their next token
+    busy_until: float = 0.0
+
+    def run(self, table: StageTable, a: float, b: float, enter: float) -> float:
+        """Put one micro-batch through the pipeline; returns when it leaves the last stage."""
+        times = table.stage_cycles(a, b)
+        hop = table.transfer_cycles(a, b) / max(len(times) - 1, 1)
+        t = enter
+        for s, dt in enumerate(times):
+            start = max(t, self.free[s])
+            self.free[s] = start + dt
+            t = start + dt + (hop if s + 1 < len(times) else 0.0)
+        return t
+
+
+@dataclass
+class ServeResult:
+    arrival: np.ndarray  # cycles
+    first_token: np.ndarray
+    finish: np.ndarray
+    tokens: np.ndarray
+    region: list
+    clock_hz: float
+
+    def ttft_s(self) -> np.ndarray:
+        return (self.first_token - self.arrival) / self.clock_hz
+
+    def tpot_s(self) -> np.ndarray:
+        gen = np.maximum(self.tokens - 1, 1)
+        return (self.finish - self.first_token) / gen / self.clock_hz
+
+
+def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions) -> ServeResult:
+    n = len(requests)
+    if not regions:
+        raise UserError("no regions to serve on")
+    pipes = {r.name: _Pipeline(r, np.zeros(len(_table(r).cycles))) for r in regions}
+    entry = [p for p in pipes.values() if p.model.role in ("mixed", "prefill")]
+    decoders = [p for p in pipes.values() if p.model.role in ("mixed", "decode")]
+    if not entry or not decoders:
+        raise UserError("serving needs regions for both prefill and decode")
+    need = requests.prompt_tokens + requests.output_tokens
+    if need.max() > max(p.model.kv_capacity_tokens for p in decoders):
+        raise UserError(f"a request needs {int(need.max()):,} tokens of KV cache, more than any "
+                        "region holds")
+    arrival = np.full(n, np.nan)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    made = np.zeros(n, dtype=np.int64)
+    where = [""] * n
+    clock = options.clock_hz
+    events: list = []
+    seq = 0
+
+    def schedule(t, kind, data):
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, data))
+        seq += 1
+
+    # Sessions: a call arrives when the call before it has finished plus its think time.
+    starts = {}
+    for i in range(n):
+        if not np.isnan(requests.arrival_s[i]):
+            schedule(requests.arrival_s[i] * clock, "arrive", i)
+        starts[(int(requests.session[i]), int(requests.call[i]))] = i
+
+    def kick(p: _Pipeline, now: float):
+        if p.busy_until <= now:
+            schedule(max(now, p.free[0]), "dispatch", p.model.name)
+
+    while events:
+        now, _, kind, data = heapq.heappop(events)
+        if kind == "arrive":
+            i = data
+            arrival[i] = now
+            p = min(entry, key=lambda q: (len(q.prefills), q.model.name))
+            p.prefills.append(i)
+            kick(p, now)
+        elif kind == "dispatch":
+            p = pipes[data]
+            if now < p.free[0]:
+                schedule(p.free[0], "dispatch", data)
+                continue
+            started = _dispatch(p, now, requests, options, schedule)
+            if started:
+                p.busy_until = p.free[0]
+                schedule(p.free[0], "dispatch", data)
+            else:
+                p.busy_until = 0.0
+        elif kind == "prefilled":
+            i, name = data
+            first[i] = now
+            made[i] = 1
+            p = pipes[name]
+            held = int(need[i]) if p.model.role == "mixed" else int(requests.prompt_tokens[i])
+            if made[i] >= requests.output_tokens[i]:
+                finish[i] = now
+                p.kv_used -= held
+                _next_call(i, now, requests, starts, clock, schedule)
+                kick(p, now)
+                continue
+            if p.model.role == "mixed":
+                p.ready.append((i, int(requests.prompt_tokens[i]) + 1))
+                where[i] = p.model.name
+                kick(p, now)
+            else:
+                p.kv_used -= held
+                kick(p, now)
+                schedule(now, "handoff", i)
+        elif kind == "handoff":
+            i = data
+            room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens]
+            if not room:
+                schedule(now + clock * 1e-3, "handoff", i)  # wait for room, look again in 1 ms
+                continue
+            q = min(room, key=lambda x: (x.kv_used, x.model.name))
+            q.kv_used += int(need[i])
+            nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
+            schedule(now + nbytes / options.handoff_bytes_per_cycle, "joined", (i, q.model.name))
+        elif kind == "joined":
+            i, name = data
+            q = pipes[name]
+            where[i] = name
+            q.ready.append((i, int(requests.prompt_tokens[i]) + 1))
+            kick(q, now)
+        elif kind == "decoded":
+            name, batch = data
+            p = pipes[name]
+            for i, ctx in batch:
+                made[i] += 1
+                if made[i] >= requests.output_tokens[i]:
+                    finish[i] = now
+                    p.kv_used -= int(need[i])
+                    _next_call(i, now, requests, starts, clock, schedule)
+                else:
+                    p.ready.append((i, ctx + 1))
+            kick(p, now)
+    if np.isnan(finish).any():
+        raise AssertionError("a request never finished")
+    for p in pipes.values():
+        if p.kv_used != 0:
+            raise AssertionError(f"region {p.model.name} kept {p.kv_used} tokens of KV")
+    return ServeResult(arrival, first, finish, made, where, clock)
+
+
+def _table(r: RegionModel) -> StageTable:
+    return r.prefill if r.prefill is not None else r.decode
+
+
+def _next_call(i, now, requests, starts, clock, schedule):
+    nxt = starts.get((int(requests.session[i]), int(requests.call[i]) + 1))
+    if nxt is not None:
+        schedule(now + requests.think_s[nxt] * clock, "arrive", nxt)
+
+
+def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
+              schedule) -> bool:
+    """Start the next micro-batch on ``p`` if there is one; prefill first."""
+    m = p.model
+    if p.prefills and m.prefill is not None:
+        i = p.prefills[0]
+        need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
+        # A colocated region keeps the sequence's whole KV; a prefill region only the prompt's,
+        # until the handoff.
+        holds = need if m.role == "mixed" else int(requests.prompt_tokens[i])
+        if p.kv_used + holds <= m.kv_capacity_tokens:
+            p.prefills.pop(0)
+            p.kv_used += holds
+            tokens = int(requests.prompt_tokens[i])
+            done, prefix = now, 0
+            while prefix < tokens:  # long prompts go through as consecutive tiles
+                tile = min(m.max_tile_tokens, tokens - prefix)
+                done = p.run(m.prefill, tile, prefix, now)
+                prefix += tile
+            schedule(done, "prefilled", (i, m.name))
+            return True
+    if p.ready and m.decode is not None:
+        batch = p.ready[:options.batch_limit]
+        del p.ready[:options.batch_limit]
+        context = float(np.mean([c for _, c in batch]))
+        done = p.run(m.decode, len(batch), context, now)
+        schedule(done, "decoded", (m.name, batch))
+        return True
+    return False
