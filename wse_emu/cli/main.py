@@ -26,7 +26,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from wse_emu.cli import bench, compile_cmd, demo, inspect_cmd, list_cmd, noc_cmd, run_cmd
+    from wse_emu.cli import (
+        bench,
+        compile_cmd,
+        demo,
+        inspect_cmd,
+        list_cmd,
+        noc_cmd,
+        run_cmd,
+        serve_cmd,
+    )
 
     parser = _Parser(prog="wse-emu", description="A wafer-scale hardware emulator with a "
                      "mapping compiler for transformer inference.")
@@ -34,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module in (demo, inspect_cmd, compile_cmd, run_cmd, noc_cmd, bench, list_cmd):
+    for module in (demo, inspect_cmd, compile_cmd, run_cmd, serve_cmd, noc_cmd, bench,
+                   list_cmd):
         module.add_parser(sub)
     return parser
 

@@ -1,0 +1,65 @@
+"""wse-emu serve: metrics, outputs and one-line errors."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from wse_emu.cli.main import main
+
+WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 2000
+requests: 120
+prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
+output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
+"""
+
+
+@pytest.fixture()
+def workload(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(WORKLOAD)
+    return path
+
+
+def test_serve_metrics_and_run_directory(tmp_path, workload, capsys):
+    out = tmp_path / "run"
+    args = ["serve", "tiny", "--fabric", "mesh8", "--region", "8x8", "--workload",
+            str(workload), "--ttft-slo", "1", "--tpot-slo", "1", "--cache-dir",
+            str(tmp_path / "cache"), "-o", str(out), "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["requests"] == 120 and data["slo_attainment"] == 1.0
+    assert data["ttft_s"]["p50"] <= data["ttft_s"]["p90"] <= data["ttft_s"]["p99"]
+    assert data["goodput_requests_per_s"] == pytest.approx(data["requests_per_s"])
+    rows = list(csv.DictReader(open(out / "requests.csv")))
+    assert len(rows) == 120
+    assert sum(int(r["output_tokens"]) for r in rows) == pytest.approx(
+        data["output_tokens_per_s"] * data["duration_s"])
+    # A tighter target than anything achieved: no request meets it.
+    assert main(args[:-3] + ["--json", "--ttft-slo", "1e-9"]) == 0
+    assert json.loads(capsys.readouterr().out)["slo_attainment"] == 0.0
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: d / "missing.csv", "cannot read"),
+    (lambda d: (d / "bad.csv").write_text("a,b,c\n1,2,3\n") and d / "bad.csv",
+     "first line must be the columns"),
+])
+def test_bad_traces_are_one_line_errors(tmp_path, make, needle):
+    trace = make(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "serve", "tiny",
+                           "--fabric", "mesh8", "--trace", str(trace)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr
+
+
+def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
+    proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "serve", "tiny",
+                           "--fabric", "mesh8", "--workload", "long-prompt", "--cache-dir",
+                           str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "more than any region holds" in proc.stderr

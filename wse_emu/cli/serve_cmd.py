@@ -1,0 +1,141 @@
+"""``wse-emu serve``: a request workload on a compiled cluster, colocated or disaggregated."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
+from wse_emu.cli.fmt import seconds, si, table
+from wse_emu.errors import UserError
+from wse_emu.program import WaferProgram, write_run_dir
+from wse_emu.runner import signature
+from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
+from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a request workload on a cluster")
+    p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
+    add_cluster_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="workload preset or YAML")
+    src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
+    p.add_argument("--rate", type=float, help="requests per second (synthetic) or a replay "
+                   "speed-up (trace)")
+    p.add_argument("--requests", type=int, help="serve only the first N requests (sessions)")
+    p.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
+    p.add_argument("--ttft-slo", type=float, help="time-to-first-token target, seconds")
+    p.add_argument("--tpot-slo", type=float, help="time-per-output-token target, seconds")
+    p.add_argument("--cache-dir", help="where stage-time tables are kept "
+                   "(default: $XDG_CACHE_HOME/wse-emu or ~/.cache/wse-emu)")
+    p.add_argument("-o", "--output", help="run directory: requests.csv and metrics.json")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def cache_dir(args) -> Path:
+    if args.cache_dir:
+        return Path(args.cache_dir)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "wse-emu"
+
+
+def region_models(program: WaferProgram, cache: Path, progress=None) -> list[RegionModel]:
+    """One pair of tables per distinct region (replicas of one shape and role share them)."""
+    shared: dict[tuple, dict] = {}
+    out = []
+    for r in program.regions:
+        key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
+        if key not in shared:
+            phases = {"mixed": ("prefill", "decode"), "prefill": ("prefill",),
+                      "decode": ("decode",)}[r.role]
+            shared[key] = {ph: build_table(program, r.name, ph, cache_dir=cache,
+                                           progress=progress) for ph in phases}
+        t = shared[key]
+        out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
+                               t.get("decode")))
+    return out
+
+
+def workload_of(args) -> WorkloadSpec:
+    if args.trace:
+        spec = WorkloadSpec(name=Path(args.trace).stem, arrival="trace", trace=args.trace,
+                            requests=args.requests or 10**9,
+                            rate_scale=args.rate or 1.0).validate("--trace")
+        return spec
+    spec = load_workload(args.workload)
+    if args.rate is not None:
+        spec.rate = args.rate
+    if args.requests is not None:
+        spec.requests = args.requests
+    return spec.validate(f"workload {spec.name}")
+
+
+def run(args):
+    if args.batch_limit < 1:
+        raise UserError(f"--batch-limit must be at least 1, got {args.batch_limit}")
+    for name in ("rate", "ttft_slo", "tpot_slo"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.requests is not None and args.requests < 1:
+        raise UserError(f"--requests must be at least 1, got {args.requests}")
+    spec = workload_of(args)
+    reqs = generate(spec)
+    program = compile_from_args(args)
+    longest = int((reqs.prompt_tokens + reqs.output_tokens).max())
+    room = max(r.kv_capacity_tokens for r in program.regions if r.role != "prefill")
+    if longest > room:  # found before any table is timed
+        raise UserError(f"a request needs {longest:,} tokens of KV cache, more than any "
+                        f"region holds ({room:,})")
+    progress = None
+    if sys.stderr.isatty() and not args.json:
+        def progress(done, total):
+            print(f"\rtiming stage tables: {done}/{total}", end="" if done < total else "\n",
+                  file=sys.stderr)
+    regions = region_models(program, cache_dir(args), progress)
+    fabric = program.fabric
+    options = ServeOptions(batch_limit=args.batch_limit, clock_hz=fabric.clock_hz,
+                           handoff_bytes_per_cycle=_handoff_rate(program),
+                           kv_bytes_per_token=program.model.kv_bytes_per_token())
+    result = serve(reqs, regions, options)
+    metrics = run_metrics(result, reqs, args.ttft_slo, args.tpot_slo)
+    data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
+            "plan": program.options["plan"], "workload": spec.name, **metrics}
+    if args.output:
+        def write(tmp: Path) -> None:
+            with open(tmp / "requests.csv", "w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(REQUEST_COLUMNS)
+                w.writerows(request_rows(result, reqs))
+            (tmp / "metrics.json").write_text(json.dumps(data, indent=1))
+        write_run_dir(args.output, write)
+    if args.json:
+        return data
+    rows = [[name, seconds(v["p50"]), seconds(v["p90"]), seconds(v["p99"])]
+            for name, v in (("TTFT", metrics["ttft_s"]), ("TPOT", metrics["tpot_s"]),
+                            ("end to end", metrics["e2e_s"]))]
+    lines = [f"{data['model']} on {data['cluster']}, {data['plan']}: workload {spec.name}, "
+             f"{metrics['requests']:,} requests over {seconds(metrics['duration_s'])}",
+             f"  output tokens/s      {si(metrics['output_tokens_per_s'])}",
+             f"  requests/s           {metrics['requests_per_s']:.3g}",
+             f"  SLO attainment       {metrics['slo_attainment']:.1%} (goodput "
+             f"{metrics['goodput_requests_per_s']:.3g} requests/s)", "",
+             table(["latency", "p50", "p90", "p99"], rows)]
+    return "\n".join(lines)
+
+
+def _handoff_rate(program: WaferProgram) -> float:
+    """Bytes per cycle between prefill and decode regions: the off-wafer link when they sit on
+    different systems, else the fabric across the boundary (4 bytes per row per cycle)."""
+    fabric = program.fabric
+    roles = {r.role: {p.system for p in r.parts} for r in program.regions}
+    if roles.get("prefill") and roles.get("decode") and roles["prefill"] != roles["decode"]:
+        return fabric.offwafer_bytes_per_cycle()
+    return float(fabric.height * fabric.link_bytes_per_cycle)
