@@ -152,3 +152,17 @@ def check_version(data: dict[str, Any], source: str) -> None:
 def require(condition: bool, source: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{source}: {message}")
+
+
+def load_named(kind: str, noun: str, name_or_path, from_dict):
+    """A preset ``name_or_path`` under ``programs/<kind>/`` or a YAML path, built by
+    ``from_dict(mapping, source)``; an unknown name lists the presets."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return from_dict(read_yaml_mapping(path), str(path))
+    preset = preset_dir(kind) / f"{text}.yaml"
+    if not preset.exists():
+        raise ConfigError(f"unknown {noun} '{text}': choose one of "
+                          f"{', '.join(preset_names(kind))} or give a YAML path")
+    return from_dict(read_yaml_mapping(preset), f"{noun} preset {text}")

@@ -15,9 +15,7 @@ from typing import Any
 from wse_emu.configfile import (
     build_dataclass,
     check_version,
-    preset_dir,
-    preset_names,
-    read_yaml_mapping,
+    load_named,
     require,
 )
 from wse_emu.errors import ConfigError
@@ -145,17 +143,7 @@ def fabric_from_dict(data: dict[str, Any], source: str) -> FabricSpec:
 
 def load_fabric(name_or_path: str | Path) -> FabricSpec:
     """A preset name under ``programs/fabrics/`` or a path to a fabric YAML file."""
-    text = str(name_or_path)
-    path = Path(text)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return fabric_from_dict(read_yaml_mapping(path), str(path))
-    preset = preset_dir("fabrics") / f"{text}.yaml"
-    if not preset.exists():
-        raise ConfigError(
-            f"unknown fabric '{text}': choose one of {', '.join(preset_names('fabrics'))} "
-            "or give a YAML path"
-        )
-    return fabric_from_dict(read_yaml_mapping(preset), f"fabric preset {text}")
+    return load_named("fabrics", "fabric", name_or_path, fabric_from_dict)
 
 
 def with_overrides(spec: FabricSpec, **overrides: Any) -> FabricSpec:

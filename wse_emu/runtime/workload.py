@@ -19,10 +19,8 @@ import numpy as np
 from wse_emu.configfile import (
     build_dataclass,
     check_version,
-    preset_dir,
-    preset_names,
+    load_named,
     read_text,
-    read_yaml_mapping,
     require,
 )
 from wse_emu.errors import ConfigError
@@ -136,15 +134,7 @@ def workload_from_dict(data: dict, source: str) -> WorkloadSpec:
 
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     """A preset under ``programs/workloads/`` or a workload YAML path."""
-    text = str(name_or_path)
-    path = Path(text)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return workload_from_dict(read_yaml_mapping(path), str(path))
-    preset = preset_dir("workloads") / f"{text}.yaml"
-    if not preset.exists():
-        raise ConfigError(f"unknown workload '{text}': choose one of "
-                          f"{', '.join(preset_names('workloads'))} or give a YAML path")
-    return workload_from_dict(read_yaml_mapping(preset), f"workload preset {text}")
+    return load_named("workloads", "workload", name_or_path, workload_from_dict)
 
 
 def load_trace(path: str | Path, rate_scale: float = 1.0) -> tuple[np.ndarray, ...]:
