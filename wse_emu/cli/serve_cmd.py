@@ -30,6 +30,10 @@ def add_parser(sub) -> None:
                    "speed-up (trace)")
     p.add_argument("--requests", type=int, help="serve only the first N requests (sessions)")
     p.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
+    p.add_argument("--policy", choices=["prefill-priority", "chunked"],
+                   default="prefill-priority", help="colocated batching policy")
+    p.add_argument("--token-budget", type=int, default=512,
+                   help="chunked prefill: tokens per micro-batch")
     p.add_argument("--ttft-slo", type=float, help="time-to-first-token target, seconds")
     p.add_argument("--tpot-slo", type=float, help="time-per-output-token target, seconds")
     p.add_argument("--cache-dir", help="where stage-time tables are kept "
@@ -78,8 +82,8 @@ def workload_of(args) -> WorkloadSpec:
 
 
 def run(args):
-    if args.batch_limit < 1:
-        raise UserError(f"--batch-limit must be at least 1, got {args.batch_limit}")
+    if args.batch_limit < 1 or args.token_budget < 1:
+        raise UserError("--batch-limit and --token-budget must be at least 1")
     for name in ("rate", "ttft_slo", "tpot_slo"):
         value = getattr(args, name)
         if value is not None and value <= 0:
@@ -101,13 +105,15 @@ def run(args):
                   file=sys.stderr)
     regions = region_models(program, cache_dir(args), progress)
     fabric = program.fabric
-    options = ServeOptions(batch_limit=args.batch_limit, clock_hz=fabric.clock_hz,
+    options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
+                           token_budget=args.token_budget, clock_hz=fabric.clock_hz,
                            handoff_bytes_per_cycle=_handoff_rate(program),
                            kv_bytes_per_token=program.model.kv_bytes_per_token())
     result = serve(reqs, regions, options)
     metrics = run_metrics(result, reqs, args.ttft_slo, args.tpot_slo)
     data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
-            "plan": program.options["plan"], "workload": spec.name, **metrics}
+            "plan": program.options["plan"], "policy": args.policy, "workload": spec.name,
+            **metrics}
     if args.output:
         def write(tmp: Path) -> None:
             with open(tmp / "requests.csv", "w", newline="") as fh:

@@ -5,10 +5,13 @@ for each of up to ``batch_limit`` sequences) enters stage 0 when it is free, hol
 for that stage's time (from the region's stage-time tables) and moves on; micro-batches never
 overtake each other. A sequence's next token can enter only after its previous one left the
 last stage. Colocated regions serve both phases with prefill priority: a waiting prompt goes
-before any decode micro-batch. Disaggregated, prefill regions serve prompts first come first
-served, and a finished prompt's KV cache moves to a decode region with room for it (the
-handoff takes the KV's bytes over the link between them); decode regions run decode
-micro-batches. A region admits a sequence only when its whole KV (prompt and output) fits.
+before any decode micro-batch. With chunked prefill instead, every micro-batch takes the ready
+decode sequences first and fills the rest of a token budget with the next prompt's tokens; its
+stage times are the decode's and the prefill chunk's, added. Disaggregated, prefill regions
+serve prompts first come first served, and a finished prompt's KV cache moves to a decode
+region with room for it (the handoff takes the KV's bytes over the link between them); decode
+regions run decode micro-batches. A region admits a sequence only when its whole KV (prompt
+and output) fits.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class RegionModel:
 @dataclass
 class ServeOptions:
     batch_limit: int = 64
+    policy: str = "prefill-priority"  # colocated regions: or "chunked"
+    token_budget: int = 512  # chunked prefill: tokens per micro-batch
     clock_hz: float = 1.1e9
     handoff_bytes_per_cycle: float = 136.0  # the link between prefill and decode regions
     kv_bytes_per_token: int = 0
@@ -49,13 +54,15 @@ class _Pipeline:
     free: np.ndarray  # cycle each stage next becomes free
     kv_used: int = 0
     prefills: list = field(default_factory=list)  # request ids waiting, in order
+    progress: dict = field(default_factory=dict)  # chunked prefill: prompt tokens done
     ready: list = field(default_factory=list)  # sequences ready for their next token
     busy_until: float = 0.0
 
-    def run(self, table: StageTable, a: float, b: float, enter: float) -> float:
-        """Put one micro-batch through the pipeline; returns when it leaves the last stage."""
-        times = table.stage_cycles(a, b)
-        hop = table.transfer_cycles(a, b) / max(len(times) - 1, 1)
+    def run(self, parts: list, enter: float) -> float:
+        """Put one micro-batch through the pipeline; returns when it leaves the last stage.
+        ``parts``: (table, a, b) of what it carries; a mixed micro-batch adds their times."""
+        times = sum(table.stage_cycles(a, b) for table, a, b in parts)
+        hop = sum(table.transfer_cycles(a, b) for table, a, b in parts) / max(len(times) - 1, 1)
         t = enter
         for s, dt in enumerate(times):
             start = max(t, self.free[s])
@@ -208,6 +215,8 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
               schedule) -> bool:
     """Start the next micro-batch on ``p`` if there is one; prefill first."""
     m = p.model
+    if options.policy == "chunked" and m.role == "mixed":
+        return _dispatch_chunked(p, now, requests, options, schedule)
     if p.prefills and m.prefill is not None:
         i = p.prefills[0]
         need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
@@ -221,7 +230,7 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
             done, prefix = now, 0
             while prefix < tokens:  # long prompts go through as consecutive tiles
                 tile = min(m.max_tile_tokens, tokens - prefix)
-                done = p.run(m.prefill, tile, prefix, now)
+                done = p.run([(m.prefill, tile, prefix)], now)
                 prefix += tile
             schedule(done, "prefilled", (i, m.name))
             return True
@@ -229,7 +238,44 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         batch = p.ready[:options.batch_limit]
         del p.ready[:options.batch_limit]
         context = float(np.mean([c for _, c in batch]))
-        done = p.run(m.decode, len(batch), context, now)
+        done = p.run([(m.decode, len(batch), context)], now)
         schedule(done, "decoded", (m.name, batch))
         return True
     return False
+
+
+def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
+                      schedule) -> bool:
+    """Decode first, then the next prompt's tokens up to the token budget."""
+    m = p.model
+    batch = p.ready[:min(options.batch_limit, options.token_budget)]
+    del p.ready[:len(batch)]
+    parts = []
+    if batch:
+        parts.append((m.decode, len(batch), float(np.mean([c for _, c in batch]))))
+    room = options.token_budget - len(batch)
+    finished_prompt = -1
+    if p.prefills and room > 0:
+        i = p.prefills[0]
+        need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
+        started = i in p.progress
+        if started or p.kv_used + need <= m.kv_capacity_tokens:
+            if not started:
+                p.kv_used += need
+                p.progress[i] = 0
+            done_tokens = p.progress[i]
+            chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens, m.max_tile_tokens)
+            parts.append((m.prefill, chunk, done_tokens))
+            p.progress[i] = done_tokens + chunk
+            if p.progress[i] == requests.prompt_tokens[i]:
+                p.prefills.pop(0)
+                del p.progress[i]
+                finished_prompt = i
+    if not parts:
+        return False
+    done = p.run(parts, now)
+    if batch:
+        schedule(done, "decoded", (m.name, batch))
+    if finished_prompt >= 0:
+        schedule(done, "prefilled", (finished_prompt, m.name))
+    return True
