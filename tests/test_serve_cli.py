@@ -36,6 +36,11 @@ def test_serve_metrics_and_run_directory(tmp_path, workload, capsys):
     assert data["requests"] == 120 and data["slo_attainment"] == 1.0
     assert data["ttft_s"]["p50"] <= data["ttft_s"]["p90"] <= data["ttft_s"]["p99"]
     assert data["goodput_requests_per_s"] == pytest.approx(data["requests_per_s"])
+    for region in data["regions"].values():
+        assert 0 < region["stage_utilization"] <= 1
+        assert 0 < region["kv_peak_tokens"] <= region["kv_capacity_tokens"]
+    trace = json.loads((out / "timeline.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"} >= {"prefill", "decode"}
     rows = list(csv.DictReader(open(out / "requests.csv")))
     assert len(rows) == 120
     assert sum(int(r["output_tokens"]) for r in rows) == pytest.approx(

@@ -18,6 +18,8 @@ from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 
+TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a request workload on a cluster")
@@ -108,12 +110,13 @@ def run(args):
     options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
                            token_budget=args.token_budget, clock_hz=fabric.clock_hz,
                            handoff_bytes_per_cycle=_handoff_rate(program),
-                           kv_bytes_per_token=program.model.kv_bytes_per_token())
+                           kv_bytes_per_token=program.model.kv_bytes_per_token(),
+                           timeline_events=TIMELINE_EVENTS if args.output else 0)
     result = serve(reqs, regions, options)
     metrics = run_metrics(result, reqs, args.ttft_slo, args.tpot_slo)
     data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
             "plan": program.options["plan"], "policy": args.policy, "workload": spec.name,
-            **metrics}
+            **metrics, "regions": result.regions}
     if args.output:
         def write(tmp: Path) -> None:
             with open(tmp / "requests.csv", "w", newline="") as fh:
@@ -121,6 +124,7 @@ def run(args):
                 w.writerow(REQUEST_COLUMNS)
                 w.writerows(request_rows(result, reqs))
             (tmp / "metrics.json").write_text(json.dumps(data, indent=1))
+            (tmp / "timeline.json").write_text(json.dumps(result.timeline))
         write_run_dir(args.output, write)
     if args.json:
         return data
@@ -134,6 +138,10 @@ def run(args):
              f"  SLO attainment       {metrics['slo_attainment']:.1%} (goodput "
              f"{metrics['goodput_requests_per_s']:.3g} requests/s)", "",
              table(["latency", "p50", "p90", "p99"], rows)]
+    regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
+             f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]
+            for name, r in list(result.regions.items())[:8]]
+    lines += ["", table(["region", "role", "stage utilization", "KV tokens at peak"], regs)]
     return "\n".join(lines)
 
 

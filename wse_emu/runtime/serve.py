@@ -46,6 +46,7 @@ class ServeOptions:
     clock_hz: float = 1.1e9
     handoff_bytes_per_cycle: float = 136.0  # the link between prefill and decode regions
     kv_bytes_per_token: int = 0
+    timeline_events: int = 0  # stage events kept per region for the timeline (0: none)
 
 
 @dataclass
@@ -55,6 +56,10 @@ class _Pipeline:
     kv_used: int = 0
     prefills: list = field(default_factory=list)  # request ids waiting, in order
     progress: dict = field(default_factory=dict)  # chunked prefill: prompt tokens done
+    busy: float = 0.0  # stage-cycles held by micro-batches
+    kv_trace: list = field(default_factory=list)  # (cycle, KV tokens held) after each change
+    events: list = field(default_factory=list)  # (stage, start, end, label) for the timeline
+    max_events: int = 0
     ready: list = field(default_factory=list)  # sequences ready for their next token
     busy_until: float = 0.0
 
@@ -64,11 +69,19 @@ class _Pipeline:
         times = sum(table.stage_cycles(a, b) for table, a, b in parts)
         hop = sum(table.transfer_cycles(a, b) for table, a, b in parts) / max(len(times) - 1, 1)
         t = enter
+        label = "+".join("prefill" if table.phase == "prefill" else "decode"
+                         for table, _, _ in parts)
         for s, dt in enumerate(times):
             start = max(t, self.free[s])
             self.free[s] = start + dt
+            self.busy += dt
+            if len(self.events) < self.max_events:
+                self.events.append((s, start, start + dt, label))
             t = start + dt + (hop if s + 1 < len(times) else 0.0)
         return t
+
+    def note_kv(self, now: float) -> None:
+        self.kv_trace.append((now, self.kv_used))
 
 
 @dataclass
@@ -79,6 +92,8 @@ class ServeResult:
     tokens: np.ndarray
     region: list
     clock_hz: float
+    regions: dict = field(default_factory=dict)  # name -> utilization and KV occupancy
+    timeline: dict = field(default_factory=dict)  # Chrome trace (when asked for)
 
     def ttft_s(self) -> np.ndarray:
         return (self.first_token - self.arrival) / self.clock_hz
@@ -92,7 +107,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     n = len(requests)
     if not regions:
         raise UserError("no regions to serve on")
-    pipes = {r.name: _Pipeline(r, np.zeros(len(_table(r).cycles))) for r in regions}
+    pipes = {r.name: _Pipeline(r, np.zeros(len(_table(r).cycles)),
+                               max_events=options.timeline_events) for r in regions}
     entry = [p for p in pipes.values() if p.model.role in ("mixed", "prefill")]
     decoders = [p for p in pipes.values() if p.model.role in ("mixed", "decode")]
     if not entry or not decoders:
@@ -154,6 +170,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             if made[i] >= requests.output_tokens[i]:
                 finish[i] = now
                 p.kv_used -= held
+                p.note_kv(now)
                 _next_call(i, now, requests, starts, clock, schedule)
                 kick(p, now)
                 continue
@@ -163,6 +180,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 kick(p, now)
             else:
                 p.kv_used -= held
+                p.note_kv(now)
                 kick(p, now)
                 schedule(now, "handoff", i)
         elif kind == "handoff":
@@ -173,6 +191,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 continue
             q = min(room, key=lambda x: (x.kv_used, x.model.name))
             q.kv_used += int(need[i])
+            q.note_kv(now)
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
             schedule(now + nbytes / options.handoff_bytes_per_cycle, "joined", (i, q.model.name))
         elif kind == "joined":
@@ -189,6 +208,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 if made[i] >= requests.output_tokens[i]:
                     finish[i] = now
                     p.kv_used -= int(need[i])
+                    p.note_kv(now)
                     _next_call(i, now, requests, starts, clock, schedule)
                 else:
                     p.ready.append((i, ctx + 1))
@@ -198,7 +218,35 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     for p in pipes.values():
         if p.kv_used != 0:
             raise AssertionError(f"region {p.model.name} kept {p.kv_used} tokens of KV")
-    return ServeResult(arrival, first, finish, made, where, clock)
+    span = float(np.nanmax(finish) - np.nanmin(arrival)) or 1.0
+    stats = {}
+    for name, p in pipes.items():
+        times = np.array([t for t, _ in p.kv_trace] + [np.nanmax(finish)])
+        held = np.array([k for _, k in p.kv_trace] + [0])
+        if len(held) > 1:
+            weights = np.diff(np.concatenate([[np.nanmin(arrival)], times]))
+            mean_kv = float((np.concatenate([[0], held[:-1]]) * weights).sum() / span)
+        else:
+            mean_kv = 0.0
+        stats[name] = {"role": p.model.role,
+                       "stage_utilization": p.busy / (len(p.free) * span),
+                       "kv_capacity_tokens": p.model.kv_capacity_tokens,
+                       "kv_peak_tokens": int(held.max()), "kv_mean_tokens": mean_kv}
+    timeline = _chrome_trace(pipes, clock) if options.timeline_events else {}
+    return ServeResult(arrival, first, finish, made, where, clock, stats, timeline)
+
+
+def _chrome_trace(pipes: dict, clock: float) -> dict:
+    """One process per region, one track per stage, an event per micro-batch (microseconds)."""
+    us = 1e6 / clock
+    events = []
+    for pid, (name, p) in enumerate(pipes.items()):
+        events.append({"name": "process_name", "ph": "M", "pid": pid,
+                       "args": {"name": f"{name} ({p.model.role})"}})
+        for s, start, end, label in p.events:
+            events.append({"name": label, "ph": "X", "pid": pid, "tid": s,
+                           "ts": start * us, "dur": (end - start) * us})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def _table(r: RegionModel) -> StageTable:
@@ -226,6 +274,7 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         if p.kv_used + holds <= m.kv_capacity_tokens:
             p.prefills.pop(0)
             p.kv_used += holds
+            p.note_kv(now)
             tokens = int(requests.prompt_tokens[i])
             done, prefix = now, 0
             while prefix < tokens:  # long prompts go through as consecutive tiles
@@ -262,6 +311,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
         if started or p.kv_used + need <= m.kv_capacity_tokens:
             if not started:
                 p.kv_used += need
+                p.note_kv(now)
                 p.progress[i] = 0
             done_tokens = p.progress[i]
             chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens, m.max_tile_tokens)
