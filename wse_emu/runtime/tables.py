@@ -40,7 +40,10 @@ class StageTable:
 
     def stage_cycles(self, a: float, b: float) -> np.ndarray:
         """Interpolated cycles of every stage at (a, b); clamped to the grid's range."""
-        return np.array([_bilinear(self.axis0, self.axis1, c, a, b) for c in self.cycles])
+        i, j, i1, j1, fx, fy = _cell(self.axis0, self.axis1, a, b)
+        c = self.cycles
+        return ((1 - fx) * (1 - fy) * c[:, i, j] + fx * (1 - fy) * c[:, i1, j]
+                + (1 - fx) * fy * c[:, i, j1] + fx * fy * c[:, i1, j1])
 
     def transfer_cycles(self, a: float, b: float) -> float:
         return float(_bilinear(self.axis0, self.axis1, self.transfers, a, b))
@@ -55,17 +58,22 @@ class StageTable:
             return cls(str(z["phase"]), z["axis0"], z["axis1"], z["cycles"], z["transfers"])
 
 
+def _cell(x: np.ndarray, y: np.ndarray, a: float, b: float):
+    """The grid cell holding (a, b), clamped to the grid, and the position inside it."""
+    a = min(max(a, x[0]), x[-1])
+    b = min(max(b, y[0]), y[-1])
+    i = min(max(int(np.searchsorted(x, a)) - 1, 0), max(len(x) - 2, 0))
+    j = min(max(int(np.searchsorted(y, b)) - 1, 0), max(len(y) - 2, 0))
+    fx = 0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i])
+    fy = 0.0 if len(y) == 1 else (b - y[j]) / (y[j + 1] - y[j])
+    return i, j, min(i + 1, len(x) - 1), min(j + 1, len(y) - 1), fx, fy
+
+
 def _bilinear(x: np.ndarray, y: np.ndarray, values: np.ndarray, a: float, b: float) -> float:
     """Bilinear interpolation, clamped to the grid. Within a cell it is exact for times of the
     form c0 + c1*a + c2*b + c3*a*b: fixed latency, per-token work, per-cached-token work, and
     attention's per-token-per-cached-token work."""
-    a = float(np.clip(a, x[0], x[-1]))
-    b = float(np.clip(b, y[0], y[-1]))
-    i = int(np.clip(np.searchsorted(x, a) - 1, 0, len(x) - 2)) if len(x) > 1 else 0
-    j = int(np.clip(np.searchsorted(y, b) - 1, 0, len(y) - 2)) if len(y) > 1 else 0
-    fx = 0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i])
-    fy = 0.0 if len(y) == 1 else (b - y[j]) / (y[j + 1] - y[j])
-    i1, j1 = min(i + 1, len(x) - 1), min(j + 1, len(y) - 1)
+    i, j, i1, j1, fx, fy = _cell(x, y, a, b)
     return float((1 - fx) * (1 - fy) * values[i, j] + fx * (1 - fy) * values[i1, j]
                  + (1 - fx) * fy * values[i, j1] + fx * fy * values[i1, j1])
 
