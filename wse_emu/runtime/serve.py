@@ -65,20 +65,25 @@ class _Pipeline:
 
     def run(self, parts: list, enter: float) -> float:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
-        ``parts``: (table, a, b) of what it carries; a mixed micro-batch adds their times."""
-        times = sum(table.stage_cycles(a, b) for table, a, b in parts)
-        hop = sum(table.transfer_cycles(a, b) for table, a, b in parts) / max(len(times) - 1, 1)
-        t = enter
-        label = "+".join("prefill" if table.phase == "prefill" else "decode"
-                         for table, _, _ in parts)
-        for s, dt in enumerate(times):
-            start = max(t, self.free[s])
-            self.free[s] = start + dt
-            self.busy += dt
-            if len(self.events) < self.max_events:
-                self.events.append((s, start, start + dt, label))
-            t = start + dt + (hop if s + 1 < len(times) else 0.0)
-        return t
+        ``parts``: (table, a, b) of what it carries; a mixed micro-batch adds their times.
+
+        Stage s starts at max(arrival at s, free[s]); with D[s] the stage times and hops
+        before s, start[s] - D[s] = max(enter, max over k <= s of free[k] - D[k])."""
+        table, a, b = parts[0]
+        times = table.stage_cycles(a, b)
+        hop_total = table.transfer_cycles(a, b)
+        for table, a, b in parts[1:]:
+            times = times + table.stage_cycles(a, b)
+            hop_total += table.transfer_cycles(a, b)
+        hop = hop_total / max(len(times) - 1, 1)
+        before = np.concatenate([[0.0], np.cumsum(times[:-1] + hop)])
+        start = np.maximum(np.maximum.accumulate(self.free - before), enter) + before
+        self.free = start + times
+        self.busy += float(times.sum())
+        if len(self.events) < self.max_events:
+            label = "+".join(t.phase for t, _, _ in parts)
+            self.events.extend((s, start[s], self.free[s], label) for s in range(len(times)))
+        return float(self.free[-1])
 
     def note_kv(self, now: float) -> None:
         self.kv_trace.append((now, self.kv_used))
