@@ -70,11 +70,11 @@ class _Pipeline:
         Stage s starts at max(arrival at s, free[s]); with D[s] the stage times and hops
         before s, start[s] - D[s] = max(enter, max over k <= s of free[k] - D[k])."""
         table, a, b = parts[0]
-        times = table.stage_cycles(a, b)
-        hop_total = table.transfer_cycles(a, b)
+        times, hop_total = table.at(a, b)
         for table, a, b in parts[1:]:
-            times = times + table.stage_cycles(a, b)
-            hop_total += table.transfer_cycles(a, b)
+            more, between = table.at(a, b)
+            times = times + more
+            hop_total += between
         hop = hop_total / max(len(times) - 1, 1)
         before = np.concatenate([[0.0], np.cumsum(times[:-1] + hop)])
         start = np.maximum(np.maximum.accumulate(self.free - before), enter) + before
@@ -291,7 +291,7 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
     if p.ready and m.decode is not None:
         batch = p.ready[:options.batch_limit]
         del p.ready[:options.batch_limit]
-        context = float(np.mean([c for _, c in batch]))
+        context = sum(c for _, c in batch) / len(batch)
         done = p.run([(m.decode, len(batch), context)], now)
         schedule(done, "decoded", (m.name, batch))
         return True
@@ -306,7 +306,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
     del p.ready[:len(batch)]
     parts = []
     if batch:
-        parts.append((m.decode, len(batch), float(np.mean([c for _, c in batch]))))
+        parts.append((m.decode, len(batch), sum(c for _, c in batch) / len(batch)))
     room = options.token_budget - len(batch)
     finished_prompt = -1
     if p.prefills and room > 0:

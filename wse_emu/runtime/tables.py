@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,15 +39,25 @@ class StageTable:
     cycles: np.ndarray  # (stages, len(axis0), len(axis1))
     transfers: np.ndarray  # (len(axis0), len(axis1)) cycles between stages, summed
 
+    def __post_init__(self):
+        self._x = [float(v) for v in self.axis0]  # plain lists: fast scalar look-ups
+        self._y = [float(v) for v in self.axis1]
+
+    def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
+        """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
+        i, j, i1, j1, fx, fy = _cell(self._x, self._y, a, b)
+        w00, w10, w01, w11 = (1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy
+        c, t = self.cycles, self.transfers
+        stages = w00 * c[:, i, j] + w10 * c[:, i1, j] + w01 * c[:, i, j1] + w11 * c[:, i1, j1]
+        between = w00 * t[i, j] + w10 * t[i1, j] + w01 * t[i, j1] + w11 * t[i1, j1]
+        return stages, float(between)
+
     def stage_cycles(self, a: float, b: float) -> np.ndarray:
         """Interpolated cycles of every stage at (a, b); clamped to the grid's range."""
-        i, j, i1, j1, fx, fy = _cell(self.axis0, self.axis1, a, b)
-        c = self.cycles
-        return ((1 - fx) * (1 - fy) * c[:, i, j] + fx * (1 - fy) * c[:, i1, j]
-                + (1 - fx) * fy * c[:, i, j1] + fx * fy * c[:, i1, j1])
+        return self.at(a, b)[0]
 
     def transfer_cycles(self, a: float, b: float) -> float:
-        return float(_bilinear(self.axis0, self.axis1, self.transfers, a, b))
+        return self.at(a, b)[1]
 
     def to_npz(self, path: Path) -> None:
         np.savez(path, phase=self.phase, axis0=self.axis0, axis1=self.axis1, cycles=self.cycles,
@@ -58,12 +69,12 @@ class StageTable:
             return cls(str(z["phase"]), z["axis0"], z["axis1"], z["cycles"], z["transfers"])
 
 
-def _cell(x: np.ndarray, y: np.ndarray, a: float, b: float):
+def _cell(x, y, a: float, b: float):
     """The grid cell holding (a, b), clamped to the grid, and the position inside it."""
     a = min(max(a, x[0]), x[-1])
     b = min(max(b, y[0]), y[-1])
-    i = min(max(int(np.searchsorted(x, a)) - 1, 0), max(len(x) - 2, 0))
-    j = min(max(int(np.searchsorted(y, b)) - 1, 0), max(len(y) - 2, 0))
+    i = min(max(bisect_left(x, a) - 1, 0), max(len(x) - 2, 0))
+    j = min(max(bisect_left(y, b) - 1, 0), max(len(y) - 2, 0))
     fx = 0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i])
     fy = 0.0 if len(y) == 1 else (b - y[j]) / (y[j + 1] - y[j])
     return i, j, min(i + 1, len(x) - 1), min(j + 1, len(y) - 1), fx, fy
@@ -73,7 +84,7 @@ def _bilinear(x: np.ndarray, y: np.ndarray, values: np.ndarray, a: float, b: flo
     """Bilinear interpolation, clamped to the grid. Within a cell it is exact for times of the
     form c0 + c1*a + c2*b + c3*a*b: fixed latency, per-token work, per-cached-token work, and
     attention's per-token-per-cached-token work."""
-    i, j, i1, j1, fx, fy = _cell(x, y, a, b)
+    i, j, i1, j1, fx, fy = _cell(list(x), list(y), a, b)
     return float((1 - fx) * (1 - fy) * values[i, j] + fx * (1 - fy) * values[i1, j]
                  + (1 - fx) * fy * values[i, j1] + fx * fy * values[i1, j1])
 
