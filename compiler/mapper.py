@@ -8,7 +8,7 @@ import logging
 import numpy as np
 
 from compiler.options import CompileOptions
-from compiler.partition import RegionPlan, partition, too_big_message, wafers_needed
+from compiler.partition import RegionPlan, partition, wafers_needed
 from compiler.routing import color_masks, popcount
 from compiler.template import NoLayout, RegionTemplate, build_template
 from compiler.tiling import ownership_check
@@ -237,5 +237,3 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
 def shape_key(shape) -> str:
     return "+".join(f"{w}x{h}" for w, h in shape)
 
-
-__all__ = ["compile_model", "verify", "too_big_message"]

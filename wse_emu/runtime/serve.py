@@ -85,8 +85,18 @@ class _Pipeline:
             self.events.extend((s, start[s], self.free[s], label) for s in range(len(times)))
         return float(self.free[-1])
 
-    def note_kv(self, now: float) -> None:
+    def hold(self, tokens: int, now: float) -> None:
+        """Take (or, negative, give back) KV cache, and note the occupancy."""
+        self.kv_used += tokens
         self.kv_trace.append((now, self.kv_used))
+
+    def mean_kv(self, start: float, end: float) -> float:
+        """Time-weighted KV tokens held between ``start`` and ``end``."""
+        if not self.kv_trace:
+            return 0.0
+        times = [t for t, _ in self.kv_trace] + [end]
+        held = sum(k * (t1 - t0) for (t0, k), t1 in zip(self.kv_trace, times[1:]))
+        return held / max(end - start, 1.0)
 
 
 @dataclass
@@ -174,8 +184,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             held = int(need[i]) if p.model.role == "mixed" else int(requests.prompt_tokens[i])
             if made[i] >= requests.output_tokens[i]:
                 finish[i] = now
-                p.kv_used -= held
-                p.note_kv(now)
+                p.hold(-held, now)
                 _next_call(i, now, requests, starts, clock, schedule)
                 kick(p, now)
                 continue
@@ -184,8 +193,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 where[i] = p.model.name
                 kick(p, now)
             else:
-                p.kv_used -= held
-                p.note_kv(now)
+                p.hold(-held, now)
                 kick(p, now)
                 schedule(now, "handoff", i)
         elif kind == "handoff":
@@ -195,8 +203,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 schedule(now + clock * 1e-3, "handoff", i)  # wait for room, look again in 1 ms
                 continue
             q = min(room, key=lambda x: (x.kv_used, x.model.name))
-            q.kv_used += int(need[i])
-            q.note_kv(now)
+            q.hold(int(need[i]), now)
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
             schedule(now + nbytes / options.handoff_bytes_per_cycle, "joined", (i, q.model.name))
         elif kind == "joined":
@@ -212,8 +219,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 made[i] += 1
                 if made[i] >= requests.output_tokens[i]:
                     finish[i] = now
-                    p.kv_used -= int(need[i])
-                    p.note_kv(now)
+                    p.hold(-int(need[i]), now)
                     _next_call(i, now, requests, starts, clock, schedule)
                 else:
                     p.ready.append((i, ctx + 1))
@@ -226,17 +232,12 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     span = float(np.nanmax(finish) - np.nanmin(arrival)) or 1.0
     stats = {}
     for name, p in pipes.items():
-        times = np.array([t for t, _ in p.kv_trace] + [np.nanmax(finish)])
-        held = np.array([k for _, k in p.kv_trace] + [0])
-        if len(held) > 1:
-            weights = np.diff(np.concatenate([[np.nanmin(arrival)], times]))
-            mean_kv = float((np.concatenate([[0], held[:-1]]) * weights).sum() / span)
-        else:
-            mean_kv = 0.0
         stats[name] = {"role": p.model.role,
                        "stage_utilization": p.busy / (len(p.free) * span),
                        "kv_capacity_tokens": p.model.kv_capacity_tokens,
-                       "kv_peak_tokens": int(held.max()), "kv_mean_tokens": mean_kv}
+                       "kv_peak_tokens": max((k for _, k in p.kv_trace), default=0),
+                       "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
+                                                   float(np.nanmax(finish)))}
     timeline = _chrome_trace(pipes, clock) if options.timeline_events else {}
     return ServeResult(arrival, first, finish, made, where, clock, stats, timeline)
 
@@ -278,8 +279,7 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         holds = need if m.role == "mixed" else int(requests.prompt_tokens[i])
         if p.kv_used + holds <= m.kv_capacity_tokens:
             p.prefills.pop(0)
-            p.kv_used += holds
-            p.note_kv(now)
+            p.hold(holds, now)
             tokens = int(requests.prompt_tokens[i])
             done, prefix = now, 0
             while prefix < tokens:  # long prompts go through as consecutive tiles
@@ -315,8 +315,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
         started = i in p.progress
         if started or p.kv_used + need <= m.kv_capacity_tokens:
             if not started:
-                p.kv_used += need
-                p.note_kv(now)
+                p.hold(need, now)
                 p.progress[i] = 0
             done_tokens = p.progress[i]
             chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens, m.max_tile_tokens)

@@ -70,7 +70,10 @@ class StageTable:
 
 
 def _cell(x, y, a: float, b: float):
-    """The grid cell holding (a, b), clamped to the grid, and the position inside it."""
+    """The grid cell holding (a, b), clamped to the grid, and the position inside it.
+    Bilinear interpolation over the cell is exact for times of the form c0 + c1*a + c2*b +
+    c3*a*b: fixed latency, per-token work, per-cached-token work, and attention's
+    per-token-per-cached-token work."""
     a = min(max(a, x[0]), x[-1])
     b = min(max(b, y[0]), y[-1])
     i = min(max(bisect_left(x, a) - 1, 0), max(len(x) - 2, 0))
@@ -78,15 +81,6 @@ def _cell(x, y, a: float, b: float):
     fx = 0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i])
     fy = 0.0 if len(y) == 1 else (b - y[j]) / (y[j + 1] - y[j])
     return i, j, min(i + 1, len(x) - 1), min(j + 1, len(y) - 1), fx, fy
-
-
-def _bilinear(x: np.ndarray, y: np.ndarray, values: np.ndarray, a: float, b: float) -> float:
-    """Bilinear interpolation, clamped to the grid. Within a cell it is exact for times of the
-    form c0 + c1*a + c2*b + c3*a*b: fixed latency, per-token work, per-cached-token work, and
-    attention's per-token-per-cached-token work."""
-    i, j, i1, j1, fx, fy = _cell(list(x), list(y), a, b)
-    return float((1 - fx) * (1 - fy) * values[i, j] + fx * (1 - fy) * values[i1, j]
-                 + (1 - fx) * fy * values[i, j1] + fx * fy * values[i1, j1])
 
 
 def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> str:
