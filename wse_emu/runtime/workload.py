@@ -10,7 +10,7 @@ Everything is drawn from one seeded generator: the same spec and seed give the s
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +221,3 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
     call = np.tile(np.arange(calls), n)
     return Requests(arrival.ravel(), prompt.ravel(), output.ravel(), session, call,
                     think.ravel())
-
-
-def spec_dict(spec: WorkloadSpec) -> dict:
-    return asdict(spec)
