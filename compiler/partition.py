@@ -233,3 +233,29 @@ def _replica_rects(model: ModelSpec, fabric: FabricSpec, x0: int, width: int,
             x += ww
         y += hh
     return rects
+
+
+SPLIT_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75)  # prefill shares a split search tries first
+
+
+def disaggregated_splits(model: ModelSpec, cluster: ClusterSpec) -> list[dict]:
+    """The prefill/decode splits worth comparing, as CompileOptions fields. Shares of every
+    wafer's columns: those of ``SPLIT_SHARES`` that leave both parts room for the weights, or,
+    when fewer than three do, the feasible range's ends and middle. With enough systems, also
+    whole systems per role (multiples of the systems one replica spans)."""
+    fabric = cluster.fabric
+    span = wafers_needed(model, fabric)
+    splits: list[dict] = []
+    if span == 1:
+        min_width = _min_part_width(model, fabric)
+        feasible = _share_range(fabric.width, min_width)
+        if feasible is not None:
+            shares = [s for s in SPLIT_SHARES if _share_fits(s, fabric.width, min_width)]
+            if len(shares) < 3:
+                lo, hi = feasible
+                middle = round((lo + hi) / 2, 2)
+                shares = sorted({lo, hi, middle, *shares})
+            splits += [{"prefill_share": s} for s in shares
+                       if _share_fits(s, fabric.width, min_width)]
+    splits += [{"prefill_systems": p} for p in range(span, cluster.systems - span + 1, span)]
+    return splits

@@ -24,8 +24,7 @@ def regions(program, tmp_path):
                   for ph in ("prefill", "decode")}
         out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens,
                                tables["prefill"] if r.role != "decode" else None,
-                               tables["decode"] if r.role != "prefill" else None,
-                               max_tile_tokens=256))
+                               tables["decode"] if r.role != "prefill" else None))
     return out
 
 
@@ -41,7 +40,7 @@ def test_lone_request_times_are_the_pipeline_sums(colocated):
     reqs = generate(workload_from_dict({"name": "one", "requests": 1,
                                         "prompt": {"kind": "fixed", "value": 200},
                                         "output": {"kind": "fixed", "value": 4}}, "t"))
-    res = serve(reqs, regs, ServeOptions())
+    res = serve(reqs, regs, ServeOptions(prefill_tile=256))
     table_p, table_d = regs[0].prefill, regs[0].decode
     expect_ttft = table_p.stage_cycles(200, 0).sum() + table_p.transfer_cycles(200, 0)
     assert res.first_token[0] - res.arrival[0] == pytest.approx(expect_ttft)
@@ -49,6 +48,29 @@ def test_lone_request_times_are_the_pipeline_sums(colocated):
                       for k in range(1, 4))
     assert res.finish[0] - res.first_token[0] == pytest.approx(expect_rest)
     assert res.tokens[0] == 4
+
+
+def test_a_long_prompt_streams_through_the_stages_as_a_flow_shop(colocated):
+    """Tiles of one prompt follow each other stage by stage: tile k leaves stage s when both
+    it has left stage s - 1 (and crossed the hop) and tile k - 1 has left stage s."""
+    program, regs = colocated
+    reqs = generate(workload_from_dict({"name": "one", "requests": 1,
+                                        "prompt": {"kind": "fixed", "value": 200},
+                                        "output": {"kind": "fixed", "value": 1}}, "t"))
+    res = serve(reqs, regs, ServeOptions(prefill_tile=64))
+    table = regs[0].prefill
+    stages = len(table.cycles)
+    left = [0.0] * stages  # when the previous tile left each stage
+    for prefix, tokens in ((0, 64), (64, 64), (128, 64), (192, 8)):
+        times, between = table.at(tokens, prefix)
+        hop = between / (stages - 1)
+        t = 0.0
+        for s in range(stages):
+            t = max(t + (hop if s else 0.0), left[s]) + times[s]
+            left[s] = t
+    assert res.first_token[0] - res.arrival[0] == pytest.approx(left[-1])
+    whole = table.at(200, 0)
+    assert left[-1] < whole[0].sum() + whole[1]  # streaming beats one 200-token tile
 
 
 def test_every_request_completes_once_with_its_tokens(colocated):

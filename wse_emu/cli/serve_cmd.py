@@ -14,7 +14,7 @@ from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.runner import signature
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
-from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.serve import RegionModel, ServeOptions, kv_shortfall, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 
@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
                    default="prefill-priority", help="colocated batching policy")
     p.add_argument("--token-budget", type=int, default=512,
                    help="chunked prefill: tokens per micro-batch")
+    p.add_argument("--prefill-tile", type=int, default=64,
+                   help="tokens per prefill micro-batch (prompts stream through in such tiles)")
     p.add_argument("--ttft-slo", type=float, help="time-to-first-token target, seconds")
     p.add_argument("--tpot-slo", type=float, help="time-per-output-token target, seconds")
     p.add_argument("--cache-dir", help="where stage-time tables are kept "
@@ -69,37 +71,36 @@ def region_models(program: WaferProgram, cache: Path, progress=None) -> list[Reg
     return out
 
 
-def workload_of(args) -> WorkloadSpec:
-    if args.trace:
-        spec = WorkloadSpec(name=Path(args.trace).stem, arrival="trace", trace=args.trace,
-                            requests=args.requests or 10**9,
-                            rate_scale=args.rate or 1.0).validate("--trace")
-        return spec
-    spec = load_workload(args.workload)
-    if args.rate is not None:
-        spec.rate = args.rate
-    if args.requests is not None:
-        spec.requests = args.requests
+def workload_of(workload: str | None, trace: str | None, rate: float | None = None,
+                requests: int | None = None) -> WorkloadSpec:
+    """A workload preset or YAML, or a trace replay; ``rate`` is a trace's speed-up."""
+    if trace:
+        return WorkloadSpec(name=Path(trace).stem, arrival="trace", trace=trace,
+                            requests=requests or 10**9,
+                            rate_scale=rate or 1.0).validate("--trace")
+    spec = load_workload(workload)
+    if rate is not None:
+        spec.rate = rate
+    if requests is not None:
+        spec.requests = requests
     return spec.validate(f"workload {spec.name}")
 
 
 def run(args):
-    if args.batch_limit < 1 or args.token_budget < 1:
-        raise UserError("--batch-limit and --token-budget must be at least 1")
+    if min(args.batch_limit, args.token_budget, args.prefill_tile) < 1:
+        raise UserError("--batch-limit, --token-budget and --prefill-tile must be at least 1")
     for name in ("rate", "ttft_slo", "tpot_slo"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be at least 1, got {args.requests}")
-    spec = workload_of(args)
+    spec = workload_of(args.workload, args.trace, args.rate, args.requests)
     reqs = generate(spec)
     program = compile_from_args(args)
-    longest = int((reqs.prompt_tokens + reqs.output_tokens).max())
-    room = max(r.kv_capacity_tokens for r in program.regions if r.role != "prefill")
-    if longest > room:  # found before any table is timed
-        raise UserError(f"a request needs {longest:,} tokens of KV cache, more than any "
-                        f"region holds ({room:,})")
+    short = kv_shortfall(reqs, program.regions)
+    if short:  # found before any table is timed
+        raise UserError(short)
     progress = None
     if sys.stderr.isatty() and not args.json:
         def progress(done, total):
@@ -108,8 +109,9 @@ def run(args):
     regions = region_models(program, cache_dir(args), progress)
     fabric = program.fabric
     options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
-                           token_budget=args.token_budget, clock_hz=fabric.clock_hz,
-                           handoff_bytes_per_cycle=_handoff_rate(program),
+                           token_budget=args.token_budget, prefill_tile=args.prefill_tile,
+                           clock_hz=fabric.clock_hz,
+                           handoff_bytes_per_cycle=handoff_rate(program),
                            kv_bytes_per_token=program.model.kv_bytes_per_token(),
                            timeline_events=TIMELINE_EVENTS if args.output else 0)
     result = serve(reqs, regions, options)
@@ -145,7 +147,7 @@ def run(args):
     return "\n".join(lines)
 
 
-def _handoff_rate(program: WaferProgram) -> float:
+def handoff_rate(program: WaferProgram) -> float:
     """Bytes per cycle between prefill and decode regions: the off-wafer link when they sit on
     different systems, else the fabric across the boundary (4 bytes per row per cycle)."""
     fabric = program.fabric

@@ -1,17 +1,24 @@
 """Serving requests on regions, event by event (the execution model of the design notes).
 
-A region is a pipeline of stages. A micro-batch (a prefill tile of one prompt, or one new token
-for each of up to ``batch_limit`` sequences) enters stage 0 when it is free, holds each stage
-for that stage's time (from the region's stage-time tables) and moves on; micro-batches never
-overtake each other. A sequence's next token can enter only after its previous one left the
-last stage. Colocated regions serve both phases with prefill priority: a waiting prompt goes
-before any decode micro-batch. With chunked prefill instead, every micro-batch takes the ready
-decode sequences first and fills the rest of a token budget with the next prompt's tokens; its
-stage times are the decode's and the prefill chunk's, added. Disaggregated, prefill regions
-serve prompts first come first served, and a finished prompt's KV cache moves to a decode
-region with room for it (the handoff takes the KV's bytes over the link between them); decode
-regions run decode micro-batches. A region admits a sequence only when its whole KV (prompt
-and output) fits.
+A region is a pipeline of stages. A micro-batch (a tile of up to ``prefill_tile`` tokens of one
+prompt, or one new token for each of up to ``batch_limit`` sequences) enters stage 0 when it is
+free, holds each stage for that stage's time (from the region's stage-time tables) and moves on;
+micro-batches never overtake each other. A sequence's next token can enter only after its
+previous one left the last stage.
+
+Colocated regions serve both phases with prefill priority: a waiting prompt goes before any
+decode micro-batch. With chunked prefill instead, every micro-batch takes the ready decode
+sequences first and fills the rest of a token budget with the next prompt's tokens; its stage
+times are the decode's and the prefill chunk's, added. Disaggregated, prefill regions serve
+prompts first come first served, and a finished prompt's KV cache moves to a decode region with
+room for it (the handoff takes the KV's bytes over the prefill region's link, one sequence
+after another); decode regions run decode micro-batches. A region admits a sequence only when
+its KV fits: the whole sequence's in a colocated or decode region, the prompt's in a prefill
+region.
+
+Each region also counts its decode stall: the time its tokens spent beyond their own decode
+work (waiting for stage 0, behind other micro-batches, or carrying a prefill chunk). It is what
+colocation costs decode, and what disaggregation is meant to remove.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wse_emu.errors import UserError
+from wse_emu.runtime.flowshop import advance
 from wse_emu.runtime.tables import StageTable
 from wse_emu.runtime.workload import Requests
 
@@ -35,7 +43,6 @@ class RegionModel:
     kv_capacity_tokens: int
     prefill: StageTable | None
     decode: StageTable | None
-    max_tile_tokens: int = 4096
 
 
 @dataclass
@@ -43,6 +50,9 @@ class ServeOptions:
     batch_limit: int = 64
     policy: str = "prefill-priority"  # colocated regions: or "chunked"
     token_budget: int = 512  # chunked prefill: tokens per micro-batch
+    # Prompts go through the pipeline as micro-batches of at most this many tokens, so that a
+    # long prompt fills the stages like a flow shop instead of holding each one in turn.
+    prefill_tile: int = 64
     clock_hz: float = 1.1e9
     handoff_bytes_per_cycle: float = 136.0  # the link between prefill and decode regions
     kv_bytes_per_token: int = 0
@@ -53,37 +63,47 @@ class ServeOptions:
 class _Pipeline:
     model: RegionModel
     free: np.ndarray  # cycle each stage next becomes free
+    starts: np.ndarray  # when the last micro-batch started each stage
     kv_used: int = 0
     prefills: list = field(default_factory=list)  # request ids waiting, in order
     progress: dict = field(default_factory=dict)  # chunked prefill: prompt tokens done
-    busy: float = 0.0  # stage-cycles held by micro-batches
+    busy: dict = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})  # stage-cycles
+    stall: float = 0.0  # decode: token-cycles spent beyond the tokens' own decode work
+    decoded: int = 0  # decode tokens made here
     kv_trace: list = field(default_factory=list)  # (cycle, KV tokens held) after each change
     events: list = field(default_factory=list)  # (stage, start, end, label) for the timeline
     max_events: int = 0
-    ready: list = field(default_factory=list)  # sequences ready for their next token
+    ready: list = field(default_factory=list)  # (sequence, context, since when) for a token
     busy_until: float = 0.0
+    kv_wait: float = 0.0  # cycles prompts waited here for KV room (admission or handoff)
+    blocked_since: float | None = None  # when the prompt at the head began waiting for room
+    link_free: float = 0.0  # when the link carrying this region's KV handoffs is next free
 
-    def run(self, parts: list, enter: float) -> float:
+    def run(self, loads: list, enter: float) -> float:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
-        ``parts``: (table, a, b) of what it carries; a mixed micro-batch adds their times.
-
-        Stage s starts at max(arrival at s, free[s]); with D[s] the stage times and hops
-        before s, start[s] - D[s] = max(enter, max over k <= s of free[k] - D[k])."""
-        table, a, b = parts[0]
-        times, hop_total = table.at(a, b)
-        for table, a, b in parts[1:]:
-            more, between = table.at(a, b)
-            times = times + more
-            hop_total += between
-        hop = hop_total / max(len(times) - 1, 1)
-        before = np.concatenate([[0.0], np.cumsum(times[:-1] + hop)])
-        start = np.maximum(np.maximum.accumulate(self.free - before), enter) + before
-        self.free = start + times
-        self.busy += float(times.sum())
+        ``loads``: (phase, cycles) of what it carries, cycles as ``StageTable.vector`` gives
+        them (every stage's, then the transfers'); a mixed micro-batch adds them."""
+        vec = loads[0][1]
+        for phase, more in loads[1:]:
+            vec = vec + more
+        for phase, more in loads:
+            self.busy[phase] += float(more.sum() - more[-1])
+        done = advance(self.free, vec, enter, self.starts)
         if len(self.events) < self.max_events:
-            label = "+".join(t.phase for t, _, _ in parts)
-            self.events.extend((s, start[s], self.free[s], label) for s in range(len(times)))
-        return float(self.free[-1])
+            label = "+".join(phase for phase, _ in loads)
+            self.events.extend((s, self.starts[s], self.starts[s] + vec[s], label)
+                               for s in range(len(self.free)))
+        return done
+
+    def decode(self, batch: list, loads: list, enter: float) -> float:
+        """Run a micro-batch whose first load is the decode of ``batch`` (a prefill chunk may
+        ride along), noting how long its tokens took beyond their own decode work: queueing
+        for stage 0, waiting behind other micro-batches, and the chunk's work."""
+        done = self.run(loads, enter)
+        alone = float(loads[0][1].sum())
+        self.stall += sum(done - since for _, _, since in batch) - len(batch) * alone
+        self.decoded += len(batch)
+        return done
 
     def hold(self, tokens: int, now: float) -> None:
         """Take (or, negative, give back) KV cache, and note the occupancy."""
@@ -123,15 +143,16 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     if not regions:
         raise UserError("no regions to serve on")
     pipes = {r.name: _Pipeline(r, np.zeros(len(_table(r).cycles)),
+                               np.zeros(len(_table(r).cycles)),
                                max_events=options.timeline_events) for r in regions}
     entry = [p for p in pipes.values() if p.model.role in ("mixed", "prefill")]
     decoders = [p for p in pipes.values() if p.model.role in ("mixed", "decode")]
     if not entry or not decoders:
         raise UserError("serving needs regions for both prefill and decode")
     need = requests.prompt_tokens + requests.output_tokens
-    if need.max() > max(p.model.kv_capacity_tokens for p in decoders):
-        raise UserError(f"a request needs {int(need.max()):,} tokens of KV cache, more than any "
-                        "region holds")
+    short = kv_shortfall(requests, regions)
+    if short:
+        raise UserError(short)
     arrival = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -162,7 +183,9 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         if kind == "arrive":
             i = data
             arrival[i] = now
-            p = min(entry, key=lambda q: (len(q.prefills), q.model.name))
+            p = min((q for q in entry if _holds(q.model, requests, i)
+                     <= q.model.kv_capacity_tokens),
+                    key=lambda q: (len(q.prefills), q.model.name))
             p.prefills.append(i)
             kick(p, now)
         elif kind == "dispatch":
@@ -189,40 +212,44 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 kick(p, now)
                 continue
             if p.model.role == "mixed":
-                p.ready.append((i, int(requests.prompt_tokens[i]) + 1))
+                p.ready.append((i, int(requests.prompt_tokens[i]) + 1, now))
                 where[i] = p.model.name
                 kick(p, now)
             else:
                 p.hold(-held, now)
                 kick(p, now)
-                schedule(now, "handoff", i)
+                schedule(now, "handoff", (i, name, now))
         elif kind == "handoff":
-            i = data
+            i, name, since = data
             room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens]
-            if not room:
-                schedule(now + clock * 1e-3, "handoff", i)  # wait for room, look again in 1 ms
+            if not room:  # wait for room, look again in 1 ms
+                schedule(now + clock * 1e-3, "handoff", data)
                 continue
+            p = pipes[name]
+            p.kv_wait += now - since
             q = min(room, key=lambda x: (x.kv_used, x.model.name))
             q.hold(int(need[i]), now)
+            # The KV leaves over the prefill region's link, one sequence after another.
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
-            schedule(now + nbytes / options.handoff_bytes_per_cycle, "joined", (i, q.model.name))
+            p.link_free = max(now, p.link_free) + nbytes / options.handoff_bytes_per_cycle
+            schedule(p.link_free, "joined", (i, q.model.name))
         elif kind == "joined":
             i, name = data
             q = pipes[name]
             where[i] = name
-            q.ready.append((i, int(requests.prompt_tokens[i]) + 1))
+            q.ready.append((i, int(requests.prompt_tokens[i]) + 1, now))
             kick(q, now)
         elif kind == "decoded":
             name, batch = data
             p = pipes[name]
-            for i, ctx in batch:
+            for i, ctx, _ in batch:
                 made[i] += 1
                 if made[i] >= requests.output_tokens[i]:
                     finish[i] = now
                     p.hold(-int(need[i]), now)
                     _next_call(i, now, requests, starts, clock, schedule)
                 else:
-                    p.ready.append((i, ctx + 1))
+                    p.ready.append((i, ctx + 1, now))
             kick(p, now)
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
@@ -233,7 +260,12 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     stats = {}
     for name, p in pipes.items():
         stats[name] = {"role": p.model.role,
-                       "stage_utilization": p.busy / (len(p.free) * span),
+                       "stage_utilization": sum(p.busy.values()) / (len(p.free) * span),
+                       "prefill_utilization": p.busy["prefill"] / (len(p.free) * span),
+                       "decode_utilization": p.busy["decode"] / (len(p.free) * span),
+                       "decode_tokens": p.decoded,
+                       "decode_stall_s": p.stall / clock,
+                       "kv_wait_s": p.kv_wait / clock,
                        "kv_capacity_tokens": p.model.kv_capacity_tokens,
                        "kv_peak_tokens": max((k for _, k in p.kv_trace), default=0),
                        "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
@@ -255,6 +287,45 @@ def _chrome_trace(pipes: dict, clock: float) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def kv_shortfall(requests: Requests, regions: list) -> str | None:
+    """Why some request could never be served on ``regions`` (anything with a ``role`` and
+    ``kv_capacity_tokens``) for lack of KV room, or None."""
+    total = int((requests.prompt_tokens + requests.output_tokens).max())
+    prompt = int(requests.prompt_tokens.max())
+    for role, longest, what in (("mixed", total, "a request needs"),
+                                ("prefill", prompt, "a prompt needs"),
+                                ("decode", total, "a request needs")):
+        room = [r.kv_capacity_tokens for r in regions if r.role == role]
+        if room and longest > max(room):
+            return (f"{what} {longest:,} tokens of KV cache, more than any {role} region holds "
+                    f"({max(room):,})").replace("any mixed region", "any region")
+    return None
+
+
+def _holds(m: RegionModel, requests: Requests, i: int) -> int:
+    """KV tokens request ``i`` takes on entering ``m``: a colocated region keeps the sequence's
+    whole KV, a prefill region only the prompt's, until the handoff."""
+    prompt = int(requests.prompt_tokens[i])
+    return prompt + int(requests.output_tokens[i]) if m.role == "mixed" else prompt
+
+
+def _admit(p: _Pipeline, tokens: int, now: float) -> bool:
+    """Take KV room for the prompt at the head of the queue if there is room, timing its wait."""
+    if p.kv_used + tokens > p.model.kv_capacity_tokens:
+        if p.blocked_since is None:
+            p.blocked_since = now
+        return False
+    if p.blocked_since is not None:
+        p.kv_wait += now - p.blocked_since
+        p.blocked_since = None
+    p.hold(tokens, now)
+    return True
+
+
+def _mean_context(batch: list) -> float:
+    return sum(c for _, c, _ in batch) / len(batch)
+
+
 def _table(r: RegionModel) -> StageTable:
     return r.prefill if r.prefill is not None else r.decode
 
@@ -273,26 +344,22 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         return _dispatch_chunked(p, now, requests, options, schedule)
     if p.prefills and m.prefill is not None:
         i = p.prefills[0]
-        need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
-        # A colocated region keeps the sequence's whole KV; a prefill region only the prompt's,
-        # until the handoff.
-        holds = need if m.role == "mixed" else int(requests.prompt_tokens[i])
-        if p.kv_used + holds <= m.kv_capacity_tokens:
+        holds = _holds(m, requests, i)
+        if _admit(p, holds, now):
             p.prefills.pop(0)
-            p.hold(holds, now)
             tokens = int(requests.prompt_tokens[i])
             done, prefix = now, 0
             while prefix < tokens:  # long prompts go through as consecutive tiles
-                tile = min(m.max_tile_tokens, tokens - prefix)
-                done = p.run([(m.prefill, tile, prefix)], now)
+                tile = min(options.prefill_tile, tokens - prefix)
+                done = p.run([("prefill", m.prefill.vector(tile, prefix))], now)
                 prefix += tile
             schedule(done, "prefilled", (i, m.name))
             return True
     if p.ready and m.decode is not None:
         batch = p.ready[:options.batch_limit]
         del p.ready[:options.batch_limit]
-        context = sum(c for _, c in batch) / len(batch)
-        done = p.run([(m.decode, len(batch), context)], now)
+        done = p.decode(batch, [("decode", m.decode.vector(len(batch), _mean_context(batch)))],
+                        now)
         schedule(done, "decoded", (m.name, batch))
         return True
     return False
@@ -306,20 +373,19 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
     del p.ready[:len(batch)]
     parts = []
     if batch:
-        parts.append((m.decode, len(batch), sum(c for _, c in batch) / len(batch)))
+        parts.append(("decode", m.decode.vector(len(batch), _mean_context(batch))))
     room = options.token_budget - len(batch)
     finished_prompt = -1
     if p.prefills and room > 0:
         i = p.prefills[0]
         need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
         started = i in p.progress
-        if started or p.kv_used + need <= m.kv_capacity_tokens:
+        if started or _admit(p, need, now):
             if not started:
-                p.hold(need, now)
                 p.progress[i] = 0
             done_tokens = p.progress[i]
-            chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens, m.max_tile_tokens)
-            parts.append((m.prefill, chunk, done_tokens))
+            chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens)
+            parts.append(("prefill", m.prefill.vector(chunk, done_tokens)))
             p.progress[i] = done_tokens + chunk
             if p.progress[i] == requests.prompt_tokens[i]:
                 p.prefills.pop(0)
@@ -327,7 +393,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
                 finished_prompt = i
     if not parts:
         return False
-    done = p.run(parts, now)
+    done = p.decode(batch, parts, now) if batch else p.run(parts, now)
     if batch:
         schedule(done, "decoded", (m.name, batch))
     if finished_prompt >= 0:

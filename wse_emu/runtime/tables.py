@@ -42,15 +42,23 @@ class StageTable:
     def __post_init__(self):
         self._x = [float(v) for v in self.axis0]  # plain lists: fast scalar look-ups
         self._y = [float(v) for v in self.axis1]
+        # (len(axis0), len(axis1), stages + 1): every stage's cycles, then the transfers.
+        self._grid = np.concatenate([np.moveaxis(self.cycles, 0, -1),
+                                     self.transfers[:, :, None]], axis=-1)
+        self._lines: dict = {}  # a -> the grid interpolated along axis0 at a, and its steps
+
+    def vector(self, a: float, b: float) -> np.ndarray:
+        """Cycles of every stage and, last, the cycles between stages in all, at (a, b).
+        Interpolated bilinearly: first along axis0 at ``a`` (kept, since micro-batches come
+        in few sizes), then along axis1."""
+        line, steps = self._line(a)
+        j, fy = _position(self._y, b)
+        return line[j] + fy * steps[j] if fy else line[j]
 
     def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
         """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
-        i, j, i1, j1, fx, fy = _cell(self._x, self._y, a, b)
-        w00, w10, w01, w11 = (1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy
-        c, t = self.cycles, self.transfers
-        stages = w00 * c[:, i, j] + w10 * c[:, i1, j] + w01 * c[:, i, j1] + w11 * c[:, i1, j1]
-        between = w00 * t[i, j] + w10 * t[i1, j] + w01 * t[i, j1] + w11 * t[i1, j1]
-        return stages, float(between)
+        v = self.vector(a, b)
+        return v[:-1], float(v[-1])
 
     def stage_cycles(self, a: float, b: float) -> np.ndarray:
         """Interpolated cycles of every stage at (a, b); clamped to the grid's range."""
@@ -58,6 +66,18 @@ class StageTable:
 
     def transfer_cycles(self, a: float, b: float) -> float:
         return self.at(a, b)[1]
+
+    def _line(self, a: float):
+        found = self._lines.get(a)
+        if found is None:
+            i, fx = _position(self._x, a)
+            i1 = min(i + 1, len(self._x) - 1)
+            line = (1 - fx) * self._grid[i] + fx * self._grid[i1]
+            steps = np.diff(line, axis=0) if len(line) > 1 else np.zeros_like(line)
+            found = (line, steps)
+            if len(self._lines) < 100_000:
+                self._lines[a] = found
+        return found
 
     def to_npz(self, path: Path) -> None:
         np.savez(path, phase=self.phase, axis0=self.axis0, axis1=self.axis1, cycles=self.cycles,
@@ -69,18 +89,14 @@ class StageTable:
             return cls(str(z["phase"]), z["axis0"], z["axis1"], z["cycles"], z["transfers"])
 
 
-def _cell(x, y, a: float, b: float):
-    """The grid cell holding (a, b), clamped to the grid, and the position inside it.
-    Bilinear interpolation over the cell is exact for times of the form c0 + c1*a + c2*b +
+def _position(x: list, a: float) -> tuple[int, float]:
+    """The grid interval holding ``a`` (clamped to the grid) and the position inside it.
+    Bilinear interpolation over a cell is exact for times of the form c0 + c1*a + c2*b +
     c3*a*b: fixed latency, per-token work, per-cached-token work, and attention's
     per-token-per-cached-token work."""
     a = min(max(a, x[0]), x[-1])
-    b = min(max(b, y[0]), y[-1])
     i = min(max(bisect_left(x, a) - 1, 0), max(len(x) - 2, 0))
-    j = min(max(bisect_left(y, b) - 1, 0), max(len(y) - 2, 0))
-    fx = 0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i])
-    fy = 0.0 if len(y) == 1 else (b - y[j]) / (y[j + 1] - y[j])
-    return i, j, min(i + 1, len(x) - 1), min(j + 1, len(y) - 1), fx, fy
+    return i, (0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i]))
 
 
 def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> str:

@@ -118,6 +118,18 @@ class Requests:
     def __len__(self) -> int:
         return len(self.prompt_tokens)
 
+    def faster(self, factor: float) -> "Requests":
+        """The same requests arriving ``factor`` times as fast (the same draws, so a rate
+        search compares like with like)."""
+        return Requests(self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
+                        self.session, self.call, self.think_s)
+
+    def offered_rate(self) -> float:
+        """Sessions (plain requests) per second over the span of their arrivals."""
+        first = self.arrival_s[~np.isnan(self.arrival_s)]
+        span = float(first.max() - first.min()) if len(first) > 1 else 0.0
+        return (len(first) - 1) / span if span > 0 else 0.0
+
     def summary(self) -> dict[str, Any]:
         first = ~np.isnan(self.arrival_s)
         span = float(np.nanmax(self.arrival_s) - np.nanmin(self.arrival_s)) if first.any() else 0

@@ -1,0 +1,232 @@
+"""``wse-emu experiment disagg``: colocated versus disaggregated serving at the same hardware and
+the same token speed, each at the highest request rate that meets the latency targets."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from compiler.partition import disaggregated_splits
+from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
+from wse_emu.cli.fmt import seconds, si, table
+from wse_emu.cli.serve_cmd import cache_dir, handoff_rate, region_models, workload_of
+from wse_emu.errors import CompileError, UserError
+from wse_emu.fabric import ClusterSpec
+from wse_emu.model import ModelSpec, load_model
+from wse_emu.runtime.experiment import (
+    Config,
+    Outcome,
+    Targets,
+    compare,
+    evaluate_job,
+    outcomes,
+    search_rates,
+)
+from wse_emu.runtime.pool import point_runner
+from wse_emu.runtime.serve import ServeOptions, kv_shortfall
+from wse_emu.runtime.workload import Requests, generate
+
+DEFAULT_BUDGETS = (64, 256, 1024)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("experiment", help="experiments that answer a question end to end")
+    kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
+    kinds.required = True
+    d = kinds.add_parser("disagg", help="colocated versus disaggregated prefill and decode, at "
+                         "the highest rate that meets the latency targets")
+    d.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
+    add_fabric_args(d)
+    d.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
+    src = d.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", help="workload preset or YAML")
+    src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
+    d.add_argument("--requests", type=int, default=1000,
+                   help="requests (sessions) per serving run (default 1000)")
+    d.add_argument("--ttft-slo", type=float, required=True, help="p90 time-to-first-token "
+                   "target, seconds")
+    d.add_argument("--tpot-slo", type=float, required=True, help="p90 time-per-output-token "
+                   "target, seconds (the token speed every configuration must reach)")
+    d.add_argument("--attainment", type=float, default=0.9,
+                   help="share of requests that must meet both targets (default 0.9)")
+    d.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
+                   help="chunked prefill token budgets to try, comma-separated")
+    d.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
+    d.add_argument("--prefill-tile", type=int, default=64, help="tokens per prefill micro-batch")
+    d.add_argument("--tolerance", type=float, default=0.05,
+                   help="stop a search when the failed rate is within this of the met one")
+    d.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
+    d.add_argument("--workers", type=int, default=0,
+                   help="local worker processes (default: one per core; 1: no cluster)")
+    d.add_argument("--cache-dir", help="where stage-time tables are kept")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=run)
+
+
+def run(args):
+    targets = _targets(args)
+    budgets = _budgets(args.budgets)
+    for name in ("requests", "batch_limit", "prefill_tile", "workers"):
+        if getattr(args, name) < (0 if name == "workers" else 1):
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.tolerance < 1:
+        raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
+    spec = workload_of(args.workload, args.trace, requests=args.requests)
+    requests = generate(spec)
+    model = load_model(args.model)
+    cluster = ClusterSpec(fabric_from_args(args), args.systems)
+    progress = _progress(args)
+    configs, skipped = build_configs(model, cluster, requests, budgets, args.batch_limit,
+                                     args.prefill_tile, cache_dir(args), progress)
+    report = experiment(configs, requests, targets, args.scheduler, args.workers,
+                        args.tolerance, progress)
+    data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
+            "workload": spec.name, "requests_per_run": len(requests),
+            "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
+                        "attainment": targets.attainment},
+            "skipped": skipped, **report}
+    return data if args.json else render(data)
+
+
+def experiment(configs: list[Config], requests: Requests, targets: Targets,
+               scheduler: str | None = None, workers: int = 0, tolerance: float = 0.05,
+               progress=None) -> dict:
+    """Search every configuration and compare the plans: a JSON-able report."""
+    with point_runner(evaluate_job, (configs, requests, targets), scheduler, workers) as run_:
+        searches = search_rates(configs, requests, targets, run_, tolerance=tolerance,
+                                progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
+                                if progress else None)
+    results = outcomes(searches)
+    return {"configurations": [_row(r, targets, len(s.points))
+                               for r, s in zip(results, searches)],
+            "comparison": compare(results, targets)}
+
+
+def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, budgets,
+                  batch_limit: int, prefill_tile: int, cache: Path,
+                  progress=None) -> tuple[list[Config], list[str]]:
+    """Colocated (prefill priority, and chunked at each budget) and disaggregated at each
+    split; a split that does not compile, or whose regions cannot hold the longest request's KV
+    cache, is skipped, with why."""
+    base = ServeOptions(batch_limit=batch_limit, prefill_tile=prefill_tile,
+                        clock_hz=cluster.fabric.clock_hz,
+                        kv_bytes_per_token=model.kv_bytes_per_token())
+    plans = [("colocated", "", {})]
+    for split in disaggregated_splits(model, cluster):
+        if "prefill_share" in split:
+            knob = f"share {split['prefill_share']:g}"
+        else:
+            n = split["prefill_systems"]
+            knob = f"{n} prefill system{'s' if n > 1 else ''}"
+        plans.append(("disaggregated", knob, split))
+    configs, skipped = [], []
+    for plan, knob, split in plans:
+        if progress:
+            progress(f"compiling and timing {plan} {knob}".rstrip())
+        try:
+            program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
+        except CompileError as exc:
+            if plan == "colocated":
+                raise
+            skipped.append(f"{plan} {knob}: {' '.join(str(exc).split())}")
+            continue
+        short = kv_shortfall(requests, program.regions)
+        if short:
+            skipped.append(f"{plan} {knob}: {short}".replace("  ", " "))
+            continue
+        regions = region_models(program, cache)
+        if plan == "colocated":
+            configs.append(Config(plan, "prefill priority", regions, base))
+            configs += [Config(plan, f"chunked {b}", regions,
+                               replace(base, policy="chunked", token_budget=b)) for b in budgets]
+        else:
+            configs.append(Config(plan, knob, regions,
+                                  replace(base, handoff_bytes_per_cycle=handoff_rate(program))))
+    if not configs:
+        raise UserError("no configuration holds the longest request's KV cache: "
+                        + "; ".join(skipped))
+    return configs, skipped
+
+
+def _row(r: Outcome, targets: Targets, runs: int) -> dict:
+    row = {"configuration": r.label, "plan": r.plan, "knob": r.knob, "runs": runs,
+           "limited_by": r.limit(targets)}
+    if r.best is not None:
+        m = r.best.metrics
+        row.update({"max_rate_per_s": r.best.rate, "goodput_requests_per_s": r.goodput,
+                    "output_tokens_per_s": r.tokens_per_s, "ttft_p90_s": m["ttft_s"]["p90"],
+                    "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
+                    "decode_stall_per_token_s": m["decode_stall_per_token_s"],
+                    "prefill_utilization": m["prefill_utilization"],
+                    "decode_utilization": m["decode_utilization"],
+                    "kv_peak_share": m["kv_peak_share"]})
+    else:
+        row["max_rate_per_s"] = 0.0
+    return row
+
+
+def render(data: dict) -> str:
+    t = data["targets"]
+    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']} "
+            f"({data['requests_per_run']:,} requests per run); targets: p90 TTFT <= "
+            f"{seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
+            f">= {t['attainment']:.0%} of requests meeting both")
+    rows = []
+    for c in data["configurations"]:
+        if "goodput_requests_per_s" not in c:
+            rows.append([c["configuration"], "0", "-", "-", "-", "-", "-", "-", "-",
+                         c["limited_by"]])
+            continue
+        rows.append([c["configuration"], f"{c['max_rate_per_s']:.3g}",
+                     f"{c['goodput_requests_per_s']:.3g}", si(c["output_tokens_per_s"]),
+                     seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
+                     seconds(c["decode_stall_per_token_s"]),
+                     f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
+                     c["limited_by"]])
+    lines = [head, "", table(["configuration", "max rate/s", "goodput/s", "tok/s", "p90 TTFT",
+                              "p90 TPOT", "stall/token", "prefill busy", "decode busy",
+                              "next rate fails on"], rows, "lrrrrrrrrl")]
+    lines += [f"skipped {s}" for s in data["skipped"]]
+    cmp_ = data["comparison"]
+    if "goodput_ratio" in cmp_:
+        ratio = cmp_["goodput_ratio"]
+        text = "no colocated configuration met the targets" if ratio is None or ratio == float(
+            "inf") else f"{ratio:.2f}x the goodput"
+        if ratio is None:
+            text = "neither plan met the targets at any rate tried"
+        lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated "
+                  f"({cmp_['colocated'].split(', ', 1)[1]}) at the same TPOT target: {text}"
+                  + (f", {cmp_['tokens_per_s_ratio']:.2f}x the output tokens/s"
+                     if cmp_.get("tokens_per_s_ratio") not in (None, float("inf")) else "")
+                  + "."]
+        lines += ["Why:"] + [f"  - {reason}" for reason in cmp_["reasons"]]
+    return "\n".join(lines)
+
+
+def _targets(args) -> Targets:
+    for name in ("ttft_slo", "tpot_slo"):
+        value = getattr(args, name)
+        if not value > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not 0 < args.attainment <= 1:
+        raise UserError(f"--attainment must be in (0, 1], got {args.attainment}")
+    return Targets(args.ttft_slo, args.tpot_slo, args.attainment)
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(int(b) for b in text.split(",") if b.strip())
+    except ValueError:
+        raise UserError(f"--budgets must be comma-separated integers, got {text!r}") from None
+    if any(b < 1 for b in budgets):
+        raise UserError(f"--budgets must be positive, got {text!r}")
+    return budgets
+
+
+def _progress(args):
+    if args.json or not sys.stderr.isatty():
+        return None
+    return lambda message: print(message, file=sys.stderr)

@@ -1,0 +1,242 @@
+"""The disaggregation experiment: on the same hardware, at the same token speed (a p90 TPOT
+target), how many requests per second does each way of serving meet its latency targets for?
+
+Every configuration (colocated with prefill priority, colocated with chunked prefill at a few
+token budgets, disaggregated at a few prefill/decode splits) gets the same requests, arriving
+faster or slower: the search looks for the highest rate at which p90 TTFT and p90 TPOT meet
+their targets and at least ``attainment`` of the requests meet both. It runs in rounds; each
+round's points are independent serving runs, handed to ``run_points`` together so that they can
+run in parallel.
+
+Besides the numbers, each configuration says what stopped it at the first rate it failed: which
+target broke, how long decode tokens stalled beyond their own work (the cost of sharing a
+pipeline with prefill), how busy the prefill and decode stages were, and how long prompts waited
+for KV room.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.workload import Requests
+
+BRACKET = tuple(2.0 ** k for k in range(-3, 5))  # first round: the start rate times these
+# The search stops below the start rate times LOWEST (the configuration meets its targets at no
+# rate) and above it times HIGHEST (the run's requests then arrive nearly at once, so a higher
+# rate would not load the cluster any more).
+LOWEST, HIGHEST = 2.0 ** -14, 2.0 ** 14
+MAX_ROUNDS = 12
+
+
+@dataclass(frozen=True)
+class Targets:
+    ttft_s: float
+    tpot_s: float
+    attainment: float = 0.9  # share of requests that must meet both targets
+
+    def met(self, metrics: dict) -> bool:
+        return (metrics["ttft_s"]["p90"] <= self.ttft_s and metrics["tpot_s"]["p90"] <= self.tpot_s
+                and metrics["slo_attainment"] >= self.attainment)
+
+
+@dataclass
+class Config:
+    """One way of serving on the cluster."""
+
+    plan: str  # colocated or disaggregated
+    knob: str  # its policy or split, as shown: "prefill priority", "chunked 256", "share 0.5"
+    regions: list[RegionModel]
+    options: ServeOptions
+
+    @property
+    def label(self) -> str:
+        return f"{self.plan}, {self.knob}"
+
+
+@dataclass
+class Point:
+    """One serving run at one rate (requests, or sessions, per second)."""
+
+    rate: float
+    met: bool
+    metrics: dict
+
+
+def evaluate(config: Config, requests: Requests, factor: float, targets: Targets) -> Point:
+    """Serve ``requests`` arriving ``factor`` times as fast as generated."""
+    reqs = requests.faster(factor)
+    result = serve(reqs, config.regions, config.options)
+    metrics = run_metrics(result, reqs, targets.ttft_s, targets.tpot_s)
+    metrics.update(_pressure(result.regions, len(reqs)))
+    return Point(requests.offered_rate() * factor, targets.met(metrics), metrics)
+
+
+def _pressure(regions: dict, requests: int) -> dict:
+    """Where the time went: prefill and decode stage utilization (mean over the regions that
+    serve the phase), decode stall per output token, KV peak share and KV wait per request."""
+    pre = [r["prefill_utilization"] for r in regions.values() if r["role"] != "decode"]
+    dec = [r["decode_utilization"] for r in regions.values() if r["role"] != "prefill"]
+    tokens = sum(r["decode_tokens"] for r in regions.values())
+    stall = sum(r["decode_stall_s"] for r in regions.values())
+    kv = [r["kv_peak_tokens"] / r["kv_capacity_tokens"] for r in regions.values()
+          if r["role"] != "prefill"]
+    return {"prefill_utilization": float(np.mean(pre)), "decode_utilization": float(np.mean(dec)),
+            "decode_stall_per_token_s": max(stall / tokens, 0.0) if tokens else 0.0,
+            "kv_peak_share": max(kv), "kv_wait_per_request_s":
+            sum(r["kv_wait_s"] for r in regions.values()) / requests}
+
+
+@dataclass
+class Search:
+    """The rate search of one configuration: the highest rate met, the lowest failed above it."""
+
+    config: Config
+    points: dict = field(default_factory=dict)  # factor -> Point
+
+    @property
+    def best(self) -> float | None:
+        """The highest factor met below every failed one."""
+        ceiling = self.failed
+        met = [f for f, p in self.points.items() if p.met and (ceiling is None or f < ceiling)]
+        return max(met) if met else None
+
+    @property
+    def failed(self) -> float | None:
+        failed = [f for f, p in self.points.items() if not p.met]
+        return min(failed) if failed else None
+
+    def proposals(self, per_round: int, tolerance: float) -> list[float]:
+        """The factors to try next (none once the bracket is within ``tolerance``)."""
+        if not self.points:
+            return list(BRACKET)
+        lo, hi = self.best, self.failed
+        if hi is None:  # everything met: go higher, unless already at the ceiling
+            top = max(self.points)
+            if top >= HIGHEST:
+                return []
+            return [top * 2.0 ** (k + 1) for k in range(per_round)]
+        if lo is None:  # nothing met: go lower, unless already at the floor
+            bottom = min(self.points)
+            if bottom <= LOWEST:
+                return []
+            return [bottom * 2.0 ** -(k + 1) for k in range(per_round)]
+        if hi / lo <= 1 + tolerance:
+            return []
+        step = (hi / lo) ** (1.0 / (per_round + 1))  # evenly spaced in log inside (lo, hi)
+        return [lo * step ** (k + 1) for k in range(per_round)]
+
+
+def search_rates(configs: list[Config], requests: Requests, targets: Targets, run_points,
+                 per_round: int = 3, tolerance: float = 0.05, progress=None) -> list[Search]:
+    """Search every configuration's highest rate in rounds. ``run_points(jobs)`` evaluates a
+    list of (config index, factor) and returns their Points in order."""
+    searches = [Search(c) for c in configs]
+    for round_ in range(MAX_ROUNDS):
+        jobs = [(i, f) for i, s in enumerate(searches)
+                for f in s.proposals(per_round, tolerance) if f not in s.points]
+        if not jobs:
+            break
+        for (i, f), point in zip(jobs, run_points(jobs)):
+            searches[i].points[f] = point
+        if progress:
+            progress(round_ + 1, len(jobs))
+    return searches
+
+
+@dataclass
+class Outcome:
+    """A configuration's answer: its best point and the first point it failed at."""
+
+    label: str
+    plan: str
+    knob: str
+    best: Point | None
+    failed: Point | None
+
+    @property
+    def goodput(self) -> float:
+        return self.best.metrics["goodput_requests_per_s"] if self.best else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.best.metrics["output_tokens_per_s"] if self.best else 0.0
+
+    def limit(self, targets: Targets) -> str:
+        """What broke at the first failed rate, in a few words."""
+        if self.failed is None:
+            return "met every rate tried (more requests per run would load it further)"
+        m = self.failed.metrics
+        broke = [name for name, key, target in (("TTFT", "ttft_s", targets.ttft_s),
+                                                ("TPOT", "tpot_s", targets.tpot_s))
+                 if m[key]["p90"] > target]
+        if not broke:
+            broke = [f"attainment {m['slo_attainment']:.0%}"]
+        return " and ".join(broke)
+
+
+def outcomes(searches: list[Search]) -> list[Outcome]:
+    out = []
+    for s in searches:
+        best, failed = s.best, s.failed
+        out.append(Outcome(s.config.label, s.config.plan, s.config.knob,
+                           s.points[best] if best is not None else None,
+                           s.points[failed] if failed is not None else None))
+    return out
+
+
+def compare(results: list[Outcome], targets: Targets) -> dict:
+    """The best of each plan, the ratio disaggregated/colocated, and why."""
+    best = {}
+    for plan in ("colocated", "disaggregated"):
+        mine = [r for r in results if r.plan == plan]
+        if mine:
+            best[plan] = max(mine, key=lambda r: (r.goodput, r.tokens_per_s))
+    col, dis = best.get("colocated"), best.get("disaggregated")
+    summary = {"colocated": col.label if col else None,
+               "disaggregated": dis.label if dis else None}
+    if col and dis:
+        summary["goodput_ratio"] = _ratio(dis.goodput, col.goodput)
+        summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
+        summary["split"] = dis.knob
+        summary["reasons"] = [_reason(col, targets), _reason(dis, targets)]
+    return summary
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if b > 0:
+        return a / b
+    return None if a == 0 else math.inf
+
+
+def _reason(r: Outcome, targets: Targets) -> str:
+    """One sentence on what limits a configuration, from its first failed point's numbers."""
+    if r.failed is None:
+        return f"{r.label}: met its targets at every rate tried"
+    m = r.failed.metrics
+    rate = f"{r.failed.rate:.3g}/s"
+    parts = [f"{r.label}: at {rate} p90 {r.limit(targets)} missed"]
+    stall, tpot = m["decode_stall_per_token_s"], m["tpot_s"]["p90"]
+    if tpot > 0 and stall > 0.1 * tpot:
+        parts.append(f"decode tokens stalled {_ms(stall)} each beyond their own work "
+                     f"(p90 TPOT {_ms(tpot)})")
+    parts.append(f"prefill stages {m['prefill_utilization']:.0%} busy, decode stages "
+                 f"{m['decode_utilization']:.0%}")
+    if m["kv_wait_per_request_s"] > 0:
+        parts.append(f"prompts waited {_ms(m['kv_wait_per_request_s'])} on average for KV room "
+                     f"(peak {m['kv_peak_share']:.0%} of capacity)")
+    return "; ".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def evaluate_job(configs: list[Config], requests: Requests, targets: Targets, index: int,
+                 factor: float) -> Point:
+    """``evaluate`` of one (configuration index, factor) job, the form ``pool`` runs."""
+    return evaluate(configs[index], requests, factor, targets)
