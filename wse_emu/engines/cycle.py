@@ -14,6 +14,10 @@ one wavelet per input port and one per output port (input ports tried round-robi
 freed credits return. A line multicast moves only when all the outputs it needs (the next hop
 and the local ramp) are free at once.
 
+Only routers with queued wavelets are visited, in index order. The order cannot change the
+outcome: a router's grants depend on its own queues and credits alone, each queue takes at most
+one arriving wavelet per cycle, and freed credits return only at the end of the cycle.
+
 Zero-load latency of an M-wavelet message over H hops is H*hop + 2*ramp + (M - 1) cycles from
 the cycle it may start to the cycle its last wavelet reaches the PE.
 """
@@ -23,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from wse_emu.engines.cores import (
     ID_BITS,
@@ -70,6 +76,8 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     """Execute a task graph; messages use virtual channel ``vc % vcs``."""
     if hop < 1 or ramp < 1:
         raise ValueError("the cycle engine needs hop and ramp latency of at least one cycle")
+    if vcs > MAX_VCS:
+        raise ValueError(f"the cycle engine models at most {MAX_VCS} colors, got {vcs}")
     graph.check_ranges()
     msgs = graph.msgs
     base = graph.point_base()
@@ -102,17 +110,6 @@ def _xy_port(x, y, dx, dy):
 
 
 @njit(cache=True)
-def _neighbour(r, direction, width):
-    if direction == 0:
-        return r - width
-    if direction == 1:
-        return r + 1
-    if direction == 2:
-        return r + width
-    return r - 1
-
-
-@njit(cache=True)
 def _queue_send(m, src, pe_head, pe_tail, nxt, senders, n_senders):
     """Message ``m`` joins the end of its PE's send queue; returns the number of senders."""
     s = src[m]
@@ -136,10 +133,169 @@ def _pack(m, dx, dy, line):
     return m | (dx << 32) | (dy << 47) | (line << 62)
 
 
+# A queue (router, input port, color) named by one int64, so that a wavelet on a link or a
+# credit on its way back is one list entry. Five bits of color: at most 32 colors, which the
+# per-port color masks below allow anyway.
+MAX_VCS = 32
+
+
+@njit(cache=True)
+def _queue_id(r, p, v):
+    return (r << 8) | (p << 5) | v
+
+
+@njit(cache=True)
+def _queue_parts(q):
+    """(router, port, color) of a ``_queue_id``."""
+    return q >> 8, (q >> 5) & 7, q & 31
+
+
 # Per-router scalars packed in one 64-byte row (one cache line): per input port a bit mask of
-# its non-empty color queues, the total of queued wavelets, the active flag, the arbitration
-# start port, color round-robin pointers, x, y.
-_POCC, _ROCC, _ACT, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
+# its non-empty color queues, the total of queued wavelets, a bit mask of the input ports with
+# anything queued, the arbitration start port, color round-robin pointers, x, y.
+_POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
+
+
+@intrinsic
+def _lowest_bit(typingctx, word):
+    """Index of the lowest set bit of a non-zero int64 (one instruction: LLVM's cttz)."""
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], cgutils.true_bit)  # true: zero never asked
+    return types.int64(types.int64), codegen
+
+
+@njit(cache=True)
+def _rotate(mask, first, size):
+    """Bit i of the result is bit ``(first + i) % size`` of the ``size``-bit ``mask``: taking
+    set bits lowest first visits them round-robin from ``first``, with no modulo per try."""
+    full = (1 << size) - 1
+    mask &= full  # a 32-color mask read from int32 arrives sign-extended
+    return ((mask >> first) | (mask << (size - first))) & full
+
+
+@njit(cache=True)
+def _enqueue(r, p, v, e, qcap, qbuf, qinfo, rinfo, active):
+    """Wavelet ``e`` joins queue (port ``p``, color ``v``) of router ``r``."""
+    pos = qinfo[r, p, v, 0] + qinfo[r, p, v, 1]
+    if pos >= qcap:
+        pos -= qcap
+    qbuf[r, p, v, pos] = e
+    qinfo[r, p, v, 1] += 1
+    rinfo[r, p] |= 1 << v
+    rinfo[r, _PMASK] |= 1 << p
+    rinfo[r, _ROCC] += 1
+    active[r >> 6] |= 1 << (r & 63)
+
+
+@njit(cache=True)
+def _dequeue(r, p, v, vcs, qcap, qinfo, rinfo):
+    """The head wavelet of queue (port ``p``, color ``v``) of router ``r`` leaves, and the
+    port's color pointer moves past ``v``."""
+    h = qinfo[r, p, v, 0] + 1
+    qinfo[r, p, v, 0] = 0 if h == qcap else h
+    qinfo[r, p, v, 1] -= 1
+    if qinfo[r, p, v, 1] == 0:
+        rinfo[r, p] &= ~(1 << v)
+        if rinfo[r, p] == 0:
+            rinfo[r, _PMASK] &= ~(1 << p)
+    rinfo[r, _ROCC] -= 1
+    rinfo[r, _VRR + p] = 0 if v + 1 == vcs else v + 1
+
+
+# The switch functions are inlined by Numba itself: called, each would take its many arrays
+# with reference counting, per router (measured: about 40% slower overall).
+@njit(cache=True, inline="always")
+def _switch_router(r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
+                   link_q, link_e, n_link, out_r, out_m, n_out, ret, n_ret):
+    """Router ``r`` moves at most one wavelet per input port and one per output port: input
+    ports round-robin from ``(t + r) % 5``, colors round-robin per port. A moved wavelet joins
+    the link list (``link_q``, ``link_e``) and/or the ramp-out list (``out_r``, ``out_m``), the
+    slot it frees the credit list ``ret``. Returns the three lists' lengths, the wavelets moved
+    and the line copies made."""
+    rx = rinfo[r, _X]
+    ry = rinfo[r, _Y]
+    used = 0  # bit mask of output ports taken this cycle
+    moved = 0
+    copies = 0
+    start = rinfo[r, _START] + t_port
+    if start >= PORTS:
+        start -= PORTS
+    ports = _rotate(rinfo[r, _PMASK], start, PORTS)  # only input ports with queued wavelets
+    while ports != 0:
+        p = start + _lowest_bit(ports)
+        ports &= ports - 1
+        if p >= PORTS:
+            p -= PORTS
+        first = rinfo[r, _VRR + p]
+        colors = _rotate(rinfo[r, p], first, vcs)
+        while colors != 0:
+            v = first + _lowest_bit(colors)
+            colors &= colors - 1
+            if v >= vcs:
+                v -= vcs
+            e = qbuf[r, p, v, qinfo[r, p, v, 0]]
+            out = _xy_port(rx, ry, (e >> 32) & 0x7FFF, (e >> 47) & 0x7FFF)
+            # A line multicast taps the ramp at every router after its source (where it
+            # entered from the ramp).
+            tap = (e >> 62) & 1 == 1 and out != RAMP and p != RAMP
+            if used & (1 << out):
+                continue
+            if out < 4 and cred[r, out, v] == 0:
+                continue
+            if tap and used & (1 << RAMP):
+                continue
+            # Granted: the slot it frees is a credit for whoever feeds this queue.
+            _dequeue(r, p, v, vcs, qcap, qinfo, rinfo)
+            moved += 1
+            if p < 4:
+                ret[n_ret] = _queue_id(r + step[p], opposite[p], v)
+            else:
+                ret[n_ret] = _queue_id(r, RAMP, v)
+            n_ret += 1
+            used |= 1 << out
+            if out < 4:
+                link_q[n_link] = _queue_id(r + step[out], opposite[out], v)
+                link_e[n_link] = e
+                n_link += 1
+                cred[r, out, v] -= 1
+                links[r, out] += 1
+            if out == RAMP or tap:
+                out_r[n_out] = r
+                out_m[n_out] = e & _MSG_MASK
+                n_out += 1
+                if tap:
+                    used |= 1 << RAMP
+                    copies += 1
+            break
+    return n_link, n_out, n_ret, moved, copies
+
+
+@njit(cache=True, inline="always")
+def _switch(active, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
+            link_q, link_e, out_r, out_m, ret):
+    """Every router with queued wavelets switches; emptied ones leave the ``active`` bit set.
+    Routers are taken in index order from the bit set, so their state is walked forwards in
+    memory rather than at random. Returns the link list's length, the ramp-out list's, the
+    credits to return, the wavelets moved and the line copies made."""
+    n_link = 0
+    n_out = 0
+    n_ret = 0
+    moved = 0
+    copies = 0
+    for word in range(len(active)):
+        bits = active[word]
+        while bits != 0:
+            b = _lowest_bit(bits)
+            bits ^= 1 << b  # not bits & (bits - 1): for bit 63 that subtraction overflows
+            r = (word << 6) + b
+            n_link, n_out, n_ret, m, c = _switch_router(
+                r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite, link_q,
+                link_e, n_link, out_r, out_m, n_out, ret, n_ret)
+            moved += m
+            copies += c
+            if rinfo[r, _ROCC] == 0:
+                active[word] &= ~(1 << (r & 63))
+    return n_link, n_out, n_ret, moved, copies
 
 
 @njit(cache=True)
@@ -149,6 +305,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     n = width * height
     m_count = len(src)
     opposite = np.array([2, 3, 0, 1], dtype=np.int64)
+    step = np.array([-width, 1, width, -1], dtype=np.int64)  # router offset per direction
     rinfo = np.zeros((n, _RINFO), dtype=np.int32)
     for r in range(n):
         rinfo[r, _START] = r % PORTS
@@ -166,15 +323,11 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     qbuf = np.zeros((n, PORTS, vcs, qcap), dtype=np.int64)
     qinfo = np.zeros((n, PORTS, vcs, 2), dtype=np.int32)  # head, length
     cred = np.full((n, PORTS, vcs), qcap, dtype=np.int32)  # port RAMP: the PE's injection
-    ret_r = np.zeros(n * PORTS, dtype=np.int64)
-    ret_d = np.zeros(n * PORTS, dtype=np.int64)
-    ret_v = np.zeros(n * PORTS, dtype=np.int64)
+    ret = np.zeros(n * PORTS, dtype=np.int64)  # queues whose freed slot is credited next
 
     # Wavelets on links and ramps, as lists per arrival slot (cycle modulo the latency).
-    l_r = np.zeros((hop, 4 * n), dtype=np.int64)
-    l_d = np.zeros((hop, 4 * n), dtype=np.int64)
-    l_m = np.zeros((hop, 4 * n), dtype=np.int64)
-    l_v = np.zeros((hop, 4 * n), dtype=np.int64)
+    l_q = np.zeros((hop, 4 * n), dtype=np.int64)  # the queue it will join (_queue_id)
+    l_m = np.zeros((hop, 4 * n), dtype=np.int64)  # the wavelet
     l_n = np.zeros(hop, dtype=np.int64)
     i_r = np.zeros((ramp, n), dtype=np.int64)
     i_m = np.zeros((ramp, n), dtype=np.int64)
@@ -190,8 +343,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     sent = np.zeros(m_count, dtype=np.int64)
     senders = np.zeros(n, dtype=np.int64)
     n_senders = 0
-    active = np.zeros(n, dtype=np.int64)  # routers with queued wavelets
-    n_active = 0
+    active = np.zeros((n + 63) // 64, dtype=np.int64)  # bit r: router r has queued wavelets
 
     total_points = point_base[m_count]
     point_count = np.zeros(total_points, dtype=np.int64)
@@ -240,7 +392,10 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             point_count[idx] += 1
             if point_count[idx] == length[m]:
                 point_done[idx] = t
-                ht, hk, hsize = feed(msg_target[idx], t, need, task_priority, ht, hk, hsize)
+                # Only a point some task waits on calls feed (whose array arguments cost
+                # reference counting per call).
+                if msg_target[idx] >= 0:
+                    ht, hk, hsize = feed(msg_target[idx], t, need, task_priority, ht, hk, hsize)
                 points_left[m] -= 1
                 if points_left[m] == 0:
                     t_done[m] = t
@@ -251,13 +406,13 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
         #    External messages whose time has come join their PE's send queue too.
         while hsize > 0 and ht[0] <= t:
             _, key, hsize = pop(ht, hk, hsize)
-            ht, hk, hsize, finished = core_event(
+            ht, hk, hsize, done_task = core_event(
                 key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, ht, hk, hsize, task_pe,
                 task_priority, task_cycles, succ_ptr, succ_task, need, start_t, end_t, busy,
                 q_base, qa, qb, q_count, running, dispatch_due)
-            if finished >= 0:
+            if done_task >= 0:
                 tasks_done += 1
-                for i in range(out_ptr[finished], out_ptr[finished + 1]):
+                for i in range(out_ptr[done_task], out_ptr[done_task + 1]):
                     n_senders = _queue_send(out_msg[i], src, pe_head, pe_tail, nxt, senders,
                                             n_senders)
         while released < len(external) and t_ready[external[released]] <= t:
@@ -266,110 +421,23 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             released += 1
 
         # 3. Arrivals from links and ramps into router queues.
-        for i in range(l_n[ls] + i_n[rs]):
-            if i < l_n[ls]:
-                nb = _neighbour(l_r[ls, i], l_d[ls, i], width)
-                p = opposite[l_d[ls, i]]
-                e = l_m[ls, i]
-                v = l_v[ls, i]
-            else:
-                nb = i_r[rs, i - l_n[ls]]
-                p = RAMP
-                m = i_m[rs, i - l_n[ls]]
-                e = _pack(m, mdx[m], mdy[m], 1 if mode[m] == LINE else 0)
-                v = vc[m]
-            pos = qinfo[nb, p, v, 0] + qinfo[nb, p, v, 1]
-            if pos >= qcap:
-                pos -= qcap
-            qbuf[nb, p, v, pos] = e
-            qinfo[nb, p, v, 1] += 1
-            rinfo[nb, p] |= 1 << v
-            rinfo[nb, _ROCC] += 1
-            queued += 1
-            if rinfo[nb, _ACT] == 0:
-                rinfo[nb, _ACT] = 1
-                active[n_active] = nb
-                n_active += 1
+        for i in range(l_n[ls]):
+            r, p, v = _queue_parts(l_q[ls, i])
+            _enqueue(r, p, v, l_m[ls, i], qcap, qbuf, qinfo, rinfo, active)
+        for i in range(i_n[rs]):
+            m = i_m[rs, i]
+            e = _pack(m, mdx[m], mdy[m], 1 if mode[m] == LINE else 0)
+            _enqueue(i_r[rs, i], RAMP, vc[m], e, qcap, qbuf, qinfo, rinfo, active)
+        queued += l_n[ls] + i_n[rs]
         l_n[ls] = 0
         i_n[rs] = 0
 
         # 4. Switch: one wavelet per input port and per output port.
-        nret = 0
-        keep = 0
-        t_port = t % PORTS
-        for a in range(n_active):
-            r = active[a]
-            rx = rinfo[r, _X]
-            ry = rinfo[r, _Y]
-            used = 0  # bit mask of output ports taken this cycle
-            start = rinfo[r, _START] + t_port
-            if start >= PORTS:
-                start -= PORTS
-            for k in range(PORTS):
-                p = start + k
-                if p >= PORTS:
-                    p -= PORTS
-                if rinfo[r, p] == 0:
-                    continue
-                for j in range(vcs):
-                    v = rinfo[r, _VRR + p] + j
-                    if v >= vcs:
-                        v -= vcs
-                    if (rinfo[r, p] >> v) & 1 == 0:
-                        continue
-                    e = qbuf[r, p, v, qinfo[r, p, v, 0]]
-                    out = _xy_port(rx, ry, (e >> 32) & 0x7FFF, (e >> 47) & 0x7FFF)
-                    # A line multicast taps the ramp at every router after its source (where
-                    # it entered from the ramp).
-                    tap = (e >> 62) & 1 == 1 and out != RAMP and p != RAMP
-                    if used & (1 << out):
-                        continue
-                    if out < 4 and cred[r, out, v] == 0:
-                        continue
-                    if tap and used & (1 << RAMP):
-                        continue
-                    # Granted.
-                    h = qinfo[r, p, v, 0] + 1
-                    qinfo[r, p, v, 0] = 0 if h == qcap else h
-                    qinfo[r, p, v, 1] -= 1
-                    if qinfo[r, p, v, 1] == 0:
-                        rinfo[r, p] &= ~(1 << v)
-                    rinfo[r, _ROCC] -= 1
-                    queued -= 1
-                    rinfo[r, _VRR + p] = 0 if v + 1 == vcs else v + 1
-                    if p < 4:
-                        ret_r[nret] = _neighbour(r, p, width)
-                        ret_d[nret] = opposite[p]
-                    else:
-                        ret_r[nret] = r
-                        ret_d[nret] = RAMP
-                    ret_v[nret] = v
-                    nret += 1
-                    used |= 1 << out
-                    if out < 4:
-                        c = l_n[ls]
-                        l_r[ls, c] = r
-                        l_d[ls, c] = out
-                        l_m[ls, c] = e
-                        l_v[ls, c] = v
-                        l_n[ls] = c + 1
-                        cred[r, out, v] -= 1
-                        links[r, out] += 1
-                    if out == RAMP or tap:
-                        c = o_n[rs]
-                        o_r[rs, c] = r
-                        o_m[rs, c] = e & _MSG_MASK
-                        o_n[rs] = c + 1
-                        if tap:
-                            used |= 1 << RAMP
-                            copies += 1
-                    break
-            if rinfo[r, _ROCC] > 0:
-                active[keep] = r
-                keep += 1
-            else:
-                rinfo[r, _ACT] = 0
-        n_active = keep
+        l_n[ls], o_n[rs], n_ret, moved, made = _switch(
+            active, t % PORTS, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
+            l_q[ls], l_m[ls], o_r[rs], o_m[rs], ret)
+        queued -= moved
+        copies += made
 
         # 5. Each PE injects at most one wavelet of the message at the head of its queue.
         keep = 0
@@ -397,8 +465,9 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
         n_senders = keep
 
         # 6. Credits freed this cycle become usable next cycle.
-        for i in range(nret):
-            cred[ret_r[i], ret_d[i], ret_v[i]] += 1
+        for i in range(n_ret):
+            r, p, v = _queue_parts(ret[i])
+            cred[r, p, v] += 1
 
         flight = injected + copies - delivered
         occupancy += flight
