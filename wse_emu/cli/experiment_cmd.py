@@ -25,11 +25,12 @@ from wse_emu.runtime.experiment import (
     outcomes,
     search_rates,
 )
-from wse_emu.runtime.pool import point_runner
+from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall
 from wse_emu.runtime.workload import Requests, generate
 
 DEFAULT_BUDGETS = (64, 256, 1024)
+DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
 
 
 def add_parser(sub) -> None:
@@ -44,8 +45,9 @@ def add_parser(sub) -> None:
     src = d.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="workload preset or YAML")
     src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
-    d.add_argument("--requests", type=int, default=1000,
-                   help="requests (sessions) per serving run (default 1000)")
+    d.add_argument("--requests", type=int,
+                   help=f"requests (sessions) per serving run (default: the workload's, at "
+                   f"most {DEFAULT_REQUESTS})")
     d.add_argument("--ttft-slo", type=float, required=True, help="p90 time-to-first-token "
                    "target, seconds")
     d.add_argument("--tpot-slo", type=float, required=True, help="p90 time-per-output-token "
@@ -70,19 +72,23 @@ def run(args):
     targets = _targets(args)
     budgets = _budgets(args.budgets)
     for name in ("requests", "batch_limit", "prefill_tile", "workers"):
-        if getattr(args, name) < (0 if name == "workers" else 1):
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "workers" else 1):
+            raise UserError(f"--{name.replace('_', '-')} must be at least "
+                            f"{0 if name == 'workers' else 1}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
     spec = workload_of(args.workload, args.trace, requests=args.requests)
+    if args.requests is None:
+        spec.requests = min(spec.requests, DEFAULT_REQUESTS)
     requests = generate(spec)
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     progress = _progress(args)
-    configs, skipped = build_configs(model, cluster, requests, budgets, args.batch_limit,
-                                     args.prefill_tile, cache_dir(args), progress)
-    report = experiment(configs, requests, targets, args.scheduler, args.workers,
-                        args.tolerance, progress)
+    with point_pool(args.scheduler, args.workers) as pool:
+        configs, skipped = build_configs(model, cluster, requests, budgets, args.batch_limit,
+                                         args.prefill_tile, cache_dir(args), progress)
+        report = experiment(configs, requests, targets, pool, args.tolerance, progress)
     data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
             "workload": spec.name, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
@@ -91,14 +97,14 @@ def run(args):
     return data if args.json else render(data)
 
 
-def experiment(configs: list[Config], requests: Requests, targets: Targets,
-               scheduler: str | None = None, workers: int = 0, tolerance: float = 0.05,
-               progress=None) -> dict:
-    """Search every configuration and compare the plans: a JSON-able report."""
-    with point_runner(evaluate_job, (configs, requests, targets), scheduler, workers) as run_:
-        searches = search_rates(configs, requests, targets, run_, tolerance=tolerance,
-                                progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
-                                if progress else None)
+def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,
+               tolerance: float = 0.05, progress=None) -> dict:
+    """Search every configuration on ``pool`` (see ``runtime.pool``) and compare the plans:
+    a JSON-able report."""
+    run_points = pool.bind(evaluate_job, (configs, requests, targets))
+    searches = search_rates(configs, requests, targets, run_points, tolerance=tolerance,
+                            progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
+                            if progress else None)
     results = outcomes(searches)
     return {"configurations": [_row(r, targets, len(s.points))
                                for r, s in zip(results, searches)],
@@ -131,11 +137,11 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
         except CompileError as exc:
             if plan == "colocated":
                 raise
-            skipped.append(f"{plan} {knob}: {' '.join(str(exc).split())}")
+            skipped.append(f"{plan} {knob}".rstrip() + f": {' '.join(str(exc).split())}")
             continue
         short = kv_shortfall(requests, program.regions)
         if short:
-            skipped.append(f"{plan} {knob}: {short}".replace("  ", " "))
+            skipped.append(f"{plan} {knob}".rstrip() + f": {short}")
             continue
         regions = region_models(program, cache)
         if plan == "colocated":
@@ -203,6 +209,9 @@ def render(data: dict) -> str:
                      if cmp_.get("tokens_per_s_ratio") not in (None, float("inf")) else "")
                   + "."]
         lines += ["Why:"] + [f"  - {reason}" for reason in cmp_["reasons"]]
+    else:
+        missing = "colocated" if cmp_["colocated"] is None else "disaggregated"
+        lines += ["", f"No comparison: every {missing} configuration was skipped."]
     return "\n".join(lines)
 
 

@@ -86,7 +86,8 @@ def _pressure(regions: dict, requests: int) -> dict:
     kv = [r["kv_peak_tokens"] / r["kv_capacity_tokens"] for r in regions.values()
           if r["role"] != "prefill"]
     return {"prefill_utilization": float(np.mean(pre)), "decode_utilization": float(np.mean(dec)),
-            "decode_stall_per_token_s": max(stall / tokens, 0.0) if tokens else 0.0,
+            # Rounded to the nanosecond: the stall is a difference of large sums.
+            "decode_stall_per_token_s": max(round(stall / tokens, 9), 0.0) if tokens else 0.0,
             "kv_peak_share": max(kv), "kv_wait_per_request_s":
             sum(r["kv_wait_s"] for r in regions.values()) / requests}
 

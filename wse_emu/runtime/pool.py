@@ -23,14 +23,37 @@ def dask_available() -> bool:
     return True
 
 
+class _Here:
+    """Runs jobs in this process, one after another."""
+
+    def bind(self, function, shared: tuple):
+        return lambda jobs: [function(*shared, *job) for job in jobs]
+
+
+class _Dask:
+    def __init__(self, client):
+        self.client = client
+
+    def bind(self, function, shared: tuple):
+        """``run(jobs)``: ``function(*shared, *job)`` for every job on the cluster, results in
+        job order; ``shared`` (large, the same for every job) goes to each worker once."""
+        handles = self.client.scatter(list(shared), broadcast=True)
+
+        def run(jobs):
+            futures = [self.client.submit(function, *handles, *job, pure=False) for job in jobs]
+            return self.client.gather(futures)
+
+        return run
+
+
 @contextmanager
-def point_runner(function, shared: tuple, scheduler: str | None = None, workers: int = 0):
-    """Yields ``run(jobs)``: ``function(*shared, *job)`` for every job, results in job order.
-    ``shared`` (large, the same for every job) goes to each worker once. ``workers``: local
-    worker processes (0: one per core; 1: no cluster, run here)."""
+def point_pool(scheduler: str | None = None, workers: int = 0):
+    """Yields a pool whose ``bind(function, shared)`` gives ``run(jobs)``. ``workers``: local
+    worker processes (0: one per core; 1: no cluster, run here). Connects at once, so that a
+    bad scheduler address fails before any work."""
     workers = workers or os.cpu_count() or 1
     if scheduler is None and (workers == 1 or not dask_available()):
-        yield lambda jobs: [function(*shared, *job) for job in jobs]
+        yield _Here()
         return
     if not dask_available():
         raise UserError("--scheduler needs dask.distributed: pip install -e '.[sweep]'")
@@ -45,19 +68,14 @@ def point_runner(function, shared: tuple, scheduler: str | None = None, workers:
                                    dashboard_address=":0", silence_logs=logging.ERROR)
             client = Client(cluster)
         else:
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout="5s")
     except OSError as exc:
         if cluster is not None:
             cluster.close()
-        raise UserError(f"cannot reach the dask scheduler {scheduler}: {exc}") from None
+        raise UserError(f"cannot reach the dask scheduler {scheduler}: "
+                        f"{' '.join(str(exc).split())}") from None
     try:
-        handles = client.scatter(list(shared), broadcast=True)
-
-        def run(jobs):
-            futures = [client.submit(function, *handles, *job, pure=False) for job in jobs]
-            return client.gather(futures)
-
-        yield run
+        yield _Dask(client)
     finally:
         client.close()
         if cluster is not None:

@@ -1,0 +1,120 @@
+"""The disaggregation experiment: the rate search, the comparison's sanity, and how little the
+answers depend on the stage-table grid."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.model import ModelSpec
+from wse_emu.runtime.experiment import (
+    Config,
+    Point,
+    Targets,
+    evaluate_job,
+    outcomes,
+    search_rates,
+)
+from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.workload import generate, workload_from_dict
+
+SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                  num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,
+                  vocab_size=2048).validate("test")
+AXES = {"decode": ((1, 4, 16, 64), (64, 512, 2048)), "prefill": ((16, 64, 256), (0, 512, 2048))}
+# The same grid with every interval halved: what a finer table would answer.
+DENSE = {"decode": ((1, 2, 4, 8, 16, 32, 64), (64, 288, 512, 1280, 2048)),
+         "prefill": ((16, 40, 64, 160, 256), (0, 256, 512, 1280, 2048))}
+
+
+def region_models(program, cache, axes=AXES, ample=False):
+    out = []
+    for r in program.regions:
+        tables = {ph: build_table(program, r.name, ph, axes=axes[ph], cache_dir=cache)
+                  for ph in ("prefill", "decode")}
+        out.append(RegionModel(r.name, r.role, 10**9 if ample else r.kv_capacity_tokens,
+                               tables["prefill"] if r.role != "decode" else None,
+                               tables["decode"] if r.role != "prefill" else None))
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs():
+    cluster = ClusterSpec(load_fabric("mesh64"), 1)
+    return (compile_model(SMALL, cluster, CompileOptions(region=(64, 64))),
+            compile_model(SMALL, cluster, CompileOptions(plan="disaggregated")))
+
+
+def test_the_search_brackets_the_highest_rate_met():
+    """With a made-up configuration that meets its targets up to factor 2.7, the search ends
+    with the met factor within the tolerance below 2.7 and the failed one above it."""
+    def run_points(jobs):
+        return [Point(f, f <= 2.7, {}) for _, f in jobs]
+    configs = [Config("colocated", "made up", [], ServeOptions())]
+    (search,) = search_rates(configs, None, Targets(1.0, 1.0), run_points, tolerance=0.02)
+    assert 2.7 / 1.02 <= search.best <= 2.7 < search.failed <= search.best * 1.02
+
+
+def test_the_search_gives_up_at_its_floor():
+    configs = [Config("colocated", "never", [], ServeOptions())]
+    (search,) = search_rates(configs, None, Targets(1.0, 1.0),
+                             lambda jobs: [Point(f, False, {}) for _, f in jobs])
+    assert search.best is None and outcomes([search])[0].goodput == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_prompts(
+        programs, tmp_path_factory, seed):
+    """Long prompts, short answers, a TPOT target a few decode steps wide: colocated decode
+    waits behind prefill, disaggregated decode does not; with the KV handoff free and KV room
+    ample, nothing else can make disaggregation lose."""
+    cache = tmp_path_factory.getbasetemp() / "tables"
+    colocated, disaggregated = (region_models(p, cache, ample=True) for p in programs)
+    base = ServeOptions(clock_hz=programs[0].fabric.clock_hz,
+                        handoff_bytes_per_cycle=float("inf"))
+    configs = [Config("colocated", "prefill priority", colocated, base),
+               Config("colocated", "chunked 64", colocated,
+                      replace(base, policy="chunked", token_budget=64)),
+               Config("colocated", "chunked 256", colocated,
+                      replace(base, policy="chunked", token_budget=256)),
+               Config("disaggregated", "share 0.5", disaggregated, base)]
+    decode = next(r for r in disaggregated if r.role == "decode").decode
+    step_s = float(decode.vector(1, 1024).sum()) / base.clock_hz
+    requests = generate(workload_from_dict(
+        {"name": "long prompts", "rate": 1000.0, "requests": 200, "seed": seed,
+         "prompt": {"kind": "uniform", "low": 512, "high": 1024},
+         "output": {"kind": "uniform", "low": 4, "high": 32}}, "test"))
+    targets = Targets(ttft_s=0.02, tpot_s=3 * step_s)
+    searches = search_rates(configs, requests, targets, lambda jobs: [
+        evaluate_job(configs, requests, targets, i, f) for i, f in jobs])
+    results = {o.label: o for o in outcomes(searches)}
+    best_colocated = max(r.goodput for label, r in results.items() if "colocated" in label)
+    assert results["disaggregated, share 0.5"].goodput >= best_colocated > 0
+
+
+def test_results_barely_move_with_a_finer_table_grid(programs, tmp_path_factory):
+    """Serving answers (latency percentiles, throughput) with the tables' grid halved change by
+    less than 5%: interpolation error does not steer the experiment."""
+    cache = tmp_path_factory.getbasetemp() / "tables"
+    program = programs[0]
+    requests = generate(workload_from_dict(
+        {"name": "mixed", "rate": 3000.0, "requests": 300, "seed": 4,
+         "prompt": {"kind": "lognormal", "median": 300, "sigma": 0.8, "low": 16, "high": 2000},
+         "output": {"kind": "lognormal", "median": 40, "sigma": 0.8, "low": 1, "high": 200}},
+        "test"))
+    options = ServeOptions(clock_hz=program.fabric.clock_hz)
+    answers = []
+    for axes in (AXES, DENSE):
+        result = serve(requests, region_models(program, cache, axes), options)
+        answers.append(run_metrics(result, requests, None, None))
+    coarse, fine = answers
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        for q in ("p50", "p90"):
+            assert coarse[key][q] == pytest.approx(fine[key][q], rel=0.05), (key, q)
+    assert coarse["output_tokens_per_s"] == pytest.approx(fine["output_tokens_per_s"], rel=0.05)
+    assert np.isfinite(coarse["tpot_s"]["p99"])

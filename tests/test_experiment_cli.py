@@ -1,0 +1,76 @@
+"""wse-emu experiment disagg: the table, the same answer with and without a dask cluster, and
+one-line errors."""
+
+import json
+
+import pytest
+
+from wse_emu.cli.main import main
+from wse_emu.runtime.pool import dask_available
+
+WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 500
+requests: 40
+prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
+output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
+"""
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    """The experiment's arguments; the tests share one table cache, built by the first."""
+    root = tmp_path_factory.mktemp("experiment")
+    path = root / "w.yaml"
+    path.write_text(WORKLOAD)
+    return ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64",
+            "--cache-dir", str(root / "cache")]
+
+
+def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
+    assert main(args + ["--workers", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    labels = [c["configuration"] for c in data["configurations"]]
+    assert "colocated, prefill priority" in labels and "colocated, chunked 64" in labels
+    assert any(label.startswith("disaggregated, share") for label in labels)
+    comparison = data["comparison"]
+    best = {c["configuration"]: c for c in data["configurations"]}
+    assert comparison["goodput_ratio"] == pytest.approx(
+        best[comparison["disaggregated"]]["goodput_requests_per_s"]
+        / best[comparison["colocated"]]["goodput_requests_per_s"])
+    for c in data["configurations"]:
+        if c["max_rate_per_s"] > 0:
+            assert c["tpot_p90_s"] <= 0.001 and c["ttft_p90_s"] <= 0.05
+            assert c["slo_attainment"] >= 0.9
+    assert len(comparison["reasons"]) == 2
+
+
+@pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
+def test_a_local_dask_cluster_gives_the_same_answer(args, capsys):
+    assert main(args + ["--workers", "1", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(args + ["--workers", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+
+
+def test_experiment_prints_a_table(args, capsys):
+    assert main(args + ["--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "max rate/s" in out and "against the best colocated" in out and "Why:" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tpot-slo", "0"], "--tpot-slo must be positive"),
+    (["--budgets", "64,x"], "--budgets must be comma-separated integers"),
+    (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
+    (["--requests", "0"], "--requests must be at least 1"),
+    (["--scheduler", "tcp://127.0.0.1:1"], "dask scheduler"),
+])
+def test_bad_experiment_input_is_one_line(args, capsys, extra, message):
+    if extra[0] == "--scheduler" and not dask_available():
+        pytest.skip("dask.distributed is not installed")
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
