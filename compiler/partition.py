@@ -241,7 +241,7 @@ SPLIT_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75)  # prefill shares a split search 
 def disaggregated_splits(model: ModelSpec, cluster: ClusterSpec) -> list[dict]:
     """The prefill/decode splits worth comparing, as CompileOptions fields. Shares of every
     wafer's columns: those of ``SPLIT_SHARES`` that leave both parts room for the weights, or,
-    when fewer than three do, the feasible range's ends and middle. With enough systems, also
+    when fewer than three do, three points inside the feasible range. With enough systems, also
     whole systems per role (multiples of the systems one replica spans)."""
     fabric = cluster.fabric
     span = wafers_needed(model, fabric)
@@ -252,9 +252,10 @@ def disaggregated_splits(model: ModelSpec, cluster: ClusterSpec) -> list[dict]:
         if feasible is not None:
             shares = [s for s in SPLIT_SHARES if _share_fits(s, fabric.width, min_width)]
             if len(shares) < 3:
+                # A narrow range: its ends hold the weights only just (tiling may still fail
+                # there), so take points a fifth of the way in from each end, and the middle.
                 lo, hi = feasible
-                middle = round((lo + hi) / 2, 2)
-                shares = sorted({lo, hi, middle, *shares})
+                shares = sorted({round(lo + (hi - lo) * q, 2) for q in (0.2, 0.5, 0.8)})
             splits += [{"prefill_share": s} for s in shares
                        if _share_fits(s, fabric.width, min_width)]
     splits += [{"prefill_systems": p} for p in range(span, cluster.systems - span + 1, span)]

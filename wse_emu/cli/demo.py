@@ -2,7 +2,9 @@
 
 Compiles Llama-3.1-8B onto one WSE-3, colocated and disaggregated, prints both compile
 summaries, then simulates one decode step (batch 1, context 4096) on the colocated region and
-on the disaggregated decode region, side by side with the compiler's bounds.
+on the disaggregated decode region, side by side with the compiler's bounds. It ends with the
+disaggregation experiment on a chat-like workload: each configuration at the highest request
+rate that meets the latency targets, and the ratio between the plans.
 """
 
 from __future__ import annotations
@@ -10,20 +12,36 @@ from __future__ import annotations
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.cli.compile_cmd import render
+from wse_emu.cli.experiment_cmd import disagg_experiment
+from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.fmt import seconds, si, table
+from wse_emu.cli.serve_cmd import cache_dir
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import Step
 from wse_emu.model import load_model
 from wse_emu.runner import run_region
+from wse_emu.runtime.experiment import Targets
+from wse_emu.runtime.pool import point_pool
+from wse_emu.runtime.workload import generate, workload_from_dict
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_FABRIC = "wse3"
 DECODE = Step("decode", batch=1, context=4096)
+# Chat-like requests (lengths around the medians of the Azure 2023 conversation trace), few
+# enough for the experiment to finish in minutes.
+WORKLOAD = {"name": "demo-chat", "arrival": "poisson", "rate": 5.0, "requests": 300, "seed": 0,
+            "prompt": {"kind": "lognormal", "median": 1020, "sigma": 0.8, "low": 16,
+                       "high": 8192},
+            "output": {"kind": "lognormal", "median": 129, "sigma": 0.9, "low": 1,
+                       "high": 1000}}
+TARGETS = Targets(ttft_s=0.5, tpot_s=0.005)  # p90 TTFT 500 ms; p90 TPOT 5 ms (200 tokens/s)
+BUDGETS = (64, 256)
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="compile the default model both ways and time a decode step")
     p.add_argument("--json", action="store_true", help="machine-readable summaries on stdout")
+    p.add_argument("--cache-dir", help="where stage-time tables are kept")
     p.set_defaults(func=run)
 
 
@@ -34,8 +52,9 @@ def run(args):
                 for plan in ("colocated", "disaggregated")}
     runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
+    exp = _experiment(model, cluster, args.cache_dir)
     if args.json:
-        return {plan: {"compile": p.summary,
+        return {"experiment": exp} | {plan: {"compile": p.summary,
                        "decode_step": {"region": runs[plan].region,
                                        "step_seconds": runs[plan].step_seconds,
                                        "tokens_per_s_alone": runs[plan].latency_tokens_per_s(),
@@ -61,4 +80,13 @@ def run(args):
     parts.append("One decode step (batch 1, context 4096) on the fast engine\n" + table(
         ["plan", "region", "step", "bound", "tok/s alone", "tok/s pipelined", "compute util"],
         sim, "llrrrrr"))
+    parts.append("The disaggregation experiment (wse-emu experiment disagg)\n"
+                 + render_experiment(exp))
     return "\n\n".join(parts)
+
+
+def _experiment(model, cluster, cache) -> dict:
+    requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
+    with point_pool() as pool:
+        return disagg_experiment(model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
+                                 cache_dir(cache), BUDGETS)

@@ -84,17 +84,26 @@ def run(args):
     requests = generate(spec)
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    progress = _progress(args)
     with point_pool(args.scheduler, args.workers) as pool:
-        configs, skipped = build_configs(model, cluster, requests, budgets, args.batch_limit,
-                                         args.prefill_tile, cache_dir(args), progress)
-        report = experiment(configs, requests, targets, pool, args.tolerance, progress)
-    data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
-            "workload": spec.name, "requests_per_run": len(requests),
+        data = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
+                                 cache_dir(args.cache_dir), budgets, args.batch_limit,
+                                 args.prefill_tile, args.tolerance, _progress(args))
+    return data if args.json else render(data)
+
+
+def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
+                      requests: Requests, targets: Targets, pool, cache: Path,
+                      budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile: int = 64,
+                      tolerance: float = 0.05, progress=None) -> dict:
+    """Build the configurations, search them on ``pool`` and compare: the JSON-able report."""
+    configs, skipped = build_configs(model, cluster, requests, budgets, batch_limit,
+                                     prefill_tile, cache, progress)
+    return {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
+            "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
-            "skipped": skipped, **report}
-    return data if args.json else render(data)
+            "skipped": skipped,
+            **experiment(configs, requests, targets, pool, tolerance, progress)}
 
 
 def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,

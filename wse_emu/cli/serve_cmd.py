@@ -47,9 +47,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def cache_dir(args) -> Path:
-    if args.cache_dir:
-        return Path(args.cache_dir)
+def cache_dir(given: str | None = None) -> Path:
+    """Where stage-time tables are kept: ``given``, else the user's cache directory."""
+    if given:
+        return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "wse-emu"
 
@@ -106,7 +107,7 @@ def run(args):
         def progress(done, total):
             print(f"\rtiming stage tables: {done}/{total}", end="" if done < total else "\n",
                   file=sys.stderr)
-    regions = region_models(program, cache_dir(args), progress)
+    regions = region_models(program, cache_dir(args.cache_dir), progress)
     fabric = program.fabric
     options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
                            token_budget=args.token_budget, prefill_tile=args.prefill_tile,
