@@ -206,21 +206,21 @@ def render(data: dict) -> str:
                               "next rate fails on"], rows, "lrrrrrrrrl")]
     lines += [f"skipped {s}" for s in data["skipped"]]
     cmp_ = data["comparison"]
-    if "goodput_ratio" in cmp_:
-        ratio = cmp_["goodput_ratio"]
-        text = "no colocated configuration met the targets" if ratio is None or ratio == float(
-            "inf") else f"{ratio:.2f}x the goodput"
-        if ratio is None:
-            text = "neither plan met the targets at any rate tried"
-        lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated "
-                  f"({cmp_['colocated'].split(', ', 1)[1]}) at the same TPOT target: {text}"
-                  + (f", {cmp_['tokens_per_s_ratio']:.2f}x the output tokens/s"
-                     if cmp_.get("tokens_per_s_ratio") not in (None, float("inf")) else "")
-                  + "."]
-        lines += ["Why:"] + [f"  - {reason}" for reason in cmp_["reasons"]]
-    else:
+    if "goodput_ratio" not in cmp_:
         missing = "colocated" if cmp_["colocated"] is None else "disaggregated"
-        lines += ["", f"No comparison: every {missing} configuration was skipped."]
+        return "\n".join(lines + ["", f"No comparison: every {missing} configuration was "
+                                       "skipped."])
+    ratio, tokens = cmp_["goodput_ratio"], cmp_["tokens_per_s_ratio"]
+    if ratio is not None:
+        verdict = f"{ratio:.2f}x the goodput, {tokens:.2f}x the output tokens/s"
+    elif cmp_["goodput_requests_per_s"]["disaggregated"] > 0:
+        verdict = "no colocated configuration met the targets at any rate tried"
+    else:
+        verdict = "neither plan met the targets at any rate tried"
+    colocated = cmp_["colocated"].split(", ", 1)[1]
+    lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
+              f"at the same TPOT target: {verdict}.", "Why:"]
+    lines += [f"  - {reason}" for reason in cmp_["reasons"]]
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         noc_cmd,
         run_cmd,
         serve_cmd,
+        viz_cmd,
     )
 
     parser = _Parser(prog="wse-emu", description="A wafer-scale hardware emulator with a "
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for module in (demo, inspect_cmd, compile_cmd, run_cmd, serve_cmd, experiment_cmd, noc_cmd,
-                   bench, list_cmd):
+                   viz_cmd, bench, list_cmd):
         module.add_parser(sub)
     return parser
 

@@ -155,6 +155,7 @@ def write_outputs(directory: Path, program: WaferProgram, run: RegionRun, data: 
     sram = {f"sram_{k[5:]}": v for k, v in program.arrays.items() if k.startswith("sram_")}
     np.savez_compressed(directory / "counters.npz", pe_busy_cycles=busy,
                         link_wavelets_nesw=links, **sram)
+    program.save(directory)  # so that the run directory alone can be drawn
     (directory / "results.json").write_text(json.dumps(data, indent=1))
     (directory / "timeline.json").write_text(json.dumps(chrome_trace(program, run)))
 
@@ -247,5 +248,6 @@ def render(d: dict, output: str | None) -> str:
     lines += ["", table(["stage", "layers", "cycles", "compute util", "busiest kernel",
                          "timed as"], rows, "lrrrll")]
     if output:
-        lines += ["", f"wrote {output}{os.sep} (results.json, counters.npz, timeline.json)"]
+        lines += ["", f"wrote {output}{os.sep} (results.json, counters.npz, timeline.json, "
+                  "program.json, program.npz)"]
     return "\n".join(lines)

@@ -16,7 +16,6 @@ for KV room.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -201,6 +200,8 @@ def compare(results: list[Outcome], targets: Targets) -> dict:
     summary = {"colocated": col.label if col else None,
                "disaggregated": dis.label if dis else None}
     if col and dis:
+        summary["goodput_requests_per_s"] = {"colocated": col.goodput,
+                                              "disaggregated": dis.goodput}
         summary["goodput_ratio"] = _ratio(dis.goodput, col.goodput)
         summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
         summary["split"] = dis.knob
@@ -209,9 +210,8 @@ def compare(results: list[Outcome], targets: Targets) -> dict:
 
 
 def _ratio(a: float, b: float) -> float | None:
-    if b > 0:
-        return a / b
-    return None if a == 0 else math.inf
+    """a / b, or None when b is 0 (no colocated rate met the targets)."""
+    return a / b if b > 0 else None
 
 
 def _reason(r: Outcome, targets: Targets) -> str:

@@ -1,0 +1,99 @@
+"""Drawing per-PE arrays as figures, exactly: whole-number pixel scaling, no resampling.
+
+Colour maps are chosen to read in grey and for colour-blind readers: ``cividis`` for quantities
+(lightness rises with the value), the Okabe-Ito palette for categories. PEs a map says nothing
+about are light grey.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap, Normalize  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+DPI = 100
+MIN_SIDE_PX = 480  # small meshes are scaled up so that a map is at least this big
+MARGIN = {"left": 70, "right": 130, "top": 50, "bottom": 45}  # pixels around the map
+OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
+             "#000000")
+MISSING = "#d9d9d9"
+
+
+def scale_for(height: int, width: int) -> int:
+    """Whole pixels per PE: 1 for a wafer, more for a small mesh."""
+    return max(1, MIN_SIDE_PX // max(height, width))
+
+
+def quantity_cmap():
+    return matplotlib.colormaps["cividis"].with_extremes(bad=MISSING)
+
+
+def category_cmap(n: int):
+    return ListedColormap(OKABE_ITO[:n]).with_extremes(bad=MISSING)
+
+
+def pixels(array: np.ndarray, cmap, vmin: float, vmax: float) -> np.ndarray:
+    """The RGBA image of ``array``, one pixel per PE: what the map shows, before any scaling."""
+    norm = Normalize(vmin=vmin, vmax=vmax if vmax > vmin else vmin + 1)
+    return cmap(norm(np.ma.masked_invalid(array)), bytes=True)
+
+
+def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("png",),
+               cmap=None, vmin: float | None = None, vmax: float | None = None,
+               outlines=(), categories: tuple | None = None) -> list[Path]:
+    """Draw ``array`` (height x width) with a colour bar (or a legend of ``categories``) and
+    region outlines ``(x, y, w, h, label)``; write ``path`` in every format and the exact
+    one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
+    height, width = array.shape
+    finite = array[np.isfinite(array)]
+    if vmin is None:
+        vmin = float(finite.min()) if finite.size else 0.0
+    if vmax is None:
+        vmax = float(finite.max()) if finite.size else 1.0
+    if categories is not None:
+        cmap, vmin, vmax = category_cmap(len(categories)), -0.5, len(categories) - 0.5
+    cmap = cmap or quantity_cmap()
+    image = pixels(array, cmap, vmin, vmax)
+    k = scale_for(height, width)
+    big = np.repeat(np.repeat(image, k, axis=0), k, axis=1)
+    fig_w = (width * k + MARGIN["left"] + MARGIN["right"]) / DPI
+    fig_h = (height * k + MARGIN["top"] + MARGIN["bottom"]) / DPI
+    fig = plt.figure(figsize=(fig_w, fig_h), dpi=DPI)
+    ax = fig.add_axes([MARGIN["left"] / DPI / fig_w, MARGIN["bottom"] / DPI / fig_h,
+                       width * k / DPI / fig_w, height * k / DPI / fig_h])
+    # extent in PE units; the image has exactly as many pixels as the axes.
+    ax.imshow(big, interpolation="nearest", extent=(0, width, height, 0), aspect="auto")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("PE column")
+    ax.set_ylabel("PE row")
+    for x, y, w, h, text in outlines:
+        ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="#cc0000", linewidth=1.2))
+        ax.text(x + 1, y + 1, text, color="white", fontsize=7, va="top",
+                bbox={"facecolor": "black", "alpha": 0.6, "pad": 1, "linewidth": 0})
+    cax = fig.add_axes([(MARGIN["left"] + width * k + 15) / DPI / fig_w,
+                        MARGIN["bottom"] / DPI / fig_h, 12 / DPI / fig_w,
+                        height * k / DPI / fig_h])
+    mappable = plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap)
+    bar = fig.colorbar(mappable, cax=cax)
+    if categories is not None:
+        bar.set_ticks(range(len(categories)))
+        bar.set_ticklabels(categories)
+    bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI)
+        written.append(out)
+    plt.close(fig)
+    raw = path.with_suffix(".pixels.png")
+    plt.imsave(raw, image)
+    written.append(raw)
+    return written

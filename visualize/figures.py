@@ -1,0 +1,75 @@
+"""Which figures a run directory gets, drawn into a folder: the wafer maps (placement, kernel
+kinds, SRAM by category, route colors; with a simulated step, compute and link utilization),
+the roofline, and the arrays behind every map (``maps.npz``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from visualize import wafer
+from visualize.draw import map_figure
+from visualize.roofline import roofline_figure
+from visualize.rundir import RunDir
+
+KINDS = ("maps", "roofline")
+
+
+def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
+             system: int = 0) -> list[tuple[Path, str]]:
+    """Draw into ``out``; returns (main image, caption) for the report, in reading order."""
+    figures: list[tuple[Path, str]] = []
+    program = run.program
+    if program is None:
+        return figures
+    if not 0 <= system < program.systems:
+        from wse_emu.errors import UserError
+        raise UserError(f"--system must be between 0 and {program.systems - 1}, got {system}")
+    if "maps" in what:
+        maps = _maps(run, system)
+        np.savez_compressed(out / "maps.npz", **{name: a for name, (a, *_) in maps.items()})
+        outlines = wafer.region_outlines(program, system)
+        where = f"{program.fabric.name} system {system}"
+        for name, (array, title, label, extra) in maps.items():
+            files = map_figure(array, f"{title} ({where})", label, out / f"map_{name}",
+                               formats, outlines=outlines, **extra)
+            figures.append((files[0], f"{title}: {label}. One pixel (or block) per PE; grey "
+                                      "where the map has no value."))
+    if "roofline" in what:
+        files = roofline_figure(program.model, program.fabric, out / "roofline", formats)
+        figures.append((files[0], "Roofline of one PE (right axis: the whole wafer) with every "
+                                  "op of a layer at its arithmetic intensity."))
+    return figures
+
+
+def _maps(run: RunDir, system: int) -> dict[str, tuple]:
+    """name -> (array, title, colour-bar label, drawing options)."""
+    p = run.program
+    maps = {
+        "placement": (wafer.placement(p, system), "Pipeline stages",
+                      "stage position in its region's pipeline", {}),
+        "kernels": (wafer.kernel_kinds(p, system), "Kernel kinds", "kernel kind",
+                    {"categories": wafer.KERNEL_KINDS}),
+        "colors": (wafer.colors(p, system), "Route colors", "colors configured per router", {}),
+    }
+    sram = wafer.sram(p, system)
+    limit = float(p.fabric.sram_bytes_per_pe)
+    for category, array in sram.items():
+        if category == "total_share":
+            maps["sram_total"] = (array, "SRAM occupancy", "share of the PE's SRAM",
+                                  {"vmin": 0.0, "vmax": 1.0})
+        else:
+            maps[f"sram_{category}"] = (array, f"SRAM: {category.replace('_', ' ')}",
+                                        "bytes per PE", {"vmin": 0.0, "vmax": limit})
+    if run.results and "pe_busy_cycles" in run.counters:
+        maps["compute"] = (wafer.compute_utilization(p, run.counters, run.results, system),
+                           "Compute utilization", "busy cycles / stage cycles",
+                           {"vmin": 0.0, "vmax": 1.0})
+    if run.results and "link_wavelets_nesw" in run.counters and "stages" in run.results:
+        links = wafer.link_utilization(p, run.counters, run.results, system)
+        for d, array in links.items():
+            title = "Link utilization, busiest direction" if d == "max" else \
+                f"Link utilization, {d} links"
+            maps[f"links_{d}"] = (array, title, "wavelets per cycle", {"vmin": 0.0, "vmax": 1.0})
+    return maps

@@ -1,0 +1,68 @@
+"""The roofline of the emulated PE (and, scaled, of the wafer) with a model's ops placed by
+arithmetic intensity: prefill's matrix multiplies far right under the compute roof, decode's
+vector work far left under the SRAM-bandwidth slope."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from compiler.intensity import Workload, analyze
+from compiler.opgraph import build_op_graph
+from visualize.draw import DPI, OKABE_ITO
+from wse_emu.fabric import FabricSpec
+from wse_emu.model import ModelSpec
+
+PHASES = (("prefill", Workload("prefill", tokens=4096), "o", OKABE_ITO[5]),
+          ("decode", Workload("decode", batch=1, context=4096), "s", OKABE_ITO[4]))
+
+
+def op_points(model: ModelSpec, fabric: FabricSpec) -> dict[str, list[tuple[str, float]]]:
+    """phase -> (op kind, FLOP per byte) of every op of layer 0 (all layers are alike)."""
+    graph = build_op_graph(model)
+    out = {}
+    for phase, work, _, _ in PHASES:
+        rows = analyze(graph, model, work, fabric)["ops"]
+        out[phase] = [(r.kind, r.cost.intensity) for r in rows
+                      if r.layer in (None, 0) and r.cost.flops > 0 and r.cost.bytes > 0]
+    return out
+
+
+def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path,
+                    formats=("png",)) -> list[Path]:
+    peak = fabric.fp16_flops_per_cycle * fabric.clock_hz  # FLOP/s of one PE
+    bandwidth = fabric.sram_read_bytes_per_cycle * fabric.clock_hz  # bytes/s read by one PE
+    ridge = peak / bandwidth
+    points = op_points(model, fabric)
+    every = [i for pts in points.values() for _, i in pts]
+    x = np.logspace(np.log10(min(every + [ridge]) / 4), np.log10(max(every + [ridge]) * 4), 200)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=DPI)
+    ax.loglog(x, np.minimum(peak, x * bandwidth), color="black", linewidth=2,
+              label=f"one PE: {peak / 1e9:.3g} GFLOP/s FP16, {bandwidth / 1e9:.3g} GB/s SRAM")
+    ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
+    ax.text(ridge, peak * 1.15, f"ridge {ridge:.2g} FLOP/B", ha="center", fontsize=8)
+    for phase, work, marker, color in PHASES:
+        xs = np.array([i for _, i in points[phase]])
+        ys = np.minimum(peak, xs * bandwidth)
+        ax.scatter(xs, ys, marker=marker, s=36, facecolors="none" if phase == "decode" else color,
+                   edgecolors=color, linewidths=1.4, zorder=3,
+                   label=f"{phase} ops ({work.describe()})")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("attainable FLOP/s per PE")
+    wafer = ax.secondary_yaxis("right", functions=(lambda y: y * fabric.pes / 1e15,
+                                                   lambda y: y * 1e15 / fabric.pes))
+    wafer.set_ylabel(f"whole wafer ({fabric.pes:,} PEs), PFLOP/s")
+    ax.set_title(f"{model.name} on {fabric.name}: where each op of a layer sits", fontsize=10)
+    ax.set_ylim(top=peak * 2)
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI)
+        written.append(out)
+    plt.close(fig)
+    return written

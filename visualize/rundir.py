@@ -1,0 +1,57 @@
+"""What a run directory holds, read once: the program, the simulator's counters, the results."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.program import WaferProgram
+
+
+@dataclass
+class RunDir:
+    path: Path
+    program: WaferProgram | None = None
+    counters: dict = field(default_factory=dict)  # name -> array (systems, height, width[, 4])
+    results: dict = field(default_factory=dict)  # results.json of `run`
+    metrics: dict = field(default_factory=dict)  # metrics.json of `serve`
+    summary: dict = field(default_factory=dict)  # summary.json of `compile`
+
+    @property
+    def kind(self) -> str:
+        if self.metrics:
+            return "serve"
+        if self.results:
+            return "run"
+        return "compile"
+
+
+def load_run(path: str | Path) -> RunDir:
+    """Read a run directory written by ``compile``, ``run`` or ``serve`` with ``-o``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: not a run directory")
+    run = RunDir(path)
+    if (path / "program.json").exists():
+        run.program = WaferProgram.load(path)
+    if (path / "counters.npz").exists():
+        try:
+            with np.load(path / "counters.npz") as z:
+                run.counters = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path / 'counters.npz'}: unreadable ({exc})") from None
+    for name in ("results", "metrics", "summary"):
+        file = path / f"{name}.json"
+        if file.exists():
+            try:
+                setattr(run, name, json.loads(file.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{file}: not valid JSON ({exc})") from None
+    if run.program is None and not run.metrics:
+        raise UserError(f"{path}: no program.json or metrics.json: write one with "
+                        "'wse-emu compile -o', 'run -o' or 'serve -o'")
+    return run

@@ -1,0 +1,99 @@
+"""``wse-emu viz RUN_DIR``: figures and a self-contained report.html for a run directory."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from wse_emu.errors import UserError
+
+FORMATS = ("png", "svg")
+
+
+def add_parser(sub) -> None:
+    from visualize.figures import KINDS
+
+    p = sub.add_parser("viz", help="draw a run directory: figures/ and report.html")
+    p.add_argument("run_dir", help="a directory written by compile, run or serve with -o")
+    p.add_argument("--what", default=",".join(KINDS),
+                   help=f"figures to draw, comma-separated (default: {','.join(KINDS)})")
+    p.add_argument("--format", choices=FORMATS, default="png", help="image format")
+    p.add_argument("--system", type=int, default=0, help="which wafer of the cluster to map")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    from visualize.figures import KINDS
+
+    what = tuple(w.strip() for w in args.what.split(",") if w.strip())
+    unknown = [w for w in what if w not in KINDS]
+    if unknown or not what:
+        raise UserError(f"--what takes {', '.join(KINDS)}, got {args.what!r}")
+    report = draw_run(Path(args.run_dir), what, (args.format,), args.system)
+    if args.json:
+        return {"report": str(report), "figures": sorted(str(p) for p in
+                                                         (report.parent / "figures").iterdir())}
+    return f"wrote {report} and {report.parent / 'figures'}"
+
+
+def draw_run(path: Path, what, formats=("png",), system: int = 0) -> Path:
+    """Draw ``path``'s figures and report; they replace earlier ones only once all are drawn."""
+    from visualize.figures import draw_all
+    from visualize.report import write_report
+    from visualize.rundir import load_run
+
+    run = load_run(path)
+    staging = Path(tempfile.mkdtemp(prefix=".viz-", dir=path))
+    try:
+        figures_dir = staging / "figures"
+        figures_dir.mkdir()
+        figures = draw_all(run, figures_dir, what, formats, system)
+        report = write_report(staging / "report.html", _title(run), _config(run),
+                              _metrics(run), figures)
+        if (path / "figures").exists():
+            shutil.rmtree(path / "figures")
+        figures_dir.replace(path / "figures")
+        report.replace(path / "report.html")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path / "report.html"
+
+
+def _title(run) -> str:
+    p = run.program
+    name = f"{p.model.name} on {p.systems} x {p.fabric.name}" if p else run.metrics.get("model")
+    return f"wse-emu {run.kind}: {name}"
+
+
+def _config(run) -> list[tuple[str, object]]:
+    p = run.program
+    rows: list[tuple[str, object]] = [("run directory", run.path.name), ("kind", run.kind)]
+    if p is not None:
+        rows += [("model", p.model.name), ("fabric", p.fabric.name), ("systems", p.systems),
+                 ("plan", p.options.get("plan")),
+                 ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
+                                       f"{len(r.stage_ids)} stages)" for r in p.regions))]
+    if run.results.get("step"):
+        rows.append(("simulated step", ", ".join(f"{k} {v}" for k, v in
+                                                  run.results["step"].items())))
+        rows.append(("region simulated", run.results.get("region")))
+    return rows
+
+
+def _metrics(run) -> list[tuple[str, object]]:
+    r = run.results
+    rows = [(k.replace("_", " "), r[k]) for k in
+            ("step_cycles", "step_seconds", "tokens_per_s_alone", "tokens_per_s_pipelined",
+             "compute_utilization", "link_utilization") if k in r]
+    m = run.metrics
+    for key in ("requests", "output_tokens_per_s", "requests_per_s", "slo_attainment",
+                "goodput_requests_per_s"):
+        if key in m:
+            rows.append((key.replace("_", " "), m[key]))
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        if key in m:
+            rows.append((f"{key[:-2].upper()} p50 / p90 / p99 (s)",
+                         " / ".join(f"{m[key][q]:.4g}" for q in ("p50", "p90", "p99"))))
+    return rows
