@@ -168,9 +168,42 @@ def run_serve(args) -> dict:
             and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
 
 
+VIZ_CHILD = r"""
+import json, resource, sys, tempfile, time
+from pathlib import Path
+from wse_emu.cli.main import main
+from wse_emu.cli.viz_cmd import draw_run
+case = json.loads(sys.argv[1])
+with tempfile.TemporaryDirectory() as tmp:
+    run_dir = Path(tmp) / "run"
+    main(["run", case["model"], "--fabric", case["fabric"], "--phase", "decode", "--batch", "1",
+          "--context", "4096", "-o", str(run_dir)])  # the simulation is not what is measured
+    times = []
+    for _ in range(case["repeat"]):
+        start = time.perf_counter()
+        draw_run(run_dir, ("maps",))
+        times.append(time.perf_counter() - start)
+    maps = len(list((run_dir / "figures").glob("map_*.pixels.png")))
+print(json.dumps({"seconds": min(times), "seconds_all": times, "maps": maps,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run_viz(repeat: int) -> dict:
+    case = {"model": "llama-3.1-8b", "fabric": "wse3", "repeat": repeat}
+    measured = _child(VIZ_CHILD, case)
+    goal = 10.0
+    return {"benchmark": "viz", "case": "every full-wafer map of a Llama-3.1-8B decode run on "
+            "one wse3 (755 x 1170 PEs), PNG", **measured,
+            "goal": {"seconds": goal, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
+            "goal_met": measured["seconds"] < goal
+            and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="speed and memory benchmarks (JSON)")
-    p.add_argument("target", choices=["compile", "sim", "serve"], help="what to benchmark")
+    p.add_argument("target", choices=["compile", "sim", "serve", "viz"],
+                   help="what to benchmark")
     p.add_argument("--trace", help="serve: the conversation trace CSV (default: the project's "
                    "shared traces folder beside the repository)")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")
@@ -183,6 +216,8 @@ def run(args) -> dict:
         return run_serve(args)
     if args.target == "sim":
         return run_sim(max(1, args.repeat))
+    if args.target == "viz":
+        return run_viz(max(1, args.repeat))
     results = []
     for case in COMPILE_CASES:
         payload = json.dumps({**case, "repeat": max(1, args.repeat)})
