@@ -104,3 +104,32 @@ def test_bad_viz_input_is_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+SERVE_WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 300
+requests: 120
+prompt: {kind: lognormal, median: 300, sigma: 0.7, low: 8, high: 2000}
+output: {kind: lognormal, median: 30, sigma: 0.7, low: 1, high: 200}
+"""
+
+
+def test_a_serving_run_gets_its_latency_pipeline_and_kv_figures(tmp_path):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(SERVE_WORKLOAD)
+    out = tmp_path / "serve"
+    assert main(["serve", "tiny", "--fabric", "mesh16", "--workload", str(workload),
+                 "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--cache-dir",
+                 str(tmp_path / "cache"), "-o", str(out)]) == 0
+    assert main(["viz", str(out)]) == 0
+    names = {f.name for f in (out / "figures").iterdir()}
+    assert {"latency_cdfs.png", "tpot_over_time.png", "pipeline.png", "kv.png",
+            "map_placement.png", "roofline.png"} <= names
+    parser = _Images()
+    parser.feed((out / "report.html").read_text())
+    assert len(parser.sources) == len([n for n in names if n.endswith(".png")
+                                       and ".pixels" not in n])
+    rows = (out / "kv_occupancy.csv").read_text().splitlines()
+    assert rows[0] == "region,time_s,kv_tokens" and len(rows) > 100

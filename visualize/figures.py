@@ -1,6 +1,7 @@
-"""Which figures a run directory gets, drawn into a folder: the wafer maps (placement, kernel
-kinds, SRAM by category, route colors; with a simulated step, compute and link utilization),
-the roofline, and the arrays behind every map (``maps.npz``)."""
+"""Which figures a run directory gets, drawn into a folder: for a serving run its latency,
+pipeline and KV figures; the wafer maps (placement, kernel kinds, SRAM by category, route
+colors; with a simulated step, compute and link utilization) and the arrays behind every map
+(``maps.npz``); the roofline."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from visualize import wafer
 from visualize.draw import map_figure
 from visualize.roofline import roofline_figure
 from visualize.rundir import RunDir
+from visualize.serving import draw_serving
 
-KINDS = ("maps", "roofline")
+KINDS = ("maps", "roofline", "serving")
 
 
 def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
              system: int = 0) -> list[tuple[Path, str]]:
     """Draw into ``out``; returns (main image, caption) for the report, in reading order."""
     figures: list[tuple[Path, str]] = []
+    if "serving" in what and run.metrics:
+        figures += draw_serving(run.path, run.metrics, out, formats)
     program = run.program
     if program is None:
         return figures

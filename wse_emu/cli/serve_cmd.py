@@ -119,15 +119,22 @@ def run(args):
     metrics = run_metrics(result, reqs, args.ttft_slo, args.tpot_slo)
     data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
             "plan": program.options["plan"], "policy": args.policy, "workload": spec.name,
+            "targets": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
             **metrics, "regions": result.regions}
     if args.output:
         def write(tmp: Path) -> None:
+            program.save(tmp)  # so that the run directory alone can be drawn
             with open(tmp / "requests.csv", "w", newline="") as fh:
                 w = csv.writer(fh)
                 w.writerow(REQUEST_COLUMNS)
                 w.writerows(request_rows(result, reqs))
             (tmp / "metrics.json").write_text(json.dumps(data, indent=1))
             (tmp / "timeline.json").write_text(json.dumps(result.timeline))
+            with open(tmp / "kv_occupancy.csv", "w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(["region", "time_s", "kv_tokens"])
+                for name, trace in result.kv_traces.items():
+                    w.writerows([name, t / fabric.clock_hz, k] for t, k in trace)
         write_run_dir(args.output, write)
     if args.json:
         return data

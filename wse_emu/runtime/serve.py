@@ -129,6 +129,7 @@ class ServeResult:
     clock_hz: float
     regions: dict = field(default_factory=dict)  # name -> utilization and KV occupancy
     timeline: dict = field(default_factory=dict)  # Chrome trace (when asked for)
+    kv_traces: dict = field(default_factory=dict)  # region -> [(cycle, KV tokens held)]
 
     def ttft_s(self) -> np.ndarray:
         return (self.first_token - self.arrival) / self.clock_hz
@@ -271,7 +272,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                        "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
                                                    float(np.nanmax(finish)))}
     timeline = _chrome_trace(pipes, clock) if options.timeline_events else {}
-    return ServeResult(arrival, first, finish, made, where, clock, stats, timeline)
+    return ServeResult(arrival, first, finish, made, where, clock, stats, timeline,
+                       {name: p.kv_trace for name, p in pipes.items()})
 
 
 def _chrome_trace(pipes: dict, clock: float) -> dict:

@@ -1,0 +1,163 @@
+"""Figures of a serving run (``wse-emu serve -o``): latency CDFs, TPOT over time with prompt
+arrivals marked, a window of the pipeline (stages x time, prefill and decode coloured apart)
+and KV occupancy over time."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from visualize.draw import DPI, OKABE_ITO
+from wse_emu.errors import UserError
+
+PREFILL, DECODE, MIXED = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6]
+WINDOW_BATCHES = 150  # micro-batches through stage 0 shown in the pipeline window
+
+
+def read_requests(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror}") from None
+    if not rows:
+        raise UserError(f"{path}: no requests")
+    return {k: np.array([float(r[k]) for r in rows]) for k in
+            ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "output_tokens")}
+
+
+def _save(fig, path: Path, formats) -> list[Path]:
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI)
+        written.append(out)
+    plt.close(fig)
+    return written
+
+
+def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=DPI)
+    for ax, key, name in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
+        values = np.sort(requests[key]) * 1e3
+        ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post",
+                color="black")
+        target = targets.get(key)
+        if target:
+            ax.axvline(target * 1e3, color=PREFILL, linestyle="--", label=f"target "
+                       f"{target * 1e3:.3g} ms")
+            ax.legend(fontsize=8, loc="lower right")
+        ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("share of requests")
+        ax.set_title(f"{name}: cumulative distribution", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, formats)
+
+
+def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Each request's TPOT at the time of its first token; prompt arrivals as ticks below:
+    where prefill shares the pipeline, TPOT rises where the ticks crowd."""
+    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=DPI)
+    first = requests["arrival_s"] + requests["ttft_s"]
+    ax.scatter(first, requests["tpot_s"] * 1e3, s=6, color=DECODE, alpha=0.6,
+               label="a request's TPOT (at its first token)")
+    low = max(float(np.min(requests["tpot_s"])) * 1e3 * 0.5, 1e-3)
+    ax.set_yscale("log")
+    ax.plot(requests["arrival_s"], np.full(len(first), low), "|", color=PREFILL, markersize=8,
+            label="prompt arrivals")
+    if targets.get("tpot_s"):
+        ax.axhline(targets["tpot_s"] * 1e3, color="black", linestyle="--", linewidth=1,
+                   label="TPOT target")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("TPOT (ms)")
+    ax.set_title("TPOT over time, with prompt arrivals", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, formats)
+
+
+def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Stages x time for every region, over a window of ``WINDOW_BATCHES`` micro-batches from
+    the middle of the run: prefill tiles, decode micro-batches and mixed ones coloured apart."""
+    events = [e for e in timeline.get("traceEvents", []) if e.get("ph") == "X"]
+    names = {e["pid"]: e["args"]["name"] for e in timeline.get("traceEvents", [])
+             if e.get("ph") == "M"}
+    if not events:
+        raise UserError("the run's timeline.json has no stage events")
+    regions = sorted({e["pid"] for e in events})[:4]
+    fig, axes = plt.subplots(len(regions), 1, figsize=(9, 2.4 * len(regions) + 0.6), dpi=DPI,
+                             squeeze=False)
+    for ax, pid in zip(axes[:, 0], regions):
+        mine = [e for e in events if e["pid"] == pid]
+        firsts = sorted(e["ts"] for e in mine if e["tid"] == 0)
+        a = firsts[len(firsts) // 2]
+        b = firsts[min(len(firsts) - 1, len(firsts) // 2 + WINDOW_BATCHES)]
+        b = max(b, a + 1.0)
+        stages = max(e["tid"] for e in mine) + 1
+        for e in mine:
+            if e["ts"] + e["dur"] < a or e["ts"] > b:
+                continue
+            color = MIXED if "+" in e["name"] else PREFILL if e["name"] == "prefill" else DECODE
+            ax.broken_barh([((e["ts"] - a) / 1e3, e["dur"] / 1e3)], (e["tid"] - 0.4, 0.8),
+                           facecolors=color, linewidth=0)
+        ax.set_xlim(0, (b - a) / 1e3)
+        ax.set_ylim(stages - 0.5, -0.5)
+        ax.set_ylabel("stage")
+        ax.set_title(f"{names.get(pid, pid)}: {WINDOW_BATCHES} micro-batches from "
+                     f"{a / 1e6:.3g} s", fontsize=9)
+    axes[-1, 0].set_xlabel("time in the window (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (PREFILL, DECODE, MIXED)]
+    fig.legend(handles, ["prefill tile", "decode micro-batch", "decode + prefill chunk"],
+               loc="upper right", fontsize=8, ncol=3)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return _save(fig, path, formats)
+
+
+def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",)) -> list[Path]:
+    traces: dict[str, list] = {}
+    with open(path_csv, newline="") as fh:
+        for row in csv.DictReader(fh):
+            traces.setdefault(row["region"], []).append((float(row["time_s"]),
+                                                         float(row["kv_tokens"])))
+    fig, ax = plt.subplots(figsize=(9, 3.4), dpi=DPI)
+    for n, (name, trace) in enumerate(sorted(traces.items())[:8]):
+        t, k = np.array(trace).T if trace else (np.zeros(1), np.zeros(1))
+        cap = capacities.get(name) or 1
+        ax.step(t, k / cap, where="post", color=OKABE_ITO[n % len(OKABE_ITO)], label=name,
+                linewidth=1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("KV cache held / capacity")
+    ax.set_title("KV occupancy over time", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path, formats)
+
+
+def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> list[tuple]:
+    """Every serving figure of the run directory, with captions."""
+    requests = read_requests(run_path / "requests.csv")
+    targets = metrics.get("targets") or {}
+    figures = [(latency_cdfs(requests, targets, out / "latency_cdfs", formats)[0],
+                "TTFT and TPOT distributions; the dotted line marks the 90th percentile."),
+               (tpot_over_time(requests, targets, out / "tpot_over_time", formats)[0],
+                "Each request's TPOT over time; ticks at the bottom are prompt arrivals.")]
+    if (run_path / "timeline.json").exists():
+        timeline = json.loads((run_path / "timeline.json").read_text())
+        if any(e.get("ph") == "X" for e in timeline.get("traceEvents", [])):
+            figures.append((pipeline_window(timeline, out / "pipeline", formats)[0],
+                            "A window of each region's pipeline: stages down, time across."))
+    if (run_path / "kv_occupancy.csv").exists():
+        caps = {n: r["kv_capacity_tokens"] for n, r in metrics.get("regions", {}).items()}
+        figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
+                                     formats)[0], "KV cache held by each region over time."))
+    return figures
