@@ -74,3 +74,26 @@ def test_bad_experiment_input_is_one_line(args, capsys, extra, message):
     assert main(args + extra) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_experiment_writes_its_points_and_draws_curves(args, tmp_path, capsys):
+    out = tmp_path / "experiment"
+    assert main(args + ["--workers", "1", "-o", str(out), "--viz"]) == 0
+    assert "report:" in capsys.readouterr().out
+    data = json.loads((out / "experiment.json").read_text())
+    for c in data["configurations"]:
+        points = data["points"][c["configuration"]]
+        assert len(points) == c["runs"]
+        met = [p["rate_per_s"] for p in points if p["met"]]
+        if c["max_rate_per_s"] > 0:
+            assert c["max_rate_per_s"] == pytest.approx(max(
+                r for r in met if r < min([p["rate_per_s"] for p in points if not p["met"]]
+                                          or [float("inf")])))
+    assert {"throughput_vs_tpot.png", "attainment_vs_rate.png"} <= {
+        f.name for f in (out / "figures").iterdir()}
+    assert (out / "report.html").exists()
+
+
+def test_viz_needs_a_run_directory(args, capsys):
+    assert main(args + ["--viz"]) == 2
+    assert "--viz draws the run directory" in capsys.readouterr().err

@@ -10,18 +10,21 @@ from pathlib import Path
 import numpy as np
 
 from visualize import wafer
+from visualize.curves import draw_experiment
 from visualize.draw import map_figure
 from visualize.roofline import roofline_figure
 from visualize.rundir import RunDir
 from visualize.serving import draw_serving
 
-KINDS = ("maps", "roofline", "serving")
+KINDS = ("maps", "roofline", "serving", "experiment")
 
 
 def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
              system: int = 0) -> list[tuple[Path, str]]:
     """Draw into ``out``; returns (main image, caption) for the report, in reading order."""
     figures: list[tuple[Path, str]] = []
+    if "experiment" in what and run.experiment:
+        figures += draw_experiment(run.experiment, out, formats)
     if "serving" in what and run.metrics:
         figures += draw_serving(run.path, run.metrics, out, formats)
     program = run.program

@@ -20,9 +20,12 @@ class RunDir:
     results: dict = field(default_factory=dict)  # results.json of `run`
     metrics: dict = field(default_factory=dict)  # metrics.json of `serve`
     summary: dict = field(default_factory=dict)  # summary.json of `compile`
+    experiment: dict = field(default_factory=dict)  # experiment.json of `experiment disagg`
 
     @property
     def kind(self) -> str:
+        if self.experiment:
+            return "experiment"
         if self.metrics:
             return "serve"
         if self.results:
@@ -31,7 +34,8 @@ class RunDir:
 
 
 def load_run(path: str | Path) -> RunDir:
-    """Read a run directory written by ``compile``, ``run`` or ``serve`` with ``-o``."""
+    """Read a run directory written by ``compile``, ``run``, ``serve`` or ``experiment`` with
+    ``-o``."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a run directory")
@@ -44,14 +48,15 @@ def load_run(path: str | Path) -> RunDir:
                 run.counters = {k: z[k] for k in z.files}
         except (OSError, ValueError) as exc:
             raise UserError(f"{path / 'counters.npz'}: unreadable ({exc})") from None
-    for name in ("results", "metrics", "summary"):
+    for name in ("results", "metrics", "summary", "experiment"):
         file = path / f"{name}.json"
         if file.exists():
             try:
                 setattr(run, name, json.loads(file.read_text(encoding="utf-8")))
             except (OSError, ValueError) as exc:
                 raise UserError(f"{file}: not valid JSON ({exc})") from None
-    if run.program is None and not run.metrics:
-        raise UserError(f"{path}: no program.json or metrics.json: write one with "
-                        "'wse-emu compile -o', 'run -o' or 'serve -o'")
+    if run.program is None and not run.metrics and not run.experiment:
+        raise UserError(f"{path}: nothing to draw (no program.json, metrics.json or "
+                        "experiment.json): write one with 'wse-emu compile -o', 'run -o', "
+                        "'serve -o' or 'experiment disagg -o'")
     return run

@@ -66,6 +66,8 @@ def add_parser(sub) -> None:
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_cluster_args(p)
     p.add_argument("-o", "--output", help="run directory to write (program, config, summary)")
+    p.add_argument("--viz", action="store_true",
+                   help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true", help="machine-readable summary on stdout")
     p.set_defaults(func=run)
 

@@ -3,6 +3,8 @@ the same token speed, each at the highest request rate that meets the latency ta
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +18,7 @@ from wse_emu.cli.serve_cmd import cache_dir, handoff_rate, region_models, worklo
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
+from wse_emu.program import write_run_dir
 from wse_emu.runtime.experiment import (
     Config,
     Outcome,
@@ -64,6 +67,9 @@ def add_parser(sub) -> None:
     d.add_argument("--workers", type=int, default=0,
                    help="local worker processes (default: one per core; 1: no cluster)")
     d.add_argument("--cache-dir", help="where stage-time tables are kept")
+    d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
+    d.add_argument("--viz", action="store_true",
+                   help="draw the run directory (figures/, report.html) at the end")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=run)
 
@@ -78,6 +84,9 @@ def run(args):
                             f"{0 if name == 'workers' else 1}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
+    out = Path(args.output) if args.output else None
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"run directory {out} exists and is not empty: choose another -o")
     spec = workload_of(args.workload, args.trace, requests=args.requests)
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
@@ -88,7 +97,13 @@ def run(args):
         data = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
                                  cache_dir(args.cache_dir), budgets, args.batch_limit,
                                  args.prefill_tile, args.tolerance, _progress(args))
-    return data if args.json else render(data)
+    if args.output:
+        write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
+            json.dumps(data, indent=1)))
+    if args.json:
+        return data
+    text = render(data)
+    return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
 
 
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
@@ -117,7 +132,18 @@ def experiment(configs: list[Config], requests: Requests, targets: Targets, pool
     results = outcomes(searches)
     return {"configurations": [_row(r, targets, len(s.points))
                                for r, s in zip(results, searches)],
-            "comparison": compare(results, targets)}
+            "comparison": compare(results, targets),
+            "points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+                       for s in searches}}
+
+
+def _point(p) -> dict:
+    """One serving run of the search, for curves: its rate and what it achieved."""
+    m = p.metrics
+    return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m["ttft_s"]["p90"],
+            "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
+            "output_tokens_per_s": m["output_tokens_per_s"],
+            "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
 def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, budgets,

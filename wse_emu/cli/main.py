@@ -57,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
     try:
+        if getattr(args, "viz", False) and not args.output:
+            raise UserError("--viz draws the run directory: give one with -o")
         result = args.func(args)
+        if getattr(args, "viz", False):
+            result = _with_figures(result, args.output)
     except UserError as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         print(f"wse-emu: error: {message}", file=sys.stderr)
@@ -75,6 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (e.g. `| head`): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _with_figures(result, output: str):
+    """Draw the run directory just written, and say where the report is."""
+    from pathlib import Path
+
+    from wse_emu.cli.viz_cmd import draw_run
+
+    report = draw_run(Path(output), ("maps", "roofline", "serving", "experiment"))
+    if isinstance(result, dict):
+        return {**result, "report": str(report)}
+    return f"{result}\nreport: {report}"
 
 
 if __name__ == "__main__":

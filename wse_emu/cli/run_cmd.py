@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
                    help="simulate every stage, not one per distinct shape")
     p.add_argument("-o", "--output", help="write per-PE and per-link counters, results and a "
                    "timeline to this run directory")
+    p.add_argument("--viz", action="store_true",
+                   help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 

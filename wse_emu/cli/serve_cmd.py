@@ -43,6 +43,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-dir", help="where stage-time tables are kept "
                    "(default: $XDG_CACHE_HOME/wse-emu or ~/.cache/wse-emu)")
     p.add_argument("-o", "--output", help="run directory: requests.csv and metrics.json")
+    p.add_argument("--viz", action="store_true",
+                   help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 

@@ -15,7 +15,8 @@ def add_parser(sub) -> None:
     from visualize.figures import KINDS
 
     p = sub.add_parser("viz", help="draw a run directory: figures/ and report.html")
-    p.add_argument("run_dir", help="a directory written by compile, run or serve with -o")
+    p.add_argument("run_dir", help="a directory written by compile, run, serve or experiment "
+                   "with -o")
     p.add_argument("--what", default=",".join(KINDS),
                    help=f"figures to draw, comma-separated (default: {','.join(KINDS)})")
     p.add_argument("--format", choices=FORMATS, default="png", help="image format")
@@ -63,8 +64,10 @@ def draw_run(path: Path, what, formats=("png",), system: int = 0) -> Path:
 
 def _title(run) -> str:
     p = run.program
-    name = f"{p.model.name} on {p.systems} x {p.fabric.name}" if p else run.metrics.get("model")
-    return f"wse-emu {run.kind}: {name}"
+    if p is not None:
+        return f"wse-emu {run.kind}: {p.model.name} on {p.systems} x {p.fabric.name}"
+    data = run.experiment or run.metrics
+    return f"wse-emu {run.kind}: {data.get('model')} on {data.get('cluster')}"
 
 
 def _config(run) -> list[tuple[str, object]]:
@@ -75,6 +78,13 @@ def _config(run) -> list[tuple[str, object]]:
                  ("plan", p.options.get("plan")),
                  ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
                                        f"{len(r.stage_ids)} stages)" for r in p.regions))]
+    e = run.experiment
+    if e:
+        rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
+                 ("requests per run", e["requests_per_run"]),
+                 ("targets", f"p90 TTFT <= {e['targets']['ttft_p90_s']} s, p90 TPOT <= "
+                             f"{e['targets']['tpot_p90_s']} s, attainment >= "
+                             f"{e['targets']['attainment']}")]
     if run.results.get("step"):
         rows.append(("simulated step", ", ".join(f"{k} {v}" for k, v in
                                                   run.results["step"].items())))
@@ -87,6 +97,14 @@ def _metrics(run) -> list[tuple[str, object]]:
     rows = [(k.replace("_", " "), r[k]) for k in
             ("step_cycles", "step_seconds", "tokens_per_s_alone", "tokens_per_s_pipelined",
              "compute_utilization", "link_utilization") if k in r]
+    for c in run.experiment.get("configurations", []):
+        rows.append((c["configuration"], f"max rate {c['max_rate_per_s']:.4g}/s, goodput "
+                     f"{c.get('goodput_requests_per_s', 0):.4g}/s; next rate fails on "
+                     f"{c['limited_by']}"))
+    cmp_ = run.experiment.get("comparison", {})
+    if cmp_.get("goodput_ratio") is not None:
+        rows.append(("disaggregated / colocated goodput", cmp_["goodput_ratio"]))
+        rows += [("why", reason) for reason in cmp_.get("reasons", [])]
     m = run.metrics
     for key in ("requests", "output_tokens_per_s", "requests_per_s", "slo_attainment",
                 "goodput_requests_per_s"):

@@ -1,0 +1,91 @@
+"""Figures of the disaggregation experiment (``wse-emu experiment disagg -o``), from its search
+points: output throughput against p90 TPOT with the gain at the TPOT target marked, and SLO
+attainment against request rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from visualize.draw import DPI, OKABE_ITO
+
+
+def _style(label: str, n: int) -> dict:
+    disaggregated = label.startswith("disaggregated")
+    return {"color": OKABE_ITO[n % len(OKABE_ITO)], "marker": "s" if disaggregated else "o",
+            "linestyle": "-" if disaggregated else "--", "markersize": 4, "linewidth": 1.2,
+            "label": label}
+
+
+def _save(fig, path: Path, formats) -> list[Path]:
+    out = []
+    for fmt in formats:
+        fig.savefig(path.with_suffix(f".{fmt}"), dpi=DPI)
+        out.append(path.with_suffix(f".{fmt}"))
+    plt.close(fig)
+    return out
+
+
+def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Each configuration's search points as output tokens/s against p90 TPOT; the TPOT target
+    is the 'same token speed' line, and the best of each plan within it is annotated."""
+    target = data["targets"]["tpot_p90_s"] * 1e3
+    fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
+    for n, (label, points) in enumerate(data["points"].items()):
+        pts = sorted(points, key=lambda p: p["rate_per_s"])
+        ax.plot([p["tpot_p90_s"] * 1e3 for p in pts], [p["output_tokens_per_s"] for p in pts],
+                **_style(label, n))
+    ax.axvline(target, color="black", linestyle=":", linewidth=1.2,
+               label=f"TPOT target {target:.3g} ms")
+    cmp_ = data["comparison"]
+    best = {c["configuration"]: c for c in data["configurations"]}
+    if cmp_.get("goodput_ratio"):
+        for plan in ("colocated", "disaggregated"):
+            c = best[cmp_[plan]]
+            ax.annotate(f"best {plan}: {c['output_tokens_per_s']:.3g} tok/s",
+                        (c["tpot_p90_s"] * 1e3, c["output_tokens_per_s"]),
+                        textcoords="offset points", xytext=(8, -12 if plan == "colocated" else 8),
+                        fontsize=8, arrowprops={"arrowstyle": "-", "color": "grey"})
+        ax.set_title(f"{data['model']} on {data['cluster']}, {data['workload']}: "
+                     f"{cmp_['goodput_ratio']:.2f}x goodput disaggregated at the same TPOT target",
+                     fontsize=10)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("p90 TPOT (ms)")
+    ax.set_ylabel("output tokens/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best", framealpha=0.9)
+    fig.tight_layout()
+    return _save(fig, path, formats)
+
+
+def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
+    fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=DPI)
+    for n, (label, points) in enumerate(data["points"].items()):
+        pts = sorted(points, key=lambda p: p["rate_per_s"])
+        ax.plot([p["rate_per_s"] for p in pts], [p["slo_attainment"] for p in pts],
+                **_style(label, n))
+    ax.axhline(data["targets"]["attainment"], color="black", linestyle=":", linewidth=1.2,
+               label="attainment required")
+    ax.set_xscale("log")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("request rate (per s)")
+    ax.set_ylabel("share of requests meeting both targets")
+    ax.set_title("SLO attainment against request rate", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
+    return _save(fig, path, formats)
+
+
+def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
+    if not data.get("points") or not any(data["points"].values()):
+        return []
+    return [(throughput_vs_tpot(data, out / "throughput_vs_tpot", formats)[0],
+             "Output throughput against p90 TPOT at every rate the search tried; the dotted "
+             "line is the TPOT target (the same token speed for every configuration)."),
+            (attainment_vs_rate(data, out / "attainment_vs_rate", formats)[0],
+             "Share of requests meeting both latency targets against request rate.")]
+
+
