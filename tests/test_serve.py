@@ -129,3 +129,20 @@ def test_chunked_prefill_serves_everything_and_keeps_decode_moving(colocated):
     assert np.array_equal(chunked.tokens, reqs.output_tokens)
     # Prompts no longer stall the decoding sequences for their whole length.
     assert np.percentile(chunked.tpot_s(), 99) < np.percentile(priority.tpot_s(), 99)
+
+
+def test_interleaved_prefill_serves_everything_and_bounds_the_decode_stall(colocated):
+    """Taking turns, a decode token waits behind one prefill tile, not a whole prompt."""
+    program, regs = colocated
+    spec = workload_from_dict({"name": "mix", "rate": 5000.0, "requests": 40,
+                               "prompt": {"kind": "uniform", "low": 200, "high": 1000},
+                               "output": {"kind": "uniform", "low": 8, "high": 24},
+                               "seed": 5}, "t")
+    reqs = generate(spec)
+    priority = serve(reqs, regs, ServeOptions(prefill_tile=64))
+    turns = serve(reqs, regs, ServeOptions(policy="interleaved", prefill_tile=64))
+    assert np.array_equal(turns.tokens, reqs.output_tokens)
+    stall = {name: r["decode_stall_s"] / r["decode_tokens"] for name, r in
+             (("priority", priority.regions["mixed0"]), ("turns", turns.regions["mixed0"]))}
+    assert stall["turns"] < stall["priority"]
+    assert np.percentile(turns.tpot_s(), 90) < np.percentile(priority.tpot_s(), 90)

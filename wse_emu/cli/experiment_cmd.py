@@ -32,7 +32,7 @@ from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall
 from wse_emu.runtime.workload import Requests, generate
 
-DEFAULT_BUDGETS = (64, 256, 1024)
+DEFAULT_BUDGETS = (64, 256)
 DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
 
 
@@ -149,9 +149,9 @@ def _point(p) -> dict:
 def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, budgets,
                   batch_limit: int, prefill_tile: int, cache: Path,
                   progress=None) -> tuple[list[Config], list[str]]:
-    """Colocated (prefill priority, and chunked at each budget) and disaggregated at each
-    split; a split that does not compile, or whose regions cannot hold the longest request's KV
-    cache, is skipped, with why."""
+    """Colocated (prefill priority, interleaved, and chunked at each budget) and disaggregated
+    at each split; a split that does not compile, or whose regions cannot hold the longest
+    request's KV cache, is skipped, with why."""
     base = ServeOptions(batch_limit=batch_limit, prefill_tile=prefill_tile,
                         clock_hz=cluster.fabric.clock_hz,
                         kv_bytes_per_token=model.kv_bytes_per_token())
@@ -181,6 +181,8 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
         regions = region_models(program, cache)
         if plan == "colocated":
             configs.append(Config(plan, "prefill priority", regions, base))
+            configs.append(Config(plan, "interleaved", regions,
+                                  replace(base, policy="interleaved")))
             configs += [Config(plan, f"chunked {b}", regions,
                                replace(base, policy="chunked", token_budget=b)) for b in budgets]
         else:

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
                    "speed-up (trace)")
     p.add_argument("--requests", type=int, help="serve only the first N requests (sessions)")
     p.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
-    p.add_argument("--policy", choices=["prefill-priority", "chunked"],
+    p.add_argument("--policy", choices=["prefill-priority", "chunked", "interleaved"],
                    default="prefill-priority", help="colocated batching policy")
     p.add_argument("--token-budget", type=int, default=512,
                    help="chunked prefill: tokens per micro-batch")

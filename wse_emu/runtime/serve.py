@@ -9,7 +9,8 @@ previous one left the last stage.
 Colocated regions serve both phases with prefill priority: a waiting prompt goes before any
 decode micro-batch. With chunked prefill instead, every micro-batch takes the ready decode
 sequences first and fills the rest of a token budget with the next prompt's tokens; its stage
-times are the decode's and the prefill chunk's, added. Disaggregated, prefill regions serve
+times are the decode's and the prefill chunk's, added. Interleaved, prefill tiles and decode
+micro-batches stay separate and take turns when both wait. Disaggregated, prefill regions serve
 prompts first come first served, and a finished prompt's KV cache moves to a decode region with
 room for it (the handoff takes the KV's bytes over the prefill region's link, one sequence
 after another); decode regions run decode micro-batches. A region admits a sequence only when
@@ -48,7 +49,7 @@ class RegionModel:
 @dataclass
 class ServeOptions:
     batch_limit: int = 64
-    policy: str = "prefill-priority"  # colocated regions: or "chunked"
+    policy: str = "prefill-priority"  # colocated regions: or "chunked" or "interleaved"
     token_budget: int = 512  # chunked prefill: tokens per micro-batch
     # Prompts go through the pipeline as micro-batches of at most this many tokens, so that a
     # long prompt fills the stages like a flow shop instead of holding each one in turn.
@@ -78,6 +79,7 @@ class _Pipeline:
     kv_wait: float = 0.0  # cycles prompts waited here for KV room (admission or handoff)
     blocked_since: float | None = None  # when the prompt at the head began waiting for room
     link_free: float = 0.0  # when the link carrying this region's KV handoffs is next free
+    last_was_prefill: bool = False  # interleaved policy: whose turn it is
 
     def run(self, loads: list, enter: float) -> float:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
@@ -344,6 +346,8 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
     m = p.model
     if options.policy == "chunked" and m.role == "mixed":
         return _dispatch_chunked(p, now, requests, options, schedule)
+    if options.policy == "interleaved" and m.role == "mixed":
+        return _dispatch_interleaved(p, now, requests, options, schedule)
     if p.prefills and m.prefill is not None:
         i = p.prefills[0]
         holds = _holds(m, requests, i)
@@ -357,14 +361,45 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
                 prefix += tile
             schedule(done, "prefilled", (i, m.name))
             return True
-    if p.ready and m.decode is not None:
-        batch = p.ready[:options.batch_limit]
-        del p.ready[:options.batch_limit]
-        done = p.decode(batch, [("decode", m.decode.vector(len(batch), _mean_context(batch)))],
-                        now)
-        schedule(done, "decoded", (m.name, batch))
-        return True
-    return False
+    return _dispatch_decode(p, now, options, schedule)
+
+
+def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) -> bool:
+    """A decode micro-batch of the ready sequences, if any."""
+    m = p.model
+    if not p.ready or m.decode is None:
+        return False
+    batch = p.ready[:options.batch_limit]
+    del p.ready[:options.batch_limit]
+    done = p.decode(batch, [("decode", m.decode.vector(len(batch), _mean_context(batch)))], now)
+    schedule(done, "decoded", (m.name, batch))
+    p.last_was_prefill = False
+    return True
+
+
+def _dispatch_interleaved(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
+                          schedule) -> bool:
+    """Prefill tiles and decode micro-batches take turns: when both wait, a decode micro-batch
+    follows every prefill tile. A decode token then waits behind at most one tile, which runs
+    ahead of it through the stages, instead of behind a whole prompt (prefill priority) or
+    inside a micro-batch that carries a chunk through every stage (chunked)."""
+    m = p.model
+    if p.ready and (p.last_was_prefill or not p.prefills):
+        return _dispatch_decode(p, now, options, schedule)
+    if p.prefills:
+        i = p.prefills[0]
+        if i in p.progress or _admit(p, _holds(m, requests, i), now):
+            done_tokens = p.progress.get(i, 0)
+            tile = min(options.prefill_tile, int(requests.prompt_tokens[i]) - done_tokens)
+            done = p.run([("prefill", m.prefill.vector(tile, done_tokens))], now)
+            p.progress[i] = done_tokens + tile
+            if p.progress[i] == requests.prompt_tokens[i]:
+                p.prefills.pop(0)
+                del p.progress[i]
+                schedule(done, "prefilled", (i, m.name))
+            p.last_was_prefill = True
+            return True
+    return _dispatch_decode(p, now, options, schedule)
 
 
 def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
