@@ -8,6 +8,7 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
+from visualize.check_report import find_browser, inspect, screenshot
 from visualize.draw import MARGIN, pixels, quantity_cmap, scale_for
 from wse_emu.cli.main import main
 from wse_emu.program import WaferProgram
@@ -86,8 +87,10 @@ def test_the_trace_has_named_events_on_tracks(run_dir):
     spans = [e for e in events if e["ph"] == "X"]
     assert spans and all({"name", "pid", "tid", "ts", "dur"} <= e.keys() for e in spans)
     assert all(e["dur"] >= 0 for e in spans)
-    named = {e["pid"] for e in events if e["ph"] == "M"}
-    assert {e["pid"] for e in spans} <= named
+    processes = {e["pid"] for e in events if e["name"] == "process_name"}
+    tracks = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert {e["pid"] for e in spans} <= processes
+    assert {(e["pid"], e["tid"]) for e in spans} <= tracks
 
 
 def test_viz_can_draw_svg_of_one_kind(run_dir):
@@ -131,5 +134,17 @@ def test_a_serving_run_gets_its_latency_pipeline_and_kv_figures(tmp_path):
     parser.feed((out / "report.html").read_text())
     assert len(parser.sources) == len([n for n in names if n.endswith(".png")
                                        and ".pixels" not in n])
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    tracks = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"} <= tracks
     rows = (out / "kv_occupancy.csv").read_text().splitlines()
     assert rows[0] == "region,time_s,kv_tokens" and len(rows) > 100
+
+
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium on this machine")
+def test_the_report_shows_its_figures_in_a_headless_browser(run_dir, tmp_path):
+    assert main(["viz", str(run_dir)]) == 0
+    shot = tmp_path / "shot.png"
+    screenshot(find_browser(), run_dir / "report.html", shot)
+    seen = inspect(shot)
+    assert seen["shows_figures"], seen

@@ -89,7 +89,7 @@ def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
     the middle of the run: prefill tiles, decode micro-batches and mixed ones coloured apart."""
     events = [e for e in timeline.get("traceEvents", []) if e.get("ph") == "X"]
     names = {e["pid"]: e["args"]["name"] for e in timeline.get("traceEvents", [])
-             if e.get("ph") == "M"}
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
     if not events:
         raise UserError("the run's timeline.json has no stage events")
     regions = sorted({e["pid"] for e in events})[:4]

@@ -4,18 +4,28 @@ Compiles Llama-3.1-8B onto one WSE-3, colocated and disaggregated, prints both c
 summaries, then simulates one decode step (batch 1, context 4096) on the colocated region and
 on the disaggregated decode region, side by side with the compiler's bounds. It ends with the
 disaggregation experiment on a chat-like workload: each configuration at the highest request
-rate that meets the latency targets, and the ratio between the plans.
+rate that meets the latency targets, and the ratio between the plans. Every run is written as
+a run directory under ``--output``, drawn, and gathered into one report.html.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from pathlib import Path
+
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
+from visualize.report import write_report
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import disagg_experiment
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.fmt import seconds, si, table
+from wse_emu.cli.run_cmd import summary, write_outputs
 from wse_emu.cli.serve_cmd import cache_dir
+from wse_emu.cli.viz_cmd import draw_run
+from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import Step
 from wse_emu.model import load_model
@@ -38,14 +48,29 @@ TARGETS = Targets(ttft_s=0.5, tpot_s=0.005)  # p90 TTFT 500 ms; p90 TPOT 5 ms (2
 BUDGETS = (64, 256)
 
 
+MARKER = ".wse-emu-demo"  # marks a directory as the demo's own, so a new demo may replace it
+GALLERY = (("colocated-decode", "map_placement"), ("colocated-decode", "map_sram_total"),
+           ("colocated-decode", "map_compute"), ("colocated-decode", "map_links_max"),
+           ("disaggregated-decode", "map_placement"), ("disaggregated-decode", "map_compute"),
+           ("colocated-decode", "roofline"), ("experiment", "throughput_vs_tpot"),
+           ("experiment", "attainment_vs_rate"))
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="compile the default model both ways and time a decode step")
+    p = sub.add_parser("demo", help="Llama-3.1-8B on a WSE-3 both ways: compile, time a decode "
+                       "step, compare serving, draw a report")
     p.add_argument("--json", action="store_true", help="machine-readable summaries on stdout")
     p.add_argument("--cache-dir", help="where stage-time tables are kept")
+    p.add_argument("-o", "--output", default="wse-emu-demo",
+                   help="where the demo's runs and report.html go (default ./wse-emu-demo)")
     p.set_defaults(func=run)
 
 
 def run(args):
+    out = Path(args.output)
+    if out.exists() and not (out / MARKER).exists() and (not out.is_dir()
+                                                         or any(out.iterdir())):
+        raise UserError(f"{out} exists and is not an earlier demo's output: choose another -o")
     model = load_model(DEFAULT_MODEL)
     cluster = ClusterSpec(load_fabric(DEFAULT_FABRIC), 1)
     programs = {plan: compile_model(model, cluster, CompileOptions(plan=plan))
@@ -53,13 +78,13 @@ def run(args):
     runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
     exp = _experiment(model, cluster, args.cache_dir)
+    report = _write_runs(out, programs, runs, exp)
     if args.json:
-        return {"experiment": exp} | {plan: {"compile": p.summary,
-                       "decode_step": {"region": runs[plan].region,
-                                       "step_seconds": runs[plan].step_seconds,
-                                       "tokens_per_s_alone": runs[plan].latency_tokens_per_s(),
-                                       "tokens_per_s_pipelined": runs[plan].tokens_per_s()}}
-                for plan, p in programs.items()}
+        steps = {plan: {"region": r.region, "step_seconds": r.step_seconds,
+                        "tokens_per_s_alone": r.latency_tokens_per_s(),
+                        "tokens_per_s_pipelined": r.tokens_per_s()} for plan, r in runs.items()}
+        return {"compile": {plan: p.summary for plan, p in programs.items()},
+                "decode_step": steps, "experiment": exp, "report": str(report)}
     rows = []
     for plan, p in programs.items():
         for r in p.summary["regions"]:
@@ -82,6 +107,7 @@ def run(args):
         sim, "llrrrrr"))
     parts.append("The disaggregation experiment (wse-emu experiment disagg)\n"
                  + render_experiment(exp))
+    parts.append(f"report: {report} (figures of every run in {out}{os.sep})")
     return "\n\n".join(parts)
 
 
@@ -90,3 +116,39 @@ def _experiment(model, cluster, cache) -> dict:
     with point_pool() as pool:
         return disagg_experiment(model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
                                  cache_dir(cache), BUDGETS)
+
+
+def _write_runs(out: Path, programs: dict, runs: dict, exp: dict) -> Path:
+    """The decode steps and the experiment as run directories under ``out``, each drawn, and
+    one report.html with the main figures; ``out`` is replaced only once all is written."""
+    staging = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        (staging / MARKER).write_text("written by wse-emu demo\n")
+        for plan, r in runs.items():
+            sub = staging / f"{plan}-decode"
+            sub.mkdir()
+            write_outputs(sub, programs[plan], r, summary(programs[plan], r))
+            draw_run(sub, ("maps", "roofline"))
+        (staging / "experiment").mkdir()
+        (staging / "experiment" / "experiment.json").write_text(json.dumps(exp, indent=1))
+        draw_run(staging / "experiment", ("experiment",))
+        figures = [(staging / d / "figures" / f"{name}.png", f"{d}: {name.replace('_', ' ')}")
+                   for d, name in GALLERY]
+        config = [("model", DEFAULT_MODEL), ("fabric", f"1 x {DEFAULT_FABRIC}"),
+                  ("decode step", "batch 1, context 4096"),
+                  ("experiment workload", f"{WORKLOAD['name']}, {WORKLOAD['requests']} requests"),
+                  ("targets", f"p90 TTFT <= {TARGETS.ttft_s} s, p90 TPOT <= {TARGETS.tpot_s} s")]
+        cmp_ = exp["comparison"]
+        metrics = [(f"{plan} decode step (s)", r.step_seconds) for plan, r in runs.items()]
+        if cmp_.get("goodput_ratio") is not None:
+            metrics.append(("disaggregated / colocated goodput", cmp_["goodput_ratio"]))
+        write_report(staging / "report.html", "wse-emu demo: Llama-3.1-8B on one WSE-3",
+                     config, metrics, [(f, c) for f, c in figures if f.exists()])
+        if out.is_dir():  # an earlier demo's (checked before any work)
+            shutil.rmtree(out)
+        staging.replace(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / "report.html"

@@ -285,6 +285,8 @@ def _chrome_trace(pipes: dict, clock: float) -> dict:
     for pid, (name, p) in enumerate(pipes.items()):
         events.append({"name": "process_name", "ph": "M", "pid": pid,
                        "args": {"name": f"{name} ({p.model.role})"}})
+        events += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": s,
+                    "args": {"name": f"stage {s}"}} for s in range(len(p.free))]
         for s, start, end, label in p.events:
             events.append({"name": label, "ph": "X", "pid": pid, "tid": s,
                            "ts": start * us, "dur": (end - start) * us})
