@@ -18,7 +18,7 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def test_presets_load_and_are_deterministic():
-    for name in ("long-prompt", "chat", "agentic"):
+    for name in ("long-prompt", "chat", "agentic", "decode-heavy"):
         spec = load_workload(name)
         a, b = generate(spec), generate(spec)
         assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
