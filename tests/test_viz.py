@@ -148,3 +148,11 @@ def test_the_report_shows_its_figures_in_a_headless_browser(run_dir, tmp_path):
     screenshot(find_browser(), run_dir / "report.html", shot)
     seen = inspect(shot)
     assert seen["shows_figures"], seen
+
+
+def test_a_disaggregated_run_shows_its_roles_side_by_side(tmp_path):
+    out = tmp_path / "disagg"
+    assert main(["run", "tiny", "--fabric", "mesh16", "--plan", "disaggregated", "--phase",
+                 "decode", "--batch", "1", "--context", "128", "-o", str(out), "--viz"]) == 0
+    names = {f.name for f in (out / "figures").iterdir()}
+    assert {"regions_sram_total.png", "regions_compute.png", "regions_links_max.png"} <= names

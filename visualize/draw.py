@@ -97,3 +97,46 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
     plt.imsave(raw, image)
     written.append(raw)
     return written
+
+
+def regions_figure(array: np.ndarray, title: str, label: str, path: Path, parts,
+                   formats=("png",), cmap=None, vmin: float | None = None,
+                   vmax: float | None = None) -> list[Path]:
+    """``array`` cropped to each region part ``(x, y, w, h, label)``, side by side on one colour
+    scale, every crop scaled by the same whole factor (no resampling)."""
+    crops = [(array[y:y + h, x:x + w], text) for x, y, w, h, text in parts]
+    finite = np.concatenate([c[np.isfinite(c)] for c, _ in crops]) if crops else np.zeros(0)
+    vmin = vmin if vmin is not None else (float(finite.min()) if finite.size else 0.0)
+    vmax = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)
+    cmap = cmap or quantity_cmap()
+    k = scale_for(max(c.shape[0] for c, _ in crops), sum(c.shape[1] for c, _ in crops))
+    gap = 60
+    width_px = sum(c.shape[1] * k for c, _ in crops) + gap * (len(crops) - 1)
+    height_px = max(c.shape[0] * k for c, _ in crops)
+    fig_w = (width_px + MARGIN["left"] + MARGIN["right"]) / DPI
+    fig_h = (height_px + MARGIN["top"] + MARGIN["bottom"] + 20) / DPI
+    fig = plt.figure(figsize=(fig_w, fig_h), dpi=DPI)
+    left = MARGIN["left"]
+    for crop, text in crops:
+        h, w = crop.shape
+        ax = fig.add_axes([left / DPI / fig_w, MARGIN["bottom"] / DPI / fig_h,
+                           w * k / DPI / fig_w, h * k / DPI / fig_h])
+        image = np.repeat(np.repeat(pixels(crop, cmap, vmin, vmax), k, axis=0), k, axis=1)
+        ax.imshow(image, interpolation="nearest", extent=(0, w, h, 0), aspect="auto")
+        ax.set_title(text, fontsize=9)
+        ax.set_xlabel("PE column in region", fontsize=8)
+        ax.tick_params(labelsize=7)
+        left += w * k + gap
+    fig.suptitle(title, fontsize=10)
+    cax = fig.add_axes([(left - gap + 15) / DPI / fig_w, MARGIN["bottom"] / DPI / fig_h,
+                        12 / DPI / fig_w, height_px / DPI / fig_h])
+    bar = fig.colorbar(plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap), cax=cax)
+    bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI)
+        written.append(out)
+    plt.close(fig)
+    return written

@@ -11,7 +11,7 @@ import numpy as np
 
 from visualize import wafer
 from visualize.curves import draw_experiment
-from visualize.draw import map_figure
+from visualize.draw import map_figure, regions_figure
 from visualize.roofline import roofline_figure
 from visualize.rundir import RunDir
 from visualize.serving import draw_serving
@@ -43,11 +43,32 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
                                formats, outlines=outlines, **extra)
             figures.append((files[0], f"{title}: {label}. One pixel (or block) per PE; grey "
                                       "where the map has no value."))
+        parts = _one_part_per_role(program, system)
+        if len(parts) > 1:  # prefill and decode side by side, one colour scale
+            for name in ("sram_total", "compute", "links_max"):
+                if name in maps:
+                    array, title, label, extra = maps[name]
+                    files = regions_figure(array, f"{title}, region by region", label,
+                                           out / f"regions_{name}", parts, formats,
+                                           vmin=extra.get("vmin"), vmax=extra.get("vmax"))
+                    figures.append((files[0], f"{title} of each role's region, side by side "
+                                              "on one colour scale."))
     if "roofline" in what:
         files = roofline_figure(program.model, program.fabric, out / "roofline", formats)
         figures.append((files[0], "Roofline of one PE (right axis: the whole wafer) with every "
                                   "op of a layer at its arithmetic intensity."))
     return figures
+
+
+def _one_part_per_role(program, system: int) -> list[tuple]:
+    """The first region part of each role on ``system``: what to compare side by side."""
+    seen, parts = set(), []
+    for r in program.regions:
+        for p in r.parts:
+            if p.system == system and r.role not in seen:
+                seen.add(r.role)
+                parts.append((p.x, p.y, p.w, p.h, f"{r.name} ({r.role})"))
+    return parts
 
 
 def _maps(run: RunDir, system: int) -> dict[str, tuple]:
