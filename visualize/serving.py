@@ -161,3 +161,29 @@ def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> 
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
                                      formats)[0], "KV cache held by each region over time."))
     return figures
+
+
+def tpot_side_by_side(runs: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
+    """TPOT over time for several runs of the same requests (label -> requests), one panel each
+    on shared axes: where prefill shares the pipeline, decode slows as prompts arrive."""
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.8), dpi=DPI,
+                             sharey=True, squeeze=False)
+    lows = [float(np.min(r["tpot_s"])) for r in runs.values()]
+    low = max(min(lows) * 1e3 * 0.5, 1e-3)
+    for ax, (label, requests) in zip(axes[0], runs.items()):
+        first = requests["arrival_s"] + requests["ttft_s"]
+        ax.scatter(first, requests["tpot_s"] * 1e3, s=6, color=DECODE, alpha=0.6,
+                   label="a request's TPOT")
+        ax.plot(requests["arrival_s"], np.full(len(first), low), "|", color=PREFILL,
+                markersize=8, label="prompt arrivals")
+        if targets.get("tpot_s"):
+            ax.axhline(targets["tpot_s"] * 1e3, color="black", linestyle="--", linewidth=1,
+                       label="TPOT target")
+        ax.set_yscale("log")
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("time (s)")
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylabel("TPOT (ms)")
+    axes[0, 0].legend(fontsize=8, loc="upper left", framealpha=0.9)
+    fig.tight_layout()
+    return _save(fig, path, formats)

@@ -13,17 +13,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from visualize.report import write_report
+from visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import disagg_experiment
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.cli.run_cmd import summary, write_outputs
-from wse_emu.cli.serve_cmd import cache_dir
+from wse_emu.cli.serve_cmd import TIMELINE_EVENTS, cache_dir, write_serve_outputs
 from wse_emu.cli.viz_cmd import draw_run
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
@@ -31,7 +33,9 @@ from wse_emu.kernels.stage import Step
 from wse_emu.model import load_model
 from wse_emu.runner import run_region
 from wse_emu.runtime.experiment import Targets
+from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pool import point_pool
+from wse_emu.runtime.serve import serve
 from wse_emu.runtime.workload import generate, workload_from_dict
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -53,7 +57,8 @@ GALLERY = (("colocated-decode", "map_placement"), ("colocated-decode", "map_sram
            ("colocated-decode", "map_compute"), ("colocated-decode", "map_links_max"),
            ("disaggregated-decode", "map_placement"), ("disaggregated-decode", "map_compute"),
            ("colocated-decode", "roofline"), ("experiment", "throughput_vs_tpot"),
-           ("experiment", "attainment_vs_rate"))
+           ("experiment", "attainment_vs_rate"), ("experiment", "tpot_side_by_side"),
+           ("colocated-serve", "pipeline"), ("disaggregated-serve", "pipeline"))
 
 
 def add_parser(sub) -> None:
@@ -77,8 +82,8 @@ def run(args):
                 for plan in ("colocated", "disaggregated")}
     runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
-    exp = _experiment(model, cluster, args.cache_dir)
-    report = _write_runs(out, programs, runs, exp)
+    exp, side = _experiment(model, cluster, args.cache_dir)
+    report = _write_runs(out, programs, runs, exp, side)
     if args.json:
         steps = {plan: {"region": r.region, "step_seconds": r.step_seconds,
                         "tokens_per_s_alone": r.latency_tokens_per_s(),
@@ -111,14 +116,28 @@ def run(args):
     return "\n\n".join(parts)
 
 
-def _experiment(model, cluster, cache) -> dict:
+def _experiment(model, cluster, cache) -> tuple[dict, dict]:
+    """The experiment's report, and the best colocated and disaggregated configurations served
+    side by side at twice the colocated one's highest rate: label -> (result, requests)."""
     requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
     with point_pool() as pool:
-        return disagg_experiment(model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
-                                 cache_dir(cache), BUDGETS)
+        exp, configs = disagg_experiment(model, cluster, WORKLOAD["name"], requests, TARGETS,
+                                         pool, cache_dir(cache), BUDGETS)
+    chosen = {c.label: c for c in configs}
+    best = {c["configuration"]: c for c in exp["configurations"]}
+    cmp_ = exp["comparison"]
+    side = {}
+    if cmp_.get("colocated") and cmp_.get("disaggregated"):
+        rate = 2 * best[cmp_["colocated"]]["max_rate_per_s"] or WORKLOAD["rate"]
+        faster = requests.faster(rate / requests.offered_rate())
+        for label in (cmp_["colocated"], cmp_["disaggregated"]):
+            config = chosen[label]
+            options = replace(config.options, timeline_events=TIMELINE_EVENTS)
+            side[f"{label} at {rate:.3g}/s"] = (serve(faster, config.regions, options), faster)
+    return exp, side
 
 
-def _write_runs(out: Path, programs: dict, runs: dict, exp: dict) -> Path:
+def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) -> Path:
     """The decode steps and the experiment as run directories under ``out``, each drawn, and
     one report.html with the main figures; ``out`` is replaced only once all is written."""
     staging = out.parent / f".{out.name}.tmp"
@@ -134,6 +153,20 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict) -> Path:
         (staging / "experiment").mkdir()
         (staging / "experiment" / "experiment.json").write_text(json.dumps(exp, indent=1))
         draw_run(staging / "experiment", ("experiment",))
+        served = {}
+        for n, (label, (result, reqs)) in enumerate(side.items()):
+            sub = staging / ("colocated-serve", "disaggregated-serve")[n]
+            sub.mkdir()
+            data = {"configuration": label, "targets": {"ttft_s": TARGETS.ttft_s,
+                                                        "tpot_s": TARGETS.tpot_s},
+                    **run_metrics(result, reqs, TARGETS.ttft_s, TARGETS.tpot_s),
+                    "regions": result.regions}
+            write_serve_outputs(sub, result, reqs, data)
+            draw_run(sub, ("serving",))
+            served[label] = read_requests(sub / "requests.csv")
+        if served:
+            tpot_side_by_side(served, {"tpot_s": TARGETS.tpot_s},
+                              staging / "experiment" / "figures" / "tpot_side_by_side")
         figures = [(staging / d / "figures" / f"{name}.png", f"{d}: {name.replace('_', ' ')}")
                    for d, name in GALLERY]
         config = [("model", DEFAULT_MODEL), ("fabric", f"1 x {DEFAULT_FABRIC}"),

@@ -94,7 +94,7 @@ def run(args):
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     with point_pool(args.scheduler, args.workers) as pool:
-        data = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
+        data, _ = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
                                  cache_dir(args.cache_dir), budgets, args.batch_limit,
                                  args.prefill_tile, args.tolerance, _progress(args))
     if args.output:
@@ -109,16 +109,18 @@ def run(args):
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, cache: Path,
                       budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile: int = 64,
-                      tolerance: float = 0.05, progress=None) -> dict:
-    """Build the configurations, search them on ``pool`` and compare: the JSON-able report."""
+                      tolerance: float = 0.05, progress=None) -> tuple[dict, list[Config]]:
+    """Build the configurations, search them on ``pool`` and compare: the JSON-able report,
+    and the configurations compared."""
     configs, skipped = build_configs(model, cluster, requests, budgets, batch_limit,
                                      prefill_tile, cache, progress)
-    return {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
+    data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
             "skipped": skipped,
             **experiment(configs, requests, targets, pool, tolerance, progress)}
+    return data, configs
 
 
 def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,

@@ -124,20 +124,8 @@ def run(args):
             "targets": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
             **metrics, "regions": result.regions}
     if args.output:
-        def write(tmp: Path) -> None:
-            program.save(tmp)  # so that the run directory alone can be drawn
-            with open(tmp / "requests.csv", "w", newline="") as fh:
-                w = csv.writer(fh)
-                w.writerow(REQUEST_COLUMNS)
-                w.writerows(request_rows(result, reqs))
-            (tmp / "metrics.json").write_text(json.dumps(data, indent=1))
-            (tmp / "timeline.json").write_text(json.dumps(result.timeline))
-            with open(tmp / "kv_occupancy.csv", "w", newline="") as fh:
-                w = csv.writer(fh)
-                w.writerow(["region", "time_s", "kv_tokens"])
-                for name, trace in result.kv_traces.items():
-                    w.writerows([name, t / fabric.clock_hz, k] for t, k in trace)
-        write_run_dir(args.output, write)
+        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result, reqs, data,
+                                                                   program))
     if args.json:
         return data
     rows = [[name, seconds(v["p50"]), seconds(v["p90"]), seconds(v["p99"])]
@@ -155,6 +143,25 @@ def run(args):
             for name, r in list(result.regions.items())[:8]]
     lines += ["", table(["region", "role", "stage utilization", "KV tokens at peak"], regs)]
     return "\n".join(lines)
+
+
+def write_serve_outputs(directory: Path, result, requests, data: dict,
+                        program: WaferProgram | None = None) -> None:
+    """requests.csv, metrics.json, timeline.json and kv_occupancy.csv (and the program, when
+    given, so that the directory alone can be drawn)."""
+    if program is not None:
+        program.save(directory)
+    with open(directory / "requests.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(REQUEST_COLUMNS)
+        w.writerows(request_rows(result, requests))
+    (directory / "metrics.json").write_text(json.dumps(data, indent=1))
+    (directory / "timeline.json").write_text(json.dumps(result.timeline))
+    with open(directory / "kv_occupancy.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["region", "time_s", "kv_tokens"])
+        for name, trace in result.kv_traces.items():
+            w.writerows([name, t / result.clock_hz, k] for t, k in trace)
 
 
 def handoff_rate(program: WaferProgram) -> float:
