@@ -65,7 +65,8 @@ def test_experiment_prints_a_table(args, capsys):
     (["--tpot-slo", "0"], "--tpot-slo must be positive"),
     (["--budgets", "64,x"], "--budgets must be comma-separated integers"),
     (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
-    (["--requests", "0"], "--requests must be at least 1"),
+    (["--requests", "1"], "--requests must be at least 2"),
+    (["--batch-limit", "65"], "--batch-limit must be between 1 and 64"),
     (["--scheduler", "tcp://127.0.0.1:1"], "dask scheduler"),
 ])
 def test_bad_experiment_input_is_one_line(args, capsys, extra, message):

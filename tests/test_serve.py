@@ -146,3 +146,48 @@ def test_interleaved_prefill_serves_everything_and_bounds_the_decode_stall(coloc
              (("priority", priority.regions["mixed0"]), ("turns", turns.regions["mixed0"]))}
     assert stall["turns"] < stall["priority"]
     assert np.percentile(turns.tpot_s(), 90) < np.percentile(priority.tpot_s(), 90)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    p = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                      CompileOptions(plan="disaggregated", region=(16, 64)))
+    return regions(p, tmp_path_factory.mktemp("split-tables"))
+
+
+def test_a_prefill_region_keeps_the_prompts_kv_until_its_handoff(split):
+    """With room in decode for one sequence at a time, finished prompts wait in their prefill
+    region (holding their KV), which then stops admitting new ones."""
+    from dataclasses import replace
+    need = 64 + 200
+    regs = [replace(r, kv_capacity_tokens=need) if r.role == "decode" else r for r in split]
+    reqs = generate(workload_from_dict({"name": "burst", "rate": 1e6, "requests": 30,
+                                        "prompt": {"kind": "fixed", "value": 64},
+                                        "output": {"kind": "fixed", "value": 200}}, "t"))
+    res = serve(reqs, regs, ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token()))
+    assert np.array_equal(res.tokens, reqs.output_tokens)
+    prefill = [res.regions[r.name] for r in regs if r.role == "prefill"]
+    assert sum(r["kv_blocked_s"] for r in prefill) > 0
+    # Most prompts sit finished in prefill, holding their KV, while decode has room for two.
+    assert sum(r["kv_peak_tokens"] for r in prefill) >= 20 * 64
+    assert all(r["kv_peak_tokens"] <= r["kv_capacity_tokens"] for r in res.regions.values())
+
+
+def test_handoffs_from_one_wafer_share_its_link(split):
+    """Two prompts finishing together on two prefill replicas of one wafer leave one after the
+    other over its link; on two wafers they would leave at once."""
+    from dataclasses import replace
+    prefills = [r for r in split if r.role == "prefill"][:2]
+    decode = [r for r in split if r.role == "decode"][:2]
+    reqs = generate(workload_from_dict({"name": "pair", "rate": 1e9, "requests": 2,
+                                        "prompt": {"kind": "fixed", "value": 256},
+                                        "output": {"kind": "fixed", "value": 2}}, "t"))
+    reqs = reqs.faster(1e9)  # both arrive at once
+    slow = ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token(),
+                        handoff_bytes_per_cycle=1.0)
+    transfer = 256 * SMALL.kv_bytes_per_token() / 1.0
+    one_wafer = serve(reqs, prefills + decode, slow)
+    two_wafers = serve(reqs, [prefills[0], replace(prefills[1], system=1)] + decode, slow)
+    gap = abs(one_wafer.finish[1] - one_wafer.finish[0])
+    assert gap == pytest.approx(transfer, rel=0.05)
+    assert abs(two_wafers.finish[1] - two_wafers.finish[0]) < 0.05 * transfer

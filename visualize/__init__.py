@@ -1,6 +1,8 @@
 """Figures and reports drawn from run directories (never by re-running a simulation).
 
-``rundir`` reads what a run wrote; ``wafer`` turns a program and its counters into per-PE maps,
-one pixel per PE; ``roofline`` places a model's ops against the PE's and the wafer's limits;
-``report`` gathers the figures into one self-contained HTML page.
+``rundir`` reads what a run wrote. ``wafer`` turns a program and its counters into per-PE
+arrays and ``draw`` draws them, one pixel per PE; ``roofline`` places a model's ops against the
+PE's and the wafer's limits; ``serving`` and ``curves`` draw serving runs and the
+disaggregation experiment; ``figures`` chooses what a run gets; ``report`` gathers it into one
+self-contained HTML page, and ``check_report`` opens that page in a headless browser.
 """

@@ -8,23 +8,17 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from visualize.draw import DPI, OKABE_ITO
+from visualize.draw import DPI, OKABE_ITO, save_figure
 
 
 def _style(label: str, n: int) -> dict:
+    """Colour by position (black is kept for the targets), marker and line by plan."""
     disaggregated = label.startswith("disaggregated")
-    return {"color": OKABE_ITO[n % len(OKABE_ITO)], "marker": "s" if disaggregated else "o",
+    colours = OKABE_ITO[:-1]
+    return {"color": colours[n % len(colours)], "marker": "s" if disaggregated else "o",
             "linestyle": "-" if disaggregated else "--", "markersize": 4, "linewidth": 1.2,
             "label": label}
 
-
-def _save(fig, path: Path, formats) -> list[Path]:
-    out = []
-    for fmt in formats:
-        fig.savefig(path.with_suffix(f".{fmt}"), dpi=DPI)
-        out.append(path.with_suffix(f".{fmt}"))
-    plt.close(fig)
-    return out
 
 
 def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
@@ -57,7 +51,7 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best", framealpha=0.9)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
@@ -70,13 +64,13 @@ def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
                label="attainment required")
     ax.set_xscale("log")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("request rate (per s)")
+    ax.set_xlabel("request rate (requests per s; sessions per s for agentic workloads)")
     ax.set_ylabel("share of requests meeting both targets")
     ax.set_title("SLO attainment against request rate", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:

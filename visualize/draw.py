@@ -12,6 +12,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no screen
+matplotlib.rcParams["svg.hashsalt"] = "wse-emu"  # SVG ids the same from run to run
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -24,6 +25,18 @@ MARGIN = {"left": 70, "right": 130, "top": 50, "bottom": 45}  # pixels around th
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
              "#000000")
 MISSING = "#d9d9d9"
+
+
+def save_figure(fig, path: Path, formats=("png",)) -> list[Path]:
+    """Write ``fig`` as ``path`` in every format (no timestamps, so the same run draws the same
+    files) and close it."""
+    written = []
+    for fmt in formats:
+        out = path.with_suffix(f".{fmt}")
+        fig.savefig(out, dpi=DPI, metadata={"Date": None} if fmt == "svg" else None)
+        written.append(out)
+    plt.close(fig)
+    return written
 
 
 def scale_for(height: int, width: int) -> int:
@@ -87,12 +100,7 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
         bar.set_ticklabels(categories)
     bar.set_label(label, fontsize=8)
     bar.ax.tick_params(labelsize=7)
-    written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI)
-        written.append(out)
-    plt.close(fig)
+    written = save_figure(fig, path, formats)
     raw = path.with_suffix(".pixels.png")
     plt.imsave(raw, image)
     written.append(raw)
@@ -133,10 +141,4 @@ def regions_figure(array: np.ndarray, title: str, label: str, path: Path, parts,
     bar = fig.colorbar(plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap), cax=cax)
     bar.set_label(label, fontsize=8)
     bar.ax.tick_params(labelsize=7)
-    written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI)
-        written.append(out)
-    plt.close(fig)
-    return written
+    return save_figure(fig, path, formats)

@@ -11,7 +11,7 @@ import numpy as np
 
 from compiler.intensity import Workload, analyze
 from compiler.opgraph import build_op_graph
-from visualize.draw import DPI, OKABE_ITO
+from visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.fabric import FabricSpec
 from wse_emu.model import ModelSpec
 
@@ -59,10 +59,4 @@ def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path,
     ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
-    written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI)
-        written.append(out)
-    plt.close(fig)
-    return written
+    return save_figure(fig, path, formats)

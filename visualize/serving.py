@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from visualize.draw import DPI, OKABE_ITO
+from visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.errors import UserError
 
 PREFILL, DECODE, MIXED = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6]
@@ -19,25 +19,30 @@ WINDOW_BATCHES = 150  # micro-batches through stage 0 shown in the pipeline wind
 
 
 def read_requests(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise UserError(f"{path}: {exc.strerror}") from None
+    rows = _read_csv(path)
     if not rows:
         raise UserError(f"{path}: no requests")
-    return {k: np.array([float(r[k]) for r in rows]) for k in
-            ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "output_tokens")}
+    return _columns(path, rows, ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
+                                 "output_tokens"))
 
 
-def _save(fig, path: Path, formats) -> list[Path]:
-    written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI)
-        written.append(out)
-    plt.close(fig)
-    return written
+def _read_csv(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="") as fh:
+            return list(csv.DictReader(fh))
+    except (OSError, csv.Error) as exc:
+        raise UserError(f"{path}: unreadable ({exc})") from None
+
+
+def _columns(path: Path, rows: list[dict], names) -> dict[str, np.ndarray]:
+    """Numeric columns of a run's CSV; a damaged file is one clear error, not a traceback."""
+    try:
+        return {k: np.array([float(r[k]) for r in rows]) for k in names}
+    except KeyError as exc:
+        raise UserError(f"{path}: no column {exc}") from None
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: a value that is not a number") from None
+
 
 
 def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
@@ -58,7 +63,7 @@ def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) ->
         ax.set_title(f"{name}: cumulative distribution", fontsize=10)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
@@ -81,7 +86,7 @@ def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) 
     ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
@@ -111,22 +116,23 @@ def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
         ax.set_xlim(0, (b - a) / 1e3)
         ax.set_ylim(stages - 0.5, -0.5)
         ax.set_ylabel("stage")
-        ax.set_title(f"{names.get(pid, pid)}: {WINDOW_BATCHES} micro-batches from "
-                     f"{a / 1e6:.3g} s", fontsize=9)
+        shown = sum(1 for t in firsts if a <= t <= b)
+        ax.set_title(f"{names.get(pid, pid)}: {shown} micro-batches from {a / 1e6:.3g} s",
+                     fontsize=9)
     axes[-1, 0].set_xlabel("time in the window (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (PREFILL, DECODE, MIXED)]
     fig.legend(handles, ["prefill tile", "decode micro-batch", "decode + prefill chunk"],
                loc="upper right", fontsize=8, ncol=3)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",)) -> list[Path]:
+    rows = _read_csv(path_csv)
+    values = _columns(path_csv, rows, ("time_s", "kv_tokens"))
     traces: dict[str, list] = {}
-    with open(path_csv, newline="") as fh:
-        for row in csv.DictReader(fh):
-            traces.setdefault(row["region"], []).append((float(row["time_s"]),
-                                                         float(row["kv_tokens"])))
+    for row, t, k in zip(rows, values["time_s"], values["kv_tokens"]):
+        traces.setdefault(row.get("region", "?"), []).append((t, k))
     fig, ax = plt.subplots(figsize=(9, 3.4), dpi=DPI)
     for n, (name, trace) in enumerate(sorted(traces.items())[:8]):
         t, k = np.array(trace).T if trace else (np.zeros(1), np.zeros(1))
@@ -140,7 +146,7 @@ def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",))
     ax.legend(fontsize=8, loc="upper right", ncol=2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)
 
 
 def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> list[tuple]:
@@ -152,10 +158,17 @@ def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> 
                (tpot_over_time(requests, targets, out / "tpot_over_time", formats)[0],
                 "Each request's TPOT over time; ticks at the bottom are prompt arrivals.")]
     if (run_path / "timeline.json").exists():
-        timeline = json.loads((run_path / "timeline.json").read_text())
+        try:
+            timeline = json.loads((run_path / "timeline.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{run_path / 'timeline.json'}: not valid JSON ({exc})") from None
         if any(e.get("ph") == "X" for e in timeline.get("traceEvents", [])):
-            figures.append((pipeline_window(timeline, out / "pipeline", formats)[0],
-                            "A window of each region's pipeline: stages down, time across."))
+            try:
+                window = pipeline_window(timeline, out / "pipeline", formats)[0]
+            except (KeyError, TypeError) as exc:
+                raise UserError(f"{run_path / 'timeline.json'}: an event lacks {exc}") from None
+            figures.append((window, "A window of each region's pipeline: stages down, time "
+                                    "across."))
     if (run_path / "kv_occupancy.csv").exists():
         caps = {n: r["kv_capacity_tokens"] for n, r in metrics.get("regions", {}).items()}
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
@@ -186,4 +199,4 @@ def tpot_side_by_side(runs: dict, targets: dict, path: Path, formats=("png",)) -
     axes[0, 0].set_ylabel("TPOT (ms)")
     axes[0, 0].legend(fontsize=8, loc="upper left", framealpha=0.9)
     fig.tight_layout()
-    return _save(fig, path, formats)
+    return save_figure(fig, path, formats)

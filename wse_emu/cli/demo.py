@@ -73,6 +73,9 @@ def add_parser(sub) -> None:
 
 def run(args):
     out = Path(args.output)
+    here = Path.cwd().resolve()
+    if out.resolve() in (here, *here.parents):
+        raise UserError(f"-o {out} would replace the directory the demo runs in: choose another")
     if out.exists() and not (out / MARKER).exists() and (not out.is_dir()
                                                          or any(out.iterdir())):
         raise UserError(f"{out} exists and is not an earlier demo's output: choose another -o")

@@ -11,10 +11,16 @@ from pathlib import Path
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
-from compiler.partition import disaggregated_splits
+from compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.cli.fmt import seconds, si, table
-from wse_emu.cli.serve_cmd import cache_dir, handoff_rate, region_models, workload_of
+from wse_emu.cli.serve_cmd import (
+    cache_dir,
+    check_micro_batches,
+    handoff_rate,
+    region_models,
+    workload_of,
+)
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
@@ -63,9 +69,10 @@ def add_parser(sub) -> None:
     d.add_argument("--prefill-tile", type=int, default=64, help="tokens per prefill micro-batch")
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
-    d.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
-    d.add_argument("--workers", type=int, default=0,
-                   help="local worker processes (default: one per core; 1: no cluster)")
+    where = d.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
+    where.add_argument("--workers", type=int, default=0,
+                       help="local worker processes (default: one per core; 1: no cluster)")
     d.add_argument("--cache-dir", help="where stage-time tables are kept")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
@@ -77,11 +84,12 @@ def add_parser(sub) -> None:
 def run(args):
     targets = _targets(args)
     budgets = _budgets(args.budgets)
-    for name in ("requests", "batch_limit", "prefill_tile", "workers"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "workers" else 1):
-            raise UserError(f"--{name.replace('_', '-')} must be at least "
-                            f"{0 if name == 'workers' else 1}")
+    check_micro_batches(args.batch_limit, args.prefill_tile, budgets)
+    if args.requests is not None and args.requests < 2:
+        raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
+                        f"{args.requests}")
+    if args.workers < 0:
+        raise UserError(f"--workers must be at least 0, got {args.workers}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
     out = Path(args.output) if args.output else None
@@ -91,6 +99,9 @@ def run(args):
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
     requests = generate(spec)
+    if requests.offered_rate() <= 0:
+        raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, so "
+                        "it has no rate to scale; give it at least two distinct arrival times")
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     with point_pool(args.scheduler, args.workers) as pool:
@@ -157,8 +168,14 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
     base = ServeOptions(batch_limit=batch_limit, prefill_tile=prefill_tile,
                         clock_hz=cluster.fabric.clock_hz,
                         kv_bytes_per_token=model.kv_bytes_per_token())
+    splits = disaggregated_splits(model, cluster)
+    if not splits:
+        span = wafers_needed(model, cluster.fabric)
+        raise UserError(f"{model.name} spans {span} x {cluster.fabric.name} per replica, so "
+                        f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
+                        f"use --systems {2 * span} or more")
     plans = [("colocated", "", {})]
-    for split in disaggregated_splits(model, cluster):
+    for split in splits:
         if "prefill_share" in split:
             knob = f"share {split['prefill_share']:g}"
         else:
@@ -247,6 +264,9 @@ def render(data: dict) -> str:
         verdict = "no colocated configuration met the targets at any rate tried"
     else:
         verdict = "neither plan met the targets at any rate tried"
+    if not all(cmp_["ceiling_found"].values()):
+        verdict += (" (a best configuration met every rate tried, so its rate is only a floor: "
+                    "more requests per run would load it further)")
     colocated = cmp_["colocated"].split(", ", 1)[1]
     lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
               f"at the same TPOT target: {verdict}.", "Why:"]

@@ -183,6 +183,7 @@ def run_handoff(args, program: WaferProgram):
             "offwafer": h.offwafer, "messages": h.messages}
     if args.output:
         def write(tmp: Path) -> None:
+            program.save(tmp)  # so that the run directory alone can be drawn
             (tmp / "results.json").write_text(json.dumps(data, indent=1))
             if h.links is not None:
                 np.savez_compressed(tmp / "counters.npz", link_wavelets_nesw=h.links)

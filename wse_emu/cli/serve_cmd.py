@@ -15,7 +15,7 @@ from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.runner import signature
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
 from wse_emu.runtime.serve import RegionModel, ServeOptions, kv_shortfall, serve
-from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS, build_table
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 
 TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
@@ -74,6 +74,17 @@ def region_models(program: WaferProgram, cache: Path, progress=None) -> list[Reg
     return out
 
 
+def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=()) -> None:
+    """Micro-batch sizes must lie within the stage-time tables' grids (their times are
+    interpolated there, not guessed beyond)."""
+    for flag, value, top in (("--batch-limit", batch_limit, DECODE_BATCH[-1]),
+                             ("--prefill-tile", prefill_tile, PREFILL_TOKENS[-1]),
+                             *(("--token-budget", b, PREFILL_TOKENS[-1]) for b in budgets)):
+        if not 1 <= value <= top:
+            raise UserError(f"{flag} must be between 1 and {top} (the stage tables' range), "
+                            f"got {value}")
+
+
 def workload_of(workload: str | None, trace: str | None, rate: float | None = None,
                 requests: int | None = None) -> WorkloadSpec:
     """A workload preset or YAML, or a trace replay; ``rate`` is a trace's speed-up."""
@@ -90,8 +101,7 @@ def workload_of(workload: str | None, trace: str | None, rate: float | None = No
 
 
 def run(args):
-    if min(args.batch_limit, args.token_budget, args.prefill_tile) < 1:
-        raise UserError("--batch-limit, --token-budget and --prefill-tile must be at least 1")
+    check_micro_batches(args.batch_limit, args.prefill_tile, (args.token_budget,))
     for name in ("rate", "ttft_slo", "tpot_slo"):
         value = getattr(args, name)
         if value is not None and value <= 0:

@@ -71,24 +71,28 @@ def evaluate(config: Config, requests: Requests, factor: float, targets: Targets
     reqs = requests.faster(factor)
     result = serve(reqs, config.regions, config.options)
     metrics = run_metrics(result, reqs, targets.ttft_s, targets.tpot_s)
-    metrics.update(_pressure(result.regions, len(reqs)))
+    metrics.update(_pressure(result.regions, metrics["duration_s"]))
     return Point(requests.offered_rate() * factor, targets.met(metrics), metrics)
 
 
-def _pressure(regions: dict, requests: int) -> dict:
+def _pressure(regions: dict, duration_s: float) -> dict:
     """Where the time went: prefill and decode stage utilization (mean over the regions that
-    serve the phase), decode stall per output token, KV peak share and KV wait per request."""
+    serve the phase), decode work and stall per output token, the KV peak share, and the
+    largest share of the run any region's admission waited for KV room."""
     pre = [r["prefill_utilization"] for r in regions.values() if r["role"] != "decode"]
     dec = [r["decode_utilization"] for r in regions.values() if r["role"] != "prefill"]
     tokens = sum(r["decode_tokens"] for r in regions.values())
     stall = sum(r["decode_stall_s"] for r in regions.values())
+    work = sum(r["decode_work_s"] for r in regions.values())
     kv = [r["kv_peak_tokens"] / r["kv_capacity_tokens"] for r in regions.values()
           if r["role"] != "prefill"]
     return {"prefill_utilization": float(np.mean(pre)), "decode_utilization": float(np.mean(dec)),
             # Rounded to the nanosecond: the stall is a difference of large sums.
             "decode_stall_per_token_s": max(round(stall / tokens, 9), 0.0) if tokens else 0.0,
-            "kv_peak_share": max(kv), "kv_wait_per_request_s":
-            sum(r["kv_wait_s"] for r in regions.values()) / requests}
+            "decode_work_per_token_s": work / tokens if tokens else 0.0,
+            "kv_peak_share": max(kv),
+            "kv_blocked_share": max(r["kv_blocked_s"] for r in regions.values())
+            / max(duration_s, 1e-12)}
 
 
 @dataclass
@@ -171,11 +175,11 @@ class Outcome:
         if self.failed is None:
             return "met every rate tried (more requests per run would load it further)"
         m = self.failed.metrics
-        broke = [name for name, key, target in (("TTFT", "ttft_s", targets.ttft_s),
-                                                ("TPOT", "tpot_s", targets.tpot_s))
+        broke = [name for name, key, target in (("p90 TTFT", "ttft_s", targets.ttft_s),
+                                                ("p90 TPOT", "tpot_s", targets.tpot_s))
                  if m[key]["p90"] > target]
         if not broke:
-            broke = [f"attainment {m['slo_attainment']:.0%}"]
+            broke = [f"attainment ({m['slo_attainment']:.0%} < {targets.attainment:.0%})"]
         return " and ".join(broke)
 
 
@@ -205,6 +209,9 @@ def compare(results: list[Outcome], targets: Targets) -> dict:
         summary["goodput_ratio"] = _ratio(dis.goodput, col.goodput)
         summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
         summary["split"] = dis.knob
+        # A configuration that met every rate tried has no ceiling found: its rate is a floor.
+        summary["ceiling_found"] = {"colocated": col.failed is not None,
+                                    "disaggregated": dis.failed is not None}
         summary["reasons"] = [_reason(col, targets), _reason(dis, targets)]
     return summary
 
@@ -220,16 +227,18 @@ def _reason(r: Outcome, targets: Targets) -> str:
         return f"{r.label}: met its targets at every rate tried"
     m = r.failed.metrics
     rate = f"{r.failed.rate:.3g}/s"
-    parts = [f"{r.label}: at {rate} p90 {r.limit(targets)} missed"]
-    stall, tpot = m["decode_stall_per_token_s"], m["tpot_s"]["p90"]
-    if tpot > 0 and stall > 0.1 * tpot:
-        parts.append(f"decode tokens stalled {_ms(stall)} each beyond their own work "
-                     f"(p90 TPOT {_ms(tpot)})")
+    parts = [f"{r.label}: at {rate} it missed {r.limit(targets)}"]
+    stall, work, tpot = (m["decode_stall_per_token_s"], m["decode_work_per_token_s"],
+                         m["tpot_s"]["p90"])
+    if work > 0 and tpot > 1.5 * work:
+        parts.append(f"p90 TPOT {_ms(tpot)} against {_ms(work)} of decode work per token: "
+                     f"tokens waited behind prefill and other micro-batches ({_ms(stall)} per "
+                     "token on average, most on requests that overlapped prompts)")
     parts.append(f"prefill stages {m['prefill_utilization']:.0%} busy, decode stages "
                  f"{m['decode_utilization']:.0%}")
-    if m["kv_wait_per_request_s"] > 0:
-        parts.append(f"prompts waited {_ms(m['kv_wait_per_request_s'])} on average for KV room "
-                     f"(peak {m['kv_peak_share']:.0%} of capacity)")
+    if m["kv_blocked_share"] > 0.01:
+        parts.append(f"admission waited for KV room {m['kv_blocked_share']:.0%} of the time "
+                     f"(KV peak {m['kv_peak_share']:.0%} of capacity)")
     return "; ".join(parts)
 
 

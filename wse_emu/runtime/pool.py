@@ -69,11 +69,12 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
             client = Client(cluster)
         else:
             client = Client(scheduler, timeout="5s")
-    except OSError as exc:
+    except (OSError, ValueError, TypeError) as exc:  # unreachable, or a malformed address
         if cluster is not None:
             cluster.close()
-        raise UserError(f"cannot reach the dask scheduler {scheduler}: "
-                        f"{' '.join(str(exc).split())}") from None
+        what = f"reach the dask scheduler {scheduler}" if scheduler else \
+            "start a local dask cluster"
+        raise UserError(f"cannot {what}: {' '.join(str(exc).split())}") from None
     try:
         yield _Dask(client)
     finally:

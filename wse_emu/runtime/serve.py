@@ -25,6 +25,7 @@ colocation costs decode, and what disaggregation is meant to remove.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,10 @@ class RegionModel:
     kv_capacity_tokens: int
     prefill: StageTable | None
     decode: StageTable | None
+    system: int = 0  # the wafer it sits on (KV handoffs leave over that wafer's link)
+
+
+POLICIES = ("prefill-priority", "chunked", "interleaved")  # for colocated regions
 
 
 @dataclass
@@ -67,18 +72,19 @@ class _Pipeline:
     starts: np.ndarray  # when the last micro-batch started each stage
     kv_used: int = 0
     prefills: list = field(default_factory=list)  # request ids waiting, in order
-    progress: dict = field(default_factory=dict)  # chunked prefill: prompt tokens done
+    progress: dict = field(default_factory=dict)  # prompt tokens done, of prompts under way
     busy: dict = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})  # stage-cycles
     stall: float = 0.0  # decode: token-cycles spent beyond the tokens' own decode work
+    work: float = 0.0  # decode: token-cycles of the tokens' own decode work
     decoded: int = 0  # decode tokens made here
     kv_trace: list = field(default_factory=list)  # (cycle, KV tokens held) after each change
     events: list = field(default_factory=list)  # (stage, start, end, label) for the timeline
     max_events: int = 0
     ready: list = field(default_factory=list)  # (sequence, context, since when) for a token
     busy_until: float = 0.0
-    kv_wait: float = 0.0  # cycles prompts waited here for KV room (admission or handoff)
+    kv_blocked: float = 0.0  # cycles the prompt at the head of this region's queue (or of its
+    # handoffs) waited for KV room
     blocked_since: float | None = None  # when the prompt at the head began waiting for room
-    link_free: float = 0.0  # when the link carrying this region's KV handoffs is next free
     last_was_prefill: bool = False  # interleaved policy: whose turn it is
 
     def run(self, loads: list, enter: float) -> float:
@@ -104,6 +110,7 @@ class _Pipeline:
         done = self.run(loads, enter)
         alone = float(loads[0][1].sum())
         self.stall += sum(done - since for _, _, since in batch) - len(batch) * alone
+        self.work += len(batch) * alone
         self.decoded += len(batch)
         return done
 
@@ -145,6 +152,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     n = len(requests)
     if not regions:
         raise UserError("no regions to serve on")
+    if options.policy not in POLICIES:
+        raise UserError(f"unknown policy {options.policy!r}: one of {', '.join(POLICIES)}")
     pipes = {r.name: _Pipeline(r, np.zeros(len(_table(r).cycles)),
                                np.zeros(len(_table(r).cycles)),
                                max_events=options.timeline_events) for r in regions}
@@ -181,14 +190,42 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         if p.busy_until <= now:
             schedule(max(now, p.free[0]), "dispatch", p.model.name)
 
+    # Finished prompts wait in order for a decode region with room for their whole KV; the
+    # prefill region keeps holding the prompt's KV until its transfer is done.
+    handoffs: deque = deque()  # (request, prefill region)
+    link_free: dict = {}  # system -> when its handoff link is next free
+    head_blocked = [None]  # when the first waiting handoff began waiting for room
+
+    def start_handoffs(now: float):
+        while handoffs:
+            i, src = handoffs[0]
+            room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens]
+            if not room:
+                if head_blocked[0] is None:
+                    head_blocked[0] = now
+                return
+            if head_blocked[0] is not None:
+                pipes[src].kv_blocked += now - head_blocked[0]
+                head_blocked[0] = None
+            handoffs.popleft()
+            q = min(room, key=lambda x: (x.kv_used, x.model.name))
+            q.hold(int(need[i]), now)
+            # The KV leaves over the prefill wafer's link, one sequence after another.
+            system = pipes[src].model.system
+            nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
+            link_free[system] = max(now, link_free.get(system, 0.0)) \
+                + nbytes / options.handoff_bytes_per_cycle
+            schedule(link_free[system], "joined", (i, q.model.name, src))
+
     while events:
         now, _, kind, data = heapq.heappop(events)
         if kind == "arrive":
             i = data
             arrival[i] = now
+            # The shortest queue, then the pipeline free soonest.
             p = min((q for q in entry if _holds(q.model, requests, i)
                      <= q.model.kv_capacity_tokens),
-                    key=lambda q: (len(q.prefills), q.model.name))
+                    key=lambda q: (len(q.prefills), max(q.free[0], now), q.model.name))
             p.prefills.append(i)
             kick(p, now)
         elif kind == "dispatch":
@@ -219,25 +256,12 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 where[i] = p.model.name
                 kick(p, now)
             else:
-                p.hold(-held, now)
-                kick(p, now)
-                schedule(now, "handoff", (i, name, now))
-        elif kind == "handoff":
-            i, name, since = data
-            room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens]
-            if not room:  # wait for room, look again in 1 ms
-                schedule(now + clock * 1e-3, "handoff", data)
-                continue
-            p = pipes[name]
-            p.kv_wait += now - since
-            q = min(room, key=lambda x: (x.kv_used, x.model.name))
-            q.hold(int(need[i]), now)
-            # The KV leaves over the prefill region's link, one sequence after another.
-            nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
-            p.link_free = max(now, p.link_free) + nbytes / options.handoff_bytes_per_cycle
-            schedule(p.link_free, "joined", (i, q.model.name))
+                handoffs.append((i, name))
+                start_handoffs(now)
         elif kind == "joined":
-            i, name = data
+            i, name, src = data
+            pipes[src].hold(-int(requests.prompt_tokens[i]), now)  # the transfer is done
+            kick(pipes[src], now)
             q = pipes[name]
             where[i] = name
             q.ready.append((i, int(requests.prompt_tokens[i]) + 1, now))
@@ -253,6 +277,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                     _next_call(i, now, requests, starts, clock, schedule)
                 else:
                     p.ready.append((i, ctx + 1, now))
+            start_handoffs(now)  # KV room may have been freed
             kick(p, now)
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
@@ -268,7 +293,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                        "decode_utilization": p.busy["decode"] / (len(p.free) * span),
                        "decode_tokens": p.decoded,
                        "decode_stall_s": p.stall / clock,
-                       "kv_wait_s": p.kv_wait / clock,
+                       "decode_work_s": p.work / clock,
+                       "kv_blocked_s": p.kv_blocked / clock,
                        "kv_capacity_tokens": p.model.kv_capacity_tokens,
                        "kv_peak_tokens": max((k for _, k in p.kv_trace), default=0),
                        "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
@@ -298,13 +324,13 @@ def kv_shortfall(requests: Requests, regions: list) -> str | None:
     ``kv_capacity_tokens``) for lack of KV room, or None."""
     total = int((requests.prompt_tokens + requests.output_tokens).max())
     prompt = int(requests.prompt_tokens.max())
-    for role, longest, what in (("mixed", total, "a request needs"),
-                                ("prefill", prompt, "a prompt needs"),
-                                ("decode", total, "a request needs")):
+    for role, longest, what, where in (("mixed", total, "a request", "any region"),
+                                       ("prefill", prompt, "a prompt", "any prefill region"),
+                                       ("decode", total, "a request", "any decode region")):
         room = [r.kv_capacity_tokens for r in regions if r.role == role]
         if room and longest > max(room):
-            return (f"{what} {longest:,} tokens of KV cache, more than any {role} region holds "
-                    f"({max(room):,})").replace("any mixed region", "any region")
+            return (f"{what} needs {longest:,} tokens of KV cache, more than {where} holds "
+                    f"({max(room):,})")
     return None
 
 
@@ -322,7 +348,7 @@ def _admit(p: _Pipeline, tokens: int, now: float) -> bool:
             p.blocked_since = now
         return False
     if p.blocked_since is not None:
-        p.kv_wait += now - p.blocked_since
+        p.kv_blocked += now - p.blocked_since
         p.blocked_since = None
     p.hold(tokens, now)
     return True
@@ -352,18 +378,25 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         return _dispatch_interleaved(p, now, requests, options, schedule)
     if p.prefills and m.prefill is not None:
         i = p.prefills[0]
-        holds = _holds(m, requests, i)
-        if _admit(p, holds, now):
-            p.prefills.pop(0)
-            tokens = int(requests.prompt_tokens[i])
-            done, prefix = now, 0
-            while prefix < tokens:  # long prompts go through as consecutive tiles
-                tile = min(options.prefill_tile, tokens - prefix)
-                done = p.run([("prefill", m.prefill.vector(tile, prefix))], now)
-                prefix += tile
-            schedule(done, "prefilled", (i, m.name))
+        if _admit(p, _holds(m, requests, i), now):
+            while p.prefills and p.prefills[0] == i:  # the whole prompt, tile after tile
+                _prefill_tile(p, i, now, requests, options, schedule)
             return True
     return _dispatch_decode(p, now, options, schedule)
+
+
+def _prefill_tile(p: _Pipeline, i: int, now: float, requests: Requests, options: ServeOptions,
+                  schedule) -> None:
+    """Send the next tile of prompt ``i`` (admitted already) into the pipeline; after the last
+    one, the prompt leaves the queue and its first token is due when the tile comes out."""
+    done_tokens = p.progress.get(i, 0)
+    tile = min(options.prefill_tile, int(requests.prompt_tokens[i]) - done_tokens)
+    done = p.run([("prefill", p.model.prefill.vector(tile, done_tokens))], now)
+    p.progress[i] = done_tokens + tile
+    if p.progress[i] == requests.prompt_tokens[i]:
+        p.prefills.pop(0)
+        del p.progress[i]
+        schedule(done, "prefilled", (i, p.model.name))
 
 
 def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) -> bool:
@@ -382,23 +415,16 @@ def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) 
 def _dispatch_interleaved(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
                           schedule) -> bool:
     """Prefill tiles and decode micro-batches take turns: when both wait, a decode micro-batch
-    follows every prefill tile. A decode token then waits behind at most one tile, which runs
-    ahead of it through the stages, instead of behind a whole prompt (prefill priority) or
-    inside a micro-batch that carries a chunk through every stage (chunked)."""
+    follows every prefill tile. A decode token then follows at most one tile through the stages
+    (at that tile's pace, since micro-batches never overtake), instead of a whole prompt
+    (prefill priority), and never carries prefill work itself (chunked)."""
     m = p.model
     if p.ready and (p.last_was_prefill or not p.prefills):
         return _dispatch_decode(p, now, options, schedule)
     if p.prefills:
         i = p.prefills[0]
         if i in p.progress or _admit(p, _holds(m, requests, i), now):
-            done_tokens = p.progress.get(i, 0)
-            tile = min(options.prefill_tile, int(requests.prompt_tokens[i]) - done_tokens)
-            done = p.run([("prefill", m.prefill.vector(tile, done_tokens))], now)
-            p.progress[i] = done_tokens + tile
-            if p.progress[i] == requests.prompt_tokens[i]:
-                p.prefills.pop(0)
-                del p.progress[i]
-                schedule(done, "prefilled", (i, m.name))
+            _prefill_tile(p, i, now, requests, options, schedule)
             p.last_was_prefill = True
             return True
     return _dispatch_decode(p, now, options, schedule)
@@ -417,9 +443,8 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
     finished_prompt = -1
     if p.prefills and room > 0:
         i = p.prefills[0]
-        need = int(requests.prompt_tokens[i] + requests.output_tokens[i])
         started = i in p.progress
-        if started or _admit(p, need, now):
+        if started or _admit(p, _holds(m, requests, i), now):
             if not started:
                 p.progress[i] = 0
             done_tokens = p.progress[i]

@@ -53,7 +53,10 @@ class StageTable:
         in few sizes), then along axis1."""
         line, steps = self._line(a)
         j, fy = _position(self._y, b)
-        return line[j] + fy * steps[j] if fy else line[j]
+        if not fy:
+            return line[j]
+        v = line[j] + fy * steps[j]
+        return v if 0.0 <= fy <= 1.0 else np.maximum(v, 0.0)  # extended: never below zero
 
     def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
         """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
@@ -61,7 +64,7 @@ class StageTable:
         return v[:-1], float(v[-1])
 
     def stage_cycles(self, a: float, b: float) -> np.ndarray:
-        """Interpolated cycles of every stage at (a, b); clamped to the grid's range."""
+        """Interpolated cycles of every stage at (a, b)."""
         return self.at(a, b)[0]
 
     def transfer_cycles(self, a: float, b: float) -> float:
@@ -73,6 +76,8 @@ class StageTable:
             i, fx = _position(self._x, a)
             i1 = min(i + 1, len(self._x) - 1)
             line = (1 - fx) * self._grid[i] + fx * self._grid[i1]
+            if not 0.0 <= fx <= 1.0:
+                line = np.maximum(line, 0.0)
             steps = np.diff(line, axis=0) if len(line) > 1 else np.zeros_like(line)
             found = (line, steps)
             if len(self._lines) < 100_000:
@@ -90,11 +95,11 @@ class StageTable:
 
 
 def _position(x: list, a: float) -> tuple[int, float]:
-    """The grid interval holding ``a`` (clamped to the grid) and the position inside it.
-    Bilinear interpolation over a cell is exact for times of the form c0 + c1*a + c2*b +
-    c3*a*b: fixed latency, per-token work, per-cached-token work, and attention's
-    per-token-per-cached-token work."""
-    a = min(max(a, x[0]), x[-1])
+    """The grid interval holding ``a`` and the position inside it (below 0 or above 1 outside
+    the grid: the end interval extended). Bilinear interpolation over a cell is exact for times
+    of the form c0 + c1*a + c2*b + c3*a*b: fixed latency, per-token work, per-cached-token
+    work, and attention's per-token-per-cached-token work; the same form carries on past the
+    grid's ends (a 4-token tile of a prompt, a context longer than any timed)."""
     i = min(max(bisect_left(x, a) - 1, 0), max(len(x) - 2, 0))
     return i, (0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i]))
 
