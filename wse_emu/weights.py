@@ -1,0 +1,278 @@
+"""Model weights as numpy arrays keyed by Hugging Face tensor names, and checkpoints on disk.
+
+The Llama family (Llama, Mistral, Qwen2) names its tensors ``model.embed_tokens.weight``,
+``model.layers.{i}.self_attn.q_proj.weight`` and so on; keeping those names means a checkpoint
+written here loads in Hugging Face and a downloaded one loads here. Linear weights keep Hugging
+Face's (output, input) layout. A checkpoint is a directory with ``config.json`` (read by
+``wse_emu.model.load_model``) and one or more ``*.safetensors`` files. Nothing is ever downloaded.
+
+``safetensors`` is imported only when a checkpoint is read or written, so the rest of wse-emu
+works without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.model import ModelSpec, load_model
+
+Shape = tuple[int, ...]
+
+# ModelSpec.layer_matrices() key -> Hugging Face module path inside a decoder layer.
+_LAYER_MODULES = {
+    "q_proj": "self_attn.q_proj",
+    "k_proj": "self_attn.k_proj",
+    "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj",
+    "gate_proj": "mlp.gate_proj",
+    "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}
+# Projections that write into the residual stream; their random init is scaled down by depth.
+_RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+_HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM"}
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def expected_shapes(spec: ModelSpec) -> dict[str, Shape]:
+    """Every tensor the model needs, by Hugging Face name, in checkpoint order."""
+    h = spec.hidden_size
+    shapes: dict[str, Shape] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
+    for layer in range(spec.num_layers):
+        prefix = f"model.layers.{layer}."
+        shapes[prefix + "input_layernorm.weight"] = (h,)
+        for key, (k, n) in spec.layer_matrices().items():
+            module = prefix + _LAYER_MODULES[key]
+            shapes[module + ".weight"] = (n, k)  # nn.Linear stores (out_features, in_features)
+            if spec.attention_bias and key in ("q_proj", "k_proj", "v_proj"):
+                shapes[module + ".bias"] = (n,)
+        shapes[prefix + "post_attention_layernorm.weight"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    if not spec.tie_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    return shapes
+
+
+def check_weights(spec: ModelSpec, weights: Mapping[str, Any], where: str,
+                  implied_by: str = "the model") -> None:
+    """Raise UserError naming the first missing, unexpected, misshapen or non-float tensor.
+
+    ``where`` starts the message (a checkpoint path, say) and ``implied_by`` names what the
+    expected shape comes from, so the user knows which of the two to fix.
+    """
+    shapes = expected_shapes(spec)
+    for name, shape in shapes.items():
+        if name not in weights:
+            raise UserError(f"{where}: missing tensor {name} (shape {_shown(shape)})")
+        array = weights[name]
+        if not isinstance(array, np.ndarray):
+            raise UserError(f"{where}: {name} is a {type(array).__name__}, not a numpy array")
+        if array.shape != shape:
+            raise UserError(f"{where}: {name} has shape {_shown(array.shape)}, "
+                            f"{implied_by} implies {_shown(shape)}")
+        if not np.issubdtype(array.dtype, np.floating):
+            raise UserError(f"{where}: {name} has dtype {array.dtype}, expected floating point")
+    for name in weights:
+        if name not in shapes:
+            raise UserError(f"{where}: unexpected tensor {name!r}, "
+                            f"{implied_by} implies no such tensor")
+
+
+def random_weights(spec: ModelSpec, seed: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """Seeded random weights under which activations stay O(1) through the whole model.
+
+    Values are drawn in float32 in ``expected_shapes`` order from one generator, so the same seed
+    gives the same values in every dtype (a float64 set is the float32 set, widened).
+    """
+    dtype = _float_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    # Each residual branch adds a term of size ~1/sqrt(2 * layers): the stream stays O(1) deep.
+    residual_scale = 1.0 / math.sqrt(2 * spec.num_layers)
+    weights = {}
+    for name, shape in expected_shapes(spec).items():
+        noise = rng.standard_normal(shape, dtype=np.float32)
+        if name.endswith("norm.weight"):
+            value = 1.0 + 0.1 * noise  # near one, but not all ones, so a skipped scale shows
+        elif name.endswith(".bias"):
+            value = 0.1 * noise
+        else:
+            # Matrices, including the embedding (it is also the LM head when tied): unit-variance
+            # input -> unit-variance output, so attention scores and logits stay O(1).
+            value = noise / math.sqrt(shape[1])
+            if name.endswith(_RESIDUAL_OUTPUTS):
+                value *= residual_scale
+        weights[name] = value.astype(dtype)
+    return weights
+
+
+def hf_config(spec: ModelSpec) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` mapping from which ``load_model`` rebuilds ``spec``."""
+    return {
+        "architectures": [_HF_ARCHITECTURE[spec.family]],
+        "model_type": spec.family,
+        "_name_or_path": spec.name,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tie_embeddings,
+        "attention_bias": spec.attention_bias,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "max_position_embeddings": spec.max_position_embeddings,
+        # The loader reads sliding_window for Mistral always, for the others only with this flag.
+        "use_sliding_window": spec.sliding_window is not None,
+        "sliding_window": spec.sliding_window,
+        "torch_dtype": "float32" if spec.dtype_bytes == 4 else "bfloat16",
+    }
+
+
+def save_checkpoint(directory: str | Path, spec: ModelSpec,
+                    weights: Mapping[str, np.ndarray]) -> None:
+    """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
+
+    The weights are checked first, so bad ones leave nothing behind; each file is written under
+    a temporary name and renamed, so a failed write never leaves a half file under the real one.
+    """
+    directory = Path(directory)
+    check_weights(spec, weights, f"weights for {spec.name}")
+    save_file = _safetensors_numpy().save_file
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: np.ascontiguousarray(weights[name]) for name in expected_shapes(spec)}
+        partial = directory / (WEIGHTS_FILE + ".partial")
+        # "format": "pt" is the metadata Hugging Face's loader asks of a safetensors file.
+        save_file(tensors, str(partial), metadata={"format": "pt"})
+        os.replace(partial, directory / WEIGHTS_FILE)
+        partial = directory / (CONFIG_FILE + ".partial")
+        partial.write_text(json.dumps(hf_config(spec), indent=2) + "\n", encoding="utf-8")
+        os.replace(partial, directory / CONFIG_FILE)
+    except OSError as exc:
+        raise UserError(f"cannot write checkpoint {directory}: {exc.strerror or exc}") from None
+
+
+def load_checkpoint(path: str | Path,
+                    dtype: Any = np.float32) -> tuple[ModelSpec, dict[str, np.ndarray]]:
+    """Read a checkpoint directory (or its ``config.json``): the model and its weights in dtype.
+
+    Every ``*.safetensors`` file of the directory is read (sharded checkpoints have several).
+    Tensors the model does not use but checkpoints commonly carry are dropped: rotary
+    ``inv_freq`` buffers, and a copy of the LM head when the embeddings are tied.
+    """
+    dtype = _float_dtype(dtype)
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"checkpoint {path}: no such file or directory")
+    if path.is_dir():
+        directory, config_path = path, path / CONFIG_FILE
+    elif path.suffix == ".json":
+        directory, config_path = path.parent, path
+    else:
+        raise UserError(f"checkpoint {path}: give the checkpoint directory or its {CONFIG_FILE}")
+    if not config_path.exists():
+        raise UserError(f"checkpoint {directory}: no {CONFIG_FILE}")
+    spec = load_model(config_path)
+    where = f"checkpoint {directory}"
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{where}: no *.safetensors files")
+    weights: dict[str, np.ndarray] = {}
+    found_in: dict[str, str] = {}
+    for file in files:
+        for name, array in _read_safetensors(file, where).items():
+            if name in found_in:
+                raise UserError(f"{where}: tensor {name} is in both {found_in[name]} "
+                                f"and {file.name}")
+            found_in[name] = file.name
+            weights[name] = array
+    for name in list(weights):
+        if name.endswith("rotary_emb.inv_freq") or (spec.tie_embeddings
+                                                    and name == "lm_head.weight"):
+            del weights[name]
+    check_weights(spec, weights, where, implied_by=CONFIG_FILE)
+    return spec, {name: weights[name].astype(dtype, copy=False) for name in expected_shapes(spec)}
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def _read_safetensors(file: Path, where: str) -> dict[str, np.ndarray]:
+    safetensors_numpy = _safetensors_numpy()
+    try:
+        return safetensors_numpy.load_file(str(file))
+    except TypeError as exc:
+        # numpy has no bfloat16, the dtype most released checkpoints use: widen it by hand.
+        if "bfloat16" not in str(exc):
+            raise UserError(f"{where}: cannot read {file.name}: {_one_line(exc)}") from None
+    except Exception as exc:  # SafetensorError (bad header, truncated data), OSError, ...
+        raise UserError(f"{where}: cannot read {file.name}: {_one_line(exc)}") from None
+    return _read_with_bfloat16(file, where)
+
+
+def _read_with_bfloat16(file: Path, where: str) -> dict[str, np.ndarray]:
+    from safetensors import deserialize
+
+    try:
+        entries = deserialize(file.read_bytes())
+    except Exception as exc:
+        raise UserError(f"{where}: cannot read {file.name}: {_one_line(exc)}") from None
+    tensors = {}
+    for name, entry in entries:
+        raw = np.frombuffer(entry["data"], dtype=np.uint8)
+        if entry["dtype"] == "BF16":
+            # bfloat16 is the top half of a float32: shift it into place.
+            array = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            numpy_dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
+            if numpy_dtype is None:
+                raise UserError(f"{where}: {name} in {file.name} has unsupported dtype "
+                                f"{entry['dtype']}")
+            array = raw.view(numpy_dtype)
+        tensors[name] = array.reshape(entry["shape"])
+    return tensors
+
+
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+                       "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def _safetensors_numpy():
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise UserError("reading or writing checkpoints needs safetensors: "
+                        "pip install safetensors") from None
+    return safetensors.numpy
+
+
+def _float_dtype(dtype: Any) -> np.dtype:
+    try:
+        result = np.dtype(dtype)
+    except TypeError:
+        raise UserError(f"dtype must be a floating-point numpy dtype, got {dtype!r}") from None
+    if not np.issubdtype(result, np.floating):
+        raise UserError(f"dtype must be a floating-point numpy dtype, got {result}")
+    return result
+
+
+def _shown(shape: Shape) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
