@@ -77,6 +77,7 @@ class _Pipeline:
     stall: float = 0.0  # decode: token-cycles spent beyond the tokens' own decode work
     work: float = 0.0  # decode: token-cycles of the tokens' own decode work
     decoded: int = 0  # decode tokens made here
+    in_flight: int = 0  # sequences whose next token is in the pipeline
     kv_trace: list = field(default_factory=list)  # (cycle, KV tokens held) after each change
     events: list = field(default_factory=list)  # (stage, start, end, label) for the timeline
     max_events: int = 0
@@ -112,6 +113,7 @@ class _Pipeline:
         self.stall += sum(done - since for _, _, since in batch) - len(batch) * alone
         self.work += len(batch) * alone
         self.decoded += len(batch)
+        self.in_flight += len(batch)
         return done
 
     def hold(self, tokens: int, now: float) -> None:
@@ -269,6 +271,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         elif kind == "decoded":
             name, batch = data
             p = pipes[name]
+            p.in_flight -= len(batch)
             for i, ctx, _ in batch:
                 made[i] += 1
                 if made[i] >= requests.output_tokens[i]:
@@ -354,6 +357,16 @@ def _admit(p: _Pipeline, tokens: int, now: float) -> bool:
     return True
 
 
+def _batch_size(p: _Pipeline, limit: int) -> int:
+    """Sequences for the next decode micro-batch: the decoding sequences spread over as many
+    micro-batches as the pipeline has stages, so that every stage has one to work on. (A
+    decode step costs about the same per sequence whatever the batch, since the PEs compute
+    from SRAM at its full rate even one token at a time; one big micro-batch would only leave
+    the other stages idle, and once formed it stays together.)"""
+    decoding = len(p.ready) + p.in_flight
+    return max(1, min(limit, -(-decoding // len(p.free))))
+
+
 def _mean_context(batch: list) -> float:
     return sum(c for _, c, _ in batch) / len(batch)
 
@@ -404,8 +417,8 @@ def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) 
     m = p.model
     if not p.ready or m.decode is None:
         return False
-    batch = p.ready[:options.batch_limit]
-    del p.ready[:options.batch_limit]
+    batch = p.ready[:_batch_size(p, options.batch_limit)]
+    del p.ready[:len(batch)]
     done = p.decode(batch, [("decode", m.decode.vector(len(batch), _mean_context(batch)))], now)
     schedule(done, "decoded", (m.name, batch))
     p.last_was_prefill = False
@@ -434,7 +447,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
                       schedule) -> bool:
     """Decode first, then the next prompt's tokens up to the token budget."""
     m = p.model
-    batch = p.ready[:min(options.batch_limit, options.token_budget)]
+    batch = p.ready[:_batch_size(p, min(options.batch_limit, options.token_budget))]
     del p.ready[:len(batch)]
     parts = []
     if batch:
