@@ -14,7 +14,8 @@ from numba import njit
 @njit(cache=True, nogil=True)
 def advance(free: np.ndarray, cycles: np.ndarray, enter: float, starts: np.ndarray) -> float:
     """Put a micro-batch entering at ``enter`` through the stages; ``cycles`` holds every
-    stage's time and, last, the hops' in all (spread evenly over the gaps between stages).
+    stage's time, then the hops' in all (spread evenly over the gaps between stages); anything
+    after those is not read.
     Updates ``free`` (when each stage is next free), writes each stage's start into ``starts``
     and returns when the micro-batch leaves the last stage."""
     stages = free.shape[0]

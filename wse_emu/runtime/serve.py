@@ -91,12 +91,12 @@ class _Pipeline:
     def run(self, loads: list, enter: float) -> float:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
         ``loads``: (phase, cycles) of what it carries, cycles as ``StageTable.vector`` gives
-        them (every stage's, then the transfers'); a mixed micro-batch adds them."""
+        them (every stage's, the transfers', the stages' sum); a mixed micro-batch adds them."""
         vec = loads[0][1]
         for phase, more in loads[1:]:
             vec = vec + more
         for phase, more in loads:
-            self.busy[phase] += float(more.sum() - more[-1])
+            self.busy[phase] += float(more[-1])
         done = advance(self.free, vec, enter, self.starts)
         if len(self.events) < self.max_events:
             label = "+".join(phase for phase, _ in loads)
@@ -109,7 +109,7 @@ class _Pipeline:
         ride along), noting how long its tokens took beyond their own decode work: queueing
         for stage 0, waiting behind other micro-batches, and the chunk's work."""
         done = self.run(loads, enter)
-        alone = float(loads[0][1].sum())
+        alone = float(loads[0][1][-1] + loads[0][1][-2])  # its stages and the hops between
         self.stall += sum(done - since for _, _, since in batch) - len(batch) * alone
         self.work += len(batch) * alone
         self.decoded += len(batch)
@@ -236,10 +236,10 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 schedule(p.free[0], "dispatch", data)
                 continue
             started = _dispatch(p, now, requests, options, schedule)
-            if started:
+            if started and (p.prefills or p.ready):  # more to start once stage 0 frees
                 p.busy_until = p.free[0]
                 schedule(p.free[0], "dispatch", data)
-            else:
+            else:  # nothing waits: the next arrival or returning sequence kicks it
                 p.busy_until = 0.0
         elif kind == "prefilled":
             i, name = data

@@ -42,13 +42,16 @@ class StageTable:
     def __post_init__(self):
         self._x = [float(v) for v in self.axis0]  # plain lists: fast scalar look-ups
         self._y = [float(v) for v in self.axis1]
-        # (len(axis0), len(axis1), stages + 1): every stage's cycles, then the transfers.
+        # (len(axis0), len(axis1), stages + 2): every stage's cycles, the transfers, and the
+        # stages' sum (wanted for every micro-batch; interpolating it costs nothing more).
         self._grid = np.concatenate([np.moveaxis(self.cycles, 0, -1),
-                                     self.transfers[:, :, None]], axis=-1)
+                                     self.transfers[:, :, None],
+                                     self.cycles.sum(axis=0)[:, :, None]], axis=-1)
         self._lines: dict = {}  # a -> the grid interpolated along axis0 at a, and its steps
 
     def vector(self, a: float, b: float) -> np.ndarray:
-        """Cycles of every stage and, last, the cycles between stages in all, at (a, b).
+        """Cycles of every stage, then the cycles between stages in all, then the stages' sum,
+        at (a, b).
         Interpolated bilinearly: first along axis0 at ``a`` (kept, since micro-batches come
         in few sizes), then along axis1."""
         line, steps = self._line(a)
@@ -61,7 +64,7 @@ class StageTable:
     def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
         """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
         v = self.vector(a, b)
-        return v[:-1], float(v[-1])
+        return v[:-2], float(v[-2])
 
     def stage_cycles(self, a: float, b: float) -> np.ndarray:
         """Interpolated cycles of every stage at (a, b)."""
