@@ -92,11 +92,11 @@ class _Pipeline:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
         ``loads``: (phase, cycles) of what it carries, cycles as ``StageTable.vector`` gives
         them (every stage's, the transfers', the stages' sum); a mixed micro-batch adds them."""
-        vec = loads[0][1]
-        for phase, more in loads[1:]:
+        phase, vec = loads[0]
+        self.busy[phase] += vec[-1]
+        for phase, more in loads[1:]:  # a chunk riding with decode tokens
             vec = vec + more
-        for phase, more in loads:
-            self.busy[phase] += float(more[-1])
+            self.busy[phase] += more[-1]
         done = advance(self.free, vec, enter, self.starts)
         if len(self.events) < self.max_events:
             label = "+".join(phase for phase, _ in loads)
@@ -109,11 +109,14 @@ class _Pipeline:
         ride along), noting how long its tokens took beyond their own decode work: queueing
         for stage 0, waiting behind other micro-batches, and the chunk's work."""
         done = self.run(loads, enter)
-        alone = float(loads[0][1][-1] + loads[0][1][-2])  # its stages and the hops between
-        self.stall += sum(done - since for _, _, since in batch) - len(batch) * alone
-        self.work += len(batch) * alone
-        self.decoded += len(batch)
-        self.in_flight += len(batch)
+        own = loads[0][1]
+        alone = own[-1] + own[-2]  # its stages and the hops between them
+        n = len(batch)
+        waited = done - batch[0][2] if n == 1 else sum(done - since for _, _, since in batch)
+        self.stall += waited - n * alone
+        self.work += n * alone
+        self.decoded += n
+        self.in_flight += n
         return done
 
     def hold(self, tokens: int, now: float) -> None:
