@@ -18,9 +18,11 @@ def gb(nbytes: float) -> str:
 
 
 def seconds(value: float) -> str:
-    if value >= 1:
+    """0.0123 -> '12.3 ms'; a value that rounds up to the next unit takes it (0.9996 -> '1 s',
+    never '1e+03 ms')."""
+    if value >= 0.9995:
         return f"{value:.3g} s"
-    if value >= 1e-3:
+    if value >= 0.9995e-3:
         return f"{value * 1e3:.3g} ms"
     return f"{value * 1e6:.3g} us"
 
