@@ -231,9 +231,10 @@ def _reason(r: Outcome, targets: Targets) -> str:
     stall, work, tpot = (m["decode_stall_per_token_s"], m["decode_work_per_token_s"],
                          m["tpot_s"]["p90"])
     if work > 0 and tpot > 1.5 * work:
+        behind = ("prefill and other micro-batches" if r.plan == "colocated"
+                  else "other decode micro-batches")
         parts.append(f"p90 TPOT {_ms(tpot)} against {_ms(work)} of decode work per token: "
-                     f"tokens waited behind prefill and other micro-batches ({_ms(stall)} per "
-                     "token on average, most on requests that overlapped prompts)")
+                     f"tokens waited behind {behind} ({_ms(stall)} per token on average)")
     parts.append(f"prefill stages {m['prefill_utilization']:.0%} busy, decode stages "
                  f"{m['decode_utilization']:.0%}")
     if m["kv_blocked_share"] > 0.01:
