@@ -173,7 +173,9 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     arrival = np.full(n, np.nan)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
-    made = np.zeros(n, dtype=np.int64)
+    made = [0] * n  # plain lists: the loop reads them for every token
+    wanted = requests.output_tokens.tolist()
+    need = need.tolist()
     where = [""] * n
     clock = options.clock_hz
     events: list = []
@@ -214,7 +216,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 head_blocked[0] = None
             handoffs.popleft()
             q = min(room, key=lambda x: (x.kv_used, x.model.name))
-            q.hold(int(need[i]), now)
+            q.hold(need[i], now)
             # The KV leaves over the prefill wafer's link, one sequence after another.
             system = pipes[src].model.system
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
@@ -224,7 +226,23 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
 
     while events:
         now, _, kind, data = heapq.heappop(events)
-        if kind == "arrive":
+        if kind == "decoded":  # the most frequent event first
+            name, batch = data
+            p = pipes[name]
+            p.in_flight -= len(batch)
+            for i, ctx, _ in batch:
+                made[i] += 1
+                if made[i] >= wanted[i]:
+                    finish[i] = now
+                    p.hold(-need[i], now)
+                    _next_call(i, now, requests, starts, clock, schedule)
+                else:
+                    p.ready.append((i, ctx + 1, now))
+            if handoffs:
+                start_handoffs(now)  # KV room may have been freed
+            if p.busy_until <= now:  # kick(p, now), inline: it runs for every micro-batch
+                schedule(max(now, p.free[0]), "dispatch", name)
+        elif kind == "arrive":
             i = data
             arrival[i] = now
             # The shortest queue, then the pipeline free soonest.
@@ -249,8 +267,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             first[i] = now
             made[i] = 1
             p = pipes[name]
-            held = int(need[i]) if p.model.role == "mixed" else int(requests.prompt_tokens[i])
-            if made[i] >= requests.output_tokens[i]:
+            held = need[i] if p.model.role == "mixed" else int(requests.prompt_tokens[i])
+            if made[i] >= wanted[i]:
                 finish[i] = now
                 p.hold(-held, now)
                 _next_call(i, now, requests, starts, clock, schedule)
@@ -271,20 +289,6 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             where[i] = name
             q.ready.append((i, int(requests.prompt_tokens[i]) + 1, now))
             kick(q, now)
-        elif kind == "decoded":
-            name, batch = data
-            p = pipes[name]
-            p.in_flight -= len(batch)
-            for i, ctx, _ in batch:
-                made[i] += 1
-                if made[i] >= requests.output_tokens[i]:
-                    finish[i] = now
-                    p.hold(-int(need[i]), now)
-                    _next_call(i, now, requests, starts, clock, schedule)
-                else:
-                    p.ready.append((i, ctx + 1, now))
-            start_handoffs(now)  # KV room may have been freed
-            kick(p, now)
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
     for p in pipes.values():
@@ -306,8 +310,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                        "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
                                                    float(np.nanmax(finish)))}
     timeline = _chrome_trace(pipes, clock) if options.timeline_events else {}
-    return ServeResult(arrival, first, finish, made, where, clock, stats, timeline,
-                       {name: p.kv_trace for name, p in pipes.items()})
+    return ServeResult(arrival, first, finish, np.array(made, dtype=np.int64), where, clock,
+                       stats, timeline, {name: p.kv_trace for name, p in pipes.items()})
 
 
 def _chrome_trace(pipes: dict, clock: float) -> dict:
@@ -420,9 +424,15 @@ def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) 
     m = p.model
     if not p.ready or m.decode is None:
         return False
-    batch = p.ready[:_batch_size(p, options.batch_limit)]
-    del p.ready[:len(batch)]
-    done = p.decode(batch, [("decode", m.decode.vector(len(batch), _mean_context(batch)))], now)
+    size = _batch_size(p, options.batch_limit)
+    if size == 1:  # the common case under light load, kept cheap
+        batch = [p.ready.pop(0)]
+        context = batch[0][1]
+    else:
+        batch = p.ready[:size]
+        del p.ready[:size]
+        context = _mean_context(batch)
+    done = p.decode(batch, [("decode", m.decode.vector(len(batch), context))], now)
     schedule(done, "decoded", (m.name, batch))
     p.last_was_prefill = False
     return True

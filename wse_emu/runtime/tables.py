@@ -26,6 +26,7 @@ DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64)
 DECODE_CONTEXT = (64, 256, 1024, 4096, 16384)
 PREFILL_TOKENS = (16, 64, 256, 1024, 4096)
 PREFILL_PREFIX = (0, 1024, 4096, 16384)
+VECTORS_KEPT = 100_000  # interpolated shapes remembered per table (about 30 MB at most)
 
 
 @dataclass
@@ -48,18 +49,30 @@ class StageTable:
                                      self.transfers[:, :, None],
                                      self.cycles.sum(axis=0)[:, :, None]], axis=-1)
         self._lines: dict = {}  # a -> the grid interpolated along axis0 at a, and its steps
+        self._vectors: dict = {}  # (a, b) -> vector: serving asks for the same shapes again
 
     def vector(self, a: float, b: float) -> np.ndarray:
         """Cycles of every stage, then the cycles between stages in all, then the stages' sum,
         at (a, b).
         Interpolated bilinearly: first along axis0 at ``a`` (kept, since micro-batches come
         in few sizes), then along axis1."""
-        line, steps = self._line(a)
-        j, fy = _position(self._y, b)
-        if not fy:
-            return line[j]
+        known = self._vectors.get((a, b))
+        if known is not None:
+            return known
+        found = self._lines.get(a)
+        line, steps = found if found is not None else self._line(a)
+        y = self._y
+        if len(y) == 1:
+            return line[0]
+        j = bisect_left(y, b) - 1  # the interval holding b, the end ones extended
+        j = 0 if j < 0 else min(j, len(y) - 2)
+        fy = (b - y[j]) / (y[j + 1] - y[j])
         v = line[j] + fy * steps[j]
-        return v if 0.0 <= fy <= 1.0 else np.maximum(v, 0.0)  # extended: never below zero
+        if not 0.0 <= fy <= 1.0:
+            v = np.maximum(v, 0.0)  # extended past the grid: never below zero
+        if len(self._vectors) < VECTORS_KEPT:
+            self._vectors[(a, b)] = v
+        return v
 
     def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
         """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
