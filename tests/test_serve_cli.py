@@ -68,3 +68,18 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
                            "--fabric", "mesh8", "--workload", "long-prompt", "--cache-dir",
                            str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "more than any region holds" in proc.stderr
+
+
+def test_region_models_know_their_wafer(tmp_path):
+    from compiler.mapper import compile_model
+    from compiler.options import CompileOptions
+    from wse_emu.cli.serve_cmd import region_models
+    from wse_emu.fabric import ClusterSpec, load_fabric
+    from wse_emu.model import load_model
+
+    program = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 2),
+                            CompileOptions(plan="disaggregated", prefill_systems=1))
+    models = region_models(program, tmp_path)
+    assert {m.name: m.system for m in models} == {
+        r.name: r.parts[0].system for r in program.regions}
+    assert {m.system for m in models} == {0, 1}

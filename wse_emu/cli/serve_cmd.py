@@ -70,7 +70,7 @@ def region_models(program: WaferProgram, cache: Path, progress=None) -> list[Reg
                                            progress=progress) for ph in phases}
         t = shared[key]
         out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
-                               t.get("decode")))
+                               t.get("decode"), system=r.parts[0].system))
     return out
 
 
