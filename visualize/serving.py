@@ -66,14 +66,12 @@ def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) ->
     return save_figure(fig, path, formats)
 
 
-def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
-    """Each request's TPOT at the time of its first token; prompt arrivals as ticks below:
-    where prefill shares the pipeline, TPOT rises where the ticks crowd."""
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=DPI)
+def _tpot_panel(ax, requests: dict, targets: dict, low: float, point_label: str) -> None:
+    """Each request's TPOT at the time of its first token, prompt arrivals as ticks at
+    ``low`` (ms), and the TPOT target, on a log scale."""
     first = requests["arrival_s"] + requests["ttft_s"]
     ax.scatter(first, requests["tpot_s"] * 1e3, s=6, color=DECODE, alpha=0.6,
-               label="a request's TPOT (at its first token)")
-    low = max(float(np.min(requests["tpot_s"])) * 1e3 * 0.5, 1e-3)
+               label=point_label)
     ax.set_yscale("log")
     ax.plot(requests["arrival_s"], np.full(len(first), low), "|", color=PREFILL, markersize=8,
             label="prompt arrivals")
@@ -81,10 +79,23 @@ def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) 
         ax.axhline(targets["tpot_s"] * 1e3, color="black", linestyle="--", linewidth=1,
                    label="TPOT target")
     ax.set_xlabel("time (s)")
+    ax.grid(True, alpha=0.3)
+
+
+def _tick_level(runs) -> float:
+    """Where the arrival ticks go: half the lowest TPOT drawn, in ms."""
+    return max(min(float(np.min(r["tpot_s"])) for r in runs) * 1e3 * 0.5, 1e-3)
+
+
+def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Each request's TPOT at the time of its first token; prompt arrivals as ticks below:
+    where prefill shares the pipeline, TPOT rises where the ticks crowd."""
+    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=DPI)
+    _tpot_panel(ax, requests, targets, _tick_level([requests]),
+                "a request's TPOT (at its first token)")
     ax.set_ylabel("TPOT (ms)")
     ax.set_title("TPOT over time, with prompt arrivals", fontsize=10)
     ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
-    ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
@@ -181,21 +192,10 @@ def tpot_side_by_side(runs: dict, targets: dict, path: Path, formats=("png",)) -
     on shared axes: where prefill shares the pipeline, decode slows as prompts arrive."""
     fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 3.8), dpi=DPI,
                              sharey=True, squeeze=False)
-    lows = [float(np.min(r["tpot_s"])) for r in runs.values()]
-    low = max(min(lows) * 1e3 * 0.5, 1e-3)
+    low = _tick_level(runs.values())
     for ax, (label, requests) in zip(axes[0], runs.items()):
-        first = requests["arrival_s"] + requests["ttft_s"]
-        ax.scatter(first, requests["tpot_s"] * 1e3, s=6, color=DECODE, alpha=0.6,
-                   label="a request's TPOT")
-        ax.plot(requests["arrival_s"], np.full(len(first), low), "|", color=PREFILL,
-                markersize=8, label="prompt arrivals")
-        if targets.get("tpot_s"):
-            ax.axhline(targets["tpot_s"] * 1e3, color="black", linestyle="--", linewidth=1,
-                       label="TPOT target")
-        ax.set_yscale("log")
+        _tpot_panel(ax, requests, targets, low, "a request's TPOT")
         ax.set_title(label, fontsize=10)
-        ax.set_xlabel("time (s)")
-        ax.grid(True, alpha=0.3)
     axes[0, 0].set_ylabel("TPOT (ms)")
     axes[0, 0].legend(fontsize=8, loc="upper left", framealpha=0.9)
     fig.tight_layout()
