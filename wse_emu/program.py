@@ -188,6 +188,17 @@ class WaferProgram:
             f"no region named {name!r}: choose one of {', '.join(r.name for r in self.regions)}"
         )
 
+    def region_for(self, phase: str, name: str | None = None) -> Region:
+        """The region named ``name``, else the first whose role is ``phase`` (prefill or
+        decode), else the first mixed one, else the first."""
+        if name:
+            return self.region(name)
+        for role in (phase, "mixed"):
+            for r in self.regions:
+                if r.role == role:
+                    return r
+        return self.regions[0]
+
     def stage_kernels(self, stage: Stage) -> list[Kernel]:
         return [self.kernels[k] for k in stage.kernel_ids]
 

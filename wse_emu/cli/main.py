@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         compile_cmd,
         demo,
         experiment_cmd,
+        generate_cmd,
         inspect_cmd,
         list_cmd,
         noc_cmd,
@@ -45,8 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module in (demo, inspect_cmd, compile_cmd, run_cmd, serve_cmd, experiment_cmd, noc_cmd,
-                   viz_cmd, bench, list_cmd):
+    for module in (demo, inspect_cmd, compile_cmd, run_cmd, serve_cmd, experiment_cmd,
+                   generate_cmd, noc_cmd, viz_cmd, bench, list_cmd):
         module.add_parser(sub)
     return parser
 

@@ -58,13 +58,7 @@ def load_or_compile(args) -> WaferProgram:
 
 
 def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
-    if name:
-        return program.region(name).name
-    for role in (phase, "mixed"):
-        for r in program.regions:
-            if r.role == role:
-                return r.name
-    return program.regions[0].name
+    return program.region_for(phase, name).name
 
 
 MAX_TILES = 128

@@ -1,0 +1,192 @@
+"""``wse-emu generate``: greedy decoding that computes through the compiled program's tiles.
+
+MODEL_OR_CHECKPOINT is a Hugging Face checkpoint directory (``config.json`` and
+``*.safetensors``, read from disk, never downloaded) or anything ``compile`` takes (a preset, a
+model YAML, a bare ``config.json``), which runs with seeded random weights.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wse_emu.cli.compile_cmd import add_cluster_args, options_from_args, fabric_from_args
+from wse_emu.cli.fmt import seconds, si
+from wse_emu.errors import UserError
+from wse_emu.fabric import ClusterSpec
+from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
+from wse_emu.functional.numerics import DTYPES
+from wse_emu.functional.timing import generation_time
+from wse_emu.model import load_model
+from wse_emu.weights import CONFIG_FILE, load_checkpoint, random_weights
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="greedy generation computed through the compiled tiles")
+    p.add_argument("model", metavar="MODEL_OR_CHECKPOINT",
+                   help="checkpoint directory (config.json + *.safetensors), or a model preset, "
+                   "YAML or config.json to run with random weights")
+    add_cluster_args(p)
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    prompt.add_argument("--prompt", help="prompt text (needs tokenizer.json beside the "
+                        "checkpoint and the tokenizers library)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32",
+                   help="number format the PEs store and send (default float32)")
+    p.add_argument("--weights-seed", type=int, default=0,
+                   help="seed of the random weights when no checkpoint is given")
+    p.add_argument("--prefill-tile", type=int, default=DEFAULT_PREFILL_TILE,
+                   help=f"prompt tokens per prefill tile (default {DEFAULT_PREFILL_TILE})")
+    p.add_argument("--prefill-region", help="region to prefill in (default: the first)")
+    p.add_argument("--decode-region", help="region to decode in (default: the first)")
+    p.add_argument("--dump-logits", metavar="FILE.npy",
+                   help="save the logits of every generated token, (tokens, vocab) float32")
+    p.add_argument("--no-timing", action="store_true",
+                   help="skip the timing simulation (emulated seconds per token)")
+    p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
+    p.set_defaults(func=run)
+
+
+def is_checkpoint(path: Path) -> bool:
+    directory = path if path.is_dir() else path.parent
+    return (path.is_dir() or path.name == CONFIG_FILE) and (directory / CONFIG_FILE).exists() \
+        and any(directory.glob("*.safetensors"))
+
+
+def load_weights(args):
+    """(model, weights, description of where the weights came from)."""
+    path = Path(args.model)
+    if path.is_dir() or is_checkpoint(path):
+        model, weights = load_checkpoint(path)
+        return model, weights, str(path)
+    model = load_model(args.model)
+    return model, random_weights(model, args.weights_seed), f"random (seed {args.weights_seed})"
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(item) for item in text.replace(" ", "").split(",") if item != ""]
+    except ValueError:
+        raise UserError(f"--prompt-ids takes comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise UserError("--prompt-ids is empty: give at least one token id")
+    return ids
+
+
+def tokenizer_for(args):
+    """The checkpoint's tokenizer, if it has one and ``tokenizers`` is installed."""
+    path = Path(args.model)
+    file = (path if path.is_dir() else path.parent) / TOKENIZER_FILE
+    if not file.exists():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises its own exception types
+        raise UserError(f"{file}: cannot read the tokenizer: {' '.join(str(exc).split())}") \
+            from None
+
+
+def prompt_ids(args, tokenizer) -> list[int]:
+    if args.prompt_ids is not None:
+        return parse_ids(args.prompt_ids)
+    if tokenizer is None:
+        raise UserError(f"--prompt needs a {TOKENIZER_FILE} beside the checkpoint and the "
+                        "tokenizers library (pip install tokenizers); or give --prompt-ids")
+    ids = tokenizer.encode(args.prompt).ids
+    if not ids:
+        raise UserError("--prompt encodes to no tokens")
+    return list(ids)
+
+
+def save_logits(path: str, logits: np.ndarray) -> None:
+    """Written under a temporary name and renamed, so a failure leaves no half file."""
+    target = Path(path)
+    if target.suffix != ".npy":
+        raise UserError(f"--dump-logits writes a .npy file, got {path!r}")
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with open(partial, "wb") as fh:
+            np.save(fh, logits.astype(np.float32))
+        os.replace(partial, target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def run(args):
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.dump_logits and Path(args.dump_logits).suffix != ".npy":
+        raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
+    from compiler.mapper import compile_model
+
+    model, weights, source = load_weights(args)
+    tokenizer = tokenizer_for(args)
+    ids = prompt_ids(args, tokenizer)
+    program = compile_model(model, ClusterSpec(fabric_from_args(args), args.systems),
+                            options_from_args(args))
+    generator = Generator(program, weights, args.dtype, args.prefill_region, args.decode_region,
+                          args.prefill_tile)
+    began = time.perf_counter()
+    result = generator.generate(ids, args.max_new_tokens)
+    wall = time.perf_counter() - began
+    timing = None if args.no_timing else generation_time(
+        program, result.prefill_region, result.decode_region, len(ids), len(result.generated_ids),
+        args.prefill_tile)
+    if args.dump_logits:
+        save_logits(args.dump_logits, result.logits)
+    data = {
+        "model": model.name, "weights": source, "fabric": program.fabric.name,
+        "systems": program.systems, "plan": program.options["plan"], "dtype": args.dtype,
+        "prefill_region": result.prefill_region, "decode_region": result.decode_region,
+        "prompt_ids": result.prompt_ids, "generated_ids": result.generated_ids,
+        "functional_wall_s": wall,
+        "functional_tokens_per_s": (len(ids) + len(result.generated_ids)) / wall,
+        "emulated": None if timing is None else timing.to_dict(),
+    }
+    if tokenizer is not None:
+        data["text"] = tokenizer.decode(result.generated_ids)
+    if args.dump_logits:
+        data["logits_file"] = args.dump_logits
+    return data if args.json else render(data)
+
+
+def render(d: dict) -> str:
+    where = (f"prefill in {d['prefill_region']}, KV handed to {d['decode_region']}"
+             if d["prefill_region"] != d["decode_region"] else f"region {d['prefill_region']}")
+    lines = [
+        f"{d['model']} on {d['systems']} x {d['fabric']}, {d['plan']} ({where}), {d['dtype']}, "
+        f"weights {d['weights']}",
+        f"  prompt      {_ids(d['prompt_ids'])} ({len(d['prompt_ids'])} tokens)",
+        f"  generated   {_ids(d['generated_ids'])} ({len(d['generated_ids'])} tokens)",
+    ]
+    if "text" in d:
+        lines.append(f"  text        {d['text']!r}")
+    e = d["emulated"]
+    if e is not None:
+        lines.append(f"  emulated    first token {seconds(e['first_token_s'])}"
+                     + (f", KV handoff {seconds(e['handoff_s'])}" if e["handoff_s"] else ""))
+        if e["decode_tokens_per_s"]:
+            per = e["seconds_per_token"][1:]
+            lines.append(f"              then {seconds(sum(per) / len(per))} per token on "
+                         f"average ({si(e['decode_tokens_per_s'])} tokens/s, batch 1)")
+    lines.append(f"  functional  {d['functional_wall_s']:.2f} s of wall time "
+                 f"({si(d['functional_tokens_per_s'])} tokens/s through the tiles)")
+    if "logits_file" in d:
+        lines.append(f"  wrote {d['logits_file']} (logits of each generated token)")
+    return "\n".join(lines)
+
+
+def _ids(ids: list[int], shown: int = 24) -> str:
+    text = ",".join(str(i) for i in ids[:shown])
+    return text + (",..." if len(ids) > shown else "")
