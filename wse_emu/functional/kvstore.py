@@ -3,9 +3,11 @@
 The stage's rows across its long side are shared among the KV heads as the attention kernel
 shares them (``StageGraph.head_groups``): with more rows than heads each head owns a group of
 rows, otherwise each row holds one or more heads. A head's tokens are dealt round robin over
-all PEs of its rows (position p to PE p mod P, slot p // P), so every PE holds an equal share,
-as the timed kernel assumes. A PE's capacity is the KV bytes the compiler planned for it,
-divided by one token's K and V of a head, by the stage's layers and by the heads on its row.
+the PEs of its rows that still have a free slot: while every PE has room, each holds an equal
+share, as the timed kernel assumes, and PEs that the weights left less room stop taking tokens
+first, so the whole planned capacity is used. A PE's capacity is the KV bytes the compiler
+planned for it, divided by one token's K and V of a head, by the stage's layers and by the heads
+on its row.
 
 Attention runs where the keys are (flash-decoding): every PE scores the queries of its head
 against its own tokens and keeps a running max, sum and weighted sum of values; the partial
@@ -50,15 +52,23 @@ class StageKV:
         slot = 2 * model.head_dim * model.dtype_bytes
         per_pe = grid_bytes // slot // max(1, stage.num_layers)
         per_pe = per_pe // np.maximum(heads_on_row, 1)[None, :]
-        self.capacity = [int(per_pe[:, rows_h].min()) * self.length * len(rows_h)
-                         for rows_h in self.rows_of_head]
+        # PE p of a head is (a = p % length, its row = rows_h[p // length]). Slot c of every
+        # PE fills before slot c + 1 of any: ``order`` lists PEs by capacity (largest first)
+        # and ``level_start[c]`` counts the tokens stored before slot c.
+        self.order, self.level_start, self.capacity = [], [], []
+        for rows_h in self.rows_of_head:
+            caps = per_pe[:, rows_h].T.ravel()  # p = row * length + a
+            self.order.append(np.argsort(-caps, kind="stable"))
+            counts = np.bincount(caps, minlength=int(caps.max()) + 1)[::-1].cumsum()[::-1]
+            self.level_start.append(np.concatenate([[0], np.cumsum(counts[1:])]))
+            self.capacity.append(int(caps.sum()))
         o_proj = next(k for k in program.stage_kernels(stage) if k.name == "o_proj")
         self.out_column = (o_proj.rect.x - r.x) if long_x else (o_proj.rect.y - r.y)
         self.clear()
 
     @property
     def tokens_capacity(self) -> int:
-        """The longest sequence the stage can cache (its fullest head's PEs decide)."""
+        """The longest sequence the stage can cache (the head with the fewest slots decides)."""
         return min(self.capacity)
 
     def clear(self) -> None:
@@ -82,6 +92,11 @@ class StageKV:
         self.positions[layer][head] = np.pad(self.positions[layer][head], ((0, 0), (0, extra)),
                                              constant_values=-1)
 
+    def place(self, head: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The PE (index within the head's PEs) and slot of each position."""
+        slot = np.searchsorted(self.level_start[head], positions, side="right") - 1
+        return self.order[head][positions - self.level_start[head][slot]], slot
+
     def append(self, layer: int, keys: np.ndarray, values: np.ndarray,
                positions: np.ndarray) -> None:
         """Store K and V (tokens, kv heads, head_dim) of tokens at ``positions``."""
@@ -91,8 +106,7 @@ class StageKV:
                 raise UserError(
                     f"the KV cache of stage {self.stage.id} holds {self.tokens_capacity:,} "
                     f"tokens of one sequence; position {end - 1:,} does not fit")
-            pes = self.length * len(rows_h)
-            pe, slot = positions % pes, positions // pes
+            pe, slot = self.place(h, positions)
             self._grow(layer, h, int(slot.max()) + 1)
             self.keys[layer][h][pe, slot] = self.numerics.round(keys[:, h])
             self.values[layer][h][pe, slot] = self.numerics.round(values[:, h])
@@ -132,11 +146,10 @@ class StageKV:
         n, hd = self.count, self.model.head_dim
         k = np.zeros((n, self.model.num_kv_heads, hd), np.float32)
         v = np.zeros_like(k)
-        for h, rows_h in enumerate(self.rows_of_head):
-            pes = self.length * len(rows_h)
-            p = np.arange(n)
-            k[:, h] = self.keys[layer][h][p % pes, p // pes]
-            v[:, h] = self.values[layer][h][p % pes, p // pes]
+        for h in range(len(self.rows_of_head)):
+            pe, slot = self.place(h, np.arange(n))
+            k[:, h] = self.keys[layer][h][pe, slot]
+            v[:, h] = self.values[layer][h][pe, slot]
         return k, v
 
 
