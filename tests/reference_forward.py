@@ -10,8 +10,9 @@ A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a se
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
 ``forward(ids)`` appends several (a chunk of a chunked prefill).
 
-Not modelled, because ``ModelSpec`` does not describe them: ``rope_scaling`` (Llama 3.1's
-long-context frequency scaling), and Qwen2's ``max_window_layers``.
+Rope scaling of the ``linear`` and ``llama3`` types is applied as Hugging Face's
+``modeling_rope_utils`` computes it (Llama 3.1's long-context frequencies). Not modelled, because
+``ModelSpec`` does not describe it: Qwen2's ``max_window_layers``.
 """
 
 from __future__ import annotations
@@ -45,14 +46,35 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+def rope_frequencies(spec: ModelSpec) -> np.ndarray:
+    """Inverse frequencies, one per feature pair, step by step as Hugging Face's default,
+    linear and llama3 rope initializations compute them."""
+    dim = spec.head_dim
+    inv_freq = 1.0 / spec.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if spec.rope_scaling == "linear":
+        return inv_freq / spec.rope_scaling_factor
+    if spec.rope_scaling != "llama3":
+        assert spec.rope_scaling is None, spec.rope_scaling
+        return inv_freq
+    factor = spec.rope_scaling_factor
+    old_context = spec.rope_original_max_positions
+    low_wavelen = old_context / spec.rope_low_freq_factor
+    high_wavelen = old_context / spec.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - spec.rope_low_freq_factor) / (
+        spec.rope_high_freq_factor - spec.rope_low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
     """Rotate x (tokens, heads, head_dim) by the absolute position of each token.
 
     Angles are computed in float64 and rounded to x's dtype once; Hugging Face computes them in
     float32, which differs from this by float32 rounding (growing with the position).
     """
-    head_dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)
     angles = np.concatenate([angles, angles], axis=-1)  # (tokens, head_dim), as HF's `emb`
     cos = np.cos(angles).astype(x.dtype)[:, None, :]
@@ -115,8 +137,9 @@ class ReferenceModel:
         q = self._linear(x, p + "q_proj", bias).reshape(n, spec.num_heads, spec.head_dim)
         k = self._linear(x, p + "k_proj", bias).reshape(n, spec.num_kv_heads, spec.head_dim)
         v = self._linear(x, p + "v_proj", bias).reshape(n, spec.num_kv_heads, spec.head_dim)
-        q = apply_rope(q, positions, spec.rope_theta)
-        k = apply_rope(k, positions, spec.rope_theta)  # cached after rotation, as in HF
+        inv_freq = rope_frequencies(spec)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)  # cached after rotation, as in HF
         self.keys[layer] = keys = np.concatenate([self.keys[layer], k])
         self.values[layer] = values = np.concatenate([self.values[layer], v])
 

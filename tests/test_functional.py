@@ -6,14 +6,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-from reference_forward import ReferenceModel
+from reference_forward import ReferenceModel, rope_frequencies
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator, prompt_tiles
-from wse_emu.functional.region import FunctionalRegion
+from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.trees import tree_plan, tree_reduce
 from wse_emu.kernels.graph import GraphBuilder
@@ -22,9 +22,11 @@ from wse_emu.kernels.stage import Step
 from wse_emu.model import ModelSpec
 from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
 
+# Llama 3.1-style rope scaling, with original positions so few that it matters in 20 tokens.
 LLAMA_MHA = ModelSpec(name="f-llama", family="llama", hidden_size=64, intermediate_size=128,
                       num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16, vocab_size=200,
-                      rope_theta=10000.0).validate("test")
+                      rope_theta=10000.0, rope_scaling="llama3", rope_scaling_factor=4.0,
+                      rope_original_max_positions=16).validate("test")
 QWEN2_GQA = ModelSpec(name="f-qwen2", family="qwen2", hidden_size=128, intermediate_size=256,
                       num_layers=3, num_heads=4, num_kv_heads=1, head_dim=32, vocab_size=300,
                       tie_embeddings=True, attention_bias=True, rms_norm_eps=1e-6,
@@ -175,6 +177,37 @@ def test_token_ids_outside_the_vocabulary_are_refused(checkpoints):
     generator = Generator(program, weights)
     with pytest.raises(UserError, match="outside the vocabulary"):
         generator.generate([1, model.vocab_size], 2)
+
+
+# --- rotary frequencies -------------------------------------------------------------------
+
+@pytest.mark.parametrize("scaling", [None, "linear", "llama3"])
+def test_rope_frequencies_agree_with_the_reference(scaling):
+    spec = dataclasses.replace(LLAMA_MHA, head_dim=128, rope_theta=500000.0,
+                               rope_scaling=scaling, rope_scaling_factor=8.0,
+                               rope_original_max_positions=8192)
+    assert np.allclose(inverse_frequencies(spec), rope_frequencies(spec), rtol=1e-12)
+
+
+def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
+    spec = dataclasses.replace(LLAMA_MHA, head_dim=128, rope_theta=500000.0,
+                               rope_scaling_factor=8.0, rope_original_max_positions=8192)
+    plain = inverse_frequencies(dataclasses.replace(spec, rope_scaling=None))
+    scaled = inverse_frequencies(spec)
+    wavelength = 2 * np.pi / plain
+    assert np.array_equal(scaled[wavelength < 8192 / 4], plain[wavelength < 8192 / 4])
+    assert np.allclose(scaled[wavelength > 8192], plain[wavelength > 8192] / 8)
+    between = (wavelength > 8192 / 4) & (wavelength < 8192)
+    assert between.any()
+    assert np.all((scaled[between] < plain[between]) & (scaled[between] > plain[between] / 8))
+
+
+def test_an_unmodelled_rope_scaling_is_refused_in_one_line(checkpoints):
+    model, weights = checkpoints[LLAMA_MHA.name]
+    yarn = dataclasses.replace(model, rope_scaling="yarn")
+    program = program_for(yarn, "mesh16", dict(region=(8, 8)))
+    with pytest.raises(UserError, match="yarn"):
+        Generator(program, weights)
 
 
 # --- the reduction trees ----------------------------------------------------------------------

@@ -203,3 +203,12 @@ def test_cli_inspect_supported_config_succeeds():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["model"] == "llama-3.2-1b"
+
+
+def test_rope_scaling_is_read_from_the_config():
+    m = load_model(HF_DIR / "llama-3.2-1b")
+    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_low_freq_factor,
+            m.rope_high_freq_factor, m.rope_original_max_positions) == ("llama3", 32.0, 1.0,
+                                                                        4.0, 8192)
+    preset = load_model("llama-3.2-1b")
+    assert preset.rope_scaling == "llama3" and preset.rope_scaling_factor == 32.0

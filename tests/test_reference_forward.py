@@ -121,16 +121,22 @@ def test_hand_checked_two_tokens():
 
 # --- rotary embeddings ----------------------------------------------------------------------
 
+def frequencies(x: np.ndarray, theta: float) -> np.ndarray:
+    """Unscaled inverse frequencies for x's head size."""
+    dim = x.shape[-1]
+    return 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+
+
 def test_rope_at_position_zero_is_the_identity():
     x = np.random.default_rng(0).standard_normal((1, 3, 8))
-    np.testing.assert_array_equal(apply_rope(x, np.array([0]), 10000.0), x)
+    np.testing.assert_array_equal(apply_rope(x, np.array([0]), frequencies(x, 10000.0)), x)
 
 
 def test_rope_rotates_pairs_half_a_head_apart():
     assert rotate_half(np.array([1.0, 2.0, 3.0, 4.0])).tolist() == [-3.0, -4.0, 1.0, 2.0]
     x = np.zeros((1, 1, 4))
     x[0, 0, 0] = 1.0  # turns towards element 2, by one radian per position at frequency 1
-    out = apply_rope(x, np.array([1]), 100.0)[0, 0]
+    out = apply_rope(x, np.array([1]), frequencies(x, 100.0))[0, 0]
     np.testing.assert_allclose(out, [math.cos(1), 0, math.sin(1), 0], atol=1e-15)
 
 
@@ -139,12 +145,13 @@ def test_rope_scores_depend_only_on_relative_position():
     q, k = rng.standard_normal((2, 1, 1, 8))
 
     def score(m, n):
-        return float(np.sum(apply_rope(q, np.array([m]), 500.0)
-                            * apply_rope(k, np.array([n]), 500.0)))
+        return float(np.sum(apply_rope(q, np.array([m]), frequencies(q, 500.0))
+                            * apply_rope(k, np.array([n]), frequencies(k, 500.0))))
 
     assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-9)
     assert score(7, 3) != pytest.approx(score(8, 3), rel=1e-3)
-    norms = np.linalg.norm(apply_rope(q, np.array([1000]), 500.0)), np.linalg.norm(q)
+    rotated = apply_rope(q, np.array([1000]), frequencies(q, 500.0))
+    norms = np.linalg.norm(rotated), np.linalg.norm(q)
     assert norms[0] == pytest.approx(norms[1])
 
 

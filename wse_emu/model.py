@@ -55,6 +55,14 @@ class ModelSpec:
     sliding_window: int | None = None
     dtype_bytes: int = 2
     source: str = ""
+    # Hugging Face's rope_scaling: None, "linear" or "llama3" (Llama 3.1's long-context
+    # frequencies), or another type, kept by name: timing does not depend on it, but the
+    # functional engine computes only the two it models.
+    rope_scaling: str | None = None
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -130,6 +138,11 @@ class ModelSpec:
         require(self.dtype_bytes in (2, 4), source, "field 'dtype_bytes' must be 2 or 4")
         require(self.sliding_window is None or self.sliding_window > 0, source,
                 "field 'sliding_window' must be positive or null")
+        require(self.rope_scaling_factor > 0 and self.rope_original_max_positions > 0, source,
+                "fields 'rope_scaling_factor' and 'rope_original_max_positions' must be positive")
+        require(self.rope_scaling != "llama3"
+                or self.rope_high_freq_factor > self.rope_low_freq_factor > 0, source,
+                "llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor")
         return self
 
 
@@ -227,7 +240,8 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
     if family == "mistral" or flag("use_sliding_window", False):
         sliding = integer("sliding_window", None, nullable=True)
     dtype = string("torch_dtype", None) or "bfloat16"
-    data = {
+    data = {**_rope_scaling(config.get("rope_scaling"), source)}
+    data.update({
         "name": name or string("_name_or_path", None) or Path(source).parent.name or family,
         "family": family,
         "hidden_size": hidden,
@@ -245,8 +259,36 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
         "sliding_window": sliding,
         "dtype_bytes": 4 if dtype == "float32" else 2,
         "source": f"Hugging Face config {source}",
-    }
+    })
     return model_from_dict(data, source)
+
+
+def _rope_scaling(scaling: Any, source: str) -> dict[str, Any]:
+    """ModelSpec fields from Hugging Face's ``rope_scaling`` (null, or a mapping with
+    ``rope_type``, or ``type`` in older configs)."""
+    if scaling is None:
+        return {}
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"{source}: field 'rope_scaling' must be a mapping or null, "
+                          f"got {shown(scaling)}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if not isinstance(kind, str):
+        raise ConfigError(f"{source}: field 'rope_scaling' has no 'rope_type'")
+    if kind == "default":
+        return {}
+    out: dict[str, Any] = {"rope_scaling": kind}
+    for key, field in (("factor", "rope_scaling_factor"),
+                       ("low_freq_factor", "rope_low_freq_factor"),
+                       ("high_freq_factor", "rope_high_freq_factor"),
+                       ("original_max_position_embeddings", "rope_original_max_positions")):
+        value = scaling.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: rope_scaling '{key}' must be a number, "
+                              f"got {shown(value)}")
+        out[field] = int(value) if field == "rope_original_max_positions" else float(value)
+    return out
 
 
 def load_model(name_or_path: str | Path) -> ModelSpec:

@@ -139,6 +139,11 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         "use_sliding_window": spec.sliding_window is not None,
         "sliding_window": spec.sliding_window,
         "torch_dtype": "float32" if spec.dtype_bytes == 4 else "bfloat16",
+        "rope_scaling": None if spec.rope_scaling is None else {
+            "rope_type": spec.rope_scaling, "factor": spec.rope_scaling_factor,
+            "low_freq_factor": spec.rope_low_freq_factor,
+            "high_freq_factor": spec.rope_high_freq_factor,
+            "original_max_position_embeddings": spec.rope_original_max_positions},
     }
 
 

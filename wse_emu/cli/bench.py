@@ -200,9 +200,64 @@ def run_viz(repeat: int) -> dict:
             and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
 
 
+FUNCTIONAL_CHILD = r"""
+import dataclasses, json, resource, sys, time
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.functional.generate import Generator
+from wse_emu.model import load_model
+from wse_emu.weights import random_weights
+case = json.loads(sys.argv[1])
+model = dataclasses.replace(load_model("tiny"), **case["model"])
+program = compile_model(model, ClusterSpec(load_fabric(case["fabric"])),
+                        CompileOptions(region=tuple(case["region"])))
+generator = Generator(program, random_weights(model, 0), case["dtype"])
+prompt = [(7 * i) % model.vocab_size for i in range(case["prompt"])]
+generator.generate(prompt[:4], 2)  # warm
+prefill, decode = [], []
+for _ in range(case["repeat"]):
+    start = time.perf_counter()
+    generator.run_prompt(prompt)
+    prefill.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    token = 1
+    for _ in range(case["decode"]):
+        token = int(generator.step(token).argmax())
+    decode.append(time.perf_counter() - start)
+print(json.dumps({"prefill_tokens_per_s": case["prompt"] / min(prefill),
+                  "decode_tokens_per_s": case["decode"] / min(decode),
+                  "pes": program.region(program.regions[0].name).pes,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+FUNCTIONAL_CASES = [
+    {"name": "tiny (hidden 64, 2 layers) on an 8x8 region of mesh16", "model": {},
+     "fabric": "mesh16", "region": [8, 8], "dtype": "float32"},
+    {"name": "tiny (hidden 64, 2 layers) on an 8x8 region of mesh16", "model": {},
+     "fabric": "mesh16", "region": [8, 8], "dtype": "float16"},
+    {"name": "hidden 256, 4 layers, vocab 2048 on a 32x32 mesh", "fabric": "mesh32",
+     "model": {"name": "tiny-256", "hidden_size": 256, "intermediate_size": 768,
+               "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32,
+               "vocab_size": 2048},
+     "region": [32, 32], "dtype": "float32"},
+]
+
+
+def run_functional(repeat: int) -> dict:
+    cases = []
+    for case in FUNCTIONAL_CASES:
+        measured = _child(FUNCTIONAL_CHILD, {**case, "repeat": repeat, "prompt": 64,
+                                             "decode": 32})
+        cases.append({**case, "prompt_tokens": 64, "decode_tokens": 32, **measured})
+    return {"benchmark": "functional", "repeat": repeat,
+            "what": "wall-clock tokens/s of greedy generation computed through the tiles "
+            "(one sequence; prefill in one 64-token tile, then 32 decode steps)",
+            "cases": cases}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="speed and memory benchmarks (JSON)")
-    p.add_argument("target", choices=["compile", "sim", "serve", "viz"],
+    p.add_argument("target", choices=["compile", "sim", "serve", "viz", "functional"],
                    help="what to benchmark")
     p.add_argument("--trace", help="serve: the conversation trace CSV (default: the project's "
                    "shared traces folder beside the repository)")
@@ -218,6 +273,8 @@ def run(args) -> dict:
         return run_sim(max(1, args.repeat))
     if args.target == "viz":
         return run_viz(max(1, args.repeat))
+    if args.target == "functional":
+        return run_functional(max(1, args.repeat))
     results = []
     for case in COMPILE_CASES:
         payload = json.dumps({**case, "repeat": max(1, args.repeat)})

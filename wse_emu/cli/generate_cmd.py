@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.cli.compile_cmd import add_cluster_args, options_from_args, fabric_from_args
+from wse_emu.cli.compile_cmd import add_cluster_args, fabric_from_args, options_from_args
 from wse_emu.cli.fmt import seconds, si
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
@@ -180,8 +180,6 @@ def render(d: dict) -> str:
             per = e["seconds_per_token"][1:]
             lines.append(f"              then {seconds(sum(per) / len(per))} per token on "
                          f"average ({si(e['decode_tokens_per_s'])} tokens/s, batch 1)")
-    lines.append(f"  functional  {d['functional_wall_s']:.2f} s of wall time "
-                 f"({si(d['functional_tokens_per_s'])} tokens/s through the tiles)")
     if "logits_file" in d:
         lines.append(f"  wrote {d['logits_file']} (logits of each generated token)")
     return "\n".join(lines)

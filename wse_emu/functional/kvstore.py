@@ -176,9 +176,8 @@ class _FlashPartial:
         def send(part):  # max and sum travel as float32, the weighted values in the dtype
             return part[0], part[1], rnd(part[2])
 
-        along = []
-        for row in range(self.peak.shape[0]):
-            items = [(self.peak[row, a], self.total[row, a], self.summed[row, a])
-                     for a in range(self.peak.shape[1])]
-            along.append(tree_reduce(items, out_column, self.combine, send))
-        return tree_reduce(along, 0, self.combine, send)
+        # Along the long side every row of the head at once, then across the head's rows.
+        items = [(self.peak[:, a], self.total[:, a], self.summed[:, a])
+                 for a in range(self.peak.shape[1])]
+        m, s, o = tree_reduce(items, out_column, self.combine, send)
+        return tree_reduce([(m[r], s[r], o[r]) for r in range(len(m))], 0, self.combine, send)

@@ -18,6 +18,7 @@ from wse_emu.functional.kvstore import StageKV
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.tiles import MatrixTiles, VectorTiles
 from wse_emu.functional.trees import tree_reduce
+from wse_emu.model import ModelSpec
 from wse_emu.program import Stage, WaferProgram
 
 # Kernel name -> the Hugging Face module inside a decoder layer.
@@ -33,13 +34,37 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
 
 
-def rotary(x: np.ndarray, positions: np.ndarray, head_dim: int, theta: float) -> np.ndarray:
+ROPE_SCALINGS = (None, "linear", "llama3")
+
+
+def inverse_frequencies(model: ModelSpec) -> np.ndarray:
+    """Rotary frequencies per pair of features, with the model's rope scaling: ``linear``
+    divides them all by the factor; ``llama3`` divides the low ones (wavelengths above
+    original positions / low_freq_factor) by it, keeps the high ones (wavelengths below
+    original positions / high_freq_factor), and blends linearly in wavelength between."""
+    if model.rope_scaling not in ROPE_SCALINGS:
+        raise UserError(f"{model.name}: rope_scaling {model.rope_scaling!r} is not modelled by "
+                        "the functional engine (linear and llama3 are)")
+    d = model.head_dim
+    inv_freq = 1.0 / model.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    factor = model.rope_scaling_factor
+    if model.rope_scaling == "linear":
+        return inv_freq / factor
+    if model.rope_scaling == "llama3":
+        context = model.rope_original_max_positions
+        low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
+        wavelength = 2 * np.pi / inv_freq
+        blend = np.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
+        return inv_freq * (blend + (1.0 - blend) / factor)
+    return inv_freq
+
+
+def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec) -> np.ndarray:
     """Rotate (tokens, heads * head_dim) by position, pairing i with i + head_dim / 2 as
     Hugging Face does; angles in float64, applied in float32."""
-    t = len(x)
+    t, head_dim = len(x), model.head_dim
     x = x.reshape(t, -1, head_dim)
-    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.outer(positions.astype(np.float64), inv_freq)
+    angles = np.outer(positions.astype(np.float64), inverse_frequencies(model))
     angles = np.concatenate([angles, angles], axis=-1)
     cos = np.cos(angles).astype(np.float32)[:, None, :]
     sin = np.sin(angles).astype(np.float32)[:, None, :]
@@ -104,8 +129,8 @@ class FunctionalStage:
         q = m["q_proj"].multiply(index, xn, self.numerics)
         k = m["k_proj"].multiply(index, xn, self.numerics)
         v = m["v_proj"].multiply(index, xn, self.numerics)
-        q = rnd(rotary(q, positions, hd, model.rope_theta))
-        k = rnd(rotary(k, positions, hd, model.rope_theta))
+        q = rnd(rotary(q, positions, model))
+        k = rnd(rotary(k, positions, model))
         t = len(x)
         self.kv.append(index, k.reshape(t, -1, hd), v.reshape(t, -1, hd), positions)
         attended = self.kv.attend(index, q.reshape(t, -1, hd), positions)
@@ -132,6 +157,7 @@ class FunctionalRegion:
                  numerics: Numerics):
         self.program, self.numerics = program, numerics
         self.region = program.region(region)
+        inverse_frequencies(program.model)  # an unmodelled rope scaling fails before loading
         self.stages = [FunctionalStage(program, program.stages[i], weights, numerics)
                        for i in self.region.stage_ids]
         self.model = program.model
