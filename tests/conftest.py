@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".numba_cache"))
+# Absolute, so that commands the tests run in other directories share it.
+os.environ["NUMBA_CACHE_DIR"] = str(Path(os.environ.get("NUMBA_CACHE_DIR",
+                                                        ROOT / ".numba_cache")).resolve())
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from compiler.mapper import compile_model  # noqa: E402

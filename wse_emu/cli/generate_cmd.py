@@ -123,9 +123,22 @@ def save_logits(path: str, logits: np.ndarray) -> None:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def check_lengths(model, ids: list[int], new_tokens: int) -> None:
+    bad = next((i for i in ids if not 0 <= i < model.vocab_size), None)
+    if bad is not None:
+        raise UserError(f"token id {bad} is outside the vocabulary (0..{model.vocab_size - 1})")
+    total = len(ids) + new_tokens - 1  # the last generated token is never fed back
+    if total > model.max_position_embeddings:
+        raise UserError(f"{len(ids)} prompt tokens and {new_tokens} new ones need "
+                        f"{total:,} positions; {model.name} has "
+                        f"{model.max_position_embeddings:,} (max_position_embeddings)")
+
+
 def run(args):
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.weights_seed < 0:
+        raise UserError(f"--weights-seed must be at least 0, got {args.weights_seed}")
     if args.dump_logits and Path(args.dump_logits).suffix != ".npy":
         raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
     from compiler.mapper import compile_model
@@ -133,6 +146,7 @@ def run(args):
     model, weights, source = load_weights(args)
     tokenizer = tokenizer_for(args)
     ids = prompt_ids(args, tokenizer)
+    check_lengths(model, ids, args.max_new_tokens)
     program = compile_model(model, ClusterSpec(fabric_from_args(args), args.systems),
                             options_from_args(args))
     generator = Generator(program, weights, args.dtype, args.prefill_region, args.decode_region,

@@ -181,10 +181,6 @@ class FunctionalRegion:
                 s.kv.clear()
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
-        vocab = self.model.vocab_size
-        if ids.min() < 0 or ids.max() >= vocab:
-            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-            raise UserError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if self.model.tie_embeddings:
             return self.stages[-1].matrices["lm_head"].columns_of(ids)
         return self.stages[0].matrices["embedding"].rows_of(ids)
@@ -192,6 +188,10 @@ class FunctionalRegion:
     def forward(self, ids, all_logits: bool = False) -> np.ndarray:
         """Append ``ids`` to the sequence; returns the logits of its last token (the program's
         LM head runs on the last token of a prefill tile), or of every token."""
+        vocab = self.model.vocab_size
+        bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
+        if bad is not None:
+            raise UserError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         ids = np.asarray(ids, dtype=np.int64)
         start = self.length
         positions = np.arange(start, start + len(ids))
