@@ -101,7 +101,7 @@ class StageKV:
                positions: np.ndarray) -> None:
         """Store K and V (tokens, kv heads, head_dim) of tokens at ``positions``."""
         end = int(positions.max()) + 1
-        for h, rows_h in enumerate(self.rows_of_head):
+        for h in range(len(self.rows_of_head)):
             if end > self.capacity[h]:
                 raise UserError(
                     f"the KV cache of stage {self.stage.id} holds {self.tokens_capacity:,} "
