@@ -5,7 +5,8 @@ summaries, then simulates one decode step (batch 1, context 4096) on the colocat
 on the disaggregated decode region, side by side with the compiler's bounds. It ends with the
 disaggregation experiment on a chat-like workload: each configuration at the highest request
 rate that meets the latency targets, and the ratio between the plans. Every run is written as
-a run directory under ``--output``, drawn, and gathered into one report.html.
+a run directory under ``--output``, drawn, and gathered into one report.html. Last, a tiny model
+computes through its tiles on a 16x16 mesh, both ways, to show that the tokens agree.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from wse_emu.cli.serve_cmd import TIMELINE_EVENTS, cache_dir, write_serve_output
 from wse_emu.cli.viz_cmd import draw_run
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
+from wse_emu.functional.timing import generation_time
 from wse_emu.kernels.stage import Step
 from wse_emu.model import load_model
 from wse_emu.runner import run_region
@@ -37,6 +40,7 @@ from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import serve
 from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.weights import random_weights
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_FABRIC = "wse3"
@@ -50,6 +54,9 @@ WORKLOAD = {"name": "demo-chat", "arrival": "poisson", "rate": 5.0, "requests": 
                        "high": 1000}}
 TARGETS = Targets(ttft_s=0.5, tpot_s=0.005)  # p90 TTFT 500 ms; p90 TPOT 5 ms (200 tokens/s)
 BUDGETS = (64, 256)
+# The functional part: a model small enough to compute through every tile in a second.
+FUNCTIONAL = {"model": "tiny", "fabric": "mesh16", "region": (8, 8), "prompt": [1, 2, 3, 4, 5],
+              "new_tokens": 8}
 
 
 MARKER = ".wse-emu-demo"  # marks a directory as the demo's own, so a new demo may replace it
@@ -87,12 +94,14 @@ def run(args):
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
     exp, side = _experiment(model, cluster, args.cache_dir)
     report = _write_runs(out, programs, runs, exp, side)
+    generated = _generate()
     if args.json:
         steps = {plan: {"region": r.region, "step_seconds": r.step_seconds,
                         "tokens_per_s_alone": r.latency_tokens_per_s(),
                         "tokens_per_s_pipelined": r.tokens_per_s()} for plan, r in runs.items()}
         return {"compile": {plan: p.summary for plan, p in programs.items()},
-                "decode_step": steps, "experiment": exp, "report": str(report)}
+                "decode_step": steps, "experiment": exp, "generate": generated,
+                "report": str(report)}
     rows = []
     for plan, p in programs.items():
         for r in p.summary["regions"]:
@@ -115,8 +124,37 @@ def run(args):
         sim, "llrrrrr"))
     parts.append("The disaggregation experiment (wse-emu experiment disagg)\n"
                  + render_experiment(exp))
+    f = FUNCTIONAL
+    parts.append(f"Computed through the tiles (wse-emu generate): {f['model']} with random "
+                 f"weights, {'x'.join(map(str, f['region']))} regions of {f['fabric']}, prompt "
+                 f"{','.join(map(str, f['prompt']))}\n" + table(
+                     ["plan", "regions", "generated ids", "first token", "then per token"],
+                     [[g["plan"], g["regions"], ",".join(map(str, g["generated_ids"])),
+                       seconds(g["first_token_s"]), seconds(g["per_token_s"])]
+                      for g in generated], "lllrr"))
     parts.append(f"report: {report} (figures of every run in {out}{os.sep})")
     return "\n\n".join(parts)
+
+
+def _generate() -> list[dict]:
+    """Greedy tokens of the tiny model, colocated and disaggregated, with emulated times."""
+    f = FUNCTIONAL
+    model = load_model(f["model"])
+    weights = random_weights(model, 0)
+    out = []
+    for plan in ("colocated", "disaggregated"):
+        program = compile_model(model, ClusterSpec(load_fabric(f["fabric"]), 1),
+                                CompileOptions(plan=plan, region=f["region"]))
+        result = Generator(program, weights).generate(f["prompt"], f["new_tokens"])
+        timing = generation_time(program, result.prefill_region, result.decode_region,
+                                 len(f["prompt"]), f["new_tokens"], DEFAULT_PREFILL_TILE)
+        later = timing.per_token[1:]
+        regions = result.prefill_region + ("" if not result.disaggregated
+                                           else f" -> {result.decode_region}")
+        out.append({"plan": plan, "regions": regions, "generated_ids": result.generated_ids,
+                    "first_token_s": timing.first_token_s,
+                    "per_token_s": sum(later) / len(later)})
+    return out
 
 
 def _experiment(model, cluster, cache) -> tuple[dict, dict]:
