@@ -13,8 +13,8 @@ from compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator, prompt_tiles
-from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.numerics import Numerics
+from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.trees import tree_plan, tree_reduce
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import line_reduce

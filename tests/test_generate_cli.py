@@ -259,8 +259,10 @@ def test_missing_tensor_is_named(tmp_path):
     (["--prompt-ids", "99999999999999999999"], "outside the vocabulary"),
     (["--prompt-ids", "1", "--weights-seed", "-1"], "--weights-seed must be at least 0"),
     (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "max_position_embeddings"),
+    (["--prompt-ids", ",".join(["1"] * 130), "--prefill-tile", "1"], "raise --prefill-tile"),
 ], ids=["not-an-int", "past-vocab", "negative", "empty", "zero-tokens", "not-npy",
-        "no-tokenizer", "zero-tile", "past-int64", "negative-seed", "past-positions"])
+        "no-tokenizer", "zero-tile", "past-int64", "negative-seed", "past-positions",
+        "too-many-tiles"])
 def test_bad_input_is_one_line(tmp_path, args, needle):
     proc = run_cli("generate", "tiny", *FABRIC, *args, cwd=tmp_path)
     assert_one_line_error(proc, needle)

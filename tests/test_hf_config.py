@@ -212,3 +212,12 @@ def test_rope_scaling_is_read_from_the_config():
                                                                         4.0, 8192)
     preset = load_model("llama-3.2-1b")
     assert preset.rope_scaling == "llama3" and preset.rope_scaling_factor == 32.0
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 8192.5, "8192"])
+def test_bad_rope_scaling_original_positions_are_refused(tmp_path, value):
+    config = json.loads((HF_DIR / "llama-3.2-1b" / "config.json").read_text())
+    config["rope_scaling"]["original_max_position_embeddings"] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="original_max_position_embeddings"):
+        load_model(tmp_path / "config.json")

@@ -284,10 +284,12 @@ def _rope_scaling(scaling: Any, source: str) -> dict[str, Any]:
         value = scaling.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: rope_scaling '{key}' must be a number, "
-                              f"got {shown(value)}")
-        out[field] = int(value) if field == "rope_original_max_positions" else float(value)
+        whole = field == "rope_original_max_positions"
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or (whole and value != int(value))):
+            raise ConfigError(f"{source}: rope_scaling '{key}' must be a finite "
+                              f"{'whole number' if whole else 'number'}, got {shown(value)}")
+        out[field] = int(value) if whole else float(value)
     return out
 
 

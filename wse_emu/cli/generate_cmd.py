@@ -15,10 +15,12 @@ import numpy as np
 
 from wse_emu.cli.compile_cmd import add_cluster_args, fabric_from_args, options_from_args
 from wse_emu.cli.fmt import seconds, si
+from wse_emu.cli.run_cmd import MAX_TILES
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.numerics import DTYPES
+from wse_emu.functional.region import check_token_ids
 from wse_emu.functional.timing import generation_time
 from wse_emu.model import load_model
 from wse_emu.weights import CONFIG_FILE, load_checkpoint, random_weights
@@ -53,16 +55,20 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def is_checkpoint(path: Path) -> bool:
-    directory = path if path.is_dir() else path.parent
-    return (path.is_dir() or path.name == CONFIG_FILE) and (directory / CONFIG_FILE).exists() \
-        and any(directory.glob("*.safetensors"))
+def checkpoint_dir(path: Path) -> Path | None:
+    """The checkpoint directory ``path`` names: a directory, or a ``config.json`` with
+    ``*.safetensors`` beside it; None for a preset, a YAML or a bare config.json."""
+    if path.is_dir():
+        return path
+    if path.name == CONFIG_FILE and path.exists() and any(path.parent.glob("*.safetensors")):
+        return path.parent
+    return None
 
 
 def load_weights(args):
     """(model, weights, description of where the weights came from)."""
     path = Path(args.model)
-    if path.is_dir() or is_checkpoint(path):
+    if checkpoint_dir(path) is not None:
         model, weights = load_checkpoint(path)
         return model, weights, str(path)
     model = load_model(args.model)
@@ -81,9 +87,9 @@ def parse_ids(text: str) -> list[int]:
 
 def tokenizer_for(args):
     """The checkpoint's tokenizer, if it has one and ``tokenizers`` is installed."""
-    path = Path(args.model)
-    file = (path if path.is_dir() else path.parent) / TOKENIZER_FILE
-    if not file.exists():
+    directory = checkpoint_dir(Path(args.model))
+    file = None if directory is None else directory / TOKENIZER_FILE
+    if file is None or not file.exists():
         return None
     try:
         from tokenizers import Tokenizer
@@ -111,8 +117,6 @@ def prompt_ids(args, tokenizer) -> list[int]:
 def save_logits(path: str, logits: np.ndarray) -> None:
     """Written under a temporary name and renamed, so a failure leaves no half file."""
     target = Path(path)
-    if target.suffix != ".npy":
-        raise UserError(f"--dump-logits writes a .npy file, got {path!r}")
     partial = target.with_name(target.name + ".partial")
     try:
         with open(partial, "wb") as fh:
@@ -123,10 +127,17 @@ def save_logits(path: str, logits: np.ndarray) -> None:
         raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def check_lengths(model, ids: list[int], new_tokens: int) -> None:
-    bad = next((i for i in ids if not 0 <= i < model.vocab_size), None)
-    if bad is not None:
-        raise UserError(f"token id {bad} is outside the vocabulary (0..{model.vocab_size - 1})")
+def check_lengths(args, model, ids: list[int]) -> None:
+    """What can be refused before compiling: ids, positions, and the prefill tiles the timing
+    simulator can take."""
+    check_token_ids(ids, model.vocab_size)
+    new_tokens = args.max_new_tokens
+    if args.prefill_tile < 1:
+        raise UserError(f"the prefill tile must be at least 1 token, got {args.prefill_tile}")
+    tiles = -(-len(ids) // args.prefill_tile)
+    if tiles > MAX_TILES and not args.no_timing:
+        raise UserError(f"{len(ids)} prompt tokens in tiles of {args.prefill_tile} make {tiles} "
+                        f"tiles; the timing takes at most {MAX_TILES}: raise --prefill-tile")
     total = len(ids) + new_tokens - 1  # the last generated token is never fed back
     if total > model.max_position_embeddings:
         raise UserError(f"{len(ids)} prompt tokens and {new_tokens} new ones need "
@@ -146,11 +157,13 @@ def run(args):
     model, weights, source = load_weights(args)
     tokenizer = tokenizer_for(args)
     ids = prompt_ids(args, tokenizer)
-    check_lengths(model, ids, args.max_new_tokens)
+    check_lengths(args, model, ids)
     program = compile_model(model, ClusterSpec(fabric_from_args(args), args.systems),
                             options_from_args(args))
     generator = Generator(program, weights, args.dtype, args.prefill_region, args.decode_region,
                           args.prefill_tile)
+    del weights  # the tiles hold their own copy
+    generator.check(len(ids), args.max_new_tokens)
     began = time.perf_counter()
     result = generator.generate(ids, args.max_new_tokens)
     wall = time.perf_counter() - began
@@ -191,9 +204,9 @@ def render(d: dict) -> str:
         lines.append(f"  emulated    first token {seconds(e['first_token_s'])}"
                      + (f", KV handoff {seconds(e['handoff_s'])}" if e["handoff_s"] else ""))
         if e["decode_tokens_per_s"]:
-            per = e["seconds_per_token"][1:]
-            lines.append(f"              then {seconds(sum(per) / len(per))} per token on "
-                         f"average ({si(e['decode_tokens_per_s'])} tokens/s, batch 1)")
+            lines.append(f"              then {seconds(1 / e['decode_tokens_per_s'])} per "
+                         f"decode step on average ({si(e['decode_tokens_per_s'])} tokens/s, "
+                         "batch 1)")
     if "logits_file" in d:
         lines.append(f"  wrote {d['logits_file']} (logits of each generated token)")
     return "\n".join(lines)

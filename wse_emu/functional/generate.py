@@ -10,13 +10,13 @@ out the same either way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.functional.numerics import Numerics
-from wse_emu.functional.region import FunctionalRegion
+from wse_emu.functional.region import FunctionalRegion, check_token_ids
 from wse_emu.program import WaferProgram
 from wse_emu.splits import even_split
 
@@ -30,7 +30,6 @@ class Generation:
     logits: np.ndarray  # (generated, vocab): the logits each generated token was chosen from
     prefill_region: str
     decode_region: str
-    prefill_logits: list[np.ndarray] = field(default_factory=list)  # per tile, if kept
 
     @property
     def disaggregated(self) -> bool:
@@ -84,16 +83,35 @@ class Generator:
         """Decode one token; its logits."""
         return self.decode.forward([token])[0]
 
-    def generate(self, prompt_ids, max_new_tokens: int,
-                 keep_prefill_logits: bool = False) -> Generation:
+    def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse, before computing anything, a generation the regions cannot hold."""
         if max_new_tokens < 1:
             raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-        prompt = [int(i) for i in prompt_ids]
-        tiles = self.run_prompt(prompt, all_logits=keep_prefill_logits)
-        logits = [tiles[-1][-1]]
-        tokens = [int(np.argmax(logits[-1]))]
+        if prompt_tokens > self.prefill.capacity:
+            raise UserError(f"region {self.prefill.name} caches {self.prefill.capacity:,} "
+                            f"tokens of one sequence; the prompt has {prompt_tokens:,}")
+        total = prompt_tokens + max_new_tokens - 1  # the last token is never fed back
+        if total > self.decode.capacity:
+            raise UserError(f"region {self.decode.name} caches {self.decode.capacity:,} tokens "
+                            f"of one sequence; {prompt_tokens:,} prompt tokens and "
+                            f"{max_new_tokens:,} new ones need {total:,}")
+
+    def generate(self, prompt_ids, max_new_tokens: int) -> Generation:
+        prompt = list(prompt_ids)
+        check_token_ids(prompt, self.program.model.vocab_size)
+        prompt = [int(i) for i in prompt]
+        self.check(len(prompt), max_new_tokens)
+        logits = [self.run_prompt(prompt)[-1][-1]]
+        tokens = [self._choose(logits[-1])]
         while len(tokens) < max_new_tokens:
             logits.append(self.step(tokens[-1]))
-            tokens.append(int(np.argmax(logits[-1])))
-        return Generation(prompt, tokens, np.stack(logits), self.prefill.name, self.decode.name,
-                          tiles if keep_prefill_logits else [])
+            tokens.append(self._choose(logits[-1]))
+        return Generation(prompt, tokens, np.stack(logits), self.prefill.name, self.decode.name)
+
+    def _choose(self, logits: np.ndarray) -> int:
+        """Greedy: the first largest logit. Non-finite logits (a float16 overflow) stop the
+        run rather than pick a token from garbage."""
+        if not np.all(np.isfinite(logits)):
+            raise UserError(f"the logits are not finite in {self.numerics.name}: the values "
+                            "overflowed; try --dtype float32")
+        return int(np.argmax(logits))

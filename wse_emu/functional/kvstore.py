@@ -5,9 +5,15 @@ shares them (``StageGraph.head_groups``): with more rows than heads each head ow
 rows, otherwise each row holds one or more heads. A head's tokens are dealt round robin over
 the PEs of its rows that still have a free slot: while every PE has room, each holds an equal
 share, as the timed kernel assumes, and PEs that the weights left less room stop taking tokens
-first, so the whole planned capacity is used. A PE's capacity is the KV bytes the compiler
+first, so a head uses every slot of its rows. A PE's capacity is the KV bytes the compiler
 planned for it, divided by one token's K and V of a head, by the stage's layers and by the heads
-on its row.
+on its row. When the rows do not divide evenly among the heads, the head with the fewest slots
+bounds the sequence, below the compiler's count (which assumes even sharing).
+
+Two simplifications against the timed kernels: a token's K and V go to the PE the deal gives
+(the timed decode sends them to the column of the newest slots), and prefill attention runs
+key-split like decode (the timed prefill splits the queries along the rows instead). Both
+compute the same values from the same cache; only the order of additions differs.
 
 Attention runs where the keys are (flash-decoding): every PE scores the queries of its head
 against its own tokens and keeps a running max, sum and weighted sum of values; the partial
@@ -131,8 +137,8 @@ class StageKV:
                 seen &= stored[:, None, :] > positions[None, :, None] - window
             seen = seen[:, :, None, :]  # (P, t, 1, c)
             peak = np.max(np.where(seen, scores, -np.inf), axis=-1)  # (P, t, g)
-            weights = np.where(seen, np.exp(scores - np.where(np.isfinite(peak), peak,
-                                                              0)[..., None]), 0)
+            offset = np.where(np.isfinite(peak), peak, 0)[..., None]
+            weights = np.exp(np.where(seen, scores - offset, -np.inf))
             total = weights.sum(axis=-1)
             summed = np.einsum("ptgc,pcd->ptgd", weights, values)
             partial = _FlashPartial(peak, total, summed, self.length, len(rows_h))
@@ -173,8 +179,8 @@ class _FlashPartial:
         return m, s1 * c1 + s2 * c2, o1 * c1[..., None] + o2 * c2[..., None]
 
     def reduce(self, out_column: int, rnd):
-        def send(part):  # max and sum travel as float32, the weighted values in the dtype
-            return part[0], part[1], rnd(part[2])
+        def send(part):  # the program sizes all three in the dtype (max, sum, values)
+            return rnd(part[0]), rnd(part[1]), rnd(part[2])
 
         # Along the long side every row of the head at once, then across the head's rows.
         items = [(self.peak[:, a], self.total[:, a], self.summed[:, a])

@@ -3,9 +3,10 @@
 Arithmetic inside a PE's task is float32: FP16 multiplies are exact in float32 and the FMAC
 accumulates there. What leaves a PE or stays in SRAM (weights, activations, partial sums on the
 wire, the KV cache) is rounded to the run's dtype, as the wavelets and buffers the program sizes
-in ``dtype_bytes`` hold it. Norms' sums of squares and softmax's running max and sum stay
-float32, as the program sizes them (4-byte wavelets). With dtype float32 every rounding is the
-identity, so a run differs from an exact forward pass only by the order of its additions.
+in ``dtype_bytes`` hold it, softmax partials (running max, sum and weighted values) included.
+Norms' sums of squares stay float32, as the program sends them (4-byte wavelets). With dtype
+float32 every rounding is the identity, so a run differs from an exact forward pass only by the
+order of its additions.
 """
 
 from __future__ import annotations

@@ -73,11 +73,17 @@ def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec) -> np.ndarray
     return (x * cos + rotated * sin).reshape(t, -1)
 
 
+def check_token_ids(ids, vocab: int) -> None:
+    """Before any conversion, so that an id too large for int64 gets the same one line."""
+    bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
+    if bad is not None:
+        raise UserError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+
+
 class FunctionalStage:
     def __init__(self, program: WaferProgram, stage: Stage, weights: Mapping[str, np.ndarray],
                  numerics: Numerics):
         self.stage, self.model, self.numerics = stage, program.model, numerics
-        model = self.model
         l0, l1 = stage.layers
         layers = range(l0, l1)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
@@ -89,7 +95,7 @@ class FunctionalStage:
                     sources = [weights["model.norm.weight"]]
                 else:
                     sources = [weights[f"model.layers.{i}.{NORMS[name]}.weight"] for i in layers]
-                self.vectors[name] = VectorTiles.build(name, sources, k.rect.area, numerics)
+                self.vectors[name] = VectorTiles.build(sources, k.rect.area, numerics)
             elif k.kind == "matrix" or (k.kind == "gather" and k.weight_ref is None):
                 self.matrices[name] = MatrixTiles.build(k, self._matrices(name, weights, layers),
                                                         numerics, self._bias(k, weights, layers))
@@ -108,7 +114,7 @@ class FunctionalStage:
         if not (self.model.attention_bias and kernel.name in ("q_proj", "k_proj", "v_proj")):
             return None
         sources = [weights[f"model.layers.{i}.{MODULES[kernel.name]}.bias"] for i in layers]
-        return VectorTiles.build(kernel.name + "_bias", sources, kernel.grid[1], self.numerics)
+        return VectorTiles.build(sources, kernel.grid[1], self.numerics)
 
     # --- kernels ----------------------------------------------------------------------------
     def norm(self, name: str, layer: int, x: np.ndarray) -> np.ndarray:
@@ -188,10 +194,7 @@ class FunctionalRegion:
     def forward(self, ids, all_logits: bool = False) -> np.ndarray:
         """Append ``ids`` to the sequence; returns the logits of its last token (the program's
         LM head runs on the last token of a prefill tile), or of every token."""
-        vocab = self.model.vocab_size
-        bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
-        if bad is not None:
-            raise UserError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        check_token_ids(ids, self.model.vocab_size)
         ids = np.asarray(ids, dtype=np.int64)
         start = self.length
         positions = np.arange(start, start + len(ids))

@@ -76,7 +76,7 @@ class MatrixTiles:
 
     def __post_init__(self):
         self._k_index, self._k_mask = _pad_index(self.k_sizes)
-        n_index, n_mask = _pad_index(self.n_sizes)
+        _, n_mask = _pad_index(self.n_sizes)
         # Output element j sits at (b, offset) of the root's partial sums.
         b, off = np.nonzero(n_mask)
         self._out_b, self._out_off = b, off
@@ -125,18 +125,16 @@ class MatrixTiles:
 class VectorTiles:
     """A per-layer vector split into even segments over a line of PEs."""
 
-    name: str
     segments: np.ndarray  # (layers, pes, segmax)
     sizes: np.ndarray
 
     @classmethod
-    def build(cls, name: str, vectors: list[np.ndarray], pes: int,
-              numerics: Numerics) -> "VectorTiles":
+    def build(cls, vectors: list[np.ndarray], pes: int, numerics: Numerics) -> "VectorTiles":
         length = len(vectors[0])
         sizes = even_split(length, pes)
         index, mask = _pad_index(sizes)
         segments = np.stack([numerics.round(v)[index] * mask for v in vectors])
-        return cls(name, segments.astype(np.float32), sizes)
+        return cls(segments.astype(np.float32), sizes)
 
     def vector(self, layer: int) -> np.ndarray:
         """The whole vector, read segment by segment from the PEs that hold it."""
