@@ -1,2 +1,2 @@
-"""Serving request workloads on regions of compiled programs (workloads so far; the
-event-driven runtime and its policies build on them)."""
+"""Serving request workloads on regions of compiled programs: workloads, stage-time tables, the
+event-driven serving loop and its policies, metrics, and the disaggregation experiment."""
