@@ -13,12 +13,11 @@ import contextlib
 import dataclasses
 import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel
+from test_input_errors import assert_one_line_error, run_cli
 
 from wse_emu.cli.main import main
 from wse_emu.model import load_model
@@ -43,22 +42,11 @@ def generate(capsys, *args) -> dict:
     return json.loads(out)
 
 
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
-
-
-def assert_one_line_error(proc, *needles) -> str:
-    """Exit code 2, exactly one line on stderr starting 'wse-emu: error:', no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and proc.stderr.endswith("\n"), proc.stderr
-    assert lines[0].startswith("wse-emu: error:"), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+def assert_quiet_error(proc, *needles) -> str:
+    """One line on stderr and exit 2 (``assert_one_line_error``), and nothing on stdout."""
+    line = assert_one_line_error(proc, *needles)
     assert proc.stdout == ""
-    return lines[0]
+    return line
 
 
 def reference_greedy(spec, weights, prompt, new_tokens):
@@ -223,7 +211,7 @@ def test_config_disagreeing_with_the_tensors(tmp_path, field, value, tensor):
     (ckpt / "config.json").write_text(json.dumps(config))
     dump = tmp_path / "l.npy"
     proc = run_cli("generate", ckpt, *FABRIC, "--prompt-ids", "1,2", "--dump-logits", dump)
-    line = assert_one_line_error(proc, tensor, "config.json")
+    line = assert_quiet_error(proc, tensor, "config.json")
     assert str(ckpt) in line
     assert list(tmp_path.iterdir()) == [ckpt]  # no logits file, not even a partial one
 
@@ -241,7 +229,7 @@ def test_missing_tensor_is_named(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(hf_config(SPEC)))
     dump = tmp_path / "l.npy"
     proc = run_cli("generate", ckpt, *FABRIC, "--prompt-ids", "1,2", "--dump-logits", dump)
-    assert_one_line_error(proc, f"missing tensor {missing}")
+    assert_quiet_error(proc, f"missing tensor {missing}")
     assert list(tmp_path.iterdir()) == [ckpt]
 
 
@@ -265,7 +253,7 @@ def test_missing_tensor_is_named(tmp_path):
         "too-many-tiles"])
 def test_bad_input_is_one_line(tmp_path, args, needle):
     proc = run_cli("generate", "tiny", *FABRIC, *args, cwd=tmp_path)
-    assert_one_line_error(proc, needle)
+    assert_quiet_error(proc, needle)
     assert list(tmp_path.iterdir()) == []  # out.txt (or anything else) not written
 
 
