@@ -120,6 +120,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {shown(value)}")
         return value
+    if origin is tuple:
+        # tuple[X, ...]: a YAML or JSON list of X.
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {shown(value)}")
+        item = typing.get_args(hint)[0]
+        return tuple(_coerce(v, item, where) for v in value)
     return value
 
 

@@ -26,7 +26,9 @@ from wse_emu.configfile import (
 )
 from wse_emu.errors import ConfigError
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+HIDDEN_ACTS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Hugging Face architecture name -> our family.
 HF_ARCHITECTURES = {
@@ -63,6 +65,25 @@ class ModelSpec:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    # Phi-3's "longrope": per-pair frequency divisors for sequences within the original context
+    # (short) and beyond it (long), and the factor cos and sin are scaled by (None: derived
+    # from max_position_embeddings / rope_original_max_positions as Hugging Face does).
+    rope_short_factor: tuple[float, ...] = ()
+    rope_long_factor: tuple[float, ...] = ()
+    rope_attention_factor: float | None = None
+    # --- architecture variants (defaults: the Llama family) ------------------------------
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh" (GeGLU)
+    qk_norm: bool = False  # RMSNorm over each head's query and key features (Qwen3, Gemma-3)
+    sandwich_norms: bool = False  # Gemma-2/3: norms also after attention and after the MLP
+    norm_weight_offset: float = 0.0  # Gemma scales by (offset + w): 1.0
+    scale_embeddings: bool = False  # Gemma multiplies embeddings by sqrt(hidden_size)
+    attn_logit_softcap: float | None = None  # scores become cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # logits likewise
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power (else head_dim)
+    # Per layer "full_attention" or "sliding_attention" (empty: every layer uses
+    # ``sliding_window``, None meaning full); sliding layers may have their own rope base.
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -93,9 +114,14 @@ class ModelSpec:
 
     def layer_vectors(self) -> dict[str, int]:
         """Per-layer weight vectors (norm scales, projection biases) and their lengths."""
-        vectors = {"input_norm": self.hidden_size, "post_attn_norm": self.hidden_size}
+        h = self.hidden_size
+        vectors = {"input_norm": h, "post_attn_norm": h}
         if self.attention_bias:
             vectors.update(q_bias=self.q_size, k_bias=self.kv_size, v_bias=self.kv_size)
+        if self.qk_norm:
+            vectors.update(q_norm=self.head_dim, k_norm=self.head_dim)
+        if self.sandwich_norms:
+            vectors.update(attn_out_norm=h, mlp_out_norm=h)
         return vectors
 
     def layer_params(self) -> int:
@@ -121,6 +147,27 @@ class ModelSpec:
         """K and V of one token across all layers."""
         return 2 * self.num_layers * self.kv_size * self.dtype_bytes
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention, or None for full attention."""
+        if self.layer_types and self.layer_types[layer] == "full_attention":
+            return None
+        return self.sliding_window
+
+    def rope_theta_of(self, layer: int) -> float:
+        """The rotary base of ``layer`` (Gemma-3's sliding layers have a local one)."""
+        if self.rope_local_theta is not None and self.window(layer) is not None:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    def rope_scaled(self, layer: int) -> bool:
+        """Whether ``layer`` applies ``rope_scaling`` (Gemma-3's local layers do not)."""
+        return not (self.rope_local_theta is not None and self.window(layer) is not None)
+
+    @property
+    def attention_scale(self) -> float:
+        """What query-key products are multiplied by before the softmax."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -143,6 +190,28 @@ class ModelSpec:
         require(self.rope_scaling != "llama3"
                 or self.rope_high_freq_factor > self.rope_low_freq_factor > 0, source,
                 "llama3 rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor")
+        pairs = self.head_dim // 2
+        require(self.rope_scaling != "longrope"
+                or len(self.rope_short_factor) == len(self.rope_long_factor) == pairs, source,
+                f"longrope scaling needs rope_short_factor and rope_long_factor of {pairs} "
+                "values (head_dim / 2)")
+        require(all(f > 0 for f in self.rope_short_factor + self.rope_long_factor), source,
+                "rope_short_factor and rope_long_factor must be positive")
+        require(self.hidden_act in HIDDEN_ACTS, source,
+                f"field 'hidden_act' must be one of {', '.join(HIDDEN_ACTS)}, "
+                f"got {shown(self.hidden_act)}")
+        for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar",
+                     "rope_local_theta", "rope_attention_factor"):
+            value = getattr(self, name)
+            require(value is None or value > 0, source, f"field '{name}' must be positive or null")
+        require(not self.layer_types or len(self.layer_types) == self.num_layers, source,
+                f"field 'layer_types' must list all {self.num_layers} layers, "
+                f"got {len(self.layer_types)}")
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        require(not bad, source, f"field 'layer_types' has {shown(bad[0]) if bad else ''}; "
+                f"allowed: {', '.join(LAYER_TYPES)}")
+        require("sliding_attention" not in self.layer_types or self.sliding_window, source,
+                "sliding_attention layers need a 'sliding_window'")
         return self
 
 
