@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import math
 
-from compiler import opgraph as og
-from compiler.intensity import RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, Workload, op_cost
+from wse_emu import layer as ly
 from wse_emu.fabric import FabricSpec
+from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.program import Kernel, Rect
-
-ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
-                     "residual_attn": 1, "residual_mlp": 1}
-# Operands read per output element.
-ELEMENTWISE_INPUTS = {"rope_q": 1, "rope_k": 1, "silu_mul": 2, "residual_attn": 2,
-                      "residual_mlp": 2}
-ATTENTION_OPS = (og.KV_APPEND, og.ATTN_SCORES, og.SOFTMAX, og.ATTN_WEIGHTED_SUM)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -38,17 +31,23 @@ def _result(fabric: FabricSpec, compute: float, sram: float, link: float, path: 
             "cycles": float(math.ceil(total)), "dominant": dominant}
 
 
+def _port_cycles(work: ly.Work, fabric: FabricSpec, fpc: float) -> tuple[float, float]:
+    """(compute, SRAM) cycles of one PE's work."""
+    return work.flops / fpc, max(work.reads / fabric.sram_read_bytes_per_cycle,
+                                 work.writes / fabric.sram_write_bytes_per_cycle)
+
+
 def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: FabricSpec,
-                 work: Workload) -> dict:
-    """Lower bound on one execution of ``kernel`` for one layer of the step."""
+                 mb: MicroBatch, layers: range | None = None) -> dict:
+    """Lower bound on one execution of ``kernel`` for one layer of the step (the cheapest of
+    ``layers``, the model layers the kernel serves, where they differ)."""
     d = model.dtype_bytes
     fpc = fabric.flops_per_cycle(d)
-    rd, wr = fabric.sram_read_bytes_per_cycle, fabric.sram_write_bytes_per_cycle
     link = fabric.link_bytes_per_cycle
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
-    t = work.new_tokens
-    if work.phase == "prefill" and kernel.name == "final_norm":
-        t = 1  # only the last position goes on to the LM head
+    ops = ly.kernel_ops(model)[kernel.name]
+    first = ops[0]
+    t = ly.op_tokens(first, mb)
     if kernel.kind in ("matrix", "gather"):
         k, n = kernel.matrix
         kp, np_ = kernel.grid
@@ -57,48 +56,52 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
             # A token's row may sit in the root's own column: only writing the gathered
             # slices is certain.
             seg = nr if kernel.weight_ref is None else kc
-            return _result(fabric, 0, t * seg * d / wr, 0, 0)
-        rows = 1 if (kernel.name == "lm_head" and work.phase == "prefill") else t
-        bias = nr if kernel.name in ("q_proj", "k_proj", "v_proj") and model.attention_bias else 0
-        compute = rows * (2 * kc * nr + bias) / fpc
-        sram = max((kc * nr * d + rows * kc * d) / rd, rows * nr * d / wr)
+            return _result(fabric, 0, t * seg * d / fabric.sram_write_bytes_per_cycle, 0, 0)
+        work = ly.matrix_work(kc, nr, t, d)
+        if first.bias:
+            work = work + ly.bias_work(nr, t, d)  # on the root edge, after the reduction
+        compute, sram = _port_cycles(work, fabric, fpc)
         # Inputs enter a line across the strip at one PE and must reach its farthest PE (at
         # least half the line away); partial sums travel the strip to its root edge. Some PE
         # takes a whole input segment, or a whole partial sum, in through its ramp.
         hops = _ceil(np_ - 1, 2) + (kp - 1)
         path = hop * hops + (2 * ramp if hops else 0)
-        ramp_in = rows * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
+        ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
         return _result(fabric, compute, sram, ramp_in, path)
     if kernel.kind in ("norm", "elementwise"):
         pes = kernel.rect.area
         seg = _ceil(kernel.length, pes)
         if kernel.kind == "norm":
-            compute = t * RMSNORM_FLOPS * seg / fpc
-            sram = max((t * seg * d + seg * d) / rd, t * seg * d / wr)
+            work = ly.elementwise_work(ly.NORM_SQUARES, t * seg, d) + ly.elementwise_work(
+                ly.NORM_SCALE, t * seg, d)
+            compute, sram = _port_cycles(work, fabric, fpc)
             # The sum of squares meets somewhere on the line and returns: at least the
             # line's radius each way.
             radius = _ceil(pes - 1, 2)
             path = 2 * hop * radius + (2 * ramp if pes > 1 else 0)
-            return _result(fabric, compute, sram, t * 4 / link if pes > 1 else 0, path)
+            return _result(fabric, compute, sram, t * ly.SUM_BYTES / link if pes > 1 else 0,
+                           path)
         # Elementwise ops work where their operands already are.
-        flops = ELEMENTWISE_FLOPS[kernel.name]
-        compute = t * flops * seg / fpc
-        sram = max(t * ELEMENTWISE_INPUTS[kernel.name] * seg * d / rd, t * seg * d / wr)
+        compute, sram = _port_cycles(ly.elementwise_work(ly.ELEMENTWISE[first.kind], t * seg, d),
+                                     fabric, fpc)
         return _result(fabric, compute, sram, 0, 0)
     if kernel.kind == "attention":
         pes = kernel.rect.area
-        flops = reads = writes = 0
-        for kind in ATTENTION_OPS:
-            c = op_cost({"kind": kind, "op": kind}, model, work)
-            flops += c.flops
-            reads += c.read_bytes
-            writes += c.write_bytes
+        candidates = []
+        for layer in (layers if layers is not None and len(layers) else [None]):
+            total = ly.ZERO
+            for op in ops:
+                total = total + ly.op_cost(op, model, mb, layer)
+            candidates.append(total)
+        cost = min(candidates, key=lambda c: c.flops)
         # The KV cache is spread evenly over the stage; queries reach every PE and partial
         # results (softmax max and sum, weighted values) are reduced across it.
         radius = _ceil(kernel.rect.w - 1, 2) + _ceil(kernel.rect.h - 1, 2)
         path = 2 * hop * radius + 2 * ramp
         q_in = t * model.q_size * d / pes
-        return _result(fabric, flops / (pes * fpc), max(reads / (pes * rd), writes / (pes * wr)),
+        return _result(fabric, cost.flops / (pes * fpc),
+                       max(cost.read_bytes / (pes * fabric.sram_read_bytes_per_cycle),
+                           cost.write_bytes / (pes * fabric.sram_write_bytes_per_cycle)),
                        q_in / link, path)
     raise ValueError(f"no bound for kernel kind {kernel.kind!r}")
 
@@ -107,28 +110,13 @@ def transfer_cycles(hops: int, fabric: FabricSpec) -> float:
     return float(hops * fabric.hop_latency_cycles)
 
 
-# The kernel graph of one layer inside a stage: kernel -> the kernels it waits for.
-LAYER_DEPENDENCIES = {
-    "input_norm": [],
-    "q_proj": ["input_norm"], "k_proj": ["input_norm"], "v_proj": ["input_norm"],
-    "rope_q": ["q_proj"], "rope_k": ["k_proj"],
-    "attention": ["rope_q", "rope_k", "v_proj"],
-    "o_proj": ["attention"],
-    "residual_attn": ["o_proj"],
-    "post_attn_norm": ["residual_attn"],
-    "gate_proj": ["post_attn_norm"], "up_proj": ["post_attn_norm"],
-    "silu_mul": ["gate_proj", "up_proj"],
-    "down_proj": ["silu_mul"],
-    "residual_mlp": ["down_proj"],
-}
-
-
-def _walk(kernels: dict[str, dict], hops: dict[tuple[str, str], int], key: str,
+def _walk(kernels: dict[str, dict], dependencies: dict[str, list[str]],
+          hops: dict[tuple[str, str], int], key: str,
           fabric: FabricSpec) -> tuple[float, dict[str, str | None]]:
     """Longest path through one layer's kernel graph, weighting kernels by ``key``."""
     finish: dict[str, float] = {}
     via: dict[str, str | None] = {}
-    for name, deps in LAYER_DEPENDENCIES.items():
+    for name, deps in dependencies.items():
         if name not in kernels:
             continue
         start, prev = 0.0, None
@@ -139,10 +127,11 @@ def _walk(kernels: dict[str, dict], hops: dict[tuple[str, str], int], key: str,
                     start, prev = arrive, dep
         finish[name] = start + kernels[name][key]
         via[name] = prev
-    return finish.get("residual_mlp", 0.0), via
+    return finish.get(ly.LAYER_OUTPUT, 0.0), via
 
 
-def stage_bound(layer_kernels: dict[str, dict], extras: list[dict], strip_loads: list[dict],
+def stage_bound(layer_kernels: dict[str, dict], dependencies: dict[str, list[str]],
+                extras: list[dict], strip_loads: list[dict],
                 hops: dict[tuple[str, str], int], layers: int, entry_hops: int,
                 fabric: FabricSpec) -> dict:
     """Lower bound on a stage's time for one micro-batch, whatever the schedule.
@@ -160,9 +149,9 @@ def stage_bound(layer_kernels: dict[str, dict], extras: list[dict], strip_loads:
             if load[r] > busiest:
                 busiest, resource = load[r], r
     entry = transfer_cycles(entry_hops, fabric)
-    layer_latency, _ = _walk(layer_kernels, hops, "path", fabric)
+    layer_latency, _ = _walk(layer_kernels, dependencies, hops, "path", fabric)
     latency = layers * layer_latency + entry + sum(e["path"] for e in extras)
-    layer_serial, _ = _walk(layer_kernels, hops, "cycles", fabric)
+    layer_serial, _ = _walk(layer_kernels, dependencies, hops, "cycles", fabric)
     serial = layers * layer_serial + entry + sum(e["cycles"] for e in extras)
     cycles = max(busiest, latency)
     return {"cycles": float(cycles), "seconds": cycles / fabric.clock_hz,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.stages import StageSpec, home_strip
+from wse_emu import layer as ly
 from wse_emu.model import ModelSpec
 
 STAGE = "@stage"  # the attention kernel, spread over the whole stage
@@ -35,9 +36,33 @@ class Transfer:
     to_edge: bool = False  # True: lands on dst's root edge (an elementwise op), else dst's body
 
 
+def layer_transfers(model: ModelSpec) -> list[Transfer]:
+    """One layer's transfers between strips, read off the layer description: an op whose
+    input was left at another site takes it from there (a vector op on its root edge, a matrix
+    op across its body). Inputs of several ops at one site travel once."""
+    d = model.dtype_bytes
+    ops = ly.layer_ops(model)
+    site = {op.name: op.site for op in ops}
+    site[ly.LAYER_INPUT] = ly.HOME
+    size = {op.name: op.length for op in ops}
+    size[ly.LAYER_INPUT] = model.hidden_size
+    out: list[Transfer] = []
+    seen = set()
+    for op in ops:
+        for src in op.inputs:
+            if site[src] == op.site or (src, op.site) in seen:
+                continue
+            seen.add((src, op.site))
+            dst = STAGE if op.site == ly.STAGE else op.site
+            out.append(Transfer(STAGE if site[src] == ly.STAGE else site[src], dst,
+                                size[src] * d, src, to_edge=op.kind != ly.GEMM
+                                and op.site != ly.STAGE))
+    return out
+
+
 def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
     d = model.dtype_bytes
-    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    h = model.hidden_size
     names = {s.name for s in spec.strips}
     home = home_strip(spec).name
     out: list[Transfer] = []
@@ -47,22 +72,8 @@ def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
     else:
         out.append(Transfer(ENTRY, home, h * d, "stage_input", to_edge=True))
     if layers:
-        per_layer = [
-            Transfer(home, "q_proj", h * d, "x_norm"), Transfer(home, "k_proj", h * d, "x_norm"),
-            Transfer(home, "v_proj", h * d, "x_norm"),
-            # V joins K at k_proj's edge, so one route carries both into the KV cache.
-            Transfer("q_proj", STAGE, q * d, "q"), Transfer("v_proj", "k_proj", kv * d, "v",
-                                                            to_edge=True),
-            Transfer("k_proj", STAGE, 2 * kv * d, "kv"), Transfer(STAGE, "o_proj", q * d, "attn"),
-            Transfer(home, "o_proj", h * d, "residual", to_edge=True),
-            Transfer("o_proj", "gate_proj", h * d, "h_norm"),
-            Transfer("o_proj", "up_proj", h * d, "h_norm"),
-            Transfer("gate_proj", "up_proj", inter * d, "gate", to_edge=True),
-            Transfer("up_proj", "down_proj", inter * d, "act"),
-            Transfer("o_proj", "down_proj", h * d, "h", to_edge=True),
-        ]
         out.extend(Transfer(t.src, t.dst, t.nbytes * layers, t.data, t.to_edge)
-                   for t in per_layer)
+                   for t in layer_transfers(model))
     if "lm_head" in names:
         if home != "lm_head":
             out.append(Transfer(home, "lm_head", h * d, "h_final"))

@@ -21,14 +21,9 @@ import numpy as np
 
 from compiler.geometry import proportional_split
 from compiler.tiling import min_cross_extent
+from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.model import ModelSpec
-
-# Matrix kernels in data-flow order, and the step each belongs to.
-STRIP_STEPS = {
-    "embedding": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2,
-    "gate_proj": 3, "up_proj": 3, "down_proj": 4, "lm_head": 5,
-}
 
 
 @dataclass
@@ -37,7 +32,6 @@ class StripSpec:
     k: int
     n: int
     layers: int
-    step: int
     weight_bytes: int  # matrix bytes over all layers of the stage
     vectors: dict[str, int] = field(default_factory=dict)  # name -> length, per layer
     vector_layers: dict[str, int] = field(default_factory=dict)
@@ -66,33 +60,50 @@ class StageSpec:
 
 
 def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> StageSpec:
+    """The strips of a stage, from the layer description: one per matrix op (each owning that
+    matrix of every layer in the stage), with the weight vectors of the ops that run on its
+    root edge (norm scales; a projection's bias lives on its own edge)."""
     d = model.dtype_bytes
     n_layers = l1 - l0
-    strips = []
+    strips: list[StripSpec] = []
+    by_name: dict[str, StripSpec] = {}
+
+    def add_strip(op: ly.Op, layers: int) -> None:
+        k, n = op.matrix
+        s = StripSpec(op.name, k, n, layers, k * n * layers * d)
+        if op.bias:
+            s.vectors[op.name[0] + "_bias"] = n
+            s.vector_layers[op.name[0] + "_bias"] = layers
+        strips.append(s)
+        by_name[op.name] = s
+
+    def add_vector(op: ly.Op, layers: int, site: str) -> None:
+        if op.weight_params and op.kind in ly.NORM_KINDS:
+            by_name[site].vectors[op.name] = op.weight_params
+            by_name[site].vector_layers[op.name] = layers
+
     if first and not model.tie_embeddings:
-        strips.append(StripSpec("embedding", model.vocab_size, model.hidden_size, 1, 0,
-                                model.embedding_params() * d))
+        emb = next(op for op in ly.input_ops(model) if op.kind == ly.EMBEDDING)
+        s = StripSpec("embedding", emb.matrix[0], emb.matrix[1], 1,
+                      model.embedding_params() * d)
+        strips.append(s)
+        by_name["embedding"] = s
     if n_layers:
-        for name, (k, n) in model.layer_matrices().items():
-            s = StripSpec(name, k, n, n_layers, STRIP_STEPS[name], k * n * n_layers * d)
-            if model.attention_bias and name in ("q_proj", "k_proj", "v_proj"):
-                s.vectors[name[0] + "_bias"] = n
-                s.vector_layers[name[0] + "_bias"] = n_layers
-            if name == "o_proj":
-                s.vectors["post_attn_norm"] = model.hidden_size
-                s.vector_layers["post_attn_norm"] = n_layers
-            if name == "down_proj":
-                # The stage's residual home: the input norm of each layer runs here.
-                s.vectors["input_norm"] = model.hidden_size
-                s.vector_layers["input_norm"] = n_layers
-            strips.append(s)
+        ops = ly.layer_ops(model)
+        for op in ops:
+            if op.kind == ly.GEMM:
+                add_strip(op, n_layers)
+        for op in ops:
+            if op.site in by_name:
+                add_vector(op, n_layers, op.site)
     if last:
-        head = StripSpec("lm_head", model.hidden_size, model.vocab_size, 1, 5,
-                         model.vocab_size * model.hidden_size * d)
-        home = strips[-1] if n_layers else head
-        home.vectors["final_norm"] = model.hidden_size
-        home.vector_layers["final_norm"] = 1
-        strips.append(head)
+        outputs = ly.output_ops(model)
+        for op in outputs:
+            if op.kind == ly.GEMM:
+                add_strip(op, 1)
+        home = ly.HOME if n_layers else "lm_head"
+        for op in outputs:
+            add_vector(op, 1, home if op.site == ly.HOME else op.site)
     return StageSpec((l0, l1), first, last, strips)
 
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler import placement as pl
-from compiler.bounds import LAYER_DEPENDENCIES, kernel_bound, stage_bound
+from compiler.bounds import kernel_bound, stage_bound
 from compiler.geometry import even_split
-from compiler.intensity import Workload
 from compiler.options import CompileOptions
 from compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
 from compiler.stages import (
@@ -28,6 +27,7 @@ from compiler.stages import (
     strip_extents,
 )
 from compiler.tiling import block_bytes, vector_bytes
+from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import FabricSpec
 from wse_emu.model import ModelSpec
@@ -347,7 +347,7 @@ class _Builder:
 def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
     b = _Builder(model, fabric, part_shapes, options)
     d = model.dtype_bytes
-    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    h = model.hidden_size
     flat = [lay for part in layouts for lay in part]
     homes: list[Rect] = []
     named: list[dict[str, Kernel]] = []
@@ -367,36 +367,42 @@ def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
         home = home_strip(spec).name
         home_edge = rects[home][1]
         homes.append(home_edge)
+
+        def edge_of(site: str) -> Rect:
+            return home_edge if site == ly.HOME else rects[site][1]
+
+        def vector_kernels(ops: list[ly.Op], layers: int) -> None:
+            for op in ops:
+                if op.kernel_kind not in ("norm", "elementwise"):
+                    continue
+                edge = edge_of(op.site)
+                if op.kind == ly.HEAD_RMSNORM:
+                    # One head's scale, owned once along the line; each PE keeps a copy of
+                    # the entries its segment of the heads uses, as a buffer.
+                    ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
+                                                    op.length, layers, False, [op.name])
+                    ks[op.kernel].weight_bytes = op.weight_params * layers * d
+                    b.add("weights", edge, b.line(edge, vector_bytes(
+                        op.weight_params, edge.area, layers, d)))
+                    b.add("activations", edge, b.line(edge, even_split(
+                        op.length, edge.area) * layers * d))
+                    continue
+                ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
+                                                op.length, layers, op.weight_params > 0,
+                                                [op.name])
+
         n = spec.num_layers
+        if spec.has_embedding:
+            vector_kernels(ly.input_ops(model), 1)
         if n:
-            ks["input_norm"] = b.vector_kernel(stage, "input_norm", "norm", home_edge, h, n, True,
-                                               ["input_norm"])
-            ks["rope_q"] = b.vector_kernel(stage, "rope_q", "elementwise", rects["q_proj"][1], q,
-                                           n, False, ["rope_q"])
-            ks["rope_k"] = b.vector_kernel(stage, "rope_k", "elementwise", rects["k_proj"][1], kv,
-                                           n, False, ["rope_k"])
-            att = b.kernel(stage, "attention", "attention", lay.rect,
-                           ops=["kv_append", "attn_scores", "attn_softmax", "attn_weighted_sum"],
-                           pattern={"decode": "attention_kv_spread",
-                                    "prefill": "attention_kv_spread"})
-            ks["attention"] = att
-            # Attention works one query head at a time on each PE: its query, its output
-            # accumulator, and the softmax running max and sum in FP32.
-            b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * 4)
-            b.route("reduce", "attention.reduce", lay.rect, src=att.id, dst=[att.id],
-                    stage=stage.id)
-            o_edge, up_edge = rects["o_proj"][1], rects["up_proj"][1]
-            ks["residual_attn"] = b.vector_kernel(stage, "residual_attn", "elementwise", o_edge,
-                                                  h, n, False, ["residual_attn"])
-            ks["post_attn_norm"] = b.vector_kernel(stage, "post_attn_norm", "norm", o_edge, h, n,
-                                                   True, ["post_attn_norm"])
-            ks["silu_mul"] = b.vector_kernel(stage, "silu_mul", "elementwise", up_edge, inter, n,
-                                             False, ["silu_mul"])
-            ks["residual_mlp"] = b.vector_kernel(stage, "residual_mlp", "elementwise", home_edge,
-                                                 h, n, False, ["residual_mlp"])
+            for op in ly.layer_ops(model):
+                if op.kernel_kind == "attention":
+                    if "attention" not in ks:
+                        ks["attention"] = _attention_kernel(b, stage, lay, model, d)
+                    continue
+                vector_kernels([op], n)
         if spec.has_head:
-            ks["final_norm"] = b.vector_kernel(stage, "final_norm", "norm", home_edge, h, 1, True,
-                                               ["final_norm"])
+            vector_kernels(ly.output_ops(model), 1)
         named.append(ks)
         # Transfers between this stage's kernels, as the placement model scored them; one
         # multicast route per source and datum.
@@ -450,6 +456,18 @@ def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
         weight_bytes=sum(k.weight_bytes for k in b.kernels), colors_used=colors, bounds={})
     template.bounds = _bounds(template, named, homes, model, fabric, options)
     return template
+
+
+def _attention_kernel(b: "_Builder", stage: Stage, lay: StageLayout, model: ModelSpec,
+                      d: int) -> Kernel:
+    ops = [op.name for op in ly.layer_ops(model) if op.kernel == "attention"]
+    att = b.kernel(stage, "attention", "attention", lay.rect, ops=ops,
+                   pattern={"decode": "attention_kv_spread", "prefill": "attention_kv_spread"})
+    # Attention works one query head at a time on each PE: its query, its output
+    # accumulator, and the softmax running max and sum in FP32.
+    b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
+    b.route("reduce", "attention.reduce", lay.rect, src=att.id, dst=[att.id], stage=stage.id)
+    return att
 
 
 def rects_edge(k: Kernel) -> Rect:
@@ -507,10 +525,10 @@ def _placement_report(flat, homes, model) -> dict:
     return report
 
 
-ONCE_PER_STEP = ("embedding", "final_norm", "lm_head")
 
 
-def _strip_loads(ks: dict[str, Kernel], layers: int, phase: str) -> list[dict[str, float]]:
+def _strip_loads(ks: dict[str, Kernel], layers: int, phase: str,
+                 once: set[str]) -> list[dict[str, float]]:
     """Per strip of PEs: the compute, SRAM and link cycles of every kernel that runs on it in
     one step (its own kernel, the kernels on its output edge, its share of attention)."""
     strips = [k for k in ks.values() if k.kind in ("matrix", "gather") and k.weight_ref is None]
@@ -521,7 +539,7 @@ def _strip_loads(ks: dict[str, Kernel], layers: int, phase: str) -> list[dict[st
             if not (k is strip or strip.rect.contains(k.rect) or k.kind == "attention"
                     or (k.weight_ref is not None and k.rect == strip.rect)):
                 continue
-            times = 1 if name in ONCE_PER_STEP else layers
+            times = 1 if name in once else layers
             for r in load:
                 load[r] += times * k.bounds[phase][r]
         loads.append(load)
@@ -530,27 +548,30 @@ def _strip_loads(ks: dict[str, Kernel], layers: int, phase: str) -> list[dict[st
 
 def _bounds(template, named, homes, model, fabric, options) -> dict:
     works = {
-        "prefill": Workload("prefill", tokens=options.bound_prefill_tokens),
-        "decode": Workload("decode", batch=options.bound_decode_batch,
-                           context=options.bound_decode_context),
+        "prefill": ly.MicroBatch("prefill", tokens=options.bound_prefill_tokens),
+        "decode": ly.MicroBatch("decode", batch=options.bound_decode_batch,
+                                context=options.bound_decode_context),
     }
     for kernel in template.kernels:
-        stage_rect = template.stages[kernel.stage].rect
-        kernel.bounds = {ph: kernel_bound(kernel, stage_rect, model, fabric, w)
+        stage = template.stages[kernel.stage]
+        kernel.bounds = {ph: kernel_bound(kernel, stage.rect, model, fabric, w,
+                                          range(*stage.layers))
                          for ph, w in works.items()}
+    dependencies = ly.kernel_dependencies(model)
+    once = {op.kernel for op in ly.input_ops(model) + ly.output_ops(model)}
     region = {}
     for phase in works:
         per_stage = []
         for i, (stage, ks) in enumerate(zip(template.stages, named)):
-            layer_kernels = {n: k.bounds[phase] for n, k in ks.items() if n in LAYER_DEPENDENCIES}
-            extras = [ks[n].bounds[phase] for n in ("embedding", "final_norm", "lm_head")
-                      if n in ks]
+            layer_kernels = {n: k.bounds[phase] for n, k in ks.items() if n in dependencies}
+            extras = [k.bounds[phase] for n, k in ks.items() if n in once]
             hops = {(src, dst): _gap(ks[src].rect, ks[dst].rect)
-                    for dst, deps in LAYER_DEPENDENCIES.items() if dst in ks
+                    for dst, deps in dependencies.items() if dst in ks
                     for src in deps if src in ks}
             entry = 0 if i == 0 else (_gap(homes[i - 1], homes[i])
                                       if homes[i - 1].system == homes[i].system else 0)
-            sb = stage_bound(layer_kernels, extras, _strip_loads(ks, stage.num_layers, phase),
+            sb = stage_bound(layer_kernels, dependencies, extras,
+                             _strip_loads(ks, stage.num_layers, phase, once),
                              hops, stage.num_layers, entry, fabric)
             stage.bounds[phase] = sb
             per_stage.append(sb["cycles"])

@@ -1,18 +1,48 @@
-"""A plain-numpy forward pass of the Llama family (Llama, Mistral, Qwen2), for tests.
+"""A plain-numpy forward pass of the supported decoder families, for tests.
 
 The yardstick the functional engine is checked against, so it is written to be read, not to be
-fast: each step is the formula of Hugging Face's ``modeling_llama`` (pre-norm RMSNorm decoder
-layers, rotary embeddings with the rotate_half convention, grouped-query attention with a causal
-mask, a SiLU-gated MLP, a final norm and an LM head, tied to the embedding or not). Weights are
-the Hugging Face-named arrays of ``wse_emu.weights``; linear weights are (out, in).
+fast: each step is the formula of Hugging Face's modeling code for the family. Weights are the
+Hugging Face-named arrays of a checkpoint; linear weights are (out, in).
+
+The Llama family (Llama, Mistral, Qwen2) is the base: pre-norm RMSNorm decoder layers, rotary
+embeddings with the rotate_half convention, grouped-query attention with a causal mask, a
+SiLU-gated MLP, a final norm and an LM head, tied to the embedding or not. The other families
+differ from it only where their ``ModelSpec`` fields say:
+
+- Qwen3: an RMSNorm over each head's query and key features (``q_norm``, ``k_norm``) between the
+  projections and the rotation (``qk_norm``).
+- Gemma-2: embeddings times sqrt(hidden_size) (``scale_embeddings``); norms scale by (1 + w)
+  (``norm_weight_offset``); the attention and MLP outputs are normalized again before their
+  residual adds (``sandwich_norms``: ``post_attention_layernorm`` is that output norm, and
+  ``pre_feedforward_layernorm`` takes the place Llama's ``post_attention_layernorm`` has); a
+  GeGLU MLP with tanh-approximated GELU (``hidden_act``); scores scaled by
+  ``query_pre_attn_scalar`` ** -1/2 and soft-capped, cap * tanh(s / cap), as are the final logits;
+  sliding-window and full layers alternating (``layer_types``).
+- Gemma-3 (text): Gemma-2 with Gemma-style q/k norms and a rope base per layer kind (sliding
+  layers: ``rope_local_theta``, unscaled), usually without soft-capping.
+- Phi-3: one fused ``qkv_proj`` (rows q, k, v) and one fused ``gate_up_proj`` (rows gate, up),
+  and "longrope" rotary scaling (below).
 
 A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a sequence and returns
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
 ``forward(ids)`` appends several (a chunk of a chunked prefill).
 
-Rope scaling of the ``linear`` and ``llama3`` types is applied as Hugging Face's
-``modeling_rope_utils`` computes it (Llama 3.1's long-context frequencies). Not modelled, because
-``ModelSpec`` does not describe it: Qwen2's ``max_window_layers``.
+Rope scaling of the ``linear``, ``llama3`` and ``longrope`` types is applied as Hugging Face's
+``modeling_rope_utils`` computes it. Longrope picks its frequencies per call, as Hugging Face's
+dynamic update does: the long ones when the call's largest position + 1 exceeds
+``rope_original_max_positions``. Keys are cached after rotation (as in Hugging Face's cache), so
+keys cached by an earlier, shorter call keep the short frequencies; recomputing the whole sequence
+in one call would rotate them with the long ones and give other logits.
+
+Sliding windows: position q sees key position k when q - window < k <= q, the test of Hugging
+Face's ``masking_utils`` for every family here (Mistral, Qwen2/3, Gemma-2/3 and Phi-3 alike).
+
+Every step computes in the model's dtype. Where Hugging Face upcasts (norms and the softmax in
+float32, angles in float32) the float64 reference differs from it by float32 rounding only.
+Not modelled, because ``ModelSpec`` does not describe it: a ``partial_rotary_factor`` below one
+(Phi-4-mini). Qwen2/3's ``max_window_layers`` reaches the reference through ``layer_types``.
+Hugging Face's Gemma-3 passes no cap to its attention, so a Gemma-3 spec has no
+``attn_logit_softcap`` (if one were set, the reference would apply it).
 """
 
 from __future__ import annotations
@@ -24,14 +54,28 @@ import numpy as np
 from wse_emu.model import ModelSpec
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """weight * x / rms(x), over the last axis."""
-    return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
+    """(offset + weight) * x / rms(x), over the last axis. Gemma stores its norm weights as
+    deviations from one (offset 1), the others store the scale itself (offset 0)."""
+    return (offset + weight) * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), with sigmoid(x) written as (1 + tanh(x / 2)) / 2 so it cannot overflow."""
     return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation (PyTorch's approximate="tanh", Gemma's activation)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def softcap(x: np.ndarray, cap: float | None) -> np.ndarray:
+    """cap * tanh(x / cap): about x for |x| << cap, never beyond +-cap. None: x unchanged."""
+    return x if cap is None else cap * np.tanh(x / cap)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -46,15 +90,28 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def rope_frequencies(spec: ModelSpec) -> np.ndarray:
+def rope_frequencies(spec: ModelSpec, layer: int | None = None,
+                     seq_len: int | None = None) -> np.ndarray:
     """Inverse frequencies, one per feature pair, step by step as Hugging Face's default,
-    linear and llama3 rope initializations compute them."""
+    linear, llama3 and longrope initializations compute them.
+
+    ``layer`` picks the layer's rope base and whether it is scaled (Gemma-3's sliding layers have
+    a local, unscaled base); None means the model-wide base and scaling. ``seq_len`` is what
+    longrope chooses its factors by (None: the short ones, as Hugging Face's initialization).
+    """
     dim = spec.head_dim
-    inv_freq = 1.0 / spec.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    if spec.rope_scaling == "linear":
+    theta = spec.rope_theta if layer is None else spec.rope_theta_of(layer)
+    scaling = spec.rope_scaling if layer is None or spec.rope_scaled(layer) else None
+    inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if scaling == "linear":
         return inv_freq / spec.rope_scaling_factor
-    if spec.rope_scaling != "llama3":
-        assert spec.rope_scaling is None, spec.rope_scaling
+    if scaling == "longrope":
+        # Strictly beyond the original context uses the long factors; up to it, the short ones.
+        long = seq_len is not None and seq_len > spec.rope_original_max_positions
+        factors = spec.rope_long_factor if long else spec.rope_short_factor
+        return inv_freq / np.asarray(factors, dtype=np.float64)
+    if scaling != "llama3":
+        assert scaling is None, scaling
         return inv_freq
     factor = spec.rope_scaling_factor
     old_context = spec.rope_original_max_positions
@@ -69,16 +126,32 @@ def rope_frequencies(spec: ModelSpec) -> np.ndarray:
     return np.where(medium, smoothed, scaled)
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotate x (tokens, heads, head_dim) by the absolute position of each token.
+def rope_attention_factor(spec: ModelSpec, layer: int | None = None) -> float:
+    """What cos and sin are multiplied by: 1 but for longrope, whose factor is given or, as
+    Hugging Face derives it from how far the context was stretched,
+    sqrt(1 + log(scale) / log(original)) with scale = max_position_embeddings / original."""
+    scaled = layer is None or spec.rope_scaled(layer)
+    if not scaled or spec.rope_scaling != "longrope":
+        return 1.0
+    if spec.rope_attention_factor is not None:
+        return spec.rope_attention_factor
+    original = spec.rope_original_max_positions
+    scale = spec.max_position_embeddings / original
+    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+
+
+def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
+               scale: float = 1.0) -> np.ndarray:
+    """Rotate x (tokens, heads, head_dim) by the absolute position of each token, with cos and
+    sin multiplied by ``scale`` (longrope's attention factor).
 
     Angles are computed in float64 and rounded to x's dtype once; Hugging Face computes them in
     float32, which differs from this by float32 rounding (growing with the position).
     """
     angles = np.outer(np.asarray(positions, dtype=np.float64), inv_freq)
     angles = np.concatenate([angles, angles], axis=-1)  # (tokens, head_dim), as HF's `emb`
-    cos = np.cos(angles).astype(x.dtype)[:, None, :]
-    sin = np.sin(angles).astype(x.dtype)[:, None, :]
+    cos = (np.cos(angles) * scale).astype(x.dtype)[:, None, :]
+    sin = (np.sin(angles) * scale).astype(x.dtype)[:, None, :]
     return x * cos + rotate_half(x) * sin
 
 
@@ -89,6 +162,7 @@ class ReferenceModel:
         self.w = {name: np.asarray(array, dtype=self.dtype) for name, array in weights.items()}
         head = "model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"
         self.lm_head = self.w[head]
+        self.activation = ACTIVATIONS[spec.hidden_act]
         self.reset()
 
     def reset(self) -> None:
@@ -117,44 +191,88 @@ class ReferenceModel:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         positions = np.arange(self.length, self.length + len(ids))
         x = self.w["model.embed_tokens.weight"][ids]
+        if spec.scale_embeddings:
+            # Hugging Face rounds the normalizer to the hidden states' dtype first (in bfloat16,
+            # sqrt(3072) becomes 55.5), so it is rounded to ours.
+            x = x * np.asarray(math.sqrt(spec.hidden_size), dtype=self.dtype)
         for layer in range(spec.num_layers):
             p = f"model.layers.{layer}."
-            x = x + self._attention(layer, rms_norm(x, self.w[p + "input_layernorm.weight"],
-                                                    spec.rms_norm_eps), positions)
-            x = x + self._mlp(layer, rms_norm(x, self.w[p + "post_attention_layernorm.weight"],
-                                              spec.rms_norm_eps))
-        x = rms_norm(x, self.w["model.norm.weight"], spec.rms_norm_eps)
-        return x @ self.lm_head.T
+            attended = self._attention(layer, self._norm(x, p + "input_layernorm"), positions)
+            if spec.sandwich_norms:
+                # Gemma's names: post_attention_layernorm normalizes the attention output, and
+                # pre_feedforward_layernorm is the MLP's input norm.
+                attended = self._norm(attended, p + "post_attention_layernorm")
+                x = x + attended
+                mlp = self._mlp(layer, self._norm(x, p + "pre_feedforward_layernorm"))
+                x = x + self._norm(mlp, p + "post_feedforward_layernorm")
+            else:
+                x = x + attended
+                x = x + self._mlp(layer, self._norm(x, p + "post_attention_layernorm"))
+        x = self._norm(x, "model.norm")
+        return softcap(x @ self.lm_head.T, spec.final_logit_softcap)
+
+    def _norm(self, x: np.ndarray, module: str) -> np.ndarray:
+        return rms_norm(x, self.w[module + ".weight"], self.spec.rms_norm_eps,
+                        self.spec.norm_weight_offset)
 
     def _linear(self, x: np.ndarray, module: str, bias: bool = False) -> np.ndarray:
         y = x @ self.w[module + ".weight"].T
         return y + self.w[module + ".bias"] if bias else y
 
+    def _qkv(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The query, key and value projections, flat: (tokens, q_size), (tokens, kv_size) x 2."""
+        spec = self.spec
+        p = f"model.layers.{layer}.self_attn."
+        if spec.family == "phi3":
+            # One fused matrix whose output rows are q, then k, then v (no biases in Phi-3).
+            qkv = self._linear(x, p + "qkv_proj")
+            q_end = spec.q_size
+            return qkv[:, :q_end], qkv[:, q_end:q_end + spec.kv_size], qkv[:, q_end + spec.kv_size:]
+        bias = spec.attention_bias
+        return (self._linear(x, p + "q_proj", bias), self._linear(x, p + "k_proj", bias),
+                self._linear(x, p + "v_proj", bias))
+
     def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         spec = self.spec
         p = f"model.layers.{layer}.self_attn."
-        n, bias = len(x), spec.attention_bias
-        q = self._linear(x, p + "q_proj", bias).reshape(n, spec.num_heads, spec.head_dim)
-        k = self._linear(x, p + "k_proj", bias).reshape(n, spec.num_kv_heads, spec.head_dim)
-        v = self._linear(x, p + "v_proj", bias).reshape(n, spec.num_kv_heads, spec.head_dim)
-        inv_freq = rope_frequencies(spec)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)  # cached after rotation, as in HF
+        n = len(x)
+        q, k, v = self._qkv(layer, x)
+        q = q.reshape(n, spec.num_heads, spec.head_dim)
+        k = k.reshape(n, spec.num_kv_heads, spec.head_dim)
+        v = v.reshape(n, spec.num_kv_heads, spec.head_dim)
+        if spec.qk_norm:
+            # Over each head's head_dim features, before the rotation; values are not normalized.
+            q = self._norm(q, p + "q_norm")
+            k = self._norm(k, p + "k_norm")
+        # Longrope decides short or long by the whole call: its largest position + 1.
+        inv_freq = rope_frequencies(spec, layer, seq_len=len(self.keys[layer]) + n)
+        scale = rope_attention_factor(spec, layer)
+        q = apply_rope(q, positions, inv_freq, scale)
+        k = apply_rope(k, positions, inv_freq, scale)  # cached after rotation, as in HF
         self.keys[layer] = keys = np.concatenate([self.keys[layer], k])
         self.values[layer] = values = np.concatenate([self.values[layer], v])
 
         key_positions = np.arange(len(keys))
         visible = key_positions[None, :] <= positions[:, None]  # causal
-        if spec.sliding_window is not None:
-            visible &= positions[:, None] - key_positions[None, :] < spec.sliding_window
+        window = spec.window(layer)
+        if window is not None:
+            visible &= positions[:, None] - key_positions[None, :] < window
         out = np.empty((n, spec.num_heads, spec.head_dim), dtype=self.dtype)
         for head in range(spec.num_heads):
             kv = head // spec.group_size  # HF's repeat_kv: consecutive query heads share a KV head
-            scores = q[:, head] @ keys[:, kv].T / math.sqrt(spec.head_dim)
+            scores = q[:, head] @ keys[:, kv].T * np.asarray(spec.attention_scale, self.dtype)
+            # Scale, then cap, then mask: the order of Hugging Face's eager attention.
+            scores = softcap(scores, spec.attn_logit_softcap)
             out[:, head] = softmax(np.where(visible, scores, -np.inf)) @ values[:, kv]
         return self._linear(out.reshape(n, spec.q_size), p + "o_proj")
 
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
+        spec = self.spec
         p = f"model.layers.{layer}.mlp."
-        gated = silu(self._linear(x, p + "gate_proj")) * self._linear(x, p + "up_proj")
-        return self._linear(gated, p + "down_proj")
+        if spec.family == "phi3":
+            # One fused matrix whose output rows are the gate's, then the up projection's.
+            gate_up = self._linear(x, p + "gate_up_proj")
+            gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
+        else:
+            gate, up = self._linear(x, p + "gate_proj"), self._linear(x, p + "up_proj")
+        return self._linear(self.activation(gate) * up, p + "down_proj")

@@ -18,7 +18,7 @@ from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.trees import tree_plan, tree_reduce
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import line_reduce
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
 
@@ -238,6 +238,6 @@ def test_tree_reduce_rounds_what_travels():
 
 @pytest.mark.parametrize("tokens,tile", [(20, 8), (3, 64), (128, 64), (129, 64)])
 def test_prompt_tiles_split_like_the_timed_prefill(tokens, tile):
-    timed = Step("prefill", tokens=tokens, chunks=-(-tokens // tile)).tiles()
+    timed = MicroBatch("prefill", tokens=tokens, chunks=-(-tokens // tile)).tiles()
     assert prompt_tiles(tokens, tile) == [(t.prefix, t.prefix + t.tokens) for t in timed]
     assert all(b - a <= tile for a, b in prompt_tiles(tokens, tile))

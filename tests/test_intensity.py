@@ -3,9 +3,10 @@
 import networkx as nx
 import pytest
 
-from compiler.intensity import Workload, analyze, op_cost
+from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph, graph_weight_params
 from wse_emu.fabric import load_fabric
+from wse_emu.layer import MicroBatch, op_cost, ops_by_name
 from wse_emu.model import load_model
 
 WSE3 = load_fabric("wse3")
@@ -33,7 +34,7 @@ def test_tied_embedding_is_read_by_the_lookup_and_owned_by_the_head():
 
 
 def test_fp16_elementwise_add_is_one_sixth():
-    rows, _ = rows_by_node("llama-3.1-8b", Workload("decode", batch=1, context=4096))
+    rows, _ = rows_by_node("llama-3.1-8b", MicroBatch("decode", batch=1, context=4096))
     add = rows["L0.residual_attn"]
     assert add.cost.flops == 4096
     assert add.cost.bytes == 6 * 4096
@@ -42,7 +43,7 @@ def test_fp16_elementwise_add_is_one_sixth():
 
 
 def test_decode_gemv_is_about_one_flop_per_byte_and_memory_bound():
-    rows, _ = rows_by_node("llama-3.1-8b", Workload("decode", batch=1, context=4096))
+    rows, _ = rows_by_node("llama-3.1-8b", MicroBatch("decode", batch=1, context=4096))
     q = rows["L0.q_proj"]
     assert q.cost.flops == 2 * 4096 * 4096
     assert q.cost.weight_bytes == 2 * 4096 * 4096
@@ -53,13 +54,13 @@ def test_decode_gemv_is_about_one_flop_per_byte_and_memory_bound():
 
 
 def test_batched_decode_gemv_crosses_the_ridge():
-    rows, _ = rows_by_node("llama-3.1-8b", Workload("decode", batch=8, context=4096))
+    rows, _ = rows_by_node("llama-3.1-8b", MicroBatch("decode", batch=8, context=4096))
     assert rows["L0.q_proj"].cost.intensity == pytest.approx(8.0, rel=0.01)
     assert rows["L0.q_proj"].bound == "compute"
 
 
 def test_prefill_gemms_are_far_above_the_ridge():
-    rows, result = rows_by_node("llama-3.1-8b", Workload("prefill", tokens=4096))
+    rows, result = rows_by_node("llama-3.1-8b", MicroBatch("prefill", tokens=4096))
     ridge = result["ridge_flop_per_byte"]
     assert ridge == pytest.approx(1.0)  # 16 FLOP per cycle over 16 bytes read per cycle
     for op in ("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"):
@@ -71,8 +72,8 @@ def test_prefill_gemms_are_far_above_the_ridge():
 
 def test_grouped_query_attention_reuses_kv():
     model = load_model("llama-3.1-8b")
-    work = Workload("decode", batch=1, context=1000)
-    c = op_cost({"kind": "attn_scores", "op": "attn_scores"}, model, work)
+    work = MicroBatch("decode", batch=1, context=1000)
+    c = op_cost(ops_by_name(model)["attn_scores"], model, work)
     assert c.flops == 2 * 128 * 32 * 1000
     assert c.kv_read_bytes == 1000 * 8 * 128 * 2
     # Four query heads share each KV head: about 4 FLOP per KV byte.
@@ -81,21 +82,21 @@ def test_grouped_query_attention_reuses_kv():
 
 def test_causal_prefill_attention_counts_the_triangle():
     model = load_model("tiny")
-    c = op_cost({"kind": "attn_scores", "op": "attn_scores"}, model, Workload("prefill", tokens=10))
+    c = op_cost(ops_by_name(model)["attn_scores"], model, MicroBatch("prefill", tokens=10))
     assert c.flops == 2 * model.head_dim * model.num_heads * 55
 
 
 def test_sliding_window_caps_decode_context():
     model = load_model("tiny")
     windowed = type(model)(**{**model.to_dict(), "sliding_window": 64})
-    full = op_cost({"kind": "attn_scores", "op": "attn_scores"}, model,
-                   Workload("decode", batch=2, context=500))
-    capped = op_cost({"kind": "attn_scores", "op": "attn_scores"}, windowed,
-                     Workload("decode", batch=2, context=500))
+    full = op_cost(ops_by_name(model)["attn_scores"], model,
+                   MicroBatch("decode", batch=2, context=500))
+    capped = op_cost(ops_by_name(windowed)["attn_scores"], windowed,
+                     MicroBatch("decode", batch=2, context=500))
     assert capped.flops * 500 == full.flops * 64
 
 
 def test_qwen_biases_are_counted():
-    rows, _ = rows_by_node("qwen2.5-7b", Workload("decode", batch=1, context=16))
+    rows, _ = rows_by_node("qwen2.5-7b", MicroBatch("decode", batch=1, context=16))
     q = rows["L0.q_proj"].cost
     assert q.weight_bytes == (3584 * 3584 + 3584) * 2

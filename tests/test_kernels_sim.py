@@ -4,21 +4,21 @@ import numpy as np
 import pytest
 
 from compiler.bounds import kernel_bound
-from compiler.intensity import Workload
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.engines import cycle, fast
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.kernels.stage import Step, kernel_graph, stage_graph
+from wse_emu.kernels.stage import kernel_graph, stage_graph
+from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 
 SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   vocab_size=2048).validate("test")
-STEPS = {"decode": (Step("decode", batch=2, context=256), Workload("decode", batch=2,
+STEPS = {"decode": (MicroBatch("decode", batch=2, context=256), MicroBatch("decode", batch=2,
                                                                   context=256)),
-         "prefill": (Step("prefill", tokens=64), Workload("prefill", tokens=64))}
+         "prefill": (MicroBatch("prefill", tokens=64), MicroBatch("prefill", tokens=64))}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_reusing_equal_stages_changes_nothing():
     deep = ModelSpec(**{**SMALL.to_dict(), "num_layers": 8}).validate("test")
     p = compile_model(deep, ClusterSpec(load_fabric("mesh128"), 1),
                       CompileOptions(region=(128, 128)))
-    step = Step("decode", batch=1, context=128)
+    step = MicroBatch("decode", batch=1, context=128)
     reused = run_region(p, "mixed0", step, reuse=True)
     full = run_region(p, "mixed0", step, reuse=False)
     assert reused.simulated < full.simulated == len(full.stages)
@@ -100,8 +100,8 @@ def test_deterministic(small_on_64):
 
 def test_prefill_tiles_stream_through_a_stage(small_on_64):
     p = small_on_64
-    one = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=1))
-    four = run_region(p, "mixed0", Step("prefill", tokens=256, chunks=4))
+    one = run_region(p, "mixed0", MicroBatch("prefill", tokens=256, chunks=1))
+    four = run_region(p, "mixed0", MicroBatch("prefill", tokens=256, chunks=4))
     # Tiles overlap kernels, so the prompt gets through faster than as one block...
     assert four.step_cycles < one.step_cycles
     for sr in four.stages:
@@ -114,7 +114,7 @@ def test_prefill_tiles_stream_through_a_stage(small_on_64):
 
 def test_streamed_prefill_engines_agree(small_on_64):
     p = small_on_64
-    step = Step("prefill", tokens=256, chunks=4)
+    step = MicroBatch("prefill", tokens=256, chunks=4)
     for stage in p.stages:
         g, _, _ = stage_graph(p, stage, step)
         assert makespan_fast(g) == pytest.approx(makespan_cycle(g), rel=0.12)

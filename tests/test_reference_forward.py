@@ -7,7 +7,16 @@ import math
 
 import numpy as np
 import pytest
-from reference_forward import ReferenceModel, apply_rope, rotate_half
+from reference_forward import (
+    ReferenceModel,
+    apply_rope,
+    gelu_tanh,
+    rms_norm,
+    rope_attention_factor,
+    rope_frequencies,
+    rotate_half,
+    softcap,
+)
 
 from wse_emu.model import ModelSpec
 from wse_emu.weights import random_weights
@@ -19,12 +28,75 @@ MQA = dataclasses.replace(GQA, name="mqa", num_kv_heads=1)
 QWEN2 = dataclasses.replace(GQA, name="qwen2", family="qwen2", attention_bias=True,
                             tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
 MISTRAL = dataclasses.replace(GQA, name="mistral", family="mistral", sliding_window=4)
-SPECS = [GQA, MHA, MQA, QWEN2, MISTRAL]
+QWEN3 = dataclasses.replace(GQA, name="qwen3", family="qwen3", qk_norm=True, head_dim=8,
+                            rms_norm_eps=1e-6).validate("test")
+_GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
+              hidden_act="gelu_tanh", tie_embeddings=True, sliding_window=3,
+              layer_types=("sliding_attention", "full_attention"))
+GEMMA2 = dataclasses.replace(GQA, name="gemma2", family="gemma2", attn_logit_softcap=5.0,
+                             final_logit_softcap=8.0, query_pre_attn_scalar=8.0,
+                             **_GEMMA).validate("test")
+GEMMA3 = dataclasses.replace(GQA, name="gemma3", family="gemma3", qk_norm=True,
+                             query_pre_attn_scalar=6.0, rope_theta=1e6, rope_local_theta=1e4,
+                             rope_scaling="linear", rope_scaling_factor=4.0,
+                             **_GEMMA).validate("test")
+# Longrope within its original context here (see the longrope tests for beyond it).
+PHI3 = dataclasses.replace(GQA, name="phi3", family="phi3", rope_scaling="longrope",
+                           rope_original_max_positions=16, max_position_embeddings=64,
+                           rope_short_factor=(1.0, 1.5, 3.0),
+                           rope_long_factor=(2.0, 5.0, 9.0)).validate("test")
+SPECS = [GQA, MHA, MQA, QWEN2, MISTRAL, QWEN3, GEMMA2, GEMMA3, PHI3]
 TOKENS = [3, 17, 0, 31, 9, 9, 22, 5, 14, 1]
 
 
+def family_weights(spec, seed=0):
+    """Seeded Hugging Face-named weights for any family, sized as ``random_weights`` sizes them
+    (O(1) activations; norm scales near one, Gemma's stored as deviations from one).
+    The Llama family keeps ``random_weights`` itself."""
+    if spec.family in ("llama", "mistral", "qwen2"):
+        return random_weights(spec, seed, dtype=np.float64)
+    h, i, layers = spec.hidden_size, spec.intermediate_size, spec.num_layers
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, h), "model.norm.weight": (h,)}
+    if not spec.tie_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if spec.sandwich_norms:
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        shapes.update({p + name + ".weight": (h,) for name in norms})
+        if spec.family == "phi3":
+            shapes[p + "self_attn.qkv_proj.weight"] = (spec.q_size + 2 * spec.kv_size, h)
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
+        else:
+            for proj, rows in (("q_proj", spec.q_size), ("k_proj", spec.kv_size),
+                               ("v_proj", spec.kv_size)):
+                shapes[p + f"self_attn.{proj}.weight"] = (rows, h)
+                if spec.attention_bias:
+                    shapes[p + f"self_attn.{proj}.bias"] = (rows,)
+            shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (i, h)
+        if spec.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (spec.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (spec.head_dim,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, spec.q_size)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in sorted(shapes.items()):
+        noise = rng.standard_normal(shape)
+        if name.endswith("norm.weight"):
+            weights[name] = (1.0 - spec.norm_weight_offset) + 0.1 * noise
+        elif name.endswith(".bias"):
+            weights[name] = 0.1 * noise
+        else:
+            weights[name] = noise / math.sqrt(shape[1])
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                weights[name] /= math.sqrt(2 * layers)
+    return weights
+
+
 def model(spec, dtype=np.float64, seed=0):
-    return ReferenceModel(spec, random_weights(spec, seed), dtype)
+    return ReferenceModel(spec, family_weights(spec, seed), dtype)
 
 
 # --- a hand-checkable model -----------------------------------------------------------------
@@ -221,3 +293,192 @@ def test_tied_head_is_the_embedding():
     untied = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
     np.testing.assert_array_equal(ReferenceModel(tied, weights).prefill(TOKENS),
                                   ReferenceModel(GQA, untied).prefill(TOKENS))
+
+
+# --- the pieces of the newer families ---------------------------------------------------------
+
+def test_gemma_norm_scales_by_one_plus_its_weight():
+    x = np.array([[3.0, -1.0, 2.0, 0.5]])
+    w = np.array([0.0, 0.5, -0.25, 2.0])
+    plain = x / np.sqrt(np.mean(x * x))
+    np.testing.assert_allclose(rms_norm(x, w, 0.0, offset=1.0), (1 + w) * plain, rtol=1e-15)
+    np.testing.assert_allclose(rms_norm(x, np.zeros(4), 0.0, offset=1.0), plain, rtol=1e-15)
+    np.testing.assert_allclose(rms_norm(x, w, 0.0), w * plain, rtol=1e-15)
+
+
+def test_softcap_bounds_large_values_and_keeps_small_ones():
+    x = np.array([-1e6, -30.0, -0.01, 0.0, 0.01, 30.0, 1e6])
+    capped = softcap(x, 5.0)
+    assert np.all(np.abs(capped) <= 5.0) and np.all(np.diff(capped) > 0)
+    assert capped[-1] == pytest.approx(5.0) and capped[0] == pytest.approx(-5.0)
+    np.testing.assert_allclose(capped[2:5], x[2:5], rtol=1e-5)  # about x for |x| << cap
+    assert softcap(x, None) is x
+
+
+def test_final_logits_never_pass_the_cap():
+    spec = dataclasses.replace(GEMMA2, final_logit_softcap=0.5)
+    uncapped = model(dataclasses.replace(spec, final_logit_softcap=None)).prefill(TOKENS)
+    assert np.abs(uncapped).max() > 1.0  # so the cap below really cuts
+    logits = model(spec).prefill(TOKENS)
+    assert np.abs(logits).max() < 0.5
+    np.testing.assert_allclose(logits, 0.5 * np.tanh(uncapped / 0.5), rtol=1e-12)
+
+
+def test_attention_softcap_is_applied_to_the_scaled_scores():
+    # With a huge cap the scores are untouched; a small one changes the attention weights.
+    spec = dataclasses.replace(GEMMA2, final_logit_softcap=None)
+    free = model(dataclasses.replace(spec, attn_logit_softcap=None)).prefill(TOKENS)
+    np.testing.assert_allclose(model(dataclasses.replace(spec, attn_logit_softcap=1e9))
+                               .prefill(TOKENS), free, rtol=1e-9)
+    assert not np.allclose(model(dataclasses.replace(spec, attn_logit_softcap=0.1))
+                           .prefill(TOKENS), free, rtol=1e-3)
+
+
+def test_query_pre_attn_scalar_replaces_head_dim_in_the_score_scale():
+    spec = dataclasses.replace(GEMMA2, query_pre_attn_scalar=None)
+    weights = family_weights(spec)
+    same = dataclasses.replace(spec, query_pre_attn_scalar=float(spec.head_dim))
+    np.testing.assert_array_equal(ReferenceModel(same, weights).prefill(TOKENS),
+                                  ReferenceModel(spec, weights).prefill(TOKENS))
+    other = dataclasses.replace(spec, query_pre_attn_scalar=4.0 * spec.head_dim)
+    assert not np.allclose(ReferenceModel(other, weights).prefill(TOKENS),
+                           ReferenceModel(spec, weights).prefill(TOKENS), rtol=1e-3)
+
+
+def test_gelu_tanh_is_close_to_the_exact_gelu():
+    x = np.linspace(-6, 6, 121)
+    exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    np.testing.assert_allclose(gelu_tanh(x), exact, atol=1e-3)
+    assert gelu_tanh(np.array([0.0]))[0] == 0.0
+    # ... but it is the tanh form: at 1, 0.5 * (1 + tanh(sqrt(2 / pi) * 1.044715)).
+    assert gelu_tanh(np.array([1.0]))[0] == pytest.approx(
+        0.5 * (1 + math.tanh(math.sqrt(2 / math.pi) * 1.044715)), rel=1e-14)
+
+
+def test_gemma_embeddings_are_scaled_by_the_root_of_the_hidden_size():
+    spec = dataclasses.replace(GEMMA2, tie_embeddings=False)  # the head must stay put
+    weights = family_weights(spec)
+    weights["lm_head.weight"] = family_weights(spec, seed=5)["model.embed_tokens.weight"]
+    unscaled = dataclasses.replace(spec, scale_embeddings=False)
+    stretched = {**weights, "model.embed_tokens.weight":
+                 weights["model.embed_tokens.weight"] * math.sqrt(spec.hidden_size)}
+    np.testing.assert_allclose(ReferenceModel(spec, weights).prefill(TOKENS),
+                               ReferenceModel(unscaled, stretched).prefill(TOKENS), rtol=1e-10)
+
+
+@pytest.mark.parametrize("spec, act", [(GQA, lambda v: v / (1 + np.exp(-v))),
+                                       (GEMMA2, gelu_tanh)], ids=["silu", "gelu_tanh"])
+def test_mlp_gates_with_the_specs_activation(spec, act):
+    weights = family_weights(spec)
+    x = np.random.default_rng(7).standard_normal((3, spec.hidden_size))
+    p = "model.layers.1.mlp."
+    gate, up = x @ weights[p + "gate_proj.weight"].T, x @ weights[p + "up_proj.weight"].T
+    np.testing.assert_allclose(ReferenceModel(spec, weights)._mlp(1, x),
+                               (act(gate) * up) @ weights[p + "down_proj.weight"].T, rtol=1e-12)
+
+
+@pytest.mark.parametrize("module", ["self_attn.o_proj", "mlp.down_proj"])
+def test_sandwich_norms_normalize_each_branch_output_before_the_residual_add(module):
+    # The norm after the branch undoes any scale of the branch's last projection; without
+    # sandwich norms (Llama's layout) the same scale changes the logits.
+    for spec, invariant in ((GEMMA2, True), (GQA, False)):
+        weights = family_weights(spec)
+        spec = dataclasses.replace(spec, rms_norm_eps=1e-300)  # only the norm's scale matters
+        scaled = dict(weights)
+        for layer in range(spec.num_layers):
+            scaled[f"model.layers.{layer}.{module}.weight"] = 7.0 * weights[
+                f"model.layers.{layer}.{module}.weight"]
+        a = ReferenceModel(spec, weights).prefill(TOKENS)
+        b = ReferenceModel(spec, scaled).prefill(TOKENS)
+        assert np.allclose(a, b, rtol=1e-6, atol=1e-8) == invariant, spec.name
+
+
+@pytest.mark.parametrize("spec", [QWEN3, GEMMA3], ids=lambda s: s.name)
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(spec):
+    spec = dataclasses.replace(spec, rms_norm_eps=1e-300)  # so only the norm's scale matters
+    weights = family_weights(spec)
+    scaled = dict(weights)
+    for layer in range(spec.num_layers):
+        for proj, factor in (("q_proj", 5.0), ("k_proj", 3.0)):
+            name = f"model.layers.{layer}.self_attn.{proj}.weight"
+            scaled[name] = factor * weights[name]
+    np.testing.assert_allclose(ReferenceModel(spec, scaled).prefill(TOKENS),
+                               ReferenceModel(spec, weights).prefill(TOKENS), rtol=1e-10)
+    plain = dataclasses.replace(spec, qk_norm=False)
+    assert not np.allclose(ReferenceModel(plain, scaled).prefill(TOKENS),
+                           ReferenceModel(plain, weights).prefill(TOKENS), rtol=1e-3)
+
+
+def test_fused_phi3_tensors_split_rows_q_k_v_and_gate_up():
+    # A Phi-3 model is a Llama model whose projections are stacked by rows: same logits.
+    llama = dataclasses.replace(GQA, rope_scaling=None)
+    phi3 = dataclasses.replace(llama, family="phi3")
+    weights = random_weights(llama, seed=4, dtype=np.float64)
+    fused = dict(weights)
+    for layer in range(llama.num_layers):
+        attn, mlp = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
+        fused[attn + "qkv_proj.weight"] = np.concatenate(
+            [fused.pop(attn + f"{p}.weight") for p in ("q_proj", "k_proj", "v_proj")])
+        fused[mlp + "gate_up_proj.weight"] = np.concatenate(
+            [fused.pop(mlp + f"{p}.weight") for p in ("gate_proj", "up_proj")])
+    np.testing.assert_array_equal(ReferenceModel(phi3, fused).prefill(TOKENS),
+                                  ReferenceModel(llama, weights).prefill(TOKENS))
+
+
+def test_longrope_switches_from_short_to_long_factors_past_the_original_context():
+    plain = rope_frequencies(dataclasses.replace(PHI3, rope_scaling=None))
+    original = PHI3.rope_original_max_positions
+    for seq_len, factors in ((None, PHI3.rope_short_factor), (1, PHI3.rope_short_factor),
+                             (original, PHI3.rope_short_factor),
+                             (original + 1, PHI3.rope_long_factor)):
+        np.testing.assert_allclose(rope_frequencies(PHI3, seq_len=seq_len),
+                                   plain / np.array(factors), rtol=1e-15)
+
+
+def test_longrope_attention_factor_is_derived_from_the_stretch_unless_given():
+    # max 64 over original 16: sqrt(1 + ln 4 / ln 16) = sqrt(1.5).
+    assert rope_attention_factor(PHI3) == pytest.approx(math.sqrt(1.5), rel=1e-15)
+    assert rope_attention_factor(dataclasses.replace(PHI3, rope_attention_factor=1.25)) == 1.25
+    assert rope_attention_factor(dataclasses.replace(PHI3, max_position_embeddings=16)) == 1.0
+    assert rope_attention_factor(GQA) == 1.0
+    x = np.random.default_rng(6).standard_normal((2, 1, 6))
+    turned = apply_rope(x, np.array([0, 3]), rope_frequencies(PHI3), scale=math.sqrt(1.5))
+    np.testing.assert_allclose(np.linalg.norm(turned, axis=-1),
+                               math.sqrt(1.5) * np.linalg.norm(x, axis=-1), rtol=1e-12)
+
+
+def test_longrope_model_uses_long_factors_once_a_call_passes_the_original_context():
+    spec = dataclasses.replace(PHI3, rope_original_max_positions=6)
+    reference = model(spec)
+    full = reference.prefill(TOKENS)  # one call of 10 > 6: long factors throughout
+    np.testing.assert_allclose(full, model(dataclasses.replace(
+        spec, rope_short_factor=spec.rope_long_factor)).prefill(TOKENS), rtol=1e-12)
+    steps = [*reference.prefill(TOKENS[:4])] + [reference.decode(t) for t in TOKENS[4:]]
+    short = model(dataclasses.replace(spec, rope_long_factor=spec.rope_short_factor))
+    # Up to the original context the short factors; the call reaching position 6 switches to
+    # the long ones for its new token while the cached keys keep theirs, as Hugging Face's cache.
+    np.testing.assert_allclose(steps[:6], short.prefill(TOKENS)[:6], rtol=1e-12)
+    assert not np.allclose(steps[6], short.prefill(TOKENS)[6], rtol=1e-3)
+    assert not np.allclose(steps[6:], full[6:], rtol=1e-3)
+
+
+def test_gemma3_sliding_layers_use_the_local_unscaled_rope_base():
+    sliding, full = 0, 1
+    assert GEMMA3.window(sliding) == 3 and GEMMA3.window(full) is None
+    dim = GEMMA3.head_dim
+    base = np.arange(0, dim, 2) / dim
+    np.testing.assert_allclose(rope_frequencies(GEMMA3, sliding), 1e4 ** -base, rtol=1e-15)
+    np.testing.assert_allclose(rope_frequencies(GEMMA3, full), 1e6 ** -base / 4.0, rtol=1e-15)
+    np.testing.assert_allclose(rope_frequencies(GEMMA3), 1e6 ** -base / 4.0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("kind, sees_first_token", [("sliding_attention", False),
+                                                   ("full_attention", True)])
+def test_layer_types_pick_sliding_or_full_attention_per_layer(kind, sees_first_token):
+    # One layer; position 4 sees tokens 2..4 through a window of 3, or all of them.
+    spec = dataclasses.replace(GEMMA3, num_layers=1, layer_types=(kind,))
+    reference = model(spec)
+    before = reference.prefill(TOKENS)
+    after = reference.prefill([TOKENS[0] + 1] + TOKENS[1:])
+    assert not np.allclose(after[2], before[2])
+    assert np.allclose(after[4], before[4], rtol=1e-12, atol=1e-12) != sees_first_token

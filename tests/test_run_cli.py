@@ -11,7 +11,7 @@ from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.cli.main import main
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 from wse_emu.runner import kv_handoff, run_region
 
@@ -100,7 +100,7 @@ def test_missing_program_directory(tmp_path):
 
 def test_tied_embedding_lookup_is_timed_before_the_first_stage():
     p = compile_model(load_model("qwen2.5-0.5b"), ClusterSpec(load_fabric("wse3"), 1))
-    run = run_region(p, "mixed0", Step("decode", batch=1, context=256))
+    run = run_region(p, "mixed0", MicroBatch("decode", batch=1, context=256))
     assert run.extra["embedding_cycles"] > 0
     assert run.transfers[0] == run.extra["embedding_cycles"] \
         + run.extra["embedding_transfer_cycles"] > 0

@@ -6,7 +6,7 @@ import pytest
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 from wse_emu.runtime.tables import build_table
@@ -34,15 +34,15 @@ def test_interpolation_within_five_percent_of_direct_simulation(program, phase, 
     table = build_table(program, "mixed0", phase, axes=axes, cache_dir=tmp_path)
     # On the grid the table is the simulation itself.
     a, b = axes[0][1], axes[1][2]
-    step = (Step("decode", batch=a, context=b) if phase == "decode"
-            else Step("prefill", tokens=a, prefix=b))
+    step = (MicroBatch("decode", batch=a, context=b) if phase == "decode"
+            else MicroBatch("prefill", tokens=a, prefix=b))
     assert np.allclose(table.stage_cycles(a, b), direct(program, step))
     rng = np.random.default_rng(7)
     for _ in range(8):
         a = int(rng.integers(axes[0][0], axes[0][-1] + 1))
         b = int(rng.integers(axes[1][0], axes[1][-1] + 1))
-        step = (Step("decode", batch=a, context=b) if phase == "decode"
-                else Step("prefill", tokens=a, prefix=b))
+        step = (MicroBatch("decode", batch=a, context=b) if phase == "decode"
+                else MicroBatch("prefill", tokens=a, prefix=b))
         assert table.stage_cycles(a, b) == pytest.approx(direct(program, step), rel=0.05)
 
 

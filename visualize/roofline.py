@@ -9,14 +9,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from compiler.intensity import Workload, analyze
+from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph
 from visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.fabric import FabricSpec
+from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 
-PHASES = (("prefill", Workload("prefill", tokens=4096), "o", OKABE_ITO[5]),
-          ("decode", Workload("decode", batch=1, context=4096), "s", OKABE_ITO[4]))
+PHASES = (("prefill", MicroBatch("prefill", tokens=4096), "o", OKABE_ITO[5]),
+          ("decode", MicroBatch("decode", batch=1, context=4096), "s", OKABE_ITO[4]))
 
 
 def op_points(model: ModelSpec, fabric: FabricSpec) -> dict[str, list[tuple[str, float]]]:

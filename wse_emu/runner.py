@@ -1,7 +1,7 @@
 """Run one prefill or decode step of a compiled program on one region, stage by stage.
 
-Stages of the same shape (same kernel geometry and layer count) take the same time for the
-same micro-batch, so each distinct shape is simulated once and its result reused
+Stages of the same shape (same kernel geometry, layer count and attention windows) take the
+same time for the same micro-batch, so each distinct shape is simulated once and its result reused
 (``reuse=False`` simulates every stage, which tests compare against). Between stages the
 activation moves over the fabric (or the off-wafer link) on parallel lanes.
 
@@ -22,7 +22,8 @@ import numpy as np
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
 from wse_emu.kernels.primitives import wavelets
-from wse_emu.kernels.stage import Step, kernel_graph, stage_graph
+from wse_emu.kernels.stage import kernel_graph, stage_graph
+from wse_emu.layer import MicroBatch
 from wse_emu.program import Stage, WaferProgram
 from wse_emu.splits import even_split
 
@@ -48,7 +49,7 @@ class StageRun:
 class RegionRun:
     region: str
     engine: str
-    step: Step
+    step: MicroBatch
     stages: list[StageRun]
     transfers: list[int]  # cycles to move the activation into stage i (0 for the first)
     step_cycles: float
@@ -90,8 +91,11 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
     kernels = tuple((k.name, k.kind, k.rect.x - r.x, k.rect.y - r.y, k.rect.w, k.rect.h,
                      tuple(k.grid or ()), k.root, tuple(k.matrix or ()), k.weight_ref is None)
                     for k in program.stage_kernels(stage))
+    # Layers of one shape can still differ in their attention (Gemma alternates sliding and
+    # full layers), which changes their time.
+    windows = tuple(program.model.window(i) for i in range(*stage.layers))
     return (r.w, r.h, stage.strip_axis, stage.num_layers, stage.has_embedding, stage.has_head,
-            kernels)
+            kernels, windows)
 
 
 def execute(graph, fabric, engine: str):
@@ -114,7 +118,7 @@ def makespan_of(end, done) -> int:
     return int(max(end.max(initial=0), done.max(initial=0)))
 
 
-def simulate_stage(program: WaferProgram, stage: Stage, step: Step, engine: str) -> StageRun:
+def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> StageRun:
     fabric = program.fabric
     graph, finals, names = stage_graph(program, stage, step)
     start, end, done, links = execute(graph, fabric, engine)
@@ -156,7 +160,7 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
     return hops * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles + seg - 1
 
 
-def run_region(program: WaferProgram, region_name: str, step: Step, engine: str = "fast",
+def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine: str = "fast",
                reuse: bool = True, progress=None) -> RegionRun:
     if engine not in ("fast", "cycle"):
         raise UserError(f"--engine must be fast or cycle, got {engine!r}")

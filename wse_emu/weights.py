@@ -21,23 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.errors import UserError
 from wse_emu.model import ModelSpec, load_model
 
 Shape = tuple[int, ...]
 
-# ModelSpec.layer_matrices() key -> Hugging Face module path inside a decoder layer.
-_LAYER_MODULES = {
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
 # Projections that write into the residual stream; their random init is scaled down by depth.
 _RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+# Phi-3 stores q, k and v as one matrix, and gate and up as another (rows in that order).
+_FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj",
+                                          "self_attn.v_proj"),
+                   "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}}
 
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                     "qwen2": "Qwen2ForCausalLM"}
@@ -45,23 +40,64 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
+def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
+    """One layer's tensors by module path (as the layer description names them, unfused):
+    the input norm, the matrices with their biases, then the other norms."""
+    ops = ly.layer_ops(spec)
+    first = [op for op in ops if op.name == "input_norm"]
+    matrices = [op for op in ops if op.kind == ly.GEMM]
+    norms = [op for op in ops if op.kind in ly.NORM_KINDS and op.name != "input_norm"]
+    shapes: dict[str, Shape] = {}
+    for op in first + matrices + norms:
+        if op.kind == ly.GEMM:
+            k, n = op.matrix
+            shapes[op.tensor + ".weight"] = (n, k)  # nn.Linear stores (out_features, in)
+            if op.bias:
+                shapes[op.tensor + ".bias"] = (n,)
+        else:
+            shapes[op.tensor + ".weight"] = (op.weight_params,)
+    return shapes
+
+
+def _fuse(spec: ModelSpec, shapes: dict[str, Shape]) -> dict[str, Shape]:
+    """The layer's tensors as the family's checkpoints store them."""
+    out = dict(shapes)
+    for fused, parts in _FUSED.get(spec.family, {}).items():
+        rows = [shapes[p + ".weight"] for p in parts]
+        at = list(out).index(parts[0] + ".weight")
+        items = [(k, v) for k, v in out.items() if k not in {p + ".weight" for p in parts}]
+        items.insert(at, (fused + ".weight", (sum(r[0] for r in rows), rows[0][1])))
+        out = dict(items)
+    return out
+
+
 def expected_shapes(spec: ModelSpec) -> dict[str, Shape]:
     """Every tensor the model needs, by Hugging Face name, in checkpoint order."""
     h = spec.hidden_size
     shapes: dict[str, Shape] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
-    for layer in range(spec.num_layers):
-        prefix = f"model.layers.{layer}."
-        shapes[prefix + "input_layernorm.weight"] = (h,)
-        for key, (k, n) in spec.layer_matrices().items():
-            module = prefix + _LAYER_MODULES[key]
-            shapes[module + ".weight"] = (n, k)  # nn.Linear stores (out_features, in_features)
-            if spec.attention_bias and key in ("q_proj", "k_proj", "v_proj"):
-                shapes[module + ".bias"] = (n,)
-        shapes[prefix + "post_attention_layernorm.weight"] = (h,)
+    layer = _fuse(spec, _layer_tensors(spec))
+    for index in range(spec.num_layers):
+        prefix = f"model.layers.{index}."
+        shapes.update({prefix + name: shape for name, shape in layer.items()})
     shapes["model.norm.weight"] = (h,)
     if not spec.tie_embeddings:
         shapes["lm_head.weight"] = (spec.vocab_size, h)
     return shapes
+
+
+def unfused(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights with fused tensors split into the layer description's matrices (views)."""
+    out = dict(weights)
+    for fused, parts in _FUSED.get(spec.family, {}).items():
+        sizes = [_layer_tensors(spec)[p + ".weight"][0] for p in parts]
+        for index in range(spec.num_layers):
+            prefix = f"model.layers.{index}."
+            whole = out.pop(prefix + fused + ".weight")
+            start = 0
+            for part, size in zip(parts, sizes):
+                out[prefix + part + ".weight"] = whole[start:start + size]
+                start += size
+    return out
 
 
 def check_weights(spec: ModelSpec, weights: Mapping[str, Any], where: str,
@@ -103,7 +139,9 @@ def random_weights(spec: ModelSpec, seed: int, dtype: Any = np.float32) -> dict[
     for name, shape in expected_shapes(spec).items():
         noise = rng.standard_normal(shape, dtype=np.float32)
         if name.endswith("norm.weight"):
-            value = 1.0 + 0.1 * noise  # near one, but not all ones, so a skipped scale shows
+            # The scale applied is offset + w: near one, but not all ones, so a skipped scale
+            # shows.
+            value = 1.0 - spec.norm_weight_offset + 0.1 * noise
         elif name.endswith(".bias"):
             value = 0.1 * noise
         else:

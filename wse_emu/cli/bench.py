@@ -65,13 +65,13 @@ else:
     from compiler.mapper import compile_model
     from compiler.options import CompileOptions
     from wse_emu.fabric import ClusterSpec, load_fabric
-    from wse_emu.kernels.stage import Step
+    from wse_emu.layer import MicroBatch
     from wse_emu.model import load_model
     from wse_emu.runner import run_region
     program = compile_model(load_model(case["model"]), ClusterSpec(load_fabric(case["fabric"])),
                             CompileOptions())
-    step = Step(**case["step"])
-    run_region(program, "mixed0", Step("decode", batch=1, context=8))  # compiled and warm
+    step = MicroBatch(**case["step"])
+    run_region(program, "mixed0", MicroBatch("decode", batch=1, context=8))  # compiled and warm
     best = None
     for _ in range(case["repeat"]):
         start = time.perf_counter()

@@ -32,7 +32,7 @@ from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.timing import generation_time
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 from wse_emu.runner import run_region
 from wse_emu.runtime.experiment import Targets
@@ -44,7 +44,7 @@ from wse_emu.weights import random_weights
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_FABRIC = "wse3"
-DECODE = Step("decode", batch=1, context=4096)
+DECODE = MicroBatch("decode", batch=1, context=4096)
 # Chat-like requests (lengths around the medians of the Azure 2023 conversation trace), few
 # enough for the experiment to finish in minutes.
 WORKLOAD = {"name": "demo-chat", "arrival": "poisson", "rate": 5.0, "requests": 300, "seed": 0,

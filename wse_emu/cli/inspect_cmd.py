@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from compiler.intensity import Workload, analyze
+from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.cli.fmt import si, table
+from wse_emu.errors import UserError
+from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 
 
@@ -25,7 +27,10 @@ def add_parser(sub) -> None:
 def run(args) -> dict | str:
     model = load_model(args.model)
     fabric = fabric_from_args(args)
-    work = Workload(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
+    for name in ("tokens", "batch", "context"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
     result = analyze(build_op_graph(model), model, work, fabric)
     layers = result["layers"]
     if args.json:

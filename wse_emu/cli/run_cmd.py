@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from compiler.bounds import kernel_bound
-from compiler.intensity import Workload
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.runner import HandoffRun, RegionRun, kv_handoff, run_region
 from wse_emu.timeline import chrome_trace
@@ -64,7 +63,7 @@ def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
 MAX_TILES = 128
 
 
-def make_step(args, program: WaferProgram, region: str) -> Step:
+def make_step(args, program: WaferProgram, region: str) -> MicroBatch:
     for name in ("tokens", "batch", "context", "tiles"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -75,24 +74,24 @@ def make_step(args, program: WaferProgram, region: str) -> Step:
         if args.tokens > capacity:
             raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
                             f"region {region} ({capacity:,} tokens)")
-        return Step("prefill", tokens=args.tokens, chunks=min(args.tiles, args.tokens))
+        return MicroBatch("prefill", tokens=args.tokens, chunks=min(args.tiles, args.tokens))
     if args.batch * args.context > capacity:
         raise UserError(f"--batch {args.batch} x --context {args.context} = "
                         f"{args.batch * args.context:,} cached tokens do not fit the KV cache of "
                         f"region {region} ({capacity:,} tokens)")
-    return Step("decode", batch=args.batch, context=args.context)
+    return MicroBatch("decode", batch=args.batch, context=args.context)
 
 
 def bounds_at(program: WaferProgram, run: RegionRun) -> dict[int, dict[str, float]]:
     """Per stage, the largest kernel lower bound at this run's workload (cycles), one layer."""
     step = run.step
-    work = Workload(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,
+    work = MicroBatch(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,
                     context=step.context)
     out = {}
     for sr in run.stages:
         stage = program.stages[sr.stage]
         out[sr.stage] = {k.name: kernel_bound(k, stage.rect, program.model, program.fabric,
-                                              work)["cycles"]
+                                              work, range(*stage.layers))["cycles"]
                          for k in program.stage_kernels(stage)}
     return out
 

@@ -124,14 +124,17 @@ class StageKV:
         """queries (tokens, heads, head_dim), rotated; returns (tokens, heads * head_dim)."""
         model, rnd = self.model, self.numerics.round
         group = model.group_size
-        scale = np.float32(1.0 / np.sqrt(model.head_dim))
-        window = model.sliding_window
+        scale = np.float32(model.attention_scale)
+        window = model.window(self.stage.layers[0] + layer)
+        cap = model.attn_logit_softcap
         out = np.empty(queries.shape, np.float32)
         for h, rows_h in enumerate(self.rows_of_head):
             keys, values = self.keys[layer][h], self.values[layer][h]
             stored = self.positions[layer][h]  # (P, c)
             q = rnd(queries[:, h * group:(h + 1) * group])  # (t, g, hd), as multicast
             scores = np.einsum("pcd,tgd->ptgc", keys, q) * scale
+            if cap:
+                scores = np.float32(cap) * np.tanh(scores / np.float32(cap))
             seen = (stored[:, None, :] >= 0) & (stored[:, None, :] <= positions[None, :, None])
             if window:
                 seen &= stored[:, None, :] > positions[None, :, None] - window

@@ -1,18 +1,21 @@
 """One region of a compiled program, computing: its stages' tiles, KV cache and kernels.
 
 ``FunctionalRegion.forward`` runs a tile of tokens through the region's pipeline stage by stage,
-each stage's kernels in the order of ``compiler.opgraph.LAYER_OPS``: matrix kernels multiply
-per PE and reduce along the program's trees (``MatrixTiles``), norms sum squares per PE and
-all-reduce them along their line, attention reads the stage's own KV slots (``StageKV``), and
-elementwise kernels (rotary, SiLU-multiply, residual adds) apply to the vectors their line holds.
+each layer op by op as the layer description (``wse_emu.layer``) lists them: matrix kernels
+multiply per PE and reduce along the program's trees (``MatrixTiles``), norms sum squares per PE
+and all-reduce them along their line (per head's PEs for Qwen3's and Gemma-3's q/k norms),
+attention reads the stage's own KV slots (``StageKV``), and elementwise kernels (rotary, gated
+activations, residual adds, scaling, soft caps) apply to the vectors their line holds.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.errors import UserError
 from wse_emu.functional.kvstore import StageKV
 from wse_emu.functional.numerics import Numerics
@@ -20,33 +23,41 @@ from wse_emu.functional.tiles import MatrixTiles, VectorTiles
 from wse_emu.functional.trees import tree_reduce
 from wse_emu.model import ModelSpec
 from wse_emu.program import Stage, WaferProgram
-
-# Kernel name -> the Hugging Face module inside a decoder layer.
-MODULES = {
-    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
-NORMS = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm"}
+from wse_emu.weights import unfused
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
 
 
-ROPE_SCALINGS = (None, "linear", "llama3")
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation (Gemma's gelu_pytorch_tanh)."""
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
 
-def inverse_frequencies(model: ModelSpec) -> np.ndarray:
-    """Rotary frequencies per pair of features, with the model's rope scaling: ``linear``
-    divides them all by the factor; ``llama3`` divides the low ones (wavelengths above
-    original positions / low_freq_factor) by it, keeps the high ones (wavelengths below
-    original positions / high_freq_factor), and blends linearly in wavelength between."""
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    return np.float32(cap) * np.tanh(x / np.float32(cap))
+
+
+ROPE_SCALINGS = (None, "linear", "llama3", "longrope")
+
+
+def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np.ndarray:
+    """Rotary frequencies per pair of features of ``layer``, with the model's rope scaling:
+    ``linear`` divides them all by the factor; ``llama3`` divides the low ones (wavelengths
+    above original positions / low_freq_factor) by it, keeps the high ones (wavelengths below
+    original positions / high_freq_factor), and blends linearly in wavelength between;
+    ``longrope`` divides each pair by its short factor while the sequence (``length``
+    positions) stays within the original context, by its long factor beyond it."""
     if model.rope_scaling not in ROPE_SCALINGS:
         raise UserError(f"{model.name}: rope_scaling {model.rope_scaling!r} is not modelled by "
-                        "the functional engine (linear and llama3 are)")
+                        "the functional engine (linear, llama3 and longrope are)")
     d = model.head_dim
-    inv_freq = 1.0 / model.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    theta = model.rope_theta_of(layer)
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if not model.rope_scaled(layer):
+        return inv_freq
     factor = model.rope_scaling_factor
     if model.rope_scaling == "linear":
         return inv_freq / factor
@@ -56,18 +67,40 @@ def inverse_frequencies(model: ModelSpec) -> np.ndarray:
         wavelength = 2 * np.pi / inv_freq
         blend = np.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
         return inv_freq * (blend + (1.0 - blend) / factor)
+    if model.rope_scaling == "longrope":
+        long = length > model.rope_original_max_positions
+        factors = model.rope_long_factor if long else model.rope_short_factor
+        return inv_freq / np.asarray(factors, dtype=np.float64)
     return inv_freq
 
 
-def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec) -> np.ndarray:
+def rope_magnitude(model: ModelSpec) -> float:
+    """What cos and sin are multiplied by: longrope's attention factor (given, or from how far
+    the context was extended), else 1."""
+    if model.rope_scaling != "longrope":
+        return 1.0
+    if model.rope_attention_factor is not None:
+        return model.rope_attention_factor
+    scale = model.max_position_embeddings / model.rope_original_max_positions
+    if scale <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(scale) / math.log(model.rope_original_max_positions))
+
+
+def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec, layer: int = 0,
+           length: int | None = None) -> np.ndarray:
     """Rotate (tokens, heads * head_dim) by position, pairing i with i + head_dim / 2 as
-    Hugging Face does; angles in float64, applied in float32."""
+    Hugging Face does; angles in float64, applied in float32. ``length`` is the sequence's
+    length after this call (longrope picks its factors by it)."""
     t, head_dim = len(x), model.head_dim
     x = x.reshape(t, -1, head_dim)
-    angles = np.outer(positions.astype(np.float64), inverse_frequencies(model))
+    length = int(positions.max()) + 1 if length is None else length
+    angles = np.outer(positions.astype(np.float64),
+                      inverse_frequencies(model, layer, length))
     angles = np.concatenate([angles, angles], axis=-1)
-    cos = np.cos(angles).astype(np.float32)[:, None, :]
-    sin = np.sin(angles).astype(np.float32)[:, None, :]
+    magnitude = rope_magnitude(model)
+    cos = (np.cos(angles) * magnitude).astype(np.float32)[:, None, :]
+    sin = (np.sin(angles) * magnitude).astype(np.float32)[:, None, :]
     half = head_dim // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rotated * sin).reshape(t, -1)
@@ -86,34 +119,54 @@ class FunctionalStage:
         self.stage, self.model, self.numerics = stage, program.model, numerics
         l0, l1 = stage.layers
         layers = range(l0, l1)
+        self.ops = ly.ops_by_name(self.model)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.matrices: dict[str, MatrixTiles] = {}
         self.vectors: dict[str, VectorTiles] = {}
         for name, k in self.kernels.items():
+            op = self.ops.get(name)
             if k.kind == "norm":
-                if name == "final_norm":
-                    sources = [weights["model.norm.weight"]]
-                else:
-                    sources = [weights[f"model.layers.{i}.{NORMS[name]}.weight"] for i in layers]
-                self.vectors[name] = VectorTiles.build(sources, k.rect.area, numerics)
+                self.vectors[name] = VectorTiles.build(self._norm_weights(op, weights, layers),
+                                                       k.rect.area, numerics)
             elif k.kind == "matrix" or (k.kind == "gather" and k.weight_ref is None):
-                self.matrices[name] = MatrixTiles.build(k, self._matrices(name, weights, layers),
-                                                        numerics, self._bias(k, weights, layers))
+                self.matrices[name] = MatrixTiles.build(k, self._matrices(op, weights, layers),
+                                                        numerics, self._bias(op, k, weights,
+                                                                             layers))
         self.kv = StageKV(program, stage, numerics) if stage.num_layers else None
+        self.compute = {
+            ly.GEMM: self._gemm, ly.RMSNORM: self._norm, ly.HEAD_RMSNORM: self._head_norm,
+            ly.ROPE: self._rope, ly.KV_APPEND: self._kv_append, ly.ATTN_SCORES: self._attend,
+            ly.ADD: lambda op, i, a, b: a + b,
+            ly.SILU_MUL: lambda op, i, gate, up: silu(gate) * up,
+            ly.GELU_MUL: lambda op, i, gate, up: gelu_tanh(gate) * up,
+        }
 
-    def _matrices(self, name, weights, layers) -> list[np.ndarray]:
+    @staticmethod
+    def _tensor(op: ly.Op, layer: int | None) -> str:
+        return op.tensor if layer is None else f"model.layers.{layer}.{op.tensor}"
+
+    def _norm_weights(self, op: ly.Op, weights, layers) -> list[np.ndarray]:
+        """Each layer's norm scale as its line holds it: a per-head norm's scale repeats for
+        every head on the line."""
+        where = [None] if op.name in ("final_norm",) else list(layers)
+        out = []
+        for i in where:
+            w = weights[self._tensor(op, i) + ".weight"]
+            out.append(np.tile(w, op.length // len(w)))
+        return out
+
+    def _matrices(self, op: ly.Op, weights, layers) -> list[np.ndarray]:
         """Each layer's (K, N) matrix: Hugging Face stores linear weights as (N, K)."""
-        if name == "embedding":
+        if op.name == "embedding":
             return [weights["model.embed_tokens.weight"]]
-        if name == "lm_head":
-            table = "model.embed_tokens.weight" if self.model.tie_embeddings else "lm_head.weight"
-            return [weights[table].T]
-        return [weights[f"model.layers.{i}.{MODULES[name]}.weight"].T for i in layers]
+        if op.name == "lm_head":
+            return [weights[op.tensor + ".weight"].T]
+        return [weights[self._tensor(op, i) + ".weight"].T for i in layers]
 
-    def _bias(self, kernel, weights, layers) -> VectorTiles | None:
-        if not (self.model.attention_bias and kernel.name in ("q_proj", "k_proj", "v_proj")):
+    def _bias(self, op, kernel, weights, layers) -> VectorTiles | None:
+        if op is None or not op.bias:
             return None
-        sources = [weights[f"model.layers.{i}.{MODULES[kernel.name]}.bias"] for i in layers]
+        sources = [weights[self._tensor(op, i) + ".bias"] for i in layers]
         return VectorTiles.build(sources, kernel.grid[1], self.numerics)
 
     # --- kernels ----------------------------------------------------------------------------
@@ -126,26 +179,65 @@ class FunctionalStage:
                             for a, b in zip(bounds[:-1], bounds[1:])])  # (pes, t)
         total = tree_reduce(squares, 0, np.add)
         inv_rms = 1.0 / np.sqrt(total / x.shape[1] + np.float32(self.model.rms_norm_eps))
-        return self.numerics.round(x * inv_rms.astype(np.float32)[:, None] * tiles.vector(layer))
+        return self.numerics.round(x * inv_rms.astype(np.float32)[:, None] * self._scale(
+            tiles.vector(layer)))
+
+    def _scale(self, weight: np.ndarray) -> np.ndarray:
+        offset = self.model.norm_weight_offset
+        return weight + np.float32(offset) if offset else weight
+
+    def _head_norm(self, op: ly.Op, layer: int, x: np.ndarray) -> np.ndarray:
+        """RMSNorm of each head's features: each PE sums the squares of its segment per head
+        it holds, the sums of a head meet by the tree over the PEs that hold it, and each PE
+        scales its own segment."""
+        tiles = self.vectors[op.name]
+        hd = self.model.head_dim
+        t, width = x.shape
+        heads = width // hd
+        bounds = np.concatenate([[0], np.cumsum(tiles.sizes)])
+        head_of = np.arange(width) // hd
+        squares = np.zeros((len(tiles.sizes), t, heads), np.float32)
+        for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            for h in np.unique(head_of[a:b]):
+                cols = np.arange(a, b)[head_of[a:b] == h]
+                squares[p, :, h] = np.sum(x[:, cols] * x[:, cols], axis=1)
+        total = tree_reduce(squares, 0, np.add)  # (t, heads)
+        inv_rms = 1.0 / np.sqrt(total / hd + np.float32(self.model.rms_norm_eps))
+        per_element = np.repeat(inv_rms.astype(np.float32), hd, axis=1)
+        return x * per_element * self._scale(tiles.vector(layer))
+
+    def _gemm(self, op, index, x):
+        return self.matrices[op.name].multiply(index, x, self.numerics)
+
+    def _norm(self, op, index, x):
+        return self.norm(op.name, index, x)
+
+    def _rope(self, op, index, x):
+        return rotary(x, self.positions, self.model, self.stage.layers[0] + index)
+
+    def _kv_append(self, op, index, k, v):
+        hd, t = self.model.head_dim, len(k)
+        self.kv.append(index, k.reshape(t, -1, hd), v.reshape(t, -1, hd), self.positions)
+        return None
+
+    def _attend(self, op, index, q, _kv):
+        t, hd = len(q), self.model.head_dim
+        return self.kv.attend(index, q.reshape(t, -1, hd), self.positions)
 
     def layer(self, index: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        model, rnd, m = self.model, self.numerics.round, self.matrices
-        hd = model.head_dim
-        xn = self.norm("input_norm", index, x)
-        q = m["q_proj"].multiply(index, xn, self.numerics)
-        k = m["k_proj"].multiply(index, xn, self.numerics)
-        v = m["v_proj"].multiply(index, xn, self.numerics)
-        q = rnd(rotary(q, positions, model))
-        k = rnd(rotary(k, positions, model))
-        t = len(x)
-        self.kv.append(index, k.reshape(t, -1, hd), v.reshape(t, -1, hd), positions)
-        attended = self.kv.attend(index, q.reshape(t, -1, hd), positions)
-        h = rnd(x + m["o_proj"].multiply(index, attended, self.numerics))
-        hn = self.norm("post_attn_norm", index, h)
-        gate = m["gate_proj"].multiply(index, hn, self.numerics)
-        up = m["up_proj"].multiply(index, hn, self.numerics)
-        mixed = rnd(silu(gate) * up)
-        return rnd(h + m["down_proj"].multiply(index, mixed, self.numerics))
+        """One layer, op by op as the layer description lists them; every result is rounded
+        to the run's dtype where the PEs store it."""
+        self.positions = positions
+        values = {ly.LAYER_INPUT: x}
+        for op in ly.layer_ops(self.model):
+            if op.kind in (ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM):
+                continue  # computed with the scores, flash-style, where the keys are
+            result = self.compute[op.kind](op, index, *(values[s] for s in op.inputs))
+            if op.kind == ly.ATTN_SCORES:
+                values[ly.ATTN_WEIGHTED_SUM] = result
+            else:
+                values[op.name] = None if result is None else self.numerics.round(result)
+        return values[ly.LAYER_OUTPUT]
 
     def forward(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         for index in range(self.stage.num_layers):
@@ -153,7 +245,10 @@ class FunctionalStage:
         return x
 
     def head(self, x: np.ndarray) -> np.ndarray:
-        return self.matrices["lm_head"].multiply(0, self.norm("final_norm", 0, x), self.numerics)
+        logits = self.matrices["lm_head"].multiply(0, self.norm("final_norm", 0, x),
+                                                   self.numerics)
+        cap = self.model.final_logit_softcap
+        return self.numerics.round(softcap(logits, cap)) if cap else logits
 
 
 class FunctionalRegion:
@@ -164,6 +259,7 @@ class FunctionalRegion:
         self.program, self.numerics = program, numerics
         self.region = program.region(region)
         inverse_frequencies(program.model)  # an unmodelled rope scaling fails before loading
+        weights = unfused(program.model, weights)
         self.stages = [FunctionalStage(program, program.stages[i], weights, numerics)
                        for i in self.region.stage_ids]
         self.model = program.model
@@ -202,6 +298,10 @@ class FunctionalRegion:
             raise UserError(f"region {self.name} caches {self.capacity:,} tokens of one "
                             f"sequence; {positions[-1] + 1:,} do not fit")
         x = self.embed(ids)
+        if self.model.scale_embeddings:
+            # Gemma's normalizer, in the dtype the activations are stored in.
+            x = self.numerics.round(x * self.numerics.round(
+                np.float32(math.sqrt(self.model.hidden_size))))
         for stage in self.stages:
             x = stage.forward(x, positions)
         return self.stages[-1].head(x if all_logits else x[-1:])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
 from wse_emu.runner import kv_handoff, run_region
 
@@ -41,12 +41,12 @@ class GenerationTime:
 def generation_time(program: WaferProgram, prefill_region: str, decode_region: str,
                     prompt_tokens: int, new_tokens: int, prefill_tile: int) -> GenerationTime:
     tiles = -(-prompt_tokens // prefill_tile)
-    prefill = run_region(program, prefill_region, Step("prefill", tokens=prompt_tokens,
+    prefill = run_region(program, prefill_region, MicroBatch("prefill", tokens=prompt_tokens,
                                                        chunks=tiles)).step_seconds
     handoff = 0.0
     if prefill_region != decode_region:
         handoff = kv_handoff(program, prefill_region, decode_region, prompt_tokens).seconds
     decode = [run_region(program, decode_region,
-                         Step("decode", batch=1, context=prompt_tokens + i)).step_seconds
+                         MicroBatch("decode", batch=1, context=prompt_tokens + i)).step_seconds
               for i in range(1, new_tokens)]
     return GenerationTime(prefill, handoff, decode)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
     CostModel,
@@ -30,36 +31,13 @@ from wse_emu.kernels.primitives import (
     transfer,
     wavelets,
 )
+from wse_emu.layer import MicroBatch
 from wse_emu.program import Kernel, Stage, WaferProgram
 from wse_emu.splits import even_split
 
-RMSNORM_FLOPS, ROPE_FLOPS, SILU_MUL_FLOPS, SOFTMAX_FLOPS = 4, 3, 5, 5
 SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
-
-
-@dataclass(frozen=True)
-class Step:
-    """The micro-batch: a prefill of ``tokens`` (streamed through the stage in ``chunks`` tiles
-    of tokens, each attending to the tiles before it) or a decode of ``batch`` sequences at
-    ``context``. ``prefix`` counts tokens already in the cache before this tile."""
-
-    phase: str
-    tokens: int = 1
-    batch: int = 1
-    context: int = 1
-    chunks: int = 1
-    prefix: int = 0
-
-    @property
-    def new_tokens(self) -> int:
-        return self.tokens if self.phase == "prefill" else self.batch
-
-    def tiles(self) -> list["Step"]:
-        if self.phase != "prefill" or self.chunks <= 1:
-            return [self]
-        sizes = even_split(self.tokens, min(self.chunks, self.tokens))
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return [Step("prefill", int(n), chunks=1, prefix=int(a)) for n, a in zip(sizes, starts)]
+# Picking the greedy next token: compare each logit with the running best.
+ARGMAX = ly.PerElement(1, 1)
 
 
 @dataclass
@@ -79,7 +57,7 @@ class Strip:
 
 
 class StageGraph:
-    def __init__(self, program: WaferProgram, stage: Stage, step: Step):
+    def __init__(self, program: WaferProgram, stage: Stage, step: MicroBatch):
         self.program, self.stage, self.step = program, stage, step
         self.model = program.model
         self.d = self.model.dtype_bytes
@@ -89,8 +67,12 @@ class StageGraph:
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.kind = {name: i for i, name in enumerate(self.kernels)}
         self.kind_names = list(self.kernels)
-        self.whole_tokens = step.tokens
+        self.whole_end = step.prefix + step.tokens
+        self.ops = ly.ops_by_name(self.model)
         self.layer_index = 0
+        # Per kernel, the work of its ops as the tasks do it (collectives excluded), so that
+        # a test can hold the tasks to the layer description's costs.
+        self.ledger: dict[str, ly.Work] = {}
         self.prev_kv: dict | None = None  # per layer, the previous tile's attention tasks
         self.kv_now: dict = {}
 
@@ -124,8 +106,19 @@ class StageGraph:
                         self.kind[name])
 
     def step_tokens(self, name: str) -> int:
-        last_only = self.step.phase == "prefill" and name in ("lm_head", "final_norm")
-        return 1 if last_only else self.step.new_tokens
+        op = self.ops.get(name)
+        return ly.op_tokens(op, self.step) if op is not None else self.step.new_tokens
+
+    def work(self, pes, work: ly.Work, kernel: str, counted: bool = True) -> np.ndarray:
+        """Tasks on ``pes`` doing ``work`` (per PE) for ``kernel``, counted in the ledger
+        unless the work is outside the layer description's ops (picking the next token)."""
+        shape = np.shape(pes)
+        parts = [np.broadcast_to(np.asarray(v, dtype=np.float64), shape)
+                 for v in (work.flops, work.reads, work.writes)]
+        if counted:
+            self.ledger[kernel] = self.ledger.get(kernel, ly.Work()) + ly.Work(
+                *(float(v.sum()) for v in parts))
+        return self.g.tasks(pes, self.cost.cycles(*parts), self.kind[kernel])
 
     @staticmethod
     def entries(st: Strip) -> np.ndarray:
@@ -147,17 +140,13 @@ class StageGraph:
         t, d = self.step_tokens(k.name), self.d
         e, s = st.pe.shape
         ka, nb = st.k_sizes[:, None], st.n_sizes[None, :]
-        bias = nb if (self.model.attention_bias and k.name in ("q_proj", "k_proj", "v_proj")) \
-            else 0
         # The multiply runs as a chain of tasks of at most SLICE_TOKENS tokens each, so that
         # a PE can take up other kernels' short tasks between slices (as its microthreads do).
         slices = -(-t // SLICE_TOKENS)
         per = np.diff((np.arange(slices + 1) * t) // slices)
         first = compute = None
         for n_tok in per:
-            part = self.g.tasks(st.pe, self.cost.cycles(
-                n_tok * (2 * ka * nb + bias), n_tok * (ka * nb * d + ka * d), n_tok * nb * d),
-                kind)
+            part = self.work(st.pe, ly.matrix_work(ka, nb, n_tok, d), k.name)
             if compute is None:
                 first = part
             else:
@@ -172,8 +161,15 @@ class StageGraph:
             self.g.then(entry_ready, first[:, 0])
         compute = compute.reshape(e, s)
         rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
-        return line_reduce(self.g, rows, np.full(s, st.root), compute.T,
-                           wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind)
+        total = line_reduce(self.g, rows, np.full(s, st.root), compute.T,
+                            wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind)
+        op = self.ops.get(k.name)
+        if op is None or not op.bias:
+            return total
+        # The bias is added where the sums collect.
+        biased = self.work(st.edge, ly.bias_work(st.n_sizes, t, d), k.name)
+        self.g.then(total, biased)
+        return biased
 
     def gather(self, st: Strip, tied: bool) -> np.ndarray:
         """Embedding lookup: the columns that hold the tokens' rows send their slices to the
@@ -186,9 +182,9 @@ class StageGraph:
             # Tokens spread evenly over the columns of the vocabulary.
             per_col = even_split(t, min(t, e))
             cols = (np.arange(len(per_col)) * e) // len(per_col)
-            lookups = self.g.tasks(st.pe[cols].ravel(), self.cost.cycles(
-                0, np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d,
-                np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d), kind)
+            rows_bytes = np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d
+            lookups = self.work(st.pe[cols].ravel(), ly.Work(0, rows_bytes, rows_bytes),
+                                "embedding")
             lookups = lookups.reshape(len(cols), s)
             roots = self.g.tasks(st.edge, 0, kind)
             for i, a in enumerate(cols):
@@ -200,40 +196,58 @@ class StageGraph:
             return roots
         # Tied: K (hidden) runs along the strip: the token's row is one line across a.
         line = self.entry_pes(st)
-        lookup = self.g.tasks(line, self.cost.cycles(0, t * st.k_sizes * d, t * st.k_sizes * d),
-                              kind)
+        lookup = self.work(line, ly.Work(0, t * st.k_sizes * d, t * st.k_sizes * d), "embedding")
         return lookup  # hidden split along the strip (k_sizes), on line b = 0
 
-    def vector(self, name: str, pes: np.ndarray, inputs: list[np.ndarray], flops_per: int,
-               sizes: np.ndarray, tokens: int | None = None,
-               inputs_read: int | None = None) -> np.ndarray:
+    def vector(self, name: str, pes: np.ndarray, inputs: list[np.ndarray], sizes: np.ndarray,
+               cost: ly.PerElement | None = None, counted: bool = True) -> np.ndarray:
         """An elementwise op on a line: reads its operands, writes one result per element."""
-        t = tokens or self.step_tokens(name)
-        seg = sizes * t
-        reads = ELEMENTWISE_INPUTS.get(name, 1) if inputs_read is None else inputs_read
-        tasks = self.g.tasks(pes, self.cost.cycles(flops_per * seg, reads * seg * self.d,
-                                                   seg * self.d), self.kind[name])
+        t = self.step_tokens(name)
+        cost = cost or ly.ELEMENTWISE[self.ops[name].kind]
+        tasks = self.work(pes, ly.elementwise_work(cost, sizes * t, self.d), name, counted)
         for ready in inputs:
             self.g.then(ready, tasks)
         return tasks
 
     def norm(self, name: str, pes: np.ndarray, ready: np.ndarray, sizes: np.ndarray):
-        """RMSNorm on a line: local sums of squares, an all-reduce along the line, scaling."""
+        """RMSNorm on a line: local sums of squares, an all-reduce along the line (per head's
+        PEs for a per-head norm), scaling."""
         kind, d = self.kind[name], self.d
         t = self.step_tokens(name)
         seg = sizes * t
-        squares = self.g.tasks(pes, self.cost.cycles(2 * seg, seg * d, 0), kind)
+        squares = self.work(pes, ly.elementwise_work(ly.NORM_SQUARES, seg, d), name)
         self.g.then(ready, squares)
-        n = len(pes)
-        line = pes[None, :]
-        total = line_reduce(self.g, line, np.array([0]), squares[None, :],
-                            wavelets(np.array([t]), 4), self.cost.add(np.array([t]), 4), kind)
-        got = line_broadcast(self.g, line, np.array([0]), total, wavelets(np.array([t]), 4),
-                             kind)[0] if n > 1 else total
-        scale = self.g.tasks(pes, self.cost.cycles(2 * seg, 2 * seg * d, seg * d), kind)
+        groups = self.norm_groups(name, len(pes))
+        got = squares.copy()
+        for size in sorted({len(gr) for gr in groups} - {1}):
+            lines = pes[np.stack([gr for gr in groups if len(gr) == size])]
+            ready_lines = squares[np.stack([gr for gr in groups if len(gr) == size])]
+            n_lines = len(lines)
+            one = np.full(n_lines, t)
+            total = line_reduce(self.g, lines, np.zeros(n_lines, np.int64), ready_lines,
+                                wavelets(one, ly.SUM_BYTES), self.cost.add(one, ly.SUM_BYTES),
+                                kind)
+            back = line_broadcast(self.g, lines, np.zeros(n_lines, np.int64), total,
+                                  wavelets(one, ly.SUM_BYTES), kind)
+            for gr, tasks in zip([gr for gr in groups if len(gr) == size], back):
+                got[gr] = tasks
+        scale = self.work(pes, ly.elementwise_work(ly.NORM_SCALE, seg, d), name)
         self.g.then(got, scale)
         self.g.then(squares, scale)
         return scale
+
+    def norm_groups(self, name: str, n: int) -> list[np.ndarray]:
+        """PEs of a norm's line whose sums of squares meet: the whole line, or for a norm over
+        each head's features, the PEs holding one head (one each when a PE holds whole
+        heads)."""
+        op = self.ops[name]
+        if op.kind != ly.HEAD_RMSNORM:
+            return [np.arange(n)]
+        heads = op.length // self.model.head_dim
+        if n <= heads:
+            return [np.array([p]) for p in range(n)]
+        owner = (np.arange(n) * heads) // n
+        return [np.flatnonzero(owner == h) for h in range(heads)]
 
     def head_groups(self, s: int) -> list[np.ndarray]:
         """Rows across the stage that share a KV head (one row each when rows are fewer than
@@ -319,9 +333,12 @@ class StageGraph:
         a_k = int(np.flatnonzero((grid == k_edge[0]).any(axis=1))[0])
         a_o = int(np.flatnonzero((grid == o_strip.pe[0, o_strip.pe.shape[1] // 2]).any(axis=1))[0])
         rows = np.ascontiguousarray(grid.T)  # (s, L)
-        window = model.sliding_window
+        window = model.window(self.stage.layers[0] + self.layer_index)
+        # Keys each query attends to, on average (causal, capped by a sliding window).
+        keys = ly.attended_pairs(window, step) / t
+        cap = ly.SOFTCAP_FLOPS if model.attn_logit_softcap else 0
         if step.phase == "decode":
-            ctx = min(step.context, window) if window else step.context
+            ctx = keys
             # Queries of each head group gathered at the q edge, then sent along the rows.
             q_group = t * q_heads_group * hd
             # Each row holds its share of the group's queries: gathered at the group's first
@@ -342,9 +359,12 @@ class StageGraph:
             tokens_pe = ctx / (length * rows_of)  # per row, cached tokens per PE
             pairs = t * tokens_pe[None, :] * q_heads_group * np.ones((length, 1))
             kv_reads = t * tokens_pe[None, :] * kv_heads_row * hd * 2 * d
+            work = ly.Work(ly.score_flops(model) * pairs, kv_reads + q_group * d,
+                           t * q_heads_group * (hd + 2) * d * np.ones((length, 1)))
+            self.ledger["attention"] = self.ledger.get("attention", ly.Work()) + ly.Work(
+                float(work.flops.sum()), float(work.reads.sum()), float(work.writes.sum()))
             self.g.set_cycles(partial.ravel(), self.cost.cycles(
-                (4 * hd + SOFTMAX_FLOPS) * pairs, kv_reads + q_group * d,
-                t * q_heads_group * (hd + 2) * d).ravel())
+                work.flops, work.reads, work.writes).ravel())
             self.g.then(kv_new, partial[a_new])
             out_values = np.full(s, t * q_heads_group * (hd + 2))
             along = line_reduce(self.g, rows, np.full(s, a_o), partial.T,
@@ -361,14 +381,14 @@ class StageGraph:
                              o_strip.k_sizes, "attention")
         # Prefill: queries split along the rows, keys and values sent along them. A tile's
         # queries see the tokens before the tile and, causally, their own.
-        causal_keys = step.prefix + (t + 1) / 2
+        causal_keys = keys
         t_a = even_split(t, length)[:, None]  # queries per column
         heads_b = np.maximum(1, (q_heads_group * q_sizes) // max(1, q_sizes[groups[0]].sum()))
         score_values = t_a * causal_keys * heads_b[None, :]
-        scores = self.g.tasks(grid, self.cost.cycles(
+        scores = self.work(grid, ly.Work(
             2 * t_a * causal_keys * q_sizes[None, :],
             t_a * causal_keys * kv_sizes[None, :] * d + t_a * q_sizes[None, :] * d,
-            score_values * d), kind).reshape(length, s)
+            score_values * d), "attention").reshape(length, s)
         line_broadcast(self.g, rows, np.full(s, a_q), q_ready, wavelets(q_sizes * t, d), kind,
                        targets=scores.T.copy())
         line_broadcast(self.g, rows, np.full(s, a_k), k_ready,
@@ -381,10 +401,10 @@ class StageGraph:
         # Softmax over each query's scores of the row's heads, then the weighted values of the
         # row's output features.
         head_share = q_sizes[None, :] / hd
-        weighted = self.g.tasks(grid, self.cost.cycles(
-            (2 * q_sizes[None, :] + SOFTMAX_FLOPS * head_share) * t_a * causal_keys,
+        weighted = self.work(grid, ly.Work(
+            (2 * q_sizes[None, :] + (ly.SOFTMAX_FLOPS + cap) * head_share) * t_a * causal_keys,
             t_a * causal_keys * (kv_sizes[None, :] + heads_b[None, :]) * d,
-            t_a * q_sizes[None, :] * d), kind).reshape(length, s)
+            t_a * q_sizes[None, :] * d), "attention").reshape(length, s)
         self.across_groups(grid, groups, scores, np.ceil(score_values).astype(np.int64), kind,
                            back=True, targets=weighted)
         piece = (t_a[:, 0].max() * q_sizes)
@@ -423,6 +443,8 @@ class StageGraph:
             x = self.feed(strips["embedding"].edge, hsz, x, home.edge, hsz, "embedding")
         else:
             x = self.g.tasks(home.edge, 0, self.kind.get("input_norm", 0))
+        if "embed_scale" in ks:
+            x = self.vector("embed_scale", home.edge, [x], hsz)
         for i in range(self.stage.num_layers):
             self.layer_index = i
             x = self.layer(strips, home, x, hsz)
@@ -432,47 +454,81 @@ class StageGraph:
             entries = self.feed(home.edge, hsz, normed, self.entry_pes(head), head.k_sizes,
                                 "lm_head")
             logits = self.matrix(head, entries)
+            if "logit_softcap" in ks:
+                logits = self.vector("logit_softcap", head.edge, [logits], head.n_sizes)
             t = self.step_tokens("lm_head")
-            best = self.vector("lm_head", head.edge, [logits], 1, head.n_sizes, t, inputs_read=1)
+            best = self.vector("lm_head", head.edge, [logits], head.n_sizes, cost=ARGMAX,
+                               counted=False)
             x = line_reduce(self.g, head.edge[None, :], np.array([0]), best[None, :],
                             wavelets(np.array([2 * t]), 4), self.cost.add(np.array([t]), 4),
                             self.kind["lm_head"])
         return x
 
     def is_last_tile(self) -> bool:
-        return self.step.prefix + self.step.tokens >= self.whole_tokens
+        return self.step.prefix + self.step.tokens >= self.whole_end
 
     def layer(self, strips, home: Strip, x: np.ndarray, hsz: np.ndarray) -> np.ndarray:
-        q, k, v, o = (strips[n] for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
-        gate, up, down = (strips[n] for n in ("gate_proj", "up_proj", "down_proj"))
-        xn = self.norm("input_norm", home.edge, x, hsz)
-        qo = self.matrix(q, self.feed(home.edge, hsz, xn, self.entry_pes(q), q.k_sizes, "q_proj"))
-        ko = self.matrix(k, self.feed(home.edge, hsz, xn, self.entry_pes(k), k.k_sizes, "k_proj"))
-        vo = self.matrix(v, self.feed(home.edge, hsz, xn, self.entry_pes(v), v.k_sizes, "v_proj"))
-        qr = self.vector("rope_q", q.edge, [qo], ROPE_FLOPS, q.n_sizes)
-        kr = self.vector("rope_k", k.edge, [ko], ROPE_FLOPS, k.n_sizes)
-        v_at_k = self.feed(v.edge, v.n_sizes, vo, k.edge, k.n_sizes, "v_proj")
-        kv = self.g.tasks(k.edge, 0, self.kind["attention"])
-        self.g.then(kr, kv)
-        self.g.then(v_at_k, kv)
-        o_in = self.attention(qr, q.edge, kv, k.edge, o)
-        oo = self.matrix(o, o_in)
-        residual = self.feed(home.edge, hsz, x, o.edge, o.n_sizes, "residual_attn")
-        hres = self.vector("residual_attn", o.edge, [oo, residual], 1, o.n_sizes)
-        hn = self.norm("post_attn_norm", o.edge, hres, o.n_sizes)
-        go = self.matrix(gate, self.feed(o.edge, o.n_sizes, hn, self.entry_pes(gate), gate.k_sizes,
-                                         "gate_proj"))
-        uo = self.matrix(up, self.feed(o.edge, o.n_sizes, hn, self.entry_pes(up), up.k_sizes,
-                                       "up_proj"))
-        g_at_up = self.feed(gate.edge, gate.n_sizes, go, up.edge, up.n_sizes, "silu_mul")
-        act = self.vector("silu_mul", up.edge, [uo, g_at_up], SILU_MUL_FLOPS, up.n_sizes)
-        do = self.matrix(down, self.feed(up.edge, up.n_sizes, act, self.entry_pes(down),
-                                         down.k_sizes, "down_proj"))
-        h_at_home = self.feed(o.edge, o.n_sizes, hres, home.edge, hsz, "residual_mlp")
-        return self.vector("residual_mlp", home.edge, [do, h_at_home], 1, hsz)
+        """One layer, op by op as the layer description lists them: each op takes its inputs
+        from where they were left (re-split onto its own site when that is elsewhere) and
+        leaves its output on its site."""
+        ready = {ly.LAYER_INPUT: x}
+        at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
+
+        def site(name: str) -> tuple[np.ndarray, np.ndarray]:
+            st = home if name == ly.HOME else strips[name]
+            return (home.edge, hsz) if name == ly.HOME else (st.edge, st.n_sizes)
+
+        def gathered(op: ly.Op, pes: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+            out = []
+            for src in op.inputs:
+                src_pes, src_sizes = at[src]
+                if np.array_equal(src_pes, pes):
+                    out.append(ready[src])
+                else:
+                    out.append(self.feed(src_pes, src_sizes, ready[src], pes, sizes, op.kernel))
+            return out
+
+        attention_out = None
+        for op in ly.layer_ops(self.model):
+            if op.kind == ly.GEMM:
+                st = strips[op.name]
+                (src,) = op.inputs
+                if src == attention_out:
+                    entries = ready[src]  # attention delivers to the entries itself
+                else:
+                    entries = self.feed(at[src][0], at[src][1], ready[src], self.entry_pes(st),
+                                        st.k_sizes, op.name)
+                ready[op.name] = self.matrix(st, entries)
+                at[op.name] = (st.edge, st.n_sizes)
+            elif op.kind == ly.KV_APPEND:
+                pes, sizes = site(op.site)
+                kv = self.g.tasks(pes, 0, self.kind[op.kernel])
+                for dep in gathered(op, pes, sizes):
+                    self.g.then(dep, kv)
+                ready[op.name], at[op.name] = kv, (pes, sizes)
+            elif op.kind == ly.ATTN_SCORES:
+                q_src, kv_src = op.inputs
+                consumer = next(o for o in ly.layer_ops(self.model)
+                                if o.kind == ly.GEMM and o.inputs == (ly.ATTN_WEIGHTED_SUM,))
+                ready[ly.ATTN_WEIGHTED_SUM] = self.attention(
+                    ready[q_src], at[q_src][0], ready[kv_src], at[kv_src][0],
+                    strips[consumer.name])
+                attention_out = ly.ATTN_WEIGHTED_SUM
+            elif op.kernel_kind == "attention":
+                continue  # the rest of the attention pattern, built with its scores
+            else:
+                pes, sizes = site(op.site)
+                inputs = gathered(op, pes, sizes)
+                if op.kernel_kind == "norm":
+                    (dep,) = inputs
+                    ready[op.name] = self.norm(op.name, pes, dep, sizes)
+                else:
+                    ready[op.name] = self.vector(op.name, pes, inputs, sizes)
+                at[op.name] = (pes, sizes)
+        return ready[ly.LAYER_OUTPUT]
 
 
-def stage_graph(program: WaferProgram, stage: Stage, step: Step):
+def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch):
     """(task graph, final tasks per token tile, kernel names by task kind) for one stage."""
     sg = StageGraph(program, stage, step)
     graph, finals = sg.build()
@@ -480,13 +536,7 @@ def stage_graph(program: WaferProgram, stage: Stage, step: Step):
 
 
 
-ELEMENTWISE_FLOPS = {"rope_q": ROPE_FLOPS, "rope_k": ROPE_FLOPS, "silu_mul": SILU_MUL_FLOPS,
-                     "residual_attn": 1, "residual_mlp": 1}
-ELEMENTWISE_INPUTS = {"rope_q": 1, "rope_k": 1, "silu_mul": 2, "residual_attn": 2,
-                      "residual_mlp": 2}
-
-
-def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: Step):
+def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: MicroBatch):
     """One kernel of a stage alone, its inputs present at cycle 0 (to time it against its
     analytic bound and to compare the engines pattern by pattern)."""
     sg = StageGraph(program, stage, step)
@@ -506,8 +556,9 @@ def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: Step):
         if k.kind == "norm":
             sg.norm(name, pes, sg.g.tasks(pes, 0, kind), sizes)
         else:
-            inputs = [sg.g.tasks(pes, 0, kind) for _ in range(ELEMENTWISE_INPUTS[name])]
-            sg.vector(name, pes, inputs, ELEMENTWISE_FLOPS[name], sizes)
+            op = sg.ops[name]
+            inputs = [sg.g.tasks(pes, 0, kind) for _ in op.inputs]
+            sg.vector(name, pes, inputs, sizes)
     elif k.kind == "attention":
         q, kk, o = (sg.strip(sg.kernels[n]) for n in ("q_proj", "k_proj", "o_proj"))
         sg.attention(sg.g.tasks(q.edge, 0, kind), q.edge, sg.g.tasks(kk.edge, 0, kind), kk.edge,

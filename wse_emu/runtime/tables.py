@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.kernels.stage import Step
+from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
 from wse_emu.runner import run_region
 
@@ -147,9 +147,9 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
     for i, x in enumerate(a0):
         for j, y in enumerate(a1):
             if phase == "decode":
-                step = Step("decode", batch=int(x), context=int(y))
+                step = MicroBatch("decode", batch=int(x), context=int(y))
             else:
-                step = Step("prefill", tokens=int(x), prefix=int(y))
+                step = MicroBatch("prefill", tokens=int(x), prefix=int(y))
             run = run_region(program, region, step, engine)
             cycles[:, i, j] = [s.cycles for s in run.stages]
             transfers[i, j] = sum(run.transfers)

@@ -1,0 +1,434 @@
+"""One description of a decoder layer: its ops, their shapes, where they run and what they cost.
+
+Every consumer reads this table instead of restating the dataflow: the op graph and its
+intensity (``compiler.opgraph``, ``compiler.intensity``), the bounds, the stage layout and
+placement (``compiler.stages``, ``compiler.placement``, ``compiler.template``), the timed kernel
+patterns (``wse_emu.kernels.stage``) and the functional engine (``wse_emu.functional``). An
+architecture adds or changes rows here (Qwen3's q/k norms, Gemma's extra norms and GeGLU), not
+branches in each of them.
+
+An op row says:
+- ``kind``: what it computes, which picks its cost formula and its kernel pattern;
+- ``inputs``: ops of the same layer it reads (``"x"`` is the layer's input, the residual stream);
+- ``site``: where it runs and leaves its output. A matrix op is a strip of its own (site = its
+  name); a vector op runs on the root edge line of a strip (the strip's name); attention runs
+  over the whole stage (``STAGE``). ``HOME`` is the strip whose edge holds the residual stream;
+- ``kernel``: the compiled kernel that executes it (several attention ops share one);
+- ``tensor``: the Hugging Face module under ``model.layers.{i}.`` holding its weights.
+
+Costs, one formula per kind, count what a PE does: FLOPs, bytes read from and written to its
+SRAM, for a share of the op's elements. The same formulas time the kernels, bound them and give
+the op graph its FLOPs, so the three cannot drift apart (a test holds them together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.model import ModelSpec
+from wse_emu.splits import even_split
+
+PHASES = ("prefill", "decode")
+
+
+# --- the micro-batch ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What one step pushes through the layers: a prefill of ``tokens`` of one sequence
+    (streamed in ``chunks`` tiles, each attending to the tiles before it, after ``prefix``
+    tokens already cached) or a decode of one new token for each of ``batch`` sequences with
+    ``context`` cached tokens each (the new token's own entry included)."""
+
+    phase: str
+    tokens: int = 1
+    batch: int = 1
+    context: int = 1
+    chunks: int = 1
+    prefix: int = 0
+
+    def __post_init__(self):
+        if self.phase not in PHASES:
+            raise UserError(f"phase must be one of {', '.join(PHASES)}, got {self.phase!r}")
+        for name in ("tokens", "batch", "context", "chunks"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prefix < 0:
+            raise UserError(f"prefix must be at least 0, got {self.prefix}")
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens flowing through every layer in this step."""
+        return self.tokens if self.phase == "prefill" else self.batch
+
+    def tiles(self) -> list["MicroBatch"]:
+        """A prefill's token tiles, in order; a decode is one tile."""
+        if self.phase != "prefill" or self.chunks <= 1:
+            return [self]
+        sizes = even_split(self.tokens, min(self.chunks, self.tokens))
+        starts = self.prefix + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return [MicroBatch("prefill", int(n), prefix=int(a)) for n, a in zip(sizes, starts)]
+
+    def describe(self) -> str:
+        if self.phase == "prefill":
+            return f"prefill of {self.tokens} tokens"
+        return f"decode of batch {self.batch} at context {self.context}"
+
+
+# --- op kinds and their costs ---------------------------------------------------------------
+
+EMBEDDING = "embedding"
+GEMM = "gemm"
+RMSNORM = "rmsnorm"
+HEAD_RMSNORM = "head_rmsnorm"  # RMSNorm over each head's features (Qwen3's q and k norms)
+ROPE = "rope"
+KV_APPEND = "kv_append"
+ATTN_SCORES = "attn_scores"
+SOFTMAX = "softmax"
+ATTN_WEIGHTED_SUM = "attn_weighted_sum"
+ADD = "add"
+SILU_MUL = "silu_mul"
+GELU_MUL = "gelu_mul"  # GeGLU with the tanh approximation of GELU
+SCALE = "scale"  # multiply by a constant (Gemma's embedding normalizer)
+SOFTCAP = "softcap"  # cap * tanh(x / cap)
+
+ATTENTION_KINDS = (KV_APPEND, ATTN_SCORES, SOFTMAX, ATTN_WEIGHTED_SUM)
+NORM_KINDS = (RMSNORM, HEAD_RMSNORM)
+
+# The compiled kernel kind that runs each op kind.
+KERNEL_KINDS = {
+    EMBEDDING: "gather", GEMM: "matrix", RMSNORM: "norm", HEAD_RMSNORM: "norm",
+    **{k: "attention" for k in ATTENTION_KINDS},
+    **{k: "elementwise" for k in (ROPE, ADD, SILU_MUL, GELU_MUL, SCALE, SOFTCAP)},
+}
+
+
+@dataclass(frozen=True)
+class PerElement:
+    """A vector op's cost per output element: FLOPs, operands read and results written."""
+
+    flops: int
+    reads: int
+    writes: int = 1
+
+
+# Elementwise kinds. A rotation is 4 multiplies and 2 adds per pair of features; SiLU is
+# negate, exp, add 1, divide; the tanh GELU is cube, scale, add, scale, tanh, add 1, multiply by
+# x, halve (9), each gated by one more multiply; a soft cap divides, takes tanh and multiplies.
+ELEMENTWISE = {
+    ROPE: PerElement(3, 1), ADD: PerElement(1, 2), SILU_MUL: PerElement(5, 2),
+    GELU_MUL: PerElement(10, 2), SCALE: PerElement(1, 1), SOFTCAP: PerElement(3, 1),
+}
+# RMSNorm in two passes around the all-reduce of the sum of squares: square and accumulate,
+# then scale each element by 1/rms and by its weight (read beside it).
+NORM_SQUARES = PerElement(2, 1, 0)
+NORM_SCALE = PerElement(2, 2, 1)
+NORM_FLOPS = NORM_SQUARES.flops + NORM_SCALE.flops
+SOFTMAX_FLOPS = 5  # per score: max, subtract, exp, accumulate, divide
+SOFTCAP_FLOPS = ELEMENTWISE[SOFTCAP].flops
+TOKEN_ID_BYTES = 4
+SUM_BYTES = 4  # sums of squares and softmax statistics travel in FP32
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a PE (or a set of PEs) does: FLOPs and SRAM bytes read and written."""
+
+    flops: float = 0.0
+    reads: float = 0.0
+    writes: float = 0.0
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.flops + other.flops, self.reads + other.reads,
+                    self.writes + other.writes)
+
+
+def elementwise_work(cost: PerElement, elements, dtype_bytes: int) -> Work:
+    return Work(cost.flops * elements, cost.reads * elements * dtype_bytes,
+                cost.writes * elements * dtype_bytes)
+
+
+def matrix_work(k, n, tokens, dtype_bytes: int) -> Work:
+    """A PE's block of k x n weights applied to ``tokens`` tokens: every multiply-accumulate
+    reads its weight from SRAM (there is no cache), and each token's input segment once."""
+    return Work(2 * tokens * k * n, tokens * (k * n + k) * dtype_bytes,
+                tokens * n * dtype_bytes)
+
+
+def bias_work(n, tokens, dtype_bytes: int) -> Work:
+    """Adding a bias to ``n`` outputs of ``tokens`` tokens, where the sums collect."""
+    return Work(tokens * n, 2 * tokens * n * dtype_bytes, tokens * n * dtype_bytes)
+
+
+def score_flops(model: ModelSpec) -> int:
+    """FLOPs per (query head, key) pair of attention: the q.k product, the softmax (and the
+    soft cap where the model has one) and the weighted sum of values."""
+    cap = SOFTCAP_FLOPS if model.attn_logit_softcap else 0
+    return 4 * model.head_dim + SOFTMAX_FLOPS + cap
+
+
+# --- the op table ---------------------------------------------------------------------------
+
+STAGE = "@stage"
+HOME = "down_proj"  # the strip whose root edge holds a stage's residual stream
+LAYER_INPUT = "x"
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    site: str
+    kernel: str
+    matrix: tuple[int, int] | None = None  # (K, N)
+    length: int = 0  # output elements per token
+    tensor: str | None = None  # Hugging Face module holding the weights
+    bias: bool = False
+    weight_params: int = 0
+
+    @property
+    def kernel_kind(self) -> str:
+        return KERNEL_KINDS[self.kind]
+
+
+def _matrix(name: str, k: int, n: int, inputs: tuple[str, ...], tensor: str,
+            bias: bool = False) -> Op:
+    return Op(name, GEMM, inputs, name, name, matrix=(k, n), length=n, tensor=tensor, bias=bias,
+              weight_params=k * n + (n if bias else 0))
+
+
+def _vector(name: str, kind: str, inputs: tuple[str, ...], site: str, length: int,
+            tensor: str | None = None, params: int = 0, kernel: str | None = None) -> Op:
+    return Op(name, kind, inputs, site, kernel or name, length=length, tensor=tensor,
+              weight_params=params)
+
+
+def layer_ops(model: ModelSpec) -> list[Op]:
+    """One decoder layer's ops in execution order."""
+    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
+    bias = model.attention_bias
+    ops = [_vector("input_norm", RMSNORM, (LAYER_INPUT,), HOME, h, "input_layernorm", h)]
+    ops += [_matrix(name, h, n, ("input_norm",), f"self_attn.{name}", bias)
+            for name, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))]
+    q_src, k_src = "q_proj", "k_proj"
+    if model.qk_norm:
+        hd = model.head_dim
+        ops += [_vector("q_norm", HEAD_RMSNORM, ("q_proj",), "q_proj", q, "self_attn.q_norm", hd),
+                _vector("k_norm", HEAD_RMSNORM, ("k_proj",), "k_proj", kv, "self_attn.k_norm", hd)]
+        q_src, k_src = "q_norm", "k_norm"
+    ops += [
+        _vector("rope_q", ROPE, (q_src,), "q_proj", q),
+        _vector("rope_k", ROPE, (k_src,), "k_proj", kv),
+        # K and V meet on k_proj's edge, so one route carries both into the cache.
+        _vector("kv_append", KV_APPEND, ("rope_k", "v_proj"), "k_proj", 2 * kv,
+                kernel="attention"),
+        _vector("attn_scores", ATTN_SCORES, ("rope_q", "kv_append"), STAGE, 0,
+                kernel="attention"),
+        _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0, kernel="attention"),
+        _vector("attn_weighted_sum", ATTN_WEIGHTED_SUM, ("attn_softmax", "kv_append"), STAGE, q,
+                kernel="attention"),
+        _matrix("o_proj", q, h, ("attn_weighted_sum",), "self_attn.o_proj"),
+    ]
+    attn_out = "o_proj"
+    if model.sandwich_norms:
+        ops.append(_vector("attn_out_norm", RMSNORM, ("o_proj",), "o_proj", h,
+                           "post_attention_layernorm", h))
+        attn_out = "attn_out_norm"
+    act = (_vector("gelu_mul", GELU_MUL, ("gate_proj", "up_proj"), "up_proj", inter)
+           if model.hidden_act == "gelu_tanh"
+           else _vector("silu_mul", SILU_MUL, ("gate_proj", "up_proj"), "up_proj", inter))
+    ops += [
+        _vector("residual_attn", ADD, (LAYER_INPUT, attn_out), "o_proj", h),
+        # Before the MLP: Llama calls it post_attention_layernorm, Gemma pre_feedforward.
+        _vector("post_attn_norm", RMSNORM, ("residual_attn",), "o_proj", h,
+                "pre_feedforward_layernorm" if model.sandwich_norms
+                else "post_attention_layernorm", h),
+        _matrix("gate_proj", h, inter, ("post_attn_norm",), "mlp.gate_proj"),
+        _matrix("up_proj", h, inter, ("post_attn_norm",), "mlp.up_proj"),
+        act,
+        _matrix("down_proj", inter, h, (act.name,), "mlp.down_proj"),
+    ]
+    mlp_out = "down_proj"
+    if model.sandwich_norms:
+        ops.append(_vector("mlp_out_norm", RMSNORM, ("down_proj",), HOME, h,
+                           "post_feedforward_layernorm", h))
+        mlp_out = "mlp_out_norm"
+    ops.append(_vector("residual_mlp", ADD, ("residual_attn", mlp_out), HOME, h))
+    return ops
+
+
+LAYER_OUTPUT = "residual_mlp"
+
+
+def input_ops(model: ModelSpec) -> list[Op]:
+    """Before the first layer: the embedding lookup (and Gemma's scaling of it)."""
+    h = model.hidden_size
+    ops = [Op("embedding", EMBEDDING, (), "embedding", "embedding",
+              matrix=(model.vocab_size, h), length=h, tensor="model.embed_tokens",
+              weight_params=0 if model.tie_embeddings else model.vocab_size * h)]
+    if model.scale_embeddings:
+        ops.append(_vector("embed_scale", SCALE, ("embedding",), HOME, h))
+    return ops
+
+
+def output_ops(model: ModelSpec) -> list[Op]:
+    """After the last layer: the final norm, the LM head (and Gemma-2's soft cap of the
+    logits). A tied LM head owns the table the embedding reads."""
+    h, v = model.hidden_size, model.vocab_size
+    ops = [_vector("final_norm", RMSNORM, (LAYER_INPUT,), HOME, h, "model.norm", h),
+           Op("lm_head", GEMM, ("final_norm",), "lm_head", "lm_head", matrix=(h, v), length=v,
+              tensor="model.embed_tokens" if model.tie_embeddings else "lm_head",
+              weight_params=h * v)]
+    if model.final_logit_softcap:
+        ops.append(_vector("logit_softcap", SOFTCAP, ("lm_head",), "lm_head", v))
+    return ops
+
+
+def ops_by_name(model: ModelSpec) -> dict[str, Op]:
+    return {op.name: op for op in input_ops(model) + layer_ops(model) + output_ops(model)}
+
+
+def last_position_only(op: Op, phase: str) -> bool:
+    """A prefill's final norm and LM head (and what follows it) run on the last position only:
+    its logits pick the first output token."""
+    return phase == "prefill" and op.name in ("final_norm", "lm_head", "logit_softcap")
+
+
+def op_tokens(op: Op, mb: MicroBatch) -> int:
+    return 1 if last_position_only(op, mb.phase) else mb.new_tokens
+
+
+# --- attention's extent ---------------------------------------------------------------------
+
+def attended_pairs(window: int | None, mb: MicroBatch) -> float:
+    """Sum over the step's query tokens of the KV entries each one attends to (causal, after
+    ``prefix`` cached tokens; a sliding window caps each)."""
+    if mb.phase == "decode":
+        return mb.batch * (min(mb.context, window) if window else mb.context)
+    s, p = mb.tokens, mb.prefix
+    visible = np.arange(p + 1, p + s + 1, dtype=np.int64)  # keys seen by each query
+    if window:
+        visible = np.minimum(visible, window)
+    return float(visible.sum())
+
+
+def kv_entries_read(window: int | None, mb: MicroBatch) -> int:
+    """Distinct cached tokens whose K (or V) must be read, per KV head."""
+    if mb.phase == "decode":
+        return mb.batch * (min(mb.context, window) if window else mb.context)
+    return mb.prefix + mb.tokens if not window else min(mb.prefix + mb.tokens, window
+                                                         + mb.tokens - 1)
+
+
+# --- whole-op costs (the op graph's rows) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class OpCost:
+    """An op's FLOPs and its unique bytes moved (weights or gathered rows once, activations in
+    and out, the KV cache read and appended): the roofline's view. ``work`` is the SRAM-level
+    view the kernels pay, where every multiply-accumulate reads its weight."""
+
+    flops: float
+    weight_bytes: float
+    act_in_bytes: float
+    act_out_bytes: float
+    kv_read_bytes: float = 0.0
+    kv_write_bytes: float = 0.0
+
+    @property
+    def act_bytes(self) -> float:
+        return self.act_in_bytes + self.act_out_bytes
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.kv_read_bytes + self.kv_write_bytes
+
+    @property
+    def read_bytes(self) -> float:
+        return self.weight_bytes + self.act_in_bytes + self.kv_read_bytes
+
+    @property
+    def write_bytes(self) -> float:
+        return self.act_out_bytes + self.kv_write_bytes
+
+    @property
+    def bytes(self) -> float:
+        return self.read_bytes + self.write_bytes
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def __add__(self, other: "OpCost") -> "OpCost":
+        return OpCost(self.flops + other.flops, self.weight_bytes + other.weight_bytes,
+                      self.act_in_bytes + other.act_in_bytes,
+                      self.act_out_bytes + other.act_out_bytes,
+                      self.kv_read_bytes + other.kv_read_bytes,
+                      self.kv_write_bytes + other.kv_write_bytes)
+
+
+ZERO = OpCost(0, 0, 0, 0)
+
+
+def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) -> OpCost:
+    """The op's FLOPs and unique bytes for one step (``layer`` picks its attention window)."""
+    d = model.dtype_bytes
+    t = op_tokens(op, mb)
+    kind = op.kind
+    if kind == EMBEDDING:
+        h = op.matrix[1]
+        return OpCost(0, t * h * d, t * TOKEN_ID_BYTES, t * h * d)
+    if kind == GEMM:
+        k, n = op.matrix
+        flops = matrix_work(k, n, t, d).flops + (bias_work(n, t, d).flops if op.bias else 0)
+        return OpCost(flops, op.weight_params * d, t * k * d, t * n * d)
+    if kind in NORM_KINDS:
+        e = t * op.length
+        return OpCost(NORM_FLOPS * e, op.weight_params * d, e * d, e * d)
+    if kind in ELEMENTWISE:
+        cost, e = ELEMENTWISE[kind], t * op.length
+        # A rotation also reads each position's cos and sin, shared by all heads.
+        tables = 2 * t * (model.head_dim // 2) * d if kind == ROPE else 0
+        return OpCost(cost.flops * e, 0, cost.reads * e * d + tables, cost.writes * e * d)
+    if kind == KV_APPEND:
+        new_kv = t * op.length * d
+        return OpCost(0, 0, new_kv, 0, kv_write_bytes=new_kv)
+    window = model.window(layer) if layer is not None else model.sliding_window
+    scores = model.num_heads * attended_pairs(window, mb)
+    kv_read = kv_entries_read(window, mb) * model.kv_size * d
+    if kind == ATTN_SCORES:
+        return OpCost(2 * model.head_dim * scores, 0, t * model.q_size * d, scores * d,
+                      kv_read_bytes=kv_read)
+    if kind == SOFTMAX:
+        cap = SOFTCAP_FLOPS if model.attn_logit_softcap else 0
+        return OpCost((SOFTMAX_FLOPS + cap) * scores, 0, scores * d, scores * d)
+    if kind == ATTN_WEIGHTED_SUM:
+        return OpCost(2 * model.head_dim * scores, 0, scores * d, t * model.q_size * d,
+                      kv_read_bytes=kv_read)
+    raise ValueError(f"no cost model for op kind {kind!r}")
+
+
+def kernel_dependencies(model: ModelSpec) -> dict[str, list[str]]:
+    """One layer's kernels in execution order, each with the kernels whose output it reads."""
+    ops = layer_ops(model)
+    kernel_of = {op.name: op.kernel for op in ops}
+    deps: dict[str, list[str]] = {}
+    for op in ops:
+        own = deps.setdefault(op.kernel, [])
+        for src in op.inputs:
+            k = kernel_of.get(src)
+            if k is not None and k != op.kernel and k not in own:
+                own.append(k)
+    return deps
+
+
+def kernel_ops(model: ModelSpec) -> dict[str, list[Op]]:
+    """Per compiled kernel, the ops it runs (in execution order)."""
+    out: dict[str, list[Op]] = {}
+    for op in input_ops(model) + layer_ops(model) + output_ops(model):
+        out.setdefault(op.kernel, []).append(op)
+    return out
