@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel
+from test_functional import follows_reference
 
 from compiler.intensity import analyze
 from compiler.mapper import compile_model
@@ -19,7 +20,7 @@ from compiler.opgraph import build_op_graph
 from compiler.options import CompileOptions
 from wse_emu import layer as ly
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator, prompt_tiles
+from wse_emu.functional.generate import Generator
 from wse_emu.kernels.stage import StageGraph
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
@@ -122,27 +123,15 @@ def test_simulated_stages_stay_above_their_bounds(family):
 PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
 
 
-def relative(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3", "phi3"])
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_new_families_follow_the_reference_token_for_token(family, plan):
     spec = SPECS[family]
     weights = random_weights(spec, seed=7)
     program = compiled(spec, plan, region=(16, 16) if plan == "colocated" else (8, 16))
-    generator = Generator(program, weights, "float32", prefill_tile=8)
-    reference = ReferenceModel(spec, weights)
-    tiles = generator.run_prompt(PROMPT, all_logits=True)
-    for (a, b), got in zip(prompt_tiles(len(PROMPT), 8), tiles):
-        assert relative(got, reference.forward(PROMPT[a:b])) < 1e-4
-    token = int(np.argmax(tiles[-1][-1]))
-    for _ in range(6):  # past phi3's original context of 16: long rope factors
-        got, want = generator.step(token), reference.decode(token)
-        assert relative(got, want) < 1e-4
-        assert int(np.argmax(got)) == int(np.argmax(want))
-        token = int(np.argmax(got))
+    # Six decode steps take phi3 past its original context of 16: long rope factors.
+    follows_reference(Generator(program, weights, "float32", prefill_tile=8),
+                      ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
 
 
 def test_fused_phi3_tensors_split_into_the_layer_matrices():
