@@ -12,6 +12,7 @@ from compiler.partition import RegionPlan, partition, wafers_needed
 from compiler.routing import color_masks, popcount
 from compiler.template import NoLayout, RegionTemplate, build_template
 from compiler.tiling import ownership_check
+from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
@@ -153,8 +154,8 @@ def verify(program: WaferProgram) -> None:
         raise AssertionError("kernel weight bytes do not add up to the model's")
     expected_owners = {("embedding", None)} if not model.tie_embeddings else set()
     expected_owners |= {("lm_head", None)}
-    expected_owners |= {(name, layer) for layer in range(model.num_layers)
-                        for name in model.layer_matrices()}
+    matrices = {op.name for op in ly.layer_ops(model) if op.kind == ly.GEMM}
+    expected_owners |= {(name, layer) for layer in range(model.num_layers) for name in matrices}
     for region in program.regions:
         owned = []
         for s in region.stage_ids:
@@ -163,7 +164,7 @@ def verify(program: WaferProgram) -> None:
                 if k.kind in ("matrix", "gather") and k.weight_ref is None:
                     if not ownership_check(*k.matrix, *k.grid):
                         raise AssertionError(f"kernel {k.name} does not partition its matrix")
-                    layers = range(*stage.layers) if k.name in model.layer_matrices() else [None]
+                    layers = range(*stage.layers) if k.name in matrices else [None]
                     owned += [(k.name, layer) for layer in layers]
         if len(owned) != len(set(owned)) or set(owned) != expected_owners:
             raise AssertionError(f"region {region.name} does not own every matrix exactly once")

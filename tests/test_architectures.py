@@ -8,6 +8,8 @@ the tiles must follow the plain-numpy reference token for token.
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -19,13 +21,15 @@ from compiler.mapper import compile_model
 from compiler.opgraph import build_op_graph
 from compiler.options import CompileOptions
 from wse_emu import layer as ly
+from wse_emu.cli.main import main
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
+from wse_emu.hf_config import hf_config, hf_config_v5
 from wse_emu.kernels.stage import StageGraph
 from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
+from wse_emu.model import ModelSpec, load_model
 from wse_emu.runner import run_region
-from wse_emu.weights import random_weights, unfused
+from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint, unfused
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=16, vocab_size=160)
@@ -123,15 +127,44 @@ def test_simulated_stages_stay_above_their_bounds(family):
 PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
 
 
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Each new family's seeded weights, saved as a Hugging Face checkpoint and read back."""
+    out = {}
+    for family in ("qwen3", "gemma2", "gemma3", "phi3"):
+        directory = tmp_path_factory.mktemp(family)
+        save_checkpoint(directory, SPECS[family], random_weights(SPECS[family], seed=7))
+        out[family] = directory
+    return out
+
+
 @pytest.mark.parametrize("family", ["qwen3", "gemma2", "gemma3", "phi3"])
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
-def test_new_families_follow_the_reference_token_for_token(family, plan):
-    spec = SPECS[family]
-    weights = random_weights(spec, seed=7)
+def test_new_families_follow_the_reference_token_for_token(checkpoints, family, plan):
+    spec, weights = load_checkpoint(checkpoints[family])
+    assert dataclasses.replace(spec, name=SPECS[family].name, source="") == SPECS[family]
     program = compiled(spec, plan, region=(16, 16) if plan == "colocated" else (8, 16))
     # Six decode steps take phi3 past its original context of 16: long rope factors.
     follows_reference(Generator(program, weights, "float32", prefill_tile=8),
                       ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_a_v5_config_gives_the_same_tokens_and_logits_as_its_v4_twin(checkpoints, family,
+                                                                      tmp_path):
+    """transformers v5 writes rope_parameters and dtype; the same model must come out."""
+    twin = tmp_path / "v5"
+    shutil.copytree(checkpoints[family], twin)
+    config = hf_config_v5(SPECS[family])
+    assert "rope_parameters" in config and "rope_theta" not in config and "dtype" in config
+    (twin / "config.json").write_text(json.dumps(config))
+    results = []
+    for directory in (checkpoints[family], twin):
+        spec, weights = load_checkpoint(directory)
+        program = compiled(spec)
+        results.append(Generator(program, weights, "float32", prefill_tile=8).generate(PROMPT, 6))
+    assert results[0].generated_ids == results[1].generated_ids
+    assert np.array_equal(results[0].logits, results[1].logits)
 
 
 def test_fused_phi3_tensors_split_into_the_layer_matrices():
@@ -174,3 +207,42 @@ def test_reused_stage_times_tell_sliding_and_full_layers_apart():
     assert [s.cycles for s in reused.stages] == [s.cycles for s in each.stages]
     full, sliding = (s.cycles for s in each.stages[1:3])  # one shape, layers 1 and 2
     assert sliding < full
+
+
+NEW_PRESETS = ["qwen3-8b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini", "phi-3.5-mini"]
+
+
+@pytest.mark.parametrize("preset", NEW_PRESETS)
+def test_new_presets_compile_on_one_wse3_and_run_both_phases(preset):
+    program = compile_model(load_model(preset), ClusterSpec(load_fabric("wse3"), 1),
+                            CompileOptions())
+    region = program.regions[0].name
+    decode = run_region(program, region, MicroBatch("decode", batch=1, context=4096))
+    prefill = run_region(program, region, MicroBatch("prefill", tokens=512, chunks=8))
+    bounds = program.summary["bounds"][region]
+    assert decode.step_seconds >= bounds["decode"]["pipeline_latency_s"]
+    assert prefill.step_seconds > decode.step_seconds > 0
+
+
+SMALL_WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 500
+requests: 40
+prompt: {kind: lognormal, median: 40, sigma: 0.5, low: 8, high: 120}
+output: {kind: lognormal, median: 8, sigma: 0.5, low: 1, high: 30}
+"""
+
+
+@pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
+def test_a_gemma_model_serves_a_workload(tmp_path, plan, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(hf_config(SPECS["gemma2"])))
+    workload = tmp_path / "w.yaml"
+    workload.write_text(SMALL_WORKLOAD)
+    args = ["serve", str(config), "--fabric", "mesh32", "--plan", plan, "--workload",
+            str(workload), "--cache-dir", str(tmp_path / "cache"), "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["requests"] == 40
+    assert data["ttft_s"]["p50"] > 0 and data["tpot_s"]["p50"] > 0

@@ -1,15 +1,16 @@
 """ModelSpec: the shapes of a decoder-only transformer, and loading them.
 
 A model is a preset name under ``programs/models/``, a model YAML path, or a Hugging Face
-``config.json`` (file or directory) of a supported architecture (Llama, Mistral, Qwen2: pre-norm
-RMSNorm decoders with rotary embeddings, grouped-query attention and a gated SiLU MLP).
+``config.json`` (file or directory) of a supported architecture: Llama, Mistral, Qwen2, Qwen3,
+Gemma-2, Gemma-3 (text) and Phi-3, pre-norm RMSNorm decoders with rotary embeddings,
+grouped-query attention and a gated MLP. ``wse_emu.hf_config`` reads such configs (both the
+transformers v4 and v5 spellings) and writes them back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,6 @@ from wse_emu.errors import ConfigError
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 HIDDEN_ACTS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
-
-# Hugging Face architecture name -> our family.
-HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
 
 
 @dataclass(frozen=True)
@@ -220,148 +214,6 @@ def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
     return build_dataclass(ModelSpec, data, source, skip=("version",)).validate(source)
 
 
-_ABSENT = object()
-
-
-def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
-    """'architectures' as a list of names: a single string counts as a one-element list."""
-    archs = config.get("architectures")
-    if archs is None:
-        return []
-    if isinstance(archs, str):
-        return [archs]
-    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-        raise ConfigError(f"{source}: field 'architectures' must be a list of names, "
-                          f"got {shown(archs)}")
-    return archs
-
-
-def model_from_hf_config(config: dict[str, Any], source: str, name: str | None = None) -> ModelSpec:
-    """Translate a Hugging Face ``config.json`` mapping; unsupported ones raise ConfigError."""
-    archs = _hf_architectures(config, source)
-    model_type = config.get("model_type")
-    family = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
-    if family is None and not archs and isinstance(model_type, str) and model_type in FAMILIES:
-        family = model_type
-    if family is None:
-        found = (", ".join(a if a.isprintable() else shown(a) for a in archs) if archs
-                 else f"model_type {shown(model_type)}")
-        raise ConfigError(
-            f"{source}: unsupported architecture {found}; supported: "
-            f"{', '.join(HF_ARCHITECTURES)}"
-        )
-    for moe_key in ("num_local_experts", "num_experts"):
-        if config.get(moe_key):
-            raise ConfigError(
-                f"{source}: mixture-of-experts models ('{moe_key}') are not supported")
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{source}: field 'hidden_act' must be 'silu', got {shown(act)}")
-
-    def get(key: str, default: Any) -> Any:
-        value = config.get(key, default)
-        if value is _ABSENT:
-            raise ConfigError(f"{source}: missing required field '{key}'")
-        return value
-
-    def wrong(key: str, what: str, value: Any) -> ConfigError:
-        return ConfigError(f"{source}: field '{key}' must be {what}, got {shown(value)}")
-
-    def integer(key: str, default: Any = _ABSENT, nullable: bool = False) -> int | None:
-        value = get(key, default)
-        if value is None and nullable:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise wrong(key, "an integer or null" if nullable else "an integer", value)
-        return value
-
-    def number(key: str, default: float) -> float:
-        value = get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise wrong(key, "a number", value)
-        try:
-            result = float(value)
-        except OverflowError:
-            result = math.inf
-        if not math.isfinite(result):
-            raise wrong(key, "a finite number", value)
-        return result
-
-    def flag(key: str, default: bool) -> bool:
-        value = get(key, default)
-        if not isinstance(value, bool):
-            raise wrong(key, "true or false", value)
-        return value
-
-    def string(key: str, default: str | None) -> str | None:
-        value = get(key, default)
-        if value is not None and not isinstance(value, str):
-            raise wrong(key, "a string", value)
-        return value
-
-    hidden = integer("hidden_size")
-    heads = integer("num_attention_heads")
-    # null or 0 means "derive it", as Hugging Face does.
-    head_dim = integer("head_dim", None, nullable=True) or (hidden // heads if heads else 0)
-    kv_heads = integer("num_key_value_heads", None, nullable=True) or heads
-    bias_default = family == "qwen2"
-    sliding = None
-    if family == "mistral" or flag("use_sliding_window", False):
-        sliding = integer("sliding_window", None, nullable=True)
-    dtype = string("torch_dtype", None) or "bfloat16"
-    data = {**_rope_scaling(config.get("rope_scaling"), source)}
-    data.update({
-        "name": name or string("_name_or_path", None) or Path(source).parent.name or family,
-        "family": family,
-        "hidden_size": hidden,
-        "intermediate_size": integer("intermediate_size"),
-        "num_layers": integer("num_hidden_layers"),
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "vocab_size": integer("vocab_size"),
-        "tie_embeddings": flag("tie_word_embeddings", False),
-        "attention_bias": flag("attention_bias", bias_default),
-        "rms_norm_eps": number("rms_norm_eps", 1e-5),
-        "rope_theta": number("rope_theta", 10000.0),
-        "max_position_embeddings": integer("max_position_embeddings", 4096),
-        "sliding_window": sliding,
-        "dtype_bytes": 4 if dtype == "float32" else 2,
-        "source": f"Hugging Face config {source}",
-    })
-    return model_from_dict(data, source)
-
-
-def _rope_scaling(scaling: Any, source: str) -> dict[str, Any]:
-    """ModelSpec fields from Hugging Face's ``rope_scaling`` (null, or a mapping with
-    ``rope_type``, or ``type`` in older configs)."""
-    if scaling is None:
-        return {}
-    if not isinstance(scaling, dict):
-        raise ConfigError(f"{source}: field 'rope_scaling' must be a mapping or null, "
-                          f"got {shown(scaling)}")
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if not isinstance(kind, str):
-        raise ConfigError(f"{source}: field 'rope_scaling' has no 'rope_type'")
-    if kind == "default":
-        return {}
-    out: dict[str, Any] = {"rope_scaling": kind}
-    for key, field in (("factor", "rope_scaling_factor"),
-                       ("low_freq_factor", "rope_low_freq_factor"),
-                       ("high_freq_factor", "rope_high_freq_factor"),
-                       ("original_max_position_embeddings", "rope_original_max_positions")):
-        value = scaling.get(key)
-        if value is None:
-            continue
-        whole = field == "rope_original_max_positions"
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value) or (whole and value != int(value))):
-            raise ConfigError(f"{source}: rope_scaling '{key}' must be a finite "
-                              f"{'whole number' if whole else 'number'}, got {shown(value)}")
-        out[field] = int(value) if whole else float(value)
-    return out
-
-
 def load_model(name_or_path: str | Path) -> ModelSpec:
     """A preset name, a model YAML path, or a Hugging Face config.json (file or directory)."""
     text = str(name_or_path)
@@ -379,6 +231,9 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
             raise ConfigError(f"{path}: malformed JSON (nested too deeply)") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{path}: expected a JSON object")
+        # Imported here: the reader builds ModelSpecs, so it imports this module.
+        from wse_emu.hf_config import model_from_hf_config
+
         return model_from_hf_config(config, str(path))
     if path.suffix in (".yaml", ".yml") or path.exists():
         return model_from_dict(read_yaml_mapping(path), str(path))

@@ -23,6 +23,7 @@ import numpy as np
 
 from wse_emu import layer as ly
 from wse_emu.errors import UserError
+from wse_emu.hf_config import hf_config
 from wse_emu.model import ModelSpec, load_model
 
 Shape = tuple[int, ...]
@@ -34,8 +35,6 @@ _FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj"
                                           "self_attn.v_proj"),
                    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}}
 
-_HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM"}
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -152,37 +151,6 @@ def random_weights(spec: ModelSpec, seed: int, dtype: Any = np.float32) -> dict[
                 value *= residual_scale
         weights[name] = value.astype(dtype)
     return weights
-
-
-def hf_config(spec: ModelSpec) -> dict[str, Any]:
-    """A Hugging Face ``config.json`` mapping from which ``load_model`` rebuilds ``spec``."""
-    return {
-        "architectures": [_HF_ARCHITECTURE[spec.family]],
-        "model_type": spec.family,
-        "_name_or_path": spec.name,
-        "hidden_act": "silu",
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "vocab_size": spec.vocab_size,
-        "tie_word_embeddings": spec.tie_embeddings,
-        "attention_bias": spec.attention_bias,
-        "rms_norm_eps": spec.rms_norm_eps,
-        "rope_theta": spec.rope_theta,
-        "max_position_embeddings": spec.max_position_embeddings,
-        # The loader reads sliding_window for Mistral always, for the others only with this flag.
-        "use_sliding_window": spec.sliding_window is not None,
-        "sliding_window": spec.sliding_window,
-        "torch_dtype": "float32" if spec.dtype_bytes == 4 else "bfloat16",
-        "rope_scaling": None if spec.rope_scaling is None else {
-            "rope_type": spec.rope_scaling, "factor": spec.rope_scaling_factor,
-            "low_freq_factor": spec.rope_low_freq_factor,
-            "high_freq_factor": spec.rope_high_freq_factor,
-            "original_max_position_embeddings": spec.rope_original_max_positions},
-    }
 
 
 def save_checkpoint(directory: str | Path, spec: ModelSpec,
