@@ -5,6 +5,7 @@ import pytest
 from wse_emu.configfile import preset_names
 from wse_emu.errors import ConfigError
 from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
+from wse_emu.layer import ops_by_name
 from wse_emu.model import load_model
 
 
@@ -52,7 +53,7 @@ def test_model_presets_have_published_parameter_counts(name, params):
 def test_grouped_query_attention_shapes():
     m = load_model("llama-3.1-70b")
     assert m.group_size == 8
-    assert m.layer_matrices()["k_proj"] == (8192, 1024)
+    assert ops_by_name(m)["k_proj"].matrix == (8192, 1024)
     assert m.kv_bytes_per_token() == 80 * 2 * 1024 * 2
 
 

@@ -39,6 +39,7 @@ from test_input_errors import assert_one_line_error, run_cli
 
 from wse_emu.errors import ConfigError, UserError
 from wse_emu.hf_config import HF_ARCHITECTURES, hf_config, hf_config_v5, model_from_hf_config
+from wse_emu.layer import ops_by_name
 from wse_emu.model import ModelSpec, load_model
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
@@ -154,7 +155,7 @@ def test_qwen2_5_7b_fields():
     assert m.family == "qwen2"
     # Qwen2 has q/k/v biases although its config.json has no 'attention_bias' key.
     assert m.attention_bias is True
-    assert "q_bias" in m.layer_vectors()
+    assert ops_by_name(m)["q_proj"].bias
     assert m.tie_embeddings is False
     assert (m.hidden_size, m.intermediate_size, m.num_layers) == (3584, 18944, 28)
     assert (m.num_heads, m.num_kv_heads, m.head_dim) == (28, 4, 128)
@@ -213,7 +214,7 @@ def test_qwen2_5_7b_base_fields():
 def test_qwen3_8b_fields():
     m = load_model(FIXTURES / "qwen3-8b")
     assert m.family == "qwen3"
-    assert m.qk_norm is True and {"q_norm", "k_norm"} <= set(m.layer_vectors())
+    assert m.qk_norm is True and {"q_norm", "k_norm"} <= set(ops_by_name(m))
     assert m.attention_bias is False and m.tie_embeddings is False
     assert (m.hidden_size, m.intermediate_size, m.num_layers) == (4096, 12288, 36)
     assert (m.num_heads, m.num_kv_heads, m.head_dim) == (32, 8, 128)

@@ -24,12 +24,15 @@ the op graph its FLOPs, so the three cannot drift apart (a test holds them toget
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.model import ModelSpec
 from wse_emu.splits import even_split
+
+if TYPE_CHECKING:  # ModelSpec counts its parameters from this table: no import back at run time
+    from wse_emu.model import ModelSpec
 
 PHASES = ("prefill", "decode")
 

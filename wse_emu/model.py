@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wse_emu import layer as ly
 from wse_emu.configfile import (
     build_dataclass,
     check_version,
@@ -93,35 +94,9 @@ class ModelSpec:
         """Query heads per KV head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
-    def layer_matrices(self) -> dict[str, tuple[int, int]]:
-        """Weight matrices of one decoder layer as (input dim K, output dim N)."""
-        h, i = self.hidden_size, self.intermediate_size
-        return {
-            "q_proj": (h, self.q_size),
-            "k_proj": (h, self.kv_size),
-            "v_proj": (h, self.kv_size),
-            "o_proj": (self.q_size, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def layer_vectors(self) -> dict[str, int]:
-        """Per-layer weight vectors (norm scales, projection biases) and their lengths."""
-        h = self.hidden_size
-        vectors = {"input_norm": h, "post_attn_norm": h}
-        if self.attention_bias:
-            vectors.update(q_bias=self.q_size, k_bias=self.kv_size, v_bias=self.kv_size)
-        if self.qk_norm:
-            vectors.update(q_norm=self.head_dim, k_norm=self.head_dim)
-        if self.sandwich_norms:
-            vectors.update(attn_out_norm=h, mlp_out_norm=h)
-        return vectors
-
     def layer_params(self) -> int:
-        return sum(k * n for k, n in self.layer_matrices().values()) + sum(
-            self.layer_vectors().values()
-        )
+        """Weights of one decoder layer, as the layer description lists them."""
+        return sum(op.weight_params for op in ly.layer_ops(self))
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
