@@ -178,6 +178,8 @@ def score_flops(model: ModelSpec) -> int:
 STAGE = "@stage"
 HOME = "down_proj"  # the strip whose root edge holds a stage's residual stream
 LAYER_INPUT = "x"
+LAYER_OUTPUT = "residual_mlp"
+ATTENTION_OUTPUT = "attn_weighted_sum"  # the attention pattern's result, where o_proj takes it
 
 
 @dataclass(frozen=True)
@@ -232,9 +234,9 @@ def layer_ops(model: ModelSpec) -> list[Op]:
         _vector("attn_scores", ATTN_SCORES, ("rope_q", "kv_append"), STAGE, 0,
                 kernel="attention"),
         _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0, kernel="attention"),
-        _vector("attn_weighted_sum", ATTN_WEIGHTED_SUM, ("attn_softmax", "kv_append"), STAGE, q,
+        _vector(ATTENTION_OUTPUT, ATTN_WEIGHTED_SUM, ("attn_softmax", "kv_append"), STAGE, q,
                 kernel="attention"),
-        _matrix("o_proj", q, h, ("attn_weighted_sum",), "self_attn.o_proj"),
+        _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj"),
     ]
     attn_out = "o_proj"
     if model.sandwich_norms:
@@ -260,11 +262,10 @@ def layer_ops(model: ModelSpec) -> list[Op]:
         ops.append(_vector("mlp_out_norm", RMSNORM, ("down_proj",), HOME, h,
                            "post_feedforward_layernorm", h))
         mlp_out = "mlp_out_norm"
-    ops.append(_vector("residual_mlp", ADD, ("residual_attn", mlp_out), HOME, h))
+    ops.append(_vector(LAYER_OUTPUT, ADD, ("residual_attn", mlp_out), HOME, h))
     return ops
 
 
-LAYER_OUTPUT = "residual_mlp"
 
 
 def input_ops(model: ModelSpec) -> list[Op]:

@@ -120,6 +120,7 @@ class FunctionalStage:
         l0, l1 = stage.layers
         layers = range(l0, l1)
         self.ops = ly.ops_by_name(self.model)
+        self.layer_table = ly.layer_ops(self.model)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.matrices: dict[str, MatrixTiles] = {}
         self.vectors: dict[str, VectorTiles] = {}
@@ -229,12 +230,12 @@ class FunctionalStage:
         to the run's dtype where the PEs store it."""
         self.positions = positions
         values = {ly.LAYER_INPUT: x}
-        for op in ly.layer_ops(self.model):
+        for op in self.layer_table:
             if op.kind in (ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM):
                 continue  # computed with the scores, flash-style, where the keys are
             result = self.compute[op.kind](op, index, *(values[s] for s in op.inputs))
             if op.kind == ly.ATTN_SCORES:
-                values[ly.ATTN_WEIGHTED_SUM] = result
+                values[ly.ATTENTION_OUTPUT] = result
             else:
                 values[op.name] = None if result is None else self.numerics.round(result)
         return values[ly.LAYER_OUTPUT]

@@ -69,6 +69,7 @@ class StageGraph:
         self.kind_names = list(self.kernels)
         self.whole_end = step.prefix + step.tokens
         self.ops = ly.ops_by_name(self.model)
+        self.layer_table = ly.layer_ops(self.model)
         self.layer_index = 0
         # Per kernel, the work of its ops as the tasks do it (collectives excluded), so that
         # a test can hold the tasks to the layer description's costs.
@@ -475,8 +476,10 @@ class StageGraph:
         at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
 
         def site(name: str) -> tuple[np.ndarray, np.ndarray]:
-            st = home if name == ly.HOME else strips[name]
-            return (home.edge, hsz) if name == ly.HOME else (st.edge, st.n_sizes)
+            """The edge line of a strip, with the sizes its PEs hold."""
+            if name == ly.HOME:
+                return home.edge, hsz
+            return strips[name].edge, strips[name].n_sizes
 
         def gathered(op: ly.Op, pes: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
             out = []
@@ -488,12 +491,11 @@ class StageGraph:
                     out.append(self.feed(src_pes, src_sizes, ready[src], pes, sizes, op.kernel))
             return out
 
-        attention_out = None
-        for op in ly.layer_ops(self.model):
+        for op in self.layer_table:
             if op.kind == ly.GEMM:
                 st = strips[op.name]
                 (src,) = op.inputs
-                if src == attention_out:
+                if src == ly.ATTENTION_OUTPUT:
                     entries = ready[src]  # attention delivers to the entries itself
                 else:
                     entries = self.feed(at[src][0], at[src][1], ready[src], self.entry_pes(st),
@@ -508,12 +510,11 @@ class StageGraph:
                 ready[op.name], at[op.name] = kv, (pes, sizes)
             elif op.kind == ly.ATTN_SCORES:
                 q_src, kv_src = op.inputs
-                consumer = next(o for o in ly.layer_ops(self.model)
-                                if o.kind == ly.GEMM and o.inputs == (ly.ATTN_WEIGHTED_SUM,))
-                ready[ly.ATTN_WEIGHTED_SUM] = self.attention(
+                consumer = next(o for o in self.layer_table
+                                if o.inputs == (ly.ATTENTION_OUTPUT,))
+                ready[ly.ATTENTION_OUTPUT] = self.attention(
                     ready[q_src], at[q_src][0], ready[kv_src], at[kv_src][0],
                     strips[consumer.name])
-                attention_out = ly.ATTN_WEIGHTED_SUM
             elif op.kernel_kind == "attention":
                 continue  # the rest of the attention pattern, built with its scores
             else:
