@@ -30,6 +30,8 @@ from compiler.tiling import block_bytes, vector_bytes
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import FabricSpec
+from wse_emu.kernels.primitives import CostModel
+from wse_emu.kernels.trees import MAX_LEVELS, choose_levels
 from wse_emu.model import ModelSpec
 from wse_emu.program import Kernel, Rect, Route, Stage
 
@@ -79,25 +81,29 @@ class RegionTemplate:
 
 def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple[int, int]],
                    options: CompileOptions) -> RegionTemplate:
-    """With automatic layers per stage, a layout whose routes need more colors than the fabric
-    has is retried with more layers per stage (fewer stages, so fewer routes crossing)."""
-    fewest = 1
+    """A layout whose routes need more colors than the fabric has is retried first with
+    reduction trees of at most two levels (one color per level), then, with automatic layers
+    per stage, with more layers per stage (fewer stages, so fewer routes crossing)."""
+    fewest, max_levels = 1, MAX_LEVELS
     while True:
         try:
-            return _build_template(model, fabric, part_shapes, options, fewest)
+            return _build_template(model, fabric, part_shapes, options, fewest, max_levels)
         except ColorsExhausted as exc:
+            if max_levels > 2:
+                max_levels = 2
+                continue
             if options.layers_per_stage or exc.layers_per_stage >= model.num_layers:
                 raise
             fewest = exc.layers_per_stage + 1
 
 
-def _build_template(model, fabric, part_shapes, options, fewest) -> RegionTemplate:
+def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> RegionTemplate:
     reserve = INITIAL_BUFFER_RESERVE
     for _ in range(4):
         budget = fabric.usable_bytes_per_pe - reserve
         layouts = _layout_region(model, part_shapes, options, budget, fewest)
         _place(layouts, model, options)
-        template = _assemble(model, fabric, part_shapes, layouts, options)
+        template = _assemble(model, fabric, part_shapes, layouts, options, max_levels)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
                    for a in template.arrays) - fabric.usable_bytes_per_pe
         if over <= 0:
@@ -233,7 +239,7 @@ def _gap(a: Rect, b: Rect) -> int:
 
 
 class _Builder:
-    def __init__(self, model, fabric, part_shapes, options):
+    def __init__(self, model, fabric, part_shapes, options, max_levels: int = MAX_LEVELS):
         self.model, self.fabric, self.options = model, fabric, options
         self.d = model.dtype_bytes
         self.stages: list[Stage] = []
@@ -243,6 +249,8 @@ class _Builder:
                         "activations": np.zeros((h, w), np.int64),
                         "stage": np.full((h, w), -1, np.int32)} for w, h in part_shapes]
         self.part_shapes = part_shapes
+        self.cost = CostModel(fabric, self.d)
+        self.max_levels = max_levels
 
     # kernels -----------------------------------------------------------------------------
     def kernel(self, stage: Stage, name: str, kind: str, rect: Rect, **kw) -> Kernel:
@@ -317,13 +325,24 @@ class _Builder:
                 per_pe = vector_bytes(length, short, strip.vector_layers[name], d)
                 self.add("weights", edge, self.line(edge, per_pe))
         # The kernel's internal collectives: inputs broadcast across the strip, partial sums
-        # reduced along it by a two-level tree (one color per level).
+        # reduced along it by a tree of as many levels as the cost model finds fastest for a
+        # decode token (one color per level).
         self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
-        levels = 0 if e == 1 else (1 if e <= 2 else 2)
+        if kind == "matrix":
+            k.trees["reduce"] = self.tree_levels(e, -(-strip.n // short))
+        levels = 0 if e == 1 else k.trees.get("reduce", 0)
         for level in range(levels):
             self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],
                        stage=stage.id)
         return k
+
+    def tree_levels(self, length: int, values: int, value_bytes: int | None = None) -> int:
+        """Levels of a reduce of ``values`` numbers along ``length`` PEs."""
+        nbytes = value_bytes or self.d
+        message = -(-values * nbytes // 4)  # wavelets
+        add = float(self.cost.add(np.array([values]), nbytes)[0])
+        return choose_levels(length, message, add, self.fabric.hop_latency_cycles,
+                             self.max_levels)
 
     def line(self, edge: Rect, values: np.ndarray) -> np.ndarray:
         return values[:, None] if edge.w == 1 else values[None, :]
@@ -340,12 +359,13 @@ class _Builder:
         seg = even_split(length, pes) * (self.options.buffer_tokens * d)
         self.add("activations", edge, self.line(edge, seg))
         if kind == "norm":
+            k.trees["reduce"] = self.tree_levels(pes, 1, ly.SUM_BYTES)
             self.line_reduce(k, stage)
         return k
 
 
-def _assemble(model, fabric, part_shapes, layouts, options) -> RegionTemplate:
-    b = _Builder(model, fabric, part_shapes, options)
+def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> RegionTemplate:
+    b = _Builder(model, fabric, part_shapes, options, max_levels)
     d = model.dtype_bytes
     h = model.hidden_size
     flat = [lay for part in layouts for lay in part]

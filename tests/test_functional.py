@@ -18,6 +18,7 @@ from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.trees import tree_plan, tree_reduce
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import line_reduce
+from wse_emu.kernels.trees import branching, choose_levels
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
@@ -99,7 +100,7 @@ def test_the_cases_cover_real_reduction_trees():
     depth = [max_grid(program_for(spec, fabric, options)) for spec, fabric, options in CASES]
     assert max(depth) >= 9
     plan = tree_plan(max(depth), max(depth) - 1)
-    assert any(members for _, members in plan.groups)
+    assert any(receiver != plan.root for receiver, _, _ in plan.steps)
 
 
 @pytest.mark.parametrize("spec,fabric,options", [
@@ -217,21 +218,36 @@ def test_an_unmodelled_rope_scaling_is_refused_in_one_line(checkpoints):
 
 # --- the reduction trees ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("length", [1, 2, 3, 5, 6, 10, 17])
-def test_tree_plan_sends_the_messages_the_timed_program_sends(length):
+@pytest.mark.parametrize("levels", [1, 2, 3, 4])
+@pytest.mark.parametrize("length", [1, 2, 3, 5, 6, 10, 17, 40])
+def test_tree_plan_sends_the_messages_the_timed_program_sends(length, levels):
     for root in {0, length // 2, length - 1}:
         g = GraphBuilder(length, 1)
         line = g.pe(np.arange(length), 0)[None, :]
         ready = g.tasks(line, 1, 0).reshape(1, length)
-        line_reduce(g, line, np.array([root]), ready, np.array([1]), np.array([1]), 0)
+        line_reduce(g, line, np.array([root]), ready, np.array([1]), np.array([1]), 0,
+                    levels=levels)
         sent = sorted((int(s), int(d)) for m in g._msgs for s, d in zip(m[1], m[2]))
-        assert sent == sorted(tree_plan(length, root).edges())
+        assert sent == sorted(tree_plan(length, root, levels).edges())
+        # Every position but the root sends once; no receiver takes more than the branching
+        # (twice it at the root, which has two sides).
+        plan = tree_plan(length, root, levels)
+        assert sorted(s for s, _ in plan.edges()) == [p for p in range(length) if p != root]
+        g_ = branching(length, levels)
+        assert all(len(senders) <= (2 * g_ if r == root else g_) for r, senders, _ in plan.steps)
 
 
+@pytest.mark.parametrize("levels", [1, 2, 3])
 @pytest.mark.parametrize("length,root", [(1, 0), (4, 3), (9, 0), (9, 4), (16, 15), (31, 7)])
-def test_tree_reduce_adds_every_position_once(length, root):
+def test_tree_reduce_adds_every_position_once(length, root, levels):
     values = 2.0 ** np.arange(length)  # each position a distinct bit: a lost or double shows
-    assert tree_reduce(values, root, np.add) == values.sum()
+    assert tree_reduce(values, root, np.add, levels=levels) == values.sum()
+
+
+def test_deeper_trees_pay_off_for_long_lines_and_big_messages():
+    assert choose_levels(4, 100, 50, 1) <= 2
+    assert choose_levels(700, 300, 100, 1) >= 3
+    assert choose_levels(700, 300, 100, 1, most=2) == 2
 
 
 def test_tree_reduce_rounds_what_travels():

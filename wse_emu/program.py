@@ -146,6 +146,10 @@ class Kernel:
     weight_bytes: int = 0  # owned by this kernel, all its layers
     weight_ref: int | None = None  # kernel that owns the weights this kernel reads (tied)
     root: str = ""  # edge where outputs collect: "east", "west", "south", "north"
+    # Levels of each of its reduction trees (``kernels.trees``), chosen by the compiler from
+    # the cost model: "reduce" (partial sums along a strip, a norm's line), "along" and
+    # "across" (attention's partial outputs along the long side, scores across a head's rows).
+    trees: dict[str, int] = field(default_factory=dict)
     bounds: dict[str, Any] = field(default_factory=dict)
 
 

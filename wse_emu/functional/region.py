@@ -178,7 +178,7 @@ class FunctionalStage:
         bounds = np.concatenate([[0], np.cumsum(tiles.sizes)])
         squares = np.stack([np.sum(x[:, a:b] * x[:, a:b], axis=1)
                             for a, b in zip(bounds[:-1], bounds[1:])])  # (pes, t)
-        total = tree_reduce(squares, 0, np.add)
+        total = tree_reduce(squares, 0, np.add, levels=self.kernels[name].trees.get("reduce", 2))
         inv_rms = 1.0 / np.sqrt(total / x.shape[1] + np.float32(self.model.rms_norm_eps))
         return self.numerics.round(x * inv_rms.astype(np.float32)[:, None] * self._scale(
             tiles.vector(layer)))

@@ -87,7 +87,8 @@ class MatrixTiles:
         segments = x[:, self._k_index] * self._k_mask[None]  # (t, e, kmax)
         segments = np.ascontiguousarray(segments.transpose(1, 0, 2))[:, None]  # (e, 1, t, kmax)
         partial = np.matmul(segments, self.blocks[layer])  # (e, s, t, nmax), float32
-        total = tree_reduce(partial, self.root, np.add, numerics.round)  # (s, t, nmax)
+        total = tree_reduce(partial, self.root, np.add, numerics.round,
+                            self.kernel.trees.get("reduce", 2))  # (s, t, nmax)
         out = numerics.round(total)[self._out_b, :, self._out_off].T  # (t, N)
         if self.bias is not None:
             out = numerics.round(out + self.bias.vector(layer))

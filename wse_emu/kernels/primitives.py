@@ -7,12 +7,11 @@ task ids downstream code waits for.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.graph import GraphBuilder
+from wse_emu.kernels.trees import tree_plan
 
 # Virtual channels by traffic class (the cycle engine maps colors onto these).
 VC_BCAST, VC_REDUCE1, VC_REDUCE2, VC_TRANSFER = 0, 1, 2, 3
@@ -76,57 +75,37 @@ def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready
 
 def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.ndarray,
                 wave: np.ndarray, add_cycles: np.ndarray, kind: int,
-                gather: bool = False) -> np.ndarray:
+                gather: bool = False, levels: int = 2) -> np.ndarray:
     """Partial results, ready at ``ready[i, pos]`` on each PE of each line, are summed onto the
-    line's ``root`` position by a two-level tree. On each side of the root the line is cut into
-    groups of about sqrt(length) PEs; members send to their group's leader, the member
-    farthest from the root (level one, away from the root); leaders send their group's sum to
-    the root (level two, toward the root). The two levels run in opposite directions, so one
-    never holds up the other on a link. Returns the root's final task per line.
-    ``wave``/``add_cycles``: message size and one addition's cost, per line. With ``gather``
-    the pieces are concatenated instead: a leader sends on its whole group's."""
+    line's ``root`` position by a ``levels``-level tree (``trees.tree_plan``): at each step a
+    receiver takes its senders' messages and adds each to its own value. Returns the root's
+    final task per line. ``wave``/``add_cycles``: message size and one addition's cost, per
+    line. With ``gather`` the pieces are concatenated instead: a sender passes on everything it
+    has collected."""
     n_lines, length = lines.shape
-    rows = np.arange(n_lines)
+    out = ready[np.arange(n_lines), root].copy()
     if length == 1:
-        return ready[:, 0].copy()
-    group = max(1, math.isqrt(length - 1) + 1)
-    pos = np.arange(length)[None, :]
-    side = np.sign(pos - root[:, None])  # -1 before the root, +1 after, 0 at it
-    dist = np.abs(pos - root[:, None])
-    reach = np.where(side < 0, root[:, None], length - 1 - root[:, None])  # PEs on that side
-    k = np.maximum(dist - 1, 0) // group
-    far = np.minimum((k + 1) * group, reach)  # distance of the group's leader
-    on_side = dist > 0
-    is_leader = on_side & (dist == far)
-    members = on_side & ~is_leader
-    # Level one: members to their leader.
-    count1 = np.zeros((n_lines, length), dtype=np.int64)
-    leader_pos = root[:, None] + side * far
-    mi, mp = np.nonzero(members)
-    np.add.at(count1, (mi, leader_pos[mi, mp]), 1)
-    li, lp = np.nonzero(is_leader)
-    level1 = ready[li, lp].copy()
-    with_members = count1[li, lp] > 0
-    if with_members.any():
-        acc = g.tasks(lines[li[with_members], lp[with_members]],
-                      add_cycles[li[with_members]] * count1[li, lp][with_members], kind)
-        g.then(ready[li[with_members], lp[with_members]], acc)
-        level1[with_members] = acc
-    acc_at = np.full((n_lines, length), -1, dtype=np.int64)
-    acc_at[li, lp] = level1
-    g.send(ready[mi, mp], lines[mi, mp], lines[mi, leader_pos[mi, mp]], wave[mi],
-           acc_at[mi, leader_pos[mi, mp]], 0, VC_REDUCE1)
-    # Level two: leaders to the root.
-    count2 = np.bincount(li, minlength=n_lines)
-    final = ready[rows, root].copy()
-    need = rows[count2 > 0]
-    if len(need):
-        done = g.tasks(lines[need, root[need]], add_cycles[need] * count2[need], kind)
-        g.then(ready[need, root[need]], done)
-        final[need] = done
-    size = wave[li] * (count1[li, lp] + 1) if gather else wave[li]
-    g.send(level1, lines[li, lp], lines[li, root[li]], size, final[li], 0, VC_REDUCE2)
-    return final
+        return out
+    for r in np.unique(root):
+        sel = np.flatnonzero(root == r)
+        plan = tree_plan(length, int(r), levels)
+        value = ready[sel].copy()  # (lines, positions): the task at which a value is complete
+        held = np.ones(length, dtype=np.int64)  # pieces a position holds (gather)
+        for receiver, senders, level in plan.steps:
+            count = len(senders)
+            acc = g.tasks(lines[sel, receiver], add_cycles[sel] * count, kind)
+            g.then(value[:, receiver], acc)
+            vc = VC_REDUCE1 if level % 2 else VC_REDUCE2
+            senders = np.asarray(senders)
+            size = wave[sel][:, None] * (held[senders][None, :] if gather
+                                         else np.ones((1, count), dtype=np.int64))
+            g.send(value[:, senders].ravel(), lines[sel][:, senders].ravel(),
+                   np.repeat(lines[sel, receiver], count), size.ravel(),
+                   np.repeat(acc, count), 0, vc)
+            held[receiver] += held[senders].sum()
+            value[:, receiver] = acc
+        out[sel] = value[:, int(r)]
+    return out
 
 
 def transfer(g: GraphBuilder, src_pe: np.ndarray, src_sizes: np.ndarray, src_ready: np.ndarray,

@@ -163,7 +163,8 @@ class StageGraph:
         compute = compute.reshape(e, s)
         rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
         total = line_reduce(self.g, rows, np.full(s, st.root), compute.T,
-                            wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind)
+                            wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind,
+                            levels=k.trees.get("reduce", 2))
         op = self.ops.get(k.name)
         if op is None or not op.bias:
             return total
@@ -227,7 +228,7 @@ class StageGraph:
             one = np.full(n_lines, t)
             total = line_reduce(self.g, lines, np.zeros(n_lines, np.int64), ready_lines,
                                 wavelets(one, ly.SUM_BYTES), self.cost.add(one, ly.SUM_BYTES),
-                                kind)
+                                kind, levels=self.kernels[name].trees.get("reduce", 2))
             back = line_broadcast(self.g, lines, np.zeros(n_lines, np.int64), total,
                                   wavelets(one, ly.SUM_BYTES), kind)
             for gr, tasks in zip([gr for gr in groups if len(gr) == size], back):
