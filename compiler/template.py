@@ -30,6 +30,7 @@ from compiler.tiling import block_bytes, vector_bytes
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import FabricSpec
+from wse_emu.kernels import kvlayout
 from wse_emu.kernels.primitives import CostModel
 from wse_emu.kernels.trees import MAX_LEVELS, choose_levels
 from wse_emu.model import ModelSpec
@@ -486,7 +487,24 @@ def _attention_kernel(b: "_Builder", stage: Stage, lay: StageLayout, model: Mode
     # Attention works one query head at a time on each PE: its query, its output
     # accumulator, and the softmax running max and sum in FP32.
     b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
-    b.route("reduce", "attention.reduce", lay.rect, src=att.id, dst=[att.id], stage=stage.id)
+    # Its trees, sized for a decode token at the bound's context: partial scores of a head
+    # over the head's rows, partial outputs (a row's features of the group's query heads,
+    # with their max and sum) along the long side.
+    features = int(kvlayout.row_features(model.kv_size, lay.short).max())
+    heads_per_row = max(1, -(-model.num_kv_heads // lay.short))
+    rows_per_head = max(1, lay.short // model.num_kv_heads)
+    scores = model.group_size * heads_per_row * -(-b.options.bound_decode_context // lay.long)
+    att.trees["across"] = b.tree_levels(rows_per_head, scores)
+    att.trees["along"] = b.tree_levels(
+        lay.long, model.group_size * (features + 2 * heads_per_row))
+    # One color per level; the two trees run one after the other on crossing axes, so they
+    # share their colors, the routes switched between the axes at run time (as WaferLLM's
+    # WSE-3 code reconfigures one set of colors per axis).
+    levels = max(att.trees["along"] if lay.long > 1 else 0,
+                 att.trees["across"] if rows_per_head > 1 else 0)
+    for level in range(levels):
+        b.route("reduce", f"attention.reduce{level + 1}", lay.rect, src=att.id, dst=[att.id],
+                stage=stage.id)
     return att
 
 
@@ -507,24 +525,27 @@ def _describe_route(route: Route, stages: list[Stage]) -> str:
 
 
 def _kv_plan(b: _Builder, model: ModelSpec, fabric: FabricSpec) -> list[dict[str, np.ndarray]]:
-    """The KV cache takes what weights and buffers leave, in whole slots (K and V of one token
-    for one KV head of one layer); each stage can hold as many tokens as its slots allow for
-    all of its layers and KV heads."""
-    slot = 2 * model.head_dim * model.dtype_bytes
-    out = []
-    for arrays in b.arrays:
-        free = np.clip(fabric.usable_bytes_per_pe - arrays["weights"] - arrays["activations"],
-                       0, None)
-        slots = np.where(arrays["stage"] >= 0, free // slot, 0)
-        out.append({"weights": arrays["weights"], "activations": arrays["activations"],
-                    "kv_cache": slots * slot, "stage": arrays["stage"], "_slots": slots})
+    """The KV cache takes what weights and buffers leave, laid out as ``kernels.kvlayout``
+    says: each row of a stage a slice of the K and V features, each column a share of the
+    tokens, as many as its tightest PE holds for all of the stage's layers."""
+    d = model.dtype_bytes
+    out = [{"weights": a["weights"], "activations": a["activations"],
+            "kv_cache": np.zeros_like(a["weights"]), "stage": a["stage"]} for a in b.arrays]
     for stage in b.stages:
         r = stage.rect
-        stage.kv_slots = int(out[r.system]["_slots"][r.y:r.y1, r.x:r.x1].sum())
-        per_token = stage.num_layers * model.num_kv_heads
-        stage.kv_capacity_tokens = stage.kv_slots // per_token if per_token else 0
-    for arrays in out:
-        del arrays["_slots"]
+        arrays = out[r.system]
+        if not stage.num_layers:
+            stage.kv_slots = stage.kv_capacity_tokens = 0
+            continue
+        free = np.clip(fabric.usable_bytes_per_pe - arrays["weights"][r.y:r.y1, r.x:r.x1]
+                       - arrays["activations"][r.y:r.y1, r.x:r.x1], 0, None)
+        grid = free.T if stage.strip_axis == "x" else free  # (long side, rows across)
+        capacity = kvlayout.column_capacity(grid, model.kv_size, stage.num_layers, d)
+        per_token = kvlayout.token_bytes(model.kv_size, grid.shape[1], stage.num_layers, d)
+        kv = capacity[:, None] * per_token[None, :]
+        arrays["kv_cache"][r.y:r.y1, r.x:r.x1] = kv.T if stage.strip_axis == "x" else kv
+        stage.kv_capacity_tokens = int(capacity.sum())
+        stage.kv_slots = stage.kv_capacity_tokens * model.num_kv_heads
     return out
 
 

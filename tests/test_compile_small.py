@@ -4,6 +4,7 @@ import numpy as np
 
 from compiler.geometry import even_split
 from compiler.routing import popcount
+from wse_emu.kernels import kvlayout
 
 
 def kernels_by_name(program, stage):
@@ -52,28 +53,44 @@ def test_weight_bytes_per_pe_by_hand(tiny_8x8):
     assert int(w.astype(np.int64).sum()) == p.model.weight_bytes()
 
 
-def test_sram_plan_fills_each_pe_exactly_to_whole_kv_slots(tiny_8x8):
+def stage_grid(p, stage, name):
+    """A per-PE array of one stage as (long side, rows across)."""
+    r = stage.rect
+    grid = p.arrays[name][r.system, r.y:r.y1, r.x:r.x1].astype(np.int64)
+    return grid.T if stage.strip_axis == "x" else grid
+
+
+def test_sram_plan_fills_each_column_to_its_tightest_pe(tiny_8x8):
+    """Each row holds a slice of the K and V features, each column the same tokens on all
+    its rows: a PE's KV bytes are whole tokens of its row's slice, and in every column some PE
+    is full to within one token."""
     p = tiny_8x8
     total = p.sram_total()[0]
     assert total.max() <= 49152
-    slot = 2 * p.model.head_dim * 2
-    kv = p.arrays["sram_kv_cache"][0]
-    assert (kv % slot == 0).all()
-    # What the KV cache leaves is less than one slot.
-    assert ((49152 - total) < slot).all()
     assert (p.arrays["sram_reserved"][0] == 4096).all()
+    for stage in p.stages:
+        kv = stage_grid(p, stage, "sram_kv_cache")
+        per_token = kvlayout.token_bytes(p.model.kv_size, kv.shape[1], stage.num_layers, 2)
+        tokens = kv // per_token[None, :]
+        assert (kv == tokens * per_token[None, :]).all()
+        assert (tokens == tokens[:, :1]).all()  # one share of tokens per column
+        r = stage.rect
+        left = 49152 - total[r.y:r.y1, r.x:r.x1].astype(np.int64)
+        left = left.T if stage.strip_axis == "x" else left
+        assert ((left < per_token[None, :]).any(axis=1)).all()
 
 
 def test_kv_capacity_is_the_tightest_stage(tiny_8x8):
     p = tiny_8x8
-    slot = 2 * p.model.head_dim * 2
-    kv = p.arrays["sram_kv_cache"][0].astype(np.int64) // slot
     per_stage = []
     for s in p.stages:
-        slots = int(kv[s.rect.y:s.rect.y1, s.rect.x:s.rect.x1].sum())
-        assert slots == s.kv_slots
-        per_stage.append(slots // (s.num_layers * p.model.num_kv_heads))
-    assert p.regions[0].kv_capacity_tokens == min(per_stage) == 7551
+        kv = stage_grid(p, s, "sram_kv_cache")
+        per_token = kvlayout.token_bytes(p.model.kv_size, kv.shape[1], s.num_layers, 2)
+        tokens = int((kv[:, 0] // per_token[0]).sum())
+        assert tokens == s.kv_capacity_tokens
+        per_stage.append(tokens)
+    assert p.regions[0].kv_capacity_tokens == min(per_stage)
+    assert min(per_stage) > 6000  # most of what weights leave on an 8x8 tiny model
 
 
 def test_colors(tiny_8x8):

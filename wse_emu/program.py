@@ -24,7 +24,7 @@ from wse_emu.fabric import FabricSpec, fabric_from_dict
 from wse_emu.model import ModelSpec, model_from_dict
 
 FORMAT = "wse-emu-program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: KV cache by columns and rows (kernels.kvlayout), reduction tree levels
 
 # Per-PE SRAM categories, in the order reports list them.
 SRAM_CATEGORIES = ("weights", "kv_cache", "activations", "reserved")

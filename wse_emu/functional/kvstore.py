@@ -1,25 +1,21 @@
-"""A stage's KV cache, held in the slots the compiler left on each of its PEs.
+"""A stage's KV cache, held as ``kernels.kvlayout`` lays it out, and attention computed where
+the timed decode pattern computes it.
 
-The stage's rows across its long side are shared among the KV heads as the attention kernel
-shares them (``StageGraph.head_groups``): with more rows than heads each head owns a group of
-rows, otherwise each row holds one or more heads. A head's tokens are dealt round robin over
-the PEs of its rows that still have a free slot: while every PE has room, each holds an equal
-share, as the timed kernel assumes, and PEs that the weights left less room stop taking tokens
-first, so a head uses every slot of its rows. A PE's capacity is the KV bytes the compiler
-planned for it, divided by one token's K and V of a head, by the stage's layers and by the heads
-on its row. When the rows do not divide evenly among the heads, the head with the fewest slots
-bounds the sequence, below the compiler's count (which assumes even sharing).
+Each row across the stage holds a slice of the K and V features (the KV heads' features split
+evenly over the rows, as the k and v edges hand them over); each column along the long side
+holds a share of the sequence's tokens, all rows of a column the same tokens, newest nearest
+the entry column (the long side's end nearer k_proj's edge), the shares within one token of
+each other while every column has room. A column holds as many tokens as the KV bytes the
+compiler planned for its tightest PE allow.
 
-Two simplifications against the timed kernels: a token's K and V go to the PE the deal gives
-(the timed decode sends them to the column of the newest slots), and prefill attention runs
-key-split like decode (the timed prefill splits the queries along the rows instead). Both
-compute the same values from the same cache; only the order of additions differs.
-
-Attention runs where the keys are (flash-decoding): every PE scores the queries of its head
-against its own tokens and keeps a running max, sum and weighted sum of values; the partial
-results meet along each row at the column where o_proj begins, then across the head's rows, by
-the program's trees. Prefill tiles run the same way, with their own keys appended first and
-a causal mask, so prefill and decode read one and the same cache.
+Attention, per KV head: every PE of the head's rows scores the queries against its tokens over
+its feature slice; the partial scores meet over the head's rows by the kernel's tree; each
+column takes the softmax of its share (its max and sum); every PE weights its values; the
+partial outputs, a few features per row, meet along each row at o_proj's column by the
+kernel's tree, rescaled by the columns' maxima (flash-decoding). Prefill tiles run the same
+way, their own keys appended first, with a causal mask, so prefill and decode read one cache.
+The timed prefill pattern splits queries along the rows instead; both compute the same values
+from the same cache, in a different order of additions.
 """
 
 from __future__ import annotations
@@ -29,16 +25,18 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.trees import tree_reduce
+from wse_emu.kernels import kvlayout
 from wse_emu.model import ModelSpec
-from wse_emu.program import Stage, WaferProgram
+from wse_emu.program import Kernel, Stage, WaferProgram
 
 
-def head_rows(rows: int, kv_heads: int) -> list[np.ndarray]:
-    """Per KV head, the rows across the stage that hold it (see the module docstring)."""
-    if rows <= kv_heads:
-        return [np.array([(h * rows) // kv_heads]) for h in range(kv_heads)]
-    owner = (np.arange(rows) * kv_heads) // rows
-    return [np.flatnonzero(owner == h) for h in range(kv_heads)]
+def _column_along(kernel: Kernel, stage: Stage, edge: bool) -> int:
+    """The column (along the stage's long side) of a strip's first PE, or of its root edge."""
+    r, st = kernel.rect, stage.rect
+    start, extent = (r.x - st.x, r.w) if stage.strip_axis == "x" else (r.y - st.y, r.h)
+    if edge and kernel.root in ("east", "south"):
+        return start + extent - 1
+    return start
 
 
 class StageKV:
@@ -48,75 +46,58 @@ class StageKV:
         r = stage.rect
         long_x = stage.strip_axis == "x"
         self.length, rows = (r.w, r.h) if long_x else (r.h, r.w)
-        self.rows_of_head = head_rows(rows, model.num_kv_heads)
-        heads_on_row = np.zeros(rows, np.int64)
-        for rows_h in self.rows_of_head:
-            heads_on_row[rows_h] += 1
-        # Per PE (a along the long side, b across) the tokens of one head and layer it holds.
         kv_bytes = program.arrays["sram_kv_cache"][r.system, r.y:r.y1, r.x:r.x1].astype(np.int64)
-        grid_bytes = kv_bytes.T if long_x else kv_bytes  # (long, rows)
-        slot = 2 * model.head_dim * model.dtype_bytes
-        per_pe = grid_bytes // slot // max(1, stage.num_layers)
-        per_pe = per_pe // np.maximum(heads_on_row, 1)[None, :]
-        # PE p of a head is (a = p % length, its row = rows_h[p // length]). Slot c of every
-        # PE fills before slot c + 1 of any: ``order`` lists PEs by capacity (largest first)
-        # and ``level_start[c]`` counts the tokens stored before slot c.
-        self.order, self.level_start, self.capacity = [], [], []
-        for rows_h in self.rows_of_head:
-            caps = per_pe[:, rows_h].T.ravel()  # p = row * length + a
-            self.order.append(np.argsort(-caps, kind="stable"))
-            counts = np.bincount(caps, minlength=int(caps.max()) + 1)[::-1].cumsum()[::-1]
-            self.level_start.append(np.concatenate([[0], np.cumsum(counts[1:])]))
-            self.capacity.append(int(caps.sum()))
-        o_proj = next(k for k in program.stage_kernels(stage) if k.name == "o_proj")
-        self.out_column = (o_proj.rect.x - r.x) if long_x else (o_proj.rect.y - r.y)
+        grid = kv_bytes.T if long_x else kv_bytes  # (long side, rows)
+        self.column_capacity = kvlayout.column_capacity(grid, model.kv_size, stage.num_layers,
+                                                        model.dtype_bytes)
+        features = kvlayout.row_features(model.kv_size, rows)
+        bounds = np.concatenate([[0], np.cumsum(features)])
+        hd = model.head_dim
+        # Per KV head: (row, first feature within the head, end) of every row holding a slice.
+        self.head_rows = []
+        for h in range(model.num_kv_heads):
+            lo, hi = h * hd, (h + 1) * hd
+            self.head_rows.append([(b, max(bounds[b], lo) - lo, min(bounds[b + 1], hi) - lo)
+                                   for b in range(rows)
+                                   if bounds[b] < hi and bounds[b + 1] > lo])
+        kernels = {k.name: k for k in program.stage_kernels(stage)}
+        attention = kernels["attention"]
+        self.levels_across = attention.trees.get("across", 2)
+        self.levels_along = attention.trees.get("along", 2)
+        self.out_column = _column_along(kernels["o_proj"], stage, edge=False)
+        self.entry_far = _column_along(kernels["k_proj"], stage, edge=True) >= self.length / 2
         self.clear()
 
     @property
     def tokens_capacity(self) -> int:
-        """The longest sequence the stage can cache (the head with the fewest slots decides)."""
-        return min(self.capacity)
+        """The longest sequence the stage can cache."""
+        return int(self.column_capacity.sum())
 
     def clear(self) -> None:
-        hd = self.model.head_dim
         self.count = 0
-        # keys[layer][head]: (PEs of the head, slots, head_dim); positions -1 where empty.
-        self.keys = [[np.zeros((self.length * len(rh), 0, hd), np.float32)
-                      for rh in self.rows_of_head] for _ in range(self.stage.num_layers)]
-        self.values = [[k.copy() for k in layer] for layer in self.keys]
-        self.positions = [[np.zeros((self.length * len(rh), 0), np.int64)
-                           for rh in self.rows_of_head] for _ in range(self.stage.num_layers)]
+        shape = (0, self.model.num_kv_heads, self.model.head_dim)
+        self.keys = [np.zeros(shape, np.float32) for _ in range(self.stage.num_layers)]
+        self.values = [np.zeros(shape, np.float32) for _ in range(self.stage.num_layers)]
 
-    def _grow(self, layer: int, head: int, slots: int) -> None:
-        k = self.keys[layer][head]
-        if k.shape[1] >= slots:
-            return
-        extra = slots - k.shape[1]
-        pad = ((0, 0), (0, extra), (0, 0))
-        self.keys[layer][head] = np.pad(k, pad)
-        self.values[layer][head] = np.pad(self.values[layer][head], pad)
-        self.positions[layer][head] = np.pad(self.positions[layer][head], ((0, 0), (0, extra)),
-                                             constant_values=-1)
-
-    def place(self, head: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The PE (index within the head's PEs) and slot of each position."""
-        slot = np.searchsorted(self.level_start[head], positions, side="right") - 1
-        return self.order[head][positions - self.level_start[head][slot]], slot
+    def columns(self, tokens: int) -> np.ndarray:
+        """The column holding each of positions 0 .. tokens-1."""
+        cols = kvlayout.column_of_positions(tokens, self.column_capacity)
+        return self.length - 1 - cols if self.entry_far else cols
 
     def append(self, layer: int, keys: np.ndarray, values: np.ndarray,
                positions: np.ndarray) -> None:
         """Store K and V (tokens, kv heads, head_dim) of tokens at ``positions``."""
         end = int(positions.max()) + 1
-        for h in range(len(self.rows_of_head)):
-            if end > self.capacity[h]:
-                raise UserError(
-                    f"the KV cache of stage {self.stage.id} holds {self.tokens_capacity:,} "
-                    f"tokens of one sequence; position {end - 1:,} does not fit")
-            pe, slot = self.place(h, positions)
-            self._grow(layer, h, int(slot.max()) + 1)
-            self.keys[layer][h][pe, slot] = self.numerics.round(keys[:, h])
-            self.values[layer][h][pe, slot] = self.numerics.round(values[:, h])
-            self.positions[layer][h][pe, slot] = positions
+        if end > self.tokens_capacity:
+            raise UserError(
+                f"the KV cache of stage {self.stage.id} holds {self.tokens_capacity:,} "
+                f"tokens of one sequence; position {end - 1:,} does not fit")
+        for store, new in ((self.keys, keys), (self.values, values)):
+            if len(store[layer]) < end:
+                grown = np.zeros((end,) + store[layer].shape[1:], np.float32)
+                grown[:len(store[layer])] = store[layer]
+                store[layer] = grown
+            store[layer][positions] = self.numerics.round(new)
         if layer == self.stage.num_layers - 1:
             self.count = max(self.count, end)
 
@@ -127,66 +108,57 @@ class StageKV:
         scale = np.float32(model.attention_scale)
         window = model.window(self.stage.layers[0] + layer)
         cap = model.attn_logit_softcap
-        out = np.empty(queries.shape, np.float32)
-        for h, rows_h in enumerate(self.rows_of_head):
-            keys, values = self.keys[layer][h], self.values[layer][h]
-            stored = self.positions[layer][h]  # (P, c)
-            q = rnd(queries[:, h * group:(h + 1) * group])  # (t, g, hd), as multicast
-            scores = np.einsum("pcd,tgd->ptgc", keys, q) * scale
+        cached = int(positions.max()) + 1
+        column = self.columns(cached)  # (P,)
+        stored = np.arange(cached)
+        seen = stored[None, :] <= positions[:, None]  # (t, P): causal
+        if window:
+            seen &= stored[None, :] > positions[:, None] - window
+        out = np.zeros(queries.shape, np.float32)
+        for h, rows in enumerate(self.head_rows):
+            keys, values = self.keys[layer][:cached, h], self.values[layer][:cached, h]
+            q = rnd(queries[:, h * group:(h + 1) * group])  # (t, g, hd), as regrouped
+            # Partial scores of each row's feature slice, summed over the head's rows.
+            partial = [np.einsum("tgf,pf->tgp", q[..., lo:hi], keys[:, lo:hi])
+                       for _, lo, hi in rows]
+            scores = tree_reduce(partial, 0, np.add, rnd, self.levels_across) * scale
             if cap:
                 scores = np.float32(cap) * np.tanh(scores / np.float32(cap))
-            seen = (stored[:, None, :] >= 0) & (stored[:, None, :] <= positions[None, :, None])
-            if window:
-                seen &= stored[:, None, :] > positions[None, :, None] - window
-            seen = seen[:, :, None, :]  # (P, t, 1, c)
-            peak = np.max(np.where(seen, scores, -np.inf), axis=-1)  # (P, t, g)
-            offset = np.where(np.isfinite(peak), peak, 0)[..., None]
-            weights = np.exp(np.where(seen, scores - offset, -np.inf))
-            total = weights.sum(axis=-1)
-            summed = np.einsum("ptgc,pcd->ptgd", weights, values)
-            partial = _FlashPartial(peak, total, summed, self.length, len(rows_h))
-            m, s, o = partial.reduce(self.out_column, rnd)
-            out[:, h * group:(h + 1) * group] = rnd(o / s[..., None])
+            scores = np.where(seen[:, None, :], scores, -np.inf)  # (t, g, P)
+            # Each column's softmax share: its max, its weights, their sum; each row's
+            # weighted values of its slice (padded to the widest slice).
+            widest = max(hi - lo for _, lo, hi in rows)
+            items = []
+            for a in range(self.length):
+                mine = column == a
+                part = scores[..., mine]
+                peak = part.max(axis=-1) if part.shape[-1] else np.full(part.shape[:-1], -np.inf)
+                offset = np.where(np.isfinite(peak), peak, 0)[..., None]
+                weights = rnd(np.exp(part - offset))  # exp(-inf) = 0 where masked
+                summed = np.zeros((len(rows),) + weights.shape[:-1] + (widest,), np.float32)
+                for i, (_, lo, hi) in enumerate(rows):
+                    summed[i, ..., :hi - lo] = weights @ values[mine, lo:hi]
+                items.append((peak, weights.sum(axis=-1), summed))
+            m, s, o = tree_reduce(items, self.out_column, _combine,
+                                  lambda p: (rnd(p[0]), rnd(p[1]), rnd(p[2])),
+                                  self.levels_along)
+            for (_, lo, hi), part in zip(rows, o):
+                out[:, h * group:(h + 1) * group, lo:hi] = rnd(part[..., :hi - lo]
+                                                              / s[..., None])
         return out.reshape(len(queries), -1)
 
     def export(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """K and V of positions 0 .. count-1, (tokens, kv heads, head_dim), read from the
         PEs' slots (what a handoff sends)."""
-        n, hd = self.count, self.model.head_dim
-        k = np.zeros((n, self.model.num_kv_heads, hd), np.float32)
-        v = np.zeros_like(k)
-        for h in range(len(self.rows_of_head)):
-            pe, slot = self.place(h, np.arange(n))
-            k[:, h] = self.keys[layer][h][pe, slot]
-            v[:, h] = self.values[layer][h][pe, slot]
-        return k, v
+        return self.keys[layer][:self.count].copy(), self.values[layer][:self.count].copy()
 
 
-class _FlashPartial:
-    """Per-PE softmax partials of one head, arranged (rows of the head, long side)."""
-
-    def __init__(self, peak, total, summed, length, rows):
-        # PE index p = a + length * row.
-        self.peak = peak.reshape(rows, length, *peak.shape[1:])
-        self.total = total.reshape(rows, length, *total.shape[1:])
-        self.summed = summed.reshape(rows, length, *summed.shape[1:])
-
-    @staticmethod
-    def combine(acc, arriving):
-        m1, s1, o1 = acc
-        m2, s2, o2 = arriving
-        m = np.maximum(m1, m2)
-        safe = np.where(np.isfinite(m), m, 0)
-        c1 = np.where(np.isfinite(m1), np.exp(m1 - safe), 0)
-        c2 = np.where(np.isfinite(m2), np.exp(m2 - safe), 0)
-        return m, s1 * c1 + s2 * c2, o1 * c1[..., None] + o2 * c2[..., None]
-
-    def reduce(self, out_column: int, rnd):
-        def send(part):  # the program sizes all three in the dtype (max, sum, values)
-            return rnd(part[0]), rnd(part[1]), rnd(part[2])
-
-        # Along the long side every row of the head at once, then across the head's rows.
-        items = [(self.peak[:, a], self.total[:, a], self.summed[:, a])
-                 for a in range(self.peak.shape[1])]
-        m, s, o = tree_reduce(items, out_column, self.combine, send)
-        return tree_reduce([(m[r], s[r], o[r]) for r in range(len(m))], 0, self.combine, send)
+def _combine(acc, arriving):
+    """Two columns' softmax partials: rescale each to the larger max and add."""
+    m1, s1, o1 = acc
+    m2, s2, o2 = arriving
+    m = np.maximum(m1, m2)
+    safe = np.where(np.isfinite(m), m, 0)
+    c1 = np.where(np.isfinite(m1), np.exp(m1 - safe), 0)
+    c2 = np.where(np.isfinite(m2), np.exp(m2 - safe), 0)
+    return m, s1 * c1 + s2 * c2, o1 * c1[None, ..., None] + o2 * c2[None, ..., None]

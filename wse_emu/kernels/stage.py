@@ -263,7 +263,7 @@ class StageGraph:
     def across_groups(self, grid_cols: np.ndarray, groups, ready: np.ndarray,
                       values: np.ndarray, kind: int, back: bool,
                       targets: np.ndarray | None = None,
-                      gathered: np.ndarray | None = None) -> np.ndarray:
+                      gathered: np.ndarray | None = None, levels: int = 2) -> np.ndarray:
         """Sum ``values`` over the rows of each head group, in every given column at once
         (``grid_cols``, ``ready`` and ``values``: (columns, rows)); with ``back`` the sum
         returns to every row of the group, feeding ``targets`` (tasks, (columns, rows)) if
@@ -292,7 +292,8 @@ class StageGraph:
             total = line_reduce(self.g, lines, root, ready[:, rows].reshape(-1, size),
                                 wavelets(val, d),
                                 np.zeros_like(val) if gathered is not None
-                                else self.cost.add(val, d), kind, gather=gathered is not None)
+                                else self.cost.add(val, d), kind, gather=gathered is not None,
+                                levels=levels)
             if back:
                 fed = None if targets is None else targets[:, rows].reshape(-1, size)
                 whole = val if gathered is None else gathered[:, rows[:, 0]].ravel()
@@ -340,47 +341,7 @@ class StageGraph:
         keys = ly.attended_pairs(window, step) / t
         cap = ly.SOFTCAP_FLOPS if model.attn_logit_softcap else 0
         if step.phase == "decode":
-            ctx = keys
-            # Queries of each head group gathered at the q edge, then sent along the rows.
-            q_group = t * q_heads_group * hd
-            # Each row holds its share of the group's queries: gathered at the group's first
-            # row, the whole returns to every row of the group.
-            q_all = self.across_groups(grid[a_q], groups, q_ready, t * q_sizes, kind,
-                                       back=True, gathered=np.full(s, q_group))[0]
-            partial = self.g.tasks(grid, 0, kind).reshape(length, s)  # costed below
-            line_broadcast(self.g, rows, np.full(s, a_q), q_all,
-                           wavelets(np.full(s, q_group), d), kind, targets=partial.T.copy())
-            # The new token's K and V go to the column that holds the newest slots.
-            a_new = length - 1 if a_k < length // 2 else 0
-            kv_new = self.g.tasks(grid[a_new], 0, kind)
-            if a_new == a_k:
-                self.g.then(k_ready, kv_new)
-            else:
-                self.g.send(k_ready, grid[a_k], grid[a_new], wavelets(2 * kv_sizes * t, d),
-                            kv_new, 0, 3)
-            tokens_pe = ctx / (length * rows_of)  # per row, cached tokens per PE
-            pairs = t * tokens_pe[None, :] * q_heads_group * np.ones((length, 1))
-            kv_reads = t * tokens_pe[None, :] * kv_heads_row * hd * 2 * d
-            work = ly.Work(ly.score_flops(model) * pairs, kv_reads + q_group * d,
-                           t * q_heads_group * (hd + 2) * d * np.ones((length, 1)))
-            self.ledger["attention"] = self.ledger.get("attention", ly.Work()) + ly.Work(
-                float(work.flops.sum()), float(work.reads.sum()), float(work.writes.sum()))
-            self.g.set_cycles(partial.ravel(), self.cost.cycles(
-                work.flops, work.reads, work.writes).ravel())
-            self.g.then(kv_new, partial[a_new])
-            out_values = np.full(s, t * q_heads_group * (hd + 2))
-            along = line_reduce(self.g, rows, np.full(s, a_o), partial.T,
-                                wavelets(out_values, d), self.cost.add(out_values, d), kind)
-            done = self.across_groups(grid[a_o], groups, along, out_values, kind,
-                                      back=False)[0]
-            # Each group's output (its heads' features) leaves from the group's first row.
-            first = np.array([gr[0] for gr in groups])
-            feat = np.array([q_sizes[gr].sum() for gr in groups])
-            final = self.g.tasks(grid[a_o][first], self.cost.cycles(
-                feat * t, feat * t * d, feat * t * d), kind)
-            self.g.then(done[first], final)
-            return self.feed(grid[a_o][first], feat, final, self.entry_pes(o_strip),
-                             o_strip.k_sizes, "attention")
+            return self.decode_attention(q_ready, a_q, k_ready, a_k, a_o, o_strip, keys)
         # Prefill: queries split along the rows, keys and values sent along them. A tile's
         # queries see the tokens before the tile and, causally, their own.
         causal_keys = keys
@@ -415,6 +376,135 @@ class StageGraph:
                                gather=True)
         return self.feed(grid[a_o], q_sizes, gathered, self.entry_pes(o_strip), o_strip.k_sizes,
                          "attention")
+
+    def regroup(self, col: np.ndarray, ready: np.ndarray, src_sizes: np.ndarray,
+                dst_sizes: np.ndarray, order: np.ndarray, name: str) -> np.ndarray:
+        """Re-arrange a vector over the rows of one column: element ``order[i]`` of the
+        source layout (split by ``src_sizes``) becomes element i of the destination layout
+        (split by ``dst_sizes``). One message per (source row, destination row) pair that
+        shares elements; returns a receive task per destination row."""
+        t, d = self.step.new_tokens, self.d
+        src_row = np.searchsorted(np.cumsum(src_sizes), order, side="right")
+        dst_row = np.searchsorted(np.cumsum(dst_sizes), np.arange(len(order)), side="right")
+        pairs, counts = np.unique(np.stack([src_row, dst_row]), axis=1, return_counts=True)
+        recv = self.g.tasks(col, 0, self.kind[name])
+        local = pairs[0] == pairs[1]
+        self.g.then(ready[pairs[0][local]], recv[pairs[1][local]])
+        far = ~local
+        self.g.send(ready[pairs[0][far]], col[pairs[0][far]], col[pairs[1][far]],
+                    wavelets(counts[far] * t, d), recv[pairs[1][far]], 0, 3)
+        empty = np.setdiff1d(np.arange(len(col)), pairs[1])
+        if len(empty):
+            self.g.then(np.full(len(empty), ready[0]), recv[empty])
+        return recv
+
+    def decode_attention(self, q_ready, a_q: int, k_ready, a_k: int, a_o: int, o_strip: Strip,
+                         keys: float) -> np.ndarray:
+        """Decode attention over a KV cache spread over the whole stage (WaferLLM's layout):
+        each column along the long side holds an equal share of every sequence's cached
+        tokens (new tokens enter at the edge column and the oldest shift one column on, so the
+        shares stay within one token), and each row holds its slice of the K and V features,
+        as the k edge hands them over. Per PE: partial scores of its tokens over its features;
+        the partial scores of a head meet at the head's first row, which takes the softmax of
+        its column's share and returns the probabilities with the column's max and sum; each
+        PE weights its values; the partial outputs (a few features per row) with their max and
+        sum meet along the row at o_proj's column by the kernel's tree."""
+        model, step, d = self.model, self.step, self.d
+        kernel = self.kernels["attention"]
+        kind = self.kind["attention"]
+        grid = self.stage_grid()  # (L, s)
+        length, s = grid.shape
+        t, hd, group = step.new_tokens, model.head_dim, model.group_size
+        groups = self.head_groups(s)
+        q_sizes = even_split(model.q_size, s)
+        kv_sizes = even_split(model.kv_size, s)
+        kv_bounds = np.concatenate([[0], np.cumsum(kv_sizes)])
+        # KV heads whose features a row holds (a slice of one, or several whole ones).
+        heads = np.where(kv_sizes > 0, (kv_bounds[1:] - 1) // hd - kv_bounds[:-1] // hd + 1, 0)
+        tokens = even_split(int(round(keys)), length)[:, None]  # (L, 1): cached, per column
+        rows = np.ascontiguousarray(grid.T)  # (s, L)
+        # Queries: row b needs, for every query head of its KV heads, the features at its K
+        # positions; they arrive in the q_proj layout and are regrouped within the column.
+        kv_feature = np.arange(model.kv_size)
+        order = ((kv_feature // hd * group)[:, None] + np.arange(group)[None, :]) * hd \
+            + (kv_feature % hd)[:, None]  # (kv feature, query head of its group)
+        q_here = self.regroup(grid[a_q], q_ready, q_sizes, group * kv_sizes, order.ravel(),
+                              "attention")
+        scores = self.work(grid, ly.Work(
+            2 * t * group * tokens * kv_sizes[None, :],
+            (tokens * kv_sizes[None, :] + t * group * kv_sizes[None, :]) * d,
+            t * group * heads[None, :] * tokens * d), "attention").reshape(length, s)
+        line_broadcast(self.g, rows, np.full(s, a_q), q_here,
+                       wavelets(t * group * kv_sizes, d), kind, targets=scores.T.copy())
+        # The new token's K and V enter at the edge column nearer k_proj's edge; every column
+        # then passes its oldest token one column on, off the critical path.
+        a_new = 0 if a_k < length / 2 else length - 1
+        kv_new = self.g.tasks(grid[a_new], self.cost.cycles(0, 0, 2 * t * kv_sizes * d), kind)
+        if a_new == a_k:
+            self.g.then(k_ready, kv_new)
+        else:
+            self.g.send(k_ready, grid[a_k], grid[a_new], wavelets(2 * kv_sizes * t, d), kv_new,
+                        0, 3)
+        self.g.then(kv_new, scores[a_new])
+        step_dir = 1 if a_new == 0 else -1
+        senders = np.arange(length - 1) if step_dir == 1 else np.arange(1, length)
+        if len(senders):
+            shifted = self.g.tasks(grid[senders + step_dir], self.cost.cycles(
+                0, 0, 2 * t * kv_sizes[None, :] * d * np.ones((len(senders), 1))), kind)
+            self.g.send(scores[senders].ravel(), grid[senders].ravel(),
+                        grid[senders + step_dir].ravel(),
+                        np.tile(wavelets(2 * kv_sizes * t, d), len(senders)), shifted, 0, 3)
+        # Partial scores of each head meet at the head's first row; the softmax of the
+        # column's share runs there; probabilities, max and sum return to the head's rows.
+        cap = ly.SOFTCAP_FLOPS if model.attn_logit_softcap else 0
+        first = np.array([gr[0] for gr in groups])
+        per_row = t * group * heads[None, :] * tokens  # (L, s): scores a row holds
+        met = self.across_groups(grid, groups, scores, per_row, kind, back=False,
+                                 levels=kernel.trees.get("across", 2))
+        group_scores = per_row[:, first]
+        soft = self.work(grid[:, first], ly.Work(
+            (ly.SOFTMAX_FLOPS + cap) * group_scores, group_scores * d,
+            group_scores * d), "attention").reshape(length, len(first))
+        self.g.then(met[:, first].ravel(), soft.ravel())
+        weighted = self.work(grid, ly.Work(
+            2 * t * group * tokens * kv_sizes[None, :],
+            (tokens * kv_sizes[None, :] + per_row) * d,
+            t * group * (kv_sizes[None, :] + 2 * heads[None, :]) * d),
+            "attention").reshape(length, s)
+        stats = t * group * heads * 2
+        self.group_broadcast(grid, groups, soft, per_row + stats[None, :], kind,
+                             targets=weighted)
+        out_values = t * group * (kv_sizes + 2 * heads)
+        combine = self.cost.cycles(3 * out_values, 3 * out_values * d, out_values * d)
+        along = line_reduce(self.g, rows, np.full(s, a_o), weighted.T, wavelets(out_values, d),
+                            combine, kind, levels=kernel.trees.get("along", 2))
+        final = self.g.tasks(grid[a_o], self.cost.cycles(
+            t * group * kv_sizes, t * group * kv_sizes * d, t * group * kv_sizes * d), kind)
+        self.g.then(along, final)
+        # Back to the q_proj layout o_proj reads, then into o_proj's entries.
+        inverse = np.empty(model.q_size, dtype=np.int64)
+        inverse[order.ravel()] = np.arange(model.q_size)
+        o_here = self.regroup(grid[a_o], final, group * kv_sizes, q_sizes, inverse,
+                              "attention")
+        return self.feed(grid[a_o], q_sizes, o_here, self.entry_pes(o_strip), o_strip.k_sizes,
+                         "attention")
+
+    def group_broadcast(self, grid_cols, groups, ready_first, values, kind, targets):
+        """From each head's first row, ``values`` (per column and row) to every row of the
+        head, feeding ``targets`` (tasks, (columns, rows)); ``ready_first``: (columns,
+        heads)."""
+        first_index = {int(gr[0]): i for i, gr in enumerate(groups)}
+        for size in sorted({len(gr) for gr in groups}):
+            chosen = [gr for gr in groups if len(gr) == size]
+            rows = np.stack(chosen)  # (heads of this size, size)
+            ready = ready_first[:, [first_index[int(gr[0])] for gr in chosen]]
+            if size == 1:
+                self.g.then(ready.ravel(), targets[:, rows[:, 0]].ravel())
+                continue
+            lines = grid_cols[:, rows].reshape(-1, size)
+            line_broadcast(self.g, lines, np.zeros(len(lines), dtype=np.int64), ready.ravel(),
+                           wavelets(values[:, rows[:, 0]].ravel(), self.d), kind,
+                           targets=targets[:, rows].reshape(-1, size))
 
     # --- a stage --------------------------------------------------------------------------
     def build(self):

@@ -120,8 +120,21 @@ def _position(x: list, a: float) -> tuple[int, float]:
     return i, (0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i]))
 
 
+def _timing_sources() -> bytes:
+    """The code a stage's time comes from (kernel patterns, the layer description, the
+    engines, the runner): a cached table is reused only while all of it is unchanged."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted([*(root / "kernels").glob("*.py"), *(root / "engines").glob("*.py"),
+                    root / "layer.py", root / "runner.py"])
+    return b"".join(f.read_bytes() for f in files)
+
+
+_TIMING_SOURCES = hashlib.sha256(_timing_sources()).hexdigest()
+
+
 def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> str:
     digest = hashlib.sha256()
+    digest.update(_TIMING_SOURCES.encode())
     digest.update(json.dumps(program.to_json(), sort_keys=True, default=str).encode())
     digest.update(json.dumps([region, phase, engine, [list(map(int, a)) for a in axes]]).encode())
     return digest.hexdigest()[:24]
