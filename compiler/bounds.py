@@ -66,6 +66,11 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
         # takes a whole input segment, or a whole partial sum, in through its ramp.
         hops = _ceil(np_ - 1, 2) + (kp - 1)
         path = hop * hops + (2 * ramp if hops else 0)
+        if kp > 1:
+            # The root's last partial sum arrives whole (its wavelets one per cycle after the
+            # first) and is then added: every tree ends this way.
+            path += _ceil(t * nr * d, 4) - 1 + _port_cycles(
+                ly.Work(t * nr, 2 * t * nr * d, t * nr * d), fabric, fpc)[1]
         ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
         return _result(fabric, compute, sram, ramp_in, path)
     if kernel.kind in ("norm", "elementwise"):

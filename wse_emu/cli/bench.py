@@ -257,7 +257,7 @@ def run_functional(repeat: int) -> dict:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="speed and memory benchmarks (JSON)")
-    p.add_argument("target", choices=["compile", "sim", "serve", "viz", "functional"],
+    p.add_argument("target", choices=["compile", "sim", "serve", "viz", "functional", "kernels"],
                    help="what to benchmark")
     p.add_argument("--trace", help="serve: the conversation trace CSV (default: the project's "
                    "shared traces folder beside the repository)")
@@ -275,6 +275,10 @@ def run(args) -> dict:
         return run_viz(max(1, args.repeat))
     if args.target == "functional":
         return run_functional(max(1, args.repeat))
+    if args.target == "kernels":
+        from wse_emu.cli.bench_kernels import run_kernels
+
+        return run_kernels()
     results = []
     for case in COMPILE_CASES:
         payload = json.dumps({**case, "repeat": max(1, args.repeat)})

@@ -1,16 +1,19 @@
 """One stage of a compiled program, for one micro-batch, as a task graph.
 
-Per layer, in the stage's own coordinates:
+Per layer, op by op as the layer description (``wse_emu.layer``) lists them, in the stage's own
+coordinates:
 - matrix kernels (q, k, v, o, gate, up, down, LM head): each line across the strip owns an
   input segment; the line's entry PE receives it from the producer and multicasts it across the
-  strip; every PE multiplies its block for every token; partial sums meet at the root edge by a
-  two-level tree along the strip;
-- vector kernels on an edge line (norms, rotary, residual adds, SiLU-multiply): a task per PE
-  on its segment; norms all-reduce the sum of squares along the line;
-- attention over the KV cache spread over the stage: each column along the long side holds the
-  K and V of a share of the cached tokens, split by feature across the short side like the
-  queries; queries are multicast along the long side; partial scores are all-reduced across
-  each column; weighted values are reduced along the long side toward o_proj;
+  strip; every PE multiplies its block for every token; partial sums meet at the root edge by
+  the kernel's tree (``kernels.trees``) along the strip;
+- vector kernels on an edge line (norms, rotary, residual adds, gated activations, scaling,
+  soft caps): a task per PE on its segment; norms all-reduce the sum of squares along the line
+  (per head's PEs for a per-head norm);
+- attention over the KV cache spread over the stage (``kernels.kvlayout``): each column along
+  the long side holds a share of the cached tokens, each row a slice of their K and V features;
+  a decode scores each PE's tokens over its features and reduces partial scores across a
+  head's rows and partial outputs along the long side (``decode_attention``); a prefill
+  splits the queries along the long side instead;
 - between kernels, vectors are re-split from producer to consumer by point-to-point messages.
 The stage starts with its input on the home line (a task per PE at cycle 0) and ends when the
 last layer's residual add (in the last stage: the LM head's argmax) is done.

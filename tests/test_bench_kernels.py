@@ -1,0 +1,22 @@
+"""The kernel benchmark: standalone GEMVs against their bounds and closed forms."""
+
+import pytest
+
+from wse_emu.cli import bench_kernels as bk
+
+
+@pytest.mark.parametrize("side,k", [(64, 4096), (128, 4096)])
+def test_gemv_is_above_its_bound_and_near_its_closed_form(side, k):
+    fabric = bk.load_fabric("wse2")
+    program, stage, kernel = bk.gemv_program(fabric, side, k)
+    step = bk.MicroBatch("decode", batch=1, context=1)
+    cycles = bk._cycles(bk.kernel_graph(program, stage, "q_proj", step), fabric)
+    bound = bk.kernel_bound(kernel, stage.rect, program.model, fabric, step)["cycles"]
+    closed = bk.gemv_closed_form(fabric, side, k, kernel.trees["reduce"])
+    assert cycles >= bound
+    assert closed == pytest.approx(cycles, rel=0.35)
+
+
+def test_published_figures_sit_beside_the_grid_that_holds_them():
+    assert set(bk.PUBLISHED_GEMV_US) == {("wse2", 512, 16384), ("wse2", 512, 32768)}
+    assert 512 in bk.SIDES and 16384 in bk.GEMV_SIZES and 32768 in bk.GEMV_SIZES
