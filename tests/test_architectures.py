@@ -246,3 +246,10 @@ def test_a_gemma_model_serves_a_workload(tmp_path, plan, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["requests"] == 40
     assert data["ttft_s"]["p50"] > 0 and data["tpot_s"]["p50"] > 0
+
+
+def test_inspect_lists_gemma_sliding_and_full_layers_apart(capsys):
+    assert main(["inspect", "gemma-2-9b", "--phase", "decode", "--context", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "21 like layer 0, every 2" in out and "21 like layer 1, every 2" in out
+    assert "L1.attn_scores" in out and "L2.attn_scores" not in out

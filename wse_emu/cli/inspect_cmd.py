@@ -43,12 +43,16 @@ def run(args) -> dict | str:
             "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
                       "intensity": result["total"].intensity},
         }
-    shown = [r for r in result["ops"] if args.all_layers or r.layer in (None, 0)]
+    # Layers whose costs match share one listing (Gemma's sliding and full layers differ).
+    kinds: dict[tuple, list[int]] = {}
+    for i, c in sorted(layers.items()):
+        kinds.setdefault((c.flops, c.bytes), []).append(i)
+    firsts = {members[0] for members in kinds.values()}
+    shown = [r for r in result["ops"] if args.all_layers or r.layer is None or r.layer in firsts]
     rows = [[r.node, r.kind, si(r.cost.flops), si(r.cost.weight_bytes, "B"),
              si(r.cost.act_bytes, "B"), si(r.cost.kv_bytes, "B"), f"{r.cost.intensity:.3g}",
              r.bound] for r in shown]
     total = result["total"]
-    layer0 = layers[0]
     lines = [
         f"{model.name}: {work.describe()}; {fabric.name} PE ridge point "
         f"{result['ridge_flop_per_byte']:.3g} FLOP per SRAM byte read",
@@ -56,11 +60,25 @@ def run(args) -> dict | str:
         table(["op", "kind", "FLOPs", "weights", "activations", "KV", "FLOP/B", "bound"], rows,
               "llrrrrrl"),
         "",
-        f"per layer (all {len(layers)} alike): {si(layer0.flops)}FLOP, {si(layer0.bytes, 'B')}"
-        f" moved, {layer0.intensity:.3g} FLOP/B",
+        *(f"per layer ({_layers_text(members, len(layers))}): {si(layers[members[0]].flops)}"
+          f"FLOP, {si(layers[members[0]].bytes, 'B')} moved, "
+          f"{layers[members[0]].intensity:.3g} FLOP/B" for members in kinds.values()),
         f"whole model: {si(total.flops)}FLOP, {si(total.bytes, 'B')} moved, "
         f"{total.intensity:.3g} FLOP/B",
     ]
     if not args.all_layers and len(layers) > 1:
-        lines.append(f"(layers 1-{len(layers) - 1} repeat layer 0; --all-layers lists them)")
+        if len(kinds) == 1:
+            lines.append(f"(layers 1-{len(layers) - 1} repeat layer 0; --all-layers lists them)")
+        else:
+            lines.append(f"(layers {', '.join(str(m[0]) for m in kinds.values())} are listed; "
+                         "--all-layers lists every layer)")
     return "\n".join(lines)
+
+
+def _layers_text(members: list[int], total: int) -> str:
+    """'all 32 alike', '21 like layer 0, every 2' or '5 like layer 3'."""
+    if len(members) == total:
+        return f"all {total} alike"
+    gaps = {b - a for a, b in zip(members, members[1:])}
+    every = f", every {gaps.pop()}" if len(gaps) == 1 else ""
+    return f"{len(members)} like layer {members[0]}{every}"
