@@ -38,7 +38,6 @@ from wse_emu.program import Kernel, Rect, Route, Stage
 
 INITIAL_BUFFER_RESERVE = 1024  # bytes per PE held back for activation buffers while sizing
 INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
-TOKEN_ID_BYTES = 4
 
 
 class NoLayout(Exception):
@@ -315,7 +314,7 @@ class _Builder:
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.
         out_seg = even_split(strip.n, short)[:, None] * np.ones((1, e), np.int64)
-        per_token = out_seg * d + (TOKEN_ID_BYTES if kind == "gather" else 0)
+        per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
         act = per_token * self.options.buffer_tokens + INPUT_FIFO_BYTES
         if lay.axis == "y":
             w, act = w.T, act.T

@@ -16,7 +16,3 @@ def test_gemv_is_above_its_bound_and_near_its_closed_form(side, k):
     assert cycles >= bound
     assert closed == pytest.approx(cycles, rel=0.35)
 
-
-def test_published_figures_sit_beside_the_grid_that_holds_them():
-    assert set(bk.PUBLISHED_GEMV_US) == {("wse2", 512, 16384), ("wse2", 512, 32768)}
-    assert 512 in bk.SIDES and 16384 in bk.GEMV_SIZES and 32768 in bk.GEMV_SIZES

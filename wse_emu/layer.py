@@ -24,6 +24,7 @@ the op graph its FLOPs, so the three cannot drift apart (a test holds them toget
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -292,7 +293,9 @@ def output_ops(model: ModelSpec) -> list[Op]:
     return ops
 
 
+@lru_cache(maxsize=64)
 def ops_by_name(model: ModelSpec) -> dict[str, Op]:
+    """Every op by name (cached per model: read-only)."""
     return {op.name: op for op in input_ops(model) + layer_ops(model) + output_ops(model)}
 
 
@@ -416,6 +419,7 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) 
     raise ValueError(f"no cost model for op kind {kind!r}")
 
 
+@lru_cache(maxsize=64)
 def kernel_dependencies(model: ModelSpec) -> dict[str, list[str]]:
     """One layer's kernels in execution order, each with the kernels whose output it reads."""
     ops = layer_ops(model)
@@ -430,6 +434,7 @@ def kernel_dependencies(model: ModelSpec) -> dict[str, list[str]]:
     return deps
 
 
+@lru_cache(maxsize=64)
 def kernel_ops(model: ModelSpec) -> dict[str, list[Op]]:
     """Per compiled kernel, the ops it runs (in execution order)."""
     out: dict[str, list[Op]] = {}

@@ -149,7 +149,7 @@ class FunctionalStage:
     def _norm_weights(self, op: ly.Op, weights, layers) -> list[np.ndarray]:
         """Each layer's norm scale as its line holds it: a per-head norm's scale repeats for
         every head on the line."""
-        where = [None] if op.name in ("final_norm",) else list(layers)
+        where = [None] if op.name == "final_norm" else list(layers)
         out = []
         for i in where:
             w = weights[self._tensor(op, i) + ".weight"]

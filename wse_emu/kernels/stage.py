@@ -265,19 +265,14 @@ class StageGraph:
 
     def across_groups(self, grid_cols: np.ndarray, groups, ready: np.ndarray,
                       values: np.ndarray, kind: int, back: bool,
-                      targets: np.ndarray | None = None,
-                      gathered: np.ndarray | None = None, levels: int = 2) -> np.ndarray:
+                      targets: np.ndarray | None = None, levels: int = 2) -> np.ndarray:
         """Sum ``values`` over the rows of each head group, in every given column at once
         (``grid_cols``, ``ready`` and ``values``: (columns, rows)); with ``back`` the sum
         returns to every row of the group, feeding ``targets`` (tasks, (columns, rows)) if
-        given. With ``gathered`` (values per group, (columns, rows) at the group's first row)
-        the rows' ``values`` are concatenated instead of summed, and the whole returns.
-        Returns a task per (column, row) (``targets`` itself when given)."""
+        given. Returns a task per (column, row) (``targets`` itself when given)."""
         grid_cols, ready, values = (np.atleast_2d(a) for a in (grid_cols, ready, values))
         if targets is not None:
             targets = np.atleast_2d(targets)
-        if gathered is not None:
-            gathered = np.atleast_2d(gathered)
         out = ready.copy()
         d = self.d
         cols = grid_cols.shape[0]
@@ -293,14 +288,10 @@ class StageGraph:
             val = values[:, rows[:, 0]].ravel()
             root = np.zeros(len(lines), dtype=np.int64)
             total = line_reduce(self.g, lines, root, ready[:, rows].reshape(-1, size),
-                                wavelets(val, d),
-                                np.zeros_like(val) if gathered is not None
-                                else self.cost.add(val, d), kind, gather=gathered is not None,
-                                levels=levels)
+                                wavelets(val, d), self.cost.add(val, d), kind, levels=levels)
             if back:
                 fed = None if targets is None else targets[:, rows].reshape(-1, size)
-                whole = val if gathered is None else gathered[:, rows[:, 0]].ravel()
-                got = line_broadcast(self.g, lines, root, total, wavelets(whole, d), kind,
+                got = line_broadcast(self.g, lines, root, total, wavelets(val, d), kind,
                                      targets=fed)
                 out[:, rows] = got.reshape(cols, len(rows), size)
             else:
@@ -311,14 +302,11 @@ class StageGraph:
         """Attention over the KV cache spread across the stage; returns receive tasks at
         o_proj's input entries.
 
-        Rows across the stage are divided among the KV heads; queries and keys arrive split by
-        feature across rows, like every vector of the stage. A decode splits the cached tokens
-        over the PEs of each head (flash-decoding): queries go along the rows, each PE scores
-        its tokens, and partial outputs with their softmax max and sum are reduced along the
-        row and then over the head's rows. A prefill splits the queries along the rows
-        instead: keys and values go along the rows, partial scores over each row's features
-        are all-reduced over the head's rows, and each PE's outputs for its queries are
-        gathered along the row toward o_proj."""
+        Queries and keys arrive split by feature across rows, like every vector of the stage.
+        A decode runs ``decode_attention``. A prefill splits the queries along the rows: keys
+        and values go along the rows, partial scores over each row's features are all-reduced
+        over the head's rows (rows across the stage are divided among the KV heads), and each
+        PE's outputs for its queries are gathered along the row toward o_proj."""
         model, step, d = self.model, self.step, self.d
         kind = self.kind["attention"]
         grid = self.stage_grid()  # (L, s)
@@ -328,9 +316,6 @@ class StageGraph:
         groups = self.head_groups(s)
         q_sizes = even_split(model.q_size, s)
         kv_sizes = even_split(model.kv_size, s)
-        rows_of = np.zeros(s, dtype=np.int64)
-        for gr in groups:
-            rows_of[gr] = len(gr)
         # Query heads whose features a row holds, and per group (all its rows).
         kv_heads_row = np.maximum(1, -(-model.num_kv_heads // s)) if s < model.num_kv_heads \
             else 1
@@ -347,7 +332,7 @@ class StageGraph:
             return self.decode_attention(q_ready, a_q, k_ready, a_k, a_o, o_strip, keys)
         # Prefill: queries split along the rows, keys and values sent along them. A tile's
         # queries see the tokens before the tile and, causally, their own.
-        causal_keys = keys
+        causal_keys = keys  # per query of the tile
         t_a = even_split(t, length)[:, None]  # queries per column
         heads_b = np.maximum(1, (q_heads_group * q_sizes) // max(1, q_sizes[groups[0]].sum()))
         score_values = t_a * causal_keys * heads_b[None, :]

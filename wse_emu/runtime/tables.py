@@ -14,6 +14,7 @@ import hashlib
 import json
 from bisect import bisect_left
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -129,12 +130,15 @@ def _timing_sources() -> bytes:
     return b"".join(f.read_bytes() for f in files)
 
 
-_TIMING_SOURCES = hashlib.sha256(_timing_sources()).hexdigest()
+@lru_cache(maxsize=1)
+def _timing_digest() -> str:
+    """Read once, when a table is first looked up (not at import)."""
+    return hashlib.sha256(_timing_sources()).hexdigest()
 
 
 def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> str:
     digest = hashlib.sha256()
-    digest.update(_TIMING_SOURCES.encode())
+    digest.update(_timing_digest().encode())
     digest.update(json.dumps(program.to_json(), sort_keys=True, default=str).encode())
     digest.update(json.dumps([region, phase, engine, [list(map(int, a)) for a in axes]]).encode())
     return digest.hexdigest()[:24]
