@@ -82,15 +82,16 @@ class RegionTemplate:
 def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple[int, int]],
                    options: CompileOptions) -> RegionTemplate:
     """A layout whose routes need more colors than the fabric has is retried first with
-    reduction trees of at most two levels (one color per level), then, with automatic layers
-    per stage, with more layers per stage (fewer stages, so fewer routes crossing)."""
+    reduction trees of one level fewer at a time down to two (one color per level), then, with
+    automatic layers per stage, with more layers per stage (fewer stages, so fewer routes
+    crossing)."""
     fewest, max_levels = 1, MAX_LEVELS
     while True:
         try:
             return _build_template(model, fabric, part_shapes, options, fewest, max_levels)
         except ColorsExhausted as exc:
             if max_levels > 2:
-                max_levels = 2
+                max_levels -= 1
                 continue
             if options.layers_per_stage or exc.layers_per_stage >= model.num_layers:
                 raise
