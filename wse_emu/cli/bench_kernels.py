@@ -27,8 +27,8 @@ from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.kernels.primitives import CostModel
-from wse_emu.kernels.stage import kernel_graph
-from wse_emu.kernels.trees import choose_levels, tree_cycles
+from wse_emu.kernels.stage import StageGraph, kernel_graph
+from wse_emu.kernels.trees import branching, choose_levels, tree_cycles
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import Kernel, Rect, Region, Stage, WaferProgram
@@ -70,16 +70,28 @@ def gemv_program(fabric: FabricSpec, side: int, k: int) -> tuple[WaferProgram, S
     return program, stage, kernel
 
 
-def gemv_closed_form(fabric: FabricSpec, side: int, k: int, levels: int, d: int = 2) -> float:
+def gemv_closed_form(fabric: FabricSpec, side: int, k: int, levels: int, chunks: int = 1,
+                     d: int = 2) -> float:
     """The GEMV's critical path: the input segment crossing half the grid to the far edge of
-    its line, the local block, and the reduction tree along the other side."""
+    its line, the local block (in ``chunks`` pieces of output columns), the reduction tree
+    along the other side for the last piece (the earlier pieces' trees run under the later
+    pieces' multiplies), and the root adding the earlier pieces it took in meanwhile."""
     seg = -(-k // side)
+    piece = -(-seg // chunks)
     cost = CostModel(fabric, d)
-    local = float(cost.cycles(2 * seg * seg, (seg * seg + seg) * d, seg * d))
+    local = float(cost.cycles(2 * seg * seg, (seg * seg + chunks * seg) * d, seg * d))
     bcast = fabric.hop_latency_cycles * (side - 1) / 2 + seg * d / 4
-    tree = tree_cycles(side, levels, seg * d / 4, float(cost.add(np.array([seg]), d)[0]),
-                       fabric.hop_latency_cycles)
-    return bcast + local + tree + 2 * fabric.ramp_latency_cycles
+    add = float(cost.add(np.array([piece]), d)[0])
+    tree = tree_cycles(side, levels, piece * d / 4, add, fabric.hop_latency_cycles)
+    g = branching(side, levels)
+    root_adds = (chunks - 1) * min(side - 1, 2 * g) * add
+    return bcast + local + tree + root_adds + 2 * fabric.ramp_latency_cycles
+
+
+def gemv_chunks(program: WaferProgram, stage: Stage, kernel: Kernel, step: MicroBatch) -> int:
+    """The pieces of output columns the timed pattern cuts the GEMV into."""
+    sg = StageGraph(program, stage, step)
+    return sg.out_chunks(sg.strip(kernel), step.new_tokens)
 
 
 def gemv_cases(fabric_name: str) -> list[dict]:
@@ -94,14 +106,16 @@ def gemv_cases(fabric_name: str) -> list[dict]:
                 continue  # the block does not fit one PE's SRAM
             program, stage, kernel = gemv_program(fabric, side, k)
             step = MicroBatch("decode", batch=1, context=1)
+            chunks = gemv_chunks(program, stage, kernel, step)
             cycles = _cycles(kernel_graph(program, stage, "q_proj", step), fabric)
             bound = kernel_bound(kernel, stage.rect, program.model, fabric, step)["cycles"]
             row = {"kernel": "gemv", "fabric": fabric_name, "region": f"{side}x{side}",
                    "shape": f"[1,{k}]x[{k},{k}]", "tree_levels": kernel.trees["reduce"],
+                   "output_pieces": chunks,
                    "cycles": cycles, "us": cycles / fabric.clock_hz * 1e6,
                    "bound_cycles": bound,
                    "closed_form_cycles": round(gemv_closed_form(
-                       fabric, side, k, kernel.trees["reduce"]), 1)}
+                       fabric, side, k, kernel.trees["reduce"], chunks), 1)}
             published = PUBLISHED_GEMV_US.get((fabric_name, side, k))
             if published is not None:
                 row.update(published_us=published, published_source="WaferLLM OSDI'25 Table 6",

@@ -30,6 +30,7 @@ from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
     CostModel,
     line_broadcast,
+    VC_TRANSFER,
     line_reduce,
     transfer,
     wavelets,
@@ -39,6 +40,10 @@ from wse_emu.program import Kernel, Stage, WaferProgram
 from wse_emu.splits import even_split
 
 SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
+# A decode multiply is cut by output columns into up to MAX_CHUNKS pieces of at least
+# MIN_CHUNK_CYCLES each: enough to hide most of the reduction without swamping the PE with
+# tasks.
+MAX_CHUNKS, MIN_CHUNK_CYCLES = 4, 128
 # Picking the greedy next token: compare each logit with the running best.
 ARGMAX = ly.PerElement(1, 1)
 
@@ -138,36 +143,68 @@ class StageGraph:
     def entry_pes(self, st: Strip) -> np.ndarray:
         return st.pe[np.arange(st.pe.shape[0]), self.entries(st)]
 
-    def matrix(self, st: Strip, entry_ready: np.ndarray) -> np.ndarray:
-        """GEMV / weight-stationary GEMM; returns the root task per b."""
+    def out_chunks(self, st: Strip, tokens: int) -> int:
+        """Pieces of each PE's output columns a decode multiply is cut into, so that the
+        tree reduces one piece while the next is multiplied (MeshGEMV's overlap): as many as
+        keep a piece's multiply above ``MIN_CHUNK_CYCLES``, at most ``MAX_CHUNKS``. A prefill
+        keeps whole blocks, since its token tiles already overlap one tile's reduction with
+        the next tile's multiply."""
+        if self.step.phase != "decode" or st.pe.shape[0] == 1:
+            return 1
+        w = ly.matrix_work(int(st.k_sizes.max()), int(st.n_sizes.max()), tokens, self.d)
+        whole = int(self.cost.cycles(w.flops, w.reads, w.writes))
+        return max(1, min(MAX_CHUNKS, int(st.n_sizes.min()), whole // MIN_CHUNK_CYCLES))
+
+    def matrix(self, st: Strip, entry_ready: np.ndarray | None = None,
+               pieces: tuple | None = None) -> np.ndarray:
+        """GEMV / weight-stationary GEMM; returns the task per b at which the root edge holds
+        the outputs. The input comes either whole to each line's entry PE (``entry_ready``)
+        or as ``pieces`` (PEs, sizes, ready tasks) of a vector spread over a producer's line,
+        each piece sent to the nearest PE of every line that needs it and multicast along
+        that line from there (no PE collects a whole segment before passing it on)."""
         k, kind = st.kernel, self.kind[st.kernel.name]
         t, d = self.step_tokens(k.name), self.d
         e, s = st.pe.shape
-        ka, nb = st.k_sizes[:, None], st.n_sizes[None, :]
+        ka = st.k_sizes[:, None]
+        chunks = self.out_chunks(st, t)
+        n_parts = np.stack([even_split(int(n), chunks) for n in st.n_sizes])  # (s, chunks)
         # The multiply runs as a chain of tasks of at most SLICE_TOKENS tokens each, so that
-        # a PE can take up other kernels' short tasks between slices (as its microthreads do).
+        # a PE can take up other kernels' short tasks between slices (as its microthreads do);
+        # a decode's chain goes piece of output columns by piece.
         slices = -(-t // SLICE_TOKENS)
         per = np.diff((np.arange(slices + 1) * t) // slices)
         first = compute = None
-        for n_tok in per:
-            part = self.work(st.pe, ly.matrix_work(ka, nb, n_tok, d), k.name)
-            if compute is None:
-                first = part
-            else:
-                self.g.then(compute, part)
-            compute = part
-        # The input segment reaches the first slice of every PE of its line.
+        piece_done = []
+        for c in range(chunks):
+            for n_tok in per:
+                part = self.work(st.pe, ly.matrix_work(ka, n_parts[None, :, c], n_tok, d),
+                                 k.name)
+                if compute is None:
+                    first = part
+                else:
+                    self.g.then(compute, part)
+                compute = part
+            piece_done.append(compute.reshape(e, s))
         first = first.reshape(e, s)
-        if s > 1:
+        if pieces is not None:
+            self.spread(st, *pieces, first)
+        elif s > 1:
             line_broadcast(self.g, st.pe, self.entries(st), entry_ready,
                            wavelets(st.k_sizes * t, d), kind, targets=first)
         else:
             self.g.then(entry_ready, first[:, 0])
-        compute = compute.reshape(e, s)
         rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
-        total = line_reduce(self.g, rows, np.full(s, st.root), compute.T,
-                            wavelets(st.n_sizes * t, d), self.cost.add(st.n_sizes * t, d), kind,
-                            levels=k.trees.get("reduce", 2))
+        totals = [line_reduce(self.g, rows, np.full(s, st.root), done.T,
+                              wavelets(n_parts[:, c] * t, d),
+                              self.cost.add(n_parts[:, c] * t, d), kind,
+                              levels=k.trees.get("reduce", 2))
+                  for c, done in enumerate(piece_done)]
+        if chunks == 1:
+            total = totals[0]
+        else:
+            total = self.g.tasks(st.edge, 0, kind)  # every piece summed at the root
+            for piece in totals:
+                self.g.then(piece, total)
         op = self.ops.get(k.name)
         if op is None or not op.bias:
             return total
@@ -175,6 +212,41 @@ class StageGraph:
         biased = self.work(st.edge, ly.bias_work(st.n_sizes, t, d), k.name)
         self.g.then(total, biased)
         return biased
+
+    def spread(self, st: Strip, src_pes: np.ndarray, src_sizes: np.ndarray,
+               src_ready: np.ndarray, targets: np.ndarray) -> None:
+        """Each overlap of a source piece with a line's input segment goes to the line's PE
+        nearest the source, which multicasts it along the line into ``targets`` ((e, s)
+        tasks that wait for the whole segment)."""
+        kind, t = self.kind[st.kernel.name], self.step_tokens(st.kernel.name)
+        sb = np.concatenate([[0], np.cumsum(src_sizes)])
+        kb = np.concatenate([[0], np.cumsum(st.k_sizes)])
+        cuts = np.union1d(sb, kb)
+        lo, hi = cuts[:-1], cuts[1:]
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        si = np.searchsorted(sb, lo, side="right") - 1
+        line = np.searchsorted(kb, lo, side="right") - 1
+        w = self.g.width
+        sx, sy = src_pes[si] % w, src_pes[si] // w
+        cand = st.pe[line]  # (overlaps, s)
+        dist = np.abs(cand % w - sx[:, None]) + np.abs(cand // w - sy[:, None])
+        land = np.argmin(dist, axis=1)
+        land_pe = cand[np.arange(len(line)), land]
+        local = land_pe == src_pes[si]
+        arrived = np.empty(len(line), dtype=np.int64)
+        arrived[local] = src_ready[si[local]]
+        remote = np.flatnonzero(~local)
+        if len(remote):
+            arrived[remote] = self.g.tasks(land_pe[remote], 0, kind)
+            self.g.send(src_ready[si[remote]], src_pes[si[remote]], land_pe[remote],
+                        wavelets((hi - lo)[remote] * t, self.d), arrived[remote], 0,
+                        VC_TRANSFER)
+        if st.pe.shape[1] > 1:
+            line_broadcast(self.g, cand, land, arrived, wavelets((hi - lo) * t, self.d), kind,
+                           targets=targets[line])
+        else:
+            self.g.then(arrived, targets[line, 0])
 
     def gather(self, st: Strip, tied: bool) -> np.ndarray:
         """Embedding lookup: the columns that hold the tokens' rows send their slices to the
@@ -298,9 +370,10 @@ class StageGraph:
                 out[:, rows[:, 0]] = total.reshape(cols, len(rows))
         return out
 
-    def attention(self, q_ready, q_edge, k_ready, k_edge, o_strip: Strip) -> np.ndarray:
-        """Attention over the KV cache spread across the stage; returns receive tasks at
-        o_proj's input entries.
+    def attention(self, q_ready, q_edge, k_ready, k_edge, o_strip: Strip) -> tuple:
+        """Attention over the KV cache spread across the stage; returns where its output is
+        left for o_proj: (PEs of the line across the stage at o_proj's column, sizes, ready
+        tasks).
 
         Queries and keys arrive split by feature across rows, like every vector of the stage.
         A decode runs ``decode_attention``. A prefill splits the queries along the rows: keys
@@ -362,8 +435,7 @@ class StageGraph:
         gathered = line_reduce(self.g, rows, np.full(s, a_o), weighted.T,
                                wavelets(piece, d), np.zeros(s, dtype=np.int64), kind,
                                gather=True)
-        return self.feed(grid[a_o], q_sizes, gathered, self.entry_pes(o_strip), o_strip.k_sizes,
-                         "attention")
+        return grid[a_o], q_sizes, gathered
 
     def regroup(self, col: np.ndarray, ready: np.ndarray, src_sizes: np.ndarray,
                 dst_sizes: np.ndarray, order: np.ndarray, name: str) -> np.ndarray:
@@ -474,8 +546,7 @@ class StageGraph:
         inverse[order.ravel()] = np.arange(model.q_size)
         o_here = self.regroup(grid[a_o], final, group * kv_sizes, q_sizes, inverse,
                               "attention")
-        return self.feed(grid[a_o], q_sizes, o_here, self.entry_pes(o_strip), o_strip.k_sizes,
-                         "attention")
+        return grid[a_o], q_sizes, o_here
 
     def group_broadcast(self, grid_cols, groups, ready_first, values, kind, targets):
         """From each head's first row, ``values`` (per column and row) to every row of the
@@ -531,9 +602,7 @@ class StageGraph:
         if "lm_head" in strips and (self.step.phase == "decode" or self.is_last_tile()):
             head = strips["lm_head"]
             normed = self.norm("final_norm", home.edge, x, hsz)
-            entries = self.feed(home.edge, hsz, normed, self.entry_pes(head), head.k_sizes,
-                                "lm_head")
-            logits = self.matrix(head, entries)
+            logits = self.matrix(head, pieces=(home.edge, hsz, normed))
             if "logit_softcap" in ks:
                 logits = self.vector("logit_softcap", head.edge, [logits], head.n_sizes)
             t = self.step_tokens("lm_head")
@@ -574,12 +643,7 @@ class StageGraph:
             if op.kind == ly.GEMM:
                 st = strips[op.name]
                 (src,) = op.inputs
-                if src == ly.ATTENTION_OUTPUT:
-                    entries = ready[src]  # attention delivers to the entries itself
-                else:
-                    entries = self.feed(at[src][0], at[src][1], ready[src], self.entry_pes(st),
-                                        st.k_sizes, op.name)
-                ready[op.name] = self.matrix(st, entries)
+                ready[op.name] = self.matrix(st, pieces=(*at[src], ready[src]))
                 at[op.name] = (st.edge, st.n_sizes)
             elif op.kind == ly.KV_APPEND:
                 pes, sizes = site(op.site)
@@ -591,9 +655,9 @@ class StageGraph:
                 q_src, kv_src = op.inputs
                 consumer = next(o for o in self.layer_table
                                 if o.inputs == (ly.ATTENTION_OUTPUT,))
-                ready[ly.ATTENTION_OUTPUT] = self.attention(
-                    ready[q_src], at[q_src][0], ready[kv_src], at[kv_src][0],
-                    strips[consumer.name])
+                pes, sizes, out = self.attention(ready[q_src], at[q_src][0], ready[kv_src],
+                                                 at[kv_src][0], strips[consumer.name])
+                ready[ly.ATTENTION_OUTPUT], at[ly.ATTENTION_OUTPUT] = out, (pes, sizes)
             elif op.kernel_kind == "attention":
                 continue  # the rest of the attention pattern, built with its scores
             else:
@@ -641,8 +705,10 @@ def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: MicroBatc
             sg.vector(name, pes, inputs, sizes)
     elif k.kind == "attention":
         q, kk, o = (sg.strip(sg.kernels[n]) for n in ("q_proj", "k_proj", "o_proj"))
-        sg.attention(sg.g.tasks(q.edge, 0, kind), q.edge, sg.g.tasks(kk.edge, 0, kind), kk.edge,
-                     o)
+        pes, sizes, out = sg.attention(sg.g.tasks(q.edge, 0, kind), q.edge,
+                                       sg.g.tasks(kk.edge, 0, kind), kk.edge, o)
+        # Alone, the kernel ends with its output collected at o_proj's line entries.
+        sg.feed(pes, sizes, out, sg.entry_pes(o), o.k_sizes, "attention")
     else:
         raise ValueError(f"no pattern for kernel kind {k.kind!r}")
     return sg.g.build()
