@@ -5,7 +5,9 @@ bytes through the SRAM ports (sram), and taken its inputs in through its one ram
 before a wavelet has crossed its longest dependent path (path: hops plus the ramp in and out).
 Its bound is the largest of these. A stage's bound holds for any schedule: its busiest strip of
 PEs must do the work of every kernel on it for all the stage's layers, and one token must cross
-every kernel's path in order. The simulator's times must never be lower.
+the layer's kernels in order (``token_latency``: streaming where a kernel can start on partial
+input, but a norm waits for its whole input, and a matrix kernel's root must multiply its whole
+block for the token first). The simulator's times must never be lower.
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _result(fabric: FabricSpec, compute: float, sram: float, link: float, path: float) -> dict:
+def _result(fabric: FabricSpec, compute: float, sram: float, link: float, path: float,
+            drain: float = 0.0, whole_input: bool = False) -> dict:
+    """``drain``: the least time from a kernel's first input to its last output for one
+    token; ``whole_input``: the kernel cannot start before its whole input is in (a norm's
+    sum of squares), so it waits for its producers' last outputs."""
     parts = {"compute": compute, "sram": sram, "link": link, "path": path}
     total = max(parts.values())
     dominant = max(parts, key=parts.get)
     return {**{k: float(math.ceil(v)) for k, v in parts.items()},
-            "cycles": float(math.ceil(total)), "dominant": dominant}
+            "cycles": float(math.ceil(total)), "dominant": dominant,
+            "drain": float(math.ceil(drain)), "whole_input": whole_input}
 
 
 def _port_cycles(work: ly.Work, fabric: FabricSpec, fpc: float) -> tuple[float, float]:
@@ -66,13 +73,17 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
         # takes a whole input segment, or a whole partial sum, in through its ramp.
         hops = _ceil(np_ - 1, 2) + (kp - 1)
         path = hop * hops + (2 * ramp if hops else 0)
-        if kp > 1:
-            # The root's last partial sum arrives whole (its wavelets one per cycle after the
-            # first) and is then added: every tree ends this way.
-            path += _ceil(t * nr * d, 4) - 1 + _port_cycles(
-                ly.Work(t * nr, 2 * t * nr * d, t * nr * d), fabric, fpc)[1]
+        # Every tree ends with the root adding a partial sum it has just received: at least
+        # one wavelet's worth of values (a schedule may cut the outputs finely).
+        last = min(t * nr, max(1, 4 // d))
+        add_last = _port_cycles(ly.Work(last, 2 * last * d, last * d), fabric, fpc)[1] \
+            if kp > 1 else 0.0
+        path += add_last
+        # The root multiplies its whole block for a token (after that token's first input
+        # value arrives) before that token's last output can exist.
+        drain = max(_port_cycles(ly.matrix_work(kc, nr, 1, d), fabric, fpc)) + add_last
         ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
-        return _result(fabric, compute, sram, ramp_in, path)
+        return _result(fabric, compute, sram, ramp_in, path, drain)
     if kernel.kind in ("norm", "elementwise"):
         pes = kernel.rect.area
         seg = _ceil(kernel.length, pes)
@@ -81,11 +92,12 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
                 ly.NORM_SCALE, t * seg, d)
             compute, sram = _port_cycles(work, fabric, fpc)
             # The sum of squares meets somewhere on the line and returns: at least the
-            # line's radius each way.
+            # line's radius each way. A norm over the whole vector needs all of it first; a
+            # per-head norm only its head.
             radius = _ceil(pes - 1, 2)
             path = 2 * hop * radius + (2 * ramp if pes > 1 else 0)
             return _result(fabric, compute, sram, t * ly.SUM_BYTES / link if pes > 1 else 0,
-                           path)
+                           path, whole_input=first.kind != ly.HEAD_RMSNORM)
         # Elementwise ops work where their operands already are.
         compute, sram = _port_cycles(ly.elementwise_work(ly.ELEMENTWISE[first.kind], t * seg, d),
                                      fabric, fpc)
@@ -135,6 +147,31 @@ def _walk(kernels: dict[str, dict], dependencies: dict[str, list[str]],
     return finish.get(ly.LAYER_OUTPUT, 0.0), via
 
 
+def token_latency(kernels: dict[str, dict], dependencies: dict[str, list[str]],
+                  hops: dict[tuple[str, str], int], fabric: FabricSpec) -> float:
+    """Least time for one token through one layer, whatever the schedule: kernels may stream
+    (start on their producers' first outputs), except where an input must be whole (a norm);
+    a kernel's first output follows its first input by its path, and its last output follows
+    its first input by at least its drain and its last input by at least its path."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for name, deps in dependencies.items():
+        if name not in kernels:
+            continue
+        b = kernels[name]
+        first_in = last_in = 0.0
+        for dep in deps:
+            if dep in first:
+                gap = transfer_cycles(hops.get((dep, name), 0), fabric)
+                first_in = max(first_in, first[dep] + gap)
+                last_in = max(last_in, last[dep] + gap)
+        if b.get("whole_input"):
+            first_in = last_in
+        first[name] = first_in + b["path"]
+        last[name] = max(first[name], last_in + b["path"], first_in + b.get("drain", 0.0))
+    return last.get(ly.LAYER_OUTPUT, 0.0)
+
+
 def stage_bound(layer_kernels: dict[str, dict], dependencies: dict[str, list[str]],
                 extras: list[dict], strip_loads: list[dict],
                 hops: dict[tuple[str, str], int], layers: int, entry_hops: int,
@@ -154,7 +191,7 @@ def stage_bound(layer_kernels: dict[str, dict], dependencies: dict[str, list[str
             if load[r] > busiest:
                 busiest, resource = load[r], r
     entry = transfer_cycles(entry_hops, fabric)
-    layer_latency, _ = _walk(layer_kernels, dependencies, hops, "path", fabric)
+    layer_latency = token_latency(layer_kernels, dependencies, hops, fabric)
     latency = layers * layer_latency + entry + sum(e["path"] for e in extras)
     layer_serial, _ = _walk(layer_kernels, dependencies, hops, "cycles", fabric)
     serial = layers * layer_serial + entry + sum(e["cycles"] for e in extras)
