@@ -26,6 +26,7 @@ from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import write_run_dir
 from wse_emu.runtime.experiment import (
+    MAX_TTFT_SLOPE,
     Config,
     Outcome,
     Targets,
@@ -34,6 +35,7 @@ from wse_emu.runtime.experiment import (
     outcomes,
     search_rates,
 )
+from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall
 from wse_emu.runtime.workload import Requests, generate
@@ -130,12 +132,13 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
             "skipped": skipped,
-            **experiment(configs, requests, targets, pool, tolerance, progress)}
+            **experiment(configs, requests, targets, pool, tolerance, progress,
+                         cluster.systems)}
     return data, configs
 
 
 def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,
-               tolerance: float = 0.05, progress=None) -> dict:
+               tolerance: float = 0.05, progress=None, systems: int = 1) -> dict:
     """Search every configuration on ``pool`` (see ``runtime.pool``) and compare the plans:
     a JSON-able report."""
     run_points = pool.bind(evaluate_job, (configs, requests, targets))
@@ -143,9 +146,9 @@ def experiment(configs: list[Config], requests: Requests, targets: Targets, pool
                             progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
                             if progress else None)
     results = outcomes(searches)
-    return {"configurations": [_row(r, targets, len(s.points))
+    return {"configurations": [_row(r, targets, len(s.points), systems)
                                for r, s in zip(results, searches)],
-            "comparison": compare(results, targets),
+            "comparison": compare(results, targets, systems),
             "points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
                        for s in searches}}
 
@@ -155,6 +158,7 @@ def _point(p) -> dict:
     m = p.metrics
     return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m["ttft_s"]["p90"],
             "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
+            "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
             "output_tokens_per_s": m["output_tokens_per_s"],
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
@@ -213,13 +217,19 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
     return configs, skipped
 
 
-def _row(r: Outcome, targets: Targets, runs: int) -> dict:
+def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1) -> dict:
     row = {"configuration": r.label, "plan": r.plan, "knob": r.knob, "runs": runs,
            "limited_by": r.limit(targets)}
     if r.best is not None:
         m = r.best.metrics
-        row.update({"max_rate_per_s": r.best.rate, "goodput_requests_per_s": r.goodput,
-                    "output_tokens_per_s": r.tokens_per_s, "ttft_p90_s": m["ttft_s"]["p90"],
+        row.update({"max_rate_per_s": r.best.rate,
+                    "max_rate_per_system": r.best.rate / systems,
+                    "goodput_requests_per_s": r.goodput,
+                    "output_tokens_per_s": r.tokens_per_s,
+                    "output_tokens_per_s_per_system": r.tokens_per_s / systems,
+                    "window_requests": m["window_requests"], "window_s": m["window_s"],
+                    "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
+                    "ttft_p90_s": m["ttft_s"]["p90"],
                     "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
                     "decode_stall_per_token_s": m["decode_stall_per_token_s"],
                     "prefill_utilization": m["prefill_utilization"],
@@ -235,22 +245,25 @@ def render(data: dict) -> str:
     head = (f"{data['model']} on {data['cluster']}, workload {data['workload']} "
             f"({data['requests_per_run']:,} requests per run); targets: p90 TTFT <= "
             f"{seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
-            f">= {t['attainment']:.0%} of requests meeting both")
+            f">= {t['attainment']:.0%} of requests meeting both, counted from the "
+            f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
+            f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them")
     rows = []
     for c in data["configurations"]:
         if "goodput_requests_per_s" not in c:
-            rows.append([c["configuration"], "0", "-", "-", "-", "-", "-", "-", "-",
+            rows.append([c["configuration"], "0", "-", "-", "-", "-", "-", "-", "-", "-",
                          c["limited_by"]])
             continue
-        rows.append([c["configuration"], f"{c['max_rate_per_s']:.3g}",
-                     f"{c['goodput_requests_per_s']:.3g}", si(c["output_tokens_per_s"]),
+        rows.append([c["configuration"], f"{c['max_rate_per_system']:.3g}",
+                     si(c["output_tokens_per_s_per_system"]),
                      seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
-                     seconds(c["decode_stall_per_token_s"]),
+                     f"{c['ttft_slope']:.2g}", seconds(c["decode_stall_per_token_s"]),
                      f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
-                     c["limited_by"]])
-    lines = [head, "", table(["configuration", "max rate/s", "goodput/s", "tok/s", "p90 TTFT",
-                              "p90 TPOT", "stall/token", "prefill busy", "decode busy",
-                              "next rate fails on"], rows, "lrrrrrrrrl")]
+                     f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
+    lines = [head, "", table(["configuration", "goodput/s/system", "tok/s/system", "p90 TTFT",
+                              "p90 TPOT", "TTFT slope", "stall/token", "prefill busy",
+                              "decode busy", "on-target/s (makespan)", "next rate fails on"],
+                             rows, "lrrrrrrrrrl")]
     lines += [f"skipped {s}" for s in data["skipped"]]
     cmp_ = data["comparison"]
     if "goodput_ratio" not in cmp_:
@@ -259,8 +272,9 @@ def render(data: dict) -> str:
                                        "skipped."])
     ratio, tokens = cmp_["goodput_ratio"], cmp_["tokens_per_s_ratio"]
     if ratio is not None:
-        verdict = f"{ratio:.2f}x the goodput, {tokens:.2f}x the output tokens/s"
-    elif cmp_["goodput_requests_per_s"]["disaggregated"] > 0:
+        verdict = (f"{ratio:.2f}x the goodput (the highest rate with the targets met), "
+                   f"{tokens:.2f}x the output tokens/s at that rate")
+    elif cmp_["max_rate_per_system"]["disaggregated"] > 0:
         verdict = "no colocated configuration met the targets at any rate tried"
     else:
         verdict = "neither plan met the targets at any rate tried"

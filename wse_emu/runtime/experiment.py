@@ -4,7 +4,9 @@ target), how many requests per second does each way of serving meet its latency 
 Every configuration (colocated with prefill priority, colocated with chunked prefill at a few
 token budgets, disaggregated at a few prefill/decode splits) gets the same requests, arriving
 faster or slower: the search looks for the highest rate at which p90 TTFT and p90 TPOT meet
-their targets and at least ``attainment`` of the requests meet both. It runs in rounds; each
+their targets and at least ``attainment`` of the requests meet both, counted over the run's
+steady window, with the mean TTFT not growing across it (``metrics.run_metrics``). That rate,
+per system, is the headline: goodput as DistServe (OSDI'24) defines it. It runs in rounds; each
 round's points are independent serving runs, handed to ``run_points`` together so that they can
 run in parallel.
 
@@ -32,15 +34,24 @@ LOWEST, HIGHEST = 2.0 ** -14, 2.0 ** 14
 MAX_ROUNDS = 12
 
 
+# A run whose TTFT rises by more than this many seconds per second of arrivals across its
+# steady window is not sustaining its rate: its queue grows (arrivals outpace service by about
+# this share), and a longer run would miss its targets.
+MAX_TTFT_SLOPE = 0.05
+
+
 @dataclass(frozen=True)
 class Targets:
     ttft_s: float
     tpot_s: float
     attainment: float = 0.9  # share of requests that must meet both targets
 
+    def stable(self, metrics: dict) -> bool:
+        return metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
+
     def met(self, metrics: dict) -> bool:
         return (metrics["ttft_s"]["p90"] <= self.ttft_s and metrics["tpot_s"]["p90"] <= self.tpot_s
-                and metrics["slo_attainment"] >= self.attainment)
+                and metrics["slo_attainment"] >= self.attainment and self.stable(metrics))
 
 
 @dataclass
@@ -70,7 +81,7 @@ def evaluate(config: Config, requests: Requests, factor: float, targets: Targets
     """Serve ``requests`` arriving ``factor`` times as fast as generated."""
     reqs = requests.faster(factor)
     result = serve(reqs, config.regions, config.options)
-    metrics = run_metrics(result, reqs, targets.ttft_s, targets.tpot_s)
+    metrics = run_metrics(result, reqs, targets.ttft_s, targets.tpot_s, steady=True)
     metrics.update(_pressure(result.regions, metrics["duration_s"]))
     return Point(requests.offered_rate() * factor, targets.met(metrics), metrics)
 
@@ -163,7 +174,15 @@ class Outcome:
     failed: Point | None
 
     @property
+    def max_rate(self) -> float:
+        """The highest rate met (requests, or sessions, per second): goodput as DistServe
+        defines it, the rate a cluster sustains with the targets met."""
+        return self.best.rate if self.best else 0.0
+
+    @property
     def goodput(self) -> float:
+        """Requests that met both targets per second of the best run's makespan (the drain
+        included): a secondary number."""
         return self.best.metrics["goodput_requests_per_s"] if self.best else 0.0
 
     @property
@@ -178,8 +197,11 @@ class Outcome:
         broke = [name for name, key, target in (("p90 TTFT", "ttft_s", targets.ttft_s),
                                                 ("p90 TPOT", "tpot_s", targets.tpot_s))
                  if m[key]["p90"] > target]
-        if not broke:
-            broke = [f"attainment ({m['slo_attainment']:.0%} < {targets.attainment:.0%})"]
+        if m["slo_attainment"] < targets.attainment:
+            broke.append(f"attainment ({m['slo_attainment']:.0%} < {targets.attainment:.0%})")
+        if not targets.stable(m):
+            broke.append(f"a growing queue (TTFT rising {m['ttft_slope']:.2g} s per s of "
+                         "arrivals)")
         return " and ".join(broke)
 
 
@@ -193,21 +215,25 @@ def outcomes(searches: list[Search]) -> list[Outcome]:
     return out
 
 
-def compare(results: list[Outcome], targets: Targets) -> dict:
-    """The best of each plan, the ratio disaggregated/colocated, and why."""
+def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> dict:
+    """The best of each plan by its highest rate met (per system: both plans have the
+    cluster's ``systems``), the ratio disaggregated/colocated, and why."""
     best = {}
     for plan in ("colocated", "disaggregated"):
         mine = [r for r in results if r.plan == plan]
         if mine:
-            best[plan] = max(mine, key=lambda r: (r.goodput, r.tokens_per_s))
+            best[plan] = max(mine, key=lambda r: (r.max_rate, r.tokens_per_s))
     col, dis = best.get("colocated"), best.get("disaggregated")
     summary = {"colocated": col.label if col else None,
                "disaggregated": dis.label if dis else None}
     if col and dis:
-        summary["goodput_requests_per_s"] = {"colocated": col.goodput,
-                                              "disaggregated": dis.goodput}
-        summary["goodput_ratio"] = _ratio(dis.goodput, col.goodput)
+        summary["max_rate_per_system"] = {"colocated": col.max_rate / systems,
+                                          "disaggregated": dis.max_rate / systems}
+        summary["tokens_per_s_per_system"] = {"colocated": col.tokens_per_s / systems,
+                                              "disaggregated": dis.tokens_per_s / systems}
+        summary["goodput_ratio"] = _ratio(dis.max_rate, col.max_rate)
         summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
+        summary["on_target_per_makespan_ratio"] = _ratio(dis.goodput, col.goodput)
         summary["split"] = dis.knob
         # A configuration that met every rate tried has no ceiling found: its rate is a floor.
         summary["ceiling_found"] = {"colocated": col.failed is not None,

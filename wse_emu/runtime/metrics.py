@@ -1,5 +1,11 @@
 """Per-request and per-run serving metrics: TTFT, TPOT, latency percentiles, throughput,
-goodput under latency targets."""
+goodput under latency targets.
+
+With ``steady`` the latency percentiles and the attainment count only the requests that
+arrive inside the steady-state window (after the first WARMUP and before the last DRAIN share
+of arrivals: the cluster filling up and emptying out are not what it sustains), and the run
+reports how fast TTFT rises across that window (``ttft_slope``): a queue that keeps growing
+shows as a TTFT that keeps rising, however good the percentiles of a short run look."""
 
 from __future__ import annotations
 
@@ -9,12 +15,44 @@ from wse_emu.runtime.serve import ServeResult
 from wse_emu.runtime.workload import Requests
 
 
+WARMUP, DRAIN = 0.1, 0.1  # shares of the arrivals left out at each end of a steady window
+FIFTHS = 5  # the window's arrivals are cut into this many groups to see a trend
+
+
+def steady_window(arrival: np.ndarray) -> np.ndarray:
+    """Requests arriving after the first WARMUP and before the last DRAIN share of arrivals
+    (a boolean mask; every request when there are too few to cut)."""
+    n = len(arrival)
+    order = np.argsort(arrival, kind="stable")
+    lo, hi = int(np.floor(WARMUP * n)), n - int(np.floor(DRAIN * n))
+    mask = np.zeros(n, dtype=bool)
+    mask[order[lo:hi] if hi - lo >= FIFTHS else order] = True
+    return mask
+
+
+def ttft_trend(arrival: np.ndarray, ttft: np.ndarray) -> list[float]:
+    """Mean TTFT of each fifth of the requests, in order of arrival."""
+    order = np.argsort(arrival, kind="stable")
+    return [float(ttft[part].mean()) for part in np.array_split(order, FIFTHS) if len(part)]
+
+
+def ttft_slope(arrival_s: np.ndarray, ttft_s: np.ndarray) -> float:
+    """Seconds of TTFT gained per second of arrivals (least squares). A queue fed at rate
+    lambda and drained at mu < lambda grows by 1 - mu/lambda per second, and every later
+    arrival waits that much longer; in steady state the slope is about 0. Requests arriving
+    all at once, with TTFTs that differ, have an infinite slope."""
+    span = float(arrival_s.max() - arrival_s.min()) if len(arrival_s) else 0.0
+    if span <= 0:
+        return float("inf") if len(ttft_s) and np.ptp(ttft_s) > 0 else 0.0
+    return float(np.polyfit(arrival_s, ttft_s, 1)[0])
+
+
 def percentiles(values: np.ndarray) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 99)}
 
 
 def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
-                tpot_slo_s: float | None) -> dict:
+                tpot_slo_s: float | None, steady: bool = False) -> dict:
     ttft, tpot = res.ttft_s(), res.tpot_s()
     e2e = (res.finish - res.arrival) / res.clock_hz
     span = (res.finish.max() - res.arrival.min()) / res.clock_hz
@@ -23,17 +61,27 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
         ok &= ttft <= ttft_slo_s
     if tpot_slo_s is not None:
         ok &= tpot <= tpot_slo_s
+    window = steady_window(res.arrival) if steady else np.ones(len(ttft), dtype=bool)
     out = {
         "requests": len(ttft),
         "duration_s": float(span),
-        "ttft_s": percentiles(ttft),
-        "tpot_s": percentiles(tpot),
-        "e2e_s": percentiles(e2e),
+        "ttft_s": percentiles(ttft[window]),
+        "tpot_s": percentiles(tpot[window]),
+        "e2e_s": percentiles(e2e[window]),
         "output_tokens_per_s": float(res.tokens.sum() / span) if span > 0 else 0.0,
         "requests_per_s": float(len(ttft) / span) if span > 0 else 0.0,
-        "slo_attainment": float(ok.mean()),
+        "slo_attainment": float(ok[window].mean()),
+        # Requests that met both targets over the whole run's makespan (drain included).
         "goodput_requests_per_s": float(ok.sum() / span) if span > 0 else 0.0,
     }
+    if steady:
+        arrived = res.arrival[window] / res.clock_hz
+        trend = ttft_trend(arrived, ttft[window])
+        out.update({"window_requests": int(window.sum()),
+                    "window_s": float(arrived.max() - arrived.min()),
+                    "ttft_by_fifth_s": trend,
+                    "ttft_growth_s": trend[-1] - trend[0],
+                    "ttft_slope": ttft_slope(arrived, ttft[window])})
     sessions = np.unique(reqs.session)
     if len(sessions) < len(reqs):
         ends = np.array([res.finish[reqs.session == s].max() - res.arrival[reqs.session == s]

@@ -1,0 +1,93 @@
+"""The experiment's yardstick: percentiles over the steady window, a growing queue fails
+whatever its percentiles, and goodput is the highest rate met (DistServe's definition)."""
+
+import numpy as np
+import pytest
+
+from wse_emu.runtime.experiment import (
+    Config,
+    Point,
+    Targets,
+    compare,
+    outcomes,
+    search_rates,
+)
+from wse_emu.runtime.metrics import run_metrics, steady_window
+from wse_emu.runtime.serve import ServeOptions, ServeResult
+from wse_emu.runtime.workload import Requests
+
+CLOCK = 1e9
+
+
+def result(ttft_s: np.ndarray, tpot_s: float = 1e-3, tokens: int = 10) -> ServeResult:
+    """A run of requests arriving 50 a second with the given TTFTs."""
+    n = len(ttft_s)
+    arrival = np.arange(n) * CLOCK / 50
+    first = arrival + ttft_s * CLOCK
+    finish = first + tpot_s * (tokens - 1) * CLOCK
+    return ServeResult(arrival.astype(np.int64), first.astype(np.int64),
+                       finish.astype(np.int64), np.full(n, tokens), ["r"] * n, CLOCK)
+
+
+def requests(n: int) -> Requests:
+    ones = np.ones(n, dtype=np.int64)
+    return Requests(np.arange(n, dtype=float), 100 * ones, 10 * ones, np.arange(n), 0 * ones,
+                    np.zeros(n))
+
+
+def test_the_window_leaves_out_the_fill_and_the_drain():
+    mask = steady_window(np.arange(100.0))
+    assert mask.sum() == 80 and not mask[:10].any() and not mask[90:].any()
+
+
+def test_a_growing_queue_fails_though_its_percentiles_pass():
+    """TTFT rising from 0.05 s to 0.7 s over 4 s of arrivals (a queue that has not settled):
+    p90 TTFT is under a 1 s target and every request meets it, yet the run is not sustained."""
+    targets = Targets(ttft_s=1.0, tpot_s=0.005)
+    growing = run_metrics(result(np.linspace(0.05, 0.7, 200)), requests(200), 1.0, 0.005,
+                          steady=True)
+    assert growing["ttft_s"]["p90"] < 1.0 and growing["slo_attainment"] == 1.0
+    assert growing["ttft_slope"] > 0.05
+    assert not targets.stable(growing) and not targets.met(growing)
+    rng = np.random.default_rng(0)
+    flat = run_metrics(result(rng.uniform(0.05, 0.7, 200)), requests(200), 1.0, 0.005,
+                       steady=True)
+    assert targets.stable(flat) and targets.met(flat)
+
+
+def test_percentiles_count_only_the_window():
+    """A burst of slow first tokens during warm-up does not count against the run."""
+    ttft = np.full(100, 0.1)
+    ttft[:10] = 5.0
+    steady = run_metrics(result(ttft), requests(100), 1.0, 0.005, steady=True)
+    whole = run_metrics(result(ttft), requests(100), 1.0, 0.005)
+    assert steady["slo_attainment"] == 1.0 and whole["slo_attainment"] == pytest.approx(0.9)
+
+
+def _points(rate_met: float, tokens_per_request: float):
+    """A made-up configuration that meets its targets up to ``rate_met`` requests/s."""
+    def run(jobs):
+        return [Point(f, f <= rate_met, {
+            "goodput_requests_per_s": 0.5 * f, "output_tokens_per_s": tokens_per_request * f,
+            "slo_attainment": 0.95 if f <= rate_met else 0.5, "ttft_growth_s": 0.0,
+            "ttft_s": {"p90": 0.5}, "tpot_s": {"p90": 0.5}, "decode_stall_per_token_s": 0.0,
+            "decode_work_per_token_s": 0.5, "prefill_utilization": 0.5,
+            "decode_utilization": 0.5, "kv_blocked_share": 0.0, "kv_peak_share": 0.5})
+            for _, f in jobs]
+    return run
+
+
+def test_goodput_is_the_highest_rate_met_per_system():
+    configs = [Config("colocated", "a", [], ServeOptions()),
+               Config("disaggregated", "b", [], ServeOptions())]
+    limits = {0: 3.0, 1: 4.5}
+
+    def run_points(jobs):
+        return [_points(limits[i], 100)([(i, f)])[0] for i, f in jobs]
+    searches = search_rates(configs, None, Targets(1.0, 1.0), run_points, tolerance=0.01)
+    results = outcomes(searches)
+    for r, limit in zip(results, limits.values()):
+        assert limit / 1.01 <= r.max_rate <= limit
+    summary = compare(results, Targets(1.0, 1.0), systems=2)
+    assert summary["goodput_ratio"] == pytest.approx(results[1].max_rate / results[0].max_rate)
+    assert summary["max_rate_per_system"]["colocated"] == pytest.approx(results[0].max_rate / 2)
