@@ -55,6 +55,17 @@ def test_a_growing_queue_fails_though_its_percentiles_pass():
     assert targets.stable(flat) and targets.met(flat)
 
 
+def test_a_burst_arriving_at_once_is_not_steady():
+    """Requests arriving all at once: whatever order their TTFTs come in, their first tokens
+    are spread over time they did not arrive in."""
+    res = result(np.linspace(0.3, 0.01, 100))
+    res.arrival[:] = 0
+    res.first_token[:] = (np.linspace(0.3, 0.01, 100) * CLOCK).astype(np.int64)
+    burst = run_metrics(res, requests(100), 1.0, 0.005, steady=True)
+    assert burst["pace"] == float("inf")
+    assert not Targets(ttft_s=1.0, tpot_s=0.005).met(burst)
+
+
 def test_percentiles_count_only_the_window():
     """A burst of slow first tokens during warm-up does not count against the run."""
     ttft = np.full(100, 0.1)

@@ -26,6 +26,7 @@ from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import write_run_dir
 from wse_emu.runtime.experiment import (
+    MAX_PACE,
     MAX_TTFT_SLOPE,
     Config,
     Outcome,
@@ -159,7 +160,7 @@ def _point(p) -> dict:
     return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m["ttft_s"]["p90"],
             "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
             "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
-            "output_tokens_per_s": m["output_tokens_per_s"],
+            "pace": m["pace"], "output_tokens_per_s": m["output_tokens_per_s"],
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
@@ -229,7 +230,7 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1) -> dict:
                     "output_tokens_per_s_per_system": r.tokens_per_s / systems,
                     "window_requests": m["window_requests"], "window_s": m["window_s"],
                     "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
-                    "ttft_p90_s": m["ttft_s"]["p90"],
+                    "pace": m["pace"], "ttft_p90_s": m["ttft_s"]["p90"],
                     "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
                     "decode_stall_per_token_s": m["decode_stall_per_token_s"],
                     "prefill_utilization": m["prefill_utilization"],
@@ -247,7 +248,8 @@ def render(data: dict) -> str:
             f"{seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
             f">= {t['attainment']:.0%} of requests meeting both, counted from the "
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
-            f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them")
+            f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
+            f"within {MAX_PACE:g}x the span they arrived in")
     rows = []
     for c in data["configurations"]:
         if "goodput_requests_per_s" not in c:

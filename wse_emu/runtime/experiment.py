@@ -38,6 +38,9 @@ MAX_ROUNDS = 12
 # steady window is not sustaining its rate: its queue grows (arrivals outpace service by about
 # this share), and a longer run would miss its targets.
 MAX_TTFT_SLOPE = 0.05
+# ... and a run whose window's first tokens come out over more than this many times the span
+# its requests arrived in has fallen behind (a burst arriving at once is the extreme).
+MAX_PACE = 1.5
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ class Targets:
     attainment: float = 0.9  # share of requests that must meet both targets
 
     def stable(self, metrics: dict) -> bool:
-        return metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
+        return (metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
+                and metrics.get("pace", 1.0) <= MAX_PACE)
 
     def met(self, metrics: dict) -> bool:
         return (metrics["ttft_s"]["p90"] <= self.ttft_s and metrics["tpot_s"]["p90"] <= self.tpot_s
@@ -200,8 +204,12 @@ class Outcome:
         if m["slo_attainment"] < targets.attainment:
             broke.append(f"attainment ({m['slo_attainment']:.0%} < {targets.attainment:.0%})")
         if not targets.stable(m):
-            broke.append(f"a growing queue (TTFT rising {m['ttft_slope']:.2g} s per s of "
-                         "arrivals)")
+            if m["pace"] > MAX_PACE:
+                broke.append(f"a growing queue (first tokens spread over {m['pace']:.3g}x the "
+                             "span of arrivals)")
+            else:
+                broke.append(f"a growing queue (TTFT rising {m['ttft_slope']:.2g} s per s of "
+                             "arrivals)")
         return " and ".join(broke)
 
 

@@ -4,8 +4,10 @@ goodput under latency targets.
 With ``steady`` the latency percentiles and the attainment count only the requests that
 arrive inside the steady-state window (after the first WARMUP and before the last DRAIN share
 of arrivals: the cluster filling up and emptying out are not what it sustains), and the run
-reports how fast TTFT rises across that window (``ttft_slope``): a queue that keeps growing
-shows as a TTFT that keeps rising, however good the percentiles of a short run look."""
+reports how fast TTFT rises across that window (``ttft_slope``) and how long the window's first
+tokens took to come out against how long its requests took to arrive (``pace``): a queue that
+keeps growing shows as a TTFT that keeps rising and first tokens that fall behind, however good
+the percentiles of a short run look."""
 
 from __future__ import annotations
 
@@ -47,6 +49,17 @@ def ttft_slope(arrival_s: np.ndarray, ttft_s: np.ndarray) -> float:
     return float(np.polyfit(arrival_s, ttft_s, 1)[0])
 
 
+def pace(arrival_s: np.ndarray, first_token_s: np.ndarray) -> float:
+    """The span over which a window's requests got their first tokens, per second of the span
+    over which they arrived: about 1 when service keeps up, more when a queue builds, and
+    unbounded for a burst that arrives at once (where a fitted slope means nothing)."""
+    arrived = float(arrival_s.max() - arrival_s.min()) if len(arrival_s) else 0.0
+    served = float(first_token_s.max() - first_token_s.min()) if len(first_token_s) else 0.0
+    if arrived <= 0:
+        return float("inf") if served > 0 else 1.0
+    return served / arrived
+
+
 def percentiles(values: np.ndarray) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 99)}
 
@@ -77,11 +90,13 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
     if steady:
         arrived = res.arrival[window] / res.clock_hz
         trend = ttft_trend(arrived, ttft[window])
+        served = res.first_token[window] / res.clock_hz
         out.update({"window_requests": int(window.sum()),
                     "window_s": float(arrived.max() - arrived.min()),
                     "ttft_by_fifth_s": trend,
                     "ttft_growth_s": trend[-1] - trend[0],
-                    "ttft_slope": ttft_slope(arrived, ttft[window])})
+                    "ttft_slope": ttft_slope(arrived, ttft[window]),
+                    "pace": pace(arrived, served)})
     sessions = np.unique(reqs.session)
     if len(sessions) < len(reqs):
         ends = np.array([res.finish[reqs.session == s].max() - res.arrival[reqs.session == s]
