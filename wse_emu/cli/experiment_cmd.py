@@ -34,12 +34,13 @@ from wse_emu.runtime.experiment import (
     compare,
     evaluate_job,
     outcomes,
+    over_replicates,
     search_rates,
 )
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall
-from wse_emu.runtime.workload import Requests, generate
+from wse_emu.runtime.workload import Requests, generate, replicate
 
 DEFAULT_BUDGETS = (64, 256)
 DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
@@ -70,6 +71,10 @@ def add_parser(sub) -> None:
                    help="chunked prefill token budgets to try, comma-separated")
     d.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
     d.add_argument("--prefill-tile", type=int, default=64, help="tokens per prefill micro-batch")
+    d.add_argument("--seeds", type=int, default=1,
+                   help="independent draws of the workload to repeat the whole search on "
+                   "(the next seeds; for a trace, the next windows of --requests rows): with "
+                   "2 or more, the mean and 95%% interval of every goodput and of the ratio")
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
@@ -93,6 +98,8 @@ def run(args):
                         f"{args.requests}")
     if args.workers < 0:
         raise UserError(f"--workers must be at least 0, got {args.workers}")
+    if args.seeds < 1:
+        raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
     out = Path(args.output) if args.output else None
@@ -101,16 +108,24 @@ def run(args):
     spec = workload_of(args.workload, args.trace, requests=args.requests)
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
-    requests = generate(spec)
-    if requests.offered_rate() <= 0:
-        raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, so "
-                        "it has no rate to scale; give it at least two distinct arrival times")
+    draws = [generate(replicate(spec, r, spec.requests)) for r in range(args.seeds)]
+    requests = draws[0]
+    for draw in draws:
+        if draw.offered_rate() <= 0:
+            raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, "
+                            "so it has no rate to scale; give it at least two distinct arrival "
+                            "times")
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     with point_pool(args.scheduler, args.workers) as pool:
         data, _ = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
-                                 cache_dir(args.cache_dir), budgets, args.batch_limit,
-                                 args.prefill_tile, args.tolerance, _progress(args))
+                                    cache_dir(args.cache_dir), budgets, args.batch_limit,
+                                    args.prefill_tile, args.tolerance, _progress(args),
+                                    draws[1:])
+    if args.seeds > 1:
+        data["over_replicates"]["draws"] = (
+            f"windows of {len(requests):,} requests of the trace, one after another"
+            if spec.arrival == "trace" else f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
     if args.output:
         write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
             json.dumps(data, indent=1)))
@@ -123,9 +138,12 @@ def run(args):
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, cache: Path,
                       budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile: int = 64,
-                      tolerance: float = 0.05, progress=None) -> tuple[dict, list[Config]]:
+                      tolerance: float = 0.05, progress=None,
+                      more_draws: list[Requests] = ()) -> tuple[dict, list[Config]]:
     """Build the configurations, search them on ``pool`` and compare: the JSON-able report,
-    and the configurations compared."""
+    and the configurations compared. With ``more_draws`` (independent draws of the same
+    workload) the whole search is repeated on each, and the report adds every draw's answer
+    and the mean and 95% interval over all of them."""
     configs, skipped = build_configs(model, cluster, requests, budgets, batch_limit,
                                      prefill_tile, cache, progress)
     data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
@@ -135,6 +153,12 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
             "skipped": skipped,
             **experiment(configs, requests, targets, pool, tolerance, progress,
                          cluster.systems)}
+    if more_draws:
+        reports = [data] + [experiment(configs, draw, targets, pool, tolerance, progress,
+                                       cluster.systems) for draw in more_draws]
+        data["replicates"] = [{"configurations": r["configurations"],
+                               "comparison": r["comparison"]} for r in reports]
+        data["over_replicates"] = over_replicates(reports)
     return data, configs
 
 
@@ -287,7 +311,33 @@ def render(data: dict) -> str:
     lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
               f"at the same TPOT target: {verdict}.", "Why:"]
     lines += [f"  - {reason}" for reason in cmp_["reasons"]]
+    if "over_replicates" in data:
+        lines += [""] + render_replicates(data["over_replicates"])
     return "\n".join(lines)
+
+
+def _interval(iv: dict, fmt) -> str:
+    if iv["mean"] is None:
+        return "-"
+    if "half_width" not in iv:
+        return fmt(iv["mean"])
+    return f"{fmt(iv['mean'])} ({fmt(iv['low'])} to {fmt(iv['high'])})"
+
+
+def render_replicates(over: dict) -> list[str]:
+    """The mean and 95% interval over the draws, per configuration and of the ratio."""
+    rows = [[c["configuration"], _interval(c["max_rate_per_system"], lambda v: f"{v:.3g}"),
+             _interval(c["output_tokens_per_s_per_system"], si)]
+            for c in over["configurations"]]
+    ratio = over["goodput_ratio"]
+    lines = [f"Over {over['replicates']} independent draws of the workload "
+             f"({over.get('draws', 'each searched alone')}): mean (95% interval)", "",
+             table(["configuration", "goodput/s/system", "tok/s/system"], rows, "lrr")]
+    if ratio["mean"] is not None:
+        lines += ["", "Disaggregated / colocated goodput: "
+                  + _interval(ratio, lambda v: f"{v:.2f}x")
+                  + f" over the {ratio['n']} draws where colocated met the targets at some rate."]
+    return lines
 
 
 def _targets(args) -> Targets:

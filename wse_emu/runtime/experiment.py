@@ -250,6 +250,43 @@ def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> dict:
     return summary
 
 
+# Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); between
+# entries the next smaller degrees of freedom is used, which widens the interval.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def interval(values) -> dict:
+    """Mean and 95% confidence interval (Student's t) of independent replicates; the interval
+    is absent with fewer than two."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    out = {"n": int(len(v)), "values": v.tolist(), "mean": float(v.mean()) if len(v) else None}
+    if len(v) >= 2:
+        t = T975[max(k for k in T975 if k <= len(v) - 1)]
+        half = t * float(v.std(ddof=1)) / np.sqrt(len(v))
+        out.update(low=out["mean"] - half, high=out["mean"] + half, half_width=half)
+    return out
+
+
+def over_replicates(reports: list[dict]) -> dict:
+    """Each configuration's goodput per system and the plans' ratios, over the replicates'
+    reports (``configurations`` and ``comparison`` as ``experiment`` makes them)."""
+    labels = [c["configuration"] for c in reports[0]["configurations"]]
+    rows = []
+    for label in labels:
+        mine = [next(c for c in r["configurations"] if c["configuration"] == label)
+                for r in reports]
+        rows.append({"configuration": label,
+                     "max_rate_per_system": interval(c.get("max_rate_per_system", 0.0)
+                                                     for c in mine),
+                     "output_tokens_per_s_per_system": interval(
+                         c.get("output_tokens_per_s_per_system", 0.0) for c in mine)})
+    return {"replicates": len(reports), "configurations": rows,
+            "goodput_ratio": interval(r["comparison"].get("goodput_ratio") for r in reports),
+            "tokens_per_s_ratio": interval(r["comparison"].get("tokens_per_s_ratio")
+                                           for r in reports)}
+
+
 def _ratio(a: float, b: float) -> float | None:
     """a / b, or None when b is 0 (no colocated rate met the targets)."""
     return a / b if b > 0 else None

@@ -10,7 +10,7 @@ Everything is drawn from one seeded generator: the same spec and seed give the s
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class WorkloadSpec:
     tool_tokens: dict = field(default_factory=dict)  # agentic: new tokens per later call
     think_s: float = 0.0  # agentic: think/tool time between calls
     seed: int = 0
+    skip: int = 0  # trace replay: start after this many rows (another window of the trace)
     description: str = ""
 
     def validate(self, where: str) -> "WorkloadSpec":
@@ -88,8 +89,8 @@ class WorkloadSpec:
                 "'rate', 'cv' and 'rate_scale' must be positive")
         require(self.requests >= 1 and self.calls >= 1, where,
                 "'requests' and 'calls' must be at least 1")
-        require(self.think_s >= 0 and self.seed >= 0, where,
-                "'think_s' and 'seed' must be >= 0")
+        require(self.think_s >= 0 and self.seed >= 0 and self.skip >= 0, where,
+                "'think_s', 'seed' and 'skip' must be >= 0")
         require(self.arrival != "trace" or bool(self.trace), where,
                 "trace arrivals need a 'trace' CSV path")
         for name in ("prompt", "output", "tool_tokens"):
@@ -191,6 +192,14 @@ def _gaps(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.gamma(shape, mean / shape, size=n)
 
 
+def replicate(spec: WorkloadSpec, index: int, size: int) -> WorkloadSpec:
+    """The ``index``-th independent draw of a workload: the next seed for a synthetic one, the
+    next window of ``size`` requests for a trace."""
+    if spec.arrival == "trace":
+        return replace(spec, skip=spec.skip + index * size)
+    return replace(spec, seed=spec.seed + index)
+
+
 def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
     """The requests of a workload (deterministic for its seed)."""
     rng = np.random.default_rng(spec.seed)
@@ -200,6 +209,13 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
         if not trace.is_absolute() and base_dir is not None:
             trace = base_dir / trace
         arrivals, prompts, outputs = load_trace(trace, spec.rate_scale)
+        if spec.skip >= len(arrivals):
+            raise ConfigError(f"{trace}: {len(arrivals)} requests, none left after skipping "
+                              f"{spec.skip}")
+        if spec.skip:
+            # Another window of the trace, its clock started at its first arrival.
+            arrivals, prompts, outputs = (a[spec.skip:] for a in (arrivals, prompts, outputs))
+            arrivals = arrivals - arrivals[0]
         n = min(len(arrivals), spec.requests) if spec.requests else len(arrivals)
         arrivals, prompts, outputs = arrivals[:n], prompts[:n], outputs[:n]
     else:

@@ -1,0 +1,62 @@
+"""Error bars: the experiment repeated over independent draws of its workload (seeds, or
+windows of a trace) gives each goodput and the ratio a mean and a 95% interval, and the
+interval narrows as draws are added."""
+
+import json
+
+import numpy as np
+import pytest
+
+from wse_emu.cli.main import main
+from wse_emu.runtime.experiment import interval
+from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
+
+WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 500
+requests: 40
+prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
+output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
+"""
+
+
+def test_interval_is_students_t():
+    iv = interval([1.0, 2.0, 3.0])
+    # mean 2, sample sd 1, t(0.975, 2) = 4.303
+    assert iv["mean"] == 2.0 and iv["half_width"] == pytest.approx(4.303 / np.sqrt(3))
+    assert "half_width" not in interval([5.0])
+
+
+def test_replicates_are_new_seeds_or_the_next_trace_windows(tmp_path):
+    spec = WorkloadSpec(name="w", rate=10.0, requests=20,
+                        prompt={"kind": "fixed", "value": 8},
+                        output={"kind": "fixed", "value": 4}).validate("test")
+    a, b = generate(replicate(spec, 0, 20)), generate(replicate(spec, 1, 20))
+    assert not np.array_equal(a.arrival_s, b.arrival_s)
+    rows = "\n".join(f"{t},{10 + t},{1 + t}" for t in range(50))
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + rows + "\n")
+    spec = WorkloadSpec(name="t", arrival="trace", trace=str(trace), requests=20)
+    second = generate(replicate(spec, 1, 20))
+    assert second.prompt_tokens.tolist() == list(range(30, 50))
+    assert second.arrival_s[0] == 0.0
+
+
+def test_the_interval_narrows_with_more_seeds(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text(WORKLOAD)
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
+            "--cache-dir", str(tmp_path / "cache"), "--json"]
+    over = {}
+    for seeds in (3, 10):
+        assert main(args + ["--seeds", str(seeds)]) == 0
+        over[seeds] = json.loads(capsys.readouterr().out)["over_replicates"]
+        assert over[seeds]["replicates"] == seeds
+    # The first three draws are the same in both runs.
+    assert over[10]["goodput_ratio"]["values"][:3] == over[3]["goodput_ratio"]["values"]
+    assert over[10]["goodput_ratio"]["half_width"] < over[3]["goodput_ratio"]["half_width"]
+    for few, many in zip(over[3]["configurations"], over[10]["configurations"]):
+        assert many["max_rate_per_system"]["half_width"] < \
+            few["max_rate_per_system"]["half_width"]
