@@ -1,6 +1,6 @@
 """Figures of the disaggregation experiment (``wse-emu experiment disagg -o``), from its search
 points: output throughput against p90 TPOT with the gain at the TPOT target marked, and SLO
-attainment against request rate."""
+attainment against request rate; for ``--vary``, the goodput ratio against the varied input."""
 
 from __future__ import annotations
 
@@ -74,7 +74,41 @@ def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
     return save_figure(fig, path, formats)
 
 
+def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
+    """The ratio of the plans' goodputs at each value of the varied input (with its 95%
+    interval when the experiment ran several draws); for the TPOT target, the x axis counts
+    decode steps of one sequence, so that any model and fabric read alike."""
+    rows = [r for r in data["sensitivity"] if r.get("goodput_ratio") is not None]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=DPI)
+    tpot = data["vary"] == "tpot"
+    x = [r["tpot_in_decode_steps"] if tpot else r["value"] for r in rows]
+    y = [r["goodput_ratio"] for r in rows]
+    err = None
+    if rows and all("half_width" in r.get("goodput_ratio_interval", {}) for r in rows):
+        y = [r["goodput_ratio_interval"]["mean"] for r in rows]
+        err = [r["goodput_ratio_interval"]["half_width"] for r in rows]
+    ax.errorbar(x, y, yerr=err, color=OKABE_ITO[0], marker="o", linewidth=1.4, capsize=3,
+                label="disaggregated / colocated goodput" + (" (95% interval)" if err else ""))
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="break-even")
+    if tpot:
+        ax.set_xscale("log")
+        ax.set_xlabel("p90 TPOT target, in decode steps of one sequence alone")
+    else:
+        ax.set_xlabel(f"{data['vary']}: {data['description']}")
+    ax.set_ylabel("goodput ratio (highest rate met)")
+    ax.set_title(f"{data['model']} on {data['fabric']}, {data['workload']}: where "
+                 "disaggregation pays", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, framealpha=0.9)
+    fig.tight_layout()
+    return save_figure(fig, path, formats)
+
+
 def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
+    if data.get("sensitivity"):
+        return [(sensitivity(data, out / "sensitivity", formats)[0],
+                 f"The disaggregated/colocated goodput ratio at each value of {data['vary']} "
+                 f"({data['description']}); above the dotted line disaggregation pays.")]
     if not data.get("points") or not any(data["points"].values()):
         return []
     return [(throughput_vs_tpot(data, out / "throughput_vs_tpot", formats)[0],

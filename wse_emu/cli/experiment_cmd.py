@@ -39,6 +39,13 @@ from wse_emu.runtime.experiment import (
 )
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.pool import point_pool
+from wse_emu.runtime.sensitivity import (
+    VARIABLES,
+    Variation,
+    apply,
+    decode_step_s,
+    parse_vary,
+)
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall
 from wse_emu.runtime.workload import Requests, generate, replicate
 
@@ -75,6 +82,9 @@ def add_parser(sub) -> None:
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
                    "2 or more, the mean and 95%% interval of every goodput and of the ratio")
+    d.add_argument("--vary", metavar="NAME=V1,V2,...",
+                   help="repeat the experiment at each value of one input and report how the "
+                   "ratio moves: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
@@ -102,6 +112,7 @@ def run(args):
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     if not 0 < args.tolerance < 1:
         raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
+    variation = parse_vary(args.vary) if args.vary else None
     out = Path(args.output) if args.output else None
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"run directory {out} exists and is not empty: choose another -o")
@@ -117,22 +128,89 @@ def run(args):
                             "times")
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
+    described = (f"windows of {len(requests):,} requests of the trace, one after another"
+                 if spec.arrival == "trace" else
+                 f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
+
+    def one(pool, draws, targets, cluster):
+        data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
+                                          cache_dir(args.cache_dir), budgets, args.batch_limit,
+                                          args.prefill_tile, args.tolerance, _progress(args),
+                                          draws[1:])
+        if len(draws) > 1:
+            data["over_replicates"]["draws"] = described
+        return data, configs
+
     with point_pool(args.scheduler, args.workers) as pool:
-        data, _ = disagg_experiment(model, cluster, spec.name, requests, targets, pool,
-                                    cache_dir(args.cache_dir), budgets, args.batch_limit,
-                                    args.prefill_tile, args.tolerance, _progress(args),
-                                    draws[1:])
-    if args.seeds > 1:
-        data["over_replicates"]["draws"] = (
-            f"windows of {len(requests):,} requests of the trace, one after another"
-            if spec.arrival == "trace" else f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
+        if variation is None:
+            data, _ = one(pool, draws, targets, cluster)
+        else:
+            data = vary_experiment(variation, one, pool, draws, targets, cluster)
     if args.output:
         write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
             json.dumps(data, indent=1)))
     if args.json:
         return data
-    text = render(data)
+    text = render(data) if variation is None else render_sensitivity(data)
     return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
+
+
+def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
+                    cluster: ClusterSpec) -> dict:
+    """``one(pool, draws, targets, cluster)`` at every value of ``variation``: each value's
+    full report, and a row per value with the best of each plan, their ratio and the TPOT
+    target in decode steps. A value the experiment cannot run (too few systems for a split)
+    keeps its row, with why."""
+    rows, runs = [], []
+    for value in variation.values:
+        varied = [apply(variation, value, d, targets, cluster.systems) for d in draws]
+        v_targets, systems = varied[0][1], varied[0][2]
+        row = {"value": value, "tpot_s": v_targets.tpot_s, "systems": systems}
+        try:
+            data, configs = one(pool, [v[0] for v in varied], v_targets,
+                                ClusterSpec(cluster.fabric, systems))
+        except UserError as exc:
+            rows.append({**row, "error": str(exc)})
+            continue
+        step = decode_step_s(next(c.regions for c in configs if c.plan == "colocated"),
+                             varied[0][0], cluster.fabric.clock_hz)
+        cmp_ = data["comparison"]
+        row.update(decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
+                   colocated=cmp_.get("colocated"), disaggregated=cmp_.get("disaggregated"),
+                   max_rate_per_system=cmp_.get("max_rate_per_system"),
+                   goodput_ratio=cmp_.get("goodput_ratio"))
+        if "over_replicates" in data:
+            row["goodput_ratio_interval"] = data["over_replicates"]["goodput_ratio"]
+        rows.append(row)
+        runs.append({"value": value, **data})
+    first = runs[0] if runs else {}
+    return {"model": first.get("model"), "workload": first.get("workload"),
+            "fabric": cluster.fabric.name, "vary": variation.name,
+            "description": VARIABLES[variation.name], "sensitivity": rows, "runs": runs}
+
+
+def render_sensitivity(data: dict) -> str:
+    rows = []
+    for r in data["sensitivity"]:
+        if "error" in r:
+            rows.append([f"{r['value']:g}", "-", "-", "-", "-", "-", r["error"]])
+            continue
+        rate = r["max_rate_per_system"] or {}
+        ratio = r["goodput_ratio"]
+        if "goodput_ratio_interval" in r and "half_width" in r["goodput_ratio_interval"]:
+            iv = r["goodput_ratio_interval"]
+            shown = f"{iv['mean']:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
+        else:
+            shown = "-" if ratio is None else f"{ratio:.2f}x"
+        rows.append([f"{r['value']:g}", seconds(r["tpot_s"]), f"{r['tpot_in_decode_steps']:.3g}",
+                     f"{rate.get('colocated', 0):.3g}", f"{rate.get('disaggregated', 0):.3g}",
+                     shown, f"{r['colocated'] or '-'} / {r['disaggregated'] or '-'}"])
+    head = (f"{data['model']} on {data['fabric']}, workload {data['workload']}: the experiment "
+            f"at each value of {data['vary']} ({data['description']})")
+    return "\n".join([head, "", table(
+        ["value", "TPOT target", "TPOT / decode step", "colocated goodput/s/system",
+         "disaggregated goodput/s/system", "disaggregated / colocated", "best configurations"],
+        rows, "rrrrrrl")])
 
 
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,

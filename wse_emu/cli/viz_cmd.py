@@ -67,7 +67,8 @@ def _title(run) -> str:
     if p is not None:
         return f"wse-emu {run.kind}: {p.model.name} on {p.systems} x {p.fabric.name}"
     data = run.experiment or run.metrics
-    return f"wse-emu {run.kind}: {data.get('model')} on {data.get('cluster')}"
+    return (f"wse-emu {run.kind}: {data.get('model')} on "
+            f"{data.get('cluster') or data.get('fabric')}")
 
 
 def _config(run) -> list[tuple[str, object]]:
@@ -79,7 +80,11 @@ def _config(run) -> list[tuple[str, object]]:
                  ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
                                        f"{len(r.stage_ids)} stages)" for r in p.regions))]
     e = run.experiment
-    if e:
+    if e and "sensitivity" in e:
+        rows += [("model", e["model"]), ("fabric", e["fabric"]), ("workload", e["workload"]),
+                 ("varied", f"{e['vary']} ({e['description']}): "
+                            + ", ".join(f"{r['value']:g}" for r in e["sensitivity"]))]
+    elif e:
         rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
                  ("requests per run", e["requests_per_run"]),
                  ("targets", f"p90 TTFT <= {e['targets']['ttft_p90_s']} s, p90 TPOT <= "
@@ -101,6 +106,14 @@ def _metrics(run) -> list[tuple[str, object]]:
         rows.append((c["configuration"], f"goodput (max rate met) {c['max_rate_per_s']:.4g}/s, "
                      f"on target per makespan {c.get('goodput_requests_per_s', 0):.4g}/s; "
                      f"next rate fails on {c['limited_by']}"))
+    for r in run.experiment.get("sensitivity", []):
+        if "error" in r:
+            shown = r["error"]
+        elif r["goodput_ratio"] is None:
+            shown = "no colocated configuration met the targets"
+        else:
+            shown = f"disaggregated / colocated goodput {r['goodput_ratio']:.3g}"
+        rows.append((f"{run.experiment['vary']} = {r['value']:g}", shown))
     cmp_ = run.experiment.get("comparison", {})
     if cmp_.get("goodput_ratio") is not None:
         rows.append(("disaggregated / colocated goodput (max rate met)", cmp_["goodput_ratio"]))

@@ -1,0 +1,60 @@
+"""experiment disagg --vary: the experiment repeated at each value of one input, the TPOT
+target in decode steps, the figure, and one-line errors for a bad --vary."""
+
+import json
+
+import numpy as np
+import pytest
+
+from wse_emu.cli.main import main
+from wse_emu.errors import UserError
+from wse_emu.runtime.sensitivity import parse_vary, scaled
+from wse_emu.runtime.workload import WorkloadSpec, generate
+
+WORKLOAD = """version: 1
+name: small-chat
+arrival: poisson
+rate: 500
+requests: 40
+prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
+output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
+"""
+
+
+@pytest.mark.parametrize("text", ["tpot", "speed=1,2", "tpot=", "tpot=a,b", "tpot=0,1",
+                                  "systems=1.5"])
+def test_bad_vary_is_refused(text):
+    with pytest.raises(UserError):
+        parse_vary(text)
+
+
+def test_scaling_keeps_at_least_one_token():
+    spec = WorkloadSpec(name="w", requests=50, prompt={"kind": "uniform", "low": 1, "high": 9},
+                        output={"kind": "fixed", "value": 3}).validate("test")
+    reqs = generate(spec)
+    half = scaled(reqs, prompt=0.5, output=2.0)
+    assert half.prompt_tokens.min() >= 1 and (half.output_tokens == 6).all()
+    assert np.array_equal(half.arrival_s, reqs.arrival_s)
+
+
+def test_vary_tpot_reports_a_row_per_value_and_draws_the_figure(tmp_path, capsys):
+    path = tmp_path / "w.yaml"
+    path.write_text(WORKLOAD)
+    out = tmp_path / "run"
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
+            "--cache-dir", str(tmp_path / "cache"), "--vary", "tpot=0.0002,0.002",
+            "-o", str(out), "--viz", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = data["sensitivity"]
+    assert [r["value"] for r in rows] == [0.0002, 0.002]
+    for r, run in zip(rows, data["runs"]):
+        assert r["tpot_in_decode_steps"] == pytest.approx(r["tpot_s"] / r["decode_step_s"])
+        assert run["targets"]["tpot_p90_s"] == r["value"]
+        assert r["goodput_ratio"] == run["comparison"]["goodput_ratio"]
+    # A looser token-speed target can only let colocated serving sustain more (within the
+    # search's 5% tolerance).
+    assert rows[1]["max_rate_per_system"]["colocated"] >= 0.95 * \
+        rows[0]["max_rate_per_system"]["colocated"]
+    assert (out / "figures" / "sensitivity.png").stat().st_size > 0
