@@ -77,7 +77,12 @@ def add_parser(sub) -> None:
     d.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
                    help="chunked prefill token budgets to try, comma-separated")
     d.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
-    d.add_argument("--prefill-tile", type=int, default=64, help="tokens per prefill micro-batch")
+    d.add_argument("--prefill-tile", default="64",
+                   help="tokens per prefill micro-batch; several, comma-separated, are each "
+                   "tried with every configuration but chunked prefill (default 64)")
+    d.add_argument("--copies", default="1",
+                   help="copies of the model per wafer to try colocated, comma-separated (side "
+                   "by side in column bands; a model on one wafer only; default 1)")
     d.add_argument("--seeds", type=int, default=1,
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
@@ -102,7 +107,10 @@ def add_parser(sub) -> None:
 def run(args):
     targets = _targets(args)
     budgets = _budgets(args.budgets)
-    check_micro_batches(args.batch_limit, args.prefill_tile, budgets)
+    tiles = _positive_ints(args.prefill_tile, "--prefill-tile")
+    copies = _positive_ints(args.copies, "--copies")
+    for tile in tiles:
+        check_micro_batches(args.batch_limit, tile, budgets)
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
                         f"{args.requests}")
@@ -135,8 +143,8 @@ def run(args):
     def one(pool, draws, targets, cluster):
         data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
                                           cache_dir(args.cache_dir), budgets, args.batch_limit,
-                                          args.prefill_tile, args.tolerance, _progress(args),
-                                          draws[1:])
+                                          tiles, args.tolerance, _progress(args), draws[1:],
+                                          copies)
         if len(draws) > 1:
             data["over_replicates"]["draws"] = described
         return data, configs
@@ -215,15 +223,15 @@ def render_sensitivity(data: dict) -> str:
 
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, cache: Path,
-                      budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile: int = 64,
+                      budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile=64,
                       tolerance: float = 0.05, progress=None,
-                      more_draws: list[Requests] = ()) -> tuple[dict, list[Config]]:
+                      more_draws: list[Requests] = (), copies=(1,)) -> tuple[dict, list[Config]]:
     """Build the configurations, search them on ``pool`` and compare: the JSON-able report,
     and the configurations compared. With ``more_draws`` (independent draws of the same
     workload) the whole search is repeated on each, and the report adds every draw's answer
     and the mean and 95% interval over all of them."""
     configs, skipped = build_configs(model, cluster, requests, budgets, batch_limit,
-                                     prefill_tile, cache, progress)
+                                     prefill_tile, cache, progress, copies)
     data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
@@ -267,21 +275,37 @@ def _point(p) -> dict:
 
 
 def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, budgets,
-                  batch_limit: int, prefill_tile: int, cache: Path,
-                  progress=None) -> tuple[list[Config], list[str]]:
-    """Colocated (prefill priority, interleaved, and chunked at each budget) and disaggregated
-    at each split; a split that does not compile, or whose regions cannot hold the longest
-    request's KV cache, is skipped, with why."""
-    base = ServeOptions(batch_limit=batch_limit, prefill_tile=prefill_tile,
+                  batch_limit: int, prefill_tiles, cache: Path, progress=None,
+                  copies=(1,)) -> tuple[list[Config], list[str]]:
+    """Colocated (prefill priority, interleaved, and chunked at each budget) at each number of
+    ``copies`` of the model per wafer, and disaggregated at each split; every configuration
+    but chunked prefill at each of ``prefill_tiles`` (chunked prefill sizes its chunks by its
+    budget). A layout that does not compile, or whose regions cannot hold the longest
+    request's KV cache, is skipped, with why (colocated with one copy must compile)."""
+    tiles = (prefill_tiles,) if isinstance(prefill_tiles, int) else tuple(prefill_tiles)
+    base = ServeOptions(batch_limit=batch_limit, prefill_tile=tiles[0],
                         clock_hz=cluster.fabric.clock_hz,
                         kv_bytes_per_token=model.kv_bytes_per_token())
     splits = disaggregated_splits(model, cluster)
+    fabric = cluster.fabric
+    span = wafers_needed(model, fabric)
     if not splits:
-        span = wafers_needed(model, cluster.fabric)
-        raise UserError(f"{model.name} spans {span} x {cluster.fabric.name} per replica, so "
+        raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
                         f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
                         f"use --systems {2 * span} or more")
-    plans = [("colocated", "", {})]
+    plans, skipped = [], []
+    for n in copies:
+        if n == 1:
+            plans.append(("colocated", "", {}))
+        elif span > 1:
+            skipped.append(f"colocated {n} copies: {model.name} spans {span} wafers of "
+                           f"{fabric.name}, so a wafer holds no whole copy")
+        elif n > fabric.width:
+            skipped.append(f"colocated {n} copies: a wafer has only {fabric.width} columns")
+        else:
+            # n copies side by side, each a column band of every wafer.
+            plans.append(("colocated", f"{n} copies", {"region": (fabric.width // n,
+                                                                    fabric.height)}))
     for split in splits:
         if "prefill_share" in split:
             knob = f"share {split['prefill_share']:g}"
@@ -289,14 +313,21 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
             n = split["prefill_systems"]
             knob = f"{n} prefill system{'s' if n > 1 else ''}"
         plans.append(("disaggregated", knob, split))
-    configs, skipped = [], []
+
+    def tiled(label: str, options: ServeOptions) -> list[tuple[str, ServeOptions]]:
+        if len(tiles) == 1:
+            return [(label, options)]
+        return [(f"{label}, tile {t}".lstrip(", "), replace(options, prefill_tile=t))
+                for t in tiles]
+
+    configs = []
     for plan, knob, split in plans:
         if progress:
             progress(f"compiling and timing {plan} {knob}".rstrip())
         try:
             program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
         except CompileError as exc:
-            if plan == "colocated":
+            if plan == "colocated" and not split:
                 raise
             skipped.append(f"{plan} {knob}".rstrip() + f": {' '.join(str(exc).split())}")
             continue
@@ -306,14 +337,16 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
             continue
         regions = region_models(program, cache)
         if plan == "colocated":
-            configs.append(Config(plan, "prefill priority", regions, base))
-            configs.append(Config(plan, "interleaved", regions,
-                                  replace(base, policy="interleaved")))
-            configs += [Config(plan, f"chunked {b}", regions,
-                               replace(base, policy="chunked", token_budget=b)) for b in budgets]
+            prefix = f"{knob}, " if knob else ""
+            policies = tiled(f"{prefix}prefill priority", base)
+            policies += tiled(f"{prefix}interleaved", replace(base, policy="interleaved"))
+            policies += [(f"{prefix}chunked {b}", replace(base, policy="chunked",
+                                                         token_budget=b)) for b in budgets]
+            configs += [Config(plan, label, regions, options) for label, options in policies]
         else:
-            configs.append(Config(plan, knob, regions,
-                                  replace(base, handoff_bytes_per_cycle=handoff_rate(program))))
+            handoff = replace(base, handoff_bytes_per_cycle=handoff_rate(program))
+            configs += [Config(plan, label, regions, options)
+                        for label, options in tiled(knob, handoff)]
     if not configs:
         raise UserError("no configuration holds the longest request's KV cache: "
                         + "; ".join(skipped))
@@ -426,6 +459,16 @@ def _targets(args) -> Targets:
     if not 0 < args.attainment <= 1:
         raise UserError(f"--attainment must be in (0, 1], got {args.attainment}")
     return Targets(args.ttft_slo, args.tpot_slo, args.attainment)
+
+
+def _positive_ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UserError(f"{flag} must be one or more positive integers, got {text!r}")
+    return tuple(dict.fromkeys(values))
 
 
 def _budgets(text: str) -> tuple[int, ...]:
