@@ -47,6 +47,8 @@ class FabricSpec:
     colors_reserved: int
     offwafer_bytes_per_s: float
     host_transfer_overhead_s: float = 0.0
+    # Wall power of one whole system, for energy per token; 0 where no figure is cited.
+    system_power_w: float = 0.0
     description: str = ""
 
     @property
@@ -95,7 +97,7 @@ class FabricSpec:
         for name in positive:
             require(getattr(self, name) > 0, source, f"field '{name}' must be positive")
         for name in ["reserved_bytes_per_pe", "hop_latency_cycles", "ramp_latency_cycles",
-                     "colors_reserved", "host_transfer_overhead_s"]:
+                     "colors_reserved", "host_transfer_overhead_s", "system_power_w"]:
             require(getattr(self, name) >= 0, source, f"field '{name}' must be >= 0")
         for name in ("width", "height"):
             require(getattr(self, name) <= MAX_SIDE, source,

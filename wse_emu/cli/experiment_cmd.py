@@ -87,6 +87,9 @@ def add_parser(sub) -> None:
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
                    "2 or more, the mean and 95%% interval of every goodput and of the ratio")
+    d.add_argument("--price-per-system-hour", type=float,
+                   help="price of one system for an hour (any currency): adds the cost per "
+                   "million output tokens at each plan's best (no default: none is published)")
     d.add_argument("--vary", metavar="NAME=V1,V2,...",
                    help="repeat the experiment at each value of one input and report how the "
                    "ratio moves: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
@@ -116,6 +119,9 @@ def run(args):
                         f"{args.requests}")
     if args.workers < 0:
         raise UserError(f"--workers must be at least 0, got {args.workers}")
+    if args.price_per_system_hour is not None and not args.price_per_system_hour > 0:
+        raise UserError(f"--price-per-system-hour must be positive, got "
+                        f"{args.price_per_system_hour}")
     if args.seeds < 1:
         raise UserError(f"--seeds must be at least 1, got {args.seeds}")
     if not 0 < args.tolerance < 1:
@@ -144,7 +150,7 @@ def run(args):
         data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
                                           cache_dir(args.cache_dir), budgets, args.batch_limit,
                                           tiles, args.tolerance, _progress(args), draws[1:],
-                                          copies)
+                                          copies, args.price_per_system_hour)
         if len(draws) > 1:
             data["over_replicates"]["draws"] = described
         return data, configs
@@ -225,7 +231,8 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, cache: Path,
                       budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile=64,
                       tolerance: float = 0.05, progress=None,
-                      more_draws: list[Requests] = (), copies=(1,)) -> tuple[dict, list[Config]]:
+                      more_draws: list[Requests] = (), copies=(1,),
+                      price: float | None = None) -> tuple[dict, list[Config]]:
     """Build the configurations, search them on ``pool`` and compare: the JSON-able report,
     and the configurations compared. With ``more_draws`` (independent draws of the same
     workload) the whole search is repeated on each, and the report adds every draw's answer
@@ -236,12 +243,13 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
-            "skipped": skipped,
+            "skipped": skipped, "system_power_w": cluster.fabric.system_power_w,
             **experiment(configs, requests, targets, pool, tolerance, progress,
-                         cluster.systems)}
+                         cluster.systems, cluster.fabric.system_power_w, price)}
     if more_draws:
         reports = [data] + [experiment(configs, draw, targets, pool, tolerance, progress,
-                                       cluster.systems) for draw in more_draws]
+                                       cluster.systems, cluster.fabric.system_power_w, price)
+                            for draw in more_draws]
         data["replicates"] = [{"configurations": r["configurations"],
                                "comparison": r["comparison"]} for r in reports]
         data["over_replicates"] = over_replicates(reports)
@@ -249,7 +257,8 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
 
 
 def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,
-               tolerance: float = 0.05, progress=None, systems: int = 1) -> dict:
+               tolerance: float = 0.05, progress=None, systems: int = 1,
+               power_w: float = 0.0, price: float | None = None) -> dict:
     """Search every configuration on ``pool`` (see ``runtime.pool``) and compare the plans:
     a JSON-able report."""
     run_points = pool.bind(evaluate_job, (configs, requests, targets))
@@ -257,7 +266,7 @@ def experiment(configs: list[Config], requests: Requests, targets: Targets, pool
                             progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
                             if progress else None)
     results = outcomes(searches)
-    return {"configurations": [_row(r, targets, len(s.points), systems)
+    return {"configurations": [_row(r, targets, len(s.points), systems, power_w, price)
                                for r, s in zip(results, searches)],
             "comparison": compare(results, targets, systems),
             "points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
@@ -353,7 +362,20 @@ def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, bu
     return configs, skipped
 
 
-def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1) -> dict:
+def economics(tokens_per_s: float, systems: int, power_w: float,
+              price: float | None) -> dict:
+    """Energy per output token (the systems' wall power over their output rate) and, given a
+    price per system-hour, cost per million output tokens."""
+    out = {}
+    if tokens_per_s > 0 and power_w > 0:
+        out["energy_per_output_token_j"] = systems * power_w / tokens_per_s
+    if tokens_per_s > 0 and price is not None:
+        out["cost_per_million_output_tokens"] = systems * price / 3600 / tokens_per_s * 1e6
+    return out
+
+
+def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: float = 0.0,
+         price: float | None = None) -> dict:
     row = {"configuration": r.label, "plan": r.plan, "knob": r.knob, "runs": runs,
            "limited_by": r.limit(targets)}
     if r.best is not None:
@@ -370,7 +392,8 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1) -> dict:
                     "decode_stall_per_token_s": m["decode_stall_per_token_s"],
                     "prefill_utilization": m["prefill_utilization"],
                     "decode_utilization": m["decode_utilization"],
-                    "kv_peak_share": m["kv_peak_share"]})
+                    "kv_peak_share": m["kv_peak_share"],
+                    **economics(r.tokens_per_s, systems, power_w, price)})
     else:
         row["max_rate_per_s"] = 0.0
     return row
@@ -422,6 +445,18 @@ def render(data: dict) -> str:
     lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
               f"at the same TPOT target: {verdict}.", "Why:"]
     lines += [f"  - {reason}" for reason in cmp_["reasons"]]
+    best = {c["configuration"]: c for c in data["configurations"]}
+    if any("cost_per_million_output_tokens" in c for c in best.values()):
+        lines += ["", "At each plan's best rate (energy from the systems' wall power"
+                  + (f", {data['system_power_w']:g} W each" if data.get("system_power_w")
+                     else ", not stated for this fabric") + "):"]
+        for plan in ("colocated", "disaggregated"):
+            c = best[cmp_[plan]]
+            energy = c.get("energy_per_output_token_j")
+            lines.append(f"  - {c['configuration']}: "
+                         + (f"{energy:.3g} J per output token, " if energy else "")
+                         + f"{c['cost_per_million_output_tokens']:.3g} per million output "
+                           "tokens")
     if "over_replicates" in data:
         lines += [""] + render_replicates(data["over_replicates"])
     return "\n".join(lines)
