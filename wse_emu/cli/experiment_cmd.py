@@ -25,6 +25,7 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import write_run_dir
+from wse_emu.runtime.ceiling import ceiling_rate
 from wse_emu.runtime.experiment import (
     MAX_PACE,
     MAX_TTFT_SLOPE,
@@ -266,8 +267,13 @@ def experiment(configs: list[Config], requests: Requests, targets: Targets, pool
                             progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
                             if progress else None)
     results = outcomes(searches)
-    return {"configurations": [_row(r, targets, len(s.points), systems, power_w, price)
-                               for r, s in zip(results, searches)],
+    rows = [_row(r, targets, len(s.points), systems, power_w, price)
+            for r, s in zip(results, searches)]
+    for row, config in zip(rows, configs):
+        # At 100% busy stages: how close each configuration's best rate comes.
+        row["ceiling_rate_per_s"] = ceiling_rate(config.regions, config.options, requests)
+        row["share_of_ceiling"] = row["max_rate_per_s"] / row["ceiling_rate_per_s"]
+    return {"configurations": rows,
             "comparison": compare(results, targets, systems),
             "points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
                        for s in searches}}
@@ -408,22 +414,26 @@ def render(data: dict) -> str:
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
             f"within {MAX_PACE:g}x the span they arrived in")
+    energy = any("energy_per_output_token_j" in c for c in data["configurations"])
     rows = []
     for c in data["configurations"]:
         if "goodput_requests_per_s" not in c:
-            rows.append([c["configuration"], "0", "-", "-", "-", "-", "-", "-", "-", "-",
-                         c["limited_by"]])
+            rows.append([c["configuration"], "0", f"0 of {c['ceiling_rate_per_s']:.3g}"]
+                        + ["-"] * (8 + energy) + [c["limited_by"]])
             continue
         rows.append([c["configuration"], f"{c['max_rate_per_system']:.3g}",
-                     si(c["output_tokens_per_s_per_system"]),
-                     seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
-                     f"{c['ttft_slope']:.2g}", seconds(c["decode_stall_per_token_s"]),
-                     f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
-                     f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
-    lines = [head, "", table(["configuration", "goodput/s/system", "tok/s/system", "p90 TTFT",
-                              "p90 TPOT", "TTFT slope", "stall/token", "prefill busy",
-                              "decode busy", "on-target/s (makespan)", "next rate fails on"],
-                             rows, "lrrrrrrrrrl")]
+                     f"{c['share_of_ceiling']:.0%} of {c['ceiling_rate_per_s']:.3g}",
+                     si(c["output_tokens_per_s_per_system"])]
+                    + ([f"{c['energy_per_output_token_j']:.3g}"] if energy else [])
+                    + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
+                       seconds(c["decode_stall_per_token_s"]),
+                       f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
+                       f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
+    lines = [head, "", table(["configuration", "goodput/s/system", "vs ceiling/s",
+                              "tok/s/system"] + (["J/token"] if energy else [])
+                             + ["p90 TTFT", "p90 TPOT", "stall/token", "prefill busy",
+                                "decode busy", "on-target/s (makespan)", "next rate fails on"],
+                             rows, "lrrr" + "r" * energy + "rrrrrrl")]
     lines += [f"skipped {s}" for s in data["skipped"]]
     cmp_ = data["comparison"]
     if "goodput_ratio" not in cmp_:

@@ -40,7 +40,7 @@ MAX_ROUNDS = 12
 MAX_TTFT_SLOPE = 0.05
 # ... and a run whose window's first tokens come out over more than this many times the span
 # its requests arrived in has fallen behind (a burst arriving at once is the extreme).
-MAX_PACE = 1.5
+MAX_PACE = 1.1
 
 
 @dataclass(frozen=True)
