@@ -187,8 +187,9 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
         except UserError as exc:
             rows.append({**row, "error": str(exc)})
             continue
-        step = decode_step_s(next(c.regions for c in configs if c.plan == "colocated"),
-                             varied[0][0], cluster.fabric.clock_hz)
+        # One sequence's decode step on a colocated region (any region, if none compiled).
+        unit = next((c for c in configs if c.plan == "colocated"), configs[0])
+        step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz)
         cmp_ = data["comparison"]
         row.update(decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
                    colocated=cmp_.get("colocated"), disaggregated=cmp_.get("disaggregated"),

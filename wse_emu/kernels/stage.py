@@ -3,9 +3,10 @@
 Per layer, op by op as the layer description (``wse_emu.layer``) lists them, in the stage's own
 coordinates:
 - matrix kernels (q, k, v, o, gate, up, down, LM head): each line across the strip owns an
-  input segment; the line's entry PE receives it from the producer and multicasts it across the
-  strip; every PE multiplies its block for every token; partial sums meet at the root edge by
-  the kernel's tree (``kernels.trees``) along the strip;
+  input segment; each piece of it that a producer PE holds goes to the line's nearest PE and is
+  multicast along the line; every PE multiplies its block for every token (a decode in pieces
+  of output columns); partial sums meet at the root edge by the kernel's tree
+  (``kernels.trees``) along the strip, piece by piece;
 - vector kernels on an edge line (norms, rotary, residual adds, gated activations, scaling,
   soft caps): a task per PE on its segment; norms all-reduce the sum of squares along the line
   (per head's PEs for a per-head norm);
