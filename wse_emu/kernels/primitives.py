@@ -108,20 +108,27 @@ def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.
     return out
 
 
-def transfer(g: GraphBuilder, src_pe: np.ndarray, src_sizes: np.ndarray, src_ready: np.ndarray,
-             dst_pe: np.ndarray, dst_sizes: np.ndarray, per_value_wavelets, kind: int,
-             dst_cycles=0) -> np.ndarray:
-    """A vector split into ``src_sizes`` pieces (ready at ``src_ready`` on ``src_pe``) is
-    re-split into ``dst_sizes`` pieces on ``dst_pe``: one message per overlap. Returns a
-    receive task per destination piece (it waits for all its overlaps)."""
+def overlaps(src_sizes, dst_sizes) -> tuple[np.ndarray, ...]:
+    """Where a vector split into ``src_sizes`` pieces meets the same vector split into
+    ``dst_sizes``: per non-empty overlap, (source piece, destination piece, first element,
+    end)."""
     sb = np.concatenate([[0], np.cumsum(src_sizes)])
     db = np.concatenate([[0], np.cumsum(dst_sizes)])
     cuts = np.union1d(sb, db)
     lo, hi = cuts[:-1], cuts[1:]
     keep = hi > lo
     lo, hi = lo[keep], hi[keep]
-    si = np.searchsorted(sb, lo, side="right") - 1
-    di = np.searchsorted(db, lo, side="right") - 1
+    return (np.searchsorted(sb, lo, side="right") - 1, np.searchsorted(db, lo, side="right") - 1,
+            lo, hi)
+
+
+def transfer(g: GraphBuilder, src_pe: np.ndarray, src_sizes: np.ndarray, src_ready: np.ndarray,
+             dst_pe: np.ndarray, dst_sizes: np.ndarray, per_value_wavelets, kind: int,
+             dst_cycles=0) -> np.ndarray:
+    """A vector split into ``src_sizes`` pieces (ready at ``src_ready`` on ``src_pe``) is
+    re-split into ``dst_sizes`` pieces on ``dst_pe``: one message per overlap. Returns a
+    receive task per destination piece (it waits for all its overlaps)."""
+    si, di, lo, hi = overlaps(src_sizes, dst_sizes)
     recv = g.tasks(dst_pe, dst_cycles, kind)
     size = (hi - lo) * per_value_wavelets
     # Pieces on the same PE need no message: they feed the receive task directly.

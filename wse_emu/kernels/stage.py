@@ -33,6 +33,7 @@ from wse_emu.kernels.primitives import (
     line_broadcast,
     VC_TRANSFER,
     line_reduce,
+    overlaps,
     transfer,
     wavelets,
 )
@@ -220,14 +221,7 @@ class StageGraph:
         nearest the source, which multicasts it along the line into ``targets`` ((e, s)
         tasks that wait for the whole segment)."""
         kind, t = self.kind[st.kernel.name], self.step_tokens(st.kernel.name)
-        sb = np.concatenate([[0], np.cumsum(src_sizes)])
-        kb = np.concatenate([[0], np.cumsum(st.k_sizes)])
-        cuts = np.union1d(sb, kb)
-        lo, hi = cuts[:-1], cuts[1:]
-        keep = hi > lo
-        lo, hi = lo[keep], hi[keep]
-        si = np.searchsorted(sb, lo, side="right") - 1
-        line = np.searchsorted(kb, lo, side="right") - 1
+        si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
         w = self.g.width
         sx, sy = src_pes[si] % w, src_pes[si] // w
         cand = st.pe[line]  # (overlaps, s)
