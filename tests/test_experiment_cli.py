@@ -2,29 +2,21 @@
 one-line errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from wse_emu.cli.main import main
 from wse_emu.runtime.pool import dask_available
 
-WORKLOAD = """version: 1
-name: small-chat
-arrival: poisson
-rate: 500
-requests: 40
-prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
-output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
-"""
+SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 @pytest.fixture(scope="module")
 def args(tmp_path_factory):
     """The experiment's arguments; the tests share one table cache, built by the first."""
     root = tmp_path_factory.mktemp("experiment")
-    path = root / "w.yaml"
-    path.write_text(WORKLOAD)
-    return ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+    return ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64",
             "--cache-dir", str(root / "cache")]
 

@@ -2,25 +2,17 @@
 wafer and prefill tile sizes are searched, and the comparison takes the best of them."""
 
 import json
+from pathlib import Path
 
 from wse_emu.cli.main import main
 
-WORKLOAD = """version: 1
-name: small-chat
-arrival: poisson
-rate: 500
-requests: 60
-prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
-output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
-"""
+SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 def run(tmp_path, capsys, *extra) -> dict:
-    path = tmp_path / "w.yaml"
-    path.write_text(WORKLOAD)
-    args = ["experiment", "disagg", "tiny", "--fabric", "mesh64", "--workload", str(path),
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh64", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
-            "--cache-dir", str(tmp_path / "cache"), "--json", *extra]
+            "--requests", "60", "--cache-dir", str(tmp_path / "cache"), "--json", *extra]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
 

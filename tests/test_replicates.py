@@ -3,22 +3,17 @@ windows of a trace) gives each goodput and the ratio a mean and a 95% interval, 
 intervals narrow as draws are added."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from wse_emu.cli.main import main
+from wse_emu.errors import ConfigError
 from wse_emu.runtime.experiment import interval
 from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
 
-WORKLOAD = """version: 1
-name: small-chat
-arrival: poisson
-rate: 500
-requests: 40
-prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
-output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
-"""
+SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 def test_interval_is_students_t():
@@ -43,10 +38,13 @@ def test_replicates_are_new_seeds_or_the_next_trace_windows(tmp_path):
     assert second.arrival_s[0] == 0.0
 
 
+def test_skip_is_refused_outside_a_trace():
+    with pytest.raises(ConfigError, match="'skip'"):
+        WorkloadSpec(name="w", skip=5).validate("test")
+
+
 def test_the_interval_narrows_with_more_seeds(tmp_path, capsys):
-    path = tmp_path / "w.yaml"
-    path.write_text(WORKLOAD)
-    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
             "--cache-dir", str(tmp_path / "cache"), "--json"]
     over = {}

@@ -2,6 +2,7 @@
 target in decode steps, the figure, and one-line errors for a bad --vary."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,14 +12,7 @@ from wse_emu.errors import UserError
 from wse_emu.runtime.sensitivity import parse_vary, scaled
 from wse_emu.runtime.workload import WorkloadSpec, generate
 
-WORKLOAD = """version: 1
-name: small-chat
-arrival: poisson
-rate: 500
-requests: 40
-prompt: {kind: lognormal, median: 200, sigma: 0.7, low: 8, high: 1500}
-output: {kind: lognormal, median: 20, sigma: 0.7, low: 1, high: 200}
-"""
+SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 @pytest.mark.parametrize("text", ["tpot", "speed=1,2", "tpot=", "tpot=a,b", "tpot=0,1",
@@ -38,10 +32,8 @@ def test_scaling_keeps_at_least_one_token():
 
 
 def test_vary_tpot_reports_a_row_per_value_and_draws_the_figure(tmp_path, capsys):
-    path = tmp_path / "w.yaml"
-    path.write_text(WORKLOAD)
     out = tmp_path / "run"
-    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
             "--cache-dir", str(tmp_path / "cache"), "--vary", "tpot=0.0002,0.002",
             "-o", str(out), "--viz", "--json"]

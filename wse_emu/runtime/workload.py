@@ -93,6 +93,8 @@ class WorkloadSpec:
                 "'think_s', 'seed' and 'skip' must be >= 0")
         require(self.arrival != "trace" or bool(self.trace), where,
                 "trace arrivals need a 'trace' CSV path")
+        require(self.arrival == "trace" or self.skip == 0, where,
+                "'skip' applies to trace replays only (a synthetic workload draws a new seed)")
         for name in ("prompt", "output", "tool_tokens"):
             length_spec(getattr(self, name), f"{where}: field '{name}'")
         return self
