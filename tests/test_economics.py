@@ -9,6 +9,8 @@ from wse_emu.cli.experiment_cmd import economics
 from wse_emu.cli.main import main
 from wse_emu.fabric import load_fabric
 
+from experiment_args import QUICK_KNOBS
+
 
 def test_energy_and_cost_follow_from_power_price_and_rate():
     out = economics(tokens_per_s=1000.0, systems=2, power_w=20000.0, price=36.0)
@@ -28,7 +30,7 @@ def test_the_experiment_prices_its_best_configurations(tmp_path, capsys):
     path.write_text("version: 1\nname: w\narrival: poisson\nrate: 500\nrequests: 40\n"
                     "prompt: {kind: fixed, value: 100}\noutput: {kind: fixed, value: 10}\n")
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(path),
-            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--workers", "1",
             "--cache-dir", str(tmp_path / "cache"), "--set", "system_power_w=15000",
             "--price-per-system-hour", "10"]
     assert main(args + ["--json"]) == 0

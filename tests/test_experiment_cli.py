@@ -9,6 +9,8 @@ import pytest
 from wse_emu.cli.main import main
 from wse_emu.runtime.pool import dask_available
 
+from experiment_args import QUICK_KNOBS
+
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
@@ -17,7 +19,7 @@ def args(tmp_path_factory):
     """The experiment's arguments; the tests share one table cache, built by the first."""
     root = tmp_path_factory.mktemp("experiment")
     return ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
-            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64",
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS,
             "--cache-dir", str(root / "cache")]
 
 
@@ -25,7 +27,8 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
     assert main(args + ["--workers", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     labels = [c["configuration"] for c in data["configurations"]]
-    assert "colocated, prefill priority" in labels and "colocated, chunked 64" in labels
+    assert "colocated, 1 copy, prefill priority, tile 64, batch 64" in labels
+    assert "colocated, 1 copy, chunked 64, batch 64" in labels
     assert any(label.startswith("disaggregated, share") for label in labels)
     comparison = data["comparison"]
     best = {c["configuration"]: c for c in data["configurations"]}

@@ -1,17 +1,20 @@
-"""The colocated baseline gets the same tuning as disaggregation: copies of the model per
-wafer and prefill tile sizes are searched, and the comparison takes the best of them."""
+"""The colocated baseline gets the same tuning as disaggregation: knob by knob, each plan's
+values are searched, the best stays, and the report says what each knob bought; each plan's
+best is then searched again on longer runs."""
 
 import json
 from pathlib import Path
 
 from wse_emu.cli.main import main
 
+from experiment_args import QUICK_KNOBS
+
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 def run(tmp_path, capsys, *extra) -> dict:
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh64", "--workload", str(SMALL_CHAT),
-            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--workers", "1",
             "--requests", "60", "--cache-dir", str(tmp_path / "cache"), "--json", *extra]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
@@ -23,18 +26,45 @@ def test_the_search_takes_several_copies_per_wafer_when_they_serve_more(tmp_path
     them."""
     data = run(tmp_path, capsys, "--copies", "1,4")
     rates = {c["configuration"]: c["max_rate_per_s"] for c in data["configurations"]}
-    one = max(r for label, r in rates.items()
-              if label.startswith("colocated") and "copies" not in label)
+    one = max(r for label, r in rates.items() if label.startswith("colocated, 1 copy"))
     four = max(r for label, r in rates.items() if label.startswith("colocated, 4 copies"))
     assert four > one
     assert data["comparison"]["colocated"].startswith("colocated, 4 copies")
 
 
-def test_every_tile_size_is_tried_and_copies_that_do_not_fit_are_skipped(tmp_path, capsys):
-    data = run(tmp_path, capsys, "--prefill-tile", "16,64", "--copies", "1,65")
-    labels = [c["configuration"] for c in data["configurations"]]
-    for policy in ("colocated, prefill priority", "colocated, interleaved",
-                   "disaggregated, share 0.5"):
-        assert f"{policy}, tile 16" in labels and f"{policy}, tile 64" in labels
-    assert "colocated, chunked 64" in labels  # chunked prefill sizes chunks by its budget
+def test_each_knob_keeps_its_best_value_and_says_what_it_bought(tmp_path, capsys):
+    data = run(tmp_path, capsys, "--prefill-tile", "16,64", "--copies", "1,65",
+               "--batch-limit", "16,64")
+    steps = {(s["plan"], s["knob"]): s for s in data["tuning"]}
+    for plan in ("colocated", "disaggregated"):
+        for knob in ("prefill tile", "decode batch limit"):
+            step = steps[(plan, knob)]
+            assert [t["value"] for t in step["tried"]] == ([16, 64] if knob == "prefill tile"
+                                                           else [16, 64])
+            best = max(t["max_rate_per_system"] for t in step["tried"])
+            assert step["after_per_system"] == best
+            assert step["after_per_system"] >= step["before_per_system"]
+    # The knobs of a policy not chosen are not tuned; every policy is tried first.
+    policy = steps[("colocated", "policy")]
+    assert {t["value"] for t in policy["tried"]} == {"prefill-priority", "chunked",
+                                                      "interleaved"}
+    if policy["chosen_value"] != "chunked":
+        assert ("colocated", "chunk budget") not in steps
     assert any(s.startswith("colocated 65 copies") for s in data["skipped"])
+    # The tuned best is what is compared.
+    last = [s for s in data["tuning"] if s["plan"] == "colocated"][-1]
+    assert data["comparison"]["colocated"] == last["chosen"]
+
+
+def test_each_plans_best_is_searched_again_on_longer_runs(tmp_path, capsys):
+    """A tiny model serves thousands of requests per second: a steady window of 50 ms holds
+    hundreds of them."""
+    data = run(tmp_path, capsys, "--window-s", "0.05")
+    assert data["confirmed"]
+    assert data["final_requests_per_run"] > data["requests_per_run"]
+    assert {c["plan"] for c in data["final"]} == {"colocated", "disaggregated"}
+    for c in data["final"]:
+        assert c["max_rate_per_s"] > 0
+        # The window holds about the time asked for at the rate found.
+        assert c["window_s"] >= 0.9 * 0.05
+        assert c["window_requests"] > 60

@@ -12,6 +12,8 @@ from wse_emu.errors import UserError
 from wse_emu.runtime.sensitivity import parse_vary, scaled
 from wse_emu.runtime.workload import WorkloadSpec, generate
 
+from experiment_args import QUICK_KNOBS
+
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
@@ -34,7 +36,7 @@ def test_scaling_keeps_at_least_one_token():
 def test_vary_tpot_reports_a_row_per_value_and_draws_the_figure(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
-            "--ttft-slo", "0.05", "--tpot-slo", "0.001", "--budgets", "64", "--workers", "1",
+            "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--workers", "1",
             "--cache-dir", str(tmp_path / "cache"), "--vary", "tpot=0.0002,0.002",
             "-o", str(out), "--viz", "--json"]
     assert main(args) == 0

@@ -26,14 +26,14 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
     is the 'same token speed' line, and the best of each plan within it is annotated."""
     target = data["targets"]["tpot_p90_s"] * 1e3
     fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
-    for n, (label, points) in enumerate(data["points"].items()):
+    for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
         ax.plot([p["tpot_p90_s"] * 1e3 for p in pts], [p["output_tokens_per_s"] for p in pts],
                 **_style(label, n))
     ax.axvline(target, color="black", linestyle=":", linewidth=1.2,
                label=f"TPOT target {target:.3g} ms")
     cmp_ = data["comparison"]
-    best = {c["configuration"]: c for c in data["configurations"]}
+    best = {c["configuration"]: c for c in data.get("final", data["configurations"])}
     if cmp_.get("goodput_ratio"):
         for plan in ("colocated", "disaggregated"):
             c = best[cmp_[plan]]
@@ -57,7 +57,7 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
 
 def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=DPI)
-    for n, (label, points) in enumerate(data["points"].items()):
+    for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
         ax.plot([p["rate_per_s"] for p in pts], [p["slo_attainment"] for p in pts],
                 **_style(label, n))
@@ -118,3 +118,7 @@ def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
              "Share of requests meeting both latency targets against request rate.")]
 
 
+def _points(data: dict) -> dict:
+    """The search points to draw: each plan's best searched on the confirming runs, or, before
+    they existed or without them, every configuration tuned."""
+    return data.get("final_points") or data["points"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
@@ -17,7 +19,7 @@ from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.cli.serve_cmd import (
     cache_dir,
     check_micro_batches,
-    handoff_rate,
+    handoff_links,
     region_models,
     workload_of,
 )
@@ -31,12 +33,12 @@ from wse_emu.runtime.experiment import (
     MAX_TTFT_SLOPE,
     Config,
     Outcome,
+    Search,
     Targets,
     compare,
-    evaluate_job,
     outcomes,
     over_replicates,
-    search_rates,
+    run_searches,
 )
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.pool import point_pool
@@ -47,11 +49,14 @@ from wse_emu.runtime.sensitivity import (
     decode_step_s,
     parse_vary,
 )
-from wse_emu.runtime.serve import ServeOptions, kv_shortfall
+from wse_emu.runtime.serve import POLICIES, ServeOptions, kv_shortfall
+from wse_emu.runtime.tuning import Choice, Knob, Layout, config_of, evaluate_choice, tune
 from wse_emu.runtime.workload import Requests, generate, replicate
 
-DEFAULT_BUDGETS = (64, 256)
 DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
+# The confirming runs stop growing here (a run of this many takes seconds to serve); the window
+# they reach is reported.
+MAX_CONFIRM_REQUESTS = 20_000
 
 
 def add_parser(sub) -> None:
@@ -75,15 +80,30 @@ def add_parser(sub) -> None:
                    "target, seconds (the token speed every configuration must reach)")
     d.add_argument("--attainment", type=float, default=0.9,
                    help="share of requests that must meet both targets (default 0.9)")
-    d.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)),
-                   help="chunked prefill token budgets to try, comma-separated")
-    d.add_argument("--batch-limit", type=int, default=64, help="sequences per decode micro-batch")
-    d.add_argument("--prefill-tile", default="64",
-                   help="tokens per prefill micro-batch; several, comma-separated, are each "
-                   "tried with every configuration but chunked prefill (default 64)")
-    d.add_argument("--copies", default="1",
-                   help="copies of the model per wafer to try colocated, comma-separated (side "
-                   "by side in column bands; a model on one wafer only; default 1)")
+    knobs = d.add_argument_group(
+        "knobs", "values to tune each plan over, comma-separated (one value fixes the knob); "
+        "the knobs are tuned one at a time, in this order, for both plans")
+    space = Space()
+    for flag, values, what in (
+            ("--copies", space.copies, "copies of the model per wafer, colocated (side by side "
+             "in column bands; a model on one wafer only)"),
+            ("--prefill-tile", space.prefill_tiles, "tokens per prefill micro-batch (colocated "
+             "with prefill priority or interleaved, and disaggregated prefill)"),
+            ("--budgets", space.budgets, "chunked prefill token budgets"),
+            ("--interleave", space.interleave, "decode micro-batches per prefill tile, "
+             "interleaved"),
+            ("--max-running", space.max_running, "cap on sequences holding KV in a colocated "
+             "or decode region (0: none)"),
+            ("--batch-limit", space.batch_limits, "sequences per decode micro-batch")):
+        knobs.add_argument(flag, default=",".join(map(str, values)),
+                           help=f"{what} (default {','.join(map(str, values))})")
+    d.add_argument("--no-prefix-cache", action="store_true",
+                   help="recompute every agentic call's whole context (by default a call "
+                   "reuses its session's KV while it is still cached)")
+    d.add_argument("--window-s", type=float, default=space.window_s,
+                   help="after tuning, search each plan's best again on runs long enough that "
+                   "the steady window holds this many emulated seconds at the rate found "
+                   f"(default {space.window_s:g}; 0: no confirming runs)")
     d.add_argument("--seeds", type=int, default=1,
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
@@ -110,11 +130,18 @@ def add_parser(sub) -> None:
 
 def run(args):
     targets = _targets(args)
-    budgets = _budgets(args.budgets)
-    tiles = _positive_ints(args.prefill_tile, "--prefill-tile")
-    copies = _positive_ints(args.copies, "--copies")
-    for tile in tiles:
-        check_micro_batches(args.batch_limit, tile, budgets)
+    space = Space(copies=_positive_ints(args.copies, "--copies"),
+                  prefill_tiles=_positive_ints(args.prefill_tile, "--prefill-tile"),
+                  budgets=_positive_ints(args.budgets, "--budgets"),
+                  interleave=_positive_ints(args.interleave, "--interleave"),
+                  max_running=_positive_ints(args.max_running, "--max-running", zero=True),
+                  batch_limits=_positive_ints(args.batch_limit, "--batch-limit"),
+                  prefix_cache=not args.no_prefix_cache, window_s=args.window_s)
+    for limit in space.batch_limits:
+        for tile in space.prefill_tiles:
+            check_micro_batches(limit, tile, space.budgets)
+    if args.window_s < 0:
+        raise UserError(f"--window-s must be at least 0, got {args.window_s}")
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
                         f"{args.requests}")
@@ -147,11 +174,13 @@ def run(args):
                  if spec.arrival == "trace" else
                  f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
 
-    def one(pool, draws, targets, cluster):
+    def one(pool, draws, targets, cluster, transform=lambda requests: requests):
+        def longer(draw: int, n: int) -> Requests:
+            return transform(generate(replace(replicate(spec, draw, n), requests=n)))
         data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
-                                          cache_dir(args.cache_dir), budgets, args.batch_limit,
-                                          tiles, args.tolerance, _progress(args), draws[1:],
-                                          copies, args.price_per_system_hour)
+                                          cache_dir(args.cache_dir), space, args.tolerance,
+                                          _progress(args), draws[1:],
+                                          args.price_per_system_hour, longer)
         if len(draws) > 1:
             data["over_replicates"]["draws"] = described
         return data, configs
@@ -183,12 +212,15 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
         row = {"value": value, "tpot_s": v_targets.tpot_s, "systems": systems}
         try:
             data, configs = one(pool, [v[0] for v in varied], v_targets,
-                                ClusterSpec(cluster.fabric, systems))
+                                ClusterSpec(cluster.fabric, systems),
+                                lambda requests, value=value: apply(
+                                    variation, value, requests, targets, cluster.systems)[0])
         except UserError as exc:
             rows.append({**row, "error": str(exc)})
             continue
         # One sequence's decode step on a colocated region (any region, if none compiled).
-        unit = next((c for c in configs if c.plan == "colocated"), configs[0])
+        unit = next((c for c in configs.values() if c.plan == "colocated"),
+                    next(iter(configs.values())))
         step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz)
         cmp_ = data["comparison"]
         row.update(decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
@@ -229,144 +261,240 @@ def render_sensitivity(data: dict) -> str:
         rows, "rrrrrrl")])
 
 
+@dataclass
+class Space:
+    """What the experiment tunes: the values to try of every knob (a single value fixes it),
+    whether agentic calls reuse cached KV, and how long the confirming runs' steady windows
+    must be (emulated seconds; 0: no confirming runs)."""
+
+    copies: tuple = (1, 2, 4)
+    prefill_tiles: tuple = (8, 16, 32, 64, 128, 256)
+    budgets: tuple = (16, 32, 64, 128, 256, 512)
+    interleave: tuple = (1, 2, 4)
+    max_running: tuple = (0, 32, 128)
+    batch_limits: tuple = (16, 32, 64)
+    policies: tuple = POLICIES
+    prefix_cache: bool = True
+    window_s: float = 120.0
+
+    def knobs(self, splits: list[str], copies: list[str]) -> dict:
+        """Per plan, its knobs in the order they are tuned."""
+        return {"colocated": [Knob("policy", "policy", self.policies),
+                              Knob("copies per wafer", "layout", tuple(copies)),
+                              Knob("prefill tile", "prefill_tile", self.prefill_tiles,
+                                   ("prefill-priority", "interleaved")),
+                              Knob("chunk budget", "token_budget", self.budgets, ("chunked",)),
+                              Knob("interleave ratio", "interleave", self.interleave,
+                                   ("interleaved",)),
+                              Knob("running cap", "max_running", self.max_running),
+                              Knob("decode batch limit", "batch_limit", self.batch_limits)],
+                "disaggregated": [Knob("split", "layout", tuple(splits)),
+                                  Knob("prefill tile", "prefill_tile", self.prefill_tiles),
+                                  Knob("running cap", "max_running", self.max_running),
+                                  Knob("decode batch limit", "batch_limit",
+                                       self.batch_limits)]}
+
+    def initial(self, plan: str, layout: str) -> Choice:
+        """Where tuning starts: each knob's usual value if it is among those to try."""
+        def pick(values, usual):
+            return usual if usual in values else values[0]
+        return Choice(plan, layout, policy=pick(self.policies, "prefill-priority"),
+                      prefill_tile=pick(self.prefill_tiles, 64),
+                      token_budget=pick(self.budgets, 256),
+                      interleave=pick(self.interleave, 1),
+                      max_running=pick(self.max_running, 0),
+                      batch_limit=pick(self.batch_limits, 64))
+
+
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, cache: Path,
-                      budgets=DEFAULT_BUDGETS, batch_limit: int = 64, prefill_tile=64,
-                      tolerance: float = 0.05, progress=None,
-                      more_draws: list[Requests] = (), copies=(1,),
-                      price: float | None = None) -> tuple[dict, list[Config]]:
-    """Build the configurations, search them on ``pool`` and compare: the JSON-able report,
-    and the configurations compared. With ``more_draws`` (independent draws of the same
-    workload) the whole search is repeated on each, and the report adds every draw's answer
-    and the mean and 95% interval over all of them."""
-    configs, skipped = build_configs(model, cluster, requests, budgets, batch_limit,
-                                     prefill_tile, cache, progress, copies)
-    data = {"model": model.name, "cluster": f"{cluster.systems} x {cluster.fabric.name}",
+                      space: Space = Space(), tolerance: float = 0.05, progress=None,
+                      more_draws: list[Requests] = (), price: float | None = None,
+                      longer=None) -> tuple[dict, dict]:
+    """Compile the layouts, tune each plan on ``pool`` and compare: the JSON-able report, and
+    every configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for ``requests``) of the workload with
+    ``n`` requests, for the confirming runs. With ``more_draws`` (independent draws of the same
+    workload) the tuned configurations are searched again on each (the knobs are tuned on the
+    first draw only), and the report adds every draw's answer and the mean and 95% interval
+    over all of them."""
+    layouts, skipped = build_layouts(model, cluster, requests, cache, space.copies, progress)
+    fabric = cluster.fabric
+    base = ServeOptions(clock_hz=fabric.clock_hz, kv_bytes_per_token=model.kv_bytes_per_token(),
+                        prefix_cache=space.prefix_cache)
+    data = {"model": model.name, "cluster": f"{cluster.systems} x {fabric.name}",
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
-            "skipped": skipped, "system_power_w": cluster.fabric.system_power_w,
-            **experiment(configs, requests, targets, pool, tolerance, progress,
-                         cluster.systems, cluster.fabric.system_power_w, price)}
+            "prefix_cache": space.prefix_cache, "skipped": skipped,
+            "system_power_w": fabric.system_power_w}
+    names = {plan: [name for (p, name) in layouts if p == plan]
+             for plan in ("colocated", "disaggregated")}
+    knobs = space.knobs(names["disaggregated"], names["colocated"])
+    initial = {plan: space.initial(plan, names[plan][0]) for plan in names if names[plan]}
+    economy = (cluster.systems, fabric.system_power_w, price)
+    run_points = pool.bind(evaluate_choice, (layouts, base, requests, targets))
+    guess = {}
+    for plan, choice in initial.items():  # start near the ceiling, where the best rates sit
+        ceiling = ceiling_rate(config_of(choice, layouts, base).regions,
+                               config_of(choice, layouts, base).options, requests)
+        guess[plan] = 0.6 * ceiling / requests.offered_rate()
+    searches, steps = tune(initial, knobs, layouts, base, run_points, guess, tolerance,
+                           progress)
+    tuned = {plan: steps_of[-1].chosen for plan in initial
+             for steps_of in [[s for s in steps if s.plan == plan]] if steps_of}
+    data["configurations"] = [_row(o, targets, len(s.points), *economy, requests, s.config)
+                              for o, s in zip(outcomes(list(searches.values())),
+                                              searches.values())]
+    data["tuning"] = [_step(s, searches, cluster.systems) for s in steps]
+    data["points"] = {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+                      for s in searches.values()}
+    draws = [requests, *more_draws]
+    finals = [final(tuned, layouts, base, d, r, targets, pool, space, tolerance, progress,
+                    economy, searches, longer) for r, d in enumerate(draws)]
+    data.update(finals[0])
     if more_draws:
-        reports = [data] + [experiment(configs, draw, targets, pool, tolerance, progress,
-                                       cluster.systems, cluster.fabric.system_power_w, price)
-                            for draw in more_draws]
-        data["replicates"] = [{"configurations": r["configurations"],
-                               "comparison": r["comparison"]} for r in reports]
-        data["over_replicates"] = over_replicates(reports)
-    return data, configs
+        data["replicates"] = [{"configurations": f["final"], "comparison": f["comparison"],
+                               "requests_per_run": f["final_requests_per_run"]}
+                              for f in finals]
+        data["over_replicates"] = over_replicates(data["replicates"])
+    return data, {s.config.label: s.config for s in searches.values()}
 
 
-def experiment(configs: list[Config], requests: Requests, targets: Targets, pool,
-               tolerance: float = 0.05, progress=None, systems: int = 1,
-               power_w: float = 0.0, price: float | None = None) -> dict:
-    """Search every configuration on ``pool`` (see ``runtime.pool``) and compare the plans:
-    a JSON-able report."""
-    run_points = pool.bind(evaluate_job, (configs, requests, targets))
-    searches = search_rates(configs, requests, targets, run_points, tolerance=tolerance,
-                            progress=(lambda r, n: progress(f"search round {r}: {n} runs"))
-                            if progress else None)
-    results = outcomes(searches)
-    rows = [_row(r, targets, len(s.points), systems, power_w, price)
-            for r, s in zip(results, searches)]
-    for row, config in zip(rows, configs):
-        # At 100% busy stages: how close each configuration's best rate comes.
-        row["ceiling_rate_per_s"] = ceiling_rate(config.regions, config.options, requests)
-        row["share_of_ceiling"] = row["max_rate_per_s"] / row["ceiling_rate_per_s"]
-    return {"configurations": rows,
-            "comparison": compare(results, targets, systems),
-            "points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
-                       for s in searches}}
+def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, draw: int,
+          targets: Targets, pool, space: Space, tolerance: float, progress, economy,
+          tuning: dict, longer=None) -> dict:
+    """Each plan's tuned configuration on one draw: searched again on runs long enough for a
+    steady window of ``space.window_s`` at the rates found (the confirming runs: sized by the
+    rates tuning found, and lengthened while the rates they find leave the window short), or,
+    without them, as tuning left it (``tuning``: the first draw's searches) or searched on this
+    draw's ``requests``. Returns its rows and the comparison."""
+    window = space.window_s if longer is not None else 0.0
+    guess = {c: _rate_of(tuning, c) for c in tuned.values()}  # requests (sessions) per s
+    if window <= 0 and draw == 0:
+        searches, runs = {c: tuning[c] for c in tuned.values()}, requests
+    else:
+        n = len(requests)
+        for _ in range(3):
+            if window > 0:
+                # The steady window is the middle of the arrivals (``metrics.steady_window``).
+                wanted = int(np.ceil(max(guess.values()) * window / (1 - WARMUP - DRAIN)))
+                n = max(n, min(MAX_CONFIRM_REQUESTS, wanted))
+                runs = longer(draw, n)
+            else:
+                runs = requests
+            searches = _search_again(tuned, layouts, base, runs, targets, pool, guess,
+                                     tolerance, progress)
+            reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
+                       if s.best is not None]
+            if window <= 0 or n >= MAX_CONFIRM_REQUESTS or min(reached, default=window) \
+                    >= 0.9 * window:
+                break
+            guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}
+    results = outcomes(list(searches.values()))
+    return {"final": [_row(o, targets, len(s.points), *economy, runs, s.config)
+                      for o, s in zip(results, searches.values())],
+            "final_requests_per_run": len(runs),
+            "confirmed": window > 0,
+            "final_points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+                             for s in searches.values()},
+            "comparison": compare(results, targets, economy[0])}
+
+
+def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests,
+                  targets: Targets, pool, guess: dict, tolerance: float, progress) -> dict:
+    """The tuned configurations' rate searches on ``runs``, started near ``guess``."""
+    run_points = pool.bind(evaluate_choice, (layouts, base, runs, targets))
+    searches = {c: Search(config_of(c, layouts, base),
+                          start=guess[c] / runs.offered_rate() if guess[c] else None)
+                for c in tuned.values()}
+    run_searches(searches, run_points, tolerance=tolerance,
+                 progress=(lambda r, n: progress(f"searching the best again: round {r}, "
+                                                 f"{n} runs")) if progress else None)
+    return searches
+
+
+def _rate_of(searches: dict, choice) -> float:
+    s = searches[choice]
+    return s.points[s.best].rate if s.best is not None else 0.0
+
+
+def _step(step, searches: dict, systems: int) -> dict:
+    """A tuning step as reported: each value tried and its goodput per system."""
+    def rate(c):
+        return _rate_of(searches, c) / systems
+    return {"plan": step.plan, "knob": step.knob,
+            "tried": [{"value": v, "configuration": c.label, "max_rate_per_system": rate(c)}
+                      for v, c in step.tried],
+            "chosen": step.chosen.label, "chosen_value": next(
+                v for v, c in step.tried if c == step.chosen),
+            "before_per_system": rate(step.before) if step.before else None,
+            "after_per_system": rate(step.chosen)}
 
 
 def _point(p) -> dict:
     """One serving run of the search, for curves: its rate and what it achieved."""
     m = p.metrics
     return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m["ttft_s"]["p90"],
-            "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
+            "tpot_p90_s": m["tpot_s"]["p90"], "itl_p90_s": m["itl_s"]["p90"],
+            "slo_attainment": m["slo_attainment"],
             "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
             "pace": m["pace"], "output_tokens_per_s": m["output_tokens_per_s"],
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
-def build_configs(model: ModelSpec, cluster: ClusterSpec, requests: Requests, budgets,
-                  batch_limit: int, prefill_tiles, cache: Path, progress=None,
-                  copies=(1,)) -> tuple[list[Config], list[str]]:
-    """Colocated (prefill priority, interleaved, and chunked at each budget) at each number of
-    ``copies`` of the model per wafer, and disaggregated at each split; every configuration
-    but chunked prefill at each of ``prefill_tiles`` (chunked prefill sizes its chunks by its
-    budget). A layout that does not compile, or whose regions cannot hold the longest
-    request's KV cache, is skipped, with why (colocated with one copy must compile)."""
-    tiles = (prefill_tiles,) if isinstance(prefill_tiles, int) else tuple(prefill_tiles)
-    base = ServeOptions(batch_limit=batch_limit, prefill_tile=tiles[0],
-                        clock_hz=cluster.fabric.clock_hz,
-                        kv_bytes_per_token=model.kv_bytes_per_token())
-    splits = disaggregated_splits(model, cluster)
+def build_layouts(model: ModelSpec, cluster: ClusterSpec, requests: Requests, cache: Path,
+                  copies=(1,), progress=None) -> tuple[dict, list[str]]:
+    """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
+    (side by side in column bands), and disaggregated at each split. A layout that does not
+    compile, or whose regions cannot hold the longest request's KV cache, is skipped, with why
+    (colocated with one copy must compile). Returns (plan, name) -> Layout, and the skipped."""
     fabric = cluster.fabric
+    splits = disaggregated_splits(model, cluster)
     span = wafers_needed(model, fabric)
     if not splits:
         raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
                         f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
                         f"use --systems {2 * span} or more")
     plans, skipped = [], []
-    for n in copies:
+    for n in sorted(set(copies) | {1}):
+        name = f"{n} cop{'y' if n == 1 else 'ies'}"
         if n == 1:
-            plans.append(("colocated", "", {}))
+            plans.append(("colocated", name, {}))
         elif span > 1:
-            skipped.append(f"colocated {n} copies: {model.name} spans {span} wafers of "
+            skipped.append(f"colocated {name}: {model.name} spans {span} wafers of "
                            f"{fabric.name}, so a wafer holds no whole copy")
         elif n > fabric.width:
-            skipped.append(f"colocated {n} copies: a wafer has only {fabric.width} columns")
+            skipped.append(f"colocated {name}: a wafer has only {fabric.width} columns")
         else:
-            # n copies side by side, each a column band of every wafer.
-            plans.append(("colocated", f"{n} copies", {"region": (fabric.width // n,
-                                                                    fabric.height)}))
+            plans.append(("colocated", name, {"region": (fabric.width // n, fabric.height)}))
     for split in splits:
         if "prefill_share" in split:
-            knob = f"share {split['prefill_share']:g}"
+            name = f"share {split['prefill_share']:g}"
         else:
             n = split["prefill_systems"]
-            knob = f"{n} prefill system{'s' if n > 1 else ''}"
-        plans.append(("disaggregated", knob, split))
-
-    def tiled(label: str, options: ServeOptions) -> list[tuple[str, ServeOptions]]:
-        if len(tiles) == 1:
-            return [(label, options)]
-        return [(f"{label}, tile {t}".lstrip(", "), replace(options, prefill_tile=t))
-                for t in tiles]
-
-    configs = []
-    for plan, knob, split in plans:
+            name = f"{n} prefill system{'s' if n > 1 else ''}"
+        plans.append(("disaggregated", name, split))
+    layouts = {}
+    for plan, name, split in plans:
         if progress:
-            progress(f"compiling and timing {plan} {knob}".rstrip())
+            progress(f"compiling and timing {plan} {name}")
         try:
             program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
         except CompileError as exc:
             if plan == "colocated" and not split:
                 raise
-            skipped.append(f"{plan} {knob}".rstrip() + f": {' '.join(str(exc).split())}")
+            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
             continue
         short = kv_shortfall(requests, program.regions)
         if short:
-            skipped.append(f"{plan} {knob}".rstrip() + f": {short}")
+            skipped.append(f"{plan} {name}: {short}")
             continue
-        regions = region_models(program, cache)
-        if plan == "colocated":
-            prefix = f"{knob}, " if knob else ""
-            policies = tiled(f"{prefix}prefill priority", base)
-            policies += tiled(f"{prefix}interleaved", replace(base, policy="interleaved"))
-            policies += [(f"{prefix}chunked {b}", replace(base, policy="chunked",
-                                                         token_budget=b)) for b in budgets]
-            configs += [Config(plan, label, regions, options) for label, options in policies]
-        else:
-            handoff = replace(base, handoff_bytes_per_cycle=handoff_rate(program))
-            configs += [Config(plan, label, regions, options)
-                        for label, options in tiled(knob, handoff)]
-    if not configs:
-        raise UserError("no configuration holds the longest request's KV cache: "
+        options = handoff_links(program) if plan == "disaggregated" else {}
+        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache), options)
+    if not any(plan == "disaggregated" for plan, _ in layouts):
+        raise UserError("no disaggregated split holds the longest request's KV cache: "
                         + "; ".join(skipped))
-    return configs, skipped
+    return layouts, skipped
 
 
 def economics(tokens_per_s: float, systems: int, power_w: float,
@@ -382,7 +510,8 @@ def economics(tokens_per_s: float, systems: int, power_w: float,
 
 
 def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: float = 0.0,
-         price: float | None = None) -> dict:
+         price: float | None = None, requests: Requests | None = None,
+         config: Config | None = None) -> dict:
     row = {"configuration": r.label, "plan": r.plan, "knob": r.knob, "runs": runs,
            "limited_by": r.limit(targets)}
     if r.best is not None:
@@ -395,7 +524,8 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
                     "window_requests": m["window_requests"], "window_s": m["window_s"],
                     "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
                     "pace": m["pace"], "ttft_p90_s": m["ttft_s"]["p90"],
-                    "tpot_p90_s": m["tpot_s"]["p90"], "slo_attainment": m["slo_attainment"],
+                    "tpot_p90_s": m["tpot_s"]["p90"], "itl_p90_s": m["itl_s"]["p90"],
+                    "slo_attainment": m["slo_attainment"],
                     "decode_stall_per_token_s": m["decode_stall_per_token_s"],
                     "prefill_utilization": m["prefill_utilization"],
                     "decode_utilization": m["decode_utilization"],
@@ -403,39 +533,33 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
                     **economics(r.tokens_per_s, systems, power_w, price)})
     else:
         row["max_rate_per_s"] = 0.0
+        row["max_rate_per_system"] = 0.0
+    if config is not None and requests is not None:
+        # At 100% busy stages: how close the configuration's best rate comes.
+        row["ceiling_rate_per_s"] = ceiling_rate(config.regions, config.options, requests)
+        row["share_of_ceiling"] = row["max_rate_per_s"] / row["ceiling_rate_per_s"]
     return row
 
 
 def render(data: dict) -> str:
     t = data["targets"]
-    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']} "
-            f"({data['requests_per_run']:,} requests per run); targets: p90 TTFT <= "
-            f"{seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
+    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']}; targets: p90 "
+            f"TTFT <= {seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
             f">= {t['attainment']:.0%} of requests meeting both, counted from the "
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
-            f"within {MAX_PACE:g}x the span they arrived in")
-    energy = any("energy_per_output_token_j" in c for c in data["configurations"])
-    rows = []
-    for c in data["configurations"]:
-        if "goodput_requests_per_s" not in c:
-            rows.append([c["configuration"], "0", f"0 of {c['ceiling_rate_per_s']:.3g}"]
-                        + ["-"] * (8 + energy) + [c["limited_by"]])
-            continue
-        rows.append([c["configuration"], f"{c['max_rate_per_system']:.3g}",
-                     f"{c['share_of_ceiling']:.0%} of {c['ceiling_rate_per_s']:.3g}",
-                     si(c["output_tokens_per_s_per_system"])]
-                    + ([f"{c['energy_per_output_token_j']:.3g}"] if energy else [])
-                    + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
-                       seconds(c["decode_stall_per_token_s"]),
-                       f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
-                       f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
-    lines = [head, "", table(["configuration", "goodput/s/system", "vs ceiling/s",
-                              "tok/s/system"] + (["J/token"] if energy else [])
-                             + ["p90 TTFT", "p90 TPOT", "stall/token", "prefill busy",
-                                "decode busy", "on-target/s (makespan)", "next rate fails on"],
-                             rows, "lrrr" + "r" * energy + "rrrrrrl")]
+            f"within {MAX_PACE:g}x the span they arrived in"
+            + ("" if data.get("prefix_cache", True) else "; no prefix cache"))
+    lines = [head, "", f"Tuning, knob by knob, on runs of {data['requests_per_run']:,} "
+             "requests: goodput (highest rate met) per system of each value tried", "",
+             render_tuning(data["tuning"])]
     lines += [f"skipped {s}" for s in data["skipped"]]
+    windows = [c["window_s"] for c in data["final"] if "window_s" in c]
+    runs = (f"searched again on runs of {data['final_requests_per_run']:,} requests"
+            + (f" (steady windows of {min(windows):.3g} to {max(windows):.3g} s emulated at "
+               "the rates found)" if windows else "")
+            if data.get("confirmed") else "as tuned")
+    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data["final"])]
     cmp_ = data["comparison"]
     if "goodput_ratio" not in cmp_:
         missing = "colocated" if cmp_["colocated"] is None else "disaggregated"
@@ -456,7 +580,7 @@ def render(data: dict) -> str:
     lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
               f"at the same TPOT target: {verdict}.", "Why:"]
     lines += [f"  - {reason}" for reason in cmp_["reasons"]]
-    best = {c["configuration"]: c for c in data["configurations"]}
+    best = {c["configuration"]: c for c in data["final"]}
     if any("cost_per_million_output_tokens" in c for c in best.values()):
         lines += ["", "At each plan's best rate (energy from the systems' wall power"
                   + (f", {data['system_power_w']:g} W each" if data.get("system_power_w")
@@ -471,6 +595,52 @@ def render(data: dict) -> str:
     if "over_replicates" in data:
         lines += [""] + render_replicates(data["over_replicates"])
     return "\n".join(lines)
+
+
+def render_tuning(steps: list[dict]) -> str:
+    """What each knob bought: per plan and knob, every value's goodput per system, the value
+    kept, and the plan's goodput before and after."""
+    rows = []
+    for st in steps:
+        tried = ", ".join(f"{_value(st['knob'], t['value'])} {t['max_rate_per_system']:.3g}"
+                          for t in st["tried"])
+        before = "-" if st["before_per_system"] is None else f"{st['before_per_system']:.3g}"
+        rows.append([st["plan"], st["knob"], tried, _value(st["knob"], st["chosen_value"]),
+                     f"{before} -> {st['after_per_system']:.3g}"])
+    return table(["plan", "knob", "values tried: goodput/s/system", "kept", "goodput/s/system"],
+                 rows, "lllll")
+
+
+def _value(knob: str, value) -> str:
+    if knob == "running cap" and value == 0:
+        return "none"
+    if knob == "interleave ratio":
+        return f"{value}:1"
+    return str(value).replace("-", " ")
+
+
+def render_rows(configurations: list[dict]) -> str:
+    energy = any("energy_per_output_token_j" in c for c in configurations)
+    rows = []
+    for c in configurations:
+        ceiling = c.get("ceiling_rate_per_s")
+        if "goodput_requests_per_s" not in c:
+            rows.append([c["configuration"], "0", f"0 of {ceiling:.3g}" if ceiling else "-"]
+                        + ["-"] * (9 + energy) + [c["limited_by"]])
+            continue
+        rows.append([c["configuration"], f"{c['max_rate_per_system']:.3g}",
+                     f"{c['share_of_ceiling']:.0%} of {ceiling:.3g}" if ceiling else "-",
+                     si(c["output_tokens_per_s_per_system"])]
+                    + ([f"{c['energy_per_output_token_j']:.3g}"] if energy else [])
+                    + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
+                       seconds(c["itl_p90_s"]), seconds(c["decode_stall_per_token_s"]),
+                       f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
+                       f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
+    return table(["configuration", "goodput/s/system", "vs ceiling/s", "tok/s/system"]
+                 + (["J/token"] if energy else [])
+                 + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy",
+                    "decode busy", "on-target/s (makespan)", "next rate fails on"],
+                 rows, "lrrr" + "r" * energy + "rrrrrrrl")
 
 
 def _interval(iv: dict, fmt) -> str:
@@ -507,24 +677,16 @@ def _targets(args) -> Targets:
     return Targets(args.ttft_slo, args.tpot_slo, args.attainment)
 
 
-def _positive_ints(text: str, flag: str) -> tuple[int, ...]:
+def _positive_ints(text: str, flag: str, zero: bool = False) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise UserError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise UserError(f"{flag} must be one or more positive integers, got {text!r}")
+    low = 0 if zero else 1
+    if not values or any(v < low for v in values):
+        what = "integers of at least 0" if zero else "positive integers"
+        raise UserError(f"{flag} must be one or more {what}, got {text!r}")
     return tuple(dict.fromkeys(values))
-
-
-def _budgets(text: str) -> tuple[int, ...]:
-    try:
-        budgets = tuple(int(b) for b in text.split(",") if b.strip())
-    except ValueError:
-        raise UserError(f"--budgets must be comma-separated integers, got {text!r}") from None
-    if any(b < 1 for b in budgets):
-        raise UserError(f"--budgets must be positive, got {text!r}")
-    return budgets
 
 
 def _progress(args):

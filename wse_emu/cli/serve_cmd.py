@@ -38,6 +38,14 @@ def add_parser(sub) -> None:
                    help="chunked prefill: tokens per micro-batch")
     p.add_argument("--prefill-tile", type=int, default=64,
                    help="tokens per prefill micro-batch (prompts stream through in such tiles)")
+    p.add_argument("--max-running", type=int, default=0,
+                   help="cap on sequences holding KV in a colocated or decode region "
+                   "(default 0: none)")
+    p.add_argument("--interleave", type=int, default=1,
+                   help="interleaved policy: decode micro-batches per prefill tile (default 1)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="recompute every agentic call's whole context (by default a call "
+                   "reuses its session's KV while it is still cached)")
     p.add_argument("--ttft-slo", type=float, help="time-to-first-token target, seconds")
     p.add_argument("--tpot-slo", type=float, help="time-per-output-token target, seconds")
     p.add_argument("--cache-dir", help="where stage-time tables are kept "
@@ -106,6 +114,9 @@ def run(args):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.max_running < 0 or args.interleave < 1:
+        raise UserError(f"--max-running must be at least 0 and --interleave at least 1, got "
+                        f"{args.max_running} and {args.interleave}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be at least 1, got {args.requests}")
     spec = workload_of(args.workload, args.trace, args.rate, args.requests)
@@ -124,7 +135,8 @@ def run(args):
     options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
                            token_budget=args.token_budget, prefill_tile=args.prefill_tile,
                            clock_hz=fabric.clock_hz,
-                           handoff_bytes_per_cycle=handoff_rate(program),
+                           max_running=args.max_running, interleave=args.interleave,
+                           prefix_cache=not args.no_prefix_cache, **handoff_links(program),
                            kv_bytes_per_token=program.model.kv_bytes_per_token(),
                            timeline_events=TIMELINE_EVENTS if args.output else 0)
     result = serve(reqs, regions, options)
@@ -140,6 +152,7 @@ def run(args):
         return data
     rows = [[name, seconds(v["p50"]), seconds(v["p90"]), seconds(v["p99"])]
             for name, v in (("TTFT", metrics["ttft_s"]), ("TPOT", metrics["tpot_s"]),
+                            ("inter-token", metrics["itl_s"]),
                             ("end to end", metrics["e2e_s"]))]
     lines = [f"{data['model']} on {data['cluster']}, {data['plan']}: workload {spec.name}, "
              f"{metrics['requests']:,} requests over {seconds(metrics['duration_s'])}",
@@ -174,11 +187,10 @@ def write_serve_outputs(directory: Path, result, requests, data: dict,
             w.writerows([name, t / result.clock_hz, k] for t, k in trace)
 
 
-def handoff_rate(program: WaferProgram) -> float:
-    """Bytes per cycle between prefill and decode regions: the off-wafer link when they sit on
-    different systems, else the fabric across the boundary (4 bytes per row per cycle)."""
+def handoff_links(program: WaferProgram) -> dict:
+    """The ``ServeOptions`` rates of KV handoffs: inside a wafer across the fabric at the
+    boundary between regions (4 bytes per row per cycle), between wafers over the off-wafer
+    links."""
     fabric = program.fabric
-    roles = {r.role: {p.system for p in r.parts} for r in program.regions}
-    if roles.get("prefill") and roles.get("decode") and roles["prefill"] != roles["decode"]:
-        return fabric.offwafer_bytes_per_cycle()
-    return float(fabric.height * fabric.link_bytes_per_cycle)
+    return {"handoff_bytes_per_cycle": float(fabric.height * fabric.link_bytes_per_cycle),
+            "offwafer_bytes_per_cycle": fabric.offwafer_bytes_per_cycle()}

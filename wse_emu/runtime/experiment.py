@@ -27,6 +27,7 @@ from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
 BRACKET = tuple(2.0 ** k for k in range(-3, 5))  # first round: the start rate times these
+WARM = (0.5, 0.8, 1.0, 1.25, 2.0)  # ... or a guess (a neighbouring configuration's rate) times these
 # The search stops below the start rate times LOWEST (the configuration meets its targets at no
 # rate) and above it times HIGHEST (the run's requests then arrive nearly at once, so a higher
 # rate would not load the cluster any more).
@@ -116,6 +117,7 @@ class Search:
 
     config: Config
     points: dict = field(default_factory=dict)  # factor -> Point
+    start: float | None = None  # a guess at the highest factor met, to bracket it quickly
 
     @property
     def best(self) -> float | None:
@@ -132,7 +134,7 @@ class Search:
     def proposals(self, per_round: int, tolerance: float) -> list[float]:
         """The factors to try next (none once the bracket is within ``tolerance``)."""
         if not self.points:
-            return list(BRACKET)
+            return [self.start * m for m in WARM] if self.start else list(BRACKET)
         lo, hi = self.best, self.failed
         if hi is None:  # everything met: go higher, unless already at the ceiling
             top = max(self.points)
@@ -155,16 +157,23 @@ def search_rates(configs: list[Config], requests: Requests, targets: Targets, ru
     """Search every configuration's highest rate in rounds. ``run_points(jobs)`` evaluates a
     list of (config index, factor) and returns their Points in order."""
     searches = [Search(c) for c in configs]
+    run_searches(dict(enumerate(searches)), run_points, per_round, tolerance, progress)
+    return searches
+
+
+def run_searches(searches: dict, run_points, per_round: int = 3, tolerance: float = 0.05,
+                 progress=None) -> None:
+    """Advance every search of ``searches`` (key -> Search) to its answer, in rounds whose runs
+    are independent: ``run_points(jobs)`` evaluates a list of (key, factor)."""
     for round_ in range(MAX_ROUNDS):
-        jobs = [(i, f) for i, s in enumerate(searches)
+        jobs = [(key, f) for key, s in searches.items()
                 for f in s.proposals(per_round, tolerance) if f not in s.points]
         if not jobs:
             break
-        for (i, f), point in zip(jobs, run_points(jobs)):
-            searches[i].points[f] = point
+        for (key, f), point in zip(jobs, run_points(jobs)):
+            searches[key].points[f] = point
         if progress:
             progress(round_ + 1, len(jobs))
-    return searches
 
 
 @dataclass
@@ -271,7 +280,10 @@ def interval(values) -> dict:
 def over_replicates(reports: list[dict]) -> dict:
     """Each configuration's goodput per system and the plans' ratios, over the replicates'
     reports (``configurations`` and ``comparison`` as ``experiment`` makes them)."""
-    labels = [c["configuration"] for c in reports[0]["configurations"]]
+    # Configurations searched on every draw (the tuned ones, when only the first was tuned).
+    labels = [c["configuration"] for c in reports[0]["configurations"]
+              if all(any(d["configuration"] == c["configuration"] for d in r["configurations"])
+                     for r in reports)]
     rows = []
     for label in labels:
         mine = [next(c for c in r["configurations"] if c["configuration"] == label)

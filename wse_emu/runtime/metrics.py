@@ -75,12 +75,16 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
     if tpot_slo_s is not None:
         ok &= tpot <= tpot_slo_s
     window = steady_window(res.arrival) if steady else np.ones(len(ttft), dtype=bool)
+    gaps = res.itl_s(window)
     out = {
         "requests": len(ttft),
         "duration_s": float(span),
         "ttft_s": percentiles(ttft[window]),
         "tpot_s": percentiles(tpot[window]),
         "e2e_s": percentiles(e2e[window]),
+        # Every gap between consecutive tokens (TPOT is their mean per request): the stalls a
+        # reader sees as the text pausing.
+        "itl_s": percentiles(gaps if len(gaps) else np.zeros(1)),
         "output_tokens_per_s": float(res.tokens.sum() / span) if span > 0 else 0.0,
         "requests_per_s": float(len(ttft) / span) if span > 0 else 0.0,
         "slo_attainment": float(ok[window].mean()),

@@ -10,12 +10,21 @@ Colocated regions serve both phases with prefill priority: a waiting prompt goes
 decode micro-batch. With chunked prefill instead, every micro-batch takes the ready decode
 sequences first and fills the rest of a token budget with the next prompt's tokens; its stage
 times are the decode's and the prefill chunk's, added. Interleaved, prefill tiles and decode
-micro-batches stay separate and take turns when both wait. Disaggregated, prefill regions serve
-prompts first come first served, and a finished prompt's KV cache moves to a decode region with
-room for it (the handoff takes the KV's bytes over the prefill region's link, one sequence
-after another); decode regions run decode micro-batches. A region admits a sequence only when
-its KV fits: the whole sequence's in a colocated or decode region, the prompt's in a prefill
-region.
+micro-batches stay separate and take turns when both wait (``interleave`` decode micro-batches
+to a prefill tile). Disaggregated, prefill regions serve prompts first come first served, and a
+finished prompt's KV cache moves to a decode region with room for it; decode regions run decode
+micro-batches. A handoff inside a wafer crosses the fabric between the regions; between wafers
+it leaves over the sending wafer's off-wafer link and arrives over the receiving wafer's,
+holding both (the links are full duplex, so a wafer sends and receives at once); each link
+carries one sequence's KV after another. A region admits a sequence only when its KV fits (the
+whole sequence's in a colocated or decode region, the prompt's in a prefill region) and, with a
+cap on running sequences, when fewer than the cap hold KV there.
+
+Agentic sessions send each call the whole context so far. With the prefix cache, a region
+keeps a finished call's KV (a colocated region the call's prompt and output, a prefill region
+the prompt it handed off) until it needs the room, least recently used first; the session's
+next call goes to that region and computes only the tokens after the cached prefix. Decode
+regions keep nothing: the next call's prefill runs elsewhere.
 
 Each region also counts its decode stall: the time its tokens spent beyond their own decode
 work (waiting for stage 0, behind other micro-batches, or carrying a prefill chunk). It is what
@@ -25,6 +34,7 @@ colocation costs decode, and what disaggregation is meant to remove.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -60,7 +70,11 @@ class ServeOptions:
     # long prompt fills the stages like a flow shop instead of holding each one in turn.
     prefill_tile: int = 64
     clock_hz: float = 1.1e9
-    handoff_bytes_per_cycle: float = 136.0  # the link between prefill and decode regions
+    handoff_bytes_per_cycle: float = 136.0  # between prefill and decode regions on one wafer
+    offwafer_bytes_per_cycle: float = 0.0  # each way, per wafer (0: handoff_bytes_per_cycle)
+    max_running: int = 0  # sequences holding KV in a colocated or decode region (0: no cap)
+    interleave: int = 1  # interleaved policy: decode micro-batches per prefill tile
+    prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
     kv_bytes_per_token: int = 0
     timeline_events: int = 0  # stage events kept per region for the timeline (0: none)
 
@@ -86,7 +100,11 @@ class _Pipeline:
     kv_blocked: float = 0.0  # cycles the prompt at the head of this region's queue (or of its
     # handoffs) waited for KV room
     blocked_since: float | None = None  # when the prompt at the head began waiting for room
-    last_was_prefill: bool = False  # interleaved policy: whose turn it is
+    decodes_since_prefill: int = 1 << 30  # interleaved policy: whose turn it is
+    running: int = 0  # sequences holding KV here (admitted or handed over, not finished)
+    cache: dict = field(default_factory=dict)  # session -> (call, KV tokens), oldest first
+    cached: int = 0  # KV tokens in the cache (given up when admission needs the room)
+    reused: int = 0  # prompt tokens not computed because their KV was cached
 
     def run(self, loads: list, enter: float) -> float:
         """Put one micro-batch through the pipeline; returns when it leaves the last stage.
@@ -124,6 +142,27 @@ class _Pipeline:
         self.kv_used += tokens
         self.kv_trace.append((now, self.kv_used))
 
+    def keep(self, session: int, call: int, tokens: int) -> None:
+        """Cache a finished call's KV for the session's next call (the newest entry last)."""
+        old = self.cache.pop(session, None)
+        self.cached += tokens - (old[1] if old else 0)
+        self.cache[session] = (call, tokens)
+
+    def make_room(self, tokens: int, spare: int | None = None) -> bool:
+        """Whether ``tokens`` of KV fit once cached KV is given up, least recently used first
+        (sparing session ``spare``'s, which the call being admitted reuses); gives it up if so."""
+        cap = self.model.kv_capacity_tokens
+        if self.kv_used + tokens > cap:
+            return False
+        mine = self.cache[spare][1] if spare in self.cache else 0
+        over = self.kv_used + self.cached - mine + tokens - cap
+        while over > 0:
+            victim = next(v for v in self.cache if v != spare)
+            freed = self.cache.pop(victim)[1]
+            self.cached -= freed
+            over -= freed
+        return True
+
     def mean_kv(self, start: float, end: float) -> float:
         """Time-weighted KV tokens held between ``start`` and ``end``."""
         if not self.kv_trace:
@@ -144,6 +183,9 @@ class ServeResult:
     regions: dict = field(default_factory=dict)  # name -> utilization and KV occupancy
     timeline: dict = field(default_factory=dict)  # Chrome trace (when asked for)
     kv_traces: dict = field(default_factory=dict)  # region -> [(cycle, KV tokens held)]
+    # Every token after a request's first: its request and the cycles since the token before.
+    gap_request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    gap_cycles: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def ttft_s(self) -> np.ndarray:
         return (self.first_token - self.arrival) / self.clock_hz
@@ -151,6 +193,12 @@ class ServeResult:
     def tpot_s(self) -> np.ndarray:
         gen = np.maximum(self.tokens - 1, 1)
         return (self.finish - self.first_token) / gen / self.clock_hz
+
+    def itl_s(self, requests: np.ndarray | None = None) -> np.ndarray:
+        """Inter-token latencies (every gap between a request's consecutive tokens), of the
+        requests where the boolean mask ``requests`` is set (all by default)."""
+        gaps = self.gap_cycles / self.clock_hz
+        return gaps if requests is None else gaps[requests[self.gap_request]]
 
 
 def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions) -> ServeResult:
@@ -177,6 +225,12 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
     wanted = requests.output_tokens.tolist()
     need = need.tolist()
     where = [""] * n
+    last = [0.0] * n  # when each request's latest token came out
+    gap_request, gap_cycles = array("i"), array("d")
+    session = requests.session.tolist()
+    call = requests.call.tolist()
+    # The prefix cache matters only when a session makes more than one call.
+    caching = options.prefix_cache and len(set(session)) < n
     clock = options.clock_hz
     events: list = []
     seq = 0
@@ -197,16 +251,26 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         if p.busy_until <= now:
             schedule(max(now, p.free[0]), "dispatch", p.model.name)
 
+    def release(p: _Pipeline, i: int, held: int, cached: int, now: float):
+        """Request ``i`` leaves ``p``: its ``held`` KV tokens are freed, ``cached`` of them kept
+        for the session's next call."""
+        p.hold(-held, now)
+        p.running -= 1
+        if caching and cached:
+            p.keep(session[i], call[i], cached)
+
     # Finished prompts wait in order for a decode region with room for their whole KV; the
     # prefill region keeps holding the prompt's KV until its transfer is done.
     handoffs: deque = deque()  # (request, prefill region)
-    link_free: dict = {}  # system -> when its handoff link is next free
+    link_free: dict = {}  # (system, direction) -> when that link is next free
+    cap = options.max_running
     head_blocked = [None]  # when the first waiting handoff began waiting for room
 
     def start_handoffs(now: float):
         while handoffs:
             i, src = handoffs[0]
-            room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens]
+            room = [q for q in decoders if q.kv_used + need[i] <= q.model.kv_capacity_tokens
+                    and not (cap and q.running >= cap)]
             if not room:
                 if head_blocked[0] is None:
                     head_blocked[0] = now
@@ -217,12 +281,18 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             handoffs.popleft()
             q = min(room, key=lambda x: (x.kv_used, x.model.name))
             q.hold(need[i], now)
-            # The KV leaves over the prefill wafer's link, one sequence after another.
-            system = pipes[src].model.system
+            q.running += 1
+            sender, receiver = pipes[src].model.system, q.model.system
+            if sender == receiver:  # across the wafer's fabric
+                links, rate = [(sender, "fabric")], options.handoff_bytes_per_cycle
+            else:  # out over one wafer's link and in over the other's
+                links = [(sender, "send"), (receiver, "receive")]
+                rate = options.offwafer_bytes_per_cycle or options.handoff_bytes_per_cycle
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
-            link_free[system] = max(now, link_free.get(system, 0.0)) \
-                + nbytes / options.handoff_bytes_per_cycle
-            schedule(link_free[system], "joined", (i, q.model.name, src))
+            done = max([now] + [link_free.get(link, 0.0) for link in links]) + nbytes / rate
+            for link in links:
+                link_free[link] = done
+            schedule(done, "joined", (i, q.model.name, src))
 
     while events:
         now, _, kind, data = heapq.heappop(events)
@@ -232,9 +302,14 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
             p.in_flight -= len(batch)
             for i, ctx, _ in batch:
                 made[i] += 1
+                gap_request.append(i)
+                gap_cycles.append(now - last[i])
+                last[i] = now
                 if made[i] >= wanted[i]:
                     finish[i] = now
-                    p.hold(-need[i], now)
+                    # A colocated region caches the whole context but the newest token, whose
+                    # KV was never made; a decode region caches nothing.
+                    release(p, i, need[i], need[i] - 1 if p.model.role == "mixed" else 0, now)
                     _next_call(i, now, requests, starts, clock, schedule)
                 else:
                     p.ready.append((i, ctx + 1, now))
@@ -245,10 +320,13 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         elif kind == "arrive":
             i = data
             arrival[i] = now
-            # The shortest queue, then the pipeline free soonest.
-            p = min((q for q in entry if _holds(q.model, requests, i)
-                     <= q.model.kv_capacity_tokens),
-                    key=lambda q: (len(q.prefills), max(q.free[0], now), q.model.name))
+            # Where the session's previous call is cached; else the shortest queue, then the
+            # pipeline free soonest.
+            home = [q for q in entry if q.cache.get(session[i], (-1,))[0] == call[i] - 1] \
+                if caching and call[i] > 0 else []
+            p = home[0] if home else min(
+                (q for q in entry if _holds(q.model, requests, i) <= q.model.kv_capacity_tokens),
+                key=lambda q: (len(q.prefills), max(q.free[0], now), q.model.name))
             p.prefills.append(i)
             kick(p, now)
         elif kind == "dispatch":
@@ -265,12 +343,14 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
         elif kind == "prefilled":
             i, name = data
             first[i] = now
+            last[i] = now
             made[i] = 1
             p = pipes[name]
-            held = need[i] if p.model.role == "mixed" else int(requests.prompt_tokens[i])
+            prompt = int(requests.prompt_tokens[i])
+            held = need[i] if p.model.role == "mixed" else prompt
             if made[i] >= wanted[i]:
                 finish[i] = now
-                p.hold(-held, now)
+                release(p, i, held, prompt, now)
                 _next_call(i, now, requests, starts, clock, schedule)
                 kick(p, now)
                 continue
@@ -283,7 +363,8 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 start_handoffs(now)
         elif kind == "joined":
             i, name, src = data
-            pipes[src].hold(-int(requests.prompt_tokens[i]), now)  # the transfer is done
+            prompt = int(requests.prompt_tokens[i])
+            release(pipes[src], i, prompt, prompt, now)  # the transfer is done
             kick(pipes[src], now)
             q = pipes[name]
             where[i] = name
@@ -305,13 +386,16 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                        "decode_stall_s": p.stall / clock,
                        "decode_work_s": p.work / clock,
                        "kv_blocked_s": p.kv_blocked / clock,
+                       "prefix_reused_tokens": p.reused,
                        "kv_capacity_tokens": p.model.kv_capacity_tokens,
                        "kv_peak_tokens": max((k for _, k in p.kv_trace), default=0),
                        "kv_mean_tokens": p.mean_kv(float(np.nanmin(arrival)),
                                                    float(np.nanmax(finish)))}
     timeline = _chrome_trace(pipes, clock) if options.timeline_events else {}
     return ServeResult(arrival, first, finish, np.array(made, dtype=np.int64), where, clock,
-                       stats, timeline, {name: p.kv_trace for name, p in pipes.items()})
+                       stats, timeline, {name: p.kv_trace for name, p in pipes.items()},
+                       np.frombuffer(gap_request, dtype=np.int32).copy(),
+                       np.frombuffer(gap_cycles, dtype=np.float64).copy())
 
 
 def _chrome_trace(pipes: dict, clock: float) -> dict:
@@ -351,15 +435,31 @@ def _holds(m: RegionModel, requests: Requests, i: int) -> int:
     return prompt + int(requests.output_tokens[i]) if m.role == "mixed" else prompt
 
 
-def _admit(p: _Pipeline, tokens: int, now: float) -> bool:
-    """Take KV room for the prompt at the head of the queue if there is room, timing its wait."""
-    if p.kv_used + tokens > p.model.kv_capacity_tokens:
+def _admit(p: _Pipeline, i: int, requests: Requests, options: ServeOptions,
+           now: float) -> bool:
+    """Admit request ``i``, at the head of ``p``'s queue, if its KV fits (giving up cached KV
+    if need be) and the running cap allows, timing its wait otherwise. Its prompt starts after
+    the prefix its session's previous call left in the cache, if still there."""
+    m = p.model
+    tokens = _holds(m, requests, i)
+    session = int(requests.session[i])
+    capped = options.max_running and m.role != "prefill" and p.running >= options.max_running
+    if capped or not p.make_room(tokens, session):
         if p.blocked_since is None:
             p.blocked_since = now
         return False
     if p.blocked_since is not None:
         p.kv_blocked += now - p.blocked_since
         p.blocked_since = None
+    reuse = 0
+    cached = p.cache.pop(session, None)
+    if cached is not None:
+        p.cached -= cached[1]
+        if cached[0] == requests.call[i] - 1:  # else stale: the session has moved on
+            reuse = min(cached[1], int(requests.prompt_tokens[i]) - 1)
+    p.reused += reuse
+    p.progress[i] = reuse
+    p.running += 1
     p.hold(tokens, now)
     return True
 
@@ -398,7 +498,7 @@ def _dispatch(p: _Pipeline, now: float, requests: Requests, options: ServeOption
         return _dispatch_interleaved(p, now, requests, options, schedule)
     if p.prefills and m.prefill is not None:
         i = p.prefills[0]
-        if _admit(p, _holds(m, requests, i), now):
+        if _admit(p, i, requests, options, now):
             while p.prefills and p.prefills[0] == i:  # the whole prompt, tile after tile
                 _prefill_tile(p, i, now, requests, options, schedule)
             return True
@@ -434,24 +534,24 @@ def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) 
         context = _mean_context(batch)
     done = p.decode(batch, [("decode", m.decode.vector(len(batch), context))], now)
     schedule(done, "decoded", (m.name, batch))
-    p.last_was_prefill = False
+    p.decodes_since_prefill += 1
     return True
 
 
 def _dispatch_interleaved(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
                           schedule) -> bool:
-    """Prefill tiles and decode micro-batches take turns: when both wait, a decode micro-batch
-    follows every prefill tile. A decode token then follows at most one tile through the stages
+    """Prefill tiles and decode micro-batches take turns: when both wait, ``interleave`` decode
+    micro-batches follow every prefill tile. A decode token then follows at most one tile through the stages
     (at that tile's pace, since micro-batches never overtake), instead of a whole prompt
     (prefill priority), and never carries prefill work itself (chunked)."""
     m = p.model
-    if p.ready and (p.last_was_prefill or not p.prefills):
+    if p.ready and (p.decodes_since_prefill < options.interleave or not p.prefills):
         return _dispatch_decode(p, now, options, schedule)
     if p.prefills:
         i = p.prefills[0]
-        if i in p.progress or _admit(p, _holds(m, requests, i), now):
+        if i in p.progress or _admit(p, i, requests, options, now):
             _prefill_tile(p, i, now, requests, options, schedule)
-            p.last_was_prefill = True
+            p.decodes_since_prefill = 0
             return True
     return _dispatch_decode(p, now, options, schedule)
 
@@ -470,9 +570,7 @@ def _dispatch_chunked(p: _Pipeline, now: float, requests: Requests, options: Ser
     if p.prefills and room > 0:
         i = p.prefills[0]
         started = i in p.progress
-        if started or _admit(p, _holds(m, requests, i), now):
-            if not started:
-                p.progress[i] = 0
+        if started or _admit(p, i, requests, options, now):
             done_tokens = p.progress[i]
             chunk = min(room, int(requests.prompt_tokens[i]) - done_tokens)
             parts.append(("prefill", m.prefill.vector(chunk, done_tokens)))
