@@ -4,12 +4,11 @@ absent) and a price per system-hour the user gives; never a default price."""
 import json
 
 import pytest
+from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.experiment_cmd import economics
 from wse_emu.cli.main import main
 from wse_emu.fabric import load_fabric
-
-from experiment_args import QUICK_KNOBS
 
 
 def test_energy_and_cost_follow_from_power_price_and_rate():

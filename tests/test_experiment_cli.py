@@ -5,11 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
+from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.runtime.pool import dask_available
-
-from experiment_args import QUICK_KNOBS
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 

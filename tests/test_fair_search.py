@@ -5,9 +5,9 @@ best is then searched again on longer runs."""
 import json
 from pathlib import Path
 
-from wse_emu.cli.main import main
-
 from experiment_args import QUICK_KNOBS
+
+from wse_emu.cli.main import main
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 

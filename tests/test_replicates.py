@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
 from wse_emu.runtime.experiment import interval
 from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
-
-from experiment_args import QUICK_KNOBS
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 

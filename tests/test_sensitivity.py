@@ -6,13 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
 from wse_emu.runtime.sensitivity import parse_vary, scaled
 from wse_emu.runtime.workload import WorkloadSpec, generate
-
-from experiment_args import QUICK_KNOBS
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 

@@ -42,8 +42,8 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
                         textcoords="offset points", xytext=(8, -12 if plan == "colocated" else 8),
                         fontsize=8, arrowprops={"arrowstyle": "-", "color": "grey"})
         ax.set_title(f"{data['model']} on {data['cluster']}, {data['workload']}: "
-                     f"{cmp_['goodput_ratio']:.2f}x goodput (max rate met) disaggregated at the same "
-                     "TPOT target",
+                     f"{cmp_['goodput_ratio']:.2f}x goodput (max rate met) disaggregated at the "
+                     "same TPOT target",
                      fontsize=10)
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -174,8 +174,13 @@ def run(args):
                  if spec.arrival == "trace" else
                  f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
 
+    # A trace's confirming windows share its rows, one window per draw.
+    rows = len(generate(replace(spec, requests=0))) if spec.arrival == "trace" else None
+
     def one(pool, draws, targets, cluster, transform=lambda requests: requests):
         def longer(draw: int, n: int) -> Requests:
+            if rows is not None:
+                n = min(n, (rows - spec.skip) // args.seeds)
             return transform(generate(replace(replicate(spec, draw, n), requests=n)))
         data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
                                           cache_dir(args.cache_dir), space, args.tolerance,
@@ -312,12 +317,16 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None) -> tuple[dict, dict]:
     """Compile the layouts, tune each plan on ``pool`` and compare: the JSON-able report, and
-    every configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for ``requests``) of the workload with
-    ``n`` requests, for the confirming runs. With ``more_draws`` (independent draws of the same
+    every configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for
+    ``requests``) of the workload with ``n`` requests, for the confirming runs. With ``more_draws`` (independent draws of the same
     workload) the tuned configurations are searched again on each (the knobs are tuned on the
     first draw only), and the report adds every draw's answer and the mean and 95% interval
     over all of them."""
-    layouts, skipped = build_layouts(model, cluster, requests, cache, space.copies, progress)
+    draws = [requests, *more_draws]
+    # Every request any run may serve must fit a layout's KV, the confirming runs' included.
+    probes = draws + ([longer(r, MAX_CONFIRM_REQUESTS) for r in range(len(draws))]
+                      if longer is not None and space.window_s > 0 else [])
+    layouts, skipped = build_layouts(model, cluster, probes, cache, space.copies, progress)
     fabric = cluster.fabric
     base = ServeOptions(clock_hz=fabric.clock_hz, kv_bytes_per_token=model.kv_bytes_per_token(),
                         prefix_cache=space.prefix_cache)
@@ -334,21 +343,18 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     economy = (cluster.systems, fabric.system_power_w, price)
     run_points = pool.bind(evaluate_choice, (layouts, base, requests, targets))
     guess = {}
-    for plan, choice in initial.items():  # start near the ceiling, where the best rates sit
-        ceiling = ceiling_rate(config_of(choice, layouts, base).regions,
-                               config_of(choice, layouts, base).options, requests)
+    for plan, choice in initial.items():  # start below the ceiling, where best rates sit
+        config = config_of(choice, layouts, base)
+        ceiling = ceiling_rate(config.regions, config.options, requests)
         guess[plan] = 0.6 * ceiling / requests.offered_rate()
-    searches, steps = tune(initial, knobs, layouts, base, run_points, guess, tolerance,
-                           progress)
-    tuned = {plan: steps_of[-1].chosen for plan in initial
-             for steps_of in [[s for s in steps if s.plan == plan]] if steps_of}
+    searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, guess, tolerance,
+                                  progress)
     data["configurations"] = [_row(o, targets, len(s.points), *economy, requests, s.config)
                               for o, s in zip(outcomes(list(searches.values())),
                                               searches.values())]
     data["tuning"] = [_step(s, searches, cluster.systems) for s in steps]
     data["points"] = {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
                       for s in searches.values()}
-    draws = [requests, *more_draws]
     finals = [final(tuned, layouts, base, d, r, targets, pool, space, tolerance, progress,
                     economy, searches, longer) for r, d in enumerate(draws)]
     data.update(finals[0])
@@ -386,8 +392,8 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
                                      tolerance, progress)
             reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
                        if s.best is not None]
-            if window <= 0 or n >= MAX_CONFIRM_REQUESTS or min(reached, default=window) \
-                    >= 0.9 * window:
+            longest = window <= 0 or len(runs) < n or n >= MAX_CONFIRM_REQUESTS
+            if longest or min(reached, default=window) >= 0.9 * window:
                 break
             guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}
     results = outcomes(list(searches.values()))
@@ -442,11 +448,12 @@ def _point(p) -> dict:
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
-def build_layouts(model: ModelSpec, cluster: ClusterSpec, requests: Requests, cache: Path,
+def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
                   copies=(1,), progress=None) -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
     (side by side in column bands), and disaggregated at each split. A layout that does not
-    compile, or whose regions cannot hold the longest request's KV cache, is skipped, with why
+    compile, or whose regions cannot hold the KV cache of the longest request of any of
+    ``probes`` (every set of requests the experiment may serve), is skipped, with why
     (colocated with one copy must compile). Returns (plan, name) -> Layout, and the skipped."""
     fabric = cluster.fabric
     splits = disaggregated_splits(model, cluster)
@@ -485,7 +492,7 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, requests: Requests, ca
                 raise
             skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
             continue
-        short = kv_shortfall(requests, program.regions)
+        short = next(filter(None, (kv_shortfall(r, program.regions) for r in probes)), None)
         if short:
             skipped.append(f"{plan} {name}: {short}")
             continue

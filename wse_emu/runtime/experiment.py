@@ -27,7 +27,7 @@ from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
 BRACKET = tuple(2.0 ** k for k in range(-3, 5))  # first round: the start rate times these
-WARM = (0.5, 0.8, 1.0, 1.25, 2.0)  # ... or a guess (a neighbouring configuration's rate) times these
+WARM = (0.5, 0.8, 1.0, 1.25, 2.0)  # ... or a guess (a neighbour's rate) times these
 # The search stops below the start rate times LOWEST (the configuration meets its targets at no
 # rate) and above it times HIGHEST (the run's requests then arrive nearly at once, so a higher
 # rate would not load the cluster any more).

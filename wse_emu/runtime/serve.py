@@ -541,10 +541,9 @@ def _dispatch_decode(p: _Pipeline, now: float, options: ServeOptions, schedule) 
 def _dispatch_interleaved(p: _Pipeline, now: float, requests: Requests, options: ServeOptions,
                           schedule) -> bool:
     """Prefill tiles and decode micro-batches take turns: when both wait, ``interleave`` decode
-    micro-batches follow every prefill tile. A decode token then follows at most one tile through the stages
-    (at that tile's pace, since micro-batches never overtake), instead of a whole prompt
-    (prefill priority), and never carries prefill work itself (chunked)."""
-    m = p.model
+    micro-batches follow every prefill tile. A decode token then follows at most one tile
+    through the stages (at that tile's pace, since micro-batches never overtake), instead of a
+    whole prompt (prefill priority), and never carries prefill work itself (chunked)."""
     if p.ready and (p.decodes_since_prefill < options.interleave or not p.prefills):
         return _dispatch_decode(p, now, options, schedule)
     if p.prefills:

@@ -115,11 +115,12 @@ class Step:
 
 
 def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
-         guess: dict, tolerance: float = 0.05, progress=None) -> tuple[dict, list[Step]]:
+         guess: dict, tolerance: float = 0.05,
+         progress=None) -> tuple[dict, list[Step], dict]:
     """Coordinate ascent for every plan at once. ``initial``: plan -> starting Choice;
     ``knobs``: plan -> [Knob] in order; ``guess``: plan -> a factor to start the first searches
     at; ``run_points(jobs)`` evaluates (Choice, factor) jobs. Returns every Search (Choice ->
-    Search) and the steps taken."""
+    Search), the steps taken, and each plan's best Choice."""
     searches: dict = {}
     current = dict(initial)
     steps: list[Step] = []
@@ -152,7 +153,7 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
                                                   vc[1] != current[plan]))
             current[plan] = order[0][1]
             steps.append(Step(plan, knob.name, tried, before, current[plan]))
-    return searches, steps
+    return searches, steps, current
 
 
 def _rate(search: Search) -> float:
