@@ -104,3 +104,14 @@ def test_tied_embedding_lookup_is_timed_before_the_first_stage():
     assert run.extra["embedding_cycles"] > 0
     assert run.transfers[0] == run.extra["embedding_cycles"] \
         + run.extra["embedding_transfer_cycles"] > 0
+
+
+def test_noc_checks_conservation_on_every_run(capsys):
+    """The command reports a conservation count only because it ran the check; the library
+    says None when it did not."""
+    from wse_emu.noc import run_noc
+
+    assert main(["noc", "--mesh", "4", "--rate", "0.1", "--window", "500", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["conservation_violations"] == 0
+    assert run_noc(4, "uniform", 0.1, window=500).conservation_violations is None

@@ -46,7 +46,8 @@ def run(args):
     fabric = fabric_from_args(args)
     kw = dict(packet_wavelets=args.packet, vcs=args.vcs, queue_wavelets=args.queue,
               hop=fabric.hop_latency_cycles, ramp=fabric.ramp_latency_cycles,
-              warmup=args.warmup, window=args.window, drain=args.drain, seed=args.seed)
+              warmup=args.warmup, window=args.window, drain=args.drain, seed=args.seed,
+              check=True)  # every flit injected is delivered or still in flight
     if kw["hop"] < 1 or kw["ramp"] < 1:
         raise UserError("the cycle engine needs hop and ramp latency of at least one cycle")
     bound = saturation_bound(args.pattern, args.mesh)
