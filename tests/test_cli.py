@@ -87,3 +87,19 @@ def test_bad_override_is_a_one_line_error():
     proc = run_cli("compile", "tiny", "--fabric", "mesh8", "--set", "bogus=1")
     assert proc.returncode == 2 and "unknown field 'bogus'" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_help_imports_no_command_module():
+    """``wse-emu --help`` lists every command without importing any command's module (nor
+    numpy or matplotlib): the listing is fast."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom wse_emu.cli.main import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = [m for m in sys.modules if m.startswith(('wse_emu.cli.', 'numpy', "
+            "'matplotlib', 'compiler'))]\nprint(sorted(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "experiment" in out and "viz" in out  # the listing
+    assert out.strip().splitlines()[-1] == "['wse_emu.cli.commands', 'wse_emu.cli.main']"

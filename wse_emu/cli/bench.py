@@ -262,8 +262,8 @@ def run_functional(repeat: int) -> dict:
             "cases": cases}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="speed and memory benchmarks (JSON)")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("bench", help=summary)
     p.add_argument("target", choices=["compile", "sim", "serve", "viz", "functional", "kernels"],
                    help="what to benchmark")
     p.add_argument("--trace", help="serve: the conversation trace CSV (default: the project's "

@@ -61,8 +61,8 @@ def add_cluster_args(p, region_flag: str = "--region") -> None:
     p.add_argument("--seed", type=int, default=0, help="placement optimizer seed")
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("compile", help="compile a model onto a cluster of wafers")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("compile", help=summary)
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_cluster_args(p)
     p.add_argument("-o", "--output", help="run directory to write (program, config, summary)")

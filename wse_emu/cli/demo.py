@@ -71,9 +71,8 @@ GALLERY = (("colocated-decode", "map_placement"), ("colocated-decode", "map_sram
            ("colocated-serve", "pipeline"), ("disaggregated-serve", "pipeline"))
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="Llama-3.1-8B on a WSE-3 both ways: compile, time a decode "
-                       "step, compare serving, draw a report")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("demo", help=summary)
     p.add_argument("--json", action="store_true", help="machine-readable summaries on stdout")
     p.add_argument("--cache-dir", help="where stage-time tables are kept")
     p.add_argument("-o", "--output", default="wse-emu-demo",

@@ -59,8 +59,8 @@ DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of 
 MAX_CONFIRM_REQUESTS = 20_000
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("experiment", help="experiments that answer a question end to end")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("experiment", help=summary)
     kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     kinds.required = True
     d = kinds.add_parser("disagg", help="colocated versus disaggregated prefill and decode, at "
@@ -316,12 +316,12 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       space: Space = Space(), tolerance: float = 0.05, progress=None,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None) -> tuple[dict, dict]:
-    """Compile the layouts, tune each plan on ``pool`` and compare: the JSON-able report, and
-    every configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for
-    ``requests``) of the workload with ``n`` requests, for the confirming runs. With ``more_draws`` (independent draws of the same
-    workload) the tuned configurations are searched again on each (the knobs are tuned on the
-    first draw only), and the report adds every draw's answer and the mean and 95% interval
-    over all of them."""
+    """Compile the layouts, tune each plan on ``pool`` and compare: the JSON-able report, and every
+    configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for
+    ``requests``) of the workload with ``n`` requests, for the confirming runs. With
+    ``more_draws`` (independent draws of the same workload) the tuned configurations are
+    searched again on each (the knobs are tuned on the first draw only), and the report adds
+    every draw's answer and the mean and 95% interval over all of them."""
     draws = [requests, *more_draws]
     # Every request any run may serve must fit a layout's KV, the confirming runs' included.
     probes = draws + ([longer(r, MAX_CONFIRM_REQUESTS) for r in range(len(draws))]

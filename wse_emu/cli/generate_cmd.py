@@ -28,8 +28,8 @@ from wse_emu.weights import CONFIG_FILE, load_checkpoint, random_weights
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="greedy generation computed through the compiled tiles")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("generate", help=summary)
     p.add_argument("model", metavar="MODEL_OR_CHECKPOINT",
                    help="checkpoint directory (config.json + *.safetensors), or a model preset, "
                    "YAML or config.json to run with random weights")

@@ -11,8 +11,8 @@ from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("inspect", help="op graph, FLOPs, bytes moved and arithmetic intensity")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("inspect", help=summary)
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_fabric_args(p)
     p.add_argument("--phase", choices=["prefill", "decode"], default="decode")

@@ -9,8 +9,8 @@ from wse_emu.model import load_model
 from wse_emu.runtime.workload import generate, load_workload
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("list", help="list the model, fabric and workload presets")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("list", help=summary)
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run)
 

@@ -7,12 +7,14 @@ becomes one line on stderr and exit code 2; anything else is a bug and keeps its
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 
 from wse_emu import __version__
+from wse_emu.cli.commands import COMMANDS
 from wse_emu.errors import UserError
 
 EXIT_USAGE = 2
@@ -25,35 +27,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from wse_emu.cli import (
-        bench,
-        compile_cmd,
-        demo,
-        experiment_cmd,
-        generate_cmd,
-        inspect_cmd,
-        list_cmd,
-        noc_cmd,
-        run_cmd,
-        serve_cmd,
-        viz_cmd,
-    )
-
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: every command is listed, but only the one ``argv`` names has
+    its module imported and its arguments added."""
+    chosen = _command(sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="wse-emu", description="A wafer-scale hardware emulator with a "
                      "mapping compiler for transformer inference.")
     parser.add_argument("--version", action="version", version=f"wse-emu {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module in (demo, inspect_cmd, compile_cmd, run_cmd, serve_cmd, experiment_cmd,
-                   generate_cmd, noc_cmd, viz_cmd, bench, list_cmd):
-        module.add_parser(sub)
+    for name, (module, summary) in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(sub, summary)
+        else:
+            sub.add_parser(name, help=summary)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")

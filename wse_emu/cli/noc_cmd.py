@@ -8,8 +8,8 @@ from wse_emu.errors import UserError
 from wse_emu.noc import PATTERNS, find_saturation, run_noc, saturation_bound
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("noc", help="latency and accepted throughput under synthetic traffic")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("noc", help=summary)
     p.add_argument("--mesh", type=int, default=8, help="mesh side k (k x k PEs)")
     p.add_argument("--pattern", choices=PATTERNS, default="uniform")
     rate = p.add_mutually_exclusive_group()

@@ -21,8 +21,8 @@ from wse_emu.timeline import chrome_trace
 DEFAULT_TILES = 4
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="simulate one prefill or decode step of a compiled program")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("run", help=summary)
     p.add_argument("target", help="a run directory from 'wse-emu compile -o', or a MODEL to "
                    "compile first with the cluster options below")
     add_cluster_args(p, region_flag="--region-size")

@@ -21,8 +21,8 @@ from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve a request workload on a cluster")
+def add_parser(sub, summary: str) -> None:
+    p = sub.add_parser("serve", help=summary)
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_cluster_args(p)
     src = p.add_mutually_exclusive_group(required=True)

@@ -11,10 +11,10 @@ from wse_emu.errors import UserError
 FORMATS = ("png", "svg")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, summary: str) -> None:
     from visualize.figures import KINDS
 
-    p = sub.add_parser("viz", help="draw a run directory: figures/ and report.html")
+    p = sub.add_parser("viz", help=summary)
     p.add_argument("run_dir", help="a directory written by compile, run, serve or experiment "
                    "with -o")
     p.add_argument("--what", default=",".join(KINDS),
