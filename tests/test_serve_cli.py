@@ -83,3 +83,19 @@ def test_region_models_know_their_wafer(tmp_path):
     assert {m.name: m.system for m in models} == {
         r.name: r.parts[0].system for r in program.regions}
     assert {m.system for m in models} == {0, 1}
+
+
+def test_progress_lines_reach_a_log_file_unless_quiet(tmp_path, workload, capsys, monkeypatch):
+    """stderr is not a terminal here: progress comes as plain lines (every PERIOD_S seconds,
+    here every status), saying what is being timed; --quiet leaves only the results."""
+    from wse_emu import progress
+
+    monkeypatch.setattr(progress, "PERIOD_S", 0.0)
+    args = ["serve", "tiny", "--fabric", "mesh8", "--region", "8x8", "--workload",
+            str(workload), "--json"]
+    assert main(args + ["--cache-dir", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "timing the decode stage table of region" in err and "left" in err
+    assert all(line.startswith("[") for line in err.splitlines())
+    assert main(["--quiet"] + args + ["--cache-dir", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err == ""

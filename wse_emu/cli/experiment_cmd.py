@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import write_run_dir
+from wse_emu.progress import status
 from wse_emu.runtime.ceiling import ceiling_rate
 from wse_emu.runtime.experiment import (
     MAX_PACE,
@@ -697,6 +697,4 @@ def _positive_ints(text: str, flag: str, zero: bool = False) -> tuple[int, ...]:
 
 
 def _progress(args):
-    if args.json or not sys.stderr.isatty():
-        return None
-    return lambda message: print(message, file=sys.stderr)
+    return status

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from wse_emu import __version__
+from wse_emu import __version__, progress
 from wse_emu.cli.commands import COMMANDS
 from wse_emu.errors import UserError
 
@@ -35,6 +35,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                      "mapping compiler for transformer inference.")
     parser.add_argument("--version", action="version", version=f"wse-emu {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress lines on stderr (results and errors still print)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, (module, summary) in COMMANDS.items():
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
+    progress.begin(silent=args.quiet)
     try:
         if getattr(args, "viz", False) and not args.output:
             raise UserError("--viz draws the run directory: give one with -o")
@@ -62,12 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "viz", False):
             result = _with_figures(result, args.output)
     except UserError as exc:
+        progress.clear()
         message = " ".join(str(exc).split())  # one line, whatever the message held
         print(f"wse-emu: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("wse-emu: interrupted", file=sys.stderr)
         return 130
+    progress.clear()
     try:
         if isinstance(result, dict):
             print(json.dumps(result, indent=1))

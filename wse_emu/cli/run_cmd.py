@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
 from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram, write_run_dir
+from wse_emu.progress import Phase
 from wse_emu.runner import HandoffRun, RegionRun, kv_handoff, run_region
 from wse_emu.timeline import chrome_trace
 
@@ -195,11 +195,12 @@ def run(args):
         return run_handoff(args, program)
     region = pick_region(program, args.phase, args.run_region)
     step = make_step(args, program, region)
-    progress = None
-    if sys.stderr.isatty() and not args.json:
-        def progress(done, total):
-            print(f"\rsimulating stage shapes: {done}/{total}",
-                  end="" if done < total else "\n", file=sys.stderr)
+    bar = None
+
+    def progress(done, total):
+        nonlocal bar
+        bar = bar or Phase(f"simulating the {args.phase} step's stages", total)
+        bar.update(done)
     result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
                         progress=progress)
     data = summary(program, result)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import sys
 from pathlib import Path
 
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
@@ -125,12 +124,7 @@ def run(args):
     short = kv_shortfall(reqs, program.regions)
     if short:  # found before any table is timed
         raise UserError(short)
-    progress = None
-    if sys.stderr.isatty() and not args.json:
-        def progress(done, total):
-            print(f"\rtiming stage tables: {done}/{total}", end="" if done < total else "\n",
-                  file=sys.stderr)
-    regions = region_models(program, cache_dir(args.cache_dir), progress)
+    regions = region_models(program, cache_dir(args.cache_dir))
     fabric = program.fabric
     options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
                            token_budget=args.token_budget, prefill_tile=args.prefill_tile,

@@ -16,7 +16,6 @@ import numpy as np
 from wse_emu.runtime.serve import ServeResult
 from wse_emu.runtime.workload import Requests
 
-
 WARMUP, DRAIN = 0.1, 0.1  # shares of the arrivals left out at each end of a steady window
 FIFTHS = 5  # the window's arrivals are cut into this many groups to see a trend
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
+from wse_emu.progress import Phase
 from wse_emu.runner import run_region
 
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64)
@@ -147,7 +148,8 @@ def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> s
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
                 axes: tuple | None = None, cache_dir: Path | None = None,
                 progress=None) -> StageTable:
-    """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there."""
+    """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there.
+    ``progress(done, total)`` hears of each shape timed (by default, a progress bar)."""
     if axes is None:
         axes = (DECODE_BATCH, DECODE_CONTEXT) if phase == "decode" else (PREFILL_TOKENS,
                                                                           PREFILL_PREFIX)
@@ -161,6 +163,9 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
     cycles = np.zeros((stages, len(a0), len(a1)), dtype=np.float64)
     transfers = np.zeros((len(a0), len(a1)), dtype=np.float64)
     total, done = len(a0) * len(a1), 0
+    if progress is None:
+        bar = Phase(f"timing the {phase} stage table of region {region}", total)
+        progress = lambda done, total: bar.update(done)  # noqa: E731
     for i, x in enumerate(a0):
         for j, y in enumerate(a1):
             if phase == "decode":
