@@ -34,6 +34,7 @@ from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.timing import generation_time
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
+from wse_emu.progress import clear, status
 from wse_emu.runner import run_region
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
@@ -62,6 +63,11 @@ FUNCTIONAL = {"model": "tiny", "fabric": "mesh16", "region": (8, 8), "prompt": [
               "new_tokens": 8}
 
 
+PLAN = ("wse-emu demo: Llama-3.1-8B on one WSE-3, colocated and disaggregated. It compiles "
+        "both layouts, simulates a decode step of each, runs the disaggregation experiment "
+        "(both plans tuned, then each plan's best searched again on longer runs), computes a "
+        "tiny model through the tiles, and draws a report. With nothing cached, timing the "
+        "stage tables takes most of the time.")
 MARKER = ".wse-emu-demo"  # marks a directory as the demo's own, so a new demo may replace it
 GALLERY = (("colocated-decode", "map_placement"), ("colocated-decode", "map_sram_total"),
            ("colocated-decode", "map_compute"), ("colocated-decode", "map_links_max"),
@@ -88,14 +94,24 @@ def run(args):
     if out.exists() and not (out / MARKER).exists() and (not out.is_dir()
                                                          or any(out.iterdir())):
         raise UserError(f"{out} exists and is not an earlier demo's output: choose another -o")
+    # Each section is printed as soon as it is ready (with --json, everything at the end).
+    show = (lambda text: None) if args.json else _show
+    show(PLAN)
     model = load_model(DEFAULT_MODEL)
     cluster = ClusterSpec(load_fabric(DEFAULT_FABRIC), 1)
+    status("compiling Llama-3.1-8B onto one WSE-3, colocated and disaggregated")
     programs = {plan: compile_model(model, cluster, CompileOptions(plan=plan))
                 for plan in ("colocated", "disaggregated")}
+    show(_compiled(programs))
+    status("simulating one decode step of each plan")
     runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
+    show(_decode_steps(programs, runs))
     exp, side = _experiment(model, cluster, args.cache_dir)
+    show("The disaggregation experiment (wse-emu experiment disagg)\n" + render_experiment(exp))
+    status("drawing the report")
     report = _write_runs(out, programs, runs, exp, side)
+    status("computing a tiny model through the tiles")
     generated = _generate()
     if args.json:
         steps = {plan: {"region": r.region, "step_seconds": r.step_seconds,
@@ -104,6 +120,23 @@ def run(args):
         return {"compile": {plan: p.summary for plan, p in programs.items()},
                 "decode_step": steps, "experiment": exp, "generate": generated,
                 "report": str(report)}
+    f = FUNCTIONAL
+    show(f"Computed through the tiles (wse-emu generate): {f['model']} with random "
+         f"weights, {'x'.join(map(str, f['region']))} regions of {f['fabric']}, prompt "
+         f"{','.join(map(str, f['prompt']))}\n" + table(
+             ["plan", "regions", "generated ids", "first token", "then per token"],
+             [[g["plan"], g["regions"], ",".join(map(str, g["generated_ids"])),
+               seconds(g["first_token_s"]), seconds(g["per_token_s"])]
+              for g in generated], "lllrr"))
+    return f"report: {report} (figures of every run in {out}{os.sep})"
+
+
+def _show(text: str) -> None:
+    clear()
+    print(text + "\n", flush=True)
+
+
+def _compiled(programs: dict) -> str:
     rows = []
     for plan, p in programs.items():
         for r in p.summary["regions"]:
@@ -111,31 +144,23 @@ def run(args):
                          f"{r['kv_capacity_tokens']:,}",
                          seconds(r["bounds"]["prefill"]["pipeline_latency_s"]),
                          seconds(r["bounds"]["decode"]["pipeline_latency_s"])])
+    parts = [render(p) for p in programs.values()]
+    parts.append("Colocated versus disaggregated on the same wafer (compiler's lower bounds)\n"
+                 + table(["plan", "region", "PEs", "stages", "KV tokens", "prefill latency",
+                          "decode latency"], rows, "llrrrrr"))
+    return "\n\n".join(parts)
+
+
+def _decode_steps(programs: dict, runs: dict) -> str:
     sim = []
     for plan, run_ in runs.items():
         bound = programs[plan].summary["bounds"][run_.region]["decode"]
         sim.append([plan, run_.region, seconds(run_.step_seconds),
                     seconds(bound["pipeline_latency_s"]), si(run_.latency_tokens_per_s()),
                     si(run_.tokens_per_s()), f"{run_.compute_utilization():.1%}"])
-    parts = [render(p) for p in programs.values()]
-    parts.append("Colocated versus disaggregated on the same wafer (compiler's lower bounds)\n"
-                 + table(["plan", "region", "PEs", "stages", "KV tokens", "prefill latency",
-                          "decode latency"], rows, "llrrrrr"))
-    parts.append("One decode step (batch 1, context 4096) on the fast engine\n" + table(
+    return "One decode step (batch 1, context 4096) on the fast engine\n" + table(
         ["plan", "region", "step", "bound", "tok/s alone", "tok/s pipelined", "compute util"],
-        sim, "llrrrrr"))
-    parts.append("The disaggregation experiment (wse-emu experiment disagg)\n"
-                 + render_experiment(exp))
-    f = FUNCTIONAL
-    parts.append(f"Computed through the tiles (wse-emu generate): {f['model']} with random "
-                 f"weights, {'x'.join(map(str, f['region']))} regions of {f['fabric']}, prompt "
-                 f"{','.join(map(str, f['prompt']))}\n" + table(
-                     ["plan", "regions", "generated ids", "first token", "then per token"],
-                     [[g["plan"], g["regions"], ",".join(map(str, g["generated_ids"])),
-                       seconds(g["first_token_s"]), seconds(g["per_token_s"])]
-                      for g in generated], "lllrr"))
-    parts.append(f"report: {report} (figures of every run in {out}{os.sep})")
-    return "\n\n".join(parts)
+        sim, "llrrrrr")
 
 
 def _generate() -> list[dict]:

@@ -53,6 +53,15 @@ class StageTable:
         self._lines: dict = {}  # a -> the grid interpolated along axis0 at a, and its steps
         self._vectors: dict = {}  # (a, b) -> vector: serving asks for the same shapes again
 
+    def __getstate__(self) -> dict:
+        """The table without its caches: they can be large, and a pool may pickle the table
+        while this process is still adding to them."""
+        return {k: getattr(self, k) for k in ("phase", "axis0", "axis1", "cycles", "transfers")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     def vector(self, a: float, b: float) -> np.ndarray:
         """Cycles of every stage, then the cycles between stages in all, then the stages' sum,
         at (a, b).
