@@ -191,6 +191,7 @@ def _experiment(model, cluster, cache) -> tuple[dict, dict]:
     with point_pool() as pool:
         exp, chosen = disagg_experiment(
             model, cluster, WORKLOAD["name"], requests, TARGETS, pool, cache_dir(cache), SPACE,
+            progress=status,
             longer=lambda draw, n: generate(workload_from_dict(
                 {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},
                 "the demo's workload")))

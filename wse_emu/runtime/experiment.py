@@ -170,10 +170,10 @@ def run_searches(searches: dict, run_points, per_round: int = 3, tolerance: floa
                 for f in s.proposals(per_round, tolerance) if f not in s.points]
         if not jobs:
             break
-        for (key, f), point in zip(jobs, run_points(jobs)):
-            searches[key].points[f] = point
         if progress:
             progress(round_ + 1, len(jobs))
+        for (key, f), point in zip(jobs, run_points(jobs)):
+            searches[key].points[f] = point
 
 
 @dataclass
