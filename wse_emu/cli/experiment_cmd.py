@@ -162,7 +162,6 @@ def run(args):
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
     draws = [generate(replicate(spec, r, spec.requests)) for r in range(args.seeds)]
-    requests = draws[0]
     for draw in draws:
         if draw.offered_rate() <= 0:
             raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, "
@@ -170,10 +169,6 @@ def run(args):
                             "times")
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    described = (f"windows of {len(requests):,} requests of the trace, one after another"
-                 if spec.arrival == "trace" else
-                 f"seeds {spec.seed} to {spec.seed + args.seeds - 1}")
-
     # A trace's confirming windows share its rows, one window per draw.
     rows = len(generate(replace(spec, requests=0))) if spec.arrival == "trace" else None
 
@@ -187,7 +182,12 @@ def run(args):
                                           _progress(args), draws[1:],
                                           args.price_per_system_hour, longer)
         if len(draws) > 1:
-            data["over_replicates"]["draws"] = described
+            sizes = sorted({r["requests_per_run"] for r in data["replicates"]})
+            size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
+            data["over_replicates"]["draws"] = (
+                f"windows of {size} requests of the trace, one after another"
+                if spec.arrival == "trace" else
+                f"seeds {spec.seed} to {spec.seed + len(draws) - 1}")
         return data, configs
 
     with point_pool(args.scheduler, args.workers) as pool:
