@@ -211,7 +211,7 @@ class Outcome:
                                                 ("p90 TPOT", "tpot_s", targets.tpot_s))
                  if m[key]["p90"] > target]
         if m["slo_attainment"] < targets.attainment:
-            broke.append(f"attainment ({m['slo_attainment']:.0%} < {targets.attainment:.0%})")
+            broke.append(f"attainment ({m['slo_attainment']:.1%} < {targets.attainment:.0%})")
         if not targets.stable(m):
             if m["pace"] > MAX_PACE:
                 broke.append(f"a growing queue (first tokens spread over {m['pace']:.3g}x the "
