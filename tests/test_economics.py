@@ -6,9 +6,9 @@ import json
 import pytest
 from experiment_args import QUICK_KNOBS
 
-from wse_emu.cli.experiment_cmd import economics
 from wse_emu.cli.main import main
 from wse_emu.fabric import load_fabric
+from wse_emu.runtime.comparison import economics
 
 
 def test_energy_and_cost_follow_from_power_price_and_rate():

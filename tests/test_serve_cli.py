@@ -73,9 +73,9 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
 def test_region_models_know_their_wafer(tmp_path):
     from compiler.mapper import compile_model
     from compiler.options import CompileOptions
-    from wse_emu.cli.serve_cmd import region_models
     from wse_emu.fabric import ClusterSpec, load_fabric
     from wse_emu.model import load_model
+    from wse_emu.runtime.regions import region_models
 
     program = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 2),
                             CompileOptions(plan="disaggregated", prefill_systems=1))

@@ -133,7 +133,7 @@ import json, resource, sys, time
 from pathlib import Path
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
-from wse_emu.cli.serve_cmd import region_models
+from wse_emu.runtime.regions import region_models
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.serve import ServeOptions, serve

@@ -22,7 +22,6 @@ from compiler.options import CompileOptions
 from visualize.report import write_report
 from visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.cli.compile_cmd import render
-from wse_emu.cli.experiment_cmd import Space, disagg_experiment
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.cli.run_cmd import summary, write_outputs
@@ -36,6 +35,7 @@ from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 from wse_emu.progress import clear, status
 from wse_emu.runner import run_region
+from wse_emu.runtime.comparison import Space, disagg_experiment
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pool import point_pool

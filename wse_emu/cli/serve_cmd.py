@@ -11,10 +11,10 @@ from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram, write_run_dir
-from wse_emu.runner import signature
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
-from wse_emu.runtime.serve import RegionModel, ServeOptions, kv_shortfall, serve
-from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS, build_table
+from wse_emu.runtime.regions import handoff_links, region_models
+from wse_emu.runtime.serve import ServeOptions, kv_shortfall, serve
+from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 
 TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
@@ -62,23 +62,6 @@ def cache_dir(given: str | None = None) -> Path:
         return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "wse-emu"
-
-
-def region_models(program: WaferProgram, cache: Path, progress=None) -> list[RegionModel]:
-    """One pair of tables per distinct region (replicas of one shape and role share them)."""
-    shared: dict[tuple, dict] = {}
-    out = []
-    for r in program.regions:
-        key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
-        if key not in shared:
-            phases = {"mixed": ("prefill", "decode"), "prefill": ("prefill",),
-                      "decode": ("decode",)}[r.role]
-            shared[key] = {ph: build_table(program, r.name, ph, cache_dir=cache,
-                                           progress=progress) for ph in phases}
-        t = shared[key]
-        out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
-                               t.get("decode"), system=r.parts[0].system))
-    return out
 
 
 def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=()) -> None:
@@ -179,12 +162,3 @@ def write_serve_outputs(directory: Path, result, requests, data: dict,
         w.writerow(["region", "time_s", "kv_tokens"])
         for name, trace in result.kv_traces.items():
             w.writerows([name, t / result.clock_hz, k] for t, k in trace)
-
-
-def handoff_links(program: WaferProgram) -> dict:
-    """The ``ServeOptions`` rates of KV handoffs: inside a wafer across the fabric at the
-    boundary between regions (4 bytes per row per cycle), between wafers over the off-wafer
-    links."""
-    fabric = program.fabric
-    return {"handoff_bytes_per_cycle": float(fabric.height * fabric.link_bytes_per_cycle),
-            "offwafer_bytes_per_cycle": fabric.offwafer_bytes_per_cycle()}

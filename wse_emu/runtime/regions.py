@@ -1,0 +1,37 @@
+"""A compiled program's regions as the serving runtime sees them: stage-time tables (timed
+once, shared by replicas of one shape, cached on disk) and the rates of KV handoffs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wse_emu.program import WaferProgram
+from wse_emu.runner import signature
+from wse_emu.runtime.serve import RegionModel
+from wse_emu.runtime.tables import build_table
+
+
+def region_models(program: WaferProgram, cache: Path, progress=None) -> list[RegionModel]:
+    """One pair of tables per distinct region (replicas of one shape and role share them)."""
+    shared: dict[tuple, dict] = {}
+    out = []
+    for r in program.regions:
+        key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
+        if key not in shared:
+            phases = {"mixed": ("prefill", "decode"), "prefill": ("prefill",),
+                      "decode": ("decode",)}[r.role]
+            shared[key] = {ph: build_table(program, r.name, ph, cache_dir=cache,
+                                           progress=progress) for ph in phases}
+        t = shared[key]
+        out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
+                               t.get("decode"), system=r.parts[0].system))
+    return out
+
+
+def handoff_links(program: WaferProgram) -> dict:
+    """The ``ServeOptions`` rates of KV handoffs: inside a wafer across the fabric at the
+    boundary between regions (4 bytes per row per cycle), between wafers over the off-wafer
+    links."""
+    fabric = program.fabric
+    return {"handoff_bytes_per_cycle": float(fabric.height * fabric.link_bytes_per_cycle),
+            "offwafer_bytes_per_cycle": fabric.offwafer_bytes_per_cycle()}
