@@ -179,7 +179,7 @@ VIZ_CHILD = r"""
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from wse_emu.cli.main import main
-from wse_emu.cli.viz_cmd import draw_run
+from visualize.rundraw import draw_run
 case = json.loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as tmp:
     run_dir = Path(tmp) / "run"

@@ -20,13 +20,14 @@ from pathlib import Path
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from visualize.report import write_report
+from visualize.rundraw import draw_run
 from visualize.serving import read_requests, tpot_side_by_side
+from wse_emu.api import build_layouts
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.cli.run_cmd import summary, write_outputs
 from wse_emu.cli.serve_cmd import TIMELINE_EVENTS, cache_dir, write_serve_outputs
-from wse_emu.cli.viz_cmd import draw_run
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
@@ -190,8 +191,9 @@ def _experiment(model, cluster, cache) -> tuple[dict, dict]:
     requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
     with point_pool() as pool:
         exp, chosen = disagg_experiment(
-            model, cluster, WORKLOAD["name"], requests, TARGETS, pool, cache_dir(cache), SPACE,
-            progress=status,
+            model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
+            lambda probes: build_layouts(model, cluster, probes, cache_dir(cache), SPACE.copies,
+                                         status), SPACE, progress=status,
             longer=lambda draw, n: generate(workload_from_dict(
                 {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},
                 "the demo's workload")))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 from pathlib import Path
 
+from wse_emu.api import build_layouts
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.cli.serve_cmd import cache_dir, check_micro_batches, workload_of
@@ -16,7 +16,14 @@ from wse_emu.fabric import ClusterSpec
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
-from wse_emu.runtime.comparison import Space, disagg_experiment, vary_experiment
+from wse_emu.runtime.comparison import (
+    Space,
+    describe_draws,
+    disagg_experiment,
+    longer_draws,
+    vary_experiment,
+    workload_draws,
+)
 from wse_emu.runtime.experiment import (
     MAX_PACE,
     MAX_TTFT_SLOPE,
@@ -28,7 +35,6 @@ from wse_emu.runtime.sensitivity import (
     VARIABLES,
     parse_vary,
 )
-from wse_emu.runtime.workload import Requests, generate, replicate
 
 DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
 def add_parser(sub, summary: str) -> None:
@@ -133,33 +139,19 @@ def run(args):
     spec = workload_of(args.workload, args.trace, requests=args.requests)
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
-    draws = [generate(replicate(spec, r, spec.requests)) for r in range(args.seeds)]
-    for draw in draws:
-        if draw.offered_rate() <= 0:
-            raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, "
-                            "so it has no rate to scale; give it at least two distinct arrival "
-                            "times")
+    draws = workload_draws(spec, args.seeds)
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    # A trace's confirming windows share its rows, one window per draw.
-    rows = len(generate(replace(spec, requests=0))) if spec.arrival == "trace" else None
+    cache = cache_dir(args.cache_dir)
 
     def one(pool, draws, targets, cluster, transform=lambda requests: requests):
-        def longer(draw: int, n: int) -> Requests:
-            if rows is not None:
-                n = min(n, (rows - spec.skip) // args.seeds)
-            return transform(generate(replace(replicate(spec, draw, n), requests=n)))
-        data, configs = disagg_experiment(model, cluster, spec.name, draws[0], targets, pool,
-                                          cache_dir(args.cache_dir), space, args.tolerance,
-                                          _progress(args), draws[1:],
-                                          args.price_per_system_hour, longer)
+        data, configs = disagg_experiment(
+            model, cluster, spec.name, draws[0], targets, pool,
+            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status),
+            space, args.tolerance, status, draws[1:], args.price_per_system_hour,
+            longer_draws(spec, args.seeds, transform))
         if len(draws) > 1:
-            sizes = sorted({r["requests_per_run"] for r in data["replicates"]})
-            size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
-            data["over_replicates"]["draws"] = (
-                f"windows of {size} requests of the trace, one after another"
-                if spec.arrival == "trace" else
-                f"seeds {spec.seed} to {spec.seed + len(draws) - 1}")
+            data["over_replicates"]["draws"] = describe_draws(spec, data)
         return data, configs
 
     with point_pool(args.scheduler, args.workers) as pool:
@@ -346,7 +338,3 @@ def _positive_ints(text: str, flag: str, zero: bool = False) -> tuple[int, ...]:
         what = "integers of at least 0" if zero else "positive integers"
         raise UserError(f"{flag} must be one or more {what}, got {text!r}")
     return tuple(dict.fromkeys(values))
-
-
-def _progress(args):
-    return status

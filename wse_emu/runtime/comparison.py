@@ -6,15 +6,11 @@ what this returns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
-from compiler.partition import disaggregated_splits, wafers_needed
-from wse_emu.errors import CompileError, UserError
+from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.ceiling import ceiling_rate
@@ -29,11 +25,10 @@ from wse_emu.runtime.experiment import (
     run_searches,
 )
 from wse_emu.runtime.metrics import DRAIN, WARMUP
-from wse_emu.runtime.regions import handoff_links, region_models
 from wse_emu.runtime.sensitivity import VARIABLES, Variation, apply, decode_step_s
-from wse_emu.runtime.serve import POLICIES, ServeOptions, kv_shortfall
-from wse_emu.runtime.tuning import Choice, Knob, Layout, config_of, evaluate_choice, tune
-from wse_emu.runtime.workload import Requests
+from wse_emu.runtime.serve import POLICIES, ServeOptions
+from wse_emu.runtime.tuning import Choice, Knob, config_of, evaluate_choice, tune
+from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
 
 # The confirming runs stop growing here (a run of this many takes seconds to serve); the window
 # they reach is reported.
@@ -86,12 +81,14 @@ class Space:
 
 
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
-                      requests: Requests, targets: Targets, pool, cache: Path,
+                      requests: Requests, targets: Targets, pool, layouts_for,
                       space: Space = Space(), tolerance: float = 0.05, progress=None,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None) -> tuple[dict, dict]:
-    """Compile the layouts, tune each plan on ``pool`` and compare: the JSON-able report, and every
-    configuration searched (label -> Config). ``longer(draw, n)``: draw ``draw`` (0 for
+    """Lay the plans out, tune each plan on ``pool`` and compare: the JSON-able report, and
+    every configuration searched (label -> Config). ``layouts_for(probes)``: the layouts whose
+    KV holds every request of ``probes`` ((plan, name) -> Layout) and why the others were
+    skipped (``wse_emu.api.build_layouts`` compiles them). ``longer(draw, n)``: draw ``draw`` (0 for
     ``requests``) of the workload with ``n`` requests, for the confirming runs. With
     ``more_draws`` (independent draws of the same workload) the tuned configurations are
     searched again on each (the knobs are tuned on the first draw only), and the report adds
@@ -100,7 +97,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     # Every request any run may serve must fit a layout's KV, the confirming runs' included.
     probes = draws + ([longer(r, MAX_CONFIRM_REQUESTS) for r in range(len(draws))]
                       if longer is not None and space.window_s > 0 else [])
-    layouts, skipped = build_layouts(model, cluster, probes, cache, space.copies, progress)
+    layouts, skipped = layouts_for(probes)
     fabric = cluster.fabric
     base = ServeOptions(clock_hz=fabric.clock_hz, kv_bytes_per_token=model.kv_bytes_per_token(),
                         prefix_cache=space.prefix_cache)
@@ -222,62 +219,6 @@ def _point(p) -> dict:
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
-def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
-                  copies=(1,), progress=None) -> tuple[dict, list[str]]:
-    """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
-    (side by side in column bands), and disaggregated at each split. A layout that does not
-    compile, or whose regions cannot hold the KV cache of the longest request of any of
-    ``probes`` (every set of requests the experiment may serve), is skipped, with why
-    (colocated with one copy must compile). Returns (plan, name) -> Layout, and the skipped."""
-    fabric = cluster.fabric
-    splits = disaggregated_splits(model, cluster)
-    span = wafers_needed(model, fabric)
-    if not splits:
-        raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
-                        f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
-                        f"it needs {2 * span} systems or more")
-    plans, skipped = [], []
-    for n in sorted(set(copies) | {1}):
-        name = f"{n} cop{'y' if n == 1 else 'ies'}"
-        if n == 1:
-            plans.append(("colocated", name, {}))
-        elif span > 1:
-            skipped.append(f"colocated {name}: {model.name} spans {span} wafers of "
-                           f"{fabric.name}, so a wafer holds no whole copy")
-        elif n > fabric.width:
-            skipped.append(f"colocated {name}: a wafer has only {fabric.width} columns")
-        else:
-            plans.append(("colocated", name, {"region": (fabric.width // n, fabric.height)}))
-    for split in splits:
-        if "prefill_share" in split:
-            name = f"share {split['prefill_share']:g}"
-        else:
-            n = split["prefill_systems"]
-            name = f"{n} prefill system{'s' if n > 1 else ''}"
-        plans.append(("disaggregated", name, split))
-    layouts = {}
-    for plan, name, split in plans:
-        if progress:
-            progress(f"compiling and timing {plan} {name}")
-        try:
-            program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
-        except CompileError as exc:
-            if plan == "colocated" and not split:
-                raise
-            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
-            continue
-        short = next(filter(None, (kv_shortfall(r, program.regions) for r in probes)), None)
-        if short:
-            skipped.append(f"{plan} {name}: {short}")
-            continue
-        options = handoff_links(program) if plan == "disaggregated" else {}
-        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache), options)
-    if not any(plan == "disaggregated" for plan, _ in layouts):
-        raise UserError("no disaggregated split holds the longest request's KV cache: "
-                        + "; ".join(skipped))
-    return layouts, skipped
-
-
 def economics(tokens_per_s: float, systems: int, power_w: float,
               price: float | None) -> dict:
     """Energy per output token (the systems' wall power over their output rate) and, given a
@@ -358,3 +299,35 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
     return {"model": first.get("model"), "workload": first.get("workload"),
             "fabric": cluster.fabric.name, "vary": variation.name,
             "description": VARIABLES[variation.name], "sensitivity": rows, "runs": runs}
+
+
+def workload_draws(spec: WorkloadSpec, seeds: int) -> list[Requests]:
+    """``seeds`` independent draws of a workload: its next seeds, or a trace's next windows."""
+    draws = [generate(replicate(spec, r, spec.requests)) for r in range(seeds)]
+    for draw in draws:
+        if draw.offered_rate() <= 0:
+            raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, "
+                            "so it has no rate to scale; give it at least two distinct arrival "
+                            "times")
+    return draws
+
+
+def longer_draws(spec: WorkloadSpec, seeds: int, transform=lambda requests: requests):
+    """``longer(draw, n)`` for the confirming runs: draw ``draw`` of the workload with ``n``
+    requests (a trace's windows share its rows, one window per draw), through ``transform``."""
+    rows = len(generate(replace(spec, requests=0))) if spec.arrival == "trace" else None
+
+    def longer(draw: int, n: int) -> Requests:
+        if rows is not None:
+            n = min(n, (rows - spec.skip) // seeds)
+        return transform(generate(replace(replicate(spec, draw, n), requests=n)))
+    return longer
+
+
+def describe_draws(spec: WorkloadSpec, data: dict) -> str:
+    """What the replicates of ``data`` (the report) were."""
+    sizes = sorted({r["requests_per_run"] for r in data["replicates"]})
+    size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
+    if spec.arrival == "trace":
+        return f"windows of {size} requests of the trace, one after another"
+    return f"seeds {spec.seed} to {spec.seed + len(data['replicates']) - 1}"

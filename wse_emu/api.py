@@ -1,0 +1,204 @@
+"""The Python face of wse-emu: what the command line does, as functions returning the objects
+it prints. It wires the compiler, the emulated hardware, the serving runtime and the figures
+together, as the command line does (the rest of ``wse_emu`` imports neither the compiler nor
+the figures).
+
+    from wse_emu import api
+    program = api.compile("llama-3.1-8b", "wse3")
+    step = api.run(program, "decode", batch=1, context=4096)
+    print(f"{step.step_seconds * 1e6:.0f} us per token")
+
+Errors in the inputs raise ``wse_emu.errors.UserError`` (the command line prints them as one
+line and exits with 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from compiler.partition import disaggregated_splits, wafers_needed
+from wse_emu.errors import CompileError, UserError
+from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
+from wse_emu.layer import MicroBatch
+from wse_emu.model import ModelSpec, load_model
+from wse_emu.program import WaferProgram
+from wse_emu.runner import RegionRun, run_region
+from wse_emu.runtime.comparison import (
+    Space,
+    describe_draws,
+    disagg_experiment,
+    longer_draws,
+    workload_draws,
+)
+from wse_emu.runtime.experiment import Targets
+from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.pool import point_pool
+from wse_emu.runtime.regions import handoff_links, region_models
+from wse_emu.runtime.serve import ServeOptions, ServeResult, kv_shortfall
+from wse_emu.runtime.serve import serve as serve_requests
+from wse_emu.runtime.tuning import Layout
+from wse_emu.runtime.workload import Requests, WorkloadSpec, load_workload
+from wse_emu.runtime.workload import generate as generate_requests
+
+__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "generate",
+           "draw", "Space", "Targets", "default_cache_dir"]
+
+
+def default_cache_dir() -> Path:
+    """Where stage-time tables are kept unless told otherwise: the user's cache directory."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "wse-emu"
+
+
+def _model(model: ModelSpec | str) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else load_model(model)
+
+
+def _fabric(fabric: FabricSpec | str) -> FabricSpec:
+    return fabric if isinstance(fabric, FabricSpec) else load_fabric(fabric)
+
+
+def compile(model: ModelSpec | str, fabric: FabricSpec | str = "wse3", systems: int = 1,
+            **options) -> WaferProgram:
+    """Compile ``model`` (a preset, a model YAML or a Hugging Face config.json) onto
+    ``systems`` wafers of ``fabric``; ``options`` are ``compiler.options.CompileOptions``
+    fields (plan="disaggregated", region=(w, h), layers_per_stage=...)."""
+    return compile_model(_model(model), ClusterSpec(_fabric(fabric), systems),
+                         CompileOptions(**options))
+
+
+def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context: int = 4096,
+        tokens: int = 4096, tiles: int = 1, region: str | None = None,
+        engine: str = "fast") -> RegionRun:
+    """Simulate one step of ``phase`` on a region of ``program`` (by default the first that
+    serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
+    ``tiles`` tiles."""
+    name = program.region_for(phase, region).name
+    step = (MicroBatch("decode", batch=batch, context=context) if phase == "decode"
+            else MicroBatch("prefill", tokens=tokens, chunks=min(tiles, tokens)))
+    return run_region(program, name, step, engine)
+
+
+def serve(program: WaferProgram, workload: WorkloadSpec | str, *,
+          cache_dir: Path | str | None = None, ttft_s: float | None = None,
+          tpot_s: float | None = None, **options) -> tuple[ServeResult, dict]:
+    """Serve a workload (a preset, a YAML or a WorkloadSpec) on ``program``; ``options`` are
+    ``ServeOptions`` fields (policy, prefill_tile, batch_limit, ...). Returns the per-request
+    result and the metrics the command line prints (with the targets, the attainment)."""
+    spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
+    requests = generate_requests(spec)
+    short = kv_shortfall(requests, program.regions)
+    if short:
+        raise UserError(short)
+    regions = region_models(program, Path(cache_dir) if cache_dir else default_cache_dir())
+    settings = ServeOptions(clock_hz=program.fabric.clock_hz,
+                            kv_bytes_per_token=program.model.kv_bytes_per_token(),
+                            **handoff_links(program), **options)
+    result = serve_requests(requests, regions, settings)
+    return result, run_metrics(result, requests, ttft_s, tpot_s)
+
+
+def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: float,
+               tpot_s: float, fabric: FabricSpec | str = "wse3", systems: int = 1,
+               space: Space = Space(), seeds: int = 1, attainment: float = 0.9,
+               workers: int = 1, cache_dir: Path | str | None = None,
+               progress=None) -> dict:
+    """Colocated against disaggregated serving of ``workload``: both plans tuned, each plan's
+    best confirmed on long runs, over ``seeds`` draws; the report ``experiment disagg --json``
+    prints. ``workers``: local worker processes (1: run here; 0: one per core)."""
+    model = _model(model)
+    cluster = ClusterSpec(_fabric(fabric), systems)
+    spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
+    draws = workload_draws(spec, seeds)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    with point_pool(None, workers) as pool:
+        data, _ = disagg_experiment(
+            model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,
+            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress),
+            space, progress=progress, more_draws=draws[1:],
+            longer=longer_draws(spec, seeds))
+    if seeds > 1:
+        data["over_replicates"]["draws"] = describe_draws(spec, data)
+    return data
+
+
+def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, *,
+             checkpoint: Path | str | None = None, weights_seed: int = 0):
+    """Greedy generation computed through ``program``'s tiles, with a checkpoint's weights
+    (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``;
+    returns the generator's result (``generated_ids``, the regions used)."""
+    from wse_emu.functional.generate import Generator
+    from wse_emu.weights import load_checkpoint, random_weights
+
+    if checkpoint is not None:
+        _, weights = load_checkpoint(Path(checkpoint))
+    else:
+        weights = random_weights(program.model, weights_seed)
+    return Generator(program, weights).generate(list(prompt_ids), new_tokens)
+
+
+def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:
+    """Draw a run directory's figures and report.html; returns the report's path."""
+    from visualize.rundraw import draw_run
+
+    return draw_run(Path(run_dir), what)
+
+
+def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
+                  copies=(1,), progress=None) -> tuple[dict, list[str]]:
+    """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
+    (side by side in column bands), and disaggregated at each split. A layout that does not
+    compile, or whose regions cannot hold the KV cache of the longest request of any of
+    ``probes`` (every set of requests the experiment may serve), is skipped, with why
+    (colocated with one copy must compile). Returns (plan, name) -> Layout, and the skipped."""
+    fabric = cluster.fabric
+    splits = disaggregated_splits(model, cluster)
+    span = wafers_needed(model, fabric)
+    if not splits:
+        raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
+                        f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
+                        f"it needs {2 * span} systems or more")
+    plans, skipped = [], []
+    for n in sorted(set(copies) | {1}):
+        name = f"{n} cop{'y' if n == 1 else 'ies'}"
+        if n == 1:
+            plans.append(("colocated", name, {}))
+        elif span > 1:
+            skipped.append(f"colocated {name}: {model.name} spans {span} wafers of "
+                           f"{fabric.name}, so a wafer holds no whole copy")
+        elif n > fabric.width:
+            skipped.append(f"colocated {name}: a wafer has only {fabric.width} columns")
+        else:
+            plans.append(("colocated", name, {"region": (fabric.width // n, fabric.height)}))
+    for split in splits:
+        if "prefill_share" in split:
+            name = f"share {split['prefill_share']:g}"
+        else:
+            n = split["prefill_systems"]
+            name = f"{n} prefill system{'s' if n > 1 else ''}"
+        plans.append(("disaggregated", name, split))
+    layouts = {}
+    for plan, name, split in plans:
+        if progress:
+            progress(f"compiling and timing {plan} {name}")
+        try:
+            program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
+        except CompileError as exc:
+            if plan == "colocated" and not split:
+                raise
+            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
+            continue
+        short = next(filter(None, (kv_shortfall(r, program.regions) for r in probes)), None)
+        if short:
+            skipped.append(f"{plan} {name}: {short}")
+            continue
+        options = handoff_links(program) if plan == "disaggregated" else {}
+        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache), options)
+    if not any(plan == "disaggregated" for plan, _ in layouts):
+        raise UserError("no disaggregated split holds the longest request's KV cache: "
+                        + "; ".join(skipped))
+    return layouts, skipped
