@@ -93,10 +93,13 @@ def test_the_trace_has_named_events_on_tracks(run_dir):
     assert {(e["pid"], e["tid"]) for e in spans} <= tracks
 
 
-def test_viz_can_draw_svg_of_one_kind(run_dir):
+def test_viz_adds_one_kind_in_svg_and_keeps_the_other_figures(run_dir):
+    before = {f.name for f in (run_dir / "figures").iterdir()}
+    shown = (run_dir / "report.html").read_text().count("<figure>")
     assert main(["viz", str(run_dir), "--what", "roofline", "--format", "svg"]) == 0
     files = {f.name for f in (run_dir / "figures").iterdir()}
-    assert files == {"roofline.svg"}
+    assert files == before | {"roofline.svg"}
+    assert (run_dir / "report.html").read_text().count("<figure>") == shown + 1
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,6 +3,7 @@ configuration and headline numbers."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -11,24 +12,38 @@ from visualize.figures import draw_all
 from visualize.report import write_report
 from visualize.rundir import load_run
 
+CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption
+
 
 def draw_run(path: Path, what, formats=("png",), system: int = 0) -> Path:
-    """Draw ``path``'s figures and report; they replace earlier ones only once all are drawn."""
+    """Draw ``path``'s figures of the kinds ``what`` and its report. Figures drawn before, of
+    other kinds, stay and stay in the report; the new ones replace earlier ones only once all
+    are drawn."""
     run = load_run(path)
     staging = Path(tempfile.mkdtemp(prefix=".viz-", dir=path))
     try:
-        figures_dir = staging / "figures"
-        figures_dir.mkdir()
-        figures = draw_all(run, figures_dir, what, formats, system)
-        report = write_report(staging / "report.html", _title(run), _config(run),
-                              _metrics(run), figures)
-        if (path / "figures").exists():
-            shutil.rmtree(path / "figures")
-        figures_dir.replace(path / "figures")
-        report.replace(path / "report.html")
+        figures = draw_all(run, staging, what, formats, system)
+        final = path / "figures"
+        final.mkdir(exist_ok=True)
+        drawn = {f.name: caption for f, caption in figures}
+        shown = [(name, caption) for name, caption in _shown(final)
+                 if name not in drawn and (final / name).exists()] + list(drawn.items())
+        for item in staging.iterdir():
+            item.replace(final / item.name)
+        (final / CAPTIONS).write_text(json.dumps(shown, indent=1))
+        report = write_report(path / "report.html", _title(run), _config(run), _metrics(run),
+                              [(final / name, caption) for name, caption in shown])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return path / "report.html"
+    return report
+
+
+def _shown(figures: Path) -> list:
+    """The (file, caption) pairs the report showed last time, if it said."""
+    try:
+        return [tuple(pair) for pair in json.loads((figures / CAPTIONS).read_text())]
+    except (OSError, ValueError):
+        return []
 
 
 def _title(run) -> str:
