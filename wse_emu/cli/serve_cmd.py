@@ -18,6 +18,7 @@ from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
 
 TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
+SHOWN_REGIONS = 8  # regions in the printed table
 
 
 def add_parser(sub, summary: str) -> None:
@@ -140,8 +141,12 @@ def run(args):
              table(["latency", "p50", "p90", "p99"], rows)]
     regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
              f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]
-            for name, r in list(result.regions.items())[:8]]
+            for name, r in list(result.regions.items())[:SHOWN_REGIONS]]
     lines += ["", table(["region", "role", "stage utilization", "KV tokens at peak"], regs)]
+    hidden = len(result.regions) - SHOWN_REGIONS
+    if hidden > 0:
+        lines.append(f"... and {hidden} more region{'s' if hidden > 1 else ''} (every region is "
+                     "in --json and in metrics.json)")
     return "\n".join(lines)
 
 
