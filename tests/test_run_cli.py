@@ -17,7 +17,7 @@ from wse_emu.runner import kv_handoff, run_region
 
 
 def test_decode_step_json(capsys):
-    assert main(["run", "tiny", "--fabric", "mesh8", "--region-size", "8x8", "--phase", "decode",
+    assert main(["run", "tiny", "--fabric", "mesh8", "--region", "8x8", "--phase", "decode",
                  "--batch", "2", "--context", "100", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     step = d["step"]
@@ -75,14 +75,14 @@ def test_kv_handoff_on_the_wafer_and_between_systems():
     (["run", "tiny", "--fabric", "mesh8", "--phase", "prefill", "--tokens", "300",
       "--tiles", "1000"], "--tiles must be at most 128"),
     (["run", "tiny", "--fabric", "mesh8", "--context", "100000"], "do not fit the KV cache"),
-    (["run", "llama-3.1-8b", "--plan", "disaggregated", "--phase", "handoff", "--region",
-      "decode0"], "starts from a prefill region"),
+    (["run", "llama-3.1-8b", "--plan", "disaggregated", "--phase", "handoff",
+      "--region-name", "decode0"], "starts from a prefill region"),
     (["noc", "--seed", "-1"], "--seed must be at least 0"),
     (["noc", "--warmup", "-5"], "--warmup must be at least 0"),
     (["noc", "--queue", "100000000"], "--queue must be at most 1024"),
     (["run", "tiny", "--fabric", "mesh8", "--phase", "handoff"], "needs a disaggregated"),
     (["run", "tiny", "--fabric", "mesh8", "--batch", "0"], "--batch must be at least 1"),
-    (["run", "tiny", "--fabric", "mesh8", "--region", "nowhere"], "no region named"),
+    (["run", "tiny", "--fabric", "mesh8", "--region-name", "nowhere"], "no region named"),
 ])
 def test_run_errors_are_one_line(args, needle):
     proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *args],

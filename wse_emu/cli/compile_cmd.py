@@ -45,7 +45,7 @@ def _scalar(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def add_cluster_args(p, region_flag: str = "--region") -> None:
+def add_cluster_args(p) -> None:
     add_fabric_args(p)
     p.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
     p.add_argument("--plan", choices=["colocated", "disaggregated"], default="colocated")
@@ -53,7 +53,7 @@ def add_cluster_args(p, region_flag: str = "--region") -> None:
     share.add_argument("--prefill-share", type=float, help="disaggregated: prefill share of "
                        "every wafer's columns (default 0.5)")
     share.add_argument("--prefill-systems", type=int, help="disaggregated: systems for prefill")
-    p.add_argument(region_flag, dest="region",
+    p.add_argument("--region", metavar="WxH",
                    help="region rectangle WxH for replicas (default: automatic)")
     p.add_argument("--layers-per-stage", type=int, help="layers per pipeline stage "
                    "(default: the fewest that map)")

@@ -25,7 +25,7 @@ def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("run", help=summary)
     p.add_argument("target", help="a run directory from 'wse-emu compile -o', or a MODEL to "
                    "compile first with the cluster options below")
-    add_cluster_args(p, region_flag="--region-size")
+    add_cluster_args(p)
     p.add_argument("--phase", choices=["prefill", "decode", "handoff"], default="decode",
                    help="handoff: move a prompt's KV cache from a prefill to a decode region")
     p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
@@ -34,8 +34,8 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
     p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
     p.add_argument("--engine", choices=["fast", "cycle"], default="fast")
-    p.add_argument("--region", dest="run_region", help="region to run (default: the first of "
-                   "the phase's role)")
+    p.add_argument("--region-name", dest="run_region", metavar="NAME",
+                   help="region to run (default: the first of the phase's role)")
     p.add_argument("--no-reuse", action="store_true",
                    help="simulate every stage, not one per distinct shape")
     p.add_argument("-o", "--output", help="write per-PE and per-link counters, results and a "
@@ -164,7 +164,7 @@ def run_handoff(args, program: WaferProgram):
         raise UserError(f"--tokens must be at least 1, got {args.tokens}")
     src = program.region(args.run_region).name if args.run_region else roles["prefill"]
     if program.region(src).role != "prefill":
-        raise UserError(f"--region {src} is a {program.region(src).role} region; the handoff "
+        raise UserError(f"--region-name {src} is a {program.region(src).role} region; the handoff "
                         "starts from a prefill region")
     if args.tokens > program.region(roles["decode"]).kv_capacity_tokens:
         raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
