@@ -91,6 +91,15 @@ def test_the_trace_has_named_events_on_tracks(run_dir):
     tracks = {(e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
     assert {e["pid"] for e in spans} <= processes
     assert {(e["pid"], e["tid"]) for e in spans} <= tracks
+    # Spans on one track nest or are apart, as trace viewers need: none overlaps another
+    # partly.
+    by_track = {}
+    for e in spans:
+        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for track in by_track.values():
+        track.sort()
+        for (s0, e0), (s1, e1) in zip(track, track[1:]):
+            assert s1 >= e0 - 1e-9 or e1 <= e0 + 1e-9
 
 
 def test_viz_adds_one_kind_in_svg_and_keeps_the_other_figures(run_dir):
