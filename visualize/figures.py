@@ -91,13 +91,31 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
             maps[f"sram_{category}"] = (array, f"SRAM: {category.replace('_', ' ')}",
                                         "bytes per PE", {"vmin": 0.0, "vmax": limit})
     if run.results and "pe_busy_cycles" in run.counters:
-        maps["compute"] = (wafer.compute_utilization(p, run.counters, run.results, system),
-                           "Compute utilization", "busy cycles / stage cycles",
-                           {"vmin": 0.0, "vmax": 1.0})
+        busy = wafer.compute_utilization(p, run.counters, run.results, system)
+        top = utilization_scale(busy)
+        maps["compute"] = (busy, "Compute utilization",
+                           f"busy cycles / stage cycles (scale 0 to {top:g})",
+                           {"vmin": 0.0, "vmax": top})
     if run.results and "link_wavelets_nesw" in run.counters and "stages" in run.results:
         links = wafer.link_utilization(p, run.counters, run.results, system)
         for d, array in links.items():
             title = "Link utilization, busiest direction" if d == "max" else \
                 f"Link utilization, {d} links"
-            maps[f"links_{d}"] = (array, title, "wavelets per cycle", {"vmin": 0.0, "vmax": 1.0})
+            top = utilization_scale(array)
+            maps[f"links_{d}"] = (array, title, f"wavelets per cycle (scale 0 to {top:g})",
+                                  {"vmin": 0.0, "vmax": top})
     return maps
+
+
+def utilization_scale(array) -> float:
+    """The top of a utilization map's colour scale: the first of 1, 0.5, 0.2, 0.1, ... below
+    which 99.9% of its PEs lie, so that a map busy 5% at most is not uniformly dark (the
+    label states the scale)."""
+    values = np.asarray(array, dtype=float)
+    values = values[np.isfinite(values)]
+    high = float(np.percentile(values, 99.9)) if values.size else 1.0
+    top = 1.0
+    for candidate in (0.5, 0.2, 0.1, 0.05, 0.02, 0.01):
+        if high <= candidate:
+            top = candidate
+    return top

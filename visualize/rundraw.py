@@ -11,6 +11,7 @@ from pathlib import Path
 from visualize.figures import draw_all
 from visualize.report import write_report
 from visualize.rundir import load_run
+from wse_emu.cli.fmt import seconds, si
 
 CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption
 
@@ -82,36 +83,48 @@ def _config(run) -> list[tuple[str, object]]:
 
 
 def _metrics(run) -> list[tuple[str, object]]:
+    """The run's key numbers, formatted as the command line prints them."""
     r = run.results
-    rows = [(k.replace("_", " "), r[k]) for k in
-            ("step_cycles", "step_seconds", "tokens_per_s_alone", "tokens_per_s_pipelined",
-             "compute_utilization", "link_utilization") if k in r]
+    shown = {"step_cycles": ("step", lambda v: f"{v:,.0f} cycles"),
+             "step_seconds": ("step time", seconds),
+             "tokens_per_s_alone": ("tokens/s, one micro-batch alone", lambda v: si(v, "tok/s")),
+             "tokens_per_s_pipelined": ("tokens/s, pipeline full", lambda v: si(v, "tok/s")),
+             "compute_utilization": ("compute utilization", lambda v: f"{v:.1%}"),
+             "link_utilization": ("link utilization", lambda v: f"{v:.1%}")}
+    rows = [(label, fmt(r[key])) for key, (label, fmt) in shown.items() if key in r]
     # The experiment: each plan's best as compared (every configuration tuned, before the
     # confirming runs existed).
     e = run.experiment
     for c in e.get("final") or e.get("configurations", []):
-        rows.append((c["configuration"], f"goodput (max rate met) {c['max_rate_per_s']:.4g}/s, "
-                     f"on target per makespan {c.get('goodput_requests_per_s', 0):.4g}/s; "
-                     f"next rate fails on {c['limited_by']}"))
-    for r in run.experiment.get("sensitivity", []):
-        if "error" in r:
-            shown = r["error"]
-        elif r["goodput_ratio"] is None:
-            shown = "no colocated configuration met the targets"
+        rows.append((c["configuration"],
+                     f"goodput (highest rate met) {c.get('max_rate_per_system', 0):.3g} "
+                     f"requests/s per system; next rate fails on {c['limited_by']}"))
+    for v in e.get("sensitivity", []):
+        if "error" in v:
+            text = v["error"]
+        elif v["goodput_ratio"] is None:
+            text = "no colocated configuration met the targets"
         else:
-            shown = f"disaggregated / colocated goodput {r['goodput_ratio']:.3g}"
-        rows.append((f"{run.experiment['vary']} = {r['value']:g}", shown))
-    cmp_ = run.experiment.get("comparison", {})
+            text = f"disaggregated / colocated goodput {v['goodput_ratio']:.2f}x"
+        rows.append((f"{e['vary']} = {v['value']:g}", text))
+    cmp_ = e.get("comparison", {})
     if cmp_.get("goodput_ratio") is not None:
-        rows.append(("disaggregated / colocated goodput (max rate met)", cmp_["goodput_ratio"]))
+        rows.append(("disaggregated / colocated goodput (highest rate met)",
+                     f"{cmp_['goodput_ratio']:.2f}x"))
         rows += [("why", reason) for reason in cmp_.get("reasons", [])]
     m = run.metrics
-    for key in ("requests", "output_tokens_per_s", "requests_per_s", "slo_attainment",
-                "goodput_requests_per_s"):
+    for key, label, fmt in (("requests", "requests", lambda v: f"{v:,}"),
+                            ("output_tokens_per_s", "output tokens/s", si),
+                            ("requests_per_s", "requests/s", lambda v: f"{v:.3g}"),
+                            ("slo_attainment", "requests meeting both targets",
+                             lambda v: f"{v:.1%}"),
+                            ("goodput_requests_per_s", "on target per second of the run",
+                             lambda v: f"{v:.3g}")):
         if key in m:
-            rows.append((key.replace("_", " "), m[key]))
-    for key in ("ttft_s", "tpot_s", "e2e_s"):
+            rows.append((label, fmt(m[key])))
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "inter-token latency"),
+                       ("e2e_s", "end to end")):
         if key in m:
-            rows.append((f"{key[:-2].upper()} p50 / p90 / p99 (s)",
-                         " / ".join(f"{m[key][q]:.4g}" for q in ("p50", "p90", "p99"))))
+            rows.append((f"{label} p50 / p90 / p99",
+                         " / ".join(seconds(m[key][q]) for q in ("p50", "p90", "p99"))))
     return rows

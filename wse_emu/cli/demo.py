@@ -70,12 +70,29 @@ PLAN = ("wse-emu demo: Llama-3.1-8B on one WSE-3, colocated and disaggregated. I
         "tiny model through the tiles, and draws a report. With nothing cached, timing the "
         "stage tables takes most of the time.")
 MARKER = ".wse-emu-demo"  # marks a directory as the demo's own, so a new demo may replace it
-GALLERY = (("colocated-decode", "map_placement"), ("colocated-decode", "map_sram_total"),
-           ("colocated-decode", "map_compute"), ("colocated-decode", "map_links_max"),
-           ("disaggregated-decode", "map_placement"), ("disaggregated-decode", "map_compute"),
-           ("colocated-decode", "roofline"), ("experiment", "throughput_vs_tpot"),
-           ("experiment", "attainment_vs_rate"), ("experiment", "tpot_side_by_side"),
-           ("colocated-serve", "pipeline"), ("disaggregated-serve", "pipeline"))
+# The report's figures: (run, figure, caption).
+GALLERY = (
+    ("colocated-decode", "map_placement",
+     "Colocated: where each pipeline stage sits on the wafer (one pixel per PE)"),
+    ("colocated-decode", "map_sram_total", "Colocated: share of each PE's SRAM in use"),
+    ("colocated-decode", "map_compute",
+     "Colocated decode step: each PE's busy cycles over its stage's cycles"),
+    ("colocated-decode", "map_links_max",
+     "Colocated decode step: wavelets per cycle on each PE's busiest link"),
+    ("disaggregated-decode", "map_placement",
+     "Disaggregated: the prefill and decode regions and their stages"),
+    ("disaggregated-decode", "map_compute",
+     "Disaggregated decode step: each PE's busy cycles over its stage's cycles"),
+    ("colocated-decode", "roofline", "Roofline of one layer's ops, prefill and decode"),
+    ("experiment", "throughput_vs_tpot",
+     "The experiment: output tokens/s against p90 TPOT, each plan's best"),
+    ("experiment", "attainment_vs_rate",
+     "The experiment: share of requests meeting both targets against request rate"),
+    ("experiment", "tpot_side_by_side",
+     "TPOT over time, each plan's best side by side at twice colocated's best rate"),
+    ("colocated-serve", "pipeline", "A window of the colocated pipeline, stage by stage"),
+    ("disaggregated-serve", "pipeline",
+     "A window of the disaggregated pipelines, stage by stage"))
 
 
 def add_parser(sub, summary: str) -> None:
@@ -240,17 +257,17 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
         if served:
             tpot_side_by_side(served, {"tpot_s": TARGETS.tpot_s},
                               staging / "experiment" / "figures" / "tpot_side_by_side")
-        figures = [(staging / d / "figures" / f"{name}.png", f"{d}: {name.replace('_', ' ')}")
-                   for d, name in GALLERY]
+        figures = [(staging / d / "figures" / f"{name}.png", caption)
+                   for d, name, caption in GALLERY]
         config = [("model", DEFAULT_MODEL), ("fabric", f"1 x {DEFAULT_FABRIC}"),
                   ("decode step", "batch 1, context 4096"),
                   ("experiment workload", f"{WORKLOAD['name']}, {WORKLOAD['requests']} requests"),
                   ("targets", f"p90 TTFT <= {TARGETS.ttft_s} s, p90 TPOT <= {TARGETS.tpot_s} s")]
         cmp_ = exp["comparison"]
-        metrics = [(f"{plan} decode step (s)", r.step_seconds) for plan, r in runs.items()]
+        metrics = [(f"{plan} decode step", seconds(r.step_seconds)) for plan, r in runs.items()]
         if cmp_.get("goodput_ratio") is not None:
-            metrics.append(("disaggregated / colocated goodput (max rate met)",
-                            cmp_["goodput_ratio"]))
+            metrics.append(("disaggregated / colocated goodput (highest rate met)",
+                            f"{cmp_['goodput_ratio']:.2f}x"))
         write_report(staging / "report.html", "wse-emu demo: Llama-3.1-8B on one WSE-3",
                      config, metrics, [(f, c) for f, c in figures if f.exists()])
         if out.is_dir():  # an earlier demo's (checked before any work)
