@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap, Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 DPI = 100
 MIN_SIDE_PX = 480  # small meshes are scaled up so that a map is at least this big
@@ -60,8 +61,10 @@ def pixels(array: np.ndarray, cmap, vmin: float, vmax: float) -> np.ndarray:
 
 def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("png",),
                cmap=None, vmin: float | None = None, vmax: float | None = None,
-               outlines=(), categories: tuple | None = None) -> list[Path]:
-    """Draw ``array`` (height x width) with a colour bar (or a legend of ``categories``) and
+               outlines=(), categories: tuple | None = None,
+               levels: int | None = None) -> list[Path]:
+    """Draw ``array`` (height x width) with a colour bar (or a legend of ``categories``, or
+    ``levels`` discrete colours for the integers 0 .. levels - 1, such as pipeline stages) and
     region outlines ``(x, y, w, h, label)``; write ``path`` in every format and the exact
     one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
     height, width = array.shape
@@ -72,6 +75,8 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
         vmax = float(finite.max()) if finite.size else 1.0
     if categories is not None:
         cmap, vmin, vmax = category_cmap(len(categories)), -0.5, len(categories) - 0.5
+    elif levels is not None:
+        cmap, vmin, vmax = quantity_cmap().resampled(levels), -0.5, levels - 0.5
     cmap = cmap or quantity_cmap()
     image = pixels(array, cmap, vmin, vmax)
     k = scale_for(height, width)
@@ -98,6 +103,8 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
     if categories is not None:
         bar.set_ticks(range(len(categories)))
         bar.set_ticklabels(categories)
+    elif levels is not None:
+        bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     bar.set_label(label, fontsize=8)
     bar.ax.tick_params(labelsize=7)
     written = save_figure(fig, path, formats)

@@ -76,7 +76,8 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
     p = run.program
     maps = {
         "placement": (wafer.placement(p, system), "Pipeline stages",
-                      "stage position in its region's pipeline", {}),
+                      "stage position in its region's pipeline",
+                      {"levels": max(len(r.stage_ids) for r in p.regions)}),
         "kernels": (wafer.kernel_kinds(p, system), "Kernel kinds", "kernel kind",
                     {"categories": wafer.KERNEL_KINDS}),
         "colors": (wafer.colors(p, system), "Route colors", "colors configured per router", {}),
