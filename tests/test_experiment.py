@@ -30,6 +30,8 @@ AXES = {"decode": ((1, 4, 16, 64), (64, 512, 2048)), "prefill": ((16, 64, 256), 
 # The same grid with every interval halved: what a finer table would answer.
 DENSE = {"decode": ((1, 2, 4, 8, 16, 32, 64), (64, 288, 512, 1280, 2048)),
          "prefill": ((16, 40, 64, 160, 256), (0, 256, 512, 1280, 2048))}
+WSE3 = load_fabric("wse3")
+
 
 
 def region_models(program, cache, axes=AXES, ample=False):
@@ -55,13 +57,13 @@ def test_the_search_brackets_the_highest_rate_met():
     with the met factor within the tolerance below 2.7 and the failed one above it."""
     def run_points(jobs):
         return [Point(f, f <= 2.7, {}) for _, f in jobs]
-    configs = [Config("colocated", "made up", [], ServeOptions())]
+    configs = [Config("colocated", "made up", [], ServeOptions.of(WSE3, SMALL))]
     (search,) = search_rates(configs, None, Targets(1.0, 1.0), run_points, tolerance=0.02)
     assert 2.7 / 1.02 <= search.best <= 2.7 < search.failed <= search.best * 1.02
 
 
 def test_the_search_gives_up_at_its_floor():
-    configs = [Config("colocated", "never", [], ServeOptions())]
+    configs = [Config("colocated", "never", [], ServeOptions.of(WSE3, SMALL))]
     (search,) = search_rates(configs, None, Targets(1.0, 1.0),
                              lambda jobs: [Point(f, False, {}) for _, f in jobs])
     assert search.best is None and outcomes([search])[0].goodput == 0.0
@@ -75,8 +77,8 @@ def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_promp
     ample, nothing else can make disaggregation lose."""
     cache = tmp_path_factory.getbasetemp() / "tables"
     colocated, disaggregated = (region_models(p, cache, ample=True) for p in programs)
-    base = ServeOptions(clock_hz=programs[0].fabric.clock_hz,
-                        handoff_bytes_per_cycle=float("inf"))
+    base = replace(ServeOptions.of(programs[0].fabric, programs[0].model),
+                   handoff_bytes_per_cycle=float("inf"), kv_bytes_per_token=0)
     configs = [Config("colocated", "prefill priority", colocated, base),
                Config("colocated", "chunked 64", colocated,
                       replace(base, policy="chunked", token_budget=64)),
@@ -107,7 +109,7 @@ def test_results_barely_move_with_a_finer_table_grid(programs, tmp_path_factory)
          "prompt": {"kind": "lognormal", "median": 300, "sigma": 0.8, "low": 16, "high": 2000},
          "output": {"kind": "lognormal", "median": 40, "sigma": 0.8, "low": 1, "high": 200}},
         "test"))
-    options = ServeOptions(clock_hz=program.fabric.clock_hz)
+    options = ServeOptions.of(program.fabric, program.model)
     answers = []
     for axes in (AXES, DENSE):
         result = serve(requests, region_models(program, cache, axes), options)

@@ -1,5 +1,7 @@
 """The serving runtime: exactly-once completion, a lone request's timing, KV limits."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -15,6 +17,8 @@ SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_si
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
+OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL)  # the tables' fabric and model
+
 
 
 def regions(program, tmp_path):
@@ -40,7 +44,7 @@ def test_lone_request_times_are_the_pipeline_sums(colocated):
     reqs = generate(workload_from_dict({"name": "one", "requests": 1,
                                         "prompt": {"kind": "fixed", "value": 200},
                                         "output": {"kind": "fixed", "value": 4}}, "t"))
-    res = serve(reqs, regs, ServeOptions(prefill_tile=256))
+    res = serve(reqs, regs, replace(OPTIONS, prefill_tile=256))
     table_p, table_d = regs[0].prefill, regs[0].decode
     expect_ttft = table_p.stage_cycles(200, 0).sum() + table_p.transfer_cycles(200, 0)
     assert res.first_token[0] - res.arrival[0] == pytest.approx(expect_ttft)
@@ -57,7 +61,7 @@ def test_a_long_prompt_streams_through_the_stages_as_a_flow_shop(colocated):
     reqs = generate(workload_from_dict({"name": "one", "requests": 1,
                                         "prompt": {"kind": "fixed", "value": 200},
                                         "output": {"kind": "fixed", "value": 1}}, "t"))
-    res = serve(reqs, regs, ServeOptions(prefill_tile=64))
+    res = serve(reqs, regs, replace(OPTIONS, prefill_tile=64))
     table = regs[0].prefill
     stages = len(table.cycles)
     left = [0.0] * stages  # when the previous tile left each stage
@@ -80,10 +84,10 @@ def test_every_request_completes_once_with_its_tokens(colocated):
                                "output": {"kind": "uniform", "low": 1, "high": 12},
                                "seed": 3}, "t")
     reqs = generate(spec)
-    res = serve(reqs, regs, ServeOptions(batch_limit=8))
+    res = serve(reqs, regs, replace(OPTIONS, batch_limit=8))
     assert np.array_equal(res.tokens, reqs.output_tokens)
     assert (res.first_token >= res.arrival).all() and (res.finish >= res.first_token).all()
-    again = serve(reqs, regs, ServeOptions(batch_limit=8))
+    again = serve(reqs, regs, replace(OPTIONS, batch_limit=8))
     assert np.array_equal(again.finish, res.finish)
 
 
@@ -94,8 +98,8 @@ def test_agentic_calls_follow_each_other(colocated):
                                "output": {"kind": "fixed", "value": 3},
                                "tool_tokens": {"kind": "fixed", "value": 32}}, "t")
     reqs = generate(spec)
-    res = serve(reqs, regs, ServeOptions())
-    clock = ServeOptions().clock_hz
+    res = serve(reqs, regs, OPTIONS)
+    clock = OPTIONS.clock_hz
     for s in range(3):
         rows = np.flatnonzero(reqs.session == s)
         for a, b in zip(rows, rows[1:]):
@@ -111,7 +115,7 @@ def test_disaggregated_serving_hands_off_and_respects_capacity(tmp_path):
                                "prompt": {"kind": "uniform", "low": 16, "high": 300},
                                "output": {"kind": "uniform", "low": 2, "high": 10}}, "t")
     reqs = generate(spec)
-    res = serve(reqs, regs, ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token()))
+    res = serve(reqs, regs, replace(OPTIONS, kv_bytes_per_token=SMALL.kv_bytes_per_token()))
     assert np.array_equal(res.tokens, reqs.output_tokens)
     decode_names = {r.name for r in regs if r.role == "decode"}
     assert set(res.region) <= decode_names
@@ -124,8 +128,8 @@ def test_chunked_prefill_serves_everything_and_keeps_decode_moving(colocated):
                                "output": {"kind": "uniform", "low": 8, "high": 24},
                                "seed": 5}, "t")
     reqs = generate(spec)
-    priority = serve(reqs, regs, ServeOptions())
-    chunked = serve(reqs, regs, ServeOptions(policy="chunked", token_budget=128))
+    priority = serve(reqs, regs, OPTIONS)
+    chunked = serve(reqs, regs, replace(OPTIONS, policy="chunked", token_budget=128))
     assert np.array_equal(chunked.tokens, reqs.output_tokens)
     # Prompts no longer stall the decoding sequences for their whole length.
     assert np.percentile(chunked.tpot_s(), 99) < np.percentile(priority.tpot_s(), 99)
@@ -139,8 +143,8 @@ def test_interleaved_prefill_serves_everything_and_bounds_the_decode_stall(coloc
                                "output": {"kind": "uniform", "low": 8, "high": 24},
                                "seed": 5}, "t")
     reqs = generate(spec)
-    priority = serve(reqs, regs, ServeOptions(prefill_tile=64))
-    turns = serve(reqs, regs, ServeOptions(policy="interleaved", prefill_tile=64))
+    priority = serve(reqs, regs, replace(OPTIONS, prefill_tile=64))
+    turns = serve(reqs, regs, replace(OPTIONS, policy="interleaved", prefill_tile=64))
     assert np.array_equal(turns.tokens, reqs.output_tokens)
     stall = {name: r["decode_stall_s"] / r["decode_tokens"] for name, r in
              (("priority", priority.regions["mixed0"]), ("turns", turns.regions["mixed0"]))}
@@ -158,13 +162,12 @@ def split(tmp_path_factory):
 def test_a_prefill_region_keeps_the_prompts_kv_until_its_handoff(split):
     """With room in decode for one sequence at a time, finished prompts wait in their prefill
     region (holding their KV), which then stops admitting new ones."""
-    from dataclasses import replace
     need = 64 + 200
     regs = [replace(r, kv_capacity_tokens=need) if r.role == "decode" else r for r in split]
     reqs = generate(workload_from_dict({"name": "burst", "rate": 1e6, "requests": 30,
                                         "prompt": {"kind": "fixed", "value": 64},
                                         "output": {"kind": "fixed", "value": 200}}, "t"))
-    res = serve(reqs, regs, ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token()))
+    res = serve(reqs, regs, replace(OPTIONS, kv_bytes_per_token=SMALL.kv_bytes_per_token()))
     assert np.array_equal(res.tokens, reqs.output_tokens)
     prefill = [res.regions[r.name] for r in regs if r.role == "prefill"]
     assert sum(r["kv_blocked_s"] for r in prefill) > 0
@@ -175,16 +178,16 @@ def test_a_prefill_region_keeps_the_prompts_kv_until_its_handoff(split):
 
 def test_handoffs_from_one_wafer_share_its_link(split):
     """Two prompts finishing together on two prefill replicas of one wafer leave one after the
-    other over its link; on two wafers they would leave at once."""
-    from dataclasses import replace
+    other over its link; from two wafers (one crossing to the other's decode regions over the
+    off-wafer links, as slow here) they leave at once."""
     prefills = [r for r in split if r.role == "prefill"][:2]
     decode = [r for r in split if r.role == "decode"][:2]
     reqs = generate(workload_from_dict({"name": "pair", "rate": 1e9, "requests": 2,
                                         "prompt": {"kind": "fixed", "value": 256},
                                         "output": {"kind": "fixed", "value": 2}}, "t"))
     reqs = reqs.faster(1e9)  # both arrive at once
-    slow = ServeOptions(kv_bytes_per_token=SMALL.kv_bytes_per_token(),
-                        handoff_bytes_per_cycle=1.0)
+    slow = replace(OPTIONS, kv_bytes_per_token=SMALL.kv_bytes_per_token(),
+                   handoff_bytes_per_cycle=1.0, offwafer_bytes_per_cycle=1.0)
     transfer = 256 * SMALL.kv_bytes_per_token() / 1.0
     one_wafer = serve(reqs, prefills + decode, slow)
     two_wafers = serve(reqs, [prefills[0], replace(prefills[1], system=1)] + decode, slow)

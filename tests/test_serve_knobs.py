@@ -18,6 +18,8 @@ SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_si
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
+OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL)  # the tables' fabric and model
+
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_every_gap_between_tokens_is_kept_and_they_add_up(tables):
     reqs = generate(workload_from_dict({"name": "w", "requests": 6, "rate": 50.0,
                                         "prompt": {"kind": "fixed", "value": 64},
                                         "output": {"kind": "fixed", "value": 5}}, "t"))
-    res = serve(reqs, mixed(tables), ServeOptions())
+    res = serve(reqs, mixed(tables), OPTIONS)
     assert len(res.gap_cycles) == int((res.tokens - 1).sum())
     for i in range(len(reqs)):
         gaps = res.gap_cycles[res.gap_request == i]
@@ -57,8 +59,8 @@ def test_a_session_reuses_its_cached_context(tables):
     """Each later call computes only the tokens after its previous call's prompt and output,
     so its first token comes sooner than when the whole context is computed again."""
     reqs = agentic()
-    cached = serve(reqs, mixed(tables), ServeOptions())
-    fresh = serve(reqs, mixed(tables), ServeOptions(prefix_cache=False))
+    cached = serve(reqs, mixed(tables), OPTIONS)
+    fresh = serve(reqs, mixed(tables), replace(OPTIONS, prefix_cache=False))
     prompt, out = reqs.prompt_tokens, reqs.output_tokens
     expect = sum(int(prompt[k] + out[k] - 1) for k in range(len(reqs) - 1))
     assert cached.regions["r0"]["prefix_reused_tokens"] == expect
@@ -72,8 +74,8 @@ def test_the_cache_gives_way_when_admission_needs_the_room(tables):
     up the other session's cached KV, and every call still finishes."""
     reqs = agentic(sessions=2)
     room = int((reqs.prompt_tokens + reqs.output_tokens).max())
-    tight = serve(reqs, mixed(tables, capacity=room), ServeOptions())
-    ample = serve(reqs, mixed(tables), ServeOptions())
+    tight = serve(reqs, mixed(tables, capacity=room), OPTIONS)
+    ample = serve(reqs, mixed(tables), OPTIONS)
     assert np.all(np.isfinite(tight.finish))
     assert tight.regions["r0"]["prefix_reused_tokens"] \
         < ample.regions["r0"]["prefix_reused_tokens"]
@@ -94,7 +96,7 @@ def test_handoffs_between_wafers_hold_the_receiving_link_too(tables):
                                         "prompt": {"kind": "fixed", "value": 64},
                                         "output": {"kind": "fixed", "value": 2}}, "t"))
     reqs.arrival_s[:] = 0.0
-    options = ServeOptions(kv_bytes_per_token=1000, handoff_bytes_per_cycle=1e9,
+    options = replace(OPTIONS, kv_bytes_per_token=1000, handoff_bytes_per_cycle=1e9,
                            offwafer_bytes_per_cycle=1.0)
     transfer = 64 * 1000 / 1.0
     res = serve(reqs, handoff_cluster(tables, (0, 1)), options)
@@ -112,9 +114,9 @@ def test_the_running_cap_admits_one_sequence_at_a_time(tables):
     reqs = generate(workload_from_dict({"name": "w", "requests": 3, "rate": 1e6,
                                         "prompt": {"kind": "fixed", "value": 64},
                                         "output": {"kind": "fixed", "value": 4}}, "t"))
-    res = serve(reqs, mixed(tables), ServeOptions(max_running=1))
+    res = serve(reqs, mixed(tables), replace(OPTIONS, max_running=1))
     order = np.argsort(res.first_token)
     for a, b in zip(order, order[1:]):
         assert res.first_token[b] > res.finish[a]  # b's prefill began after a finished
-    free = serve(reqs, mixed(tables), ServeOptions())
+    free = serve(reqs, mixed(tables), OPTIONS)
     assert free.first_token.max() < res.first_token.max()

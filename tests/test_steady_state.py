@@ -4,6 +4,8 @@ whatever its percentiles, and goodput is the highest rate met (DistServe's defin
 import numpy as np
 import pytest
 
+from wse_emu.fabric import load_fabric
+from wse_emu.model import load_model
 from wse_emu.runtime.experiment import (
     Config,
     Point,
@@ -17,6 +19,8 @@ from wse_emu.runtime.serve import ServeOptions, ServeResult
 from wse_emu.runtime.workload import Requests
 
 CLOCK = 1e9
+OPTIONS = ServeOptions.of(load_fabric("wse3"), load_model("tiny"))
+
 
 
 def result(ttft_s: np.ndarray, tpot_s: float = 1e-3, tokens: int = 10,
@@ -91,8 +95,8 @@ def _points(rate_met: float, tokens_per_request: float):
 
 
 def test_goodput_is_the_highest_rate_met_per_system():
-    configs = [Config("colocated", "a", [], ServeOptions()),
-               Config("disaggregated", "b", [], ServeOptions())]
+    configs = [Config("colocated", "a", [], OPTIONS),
+               Config("disaggregated", "b", [], OPTIONS)]
     limits = {0: 3.0, 1: 4.5}
 
     def run_points(jobs):

@@ -35,7 +35,7 @@ from wse_emu.runtime.comparison import (
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pool import point_pool
-from wse_emu.runtime.regions import handoff_links, region_models
+from wse_emu.runtime.regions import region_models
 from wse_emu.runtime.serve import ServeOptions, ServeResult, kv_shortfall
 from wse_emu.runtime.serve import serve as serve_requests
 from wse_emu.runtime.tuning import Layout
@@ -95,9 +95,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str, *,
     if short:
         raise UserError(short)
     regions = region_models(program, Path(cache_dir) if cache_dir else default_cache_dir())
-    settings = ServeOptions(clock_hz=program.fabric.clock_hz,
-                            kv_bytes_per_token=program.model.kv_bytes_per_token(),
-                            **handoff_links(program), **options)
+    settings = ServeOptions.of(program.fabric, program.model, **options)
     result = serve_requests(requests, regions, settings)
     return result, run_metrics(result, requests, ttft_s, tpot_s)
 
@@ -196,8 +194,7 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         if short:
             skipped.append(f"{plan} {name}: {short}")
             continue
-        options = handoff_links(program) if plan == "disaggregated" else {}
-        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache), options)
+        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache))
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split holds the longest request's KV cache: "
                         + "; ".join(skipped))

@@ -148,8 +148,7 @@ tables_s = time.perf_counter() - began
 reqs = generate(WorkloadSpec(name="trace", arrival="trace", trace=case["trace"],
                              requests=10**9).validate("bench"))
 began = time.perf_counter()
-result = serve(reqs, regions, ServeOptions(clock_hz=program.fabric.clock_hz,
-                                           kv_bytes_per_token=program.model.kv_bytes_per_token()))
+result = serve(reqs, regions, ServeOptions.of(program.fabric, program.model))
 print(json.dumps({"seconds": time.perf_counter() - began, "tables_seconds": tables_s,
                   "requests": len(reqs), "output_tokens": int(result.tokens.sum()),
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -12,7 +12,7 @@ from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
-from wse_emu.runtime.regions import handoff_links, region_models
+from wse_emu.runtime.regions import region_models
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall, serve
 from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS
 from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
@@ -110,13 +110,11 @@ def run(args):
         raise UserError(short)
     regions = region_models(program, cache_dir(args.cache_dir))
     fabric = program.fabric
-    options = ServeOptions(batch_limit=args.batch_limit, policy=args.policy,
-                           token_budget=args.token_budget, prefill_tile=args.prefill_tile,
-                           clock_hz=fabric.clock_hz,
-                           max_running=args.max_running, interleave=args.interleave,
-                           prefix_cache=not args.no_prefix_cache, **handoff_links(program),
-                           kv_bytes_per_token=program.model.kv_bytes_per_token(),
-                           timeline_events=TIMELINE_EVENTS if args.output else 0)
+    options = ServeOptions.of(fabric, program.model, batch_limit=args.batch_limit,
+                              policy=args.policy, token_budget=args.token_budget,
+                              prefill_tile=args.prefill_tile, max_running=args.max_running,
+                              interleave=args.interleave, prefix_cache=not args.no_prefix_cache,
+                              timeline_events=TIMELINE_EVENTS if args.output else 0)
     result = serve(reqs, regions, options)
     metrics = run_metrics(result, reqs, args.ttft_slo, args.tpot_slo)
     data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",

@@ -99,8 +99,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       if longer is not None and space.window_s > 0 else [])
     layouts, skipped = layouts_for(probes)
     fabric = cluster.fabric
-    base = ServeOptions(clock_hz=fabric.clock_hz, kv_bytes_per_token=model.kv_bytes_per_token(),
-                        prefix_cache=space.prefix_cache)
+    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache)
     data = {"model": model.name, "cluster": f"{cluster.systems} x {fabric.name}",
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,

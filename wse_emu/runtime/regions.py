@@ -1,5 +1,5 @@
-"""A compiled program's regions as the serving runtime sees them: stage-time tables (timed
-once, shared by replicas of one shape, cached on disk) and the rates of KV handoffs."""
+"""A compiled program's regions as the serving runtime sees them: their stage-time tables,
+timed once, shared by replicas of one shape and cached on disk."""
 
 from __future__ import annotations
 
@@ -26,12 +26,3 @@ def region_models(program: WaferProgram, cache: Path, progress=None) -> list[Reg
         out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
                                t.get("decode"), system=r.parts[0].system))
     return out
-
-
-def handoff_links(program: WaferProgram) -> dict:
-    """The ``ServeOptions`` rates of KV handoffs: inside a wafer across the fabric at the
-    boundary between regions (4 bytes per row per cycle), between wafers over the off-wafer
-    links."""
-    fabric = program.fabric
-    return {"handoff_bytes_per_cycle": float(fabric.height * fabric.link_bytes_per_cycle),
-            "offwafer_bytes_per_cycle": fabric.offwafer_bytes_per_cycle()}

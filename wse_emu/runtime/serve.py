@@ -61,22 +61,35 @@ class RegionModel:
 POLICIES = ("prefill-priority", "chunked", "interleaved")  # for colocated regions
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServeOptions:
+    """How requests are served. The hardware's numbers have no defaults: ``ServeOptions.of``
+    takes them from the fabric and the model; the rest are the serving knobs."""
+
+    clock_hz: float
+    handoff_bytes_per_cycle: float  # KV handoffs between regions of one wafer
+    offwafer_bytes_per_cycle: float  # ... between wafers, each way, per wafer
+    kv_bytes_per_token: int  # KV cache bytes per token (all layers)
     batch_limit: int = 64
     policy: str = "prefill-priority"  # colocated regions: or "chunked" or "interleaved"
     token_budget: int = 512  # chunked prefill: tokens per micro-batch
     # Prompts go through the pipeline as micro-batches of at most this many tokens, so that a
     # long prompt fills the stages like a flow shop instead of holding each one in turn.
     prefill_tile: int = 64
-    clock_hz: float = 1.1e9
-    handoff_bytes_per_cycle: float = 136.0  # between prefill and decode regions on one wafer
-    offwafer_bytes_per_cycle: float = 0.0  # each way, per wafer (0: handoff_bytes_per_cycle)
     max_running: int = 0  # sequences holding KV in a colocated or decode region (0: no cap)
     interleave: int = 1  # interleaved policy: decode micro-batches per prefill tile
     prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
-    kv_bytes_per_token: int = 0
     timeline_events: int = 0  # stage events kept per region for the timeline (0: none)
+
+    @classmethod
+    def of(cls, fabric, model, **knobs) -> ServeOptions:
+        """Options for ``model`` (a ModelSpec) on ``fabric`` (a FabricSpec): its clock; KV
+        handoffs inside a wafer across the fabric at the boundary between regions (4 bytes per
+        row per cycle), between wafers over the off-wafer links."""
+        return cls(clock_hz=fabric.clock_hz,
+                   handoff_bytes_per_cycle=float(fabric.height * fabric.link_bytes_per_cycle),
+                   offwafer_bytes_per_cycle=fabric.offwafer_bytes_per_cycle(),
+                   kv_bytes_per_token=model.kv_bytes_per_token(), **knobs)
 
 
 @dataclass
@@ -287,7 +300,7 @@ def serve(requests: Requests, regions: list[RegionModel], options: ServeOptions)
                 links, rate = [(sender, "fabric")], options.handoff_bytes_per_cycle
             else:  # out over one wafer's link and in over the other's
                 links = [(sender, "send"), (receiver, "receive")]
-                rate = options.offwafer_bytes_per_cycle or options.handoff_bytes_per_cycle
+                rate = options.offwafer_bytes_per_cycle
             nbytes = int(requests.prompt_tokens[i]) * options.kv_bytes_per_token
             done = max([now] + [link_free.get(link, 0.0) for link in links]) + nbytes / rate
             for link in links:

@@ -16,7 +16,7 @@ costs their sum, and can miss a combination whose knobs only pay together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from wse_emu.runtime.experiment import Config, Point, Search, Targets, evaluate, run_searches
 from wse_emu.runtime.serve import RegionModel, ServeOptions
@@ -77,13 +77,11 @@ class Knob:
 
 @dataclass
 class Layout:
-    """A compiled layout of one plan: its regions (with stage-time tables) and the serving
-    options it sets (the KV handoff rates)."""
+    """A compiled layout of one plan: its regions, with their stage-time tables."""
 
     plan: str
     name: str
     regions: list[RegionModel]
-    options: dict = field(default_factory=dict)
 
 
 def config_of(choice: Choice, layouts: dict, base: ServeOptions) -> Config:
@@ -91,8 +89,7 @@ def config_of(choice: Choice, layouts: dict, base: ServeOptions) -> Config:
     layout = layouts[(choice.plan, choice.layout)]
     options = replace(base, policy=choice.policy, prefill_tile=choice.prefill_tile,
                       token_budget=choice.token_budget, interleave=choice.interleave,
-                      max_running=choice.max_running, batch_limit=choice.batch_limit,
-                      **layout.options)
+                      max_running=choice.max_running, batch_limit=choice.batch_limit)
     return Config(choice.plan, choice.knob, layout.regions, options)
 
 
