@@ -20,7 +20,7 @@ from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.errors import CompileError, UserError
-from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
+from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import WaferProgram
@@ -78,6 +78,11 @@ def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context
     serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
     ``tiles`` tiles."""
     name = program.region_for(phase, region).name
+    capacity = program.region(name).kv_capacity_tokens
+    cached = batch * context if phase == "decode" else tokens
+    if cached > capacity:
+        raise UserError(f"{cached:,} cached tokens do not fit the KV cache of region {name} "
+                        f"({capacity:,} tokens)")
     step = (MicroBatch("decode", batch=batch, context=context) if phase == "decode"
             else MicroBatch("prefill", tokens=tokens, chunks=min(tiles, tokens)))
     return run_region(program, name, step, engine)
@@ -137,6 +142,59 @@ def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, 
     else:
         weights = random_weights(program.model, weights_seed)
     return Generator(program, weights).generate(list(prompt_ids), new_tokens)
+
+
+# What a sweep point may set, beyond "fabric.FIELD" overrides of the fabric's parameters.
+CLUSTER_SETTINGS = ("model", "fabric", "systems", "plan", "prefill_share", "prefill_systems",
+                    "region", "layers_per_stage")
+POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engine"),
+                  "serve": ("workload", "rate", "requests", "policy", "prefill_tile",
+                            "token_budget", "batch_limit", "max_running", "interleave",
+                            "prefix_cache", "ttft_s", "tpot_s", "cache_dir")}
+
+
+def evaluate_point(point: str, config: dict) -> dict:
+    """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
+    describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
+    commands print. A setting it does not know is refused by name."""
+    unknown = sorted(k for k in config if k not in CLUSTER_SETTINGS + POINT_SETTINGS[point]
+                     and not k.startswith("fabric."))
+    if unknown:
+        raise UserError(f"a {point} point does not take {', '.join(unknown)}")
+    if "model" not in config:
+        raise UserError("a sweep point needs a model")
+    fabric = _fabric(config.get("fabric", "wse3"))
+    overrides = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("fabric.")}
+    if overrides:
+        fabric = with_overrides(fabric, **overrides)
+    region = config.get("region")
+    if isinstance(region, str):
+        w, _, h = region.partition("x")
+        region = (int(w), int(h))
+    program = compile(config["model"], fabric, config.get("systems", 1),
+                      **{k: config[k] for k in ("plan", "prefill_share", "prefill_systems",
+                                                "layers_per_stage") if k in config},
+                      region=tuple(region) if region else None)
+    if point == "run":
+        step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),
+                   context=config.get("context", 4096), tokens=config.get("tokens", 4096),
+                   tiles=config.get("tiles", 1), engine=config.get("engine", "fast"))
+        return {"region": step.region, "step_seconds": step.step_seconds,
+                "tokens_per_s_alone": step.latency_tokens_per_s(),
+                "tokens_per_s_pipelined": step.tokens_per_s(),
+                "compute_utilization": step.compute_utilization()}
+    spec = load_workload(config["workload"])
+    if "rate" in config:
+        spec.rate = float(config["rate"])
+    if "requests" in config:
+        spec.requests = int(config["requests"])
+    knobs = {k: config[k] for k in ("policy", "prefill_tile", "token_budget", "batch_limit",
+                                    "max_running", "interleave", "prefix_cache") if k in config}
+    _, metrics = serve(program, spec, cache_dir=config.get("cache_dir"),
+                       ttft_s=config.get("ttft_s"), tpot_s=config.get("tpot_s"), **knobs)
+    return {k: metrics[k] for k in ("requests", "output_tokens_per_s", "requests_per_s",
+                                    "slo_attainment", "goodput_requests_per_s", "ttft_s",
+                                    "tpot_s", "itl_s")}
 
 
 def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:

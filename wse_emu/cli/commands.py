@@ -20,6 +20,8 @@ COMMANDS = {
                   "experiments that answer a question end to end"),
     "generate": ("wse_emu.cli.generate_cmd",
                 "greedy generation computed through the compiled tiles"),
+    "sweep": ("wse_emu.cli.sweep_cmd",
+              "every combination of a sweep's axes on a dask cluster, resumable"),
     "noc": ("wse_emu.cli.noc_cmd",
            "latency and accepted throughput under synthetic traffic"),
     "viz": ("wse_emu.cli.viz_cmd",

@@ -29,6 +29,11 @@ class _Here:
     def bind(self, function, shared: tuple):
         return lambda jobs: [function(*shared, *job) for job in jobs]
 
+    def imap(self, function, jobs):
+        """``function(*job)`` of every job, yielded as each finishes."""
+        for job in jobs:
+            yield function(*job)
+
 
 class _Dask:
     def __init__(self, client):
@@ -44,6 +49,15 @@ class _Dask:
             return self.client.gather(futures)
 
         return run
+
+    def imap(self, function, jobs):
+        """``function(*job)`` of every job on the cluster, yielded as each finishes (not in
+        job order)."""
+        from dask.distributed import as_completed
+
+        futures = [self.client.submit(function, *job, pure=False) for job in jobs]
+        for future in as_completed(futures):
+            yield future.result()
 
 
 @contextmanager

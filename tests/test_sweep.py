@@ -1,0 +1,106 @@
+"""wse-emu sweep: every point once, rows kept across a kill, failures kept as rows."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from wse_emu.cli.main import main
+from wse_emu.runtime.pool import dask_available
+from wse_emu.runtime.sweep import RESULTS, read_rows
+
+SWEEP = """version: 1
+name: tiny-sweep
+point: run
+base: {model: tiny, fabric: mesh16, region: 8x8, phase: decode}
+axes:
+  fabric.clock_hz: [1.0e+9, 1.5e+9, 2.0e+9]
+  context: [16, 32, 48, 64, 96, 128, 160, 192]
+"""
+
+
+def write(tmp_path, text=SWEEP) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
+def test_a_killed_sweep_resumes_without_running_a_point_twice(tmp_path, capsys):
+    sweep, out = write(tmp_path), tmp_path / "out"
+    command = [sys.executable, "-m", "wse_emu.cli.main", "sweep", str(sweep), "-o", str(out),
+               "--workers", "2", "--json"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(read_rows(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and its dask workers
+        proc.wait()
+    before = read_rows(out)
+    assert 3 <= len(before) < 24, "the sweep finished before it could be killed"
+    assert main(["sweep", str(sweep), "-o", str(out), "--workers", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    lines = (out / RESULTS).read_text().splitlines()
+    keys = [json.loads(line)["key"] for line in lines]
+    assert len(keys) == len(set(keys)) == 24  # every point once: none lost, none run twice
+    assert {r["key"] for r in before} <= set(keys)
+    assert len(data["rows"]) == 24 and all("result" in r for r in data["rows"])
+    # The clock scales the step: twice the clock, half the time.
+    steps = {(r["config"]["fabric.clock_hz"], r["config"]["context"]): r["result"]["step_seconds"]
+             for r in data["rows"]}
+    assert steps[(1.0e9, 64)] == pytest.approx(2 * steps[(2.0e9, 64)])
+
+
+def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
+    sweep = write(tmp_path, SWEEP.replace("context: [16, 32, 48, 64, 96, 128, 160, 192]",
+                                          "context: [64, 100000000]").replace(
+        "[1.0e+9, 1.5e+9, 2.0e+9]", "[1.0e+9]"))
+    assert main(["sweep", str(sweep), "-o", str(tmp_path / "out"), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1 failed" in out and "do not fit the KV cache" in out
+    rows = read_rows(tmp_path / "out")
+    assert len(rows) == 2 and sum("error" in r for r in rows) == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("version: 1\nname: x\npoint: fly\naxes: {a: [1]}\n", "'point' must be one of"),
+    ("version: 1\nname: x\npoint: run\naxes: {}\n", "'axes' must map"),
+    ("version: 1\nname: x\npoint: run\naxes: {a: 3}\n", "axis 'a' must be a non-empty list"),
+    ("version: 1\nname: x\npoint: run\nsteps: 3\naxes: {a: [1]}\n", "unknown field(s) steps"),
+])
+def test_bad_sweeps_are_one_line_errors(tmp_path, capsys, text, message):
+    assert main(["sweep", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_directory_of_another_sweep_is_refused(tmp_path, capsys):
+    one = write(tmp_path, SWEEP.replace("[16, 32, 48, 64, 96, 128, 160, 192]", "[64]"))
+    assert main(["sweep", str(one), "-o", str(tmp_path / "o"), "--workers", "1"]) == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(SWEEP.replace("[16, 32, 48, 64, 96, 128, 160, 192]", "[128]"))
+    capsys.readouterr()
+    assert main(["sweep", str(other), "-o", str(tmp_path / "o"), "--workers", "1"]) == 2
+    assert "another sweep" in capsys.readouterr().err
+
+
+def test_the_example_sweeps_load_and_name_only_settings_a_point_takes():
+    from wse_emu.api import CLUSTER_SETTINGS, POINT_SETTINGS
+    from wse_emu.runtime.sweep import load_sweep
+
+    examples = sorted((Path(__file__).resolve().parent.parent / "programs" / "sweeps")
+                      .glob("*.yaml"))
+    assert len(examples) >= 3
+    for path in examples:
+        spec = load_sweep(path)
+        for config in spec.points():
+            assert all(k in CLUSTER_SETTINGS + POINT_SETTINGS[spec.point]
+                       or k.startswith("fabric.") for k in config), path

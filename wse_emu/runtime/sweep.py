@@ -1,0 +1,136 @@
+"""Sweeps: a base configuration and axes; every combination of the axes' values is a point.
+
+Each point is keyed by a hash of its resolved configuration, and its result is appended to
+``results.jsonl`` in the sweep's directory, one line per point, as soon as it finishes (flushed
+and synced), so that a sweep stopped at any moment (a crash, Ctrl-C, a killed job) resumes
+where it stopped: points already there are skipped, and a line cut short by the stop is dropped.
+A point that fails keeps its row, with the error, and the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wse_emu.configfile import read_yaml_mapping
+from wse_emu.errors import ConfigError, UserError
+
+POINTS = ("run", "serve")  # what a point measures: one simulated step, or a serving run
+RESULTS = "results.jsonl"
+SPEC = "sweep.json"  # the sweep as resolved, to tell a resumed sweep from another one
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    point: str  # one of POINTS
+    base: dict = field(default_factory=dict)
+    axes: dict = field(default_factory=dict)  # name -> values, in the order they vary
+
+    def points(self) -> list[dict]:
+        """Every combination of the axes' values over the base, the last axis fastest."""
+        names = list(self.axes)
+        return [{**self.base, **dict(zip(names, values))}
+                for values in itertools.product(*(self.axes[n] for n in names))]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "point": self.point, "base": self.base, "axes": self.axes}
+
+
+def load_sweep(path: Path | str) -> SweepSpec:
+    """A sweep YAML: ``version: 1``, ``name``, ``point`` (run or serve), ``base`` (a mapping)
+    and ``axes`` (a mapping of names to non-empty lists)."""
+    where = str(path)
+    data = read_yaml_mapping(Path(path))
+    unknown = sorted(set(data) - {"version", "name", "point", "base", "axes"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    if data.get("version") != 1:
+        raise ConfigError(f"{where}: 'version' must be 1")
+    point = data.get("point")
+    if point not in POINTS:
+        raise ConfigError(f"{where}: 'point' must be one of {', '.join(POINTS)}, got {point!r}")
+    base, axes = data.get("base") or {}, data.get("axes")
+    if not isinstance(base, dict):
+        raise ConfigError(f"{where}: 'base' must be a mapping")
+    if not isinstance(axes, dict) or not axes:
+        raise ConfigError(f"{where}: 'axes' must map one or more names to lists of values")
+    for name, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: axis {name!r} must be a non-empty list")
+    return SweepSpec(str(data.get("name") or Path(path).stem), point, base, axes)
+
+
+def point_key(point: str, config: dict) -> str:
+    """The hash a point's row is known by: of its kind and its resolved configuration."""
+    text = json.dumps({"point": point, "config": config}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_rows(directory: Path) -> list[dict]:
+    """The rows written so far (a last line cut short by a stop is left out)."""
+    path = directory / RESULTS
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def _open_results(directory: Path):
+    """The results file for appending, without the partial line a stop may have left."""
+    path = directory / RESULTS
+    if path.exists():
+        data = path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            with open(path, "r+b") as fh:
+                fh.truncate(end)
+    return open(path, "a")
+
+
+def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None) -> list[dict]:
+    """Run the points of ``spec`` not yet in ``directory`` on ``pool`` (``pool.imap``):
+    ``evaluate(point, config)`` returns a point's result dict or raises. Returns every row, in
+    the order of the sweep's points."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / SPEC
+    if marker.exists():
+        if json.loads(marker.read_text()) != spec.to_json():
+            raise UserError(f"{directory} holds another sweep's results: choose another -o")
+    else:
+        marker.write_text(json.dumps(spec.to_json(), indent=1))
+    configs = spec.points()
+    keys = [point_key(spec.point, c) for c in configs]
+    done = {row["key"] for row in read_rows(directory)}
+    pending = [(spec.point, c) for k, c in zip(keys, configs) if k not in done]
+    total, finished = len(configs), len(configs) - len(pending)
+    with _open_results(directory) as out:
+        for row in pool.imap(evaluate_row, [(evaluate, p, c) for p, c in pending]):
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+            finished += 1
+            if progress:
+                progress(finished, total)
+    by_key = {row["key"]: row for row in read_rows(directory)}
+    return [by_key[k] for k in keys if k in by_key]
+
+
+def evaluate_row(evaluate, point: str, config: dict) -> dict:
+    """One point's row: its key, configuration and result, or the error it failed with."""
+    row = {"key": point_key(point, config), "point": point, "config": config}
+    try:
+        row["result"] = evaluate(point, config)
+    except Exception as exc:  # noqa: BLE001 - one point's failure must not stop the others
+        kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
+        row["error"] = kind + " ".join(str(exc).split())
+    return row
