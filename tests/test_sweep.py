@@ -68,6 +68,10 @@ def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
     assert "1 failed" in out and "do not fit the KV cache" in out
     rows = read_rows(tmp_path / "out")
     assert len(rows) == 2 and sum("error" in r for r in rows) == 1
+    # Drawn: the points that ran, against the axis that varies; the failure said.
+    assert main(["viz", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "figures" / "sweep.png").stat().st_size > 10_000
+    assert "1 point failed" in (tmp_path / "out" / "report.html").read_text()
 
 
 @pytest.mark.parametrize("text, message", [

@@ -15,8 +15,9 @@ from visualize.draw import map_figure, regions_figure
 from visualize.roofline import roofline_figure
 from visualize.rundir import RunDir
 from visualize.serving import draw_serving
+from visualize.sweep import sweep_figure
 
-KINDS = ("maps", "roofline", "serving", "experiment")
+KINDS = ("maps", "roofline", "serving", "experiment", "sweep")
 
 
 def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
@@ -25,6 +26,8 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
     figures: list[tuple[Path, str]] = []
     if "experiment" in what and run.experiment:
         figures += draw_experiment(run.experiment, out, formats)
+    if "sweep" in what and run.sweep:
+        figures += sweep_figure(run.sweep, out / "sweep", formats)
     if "serving" in what and run.metrics:
         figures += draw_serving(run.path, run.metrics, out, formats)
     program = run.program

@@ -10,6 +10,8 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram
+from wse_emu.runtime.sweep import SPEC as SWEEP_SPEC
+from wse_emu.runtime.sweep import read_rows
 
 
 @dataclass
@@ -21,9 +23,12 @@ class RunDir:
     metrics: dict = field(default_factory=dict)  # metrics.json of `serve`
     summary: dict = field(default_factory=dict)  # summary.json of `compile`
     experiment: dict = field(default_factory=dict)  # experiment.json of `experiment disagg`
+    sweep: dict = field(default_factory=dict)  # sweep.json of `sweep`, with its rows
 
     @property
     def kind(self) -> str:
+        if self.sweep:
+            return "sweep"
         if self.experiment:
             return "experiment"
         if self.metrics:
@@ -55,8 +60,14 @@ def load_run(path: str | Path) -> RunDir:
                 setattr(run, name, json.loads(file.read_text(encoding="utf-8")))
             except (OSError, ValueError) as exc:
                 raise UserError(f"{file}: not valid JSON ({exc})") from None
-    if run.program is None and not run.metrics and not run.experiment:
-        raise UserError(f"{path}: nothing to draw (no program.json, metrics.json or "
-                        "experiment.json): write one with 'wse-emu compile -o', 'run -o', "
-                        "'serve -o' or 'experiment disagg -o'")
+    if (path / SWEEP_SPEC).exists():
+        try:
+            run.sweep = {**json.loads((path / SWEEP_SPEC).read_text(encoding="utf-8")),
+                         "rows": read_rows(path)}
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path / SWEEP_SPEC}: not valid JSON ({exc})") from None
+    if run.program is None and not run.metrics and not run.experiment and not run.sweep:
+        raise UserError(f"{path}: nothing to draw (no program.json, metrics.json, "
+                        "experiment.json or sweep.json): write one with 'wse-emu compile -o', "
+                        "'run -o', 'serve -o', 'experiment disagg -o' or 'sweep -o'")
     return run

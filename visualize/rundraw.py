@@ -51,6 +51,8 @@ def _title(run) -> str:
     p = run.program
     if p is not None:
         return f"wse-emu {run.kind}: {p.model.name} on {p.systems} x {p.fabric.name}"
+    if run.sweep:
+        return f"wse-emu sweep {run.sweep['name']}"
     data = run.experiment or run.metrics
     return (f"wse-emu {run.kind}: {data.get('model')} on "
             f"{data.get('cluster') or data.get('fabric')}")
@@ -64,6 +66,14 @@ def _config(run) -> list[tuple[str, object]]:
                  ("plan", p.options.get("plan")),
                  ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
                                        f"{len(r.stage_ids)} stages)" for r in p.regions))]
+    if run.sweep:
+        w = run.sweep
+        rows += [("point", w["point"]), ("base", ", ".join(f"{k} {v}" for k, v in
+                                                           w["base"].items())),
+                 ("axes", "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in
+                                    w["axes"].items())),
+                 ("points", f"{len(w['rows'])} done, {sum('error' in r for r in w['rows'])} "
+                            "failed")]
     e = run.experiment
     if e and "sensitivity" in e:
         rows += [("model", e["model"]), ("fabric", e["fabric"]), ("workload", e["workload"]),

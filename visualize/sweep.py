@@ -1,0 +1,82 @@
+"""A sweep drawn: its headline number against one axis (a line per value of the others), or,
+over two axes, a heatmap. Failed points are left out of the lines and grey in a heatmap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from visualize.draw import DPI, plt, quantity_cmap, save_figure
+
+# The number drawn for each kind of point, and its label.
+HEADLINE = {"run": ("tokens_per_s_pipelined", "decode tokens/s, pipeline full"),
+            "serve": ("goodput_requests_per_s", "requests meeting both targets per second")}
+
+
+def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
+    key, label = HEADLINE[sweep["point"]]
+    axes = list(sweep["axes"])
+    values = {a: sweep["axes"][a] for a in axes}
+    result = {tuple(_value(r["config"][a]) for a in axes): r["result"][key]
+              for r in sweep["rows"] if "result" in r}
+    failed = sum("error" in r for r in sweep["rows"])
+    note = f" ({failed} point{'s' if failed != 1 else ''} failed)" if failed else ""
+    if len(axes) == 2:
+        xs, ys = ([_value(v) for v in values[a]] for a in axes)
+        grid = np.array([[result.get((x, y), np.nan) for x in xs] for y in ys], dtype=float)
+        fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=DPI)
+        image = ax.imshow(np.ma.masked_invalid(grid), cmap=quantity_cmap(), aspect="auto",
+                          origin="lower")
+        ax.set_xticks(range(len(xs)), [f"{x:g}" if isinstance(x, float) else str(x)
+                                       for x in xs])
+        ax.set_yticks(range(len(ys)), [f"{y:g}" if isinstance(y, float) else str(y)
+                                       for y in ys])
+        for j, row in enumerate(grid):
+            for i, v in enumerate(row):
+                if np.isfinite(v):
+                    ax.text(i, j, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                            color="white" if v < np.nanmean(grid) else "black")
+        ax.set_xlabel(axes[0])
+        ax.set_ylabel(axes[1])
+        fig.colorbar(image, ax=ax, label=label)
+    else:
+        fig, ax = plt.subplots(figsize=(7.5, 4.4), dpi=DPI)
+        first, rest = axes[0], axes[1:]
+        xs = [_value(v) for v in values[first]]
+        combos = sorted({k[1:] for k in result}, key=str) or [()]
+        for combo in combos:
+            pts = [(x, result[(x, *combo)]) for x in xs if (x, *combo) in result]
+            if pts:
+                name = ", ".join(f"{a} {c}" for a, c in zip(rest, combo)) or label
+                ax.plot([_position(x, xs) for x, _ in pts], [v for _, v in pts], marker="o",
+                        label=name)
+        ax.set_xticks(range(len(xs)) if not _numeric(xs) else xs)
+        if not _numeric(xs):
+            ax.set_xticklabels([str(x) for x in xs])
+        ax.set_xlabel(first)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if rest:
+            ax.legend(fontsize=7)
+    ax.set_title(f"sweep {sweep['name']}{note}", fontsize=10)
+    fig.tight_layout()
+    files = save_figure(fig, path, formats)
+    return [(files[0], f"Sweep {sweep['name']}: {label} against "
+                       f"{' and '.join(axes[:2]) if len(axes) == 2 else axes[0]}{note}")]
+
+
+def _value(v):
+    """A config value as drawn: numbers as floats (a YAML '1.0e9' may arrive as text)."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _numeric(xs) -> bool:
+    return all(isinstance(x, float) for x in xs)
+
+
+def _position(x, xs):
+    return x if _numeric(xs) else xs.index(x)
