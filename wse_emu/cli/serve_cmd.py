@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
+from wse_emu.api import default_cache_dir
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
@@ -59,10 +59,7 @@ def add_parser(sub, summary: str) -> None:
 
 def cache_dir(given: str | None = None) -> Path:
     """Where stage-time tables are kept: ``given``, else the user's cache directory."""
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "wse-emu"
+    return Path(given) if given else default_cache_dir()
 
 
 def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=()) -> None:
