@@ -258,6 +258,7 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
     if config is not None and requests is not None:
         # At 100% busy stages: how close the configuration's best rate comes.
         row["ceiling_rate_per_s"] = ceiling_rate(config.regions, config.options, requests)
+        row["ceiling_rate_per_system"] = row["ceiling_rate_per_s"] / systems
         row["share_of_ceiling"] = row["max_rate_per_s"] / row["ceiling_rate_per_s"]
     return row
 
