@@ -30,9 +30,20 @@ from wse_emu.runtime.serve import POLICIES, ServeOptions
 from wse_emu.runtime.tuning import Choice, Knob, config_of, evaluate_choice, tune
 from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
 
-# The confirming runs stop growing here (a run of this many takes seconds to serve); the window
-# they reach is reported.
+# The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
+# the window they reach is reported.
 MAX_CONFIRM_REQUESTS = 20_000
+
+
+def sessions_of(requests: Requests) -> int:
+    """How many sessions (plain requests) ``requests`` holds: what a workload's size counts."""
+    return int(np.count_nonzero(~np.isnan(requests.arrival_s)))
+
+
+def confirm_cap(requests: Requests) -> int:
+    """The most sessions a confirming run of this workload holds: MAX_CONFIRM_REQUESTS model
+    calls, at the calls per session of ``requests``."""
+    return max(1, MAX_CONFIRM_REQUESTS * sessions_of(requests) // max(1, len(requests)))
 
 
 @dataclass
@@ -95,7 +106,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     every draw's answer and the mean and 95% interval over all of them."""
     draws = [requests, *more_draws]
     # Every request any run may serve must fit a layout's KV, the confirming runs' included.
-    probes = draws + ([longer(r, MAX_CONFIRM_REQUESTS) for r in range(len(draws))]
+    probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
                       if longer is not None and space.window_s > 0 else [])
     layouts, skipped = layouts_for(probes)
     fabric = cluster.fabric
@@ -149,12 +160,13 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
     if window <= 0 and draw == 0:
         searches, runs = {c: tuning[c] for c in tuned.values()}, requests
     else:
-        n = len(requests)
+        # Run sizes count sessions, as the rates do; ``cap`` keeps their model calls in bounds.
+        n, cap = sessions_of(requests), confirm_cap(requests)
         for _ in range(3):
             if window > 0:
                 # The steady window is the middle of the arrivals (``metrics.steady_window``).
                 wanted = int(np.ceil(max(guess.values()) * window / (1 - WARMUP - DRAIN)))
-                n = max(n, min(MAX_CONFIRM_REQUESTS, wanted))
+                n = max(n, min(cap, wanted))
                 runs = longer(draw, n)
             else:
                 runs = requests
@@ -162,7 +174,7 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
                                      tolerance, progress)
             reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
                        if s.best is not None]
-            longest = window <= 0 or len(runs) < n or n >= MAX_CONFIRM_REQUESTS
+            longest = window <= 0 or sessions_of(runs) < n or n >= cap
             if longest or min(reached, default=window) >= 0.9 * window:
                 break
             guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}
