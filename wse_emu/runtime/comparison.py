@@ -35,15 +35,10 @@ from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
 MAX_CONFIRM_REQUESTS = 20_000
 
 
-def sessions_of(requests: Requests) -> int:
-    """How many sessions (plain requests) ``requests`` holds: what a workload's size counts."""
-    return int(np.count_nonzero(~np.isnan(requests.arrival_s)))
-
-
 def confirm_cap(requests: Requests) -> int:
     """The most sessions a confirming run of this workload holds: MAX_CONFIRM_REQUESTS model
     calls, at the calls per session of ``requests``."""
-    return max(1, MAX_CONFIRM_REQUESTS * sessions_of(requests) // max(1, len(requests)))
+    return max(1, MAX_CONFIRM_REQUESTS * requests.sessions() // max(1, len(requests)))
 
 
 @dataclass
@@ -161,7 +156,7 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
         searches, runs = {c: tuning[c] for c in tuned.values()}, requests
     else:
         # Run sizes count sessions, as the rates do; ``cap`` keeps their model calls in bounds.
-        n, cap = sessions_of(requests), confirm_cap(requests)
+        n, cap = requests.sessions(), confirm_cap(requests)
         for _ in range(3):
             if window > 0:
                 # The steady window is the middle of the arrivals (``metrics.steady_window``).
@@ -174,7 +169,7 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
                                      tolerance, progress)
             reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
                        if s.best is not None]
-            longest = window <= 0 or sessions_of(runs) < n or n >= cap
+            longest = window <= 0 or runs.sessions() < n or n >= cap
             if longest or min(reached, default=window) >= 0.9 * window:
                 break
             guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}

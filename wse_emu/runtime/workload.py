@@ -127,6 +127,10 @@ class Requests:
         return Requests(self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
                         self.session, self.call, self.think_s)
 
+    def sessions(self) -> int:
+        """How many sessions (plain requests) it holds: what a workload's size counts."""
+        return int(np.count_nonzero(~np.isnan(self.arrival_s)))
+
     def offered_rate(self) -> float:
         """Sessions (plain requests) per second over the span of their arrivals."""
         first = self.arrival_s[~np.isnan(self.arrival_s)]
@@ -136,7 +140,7 @@ class Requests:
     def summary(self) -> dict[str, Any]:
         first = ~np.isnan(self.arrival_s)
         span = float(np.nanmax(self.arrival_s) - np.nanmin(self.arrival_s)) if first.any() else 0
-        return {"requests": len(self), "sessions": int(self.session.max() + 1) if len(self) else 0,
+        return {"requests": len(self), "sessions": self.sessions(),
                 "prompt_tokens_mean": float(self.prompt_tokens.mean()),
                 "output_tokens_mean": float(self.output_tokens.mean()),
                 "arrival_span_s": span}
