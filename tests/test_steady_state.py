@@ -72,6 +72,47 @@ def test_a_burst_arriving_at_once_is_not_steady():
     assert not Targets(ttft_s=1.0, tpot_s=0.005).met(burst)
 
 
+def sessions_run(starts_s: np.ndarray, ttft_first_s: np.ndarray, calls: int = 5,
+                 step_s: float = 0.5) -> tuple[ServeResult, Requests]:
+    """Agent sessions starting at ``starts_s``: each first call waits ``ttft_first_s``, and each
+    later call arrives ``step_s`` after the one before it started and is served at once (the
+    closed loop: later calls are paced by service, not by the offered rate)."""
+    n = len(starts_s)
+    session = np.repeat(np.arange(n), calls)
+    call = np.tile(np.arange(calls), n)
+    arrival = np.repeat(starts_s, calls) + call * step_s
+    ttft = np.where(call == 0, np.repeat(ttft_first_s, calls), 0.01)
+    first = arrival + ttft
+    finish = first + 1e-3 * 9
+    order = np.argsort(arrival, kind="stable")
+    res = ServeResult((arrival * CLOCK).astype(np.int64)[order],
+                      (first * CLOCK).astype(np.int64)[order],
+                      (finish * CLOCK).astype(np.int64)[order], np.full(n * calls, 10),
+                      ["r"] * (n * calls), CLOCK)
+    ones = np.ones(n * calls, dtype=np.int64)
+    opening = np.where(call == 0, arrival, np.nan)
+    reqs = Requests(opening[order], 100 * ones[order], 10 * ones[order], session[order],
+                    call[order], np.zeros(n * calls))
+    return res, reqs
+
+
+def test_a_burst_of_sessions_is_judged_by_their_first_calls():
+    """Sixty sessions arriving within 6 ms, their first calls served over 0.6 s: a burst the
+    cluster absorbed. Their later calls, paced by service, spread over seconds and look like
+    a steady stream, so judged on every call the run would pass; judged on the sessions'
+    open-loop arrivals it is the burst it is."""
+    targets = Targets(ttft_s=1.0, tpot_s=0.005)
+    res, reqs = sessions_run(np.linspace(0, 0.006, 60), np.linspace(0.01, 0.6, 60))
+    burst = run_metrics(res, reqs, 1.0, 0.005, steady=True)
+    assert burst["ttft_s"]["p90"] < 1.0 and burst["slo_attainment"] == 1.0
+    assert burst["pace"] > 10 and not targets.met(burst)
+    # The same sessions arriving over 30 s, each first call waiting the same 0.1 s, are steady;
+    # the window holds every call of the sessions that start inside it.
+    res, reqs = sessions_run(np.linspace(0, 30, 60), np.full(60, 0.1))
+    steady = run_metrics(res, reqs, 1.0, 0.005, steady=True)
+    assert targets.met(steady) and steady["window_requests"] % 5 == 0
+
+
 def test_percentiles_count_only_the_window():
     """A burst of slow first tokens during warm-up does not count against the run."""
     ttft = np.full(100, 0.1)

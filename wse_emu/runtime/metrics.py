@@ -7,7 +7,12 @@ of arrivals: the cluster filling up and emptying out are not what it sustains), 
 reports how fast TTFT rises across that window (``ttft_slope``) and how long the window's first
 tokens took to come out against how long its requests took to arrive (``pace``): a queue that
 keeps growing shows as a TTFT that keeps rising and first tokens that fall behind, however good
-the percentiles of a short run look."""
+the percentiles of a short run look.
+
+For agent sessions the window and both checks follow the sessions' first calls. Only those
+arrive open-loop; a session's later calls arrive when its earlier ones finish, so they are paced
+by the service itself and would make a burst the cluster merely absorbed look steady. A window
+holds every call of the sessions that started inside it."""
 
 from __future__ import annotations
 
@@ -29,6 +34,14 @@ def steady_window(arrival: np.ndarray) -> np.ndarray:
     mask = np.zeros(n, dtype=bool)
     mask[order[lo:hi] if hi - lo >= FIFTHS else order] = True
     return mask
+
+
+def session_window(arrival: np.ndarray, session: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Every call of the sessions whose first call falls in the steady window of first calls
+    (for plain requests, the steady window itself)."""
+    opening = np.flatnonzero(first)
+    inside = session[opening[steady_window(arrival[opening])]]
+    return np.isin(session, inside)
 
 
 def ttft_trend(arrival: np.ndarray, ttft: np.ndarray) -> list[float]:
@@ -73,7 +86,9 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
         ok &= ttft <= ttft_slo_s
     if tpot_slo_s is not None:
         ok &= tpot <= tpot_slo_s
-    window = steady_window(res.arrival) if steady else np.ones(len(ttft), dtype=bool)
+    first = reqs.call == 0  # open-loop arrivals: plain requests and sessions' first calls
+    window = session_window(res.arrival, reqs.session, first) if steady \
+        else np.ones(len(ttft), dtype=bool)
     gaps = res.itl_s(window)
     out = {
         "requests": len(ttft),
@@ -91,14 +106,15 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
         "goodput_requests_per_s": float(ok.sum() / span) if span > 0 else 0.0,
     }
     if steady:
-        arrived = res.arrival[window] / res.clock_hz
-        trend = ttft_trend(arrived, ttft[window])
-        served = res.first_token[window] / res.clock_hz
+        opening = window & first
+        arrived = res.arrival[opening] / res.clock_hz
+        trend = ttft_trend(arrived, ttft[opening])
+        served = res.first_token[opening] / res.clock_hz
         out.update({"window_requests": int(window.sum()),
                     "window_s": float(arrived.max() - arrived.min()),
                     "ttft_by_fifth_s": trend,
                     "ttft_growth_s": trend[-1] - trend[0],
-                    "ttft_slope": ttft_slope(arrived, ttft[window]),
+                    "ttft_slope": ttft_slope(arrived, ttft[opening]),
                     "pace": pace(arrived, served)})
     sessions = np.unique(reqs.session)
     if len(sessions) < len(reqs):
