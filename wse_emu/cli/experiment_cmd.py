@@ -310,7 +310,8 @@ def render_replicates(over: dict) -> list[str]:
             for c in over["configurations"]]
     ratio = over["goodput_ratio"]
     lines = [f"Over {over['replicates']} independent draws of the workload "
-             f"({over.get('draws', 'each searched alone')}): mean (95% interval)", "",
+             f"({over.get('draws', 'each searched alone')}): mean (95% interval; for "
+             "goodputs and their ratio, widened to the rate search's step)", "",
              table(["configuration", "goodput/s/system", "tok/s/system"], rows, "lrr")]
     if ratio["mean"] is not None:
         lines += ["", "Disaggregated / colocated goodput: "

@@ -246,6 +246,9 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
         m = r.best.metrics
         row.update({"max_rate_per_s": r.best.rate,
                     "max_rate_per_system": r.best.rate / systems,
+                    # The search's bracket: the true highest rate lies below the next one.
+                    "failed_rate_per_system": (r.failed.rate / systems
+                                               if r.failed is not None else None),
                     "goodput_requests_per_s": r.goodput,
                     "output_tokens_per_s": r.tokens_per_s,
                     "output_tokens_per_s_per_system": r.tokens_per_s / systems,

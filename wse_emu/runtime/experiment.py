@@ -265,21 +265,37 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
-def interval(values) -> dict:
+def interval(values, lower=None, upper=None) -> dict:
     """Mean and 95% confidence interval (Student's t) of independent replicates; the interval
-    is absent with fewer than two."""
+    is absent with fewer than two. With ``lower`` and ``upper`` (each replicate's value is only
+    known to lie between them, as a searched rate lies between the highest rate met and the
+    next that failed), the ends are the same interval's ends over them: the search's step is
+    part of what is not known, and draws that land on the same step do not make it exact."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
     out = {"n": int(len(v)), "values": v.tolist(), "mean": float(v.mean()) if len(v) else None}
     if len(v) >= 2:
-        t = T975[max(k for k in T975 if k <= len(v) - 1)]
-        half = t * float(v.std(ddof=1)) / np.sqrt(len(v))
+        half = _half_width(v)
         out.update(low=out["mean"] - half, high=out["mean"] + half, half_width=half)
+        for name, bound, pick in (("lower", lower, min), ("upper", upper, max)):
+            ends = None if bound is None else [x for x in bound if x is not None]
+            if ends is not None and len(ends) == len(v):
+                ends = np.asarray(ends, dtype=float)
+                end = float(ends.mean()) + (-1 if name == "lower" else 1) * _half_width(ends)
+                key = "low" if name == "lower" else "high"
+                out[key] = pick(out[key], end)
+                out[f"{name}_values"] = ends.tolist()
     return out
+
+
+def _half_width(v: np.ndarray) -> float:
+    t = T975[max(k for k in T975 if k <= len(v) - 1)]
+    return float(t * v.std(ddof=1) / np.sqrt(len(v)))
 
 
 def over_replicates(reports: list[dict]) -> dict:
     """Each configuration's goodput per system and the plans' ratios, over the replicates'
-    reports (``configurations`` and ``comparison`` as ``experiment`` makes them)."""
+    reports (``configurations`` and ``comparison`` as ``experiment`` makes them). Goodputs and
+    the goodput ratio are bracketed by the rate searches' steps (``interval``'s ``upper``)."""
     # Configurations searched on every draw (the tuned ones, when only the first was tuned).
     labels = [c["configuration"] for c in reports[0]["configurations"]
               if all(any(d["configuration"] == c["configuration"] for d in r["configurations"])
@@ -289,14 +305,33 @@ def over_replicates(reports: list[dict]) -> dict:
         mine = [next(c for c in r["configurations"] if c["configuration"] == label)
                 for r in reports]
         rows.append({"configuration": label,
-                     "max_rate_per_system": interval(c.get("max_rate_per_system", 0.0)
-                                                     for c in mine),
+                     "max_rate_per_system": interval(
+                         [c.get("max_rate_per_system", 0.0) for c in mine],
+                         upper=[c.get("failed_rate_per_system") for c in mine]),
                      "output_tokens_per_s_per_system": interval(
                          c.get("output_tokens_per_s_per_system", 0.0) for c in mine)})
     return {"replicates": len(reports), "configurations": rows,
-            "goodput_ratio": interval(r["comparison"].get("goodput_ratio") for r in reports),
+            "goodput_ratio": interval([r["comparison"].get("goodput_ratio") for r in reports],
+                                      [_ratio_bound(r, low=True) for r in reports],
+                                      [_ratio_bound(r, low=False) for r in reports]),
             "tokens_per_s_ratio": interval(r["comparison"].get("tokens_per_s_ratio")
                                            for r in reports)}
+
+
+def _ratio_bound(report: dict, low: bool) -> float | None:
+    """The lowest (``low``) or highest goodput ratio a draw's rate brackets allow: one plan at
+    its highest rate met, the other at the next rate that failed (None when that search found
+    no failing rate)."""
+    cmp_ = report["comparison"]
+    if cmp_.get("goodput_ratio") is None:
+        return None
+    rows = {c["configuration"]: c for c in report["configurations"]}
+    col, dis = rows[cmp_["colocated"]], rows[cmp_["disaggregated"]]
+    if low:
+        failed = col.get("failed_rate_per_system")
+        return None if failed is None else _ratio(dis["max_rate_per_system"], failed)
+    failed = dis.get("failed_rate_per_system")
+    return None if failed is None else _ratio(failed, col["max_rate_per_system"])
 
 
 def _ratio(a: float, b: float) -> float | None:
