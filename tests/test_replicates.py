@@ -11,7 +11,7 @@ from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
-from wse_emu.runtime.experiment import interval
+from wse_emu.runtime.experiment import interval, over_replicates
 from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
@@ -22,6 +22,35 @@ def test_interval_is_students_t():
     # mean 2, sample sd 1, t(0.975, 2) = 4.303
     assert iv["mean"] == 2.0 and iv["half_width"] == pytest.approx(4.303 / np.sqrt(3))
     assert "half_width" not in interval([5.0])
+
+
+def test_draws_on_one_search_step_still_leave_the_step_unknown():
+    """Three draws whose searches all stop at 5.76/s met and 6.05/s failed agree exactly, but
+    the goodput is only known to lie in that step: the interval spans it."""
+    iv = interval([5.76] * 3, upper=[6.05] * 3)
+    assert iv["half_width"] == pytest.approx(0.0, abs=1e-12)
+    assert iv["low"] == pytest.approx(5.76) and iv["high"] == pytest.approx(6.05)
+    # Bounds only widen an interval, and missing bounds (a search that never failed) are
+    # ignored.
+    spread = interval([1.0, 2.0, 3.0], lower=[0.9, 1.9, 2.9], upper=[1.1, 2.1, 3.1])
+    plain = interval([1.0, 2.0, 3.0])
+    assert spread["low"] < plain["low"] and spread["high"] > plain["high"]
+    assert interval([1.0, 2.0], upper=[None, 2.2])["high"] == interval([1.0, 2.0])["high"]
+
+
+def test_the_ratio_is_bracketed_by_both_searches():
+    """A draw where colocated met 10/s and failed at 10.5/s and disaggregated met 8/s and
+    failed at 8.4/s: its ratio lies between 8/10.5 and 8.4/10."""
+    def draw():
+        return {"comparison": {"colocated": "c", "disaggregated": "d", "goodput_ratio": 0.8},
+                "configurations": [
+                    {"configuration": "c", "max_rate_per_system": 10.0,
+                     "failed_rate_per_system": 10.5, "output_tokens_per_s_per_system": 1.0},
+                    {"configuration": "d", "max_rate_per_system": 8.0,
+                     "failed_rate_per_system": 8.4, "output_tokens_per_s_per_system": 1.0}]}
+    ratio = over_replicates([draw(), draw()])["goodput_ratio"]
+    assert ratio["mean"] == pytest.approx(0.8)
+    assert ratio["low"] == pytest.approx(8 / 10.5) and ratio["high"] == pytest.approx(0.84)
 
 
 def test_replicates_are_new_seeds_or_the_next_trace_windows(tmp_path):
