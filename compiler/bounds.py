@@ -18,7 +18,7 @@ from wse_emu import layer as ly
 from wse_emu.fabric import FabricSpec
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
-from wse_emu.program import Kernel, Rect
+from wse_emu.program import Kernel, Rect, WaferProgram
 
 
 def _ceil(a: int, b: int) -> int:
@@ -200,3 +200,18 @@ def stage_bound(layer_kernels: dict[str, dict], dependencies: dict[str, list[str
             "dominant": resource if busiest >= latency else "path",
             "resource_cycles": float(busiest), "latency_cycles": float(latency),
             "serial_cycles": float(serial)}
+
+
+def stage_bounds(program: WaferProgram, run) -> dict[int, dict[str, float]]:
+    """Per stage of a simulated step (a ``wse_emu.runner.RegionRun``), each kernel's lower
+    bound at the step's workload, in cycles: one layer, one token tile."""
+    step = run.step
+    work = MicroBatch(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,
+                    context=step.context)
+    out = {}
+    for sr in run.stages:
+        stage = program.stages[sr.stage]
+        out[sr.stage] = {k.name: kernel_bound(k, stage.rect, program.model, program.fabric,
+                                              work, range(*stage.layers))["cycles"]
+                         for k in program.stage_kernels(stage)}
+    return out

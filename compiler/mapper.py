@@ -51,7 +51,7 @@ def _plan_and_template(model, cluster, options):
             per_part = _replicas_per_part(plans)
             if options.region is not None or per_part <= 1:
                 raise CompileError(f"{model.name} cannot be laid out on {cluster.describe()}: "
-                                   f"{exc}; try --layers-per-stage or a larger region") from None
+                                   f"{exc}; try `layers_per_stage` or a larger region") from None
             cap = per_part // 2
 
 

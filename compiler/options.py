@@ -37,26 +37,26 @@ class CompileOptions:
 
     def __post_init__(self):
         if self.plan not in PLANS:
-            raise UserError(f"--plan must be one of {', '.join(PLANS)}, got {self.plan!r}")
+            raise UserError(f"`plan` must be one of {', '.join(PLANS)}, got {self.plan!r}")
         if self.prefill_share is not None and self.prefill_systems is not None:
-            raise UserError("give --prefill-share or --prefill-systems, not both")
+            raise UserError("give `prefill_share` or `prefill_systems`, not both")
         if self.plan == "colocated" and (self.prefill_share is not None
                                          or self.prefill_systems is not None):
-            raise UserError("--prefill-share and --prefill-systems need --plan disaggregated")
+            raise UserError("`prefill_share` and `prefill_systems` need `plan=disaggregated`")
         if self.prefill_share is not None and not 0.0 < self.prefill_share < 1.0:
-            raise UserError(f"--prefill-share must be between 0 and 1, got {self.prefill_share}")
+            raise UserError(f"`prefill_share` must be between 0 and 1, got {self.prefill_share}")
         if self.prefill_systems is not None and self.prefill_systems < 1:
-            raise UserError(f"--prefill-systems must be at least 1, got {self.prefill_systems}")
+            raise UserError(f"`prefill_systems` must be at least 1, got {self.prefill_systems}")
         if self.region is not None and min(self.region) < 1:
-            raise UserError(f"--region must be WxH with positive sides, got {self.region}")
+            raise UserError(f"`region` must be WxH with positive sides, got {self.region}")
         if self.layers_per_stage is not None and self.layers_per_stage < 1:
-            raise UserError(f"--layers-per-stage must be at least 1, got {self.layers_per_stage}")
+            raise UserError(f"`layers_per_stage` must be at least 1, got {self.layers_per_stage}")
         if not 0.0 < self.weight_share_target <= 1.0:
             raise UserError("weight_share_target must be in (0, 1]")
         if self.buffer_tokens < 1:
             raise UserError("buffer_tokens must be at least 1")
         if self.seed < 0:
-            raise UserError(f"--seed must be 0 or more, got {self.seed}")
+            raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         if self.anneal_steps < 0:
             raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 
@@ -71,4 +71,4 @@ def parse_region(text: str) -> tuple[int, int]:
         w, h = text.lower().split("x")
         return int(w), int(h)
     except ValueError:
-        raise UserError(f"--region must look like WxH (e.g. 377x585), got {text!r}") from None
+        raise UserError(f"`region` must look like WxH (e.g. 377x585), got {text!r}") from None

@@ -67,7 +67,7 @@ def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str
             f"{cluster.systems} x {cluster.fabric.name} holds "
             f"{_gb(cluster.systems * cluster.fabric.sram_bytes_total)} of SRAM, of which "
             f"{capacity_text} can hold weights (less code, runtime and buffers){what}: "
-            f"use --systems {need} or more")
+            f"use `systems={need}` or more")
 
 
 def _part_weight_capacity(fabric: FabricSpec, width: int) -> float:
@@ -122,27 +122,28 @@ def _part_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, width: in
     shares = _share_range(fabric.width, min_width)
     if shares is not None:
         lo, hi = shares
-        which = f"{lo:g}" if lo == hi else f"between {lo:g} and {hi:g}"
-        return (f"{head}: use --prefill-share {which} (the shares that leave both parts "
+        which = f"`prefill_share={lo:g}`" if lo == hi else (f"`prefill_share` between {lo:g} "
+                                                             f"and {hi:g}")
+        return (f"{head}: use {which} (the shares that leave both parts "
                 "room for the weights)")
     if cluster.systems < 2:
-        fix = "use --prefill-systems 1 --systems 2 (or more systems)"
+        fix = "use `prefill_systems=1` and `systems=2` (or more systems)"
     elif cluster.systems == 2:
-        fix = "use --prefill-systems 1"
+        fix = "use `prefill_systems=1`"
     else:
-        fix = f"use --prefill-systems between 1 and {cluster.systems - 1}"
-    return (f"{head}, and no --prefill-share fits both parts (each needs at least {min_width} "
+        fix = f"use `prefill_systems` between 1 and {cluster.systems - 1}"
+    return (f"{head}, and no `prefill_share` fits both parts (each needs at least {min_width} "
             f"of the {fabric.width} columns): {fix}")
 
 
 def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int,
                     span: int) -> str:
     if cluster.systems < 2 * span:
-        fix = f"use --systems {2 * span} or more with --prefill-systems {span}"
+        fix = f"use `systems={2 * span}` or more with `prefill_systems={span}`"
     elif role == "prefill":
-        fix = f"use --prefill-systems {span} or more"
+        fix = f"use `prefill_systems={span}` or more"
     else:
-        fix = f"use --prefill-systems {cluster.systems - span} or fewer"
+        fix = f"use `prefill_systems={cluster.systems - span}` or fewer"
     return (f"{model.name} needs {span} systems per replica ({_gb(model.weight_bytes())} of "
             f"weights); the {role} role has {have}: {fix}")
 
@@ -155,15 +156,15 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
     if options.region is not None and span > 1:
         rw, rh = options.region
         raise CompileError(
-            f"--region {rw}x{rh} applies only to models that fit one wafer; {model.name} "
-            f"spans {span} wafers of {fabric.name}: drop --region")
+            f"`region={rw}x{rh}` applies only to models that fit one wafer; {model.name} "
+            f"spans {span} wafers of {fabric.name}: drop `region`")
 
     if options.plan == "colocated":
         pools = [("mixed", list(range(cluster.systems)), (0, fabric.width))]
     elif options.prefill_systems is not None:
         p = options.prefill_systems
         if p >= cluster.systems:
-            raise CompileError(f"--prefill-systems {p} leaves no system for decode "
+            raise CompileError(f"`prefill_systems={p}` leaves no system for decode "
                                f"(the cluster has {cluster.systems})")
         pools = [("prefill", list(range(p)), (0, fabric.width)),
                  ("decode", list(range(p, cluster.systems)), (0, fabric.width))]
@@ -171,13 +172,13 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
         if span > 1:
             raise CompileError(
                 f"{model.name} spans {span} wafers, so a wafer cannot be split between "
-                f"prefill and decode: use --prefill-systems P with --systems {2 * span} or more")
+                f"prefill and decode: use `prefill_systems=P` with `systems={2 * span}` or more")
         share = options.prefill_share
         if share is None:
             share = DEFAULT_PREFILL_SHARE
         cut = round(fabric.width * share)
         if not 0 < cut < fabric.width:
-            raise CompileError(f"--prefill-share {share} leaves an empty part of the wafer")
+            raise CompileError(f"`prefill_share={share}` leaves an empty part of the wafer")
         systems = list(range(cluster.systems))
         pools = [("prefill", systems, (0, cut)), ("decode", systems, (cut, fabric.width - cut))]
 
@@ -214,7 +215,7 @@ def _replica_rects(model: ModelSpec, fabric: FabricSpec, x0: int, width: int,
         rw, rh = options.region
         gx, gy = width // rw, height // rh
         if gx < 1 or gy < 1:
-            raise CompileError(f"--region {rw}x{rh} does not fit in a {width}x{height} part")
+            raise CompileError(f"`region={rw}x{rh}` does not fit in a {width}x{height} part")
         return [(x0 + i * rw, j * rh, rw, rh) for j in range(gy) for i in range(gx)]
     capacity = width * height * fabric.usable_bytes_per_pe
     count = int(capacity * options.weight_share_target // model.weight_bytes())

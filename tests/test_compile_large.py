@@ -70,7 +70,7 @@ def test_llama70b_on_one_wse3_says_how_many_systems():
     message = str(err.value)
     assert "needs 141 GB of weights" in message
     assert "1 x wse3 holds 43 GB of SRAM" in message
-    assert message.endswith("use --systems 4 or more")
+    assert message.endswith("use `systems=4` or more")
 
 
 def test_small_model_gets_replicas_per_role():
@@ -102,7 +102,7 @@ def test_explicit_region_and_layers_per_stage():
 @pytest.mark.parametrize("kwargs,match", [
     ({"plan": "disaggregated", "prefill_systems": 1}, "leaves no system for decode"),
     ({"region": (2000, 10)}, "does not fit"),
-    ({"plan": "colocated", "prefill_share": 0.5}, "need --plan disaggregated"),
+    ({"plan": "colocated", "prefill_share": 0.5}, "need `plan=disaggregated`"),
 ])
 def test_bad_requests_are_user_errors(kwargs, match):
     with pytest.raises(UserError, match=match):

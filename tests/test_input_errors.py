@@ -269,9 +269,10 @@ def test_shipped_presets_are_within_the_limits():
 def test_cluster_systems_limit():
     mesh8 = load_fabric("mesh8")
     assert ClusterSpec(mesh8, MAX_SYSTEMS).systems == MAX_SYSTEMS
-    with pytest.raises(ConfigError, match="--systems"):
+    # The library names its parameter; the command line names the flag (below).
+    with pytest.raises(ConfigError, match="`systems` must be at most"):
         ClusterSpec(mesh8, MAX_SYSTEMS + 1)
-    with pytest.raises(ConfigError, match="--systems"):
+    with pytest.raises(ConfigError, match="`systems`"):
         ClusterSpec(mesh8, 0)
 
 
@@ -293,7 +294,7 @@ def test_cli_fabric_and_cluster_limits(tmp_path, args, needle):
 
 def test_seed_and_anneal_steps_must_not_be_negative():
     assert CompileOptions(seed=0, anneal_steps=0).seed == 0
-    with pytest.raises(UserError, match="--seed"):
+    with pytest.raises(UserError, match="`seed`"):
         CompileOptions(seed=-1)
     with pytest.raises(UserError, match="anneal_steps"):
         CompileOptions(anneal_steps=-1)
@@ -385,7 +386,7 @@ def test_too_big_message_says_how_much_sram_holds_weights():
                               "of SRAM")
     assert f"of which {capacity} GB can hold weights" in message
     assert capacity < 141
-    assert message.endswith("use --systems 5 or more")
+    assert message.endswith("use `systems=5` or more")
 
 
 def test_cli_too_big_message():
@@ -406,8 +407,8 @@ def test_disaggregated_with_no_fitting_share_says_to_split_systems():
         partition(model, ClusterSpec(wse2, 1), CompileOptions(plan="disaggregated"))
     message = str(info.value)
     assert "larger share" not in message
-    assert "no --prefill-share fits both parts" in message
-    assert message.endswith("use --prefill-systems 1 --systems 2 (or more systems)")
+    assert "no `prefill_share` fits both parts" in message
+    assert message.endswith("use `prefill_systems=1` and `systems=2` (or more systems)")
     # The advice holds (by capacity): one whole wafer per role.
     plans = partition(model, ClusterSpec(wse2, 2),
                       CompileOptions(plan="disaggregated", prefill_systems=1))
@@ -416,7 +417,7 @@ def test_disaggregated_with_no_fitting_share_says_to_split_systems():
 
 def test_disaggregated_no_fitting_share_with_more_systems():
     wse2 = load_fabric("wse2")
-    with pytest.raises(CompileError, match="use --prefill-systems between 1 and 2$"):
+    with pytest.raises(CompileError, match="use `prefill_systems` between 1 and 2$"):
         partition(load_model("llama-3.1-8b"), ClusterSpec(wse2, 3),
                   CompileOptions(plan="disaggregated"))
 
@@ -429,7 +430,7 @@ def test_disaggregated_names_the_shares_that_fit():
         with pytest.raises(CompileError) as info:
             partition(model, cluster, CompileOptions(plan="disaggregated",
                                                      prefill_share=share))
-        assert "use --prefill-share between 0.48 and 0.52" in str(info.value)
+        assert "use `prefill_share` between 0.48 and 0.52" in str(info.value)
     # Every share in the named range passes the capacity check, the ones just outside fail.
     min_width = _min_part_width(model, wse2)
     lo, hi = _share_range(wse2.width, min_width)
@@ -456,7 +457,7 @@ def test_min_part_width_is_the_fewest_columns():
 
 def test_region_with_a_multi_wafer_model_is_refused():
     wse3 = load_fabric("wse3")
-    with pytest.raises(CompileError, match="--region 100x100 applies only to models that fit "
+    with pytest.raises(CompileError, match="`region=100x100` applies only to models that fit "
                                            "one wafer"):
         partition(load_model("llama-3.1-70b"), ClusterSpec(wse3, 4),
                   CompileOptions(region=(100, 100)))
@@ -492,3 +493,17 @@ def test_default_share_is_used_in_the_range_check():
     model = load_model("llama-3.1-8b")
     lo, hi = _share_range(wse3.width, _min_part_width(model, wse3))
     assert lo <= DEFAULT_PREFILL_SHARE <= hi
+
+
+def test_library_errors_name_parameters_and_the_cli_names_flags():
+    """One message, two readers: the Python API's parameter names, the command's flags."""
+    from wse_emu.cli.main import in_flags
+    flags = {"systems": "--systems", "prefill_share": "--prefill-share"}
+    assert in_flags("use `systems=5` or more", flags) == "use --systems 5 or more"
+    assert in_flags("no `prefill_share` fits", flags) == "no --prefill-share fits"
+    # A parameter the command has no flag for keeps its name, without the quotes.
+    assert in_flags("use `prefill_systems=1`", flags) == "use prefill_systems=1"
+    proc = run_cli("compile", "tiny", "--fabric", "mesh8", "--plan", "colocated",
+                   "--prefill-share", "0.5")
+    assert_one_line_error(proc, "--prefill-share and --prefill-systems need --plan "
+                                "disaggregated")

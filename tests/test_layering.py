@@ -40,3 +40,19 @@ def test_the_check_sees_an_offending_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from compiler.mapper import compile_model\n")
     assert "compiler" in imported(bad)
+
+
+def test_only_the_command_line_imports_the_command_line():
+    """wse_emu/cli holds argument parsing and printing only: the library, the API and the
+    figures never reach into it (what they share, formatting and run directories, lives in
+    wse_emu.fmt and wse_emu.outputs)."""
+    offenders = []
+    for package in ("wse_emu", "compiler", "visualize"):
+        for path in modules(package, ("cli",)):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                module = (node.module if isinstance(node, ast.ImportFrom) else None) or ""
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if any(n.startswith("wse_emu.cli") for n in [module, *names]):
+                    offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders

@@ -304,4 +304,4 @@ def test_role_too_small_advice_names_the_role_option():
                       CompileOptions(plan="disaggregated", prefill_systems=1))
     message = str(info.value)
     assert "prefill" in message
-    assert f"--systems {span} or more" not in message, message
+    assert f"`systems={span}` or more" not in message, message

@@ -35,7 +35,7 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
         return figures
     if not 0 <= system < program.systems:
         from wse_emu.errors import UserError
-        raise UserError(f"--system must be between 0 and {program.systems - 1}, got {system}")
+        raise UserError(f"`system` must be between 0 and {program.systems - 1}, got {system}")
     if "maps" in what:
         maps = _maps(run, system)
         np.savez_compressed(out / "maps.npz", **{name: a for name, (a, *_) in maps.items()})

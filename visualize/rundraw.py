@@ -11,7 +11,7 @@ from pathlib import Path
 from visualize.figures import draw_all
 from visualize.report import write_report
 from visualize.rundir import load_run
-from wse_emu.cli.fmt import seconds, si
+from wse_emu.fmt import seconds, si
 
 CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption
 

@@ -46,10 +46,12 @@ __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment",
            "draw", "Space", "Targets", "default_cache_dir"]
 
 
-def default_cache_dir() -> Path:
-    """Where stage-time tables are kept unless told otherwise: the user's cache directory."""
+def default_cache_dir(given: Path | str | None = None) -> Path:
+    """Where stage-time tables are kept: ``given``, else the user's cache directory."""
     import os
 
+    if given:
+        return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "wse-emu"
 
@@ -99,7 +101,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str, *,
     short = kv_shortfall(requests, program.regions)
     if short:
         raise UserError(short)
-    regions = region_models(program, Path(cache_dir) if cache_dir else default_cache_dir())
+    regions = region_models(program, default_cache_dir(cache_dir))
     settings = ServeOptions.of(program.fabric, program.model, **options)
     result = serve_requests(requests, regions, settings)
     return result, run_metrics(result, requests, ttft_s, tpot_s)
@@ -117,7 +119,7 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
     cluster = ClusterSpec(_fabric(fabric), systems)
     spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
     draws = workload_draws(spec, seeds)
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = default_cache_dir(cache_dir)
     with point_pool(None, workers) as pool:
         data, _ = disagg_experiment(
             model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,

@@ -121,9 +121,9 @@ class ClusterSpec:
 
     def __post_init__(self):
         if self.systems < 1:
-            raise ConfigError(f"--systems must be at least 1, got {self.systems}")
+            raise ConfigError(f"`systems` must be at least 1, got {self.systems}")
         if self.systems > MAX_SYSTEMS:
-            raise ConfigError(f"--systems must be at most {MAX_SYSTEMS}, got {self.systems}")
+            raise ConfigError(f"`systems` must be at most {MAX_SYSTEMS}, got {self.systems}")
         if self.systems * self.fabric.pes > MAX_CLUSTER_PES:
             raise ConfigError(
                 f"{self.systems} x {self.fabric.name} is {self.systems * self.fabric.pes:,} PEs; "
@@ -151,4 +151,4 @@ def load_fabric(name_or_path: str | Path) -> FabricSpec:
 def with_overrides(spec: FabricSpec, **overrides: Any) -> FabricSpec:
     """A copy with some fields replaced (for the uncertain parameters), re-validated."""
     data = {**spec.to_dict(), **{k: v for k, v in overrides.items() if v is not None}}
-    return fabric_from_dict(data, f"fabric {spec.name} with --set")
+    return fabric_from_dict(data, f"fabric {spec.name} with `set`")

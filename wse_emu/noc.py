@@ -48,14 +48,14 @@ def destinations(pattern: str, src: np.ndarray, k: int, rng: np.random.Generator
         hot = (k // 2) * k + k // 2
         uniform = rng.integers(0, k * k, size=len(src))
         return np.where(rng.random(len(src)) < hotspot_fraction, hot, uniform)
-    raise UserError(f"--pattern must be one of {', '.join(PATTERNS)}, got {pattern!r}")
+    raise UserError(f"`pattern` must be one of {', '.join(PATTERNS)}, got {pattern!r}")
 
 
 def generate(pattern: str, k: int, rate: float, cycles: int, packet_wavelets: int, vcs: int,
              seed: int) -> Messages:
     """Packets created over ``cycles`` cycles, sorted by creation cycle then source."""
     if not 0 < rate <= 1:
-        raise UserError(f"--rate must be in (0, 1] wavelets per PE per cycle, got {rate}")
+        raise UserError(f"`rate` must be in (0, 1] wavelets per PE per cycle, got {rate}")
     rng = np.random.default_rng(seed)
     n = k * k
     p = rate / packet_wavelets

@@ -37,6 +37,7 @@ _FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj"
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
@@ -287,3 +288,41 @@ def _shown(shape: Shape) -> str:
 def _one_line(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
+
+
+def checkpoint_dir(path: Path) -> Path | None:
+    """The checkpoint directory ``path`` names: a directory, or a ``config.json`` with
+    ``*.safetensors`` beside it; None for a preset, a YAML or a bare config.json."""
+    if path.is_dir():
+        return path
+    if path.name == CONFIG_FILE and path.exists() and any(path.parent.glob("*.safetensors")):
+        return path.parent
+    return None
+
+
+def model_and_weights(model_or_checkpoint: str | Path, weights_seed: int = 0):
+    """(model, weights, where the weights came from): a checkpoint's (see ``checkpoint_dir``),
+    or, for anything else ``load_model`` takes, random ones drawn from ``weights_seed``."""
+    path = Path(model_or_checkpoint)
+    if checkpoint_dir(path) is not None:
+        model, weights = load_checkpoint(path)
+        return model, weights, str(path)
+    model = load_model(str(model_or_checkpoint))
+    return model, random_weights(model, weights_seed), f"random (seed {weights_seed})"
+
+
+def tokenizer_for(model_or_checkpoint: str | Path):
+    """The checkpoint's tokenizer, if it has one and ``tokenizers`` is installed."""
+    directory = checkpoint_dir(Path(model_or_checkpoint))
+    file = None if directory is None else directory / TOKENIZER_FILE
+    if file is None or not file.exists():
+        return None
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises its own exception types
+        raise UserError(f"{file}: cannot read the tokenizer: {' '.join(str(exc).split())}") \
+            from None

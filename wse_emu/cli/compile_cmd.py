@@ -9,9 +9,9 @@ import yaml
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions, parse_region
-from wse_emu.cli.fmt import gb, seconds, si, table
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.fmt import gb, seconds, si, table
 from wse_emu.model import load_model
 from wse_emu.program import WaferProgram, write_run_dir
 

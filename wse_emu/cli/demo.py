@@ -17,23 +17,28 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from compiler.bounds import stage_bounds
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from visualize.report import write_report
 from visualize.rundraw import draw_run
 from visualize.serving import read_requests, tpot_side_by_side
-from wse_emu.api import build_layouts
+from wse_emu.api import build_layouts, default_cache_dir
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment
-from wse_emu.cli.fmt import seconds, si, table
-from wse_emu.cli.run_cmd import summary, write_outputs
-from wse_emu.cli.serve_cmd import TIMELINE_EVENTS, cache_dir, write_serve_outputs
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.fmt import seconds, si, table
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.timing import generation_time
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
+from wse_emu.outputs import (
+    TIMELINE_EVENTS,
+    step_summary,
+    write_serve_outputs,
+    write_step_outputs,
+)
 from wse_emu.progress import clear, status
 from wse_emu.runner import run_region
 from wse_emu.runtime.comparison import Space, disagg_experiment
@@ -206,11 +211,12 @@ def _experiment(model, cluster, cache) -> tuple[dict, dict]:
     """The experiment's report, and the best colocated and disaggregated configurations served
     side by side at twice the colocated one's highest rate: label -> (result, requests)."""
     requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
+    cache = default_cache_dir(cache)
     with point_pool() as pool:
         exp, chosen = disagg_experiment(
             model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
-            lambda probes: build_layouts(model, cluster, probes, cache_dir(cache), SPACE.copies,
-                                         status), SPACE, progress=status,
+            lambda probes: build_layouts(model, cluster, probes, cache, SPACE.copies, status),
+            SPACE, progress=status,
             longer=lambda draw, n: generate(workload_from_dict(
                 {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},
                 "the demo's workload")))
@@ -238,7 +244,8 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
         for plan, r in runs.items():
             sub = staging / f"{plan}-decode"
             sub.mkdir()
-            write_outputs(sub, programs[plan], r, summary(programs[plan], r))
+            write_step_outputs(sub, programs[plan], r,
+                               step_summary(programs[plan], r, stage_bounds(programs[plan], r)))
             draw_run(sub, ("maps", "roofline"))
         (staging / "experiment").mkdir()
         (staging / "experiment" / "experiment.json").write_text(json.dumps(exp, indent=1))

@@ -7,12 +7,11 @@ import json
 import os
 from pathlib import Path
 
-from wse_emu.api import build_layouts
+from wse_emu.api import build_layouts, default_cache_dir
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
-from wse_emu.cli.fmt import seconds, si, table
-from wse_emu.cli.serve_cmd import cache_dir, check_micro_batches, workload_of
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
+from wse_emu.fmt import seconds, si, table
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
@@ -35,6 +34,8 @@ from wse_emu.runtime.sensitivity import (
     VARIABLES,
     parse_vary,
 )
+from wse_emu.runtime.tables import check_micro_batches
+from wse_emu.runtime.workload import workload_spec
 
 DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
 def add_parser(sub, summary: str) -> None:
@@ -136,13 +137,13 @@ def run(args):
     out = Path(args.output) if args.output else None
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"run directory {out} exists and is not empty: choose another -o")
-    spec = workload_of(args.workload, args.trace, requests=args.requests)
+    spec = workload_spec(args.workload, args.trace, requests=args.requests)
     if args.requests is None:
         spec.requests = min(spec.requests, DEFAULT_REQUESTS)
     draws = workload_draws(spec, args.seeds)
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    cache = cache_dir(args.cache_dir)
+    cache = default_cache_dir(args.cache_dir)
 
     def one(pool, draws, targets, cluster, transform=lambda requests: requests):
         data, configs = disagg_experiment(

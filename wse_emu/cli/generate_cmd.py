@@ -7,25 +7,20 @@ model YAML, a bare ``config.json``), which runs with seeded random weights.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-import numpy as np
-
 from wse_emu.cli.compile_cmd import add_cluster_args, fabric_from_args, options_from_args
-from wse_emu.cli.fmt import seconds, si
 from wse_emu.cli.run_cmd import MAX_TILES
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
+from wse_emu.fmt import seconds, si
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.numerics import DTYPES
 from wse_emu.functional.region import check_token_ids
 from wse_emu.functional.timing import generation_time
-from wse_emu.model import load_model
-from wse_emu.weights import CONFIG_FILE, load_checkpoint, random_weights
-
-TOKENIZER_FILE = "tokenizer.json"
+from wse_emu.outputs import save_logits
+from wse_emu.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
 
 
 def add_parser(sub, summary: str) -> None:
@@ -55,26 +50,6 @@ def add_parser(sub, summary: str) -> None:
     p.set_defaults(func=run)
 
 
-def checkpoint_dir(path: Path) -> Path | None:
-    """The checkpoint directory ``path`` names: a directory, or a ``config.json`` with
-    ``*.safetensors`` beside it; None for a preset, a YAML or a bare config.json."""
-    if path.is_dir():
-        return path
-    if path.name == CONFIG_FILE and path.exists() and any(path.parent.glob("*.safetensors")):
-        return path.parent
-    return None
-
-
-def load_weights(args):
-    """(model, weights, description of where the weights came from)."""
-    path = Path(args.model)
-    if checkpoint_dir(path) is not None:
-        model, weights = load_checkpoint(path)
-        return model, weights, str(path)
-    model = load_model(args.model)
-    return model, random_weights(model, args.weights_seed), f"random (seed {args.weights_seed})"
-
-
 def parse_ids(text: str) -> list[int]:
     try:
         ids = [int(item) for item in text.replace(" ", "").split(",") if item != ""]
@@ -83,23 +58,6 @@ def parse_ids(text: str) -> list[int]:
     if not ids:
         raise UserError("--prompt-ids is empty: give at least one token id")
     return ids
-
-
-def tokenizer_for(args):
-    """The checkpoint's tokenizer, if it has one and ``tokenizers`` is installed."""
-    directory = checkpoint_dir(Path(args.model))
-    file = None if directory is None else directory / TOKENIZER_FILE
-    if file is None or not file.exists():
-        return None
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        return None
-    try:
-        return Tokenizer.from_file(str(file))
-    except Exception as exc:  # the library raises its own exception types
-        raise UserError(f"{file}: cannot read the tokenizer: {' '.join(str(exc).split())}") \
-            from None
 
 
 def prompt_ids(args, tokenizer) -> list[int]:
@@ -112,19 +70,6 @@ def prompt_ids(args, tokenizer) -> list[int]:
     if not ids:
         raise UserError("--prompt encodes to no tokens")
     return list(ids)
-
-
-def save_logits(path: str, logits: np.ndarray) -> None:
-    """Written under a temporary name and renamed, so a failure leaves no half file."""
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
-    try:
-        with open(partial, "wb") as fh:
-            np.save(fh, logits.astype(np.float32))
-        os.replace(partial, target)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def check_lengths(args, model, ids: list[int]) -> None:
@@ -154,8 +99,8 @@ def run(args):
         raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
     from compiler.mapper import compile_model
 
-    model, weights, source = load_weights(args)
-    tokenizer = tokenizer_for(args)
+    model, weights, source = model_and_weights(args.model, args.weights_seed)
+    tokenizer = tokenizer_for(args.model)
     ids = prompt_ids(args, tokenizer)
     check_lengths(args, model, ids)
     program = compile_model(model, ClusterSpec(fabric_from_args(args), args.systems),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
-from wse_emu.cli.fmt import si, table
 from wse_emu.errors import UserError
+from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 

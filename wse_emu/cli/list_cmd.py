@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from wse_emu.cli.fmt import table
 from wse_emu.configfile import preset_names
 from wse_emu.fabric import load_fabric
+from wse_emu.fmt import table
 from wse_emu.model import load_model
 from wse_emu.runtime.workload import generate, load_workload
 

@@ -2,6 +2,10 @@
 
 Every command returns either text or a JSON-able dict; this module prints it. A UserError
 becomes one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+
+The library's errors name parameters as the Python API spells them, in backquotes (`systems`,
+`prefill_share=0.6`); here each becomes the command's flag (--systems, --prefill-share 0.6),
+so a message reads right from either side.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 
 from wse_emu import __version__, progress
@@ -44,7 +49,30 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_parser(sub, summary)
         else:
             sub.add_parser(name, help=summary)
+    parser.set_defaults(flags=_flags(sub.choices.get(chosen)))
     return parser
+
+
+def _flags(command: argparse.ArgumentParser | None) -> dict[str, str]:
+    """Parameter name -> the command's flag for it (its long form)."""
+    if command is None:
+        return {}
+    return {a.dest: max(a.option_strings, key=len) for a in command._actions
+            if a.option_strings and a.dest != "help"}
+
+
+PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:=([^`]*))?`")
+
+
+def in_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with each `name` or `name=value` written as the command's flag (the name
+    alone where the command has no flag for it)."""
+    def flag(m: re.Match) -> str:
+        name, value = m.group(1), m.group(2)
+        if name not in flags:
+            return name if value is None else f"{name}={value}"
+        return flags[name] if value is None else f"{flags[name]} {value}"
+    return PARAMETER.sub(flag, message)
 
 
 def _command(argv: list[str]) -> str | None:
@@ -66,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             result = _with_figures(result, args.output)
     except UserError as exc:
         progress.clear()
-        message = " ".join(str(exc).split())  # one line, whatever the message held
+        # One line, whatever the message held.
+        message = in_flags(" ".join(str(exc).split()), getattr(args, "flags", {}))
         print(f"wse-emu: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
-from wse_emu.cli.fmt import table
 from wse_emu.errors import UserError
+from wse_emu.fmt import table
 from wse_emu.noc import PATTERNS, find_saturation, run_noc, saturation_bound
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.bounds import kernel_bound
+from compiler.bounds import stage_bounds
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
-from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
+from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import MicroBatch
+from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
-from wse_emu.runner import HandoffRun, RegionRun, kv_handoff, run_region
-from wse_emu.timeline import chrome_trace
+from wse_emu.runner import HandoffRun, kv_handoff, run_region
 
 DEFAULT_TILES = 4
 
@@ -82,79 +82,6 @@ def make_step(args, program: WaferProgram, region: str) -> MicroBatch:
     return MicroBatch("decode", batch=args.batch, context=args.context)
 
 
-def bounds_at(program: WaferProgram, run: RegionRun) -> dict[int, dict[str, float]]:
-    """Per stage, the largest kernel lower bound at this run's workload (cycles), one layer."""
-    step = run.step
-    work = MicroBatch(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,
-                    context=step.context)
-    out = {}
-    for sr in run.stages:
-        stage = program.stages[sr.stage]
-        out[sr.stage] = {k.name: kernel_bound(k, stage.rect, program.model, program.fabric,
-                                              work, range(*stage.layers))["cycles"]
-                         for k in program.stage_kernels(stage)}
-    return out
-
-
-def summary(program: WaferProgram, run: RegionRun) -> dict:
-    clock = run.clock_hz
-    bounds = bounds_at(program, run)
-    stages = []
-    for sr in run.stages:
-        stage = program.stages[sr.stage]
-        pes = sr.busy.size
-        stages.append({
-            "stage": sr.stage, "layers": stage.layers, "cycles": sr.cycles,
-            "seconds": sr.cycles / clock, "first_tile_cycles": sr.first_tile_cycles,
-            "compute_utilization": float(sr.busy.sum()) / (pes * sr.cycles) if sr.cycles else 0,
-            "link_utilization": float(sr.links.sum()) / (sr.links.size * sr.cycles)
-            if sr.cycles else 0,
-            "kernel_cycles": {n: span[1] - span[0] for n, span in sr.kernels.items()},
-            "kernel_busy_cycles": sr.kernel_busy,
-            "kernel_bound_cycles_each": bounds[sr.stage],  # one layer, one token tile
-            "tasks": sr.tasks, "messages": sr.messages, "reused_from": sr.reused_from,
-        })
-    b = run.bottleneck
-    compiled_bounds = program.summary.get("bounds", {}).get(run.region, {}).get(run.step.phase)
-    opts = program.options
-    same = (run.step.phase == "prefill" and run.step.tokens == opts["bound_prefill_tokens"]) or (
-        run.step.phase == "decode" and run.step.batch == opts["bound_decode_batch"]
-        and run.step.context == opts["bound_decode_context"])
-    if not same:
-        compiled_bounds = None  # the compiler's bounds are for another workload
-    return {
-        "model": program.model.name, "cluster": f"{program.systems} x {program.fabric.name}",
-        "region": run.region, "engine": run.engine,
-        "step": {"phase": run.step.phase, "tokens": run.step.tokens, "batch": run.step.batch,
-                 "context": run.step.context, "tiles": len(run.step.tiles())},
-        "step_cycles": run.step_cycles, "step_seconds": run.step_seconds,
-        "tokens_per_s_alone": run.latency_tokens_per_s(),
-        "tokens_per_s_pipelined": run.tokens_per_s(),
-        "bottleneck_stage": run.stages[b].stage, "bottleneck_cycles": run.stages[b].cycles,
-        "compiled_bounds": compiled_bounds,
-        "compute_utilization": run.compute_utilization(),
-        "link_utilization": run.link_utilization(),
-        "transfer_cycles": run.transfers,
-        "stages": stages, "stages_simulated": run.simulated, "wall_seconds": run.wall_seconds,
-    }
-
-
-def write_outputs(directory: Path, program: WaferProgram, run: RegionRun, data: dict) -> None:
-    shape = (program.systems, program.fabric.height, program.fabric.width)
-    busy = np.zeros(shape, dtype=np.int64)
-    links = np.zeros(shape + (4,), dtype=np.int64)
-    for sr in run.stages:
-        r = program.stages[sr.stage].rect
-        busy[r.system, r.y:r.y1, r.x:r.x1] = sr.busy
-        links[r.system, r.y:r.y1, r.x:r.x1] = sr.links
-    sram = {f"sram_{k[5:]}": v for k, v in program.arrays.items() if k.startswith("sram_")}
-    np.savez_compressed(directory / "counters.npz", pe_busy_cycles=busy,
-                        link_wavelets_nesw=links, **sram)
-    program.save(directory)  # so that the run directory alone can be drawn
-    (directory / "results.json").write_text(json.dumps(data, indent=1))
-    (directory / "timeline.json").write_text(json.dumps(chrome_trace(program, run)))
-
-
 def run_handoff(args, program: WaferProgram):
     roles = {r.role: r.name for r in reversed(program.regions)}
     if "prefill" not in roles or "decode" not in roles:
@@ -203,9 +130,9 @@ def run(args):
         bar.update(done)
     result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
                         progress=progress)
-    data = summary(program, result)
+    data = step_summary(program, result, stage_bounds(program, result))
     if args.output:
-        write_run_dir(args.output, lambda tmp: write_outputs(tmp, program, result, data))
+        write_run_dir(args.output, lambda tmp: write_step_outputs(tmp, program, result, data))
     if args.json:
         return data
     return render(data, args.output)

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
-
 from wse_emu.api import default_cache_dir
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
-from wse_emu.cli.fmt import seconds, si, table
 from wse_emu.errors import UserError
-from wse_emu.program import WaferProgram, write_run_dir
-from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows, run_metrics
+from wse_emu.fmt import seconds, si, table
+from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
+from wse_emu.program import write_run_dir
+from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.regions import region_models
 from wse_emu.runtime.serve import ServeOptions, kv_shortfall, serve
-from wse_emu.runtime.tables import DECODE_BATCH, PREFILL_TOKENS
-from wse_emu.runtime.workload import WorkloadSpec, generate, load_workload
+from wse_emu.runtime.tables import check_micro_batches
+from wse_emu.runtime.workload import generate, workload_spec
 
-TIMELINE_EVENTS = 200_000  # stage events kept per region for timeline.json
 SHOWN_REGIONS = 8  # regions in the printed table
 
 
@@ -57,37 +53,6 @@ def add_parser(sub, summary: str) -> None:
     p.set_defaults(func=run)
 
 
-def cache_dir(given: str | None = None) -> Path:
-    """Where stage-time tables are kept: ``given``, else the user's cache directory."""
-    return Path(given) if given else default_cache_dir()
-
-
-def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=()) -> None:
-    """Micro-batch sizes must lie within the stage-time tables' grids (their times are
-    interpolated there, not guessed beyond)."""
-    for flag, value, top in (("--batch-limit", batch_limit, DECODE_BATCH[-1]),
-                             ("--prefill-tile", prefill_tile, PREFILL_TOKENS[-1]),
-                             *(("--token-budget", b, PREFILL_TOKENS[-1]) for b in budgets)):
-        if not 1 <= value <= top:
-            raise UserError(f"{flag} must be between 1 and {top} (the stage tables' range), "
-                            f"got {value}")
-
-
-def workload_of(workload: str | None, trace: str | None, rate: float | None = None,
-                requests: int | None = None) -> WorkloadSpec:
-    """A workload preset or YAML, or a trace replay; ``rate`` is a trace's speed-up."""
-    if trace:
-        return WorkloadSpec(name=Path(trace).stem, arrival="trace", trace=trace,
-                            requests=requests or 10**9,
-                            rate_scale=rate or 1.0).validate("--trace")
-    spec = load_workload(workload)
-    if rate is not None:
-        spec.rate = rate
-    if requests is not None:
-        spec.requests = requests
-    return spec.validate(f"workload {spec.name}")
-
-
 def run(args):
     check_micro_batches(args.batch_limit, args.prefill_tile, (args.token_budget,))
     for name in ("rate", "ttft_slo", "tpot_slo"):
@@ -99,13 +64,13 @@ def run(args):
                         f"{args.max_running} and {args.interleave}")
     if args.requests is not None and args.requests < 1:
         raise UserError(f"--requests must be at least 1, got {args.requests}")
-    spec = workload_of(args.workload, args.trace, args.rate, args.requests)
+    spec = workload_spec(args.workload, args.trace, args.rate, args.requests)
     reqs = generate(spec)
     program = compile_from_args(args)
     short = kv_shortfall(reqs, program.regions)
     if short:  # found before any table is timed
         raise UserError(short)
-    regions = region_models(program, cache_dir(args.cache_dir))
+    regions = region_models(program, default_cache_dir(args.cache_dir))
     fabric = program.fabric
     options = ServeOptions.of(fabric, program.model, batch_limit=args.batch_limit,
                               policy=args.policy, token_budget=args.token_budget,
@@ -143,22 +108,3 @@ def run(args):
         lines.append(f"... and {hidden} more region{'s' if hidden > 1 else ''} (every region is "
                      "in --json and in metrics.json)")
     return "\n".join(lines)
-
-
-def write_serve_outputs(directory: Path, result, requests, data: dict,
-                        program: WaferProgram | None = None) -> None:
-    """requests.csv, metrics.json, timeline.json and kv_occupancy.csv (and the program, when
-    given, so that the directory alone can be drawn)."""
-    if program is not None:
-        program.save(directory)
-    with open(directory / "requests.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(REQUEST_COLUMNS)
-        w.writerows(request_rows(result, requests))
-    (directory / "metrics.json").write_text(json.dumps(data, indent=1))
-    (directory / "timeline.json").write_text(json.dumps(result.timeline))
-    with open(directory / "kv_occupancy.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["region", "time_s", "kv_tokens"])
-        for name, trace in result.kv_traces.items():
-            w.writerows([name, t / result.clock_hz, k] for t, k in trace)

@@ -86,7 +86,7 @@ class Generator:
     def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """Refuse, before computing anything, a generation the regions cannot hold."""
         if max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+            raise UserError(f"`max_new_tokens` must be at least 1, got {max_new_tokens}")
         if prompt_tokens > self.prefill.capacity:
             raise UserError(f"region {self.prefill.name} caches {self.prefill.capacity:,} "
                             f"tokens of one sequence; the prompt has {prompt_tokens:,}")
@@ -113,5 +113,5 @@ class Generator:
         run rather than pick a token from garbage."""
         if not np.all(np.isfinite(logits)):
             raise UserError(f"the logits are not finite in {self.numerics.name}: the values "
-                            "overflowed; try --dtype float32")
+                            "overflowed; try `dtype=float32`")
         return int(np.argmax(logits))

@@ -21,7 +21,7 @@ DTYPES = {"float32": np.float32, "float16": np.float16}
 class Numerics:
     def __init__(self, dtype: str = "float32"):
         if dtype not in DTYPES:
-            raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+            raise UserError(f"`dtype` must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.name = dtype
         self.storage = np.dtype(DTYPES[dtype])
         self.exact = self.storage == np.float32

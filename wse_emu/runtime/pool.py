@@ -70,7 +70,7 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
         yield _Here()
         return
     if not dask_available():
-        raise UserError("--scheduler needs dask.distributed: pip install -e '.[sweep]'")
+        raise UserError("`scheduler` needs dask.distributed: pip install -e '.[sweep]'")
     from dask.distributed import Client, LocalCluster
 
     # The scheduler and nannies log their life story at INFO; keep the output ours.

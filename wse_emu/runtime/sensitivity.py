@@ -36,16 +36,16 @@ def parse_vary(text: str) -> Variation:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or name not in VARIABLES:
-        raise UserError(f"--vary must be NAME=V1,V2,... with NAME one of "
+        raise UserError(f"`vary` must be NAME=V1,V2,... with NAME one of "
                         f"{', '.join(VARIABLES)}, got {text!r}")
     try:
         values = tuple(float(v) for v in rest.split(",") if v.strip())
     except ValueError:
-        raise UserError(f"--vary {name}: values must be numbers, got {rest!r}") from None
+        raise UserError(f"`vary={name}`: values must be numbers, got {rest!r}") from None
     if not values or any(not v > 0 for v in values):
-        raise UserError(f"--vary {name}: give one or more positive values, got {rest!r}")
+        raise UserError(f"`vary={name}`: give one or more positive values, got {rest!r}")
     if name == "systems" and any(v != int(v) for v in values):
-        raise UserError(f"--vary systems: whole numbers only, got {rest!r}")
+        raise UserError(f"`vary=systems`: whole numbers only, got {rest!r}")
     return Variation(name, values)
 
 

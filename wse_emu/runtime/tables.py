@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.errors import UserError
 from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
 from wse_emu.progress import Phase
@@ -29,6 +30,17 @@ DECODE_CONTEXT = (64, 256, 1024, 4096, 16384)
 PREFILL_TOKENS = (16, 64, 256, 1024, 4096)
 PREFILL_PREFIX = (0, 1024, 4096, 16384)
 VECTORS_KEPT = 100_000  # interpolated shapes remembered per table (about 30 MB at most)
+
+
+def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=()) -> None:
+    """Micro-batch sizes must lie within the tables' grids (their times are interpolated
+    there, not guessed beyond); ``budgets`` are chunked prefill's token budgets."""
+    for name, value, top in (("batch_limit", batch_limit, DECODE_BATCH[-1]),
+                             ("prefill_tile", prefill_tile, PREFILL_TOKENS[-1]),
+                             *(("token_budget", b, PREFILL_TOKENS[-1]) for b in budgets)):
+        if not 1 <= value <= top:
+            raise UserError(f"`{name}` must be between 1 and {top} (the stage tables' range), "
+                            f"got {value}")
 
 
 @dataclass

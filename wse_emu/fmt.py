@@ -1,4 +1,5 @@
-"""Plain-text rendering helpers for the command line: numbers people can read, aligned tables."""
+"""Numbers people can read and aligned plain-text tables: one formatting for the command line, the
+reports and the figures."""
 
 from __future__ import annotations
 
