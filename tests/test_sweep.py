@@ -79,6 +79,8 @@ def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
     ("version: 1\nname: x\npoint: run\naxes: {}\n", "'axes' must map"),
     ("version: 1\nname: x\npoint: run\naxes: {a: 3}\n", "axis 'a' must be a non-empty list"),
     ("version: 1\nname: x\npoint: run\nsteps: 3\naxes: {a: [1]}\n", "unknown field(s) steps"),
+    ("version: 1\nname: x\npoint: run\nmetric: goodput_requests_per_s\naxes: {a: [1]}\n",
+     "'metric' of a run point must be one of"),
 ])
 def test_bad_sweeps_are_one_line_errors(tmp_path, capsys, text, message):
     assert main(["sweep", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 2
@@ -108,3 +110,17 @@ def test_the_example_sweeps_load_and_name_only_settings_a_point_takes():
         for config in spec.points():
             assert all(k in CLUSTER_SETTINGS + POINT_SETTINGS[spec.point]
                        or k.startswith("fabric.") for k in config), path
+
+
+def test_a_sweep_shows_the_metric_it_names(tmp_path, capsys):
+    """Replicas count in the cluster's tokens/s: a 16x16 mesh holds four 8x8 regions of the
+    tiny model, each with its own pipeline."""
+    text = SWEEP.replace("point: run\n", "point: run\nmetric: tokens_per_s_cluster\n")
+    text = text.replace("[16, 32, 48, 64, 96, 128, 160, 192]", "[64]")
+    out = tmp_path / "o"
+    assert main(["sweep", str(write(tmp_path, text)), "-o", str(out), "--workers", "1"]) == 0
+    assert "tokens/s of the cluster" in capsys.readouterr().out
+    for row in read_rows(out):
+        r = row["result"]
+        assert r["replicas"] == 4
+        assert r["tokens_per_s_cluster"] == pytest.approx(4 * r["tokens_per_s_pipelined"])

@@ -8,14 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from visualize.draw import DPI, plt, quantity_cmap, save_figure
-
-# The number drawn for each kind of point, and its label.
-HEADLINE = {"run": ("tokens_per_s_pipelined", "decode tokens/s, pipeline full"),
-            "serve": ("goodput_requests_per_s", "requests meeting both targets per second")}
-
+from wse_emu.runtime.sweep import METRICS
 
 def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
-    key, label = HEADLINE[sweep["point"]]
+    key = sweep.get("metric") or next(iter(METRICS[sweep["point"]]))
+    label = METRICS[sweep["point"]][key]
     axes = list(sweep["axes"])
     values = {a: sweep["axes"][a] for a in axes}
     result = {tuple(_value(r["config"][a]) for a in axes): r["result"][key]

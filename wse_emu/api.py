@@ -181,9 +181,15 @@ def evaluate_point(point: str, config: dict) -> dict:
         step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),
                    context=config.get("context", 4096), tokens=config.get("tokens", 4096),
                    tiles=config.get("tiles", 1), engine=config.get("engine", "fast"))
+        # The cluster's regions for this phase are replicas of the region timed, each with
+        # its own pipeline; the compiler cuts them from the wafer evenly, so they differ by at
+        # most one row or column of PEs, and each is counted at the timed one's rate.
+        phase = config.get("phase", "decode")
+        replicas = sum(r.role in (phase, "mixed") for r in program.regions)
         return {"region": step.region, "step_seconds": step.step_seconds,
                 "tokens_per_s_alone": step.latency_tokens_per_s(),
-                "tokens_per_s_pipelined": step.tokens_per_s(),
+                "tokens_per_s_pipelined": step.tokens_per_s(), "replicas": replicas,
+                "tokens_per_s_cluster": replicas * step.tokens_per_s(),
                 "compute_utilization": step.compute_utilization()}
     spec = load_workload(config["workload"])
     if "rate" in config:

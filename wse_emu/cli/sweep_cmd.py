@@ -12,11 +12,6 @@ from wse_emu.progress import Phase
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.sweep import RESULTS, load_sweep, run_sweep
 
-# The number a row shows for each kind of point.
-HEADLINE = {"run": ("tokens_per_s_pipelined", "tokens/s, pipeline full"),
-            "serve": ("goodput_requests_per_s", "on target per second")}
-
-
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("sweep", help=summary)
     p.add_argument("sweep", help="sweep YAML: name, point (run or serve), base and axes")
@@ -41,7 +36,7 @@ def run(args):
         rows = run_sweep(spec, out, pool, evaluate_point, lambda done, _: bar.update(done))
     if args.json:
         return {"sweep": spec.to_json(), "directory": str(out), "rows": rows}
-    key, label = HEADLINE[spec.point]
+    key, label = spec.headline()
     axes = list(spec.axes)
     lines = [[*(str(r["config"].get(a)) for a in axes),
               r["error"] if "error" in r else f"{r['result'][key]:.4g}"] for r in rows]

@@ -20,6 +20,18 @@ from wse_emu.configfile import read_yaml_mapping
 from wse_emu.errors import ConfigError, UserError
 
 POINTS = ("run", "serve")  # what a point measures: one simulated step, or a serving run
+# What a sweep may show and draw (``metric``), by kind of point, with its label; the first is
+# the default.
+METRICS = {
+    "run": {"tokens_per_s_pipelined": "tokens/s of one region, pipeline full",
+            "tokens_per_s_cluster": "tokens/s of the cluster, every replica's pipeline full",
+            "tokens_per_s_alone": "tokens/s of one micro-batch alone",
+            "step_seconds": "seconds per step",
+            "compute_utilization": "compute utilization"},
+    "serve": {"goodput_requests_per_s": "requests meeting both targets per second",
+              "output_tokens_per_s": "output tokens/s",
+              "slo_attainment": "share of requests meeting both targets"},
+}
 RESULTS = "results.jsonl"
 SPEC = "sweep.json"  # the sweep as resolved, to tell a resumed sweep from another one
 
@@ -30,6 +42,12 @@ class SweepSpec:
     point: str  # one of POINTS
     base: dict = field(default_factory=dict)
     axes: dict = field(default_factory=dict)  # name -> values, in the order they vary
+    metric: str = ""  # the number shown and drawn (one of METRICS[point]; "" for the default)
+
+    def headline(self) -> tuple[str, str]:
+        """(result key, label) of the number a row shows and a figure draws."""
+        key = self.metric or next(iter(METRICS[self.point]))
+        return key, METRICS[self.point][key]
 
     def points(self) -> list[dict]:
         """Every combination of the axes' values over the base, the last axis fastest."""
@@ -38,15 +56,17 @@ class SweepSpec:
                 for values in itertools.product(*(self.axes[n] for n in names))]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "point": self.point, "base": self.base, "axes": self.axes}
+        out = {"name": self.name, "point": self.point, "base": self.base, "axes": self.axes}
+        return {**out, "metric": self.metric} if self.metric else out
 
 
 def load_sweep(path: Path | str) -> SweepSpec:
-    """A sweep YAML: ``version: 1``, ``name``, ``point`` (run or serve), ``base`` (a mapping)
-    and ``axes`` (a mapping of names to non-empty lists)."""
+    """A sweep YAML: ``version: 1``, ``name``, ``point`` (run or serve), ``base`` (a mapping),
+    ``axes`` (a mapping of names to non-empty lists) and, optionally, ``metric`` (what to show:
+    one of ``METRICS[point]``)."""
     where = str(path)
     data = read_yaml_mapping(Path(path))
-    unknown = sorted(set(data) - {"version", "name", "point", "base", "axes"})
+    unknown = sorted(set(data) - {"version", "name", "point", "base", "axes", "metric"})
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
     if data.get("version") != 1:
@@ -62,7 +82,11 @@ def load_sweep(path: Path | str) -> SweepSpec:
     for name, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{where}: axis {name!r} must be a non-empty list")
-    return SweepSpec(str(data.get("name") or Path(path).stem), point, base, axes)
+    metric = data.get("metric") or ""
+    if metric and metric not in METRICS[point]:
+        raise ConfigError(f"{where}: 'metric' of a {point} point must be one of "
+                          f"{', '.join(METRICS[point])}, got {metric!r}")
+    return SweepSpec(str(data.get("name") or Path(path).stem), point, base, axes, metric)
 
 
 def point_key(point: str, config: dict) -> str:
