@@ -10,6 +10,7 @@ import numpy as np
 from visualize.draw import DPI, plt, quantity_cmap, save_figure
 from wse_emu.runtime.sweep import METRICS
 
+
 def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
     key = sweep.get("metric") or next(iter(METRICS[sweep["point"]]))
     label = METRICS[sweep["point"]][key]

@@ -12,6 +12,7 @@ from wse_emu.progress import Phase
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.sweep import RESULTS, load_sweep, run_sweep
 
+
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("sweep", help=summary)
     p.add_argument("sweep", help="sweep YAML: name, point (run or serve), base and axes")
