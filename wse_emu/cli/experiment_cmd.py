@@ -16,10 +16,12 @@ from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.runtime.comparison import (
+    TUNING_REQUESTS,
     Space,
     describe_draws,
     disagg_experiment,
     longer_draws,
+    tuning_requests,
     vary_experiment,
     workload_draws,
 )
@@ -37,7 +39,7 @@ from wse_emu.runtime.sensitivity import (
 from wse_emu.runtime.tables import check_micro_batches
 from wse_emu.runtime.workload import workload_spec
 
-DEFAULT_REQUESTS = 1000  # enough to load a cluster, few enough for a search of many runs
+
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("experiment", help=summary)
     kinds = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
@@ -51,8 +53,8 @@ def add_parser(sub, summary: str) -> None:
     src.add_argument("--workload", help="workload preset or YAML")
     src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
     d.add_argument("--requests", type=int,
-                   help=f"requests (sessions) per serving run (default: the workload's, at "
-                   f"most {DEFAULT_REQUESTS})")
+                   help=f"requests (sessions) per tuning run (default: the workload's, at "
+                   f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
     d.add_argument("--ttft-slo", type=float, required=True, help="p90 time-to-first-token "
                    "target, seconds")
     d.add_argument("--tpot-slo", type=float, required=True, help="p90 time-per-output-token "
@@ -139,7 +141,7 @@ def run(args):
         raise UserError(f"run directory {out} exists and is not empty: choose another -o")
     spec = workload_spec(args.workload, args.trace, requests=args.requests)
     if args.requests is None:
-        spec.requests = min(spec.requests, DEFAULT_REQUESTS)
+        spec.requests = tuning_requests(spec, args.systems)
     draws = workload_draws(spec, args.seeds)
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)

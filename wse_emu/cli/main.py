@@ -54,11 +54,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _flags(command: argparse.ArgumentParser | None) -> dict[str, str]:
-    """Parameter name -> the command's flag for it (its long form)."""
+    """Parameter name -> the command's flag for it (its long form), its subcommands'
+    (``experiment disagg``) included."""
     if command is None:
         return {}
-    return {a.dest: max(a.option_strings, key=len) for a in command._actions
-            if a.option_strings and a.dest != "help"}
+    flags = {}
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                flags.update(_flags(child))
+        elif action.option_strings and action.dest != "help":
+            flags[action.dest] = max(action.option_strings, key=len)
+    return flags
 
 
 PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:=([^`]*))?`")

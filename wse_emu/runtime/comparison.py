@@ -311,6 +311,19 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
             "description": VARIABLES[variation.name], "sensitivity": rows, "runs": runs}
 
 
+TUNING_REQUESTS = 1000  # per tuning run: enough to load a cluster, few for a search of many
+
+
+def tuning_requests(spec: WorkloadSpec, systems: int) -> int:
+    """Requests (sessions) per tuning run: the workload's own count, at most TUNING_REQUESTS
+    model calls. Agent sessions get that many per system: their load builds up for a
+    session's length before a steady window can start (``metrics``), and a cluster of N systems
+    runs N times the sessions at once, so a run must hold N times as many to get there."""
+    if spec.calls > 1:
+        return min(spec.requests, max(TUNING_REQUESTS // spec.calls, 1)) * systems
+    return min(spec.requests, TUNING_REQUESTS)
+
+
 def workload_draws(spec: WorkloadSpec, seeds: int) -> list[Requests]:
     """``seeds`` independent draws of a workload: its next seeds, or a trace's next windows."""
     draws = [generate(replicate(spec, r, spec.requests)) for r in range(seeds)]

@@ -52,7 +52,7 @@ class Targets:
 
     def stable(self, metrics: dict) -> bool:
         return (metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
-                and metrics.get("pace", 1.0) <= MAX_PACE)
+                and metrics.get("pace", 1.0) <= MAX_PACE and not metrics.get("too_short"))
 
     def met(self, metrics: dict) -> bool:
         return (metrics["ttft_s"]["p90"] <= self.ttft_s and metrics["tpot_s"]["p90"] <= self.tpot_s
@@ -207,6 +207,9 @@ class Outcome:
         if self.failed is None:
             return "met every rate tried (more requests per run would load it further)"
         m = self.failed.metrics
+        if m.get("too_short"):
+            return ("a run too short to judge (every session started before a session's "
+                    "length had passed: run more requests)")
         broke = [name for name, key, target in (("p90 TTFT", "ttft_s", targets.ttft_s),
                                                 ("p90 TPOT", "tpot_s", targets.tpot_s))
                  if m[key]["p90"] > target]
@@ -346,6 +349,8 @@ def _reason(r: Outcome, targets: Targets) -> str:
     m = r.failed.metrics
     rate = f"{r.failed.rate:.3g}/s"
     parts = [f"{r.label}: at {rate} it missed {r.limit(targets)}"]
+    if m.get("too_short"):
+        return "; ".join(parts)
     stall, work, tpot = (m["decode_stall_per_token_s"], m["decode_work_per_token_s"],
                          m["tpot_s"]["p90"])
     if work > 0 and tpot > 1.5 * work:

@@ -12,7 +12,12 @@ the percentiles of a short run look.
 For agent sessions the window and both checks follow the sessions' first calls. Only those
 arrive open-loop; a session's later calls arrive when its earlier ones finish, so they are paced
 by the service itself and would make a burst the cluster merely absorbed look steady. A window
-holds every call of the sessions that started inside it."""
+holds every call of the sessions that started inside it, and its sessions must also finish
+over no more time than they started over (``session_pace``, part of ``pace``): later sessions
+that a growing load stretches finish over more. And the load of a stream of sessions builds
+up for as long as a session lasts, so the window starts only once a session's length (the
+median) has passed since the first began; a run whose sessions all start before that is too
+short to judge (``too_short``): its numbers count every call, and it meets no target."""
 
 from __future__ import annotations
 
@@ -36,12 +41,16 @@ def steady_window(arrival: np.ndarray) -> np.ndarray:
     return mask
 
 
-def session_window(arrival: np.ndarray, session: np.ndarray, first: np.ndarray) -> np.ndarray:
+def session_window(arrival: np.ndarray, session: np.ndarray, first: np.ndarray,
+                   warm_until: float | None = None) -> np.ndarray:
     """Every call of the sessions whose first call falls in the steady window of first calls
-    (for plain requests, the steady window itself)."""
+    (for plain requests, the steady window itself); with ``warm_until``, only sessions
+    starting at or after it (an empty window when none do)."""
     opening = np.flatnonzero(first)
-    inside = session[opening[steady_window(arrival[opening])]]
-    return np.isin(session, inside)
+    chosen = opening[steady_window(arrival[opening])]
+    if warm_until is not None:
+        chosen = chosen[arrival[chosen] >= warm_until]
+    return np.isin(session, session[chosen])
 
 
 def ttft_trend(arrival: np.ndarray, ttft: np.ndarray) -> list[float]:
@@ -87,8 +96,24 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
     if tpot_slo_s is not None:
         ok &= tpot <= tpot_slo_s
     first = reqs.call == 0  # open-loop arrivals: plain requests and sessions' first calls
-    window = session_window(res.arrival, reqs.session, first) if steady \
+    sessions, index = np.unique(reqs.session, return_inverse=True)
+    closed_loop = len(sessions) < len(reqs)  # sessions of several calls
+    if closed_loop:
+        start = np.full(len(sessions), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(start, index, res.arrival)
+        end = np.zeros(len(sessions), dtype=np.int64)
+        np.maximum.at(end, index, res.finish)
+    warm_until = None
+    if steady and closed_loop:
+        # The load of a stream of sessions builds up for as long as a session lasts (until
+        # the first ones end, every earlier session is still running): a steady window starts
+        # only after that.
+        warm_until = int(start.min() + np.median(end - start))
+    window = session_window(res.arrival, reqs.session, first, warm_until) if steady \
         else np.ones(len(ttft), dtype=bool)
+    too_short = steady and not window.any()
+    if too_short:  # no session started after the warm-up: judged on every call, and not met
+        window = np.ones(len(ttft), dtype=bool)
     gaps = res.itl_s(window)
     out = {
         "requests": len(ttft),
@@ -115,12 +140,16 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
                     "ttft_by_fifth_s": trend,
                     "ttft_growth_s": trend[-1] - trend[0],
                     "ttft_slope": ttft_slope(arrived, ttft[opening]),
-                    "pace": pace(arrived, served)})
-    sessions = np.unique(reqs.session)
-    if len(sessions) < len(reqs):
-        ends = np.array([res.finish[reqs.session == s].max() - res.arrival[reqs.session == s]
-                         .min() for s in sessions]) / res.clock_hz
-        out["session_s"] = percentiles(ends)
+                    "pace": pace(arrived, served), "too_short": too_short})
+    if closed_loop:
+        out["session_s"] = percentiles((end - start) / res.clock_hz)
+        if steady:
+            # Sessions must also finish at the pace they start: later sessions stretched by a
+            # load that keeps growing spread their ends over more time.
+            inside = np.zeros(len(sessions), dtype=bool)
+            inside[index[window & first]] = True
+            out["session_pace"] = pace(start[inside] / res.clock_hz, end[inside] / res.clock_hz)
+            out["pace"] = max(out["pace"], out["session_pace"])
     return out
 
 
