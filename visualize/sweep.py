@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from visualize.draw import DPI, plt, quantity_cmap, save_figure
+from wse_emu.fmt import si
 from wse_emu.runtime.sweep import METRICS
 
 
@@ -26,18 +27,17 @@ def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, 
         fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=DPI)
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=quantity_cmap(), aspect="auto",
                           origin="lower")
-        ax.set_xticks(range(len(xs)), [f"{x:g}" if isinstance(x, float) else str(x)
-                                       for x in xs])
-        ax.set_yticks(range(len(ys)), [f"{y:g}" if isinstance(y, float) else str(y)
-                                       for y in ys])
+        ax.set_xticks(range(len(xs)), [_tick(x) for x in xs])
+        ax.set_yticks(range(len(ys)), [_tick(y) for y in ys])
         for j, row in enumerate(grid):
             for i, v in enumerate(row):
                 if np.isfinite(v):
-                    ax.text(i, j, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                    ax.text(i, j, si(v), ha="center", va="center", fontsize=8,
                             color="white" if v < np.nanmean(grid) else "black")
         ax.set_xlabel(axes[0])
         ax.set_ylabel(axes[1])
-        fig.colorbar(image, ax=ax, label=label)
+        bar = fig.colorbar(image, ax=ax, label=label)
+        bar.ax.yaxis.set_major_formatter(lambda v, _: si(v))
     else:
         fig, ax = plt.subplots(figsize=(7.5, 4.4), dpi=DPI)
         first, rest = axes[0], axes[1:]
@@ -49,9 +49,8 @@ def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, 
                 name = ", ".join(f"{a} {c}" for a, c in zip(rest, combo)) or label
                 ax.plot([_position(x, xs) for x, _ in pts], [v for _, v in pts], marker="o",
                         label=name)
-        ax.set_xticks(range(len(xs)) if not _numeric(xs) else xs)
-        if not _numeric(xs):
-            ax.set_xticklabels([str(x) for x in xs])
+        ax.set_xticks(range(len(xs)) if not _numeric(xs) else xs, [_tick(x) for x in xs])
+        ax.yaxis.set_major_formatter(lambda v, _: si(v))
         ax.set_xlabel(first)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
@@ -70,6 +69,13 @@ def _value(v):
         return float(v)
     except (TypeError, ValueError):
         return v
+
+
+def _tick(x) -> str:
+    """An axis value as the command line writes numbers (1.1 G, 49152, 0.46, 8)."""
+    if not isinstance(x, float):
+        return str(x)
+    return si(x) if abs(x) >= 1e6 else f"{x:g}"
 
 
 def _numeric(xs) -> bool:
