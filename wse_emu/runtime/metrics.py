@@ -42,7 +42,7 @@ def steady_window(arrival: np.ndarray) -> np.ndarray:
 
 
 def session_window(arrival: np.ndarray, session: np.ndarray, first: np.ndarray,
-                   warm_until: float | None = None) -> np.ndarray:
+                   warm_until: int | None = None) -> np.ndarray:
     """Every call of the sessions whose first call falls in the steady window of first calls
     (for plain requests, the steady window itself); with ``warm_until``, only sessions
     starting at or after it (an empty window when none do)."""
