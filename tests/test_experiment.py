@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from experiment_args import search_all
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
@@ -14,9 +15,8 @@ from wse_emu.runtime.experiment import (
     Config,
     Point,
     Targets,
-    evaluate_job,
+    evaluate,
     outcomes,
-    search_rates,
 )
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
@@ -58,14 +58,13 @@ def test_the_search_brackets_the_highest_rate_met():
     def run_points(jobs):
         return [Point(f, f <= 2.7, {}) for _, f in jobs]
     configs = [Config("colocated", "made up", [], ServeOptions.of(WSE3, SMALL))]
-    (search,) = search_rates(configs, None, Targets(1.0, 1.0), run_points, tolerance=0.02)
+    (search,) = search_all(configs, run_points, tolerance=0.02)
     assert 2.7 / 1.02 <= search.best <= 2.7 < search.failed <= search.best * 1.02
 
 
 def test_the_search_gives_up_at_its_floor():
     configs = [Config("colocated", "never", [], ServeOptions.of(WSE3, SMALL))]
-    (search,) = search_rates(configs, None, Targets(1.0, 1.0),
-                             lambda jobs: [Point(f, False, {}) for _, f in jobs])
+    (search,) = search_all(configs, lambda jobs: [Point(f, False, {}) for _, f in jobs])
     assert search.best is None and outcomes([search])[0].goodput == 0.0
 
 
@@ -92,8 +91,8 @@ def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_promp
          "prompt": {"kind": "uniform", "low": 512, "high": 1024},
          "output": {"kind": "uniform", "low": 4, "high": 32}}, "test"))
     targets = Targets(ttft_s=0.02, tpot_s=3 * step_s)
-    searches = search_rates(configs, requests, targets, lambda jobs: [
-        evaluate_job(configs, requests, targets, i, f) for i, f in jobs])
+    searches = search_all(configs, lambda jobs: [
+        evaluate(configs[i], requests, f, targets) for i, f in jobs])
     results = {o.label: o for o in outcomes(searches)}
     best_colocated = max(r.max_rate for label, r in results.items() if "colocated" in label)
     assert results["disaggregated, share 0.5"].max_rate >= best_colocated > 0

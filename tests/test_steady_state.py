@@ -3,6 +3,7 @@ whatever its percentiles, and goodput is the highest rate met (DistServe's defin
 
 import numpy as np
 import pytest
+from experiment_args import search_all
 
 from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model
@@ -12,7 +13,6 @@ from wse_emu.runtime.experiment import (
     Targets,
     compare,
     outcomes,
-    search_rates,
 )
 from wse_emu.runtime.metrics import run_metrics, steady_window
 from wse_emu.runtime.serve import ServeOptions, ServeResult
@@ -161,7 +161,7 @@ def test_goodput_is_the_highest_rate_met_per_system():
 
     def run_points(jobs):
         return [_points(limits[i], 100)([(i, f)])[0] for i, f in jobs]
-    searches = search_rates(configs, None, Targets(1.0, 1.0), run_points, tolerance=0.01)
+    searches = search_all(configs, run_points, tolerance=0.01)
     results = outcomes(searches)
     for r, limit in zip(results, limits.values()):
         assert limit / 1.01 <= r.max_rate <= limit

@@ -152,15 +152,6 @@ class Search:
         return [lo * step ** (k + 1) for k in range(per_round)]
 
 
-def search_rates(configs: list[Config], requests: Requests, targets: Targets, run_points,
-                 per_round: int = 3, tolerance: float = 0.05, progress=None) -> list[Search]:
-    """Search every configuration's highest rate in rounds. ``run_points(jobs)`` evaluates a
-    list of (config index, factor) and returns their Points in order."""
-    searches = [Search(c) for c in configs]
-    run_searches(dict(enumerate(searches)), run_points, per_round, tolerance, progress)
-    return searches
-
-
 def run_searches(searches: dict, run_points, per_round: int = 3, tolerance: float = 0.05,
                  progress=None) -> None:
     """Advance every search of ``searches`` (key -> Search) to its answer, in rounds whose runs
@@ -368,9 +359,3 @@ def _reason(r: Outcome, targets: Targets) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
-
-
-def evaluate_job(configs: list[Config], requests: Requests, targets: Targets, index: int,
-                 factor: float) -> Point:
-    """``evaluate`` of one (configuration index, factor) job, the form ``pool`` runs."""
-    return evaluate(configs[index], requests, factor, targets)
