@@ -26,6 +26,7 @@ from visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.api import build_layouts, default_cache_dir
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment
+from wse_emu.cli.main import in_flags
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.fmt import seconds, si, table
@@ -156,7 +157,7 @@ def run(args):
 
 def _show(text: str) -> None:
     clear()
-    print(text + "\n", flush=True)
+    print(in_flags(text, {}) + "\n", flush=True)  # the library's `names` as plain names
 
 
 def _compiled(programs: dict) -> str:

@@ -3,9 +3,10 @@
 Every command returns either text or a JSON-able dict; this module prints it. A UserError
 becomes one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
 
-The library's errors name parameters as the Python API spells them, in backquotes (`systems`,
-`prefill_share=0.6`); here each becomes the command's flag (--systems, --prefill-share 0.6),
-so a message reads right from either side.
+The library's errors (and the reasons it writes into reports) name parameters as the Python
+API spells them, in backquotes (`systems`, `prefill_share=0.6`); here each becomes the
+command's flag (--systems, --prefill-share 0.6), or the bare name where the command has no
+such flag, so a message reads right from either side.
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(result, dict):
             print(json.dumps(result, indent=1))
         elif result:
-            print(result)
+            # Reasons the library wrote into a report (a layout skipped, a point failed) name
+            # parameters the same way its errors do.
+            print(in_flags(result, getattr(args, "flags", {})))
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours.
