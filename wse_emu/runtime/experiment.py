@@ -270,14 +270,15 @@ def interval(values, lower=None, upper=None) -> dict:
     if len(v) >= 2:
         half = _half_width(v)
         out.update(low=out["mean"] - half, high=out["mean"] + half, half_width=half)
-        for name, bound, pick in (("lower", lower, min), ("upper", upper, max)):
-            ends = None if bound is None else [x for x in bound if x is not None]
-            if ends is not None and len(ends) == len(v):
-                ends = np.asarray(ends, dtype=float)
-                end = float(ends.mean()) + (-1 if name == "lower" else 1) * _half_width(ends)
-                key = "low" if name == "lower" else "high"
-                out[key] = pick(out[key], end)
-                out[f"{name}_values"] = ends.tolist()
+        for name, bound, side in (("lower", lower, -1), ("upper", upper, 1)):
+            ends = [x for x in bound if x is not None] if bound is not None else []
+            if len(ends) != len(v):  # a bound missing for some draw: none is used
+                continue
+            ends = np.asarray(ends, dtype=float)
+            end = float(ends.mean()) + side * _half_width(ends)
+            key = "low" if side < 0 else "high"
+            out[key] = min(out[key], end) if side < 0 else max(out[key], end)
+            out[f"{name}_values"] = ends.tolist()
     return out
 
 
@@ -289,7 +290,7 @@ def _half_width(v: np.ndarray) -> float:
 def over_replicates(reports: list[dict]) -> dict:
     """Each configuration's goodput per system and the plans' ratios, over the replicates'
     reports (``configurations`` and ``comparison`` as ``experiment`` makes them). Goodputs and
-    the goodput ratio are bracketed by the rate searches' steps (``interval``'s ``upper``)."""
+    the goodput ratio are bracketed by the rate searches' steps (``interval``'s bounds)."""
     # Configurations searched on every draw (the tuned ones, when only the first was tuned).
     labels = [c["configuration"] for c in reports[0]["configurations"]
               if all(any(d["configuration"] == c["configuration"] for d in r["configurations"])
