@@ -20,6 +20,7 @@ from pathlib import Path
 from compiler.bounds import stage_bounds
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
+from compiler.partition import disaggregated_splits
 from visualize.report import write_report
 from visualize.rundraw import draw_run
 from visualize.serving import read_requests, tpot_side_by_side
@@ -47,6 +48,7 @@ from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import serve
+from wse_emu.runtime.tables import default_axes, table_path
 from wse_emu.runtime.workload import generate, workload_from_dict
 from wse_emu.weights import random_weights
 
@@ -131,7 +133,9 @@ def run(args):
     runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
             "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
     show(_decode_steps(programs, runs))
-    exp, side = _experiment(model, cluster, args.cache_dir)
+    cache = default_cache_dir(args.cache_dir)
+    show(_table_estimate(model, cluster, programs, runs, cache))
+    exp, side = _experiment(model, cluster, cache)
     show("The disaggregation experiment (wse-emu experiment disagg)\n" + render_experiment(exp))
     status("drawing the report")
     report = _write_runs(out, programs, runs, exp, side)
@@ -187,6 +191,24 @@ def _decode_steps(programs: dict, runs: dict) -> str:
         sim, "llrrrrr")
 
 
+def _table_estimate(model, cluster, programs: dict, runs: dict, cache: Path) -> str:
+    """What the experiment will time before it can serve, and about how long that takes here:
+    every layout it tunes needs a table of stage times over a grid of micro-batch shapes, and
+    each shape takes about as long to simulate as the decode steps just timed."""
+    colocated = programs["colocated"]
+    if table_path(colocated, "mixed0", "decode", cache).exists():
+        return f"Stage-time tables: cached in {cache} from an earlier run."
+    layouts = len(set(SPACE.copies) | {1}) + len(disaggregated_splits(model, cluster))
+    shapes = layouts * sum(len(a) * len(b) for a, b in (default_axes("decode"),
+                                                          default_axes("prefill")))
+    # The quicker step: the first one may include compiling the engine on a fresh machine.
+    per_shape = min(r.wall_seconds for r in runs.values())
+    return (f"Stage-time tables: not cached yet. The experiment times up to {layouts} layouts, "
+            f"{shapes} micro-batch shapes in all; at the {per_shape:.1f} s per shape the "
+            f"quicker decode step above took, that is about {shapes * per_shape / 60:.0f} "
+            f"minutes on this machine, once (they are then kept in {cache}).")
+
+
 def _generate() -> list[dict]:
     """Greedy tokens of the tiny model, colocated and disaggregated, with emulated times."""
     f = FUNCTIONAL
@@ -208,11 +230,10 @@ def _generate() -> list[dict]:
     return out
 
 
-def _experiment(model, cluster, cache) -> tuple[dict, dict]:
+def _experiment(model, cluster, cache: Path) -> tuple[dict, dict]:
     """The experiment's report, and the best colocated and disaggregated configurations served
     side by side at twice the colocated one's highest rate: label -> (result, requests)."""
     requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
-    cache = default_cache_dir(cache)
     with point_pool() as pool:
         exp, chosen = disagg_experiment(
             model, cluster, WORKLOAD["name"], requests, TARGETS, pool,

@@ -166,17 +166,28 @@ def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> s
     return digest.hexdigest()[:24]
 
 
+def default_axes(phase: str) -> tuple:
+    return (DECODE_BATCH, DECODE_CONTEXT) if phase == "decode" else (PREFILL_TOKENS,
+                                                                     PREFILL_PREFIX)
+
+
+def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
+               engine: str = "fast", axes: tuple | None = None) -> Path:
+    """Where the table of ``region`` for ``phase`` is cached under ``cache_dir``."""
+    axes = default_axes(phase) if axes is None else axes
+    return Path(cache_dir) / f"stage-table-{_key(program, region, phase, engine, axes)}.npz"
+
+
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
                 axes: tuple | None = None, cache_dir: Path | None = None,
                 progress=None) -> StageTable:
     """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there.
     ``progress(done, total)`` hears of each shape timed (by default, a progress bar)."""
     if axes is None:
-        axes = (DECODE_BATCH, DECODE_CONTEXT) if phase == "decode" else (PREFILL_TOKENS,
-                                                                          PREFILL_PREFIX)
+        axes = default_axes(phase)
     path = None
     if cache_dir is not None:
-        path = Path(cache_dir) / f"stage-table-{_key(program, region, phase, engine, axes)}.npz"
+        path = table_path(program, region, phase, cache_dir, engine, axes)
         if path.exists():
             return StageTable.from_npz(path)
     a0, a1 = (np.asarray(a, dtype=np.int64) for a in axes)
