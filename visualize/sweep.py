@@ -9,12 +9,11 @@ import numpy as np
 
 from visualize.draw import DPI, plt, quantity_cmap, save_figure
 from wse_emu.fmt import si
-from wse_emu.runtime.sweep import METRICS
+from wse_emu.runtime.sweep import headline
 
 
 def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
-    key = sweep.get("metric") or next(iter(METRICS[sweep["point"]]))
-    label = METRICS[sweep["point"]][key]
+    key, label = headline(sweep["point"], sweep.get("metric", ""))
     axes = list(sweep["axes"])
     values = {a: sweep["axes"][a] for a in axes}
     result = {tuple(_value(r["config"][a]) for a in axes): r["result"][key]

@@ -33,6 +33,14 @@ METRICS = {
               "slo_attainment": "share of requests meeting both targets"},
 }
 RESULTS = "results.jsonl"
+
+
+def headline(point: str, metric: str = "") -> tuple[str, str]:
+    """(result key, label) of what a sweep of ``point``s shows: ``metric``, or the default."""
+    key = metric or next(iter(METRICS[point]))
+    return key, METRICS[point][key]
+
+
 SPEC = "sweep.json"  # the sweep as resolved, to tell a resumed sweep from another one
 
 
@@ -46,8 +54,7 @@ class SweepSpec:
 
     def headline(self) -> tuple[str, str]:
         """(result key, label) of the number a row shows and a figure draws."""
-        key = self.metric or next(iter(METRICS[self.point]))
-        return key, METRICS[self.point][key]
+        return headline(self.point, self.metric)
 
     def points(self) -> list[dict]:
         """Every combination of the axes' values over the base, the last axis fastest."""
