@@ -4,6 +4,9 @@ the ready task with the smallest (priority, ready cycle, task id).
 Events sit in one binary heap keyed (cycle, kind, id). A READY at an idle PE with nothing
 queued starts at once (READYs of one cycle are taken best first, so none better can follow);
 otherwise the task waits in its PE's queue until a DISPATCH, due when the PE frees.
+
+The helpers are inlined into the engines' loops: as calls, each would pay for passing (and
+reference counting) its many arrays, a large share of a step's time.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
 
 # --- the event heap ---------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _less(ht, hk, i, j):
     return ht[i] < ht[j] or (ht[i] == ht[j] and hk[i] < hk[j])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def push(ht, hk, size, t, key):
     i = size
     ht[i] = t
@@ -40,7 +43,7 @@ def push(ht, hk, size, t, key):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def pop(ht, hk, size):
     t, key = ht[0], hk[0]
     size -= 1
@@ -62,7 +65,7 @@ def pop(ht, hk, size):
     return t, key, size
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def grow(ht, hk, size):
     if size < len(ht):
         return ht, hk
@@ -73,14 +76,14 @@ def grow(ht, hk, size):
     return nt, nk
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def ready_key(priority, task):
     return (EV_READY << ID_BITS) | (priority << TASK_BITS) | task
 
 
 # --- per-PE ready queues: heaps keyed (priority, ready cycle, task id), one slice per PE ----
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _qpush(qa, qb, base, count, a, b):
     i = count
     qa[base + i] = a
@@ -96,7 +99,7 @@ def _qpush(qa, qb, base, count, a, b):
             break
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _qpop(qa, qb, base, count):
     """Remove and return the id of the best task in a PE's queue of ``count`` entries."""
     best = qb[base]
@@ -137,7 +140,7 @@ def new_cores(n, task_pe):
             np.zeros(n, dtype=np.bool_))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _start(task, p, now, task_cycles, start, busy, running, ht, hk, size):
     running[p] = task
     start[task] = now
@@ -147,12 +150,15 @@ def _start(task, p, now, task_cycles, start, busy, running, ht, hk, size):
     return ht, hk, size
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def core_event(kind, ident, now, ht, hk, size, task_pe, task_priority, task_cycles, succ_ptr,
-               succ_task, need, start, end, busy, q_base, qa, qb, q_count, running,
+               succ_task, need, ready_at, start, end, busy, q_base, qa, qb, q_count, running,
                dispatch_due):
     """Handle a READY, DISPATCH or DONE event. Returns (ht, hk, size, the task that finished
-    or -1); the caller sends the finished task's messages."""
+    or -1); the caller sends the finished task's messages. ``ready_at`` holds, per task, the
+    latest cycle one of its inputs arrives that was counted ahead of time (the fast engine
+    counts a delivery when it times the message): a successor is READY at that cycle if it
+    is later than now."""
     if kind == EV_READY:
         task = ident & ((1 << TASK_BITS) - 1)
         p = task_pe[task]
@@ -184,7 +190,8 @@ def core_event(kind, ident, now, ht, hk, size, task_pe, task_priority, task_cycl
         need[s] -= 1
         if need[s] == 0:
             ht, hk = grow(ht, hk, size)
-            size = push(ht, hk, size, now, ready_key(task_priority[s], s))
+            at = now if now > ready_at[s] else ready_at[s]
+            size = push(ht, hk, size, at, ready_key(task_priority[s], s))
     return ht, hk, size, ident
 
 

@@ -358,6 +358,7 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
     # Tasks: an event heap of (cycle, kind, task), as in the fast engine.
     n_tasks = len(task_pe)
     need = task_need.copy()
+    no_wait = np.zeros(len(need), dtype=np.int64)  # inputs are counted as they arrive
     start_t = np.full(n_tasks, -1, dtype=np.int64)
     end_t = np.full(n_tasks, -1, dtype=np.int64)
     q_base, qa, qb, q_count, running, dispatch_due = new_cores(n, task_pe)
@@ -408,8 +409,8 @@ def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mo
             _, key, hsize = pop(ht, hk, hsize)
             ht, hk, hsize, done_task = core_event(
                 key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, ht, hk, hsize, task_pe,
-                task_priority, task_cycles, succ_ptr, succ_task, need, start_t, end_t, busy,
-                q_base, qa, qb, q_count, running, dispatch_due)
+                task_priority, task_cycles, succ_ptr, succ_task, need, no_wait, start_t, end_t,
+                busy, q_base, qa, qb, q_count, running, dispatch_due)
             if done_task >= 0:
                 tasks_done += 1
                 for i in range(out_ptr[done_task], out_ptr[done_task + 1]):
