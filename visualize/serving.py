@@ -118,12 +118,14 @@ def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
         b = firsts[min(len(firsts) - 1, len(firsts) // 2 + WINDOW_BATCHES)]
         b = max(b, a + 1.0)
         stages = max(e["tid"] for e in mine) + 1
+        bars: dict[tuple, list] = {}  # (stage, colour) -> its bars: one collection each
         for e in mine:
             if e["ts"] + e["dur"] < a or e["ts"] > b:
                 continue
             color = MIXED if "+" in e["name"] else PREFILL if e["name"] == "prefill" else DECODE
-            ax.broken_barh([((e["ts"] - a) / 1e3, e["dur"] / 1e3)], (e["tid"] - 0.4, 0.8),
-                           facecolors=color, linewidth=0)
+            bars.setdefault((e["tid"], color), []).append(((e["ts"] - a) / 1e3, e["dur"] / 1e3))
+        for (stage, color), spans in bars.items():
+            ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=color, linewidth=0)
         ax.set_xlim(0, (b - a) / 1e3)
         ax.set_ylim(stages - 0.5, -0.5)
         ax.set_ylabel("stage")

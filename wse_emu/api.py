@@ -123,7 +123,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
     with point_pool(None, workers) as pool:
         data, _ = disagg_experiment(
             model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,
-            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress),
+            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress,
+                                         grid=space.grid),
             space, progress=progress, more_draws=draws[1:],
             longer=longer_draws(spec, seeds))
     if seeds > 1:
@@ -213,14 +214,17 @@ def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")
 
 
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
-                  copies=(1,), progress=None) -> tuple[dict, list[str]]:
+                  copies=(1,), progress=None, splits: list[dict] | None = None,
+                  grid: str = "full") -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
-    (side by side in column bands), and disaggregated at each split. A layout that does not
-    compile, or whose regions cannot hold the KV cache of the longest request of any of
-    ``probes`` (every set of requests the experiment may serve), is skipped, with why
-    (colocated with one copy must compile). Returns (plan, name) -> Layout, and the skipped."""
+    (side by side in column bands), and disaggregated at each of ``splits`` (by default every
+    split ``disaggregated_splits`` proposes). A layout that does not compile, or whose regions
+    cannot hold the KV cache of the longest request of any of ``probes`` (every set of
+    requests the experiment may serve), is skipped, with why (colocated with one copy must
+    compile). Stage tables are timed over ``grid``'s shapes. Returns (plan, name) -> Layout,
+    and the skipped."""
     fabric = cluster.fabric
-    splits = disaggregated_splits(model, cluster)
+    splits = disaggregated_splits(model, cluster) if splits is None else splits
     span = wafers_needed(model, fabric)
     if not splits:
         raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
@@ -260,7 +264,7 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         if short:
             skipped.append(f"{plan} {name}: {short}")
             continue
-        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache))
+        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache, grid=grid))
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split holds the longest request's KV cache: "
                         + "; ".join(skipped))

@@ -106,11 +106,11 @@ def execute(graph, fabric, engine: str):
         return res.task_start, res.task_end, res.msg_done, res.link_wavelets
     if graph.width * graph.height > CYCLE_ENGINE_MAX_PES:
         raise UserError(f"the cycle engine runs stages of up to {CYCLE_ENGINE_MAX_PES:,} PEs;"
-                        f" this stage has {graph.width * graph.height:,}: use --engine fast")
+                        f" this stage has {graph.width * graph.height:,}: use `engine=fast`")
     res = cycle.run_graph(graph, 4, 8, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
     if (res.task_end < 0).any():
         raise UserError(f"the cycle engine stopped at {CYCLE_ENGINE_MAX_CYCLES:,} cycles "
-                        "before the stage finished: use --engine fast")
+                        "before the stage finished: use `engine=fast`")
     return res.task_start, res.task_end, res.t_done, res.link_wavelets
 
 
@@ -161,9 +161,11 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
 
 
 def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine: str = "fast",
-               reuse: bool = True, progress=None) -> RegionRun:
+               reuse: bool = True, progress=None, threads: int | None = None) -> RegionRun:
+    """One step on one region; its distinct stages are timed on ``threads`` threads (by
+    default one per core)."""
     if engine not in ("fast", "cycle"):
-        raise UserError(f"--engine must be fast or cycle, got {engine!r}")
+        raise UserError(f"`engine` must be fast or cycle, got {engine!r}")
     region = program.region(region_name)
     stages = [program.stages[i] for i in region.stage_ids]
     began = time.perf_counter()
@@ -174,7 +176,8 @@ def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine
     # Distinct stages are independent: time them on parallel threads (the engine releases
     # the GIL), then hand each stage its shape's result.
     done: dict[tuple, StageRun] = {}
-    with ThreadPoolExecutor(max_workers=min(len(first_of), os.cpu_count() or 1)) as pool:
+    workers = min(len(first_of), threads or os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(simulate_stage, program, stage, step, engine)
                    for key, stage in first_of.items()}
         for i, (key, future) in enumerate(futures.items()):
@@ -262,7 +265,7 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
         b = by_layers.get(tuple(a.layers))
         if b is None:
             raise UserError(f"regions {prefill_region} and {decode_region} stage their layers "
-                            "differently; compile both roles with the same --layers-per-stage")
+                            "differently; compile both roles with the same `layers_per_stage`")
         # The KV is spread over all of a stage's PEs: it leaves along the stage's rows (the
         # direction that crosses between regions placed side by side), one lane per row,
         # keeping its row where the two stages share rows.

@@ -102,6 +102,10 @@ def add_parser(sub, summary: str) -> None:
     where.add_argument("--workers", type=int, default=0,
                        help="local worker processes (default: one per core; 1: no cluster)")
     d.add_argument("--cache-dir", help="where stage-time tables are kept")
+    d.add_argument("--grid", choices=("full", "quick"), default="full",
+                   help="stage tables' micro-batch shapes: full (55 per region), or quick (21, "
+                   "within 5%% of full on Llama-3.1-8B, for a first look; sequences per "
+                   "micro-batch up to 64, prefill tiles up to 256 tokens)")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
@@ -117,10 +121,11 @@ def run(args):
                   interleave=_positive_ints(args.interleave, "--interleave"),
                   max_running=_positive_ints(args.max_running, "--max-running", zero=True),
                   batch_limits=_positive_ints(args.batch_limit, "--batch-limit"),
-                  prefix_cache=not args.no_prefix_cache, window_s=args.window_s)
+                  prefix_cache=not args.no_prefix_cache, window_s=args.window_s,
+                  grid=args.grid)
     for limit in space.batch_limits:
         for tile in space.prefill_tiles:
-            check_micro_batches(limit, tile, space.budgets)
+            check_micro_batches(limit, tile, space.budgets, space.grid)
     if args.window_s < 0:
         raise UserError(f"--window-s must be at least 0, got {args.window_s}")
     if args.requests is not None and args.requests < 2:
@@ -150,7 +155,8 @@ def run(args):
     def one(pool, draws, targets, cluster, transform=lambda requests: requests):
         data, configs = disagg_experiment(
             model, cluster, spec.name, draws[0], targets, pool,
-            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status),
+            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status,
+                                         grid=space.grid),
             space, args.tolerance, status, draws[1:], args.price_per_system_hour,
             longer_draws(spec, args.seeds, transform))
         if len(draws) > 1:
@@ -203,7 +209,8 @@ def render(data: dict) -> str:
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
             f"within {MAX_PACE:g}x the span they arrived in"
-            + ("" if data.get("prefix_cache", True) else "; no prefix cache"))
+            + ("" if data.get("prefix_cache", True) else "; no prefix cache")
+            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else ""))
     lines = [head, "", f"Tuning, knob by knob, on runs of {data['requests_per_run']:,} "
              "requests: goodput (highest rate met) per system of each value tried", "",
              render_tuning(data["tuning"])]

@@ -44,8 +44,9 @@ def confirm_cap(requests: Requests) -> int:
 @dataclass
 class Space:
     """What the experiment tunes: the values to try of every knob (a single value fixes it),
-    whether agentic calls reuse cached KV, and how long the confirming runs' steady windows
-    must be (emulated seconds; 0: no confirming runs)."""
+    whether agentic calls reuse cached KV, how long the confirming runs' steady windows
+    must be (emulated seconds; 0: no confirming runs), and the stage tables' grid ("full",
+    or "quick": fewer shapes, for a first look)."""
 
     copies: tuple = (1, 2, 4)
     prefill_tiles: tuple = (8, 16, 32, 64, 128, 256)
@@ -56,6 +57,7 @@ class Space:
     policies: tuple = POLICIES
     prefix_cache: bool = True
     window_s: float = 120.0
+    grid: str = "full"
 
     def knobs(self, splits: list[str], copies: list[str]) -> dict:
         """Per plan, its knobs in the order they are tuned."""
@@ -110,7 +112,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
             "workload": workload, "requests_per_run": len(requests),
             "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
                         "attainment": targets.attainment},
-            "prefix_cache": space.prefix_cache, "skipped": skipped,
+            "prefix_cache": space.prefix_cache, "stage_grid": space.grid, "skipped": skipped,
             "system_power_w": fabric.system_power_w}
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}

@@ -8,11 +8,13 @@ from pathlib import Path
 from wse_emu.program import WaferProgram
 from wse_emu.runner import signature
 from wse_emu.runtime.serve import RegionModel
-from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.tables import build_table, grid_axes
 
 
-def region_models(program: WaferProgram, cache: Path, progress=None) -> list[RegionModel]:
-    """One pair of tables per distinct region (replicas of one shape and role share them)."""
+def region_models(program: WaferProgram, cache: Path, progress=None,
+                  grid: str = "full") -> list[RegionModel]:
+    """One pair of tables per distinct region (replicas of one shape and role share them),
+    over the micro-batch shapes of ``grid`` ("full", or "quick" for a first look)."""
     shared: dict[tuple, dict] = {}
     out = []
     for r in program.regions:
@@ -20,8 +22,9 @@ def region_models(program: WaferProgram, cache: Path, progress=None) -> list[Reg
         if key not in shared:
             phases = {"mixed": ("prefill", "decode"), "prefill": ("prefill",),
                       "decode": ("decode",)}[r.role]
-            shared[key] = {ph: build_table(program, r.name, ph, cache_dir=cache,
-                                           progress=progress) for ph in phases}
+            shared[key] = {ph: build_table(program, r.name, ph, axes=grid_axes(grid, ph),
+                                           cache_dir=cache, progress=progress)
+                           for ph in phases}
         t = shared[key]
         out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
                                t.get("decode"), system=r.parts[0].system))
