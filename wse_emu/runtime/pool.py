@@ -2,14 +2,18 @@
 
 Serving runs are plain Python, so threads would share one core; a local cluster of worker
 processes (one thread each) uses them all, and a scheduler address reaches a real cluster.
-Without dask installed, points run one after another in this process: the results are the same,
-only slower.
+Without dask installed, local points run on worker processes of the standard library instead
+(or, with one worker, one after another in this process): the results are the same.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import multiprocessing
 import os
+import pickle
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 
 from wse_emu.errors import UserError
@@ -33,6 +37,52 @@ class _Here:
         """``function(*job)`` of every job, yielded as each finishes."""
         for job in jobs:
             yield function(*job)
+
+
+class _Processes:
+    """Runs jobs on local worker processes (started fresh, not forked: the parent may hold
+    threads)."""
+
+    def __init__(self, workers: int):
+        self.executor = ProcessPoolExecutor(workers,
+                                            mp_context=multiprocessing.get_context("spawn"))
+        self.tokens = itertools.count()
+
+    def bind(self, function, shared: tuple):
+        """``run(jobs)``: ``function(*shared, *job)`` for every job, results in job order.
+        ``shared`` travels pickled with each job but is unpickled once per worker."""
+        token = (os.getpid(), next(self.tokens))
+        blob = pickle.dumps((function, shared))
+
+        def run(jobs):
+            futures = [self.executor.submit(_bound_call, token, blob, job) for job in jobs]
+            return [f.result() for f in futures]
+
+        return run
+
+    def imap(self, function, jobs):
+        """``function(*job)`` of every job, yielded as each finishes (not in job order)."""
+        futures = [self.executor.submit(function, *job) for job in jobs]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+_BOUND: dict = {}  # in a worker process: token -> (function, shared) of the latest binding
+
+
+def _bound_call(token: tuple, blob: bytes, job: tuple):
+    if token not in _BOUND:
+        _BOUND.clear()
+        _BOUND[token] = pickle.loads(blob)
+    function, shared = _BOUND[token]
+    return function(*shared, *job)
 
 
 class _Dask:
@@ -66,8 +116,15 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
     worker processes (0: one per core; 1: no cluster, run here). Connects at once, so that a
     bad scheduler address fails before any work."""
     workers = workers or os.cpu_count() or 1
-    if scheduler is None and (workers == 1 or not dask_available()):
+    if scheduler is None and workers == 1:
         yield _Here()
+        return
+    if scheduler is None and not dask_available():
+        pool = _Processes(workers)
+        try:
+            yield pool
+        finally:
+            pool.close()
         return
     if not dask_available():
         raise UserError("`scheduler` needs dask.distributed: pip install -e '.[sweep]'")
