@@ -2,6 +2,7 @@
 target in decode steps, the figure, and one-line errors for a bad --vary."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,9 @@ from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.runtime.comparison import vary_experiment
+from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.sensitivity import parse_vary, scaled
 from wse_emu.runtime.workload import WorkloadSpec, generate
 
@@ -30,6 +34,27 @@ def test_scaling_keeps_at_least_one_token():
     half = scaled(reqs, prompt=0.5, output=2.0)
     assert half.prompt_tokens.min() >= 1 and (half.output_tokens == 6).all()
     assert np.array_equal(half.arrival_s, reqs.arrival_s)
+
+
+def test_vary_systems_draws_each_values_tuning_runs_afresh():
+    spec = WorkloadSpec(name="w", requests=10, prompt={"kind": "fixed", "value": 8},
+                        output={"kind": "fixed", "value": 4}).validate("test")
+    seen = {}
+
+    def one(pool, draws, targets, cluster, transform=None):
+        seen[cluster.systems] = len(draws[0])
+        raise UserError("enough: the draws were seen")
+
+    cluster = ClusterSpec(load_fabric("wse3"), 1)
+    data = vary_experiment(parse_vary("systems=1,3"), one, None, [generate(spec)],
+                           Targets(1.0, 0.01), cluster,
+                           lambda systems: [generate(replace(spec, requests=10 * systems))])
+    assert seen == {1: 10, 3: 30}
+    assert [r["error"] for r in data["sensitivity"]] == ["enough: the draws were seen"] * 2
+    seen.clear()
+    vary_experiment(parse_vary("systems=1,3"), one, None, [generate(spec)], Targets(1.0, 0.01),
+                    cluster)
+    assert seen == {1: 10, 3: 10}  # without draws_for, every value starts from the same
 
 
 def test_vary_tpot_reports_a_row_per_value_and_draws_the_figure(tmp_path, capsys):

@@ -5,11 +5,12 @@ import pytest
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
+from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
-from wse_emu.runtime.tables import build_table
+from wse_emu.runtime.tables import build_table, check_micro_batches, grid_axes
 
 SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -67,3 +68,29 @@ def test_tables_are_cached_by_program(program, tmp_path):
                           CompileOptions(region=(64, 64), seed=3))
     build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
     assert len(list(tmp_path.iterdir())) == 2
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_quick_grid_within_five_percent_of_direct_simulation(program, phase, tmp_path):
+    """The quick grid (fewer shapes, for a first look) interpolates within its range as
+    closely as the full grid's cells do."""
+    axes = grid_axes("quick", phase)
+    table = build_table(program, "mixed0", phase, axes=axes, cache_dir=tmp_path)
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        a = int(rng.integers(axes[0][0], axes[0][-1] + 1))
+        b = int(rng.integers(axes[1][0], axes[1][-1] + 1))
+        step = (MicroBatch("decode", batch=a, context=b) if phase == "decode"
+                else MicroBatch("prefill", tokens=min(a, 64), prefix=b))
+        a = step.batch if phase == "decode" else step.new_tokens
+        assert table.stage_cycles(a, b) == pytest.approx(direct(program, step), rel=0.05)
+
+
+def test_grids_are_named_and_bound_the_micro_batches():
+    assert len(grid_axes("quick", "decode")[0]) < len(grid_axes("full", "decode")[0])
+    with pytest.raises(UserError, match="`grid` must be one of full, quick"):
+        grid_axes("fine", "decode")
+    check_micro_batches(64, 256, (256,), "quick")
+    with pytest.raises(UserError, match="`prefill_tile` must be between 1 and 256"):
+        check_micro_batches(64, 512, (), "quick")
+    check_micro_batches(64, 512, (), "full")

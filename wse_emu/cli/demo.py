@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,11 +137,14 @@ def run(args):
                 for plan in ("colocated", "disaggregated")}
     show(_compiled(programs))
     status("simulating one decode step of each plan")
-    runs = {"colocated": run_region(programs["colocated"], "mixed0", DECODE),
-            "disaggregated": run_region(programs["disaggregated"], "decode0", DECODE)}
+    runs, cpu = {}, {}
+    for plan, region in (("colocated", "mixed0"), ("disaggregated", "decode0")):
+        began = time.process_time()  # every thread's: the stages run on several
+        runs[plan] = run_region(programs[plan], region, DECODE)
+        cpu[plan] = time.process_time() - began
     show(_decode_steps(programs, runs))
     cache = default_cache_dir(args.cache_dir)
-    show(_table_estimate(model, cluster, programs, runs, cache))
+    show(_table_estimate(model, cluster, programs, min(cpu.values()), cache))
     exp, side = _experiment(model, cluster, cache)
     show("The disaggregation experiment (wse-emu experiment disagg)\n" + render_experiment(exp))
     status("drawing the report")
@@ -197,10 +201,11 @@ def _decode_steps(programs: dict, runs: dict) -> str:
         sim, "llrrrrr")
 
 
-def _table_estimate(model, cluster, programs: dict, runs: dict, cache: Path) -> str:
+def _table_estimate(model, cluster, programs: dict, cpu_per_shape: float, cache: Path) -> str:
     """What the experiment will time before it can serve, and about how long that takes here:
-    every layout it tunes needs a table of stage times over a grid of micro-batch shapes, and
-    each shape takes about as long to simulate as the decode steps just timed."""
+    every layout it tunes needs a table of stage times over a grid of micro-batch shapes, each
+    shape costing about the processor time of a decode step (the cheaper of the two just timed:
+    the first may include compiling the engine), shared among the cores."""
     colocated = programs["colocated"]
     if table_path(colocated, "mixed0", "decode", cache,
                   axes=grid_axes(SPACE.grid, "decode")).exists():
@@ -208,12 +213,12 @@ def _table_estimate(model, cluster, programs: dict, runs: dict, cache: Path) -> 
     layouts = len(set(SPACE.copies) | {1}) + len(_splits(model, cluster))
     shapes = layouts * sum(len(a) * len(b) for a, b in (grid_axes(SPACE.grid, "decode"),
                                                           grid_axes(SPACE.grid, "prefill")))
-    # The quicker step: the first one may include compiling the engine on a fresh machine.
-    per_shape = min(r.wall_seconds for r in runs.values())
-    return (f"Stage-time tables: not cached yet. The experiment times up to {layouts} layouts, "
-            f"{shapes} micro-batch shapes in all; at the {per_shape:.1f} s per shape the "
-            f"quicker decode step above took, that is about {shapes * per_shape / 60:.0f} "
-            f"minutes on this machine, once (they are then kept in {cache}).")
+    cores = os.cpu_count() or 1
+    minutes = shapes * cpu_per_shape / cores / 60
+    return (f"Stage-time tables: not cached yet. The experiment times {layouts} layouts, "
+            f"{shapes} micro-batch shapes in all, at about {cpu_per_shape:.1f} s of processor "
+            f"time each on {cores} cores: about {max(minutes, 0.1):.1f} minutes, once (they are "
+            f"then kept in {cache}).")
 
 
 def _splits(model, cluster) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from wse_emu.api import build_layouts, default_cache_dir
@@ -148,6 +149,13 @@ def run(args):
     if args.requests is None:
         spec.requests = tuning_requests(spec, args.systems)
     draws = workload_draws(spec, args.seeds)
+
+    def draws_for(systems: int) -> list:
+        """The tuning runs' requests for ``systems`` systems (the base draws when unchanged)."""
+        n = tuning_requests(spec, systems)
+        return draws if n == spec.requests else workload_draws(replace(spec, requests=n),
+                                                                args.seeds)
+
     model = load_model(args.model)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     cache = default_cache_dir(args.cache_dir)
@@ -167,7 +175,8 @@ def run(args):
         if variation is None:
             data, _ = one(pool, draws, targets, cluster)
         else:
-            data = vary_experiment(variation, one, pool, draws, targets, cluster)
+            data = vary_experiment(variation, one, pool, draws, targets, cluster,
+                                   None if args.requests is not None else draws_for)
     if args.output:
         write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
             json.dumps(data, indent=1)))

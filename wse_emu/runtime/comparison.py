@@ -276,14 +276,19 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
 
 
 def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
-                    cluster: ClusterSpec) -> dict:
+                    cluster: ClusterSpec, draws_for=None) -> dict:
     """``one(pool, draws, targets, cluster)`` at every value of ``variation``: each value's
     full report, and a row per value with the best of each plan, their ratio and the TPOT
     target in decode steps. A value the experiment cannot run (too few systems for a split)
-    keeps its row, with why."""
+    keeps its row, with why. ``draws_for(systems)``, if given, draws the tuning runs' requests
+    afresh for a value's number of systems (agent sessions need more on more systems:
+    ``tuning_requests``); otherwise every value starts from ``draws``."""
     rows, runs = [], []
     for value in variation.values:
-        varied = [apply(variation, value, d, targets, cluster.systems) for d in draws]
+        base = draws
+        if draws_for is not None:
+            base = draws_for(apply(variation, value, draws[0], targets, cluster.systems)[2])
+        varied = [apply(variation, value, d, targets, cluster.systems) for d in base]
         v_targets, systems = varied[0][1], varied[0][2]
         row = {"value": value, "tpot_s": v_targets.tpot_s, "systems": systems}
         try:
