@@ -1,0 +1,34 @@
+"""``wse-emu demo`` end to end, scaled down: the same code on a small model, fabric and
+workload (the real demo, Llama-3.1-8B on a WSE-3, takes minutes), printing each section and
+writing its runs, figures and report."""
+
+from dataclasses import replace
+
+from wse_emu.cli import demo
+from wse_emu.cli.main import main
+from wse_emu.layer import MicroBatch
+
+
+def test_demo_prints_each_section_and_writes_its_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "DEFAULT_MODEL", "tiny")
+    monkeypatch.setattr(demo, "DEFAULT_FABRIC", "mesh32")
+    monkeypatch.setattr(demo, "DECODE", MicroBatch("decode", batch=1, context=256))
+    monkeypatch.setattr(demo, "WORKLOAD", {
+        **demo.WORKLOAD, "requests": 40,
+        "prompt": {"kind": "lognormal", "median": 100, "sigma": 0.7, "low": 8, "high": 300},
+        "output": {"kind": "lognormal", "median": 20, "sigma": 0.7, "low": 1, "high": 100}})
+    monkeypatch.setattr(demo, "SPACE", replace(demo.SPACE, prefill_tiles=(64,), interleave=(1,),
+                                               policies=("interleaved",), window_s=0.0))
+    out = tmp_path / "demo"
+    assert main(["demo", "-o", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    text = capsys.readouterr().out
+    for section in ("wse-emu demo:", "One decode step", "Stage-time tables: not cached yet",
+                    "The disaggregation experiment", "Computed through the tiles", "report:"):
+        assert section in text
+    assert text.index("One decode step") < text.index("The disaggregation experiment")
+    assert (out / "report.html").exists() and (out / demo.MARKER).exists()
+    for run in ("colocated-decode", "disaggregated-decode", "experiment"):
+        assert any((out / run / "figures").glob("*.png")), run
+    # A second demo replaces the first's output, and finds its tables cached.
+    assert main(["demo", "-o", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert "Stage-time tables: cached" in capsys.readouterr().out
