@@ -174,12 +174,14 @@ def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine
     for key, stage in zip(keys, stages):
         first_of.setdefault(key, stage)
     # Distinct stages are independent: time them on parallel threads (the engine releases
-    # the GIL), then hand each stage its shape's result.
+    # the GIL), largest first so that the longest (the LM head's) does not start last, then
+    # hand each stage its shape's result.
     done: dict[tuple, StageRun] = {}
     workers = min(len(first_of), threads or os.cpu_count() or 1)
+    largest_first = sorted(first_of.items(), key=lambda item: -item[1].rect.w * item[1].rect.h)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(simulate_stage, program, stage, step, engine)
-                   for key, stage in first_of.items()}
+                   for key, stage in largest_first}
         for i, (key, future) in enumerate(futures.items()):
             done[key] = future.result()
             if progress:
