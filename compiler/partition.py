@@ -148,8 +148,18 @@ def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int
             f"weights); the {role} role has {have}: {fix}")
 
 
+def check_mappable(model: ModelSpec) -> None:
+    """Refuse, by name, a model whose layers the compiler cannot map yet."""
+    if model.num_experts:
+        raise CompileError(
+            f"{model.name} is a mixture of experts ({model.num_experts} experts, "
+            f"{model.experts_per_token} per token): the compiler does not map routed experts "
+            f"yet (wse-emu inspect {model.name} costs its ops)")
+
+
 def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
               replicas_cap: int | None = None) -> list[RegionPlan]:
+    check_mappable(model)
     fabric = cluster.fabric
     span = wafers_needed(model, fabric)
     whole = Rect(0, 0, 0, fabric.width, fabric.height)

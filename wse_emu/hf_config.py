@@ -688,6 +688,9 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     rope_scaling, torch_dtype) from which ``model_from_hf_config`` rebuilds ``spec`` (its name
     aside); a spec no such config can state raises ConfigError."""
     family = _HF_FAMILIES.get(spec.family)
+    if spec.is_moe:
+        raise ConfigError(f"model {spec.name}: config.json for a mixture of experts (family "
+                          f"{spec.family}) is not written yet")
     if family is None:
         raise ConfigError(f"model {spec.name}: family {shown(spec.family)} has no Hugging Face "
                           "architecture")

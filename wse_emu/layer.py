@@ -98,6 +98,10 @@ SILU_MUL = "silu_mul"
 GELU_MUL = "gelu_mul"  # GeGLU with the tanh approximation of GELU
 SCALE = "scale"  # multiply by a constant (Gemma's embedding normalizer)
 SOFTCAP = "softcap"  # cap * tanh(x / cap)
+ROUTE = "route"  # a router's top-k experts per token and their weights
+EXPERT_GEMM = "expert_gemm"  # a matrix product per expert, each on the tokens routed to it
+SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss's SwiGLU with clamped inputs
+COMBINE = "combine"  # each token's experts' outputs, weighted and summed
 
 ATTENTION_KINDS = (KV_APPEND, ATTN_SCORES, SOFTMAX, ATTN_WEIGHTED_SUM)
 NORM_KINDS = (RMSNORM, HEAD_RMSNORM)
@@ -106,8 +110,11 @@ NORM_KINDS = (RMSNORM, HEAD_RMSNORM)
 KERNEL_KINDS = {
     EMBEDDING: "gather", GEMM: "matrix", RMSNORM: "norm", HEAD_RMSNORM: "norm",
     **{k: "attention" for k in ATTENTION_KINDS},
-    **{k: "elementwise" for k in (ROPE, ADD, SILU_MUL, GELU_MUL, SCALE, SOFTCAP)},
+    **{k: "elementwise" for k in (ROPE, ADD, SILU_MUL, GELU_MUL, SCALE, SOFTCAP,
+                                  SWIGLU_CLAMPED)},
+    ROUTE: "route", EXPERT_GEMM: "experts", COMBINE: "combine",
 }
+MOE_KINDS = (ROUTE, EXPERT_GEMM, SWIGLU_CLAMPED, COMBINE)
 
 
 @dataclass(frozen=True)
@@ -121,10 +128,13 @@ class PerElement:
 
 # Elementwise kinds. A rotation is 4 multiplies and 2 adds per pair of features; SiLU is
 # negate, exp, add 1, divide; the tanh GELU is cube, scale, add, scale, tanh, add 1, multiply by
-# x, halve (9), each gated by one more multiply; a soft cap divides, takes tanh and multiplies.
+# x, halve (9), each gated by one more multiply; a soft cap divides, takes tanh and multiplies;
+# gpt-oss's SwiGLU clamps the gate (1) and the up value (2), scales the gate, takes its sigmoid
+# (negate, exp, add 1, divide), multiplies, adds 1 to the up value and multiplies (11).
 ELEMENTWISE = {
     ROPE: PerElement(3, 1), ADD: PerElement(1, 2), SILU_MUL: PerElement(5, 2),
     GELU_MUL: PerElement(10, 2), SCALE: PerElement(1, 1), SOFTCAP: PerElement(3, 1),
+    SWIGLU_CLAMPED: PerElement(11, 2),
 }
 # RMSNorm in two passes around the all-reduce of the sum of squares: square and accumulate,
 # then scale each element by 1/rms and by its weight (read beside it).
@@ -195,10 +205,18 @@ class Op:
     tensor: str | None = None  # Hugging Face module holding the weights
     bias: bool = False
     weight_params: int = 0
+    experts: int = 0  # an expert op: how many experts hold its weights (each K x N)
+    top_k: int = 0  # and how many of them each token uses
 
     @property
     def kernel_kind(self) -> str:
         return KERNEL_KINDS[self.kind]
+
+    @property
+    def active_params(self) -> int:
+        """The weights one token uses: its top-k experts' share of an expert op."""
+        return self.weight_params * self.top_k // self.experts if self.experts else \
+            self.weight_params
 
 
 def _matrix(name: str, k: int, n: int, inputs: tuple[str, ...], tensor: str,
@@ -240,25 +258,36 @@ def layer_ops(model: ModelSpec) -> list[Op]:
         _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj"),
     ]
     attn_out = "o_proj"
+    if model.o_proj_bias:
+        ops[-1] = _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj", True)
+    if model.attention_sinks:  # one learned logit per query head, in every softmax
+        ops[-3] = _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0,
+                          "self_attn.sinks", model.num_heads, kernel="attention")
     if model.sandwich_norms:
         ops.append(_vector("attn_out_norm", RMSNORM, ("o_proj",), "o_proj", h,
                            "post_attention_layernorm", h))
         attn_out = "attn_out_norm"
-    act = (_vector("gelu_mul", GELU_MUL, ("gate_proj", "up_proj"), "up_proj", inter)
-           if model.hidden_act == "gelu_tanh"
-           else _vector("silu_mul", SILU_MUL, ("gate_proj", "up_proj"), "up_proj", inter))
     ops += [
         _vector("residual_attn", ADD, (LAYER_INPUT, attn_out), "o_proj", h),
         # Before the MLP: Llama calls it post_attention_layernorm, Gemma pre_feedforward.
         _vector("post_attn_norm", RMSNORM, ("residual_attn",), "o_proj", h,
                 "pre_feedforward_layernorm" if model.sandwich_norms
                 else "post_attention_layernorm", h),
-        _matrix("gate_proj", h, inter, ("post_attn_norm",), "mlp.gate_proj"),
-        _matrix("up_proj", h, inter, ("post_attn_norm",), "mlp.up_proj"),
-        act,
-        _matrix("down_proj", inter, h, (act.name,), "mlp.down_proj"),
     ]
-    mlp_out = "down_proj"
+    if model.num_experts:
+        ops += _expert_ops(model)
+        mlp_out = "combine"
+    else:
+        act = (_vector("gelu_mul", GELU_MUL, ("gate_proj", "up_proj"), "up_proj", inter)
+               if model.hidden_act == "gelu_tanh"
+               else _vector("silu_mul", SILU_MUL, ("gate_proj", "up_proj"), "up_proj", inter))
+        ops += [
+            _matrix("gate_proj", h, inter, ("post_attn_norm",), "mlp.gate_proj"),
+            _matrix("up_proj", h, inter, ("post_attn_norm",), "mlp.up_proj"),
+            act,
+            _matrix("down_proj", inter, h, (act.name,), "mlp.down_proj"),
+        ]
+        mlp_out = "down_proj"
     if model.sandwich_norms:
         ops.append(_vector("mlp_out_norm", RMSNORM, ("down_proj",), HOME, h,
                            "post_feedforward_layernorm", h))
@@ -267,6 +296,54 @@ def layer_ops(model: ModelSpec) -> list[Op]:
     return ops
 
 
+
+
+# Where each family keeps its router and experts under ``model.layers.{i}.`` ({e}: the expert;
+# gpt-oss stores all experts of a projection in one tensor, gate and up interleaved in one).
+EXPERT_TENSORS = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.w1",
+                "block_sparse_moe.experts.{e}.w3", "block_sparse_moe.experts.{e}.w2"),
+    "qwen3_moe": ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj",
+                  "mlp.experts.{e}.down_proj"),
+    "gpt_oss": ("mlp.router", "mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj",
+                "mlp.experts.down_proj"),
+}
+
+
+def _expert_ops(model: ModelSpec) -> list[Op]:
+    """The routed MLP: the router's logits, each token's top-k experts and their weights, the
+    experts' gated MLP on the tokens routed to them, and each token's weighted sum of its
+    experts' outputs. (Sites are the compiler's to settle once it maps experts.)"""
+    h, m, e, k = (model.hidden_size, model.moe_intermediate_size, model.num_experts,
+                  model.experts_per_token)
+    router, gate, up, down = EXPERT_TENSORS[model.family]
+    b = model.expert_bias
+
+    def expert(name: str, kk: int, n: int, inputs: tuple[str, ...], tensor: str) -> Op:
+        return Op(name, EXPERT_GEMM, inputs, name, name, matrix=(kk, n), length=k * n,
+                  tensor=tensor, bias=b, weight_params=e * (kk * n + (n if b else 0)),
+                  experts=e, top_k=k)
+
+    act = (_vector("experts_act", SWIGLU_CLAMPED, ("experts_gate", "experts_up"), "experts_up",
+                   k * m) if model.swiglu_limit
+           else _vector("experts_act", SILU_MUL, ("experts_gate", "experts_up"), "experts_up",
+                        k * m))
+    return [
+        _matrix("router", h, e, ("post_attn_norm",), router, model.router_bias),
+        _vector("route", ROUTE, ("router",), "router", k),
+        expert("experts_gate", h, m, ("post_attn_norm", "route"), gate),
+        expert("experts_up", h, m, ("post_attn_norm", "route"), up),
+        act,
+        expert("experts_down", m, h, ("experts_act",), down),
+        _vector("combine", COMBINE, ("experts_down", "route"), HOME, h),
+    ]
+
+
+def expected_experts(experts: int, top_k: int, tokens: int) -> float:
+    """Experts that at least one of ``tokens`` tokens routes to, on average, when each token
+    picks ``top_k`` distinct experts uniformly: each expert is missed by a token with
+    probability 1 - top_k / experts."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
 
 def input_ops(model: ModelSpec) -> list[Op]:
@@ -404,6 +481,25 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) 
     if kind == KV_APPEND:
         new_kv = t * op.length * d
         return OpCost(0, 0, new_kv, 0, kv_write_bytes=new_kv)
+    if kind == ROUTE:
+        # A softmax over every expert's logit (Mixtral and Qwen3 take it before the top-k,
+        # gpt-oss after: the same order of work), then k passes of comparisons to pick the
+        # top k; out go k weights and k expert ids.
+        e = model.num_experts
+        return OpCost(t * (SOFTMAX_FLOPS * e + op.length * e), 0, t * e * d,
+                      t * op.length * (d + TOKEN_ID_BYTES))
+    if kind == EXPERT_GEMM:
+        # Each token runs through its top-k experts; the weights read are those of the experts
+        # any token of the step routed to (on average, with uniform routing).
+        k, n = op.matrix
+        pairs = t * op.top_k
+        flops = matrix_work(k, n, pairs, d).flops + (bias_work(n, pairs, d).flops
+                                                     if op.bias else 0)
+        touched = expected_experts(op.experts, op.top_k, t) / op.experts
+        return OpCost(flops, op.weight_params * touched * d, pairs * k * d, pairs * n * d)
+    if kind == COMBINE:
+        k = model.experts_per_token
+        return OpCost(2 * k * t * op.length, 0, t * k * (op.length + 1) * d, t * op.length * d)
     window = model.window(layer) if layer is not None else model.sliding_window
     scores = model.num_heads * attended_pairs(window, mb)
     kv_read = kv_entries_read(window, mb) * model.kv_size * d
@@ -412,7 +508,9 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) 
                       kv_read_bytes=kv_read)
     if kind == SOFTMAX:
         cap = SOFTCAP_FLOPS if model.attn_logit_softcap else 0
-        return OpCost((SOFTMAX_FLOPS + cap) * scores, 0, scores * d, scores * d)
+        sinks = model.num_heads * t if model.attention_sinks else 0  # one more logit each
+        return OpCost((SOFTMAX_FLOPS + cap) * scores + SOFTMAX_FLOPS * sinks,
+                      op.weight_params * d, scores * d, scores * d)
     if kind == ATTN_WEIGHTED_SUM:
         return OpCost(2 * model.head_dim * scores, 0, scores * d, t * model.q_size * d,
                       kv_read_bytes=kv_read)

@@ -4,7 +4,9 @@ A model is a preset name under ``programs/models/``, a model YAML path, or a Hug
 ``config.json`` (file or directory) of a supported architecture: Llama, Mistral, Qwen2, Qwen3,
 Gemma-2, Gemma-3 (text) and Phi-3, pre-norm RMSNorm decoders with rotary embeddings,
 grouped-query attention and a gated MLP. ``wse_emu.hf_config`` reads such configs (both the
-transformers v4 and v5 spellings) and writes them back.
+transformers v4 and v5 spellings) and writes them back. Mixtral, Qwen3-MoE and gpt-oss presets
+replace the MLP with routed experts: described and costed, not yet compiled or read from a
+config.json (both refuse them by name).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from wse_emu.configfile import (
 )
 from wse_emu.errors import ConfigError
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral",
+            "qwen3_moe", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "gpt_oss")
 HIDDEN_ACTS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -79,6 +83,19 @@ class ModelSpec:
     # ``sliding_window``, None meaning full); sliding layers may have their own rope base.
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float | None = None
+    # --- mixture of experts (Mixtral, Qwen3-MoE, gpt-oss) ---------------------------------
+    # Every layer's MLP is ``num_experts`` experts of width ``moe_intermediate_size``, of which a
+    # router picks ``experts_per_token`` per token and weighs their outputs (0: a dense MLP).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    router_bias: bool = False  # gpt-oss: the router and the experts' projections have biases
+    expert_bias: bool = False
+    # gpt-oss: a learned logit per query head that joins every softmax over keys ("sinks"),
+    # and the experts' SwiGLU with its inputs clamped to +-swiglu_limit.
+    attention_sinks: bool = False
+    swiglu_limit: float | None = None
+    o_proj_bias: bool = False  # gpt-oss: o_proj has a bias too (Qwen2's attention_bias has none)
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -94,9 +111,17 @@ class ModelSpec:
         """Query heads per KV head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
     def layer_params(self) -> int:
         """Weights of one decoder layer, as the layer description lists them."""
         return sum(op.weight_params for op in ly.layer_ops(self))
+
+    def layer_active_params(self) -> int:
+        """Weights of one decoder layer that one token's step uses (its experts only)."""
+        return sum(op.active_params for op in ly.layer_ops(self))
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -108,6 +133,13 @@ class ModelSpec:
 
     def params(self) -> int:
         return self.embedding_params() + self.num_layers * self.layer_params() + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters one token's step uses: all but the experts the router did not pick (the
+        embedding table included, as Mixtral and Qwen3 count; gpt-oss leaves it out). A dense
+        model uses all."""
+        return (self.embedding_params() + self.num_layers * self.layer_active_params()
+                + self.head_params())
 
     def weight_bytes(self) -> int:
         return self.params() * self.dtype_bytes
@@ -173,6 +205,19 @@ class ModelSpec:
                      "rope_local_theta", "rope_attention_factor"):
             value = getattr(self, name)
             require(value is None or value > 0, source, f"field '{name}' must be positive or null")
+        moe = self.num_experts > 0
+        require(moe == (self.family in MOE_FAMILIES), source,
+                f"family {self.family} is {'' if self.family in MOE_FAMILIES else 'not '}a "
+                "mixture of experts: field 'num_experts' must be "
+                + ("positive" if self.family in MOE_FAMILIES else "0"))
+        require(not moe or 0 < self.experts_per_token <= self.num_experts, source,
+                "field 'experts_per_token' must be between 1 and num_experts")
+        require(not moe or self.moe_intermediate_size > 0, source,
+                "field 'moe_intermediate_size' must be positive")
+        require(moe or not (self.router_bias or self.expert_bias or self.swiglu_limit), source,
+                "fields 'router_bias', 'expert_bias' and 'swiglu_limit' apply to experts only")
+        require(self.swiglu_limit is None or self.swiglu_limit > 0, source,
+                "field 'swiglu_limit' must be positive or null")
         require(not self.layer_types or len(self.layer_types) == self.num_layers, source,
                 f"field 'layer_types' must list all {self.num_layers} layers, "
                 f"got {len(self.layer_types)}")

@@ -42,6 +42,7 @@ def run(args) -> dict | str:
                        for i, c in sorted(layers.items())],
             "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
                       "intensity": result["total"].intensity},
+            "params": {"total": model.params(), "active": model.active_params()},
         }
     # Layers whose costs match share one listing (Gemma's sliding and full layers differ).
     kinds: dict[tuple, list[int]] = {}
@@ -65,6 +66,7 @@ def run(args) -> dict | str:
           f"{layers[members[0]].intensity:.3g} FLOP/B" for members in kinds.values()),
         f"whole model: {si(total.flops)}FLOP, {si(total.bytes, 'B')} moved, "
         f"{total.intensity:.3g} FLOP/B",
+        _params_text(model),
     ]
     if not args.all_layers and len(layers) > 1:
         if len(kinds) == 1:
@@ -73,6 +75,16 @@ def run(args) -> dict | str:
             lines.append(f"(layers {', '.join(str(m[0]) for m in kinds.values())} are listed; "
                          "--all-layers lists every layer)")
     return "\n".join(lines)
+
+
+def _params_text(model) -> str:
+    """'parameters: 8.03 G', or for a mixture of experts the total and one token's share."""
+    if not model.is_moe:
+        return f"parameters: {si(model.params())}"
+    return (f"parameters: {si(model.params())} in all, {si(model.active_params())} used per "
+            f"token ({model.experts_per_token} of {model.num_experts} experts per layer; "
+            f"{si(model.active_params() - model.embedding_params())} without the embedding "
+            "table)")
 
 
 def _layers_text(members: list[int], total: int) -> str:

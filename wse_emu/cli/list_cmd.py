@@ -20,11 +20,14 @@ def run(args):
     fabrics = [load_fabric(n) for n in preset_names("fabrics")]
     workloads = [load_workload(n) for n in preset_names("workloads")]
     if args.json:
-        return {"models": [m.to_dict() | {"params": m.params()} for m in models],
+        return {"models": [m.to_dict() | {"params": m.params(), "active_params": m.active_params()}
+                           for m in models],
                 "fabrics": [f.to_dict() for f in fabrics],
                 "workloads": [w.__dict__ | generate(w).summary() for w in workloads]}
-    mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B", m.num_layers, m.hidden_size,
-              f"{m.num_heads}/{m.num_kv_heads}", "tied" if m.tie_embeddings else ""]
+    mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B",
+              f"{m.active_params() / 1e9:.3g} B" if m.is_moe else "",
+              f"{m.experts_per_token} of {m.num_experts}" if m.is_moe else "", m.num_layers,
+              m.hidden_size, f"{m.num_heads}/{m.num_kv_heads}", "tied" if m.tie_embeddings else ""]
              for m in models]
     frows = [[f.name, f"{f.width} x {f.height}", f"{f.pes:,}", f"{f.sram_bytes_total / 1e9:.1f} GB",
               f.fp16_flops_per_cycle, f"{f.clock_hz / 1e9:g} GHz"] for f in fabrics]
@@ -35,8 +38,8 @@ def run(args):
                       f"{s['prompt_tokens_mean']:.0f}", f"{s['output_tokens_mean']:.0f}",
                       w.description if len(w.description) <= 60
                       else w.description[:57] + "..."])
-    return (table(["model", "family", "params", "layers", "hidden", "heads/kv", "embeddings"],
-                  mrows) + "\n\n" +
+    return (table(["model", "family", "params", "per token", "experts", "layers", "hidden",
+                   "heads/kv", "embeddings"], mrows, "llrrrrrrl") + "\n\n" +
             table(["fabric", "PEs", "count", "SRAM", "FP16 FLOP/cyc", "clock"], frows) + "\n\n" +
             table(["workload", "arrivals", "rate", "calls", "prompt mean", "output mean",
                    "description"], wrows, "llrrrrl"))

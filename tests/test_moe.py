@@ -1,0 +1,116 @@
+"""Mixture-of-experts models: described once in the layer table (router, top-k, experts,
+combine), with their published parameter counts, costed for the roofline, and refused by name
+where they are not mapped yet."""
+
+import subprocess
+import sys
+
+import pytest
+
+from wse_emu import layer as ly
+from wse_emu.errors import CompileError, ConfigError
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.layer import MicroBatch, expected_experts, op_cost, ops_by_name
+from wse_emu.model import load_model, model_from_dict
+
+
+# (preset, total, used per token, half a unit of the figures' last digit): the model cards'
+# figures. Mixtral and Qwen3 count the embedding table among the active parameters, gpt-oss
+# does not (its figures are checked below).
+@pytest.mark.parametrize("name,total,active,within", [
+    ("mixtral-8x7b", 46_702_792_704, 12.9e9, 0.05e9),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9, 0.05e9),
+    ("qwen3-235b-a22b", 235e9, 22e9, 0.5e9),
+    ("gpt-oss-20b", 20.91e9, None, 0.005e9),
+    ("gpt-oss-120b", 116.83e9, None, 0.005e9),
+])
+def test_presets_have_published_parameter_counts(name, total, active, within):
+    m = load_model(name)
+    assert m.params() == pytest.approx(total, abs=within)
+    if active is not None:
+        # Qwen's cards cut the figure short (3.35 B reads "3.3B"): at or above it, below the
+        # next value of its last digit.
+        assert active - within <= m.active_params() < active + 2 * within
+
+
+@pytest.mark.parametrize("name,active", [("gpt-oss-20b", 3.61e9), ("gpt-oss-120b", 5.13e9)])
+def test_gpt_oss_active_parameters_leave_out_the_embedding_table(name, active):
+    m = load_model(name)
+    assert m.active_params() - m.embedding_params() == pytest.approx(active, abs=0.005e9)
+
+
+def test_dense_models_use_every_parameter():
+    m = load_model("llama-3.1-8b")
+    assert m.active_params() == m.params() and not m.is_moe
+
+
+def test_expert_rows_replace_the_dense_mlp():
+    ops = ops_by_name(load_model("mixtral-8x7b"))
+    assert "gate_proj" not in ops and "down_proj" not in ops
+    gate = ops["experts_gate"]
+    assert gate.kind == ly.EXPERT_GEMM and gate.experts == 8 and gate.top_k == 2
+    assert gate.weight_params == 8 * 4096 * 14336 and gate.active_params == 2 * 4096 * 14336
+    assert ops["router"].matrix == (4096, 8) and ops["combine"].inputs == ("experts_down",
+                                                                          "route")
+    oss = ops_by_name(load_model("gpt-oss-120b"))
+    assert oss["experts_act"].kind == ly.SWIGLU_CLAMPED
+    assert oss["router"].bias and oss["experts_down"].bias and oss["o_proj"].bias
+    assert oss["attn_softmax"].weight_params == 64  # one sink per query head
+
+
+def test_expected_experts_between_top_k_and_all():
+    assert expected_experts(128, 4, 1) == pytest.approx(4)
+    assert expected_experts(128, 4, 2) == pytest.approx(128 * (1 - (124 / 128) ** 2))
+    assert 4 < expected_experts(128, 4, 16) < 64
+    assert expected_experts(8, 2, 10_000) == pytest.approx(8)
+
+
+def test_decode_reads_only_the_experts_its_tokens_route_to():
+    m = load_model("qwen3-30b-a3b")
+    gate = ops_by_name(m)["experts_gate"]
+    one = op_cost(gate, m, MicroBatch("decode", batch=1, context=1024))
+    per_expert = 2048 * 768 * m.dtype_bytes
+    assert one.weight_bytes == pytest.approx(8 * per_expert)
+    assert one.flops == 2 * 8 * 2048 * 768  # a token through its 8 experts
+    big = op_cost(gate, m, MicroBatch("decode", batch=256, context=1024))
+    assert big.weight_bytes == pytest.approx(128 * per_expert, rel=1e-3)  # all of them
+    # More tokens share the experts they read: 256 tokens put 16 on each expert on average.
+    assert big.intensity == pytest.approx(16 * one.intensity, rel=0.05)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"num_experts": 0}, "num_experts"),
+    ({"experts_per_token": 9}, "experts_per_token"),
+    ({"moe_intermediate_size": 0}, "moe_intermediate_size"),
+])
+def test_bad_expert_fields_are_refused_by_name(change, field):
+    base = load_model("mixtral-8x7b").to_dict()
+    with pytest.raises(ConfigError, match=field):
+        model_from_dict({**base, **change, "version": 1}, "test")
+
+
+def test_dense_family_with_experts_is_refused():
+    base = load_model("llama-3.1-8b").to_dict()
+    with pytest.raises(ConfigError, match="num_experts"):
+        model_from_dict({**base, "num_experts": 8, "experts_per_token": 2,
+                         "moe_intermediate_size": 64, "version": 1}, "test")
+
+
+def test_compiling_experts_is_refused_by_name():
+    from compiler.mapper import compile_model
+
+    with pytest.raises(CompileError, match="mixture of experts .*128 experts, 4 per token"):
+        compile_model(load_model("gpt-oss-120b"), ClusterSpec(load_fabric("wse3"), 3))
+
+
+def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
+    run = [sys.executable, "-m", "wse_emu.cli.main"]
+    out = subprocess.run(run + ["inspect", "gpt-oss-20b"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "parameters: 20.9 G in all, 4.19 G used per token (4 of 32 experts per layer; " \
+           "3.61 G without the embedding table)" in out.stdout
+    assert "expert_gemm" in out.stdout and "route" in out.stdout
+    bad = subprocess.run(run + ["compile", "mixtral-8x7b", "--systems", "3"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "does not map routed experts yet" in bad.stderr
