@@ -47,10 +47,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 SUPPORTED = ["llama-3.2-1b", "qwen2.5-7b", "mistral-7b-v0.3"]
 # Fixtures of every supported family, and the ones refused with what the refusal names.
 LOADABLE = ["llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-7b", "qwen3-8b", "gemma-2-9b",
-            "gemma-3-1b-it", "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct"]
-REFUSED = {"gemma-3-4b-it": "Gemma3ForConditionalGeneration",
-           "mixtral-8x7b-v0.1": "num_local_experts",
-           "qwen3-30b-a3b": "num_experts"}
+            "gemma-3-1b-it", "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct",
+            "mixtral-8x7b-v0.1", "qwen3-30b-a3b"]
+REFUSED = {"gemma-3-4b-it": "Gemma3ForConditionalGeneration"}
 
 
 def config_path(name: str) -> Path:
@@ -398,7 +397,8 @@ def test_unsupported_architecture_names_it_and_lists_supported():
     assert "unsupported architecture" in message
     assert set(HF_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM",
                                      "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"}
+                                     "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                                     "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
     for arch in HF_ARCHITECTURES:
         assert arch in message
     assert "\n" not in message
@@ -407,6 +407,32 @@ def test_unsupported_architecture_names_it_and_lists_supported():
 def test_unsupported_architecture_from_directory():
     with pytest.raises(ConfigError, match="GPT2LMHeadModel"):
         load_model(HF_DIR / "gpt2")
+
+
+def test_expert_configs_read_their_routing():
+    m = load_model(FIXTURES / "qwen3-30b-a3b")
+    assert (m.family, m.num_experts, m.experts_per_token, m.moe_intermediate_size) == \
+        ("qwen3_moe", 128, 8, 768)
+    assert m.norm_topk_prob and m.qk_norm
+    mixtral = load_model(FIXTURES / "mixtral-8x7b-v0.1")
+    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_intermediate_size) == \
+        (8, 2, 14336)
+
+
+def test_qwen3_moe_without_norm_topk_prob_reads_transformers_default(tmp_path):
+    config = fixture("qwen3-30b-a3b")
+    del config["norm_topk_prob"]
+    assert load_model(write(tmp_path, config)).norm_topk_prob is False  # transformers' default
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("mlp_only_layers", [0, 47], "layers with a dense MLP"),
+    ("decoder_sparse_step", 2, "dense MLP layers between the routed ones"),
+])
+def test_qwen3_moe_dense_layers_are_refused_by_name(tmp_path, key, value, why):
+    with pytest.raises(ConfigError) as info:
+        load_model(changed(tmp_path, "qwen3-30b-a3b", **{key: value}))
+    assert key in str(info.value) and why in str(info.value)
 
 
 def test_mixture_of_experts_is_refused():
@@ -580,7 +606,7 @@ def test_cli_inspect_unsupported_architecture_is_one_line_error():
     assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("name", ["gemma-3-4b-it", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("name", ["gemma-3-4b-it"])
 def test_cli_inspect_refused_published_config_is_one_line_error(name):
     proc = run_cli("inspect", FIXTURES / name / "config.json")
     assert_one_line_error(proc, str(FIXTURES / name / "config.json"), REFUSED[name])
@@ -748,6 +774,7 @@ def test_new_presets_have_published_parameter_counts(preset, params):
 @pytest.mark.parametrize("preset,name", [
     ("qwen3-8b", "qwen3-8b"), ("gemma-2-9b", "gemma-2-9b"), ("gemma-3-1b", "gemma-3-1b-it"),
     ("phi-3-mini", "phi-3-mini-4k-instruct"), ("phi-3.5-mini", "phi-3.5-mini-instruct"),
+    ("mixtral-8x7b", "mixtral-8x7b-v0.1"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
 ])
 def test_new_presets_are_their_published_configs(preset, name):
     m = load_model(preset)

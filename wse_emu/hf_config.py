@@ -229,6 +229,11 @@ class _HFFamily:
     gemma: bool = False
     # Gemma-3: sliding layers turn with their own rope base, unscaled.
     local_rope: bool = False
+    # A mixture of experts: the config keys of the number of experts, the experts per token
+    # and an expert's MLP width; and the key saying whether the top-k weights are renormalized
+    # (None: they always are).
+    experts: tuple[str, str, str] | None = None
+    topk_norm: str | None = None
 
 
 _PLAIN = dict(hidden_act="silu", qk_norm=False, sandwich_norms=False, norm_weight_offset=0.0,
@@ -321,6 +326,32 @@ _HF_FAMILIES: dict[str, _HFFamily] = {
         _every_layer, _write_window,
         # Phi-3 configs written before transformers named longrope call it su (or yarn).
         rope_aliases={"su": "longrope", "yarn": "longrope"}),
+    "mixtral": _HFFamily(
+        # Every layer's MLP is routed experts of width intermediate_size; the router's softmax
+        # is taken over all experts and the top-k weights renormalized. router_jitter_noise
+        # acts in training only.
+        "MixtralForCausalLM", "mixtral", {**_PLAIN, "attention_bias": False},
+        dict(num_key_value_heads=8, head_dim=None, tie_word_embeddings=False, rms_norm_eps=1e-5,
+             rope_theta=1e6, max_position_embeddings=4096 * 32, hidden_act="silu",
+             sliding_window=None, num_local_experts=8, num_experts_per_tok=2),
+        {**_ANYWHERE, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, _ROPE_TYPES,
+        _every_layer, _write_window,
+        experts=("num_local_experts", "num_experts_per_tok", "intermediate_size")),
+    "qwen3_moe": _HFFamily(
+        # Qwen3's attention with routed experts of width moe_intermediate_size in every layer
+        # (transformers 4.51's defaults).
+        "Qwen3MoeForCausalLM", "qwen3_moe", {**_PLAIN, "qk_norm": True, "attention_bias": False},
+        dict(num_key_value_heads=4, head_dim=None, tie_word_embeddings=False, rms_norm_eps=1e-6,
+             rope_theta=10000.0, max_position_embeddings=32768, hidden_act="silu",
+             use_sliding_window=False, sliding_window=4096, max_window_layers=28,
+             num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+             norm_topk_prob=False),
+        {**_QK_NORMED, **_NO_SOFTCAPS, **_NO_BIAS,
+         "decoder_sparse_step": ((1,), "dense MLP layers between the routed ones"),
+         "mlp_only_layers": (([],), "layers with a dense MLP")},
+        _SILU, _ROPE_TYPES, _from_max_window_layers, _write_max_window_layers,
+        experts=("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+        topk_norm="norm_topk_prob"),
 }
 # Defaults every family shares.
 _COMMON_DEFAULTS = dict(torch_dtype=None, dtype=None, _name_or_path=None)
@@ -344,7 +375,10 @@ def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
 
 
 def _hf_family(config: dict[str, Any], archs: list[str], source: str) -> str:
+    named = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
     for key in _MOE_KEYS:
+        if named is not None and _HF_FAMILIES[named].experts is not None:
+            break  # an architecture whose experts are read
         if config.get(key):
             named = f"; {', '.join(archs)}" if archs else ""
             raise ConfigError(f"{source}: {key} {shown(config[key])} is not modelled "
@@ -643,6 +677,11 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
         "hidden_act": _activation(read, family),
         "source": f"Hugging Face config {source}",
     })
+    if family.experts is not None:
+        count, top_k, width = family.experts
+        data.update(num_experts=read.integer(count), experts_per_token=read.integer(top_k),
+                    moe_intermediate_size=read.integer(width),
+                    norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)
     return model_from_dict(data, source)
 
 
@@ -688,12 +727,9 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     rope_scaling, torch_dtype) from which ``model_from_hf_config`` rebuilds ``spec`` (its name
     aside); a spec no such config can state raises ConfigError."""
     family = _HF_FAMILIES.get(spec.family)
-    if spec.is_moe:
-        raise ConfigError(f"model {spec.name}: config.json for a mixture of experts (family "
-                          f"{spec.family}) is not written yet")
     if family is None:
-        raise ConfigError(f"model {spec.name}: family {shown(spec.family)} has no Hugging Face "
-                          "architecture")
+        raise ConfigError(f"model {spec.name}: a config.json of family {shown(spec.family)} is "
+                          f"not written yet (families written: {', '.join(_HF_FAMILIES)})")
     activation_key, activation = family.activation
     config: dict[str, Any] = {
         "architectures": [family.architecture],
@@ -727,6 +763,12 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if family.local_rope:
         config["rope_local_base_freq"] = (spec.rope_local_theta if spec.rope_local_theta
                                           is not None else spec.rope_theta)
+    if family.experts is not None:
+        count, top_k, width = family.experts
+        config.update({count: spec.num_experts, top_k: spec.experts_per_token,
+                       width: spec.moe_intermediate_size})
+        if family.topk_norm:
+            config[family.topk_norm] = spec.norm_topk_prob
     _check_reads_back(spec, config)
     return config
 

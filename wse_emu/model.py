@@ -4,9 +4,9 @@ A model is a preset name under ``programs/models/``, a model YAML path, or a Hug
 ``config.json`` (file or directory) of a supported architecture: Llama, Mistral, Qwen2, Qwen3,
 Gemma-2, Gemma-3 (text) and Phi-3, pre-norm RMSNorm decoders with rotary embeddings,
 grouped-query attention and a gated MLP. ``wse_emu.hf_config`` reads such configs (both the
-transformers v4 and v5 spellings) and writes them back. Mixtral, Qwen3-MoE and gpt-oss presets
-replace the MLP with routed experts: described and costed, not yet compiled or read from a
-config.json (both refuse them by name).
+transformers v4 and v5 spellings) and writes them back. Mixtral, Qwen3-MoE and gpt-oss
+replace the MLP with routed experts (the first two read from a config.json too): described and
+costed, not yet compiled (the compiler refuses them by name).
 """
 
 from __future__ import annotations
@@ -89,6 +89,9 @@ class ModelSpec:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    # Whether the top-k experts' router weights are renormalized to sum to 1 (Mixtral and
+    # gpt-oss always; Qwen3-MoE when its config says norm_topk_prob).
+    norm_topk_prob: bool = True
     router_bias: bool = False  # gpt-oss: the router and the experts' projections have biases
     expert_bias: bool = False
     # gpt-oss: a learned logit per query head that joins every softmax over keys ("sinks"),
