@@ -22,6 +22,19 @@ differ from it only where their ``ModelSpec`` fields say:
   layers: ``rope_local_theta``, unscaled), usually without soft-capping.
 - Phi-3: one fused ``qkv_proj`` (rows q, k, v) and one fused ``gate_up_proj`` (rows gate, up),
   and "longrope" rotary scaling (below).
+- Mixtral and Qwen3-MoE: the MLP is ``num_experts`` SiLU-gated experts; the router's softmax
+  over all of them picks each token's top ``experts_per_token``, whose probabilities are
+  renormalized to sum to one (Mixtral always, Qwen3-MoE with ``norm_topk_prob``) and weigh the
+  experts' outputs. Qwen3-MoE's attention is Qwen3's.
+- gpt-oss: the router (with a bias) picks the top-k logits and takes their softmax; each expert
+  (biased, weights stored (in, out), gate and up interleaved in one ``gate_up_proj``) computes
+  ``(up + 1) * gate * sigmoid(1.702 * gate)`` with the gate clamped above and the up value on
+  both sides at ``swiglu_limit``; every head's softmax over keys also holds a learned logit,
+  its "sink", which takes probability and gives no value; q, k, v and o have biases.
+
+Experts are read in the layout the Hub's checkpoints store them (``wse_emu.layer``'s
+``EXPERT_TENSORS``): one tensor per expert and projection for Mixtral and Qwen3-MoE, one per
+projection for all experts for gpt-oss.
 
 A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a sequence and returns
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
@@ -51,7 +64,10 @@ import math
 
 import numpy as np
 
+from wse_emu.layer import EXPERT_TENSORS
 from wse_emu.model import ModelSpec
+
+SWIGLU_ALPHA = 1.702  # gpt-oss's sigmoid slope in its SwiGLU (a constant of its code)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
@@ -263,11 +279,20 @@ class ReferenceModel:
             scores = q[:, head] @ keys[:, kv].T * np.asarray(spec.attention_scale, self.dtype)
             # Scale, then cap, then mask: the order of Hugging Face's eager attention.
             scores = softcap(scores, spec.attn_logit_softcap)
-            out[:, head] = softmax(np.where(visible, scores, -np.inf)) @ values[:, kv]
-        return self._linear(out.reshape(n, spec.q_size), p + "o_proj")
+            scores = np.where(visible, scores, -np.inf)
+            if spec.attention_sinks:
+                # The sink joins each query's softmax as one more logit, then is dropped.
+                sink = np.full((n, 1), self.w[p + "sinks"][head], dtype=self.dtype)
+                weights = softmax(np.concatenate([scores, sink], axis=-1))[:, :-1]
+            else:
+                weights = softmax(scores)
+            out[:, head] = weights @ values[:, kv]
+        return self._linear(out.reshape(n, spec.q_size), p + "o_proj", spec.o_proj_bias)
 
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         spec = self.spec
+        if spec.num_experts:
+            return self._experts(layer, x)
         p = f"model.layers.{layer}.mlp."
         if spec.family == "phi3":
             # One fused matrix whose output rows are the gate's, then the up projection's.
@@ -276,3 +301,46 @@ class ReferenceModel:
         else:
             gate, up = self._linear(x, p + "gate_proj"), self._linear(x, p + "up_proj")
         return self._linear(self.activation(gate) * up, p + "down_proj")
+
+    def _route(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each token's chosen experts (tokens, k) and their weights (tokens, k)."""
+        spec = self.spec
+        router = f"model.layers.{layer}.{EXPERT_TENSORS[spec.family][0]}"
+        logits = self._linear(x, router, spec.router_bias)
+        k = spec.experts_per_token
+        if spec.family == "gpt_oss":
+            chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+            return chosen, softmax(np.take_along_axis(logits, chosen, axis=-1))
+        probs = softmax(logits)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if spec.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return chosen, weights
+
+    def _expert(self, layer: int, expert: int, x: np.ndarray) -> np.ndarray:
+        """One expert's MLP on the tokens ``x`` routed to it."""
+        spec = self.spec
+        p = f"model.layers.{layer}."
+        _, gate_name, up_name, down_name = EXPERT_TENSORS[spec.family]
+        if spec.family == "gpt_oss":
+            gate_up = x @ self.w[p + gate_name][expert] + self.w[p + gate_name + "_bias"][expert]
+            gate, up = gate_up[:, ::2], gate_up[:, 1::2]  # interleaved columns
+            gate = np.minimum(gate, spec.swiglu_limit)
+            up = np.clip(up, -spec.swiglu_limit, spec.swiglu_limit)
+            glu = gate * (0.5 * (1.0 + np.tanh(0.5 * SWIGLU_ALPHA * gate)))
+            return ((up + 1) * glu) @ self.w[p + down_name][expert] \
+                + self.w[p + down_name + "_bias"][expert]
+        name = (p + gate_name).format(e=expert), (p + up_name).format(e=expert)
+        hidden = self.activation(self._linear(x, name[0])) * self._linear(x, name[1])
+        return self._linear(hidden, (p + down_name).format(e=expert))
+
+    def _experts(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """Each token through its top-k experts, their outputs weighted and summed."""
+        chosen, weights = self._route(layer, x)
+        out = np.zeros_like(x)
+        for expert in np.unique(chosen):
+            tokens, slot = np.nonzero(chosen == expert)
+            out[tokens] += weights[tokens, slot, None] * self._expert(layer, int(expert),
+                                                                      x[tokens])
+        return out

@@ -30,6 +30,7 @@ transformers = pytest.importorskip("transformers", minversion="5.0")
 
 from reference_forward import ReferenceModel  # noqa: E402
 
+from wse_emu.layer import EXPERT_TENSORS  # noqa: E402
 from wse_emu.model import ModelSpec  # noqa: E402
 
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128, 64, 96, 4, 2
@@ -57,6 +58,9 @@ def hf_shapes(spec: ModelSpec, **extra):
                   max_position_embeddings=spec.max_position_embeddings,
                   tie_word_embeddings=spec.tie_embeddings, pad_token_id=0, bos_token_id=1,
                   eos_token_id=2, attn_implementation="eager")
+    if spec.num_experts:
+        # Each expert's matrix products one by one: the fused kernels take no float64.
+        config["experts_implementation"] = "eager"
     config.update(extra)
     return config
 
@@ -162,7 +166,48 @@ def phi3_given_factor():
     return dataclasses.replace(spec, name="phi3-factor"), cls, config
 
 
-FAMILIES = [llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, phi3_given_factor]
+EXPERTS, TOP_K = 4, 2
+
+
+def mixtral():
+    # Four experts, two per token, renormalized; a sliding window on every layer.
+    spec = ModelSpec(name="mixtral", family="mixtral", sliding_window=5, rope_theta=1e6,
+                     num_experts=EXPERTS, experts_per_token=TOP_K,
+                     moe_intermediate_size=INTERMEDIATE, **shapes())
+    config = transformers.MixtralConfig(**hf_shapes(
+        spec, sliding_window=5, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    return spec, transformers.MixtralForCausalLM, config
+
+
+def qwen3_moe():
+    # Qwen3's attention; the top-k probabilities left as they are (norm_topk_prob false).
+    spec = ModelSpec(name="qwen3_moe", family="qwen3_moe", qk_norm=True, rms_norm_eps=1e-6,
+                     rope_theta=1e6, num_experts=EXPERTS, experts_per_token=TOP_K,
+                     moe_intermediate_size=32, norm_topk_prob=False, **shapes(head_dim=24))
+    config = transformers.Qwen3MoeConfig(**hf_shapes(
+        spec, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=32,
+        norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    return spec, transformers.Qwen3MoeForCausalLM, config
+
+
+def gpt_oss():
+    # A clamp low enough to bite the random model's activations; sliding and full layers
+    # alternating; plain rotary embedding (its YaRN scaling is not modelled).
+    spec = ModelSpec(name="gpt_oss", family="gpt_oss", attention_bias=True, o_proj_bias=True,
+                     attention_sinks=True, router_bias=True, expert_bias=True,
+                     swiglu_limit=0.8, num_experts=EXPERTS, experts_per_token=TOP_K,
+                     moe_intermediate_size=INTERMEDIATE, sliding_window=5,
+                     layer_types=("sliding_attention", "full_attention"), **shapes())
+    config = transformers.GptOssConfig(**hf_shapes(
+        spec, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, swiglu_limit=0.8,
+        sliding_window=5, layer_types=list(spec.layer_types), attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    return spec, transformers.GptOssForCausalLM, config
+
+
+FAMILIES = [llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, phi3_given_factor, mixtral,
+            qwen3_moe, gpt_oss]
 
 
 def random_state(model, spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
@@ -173,7 +218,13 @@ def random_state(model, spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
     for name, tensor in model.state_dict().items():
         shape = tuple(tensor.shape)
         noise = rng.standard_normal(shape)
-        if name.endswith("norm.weight"):
+        if name.endswith(("gate_up_proj", "experts.down_proj")):
+            # All experts in one tensor: (experts, out, in), or (experts, in, out) for gpt-oss.
+            fan_in = shape[1] if spec.family == "gpt_oss" else shape[2]
+            state[name] = noise / math.sqrt(fan_in)
+        elif name.endswith(("sinks", "_bias")):
+            state[name] = 0.5 * noise if name.endswith("sinks") else 0.1 * noise
+        elif name.endswith("norm.weight"):
             # Around the scale one: 1 + w for Gemma, w itself for the others.
             state[name] = (1.0 - spec.norm_weight_offset) + 0.1 * noise
         elif name.endswith(".bias"):
@@ -198,10 +249,37 @@ def build(family, hf_dtype):
     model.load_state_dict({name: torch.tensor(value, dtype=torch.float32)
                            for name, value in state.items()})
     model = model.to(hf_dtype)
-    weights = {name: value.astype(np.float32) for name, value in state.items()}
+    weights = hub_layout(spec, {name: value.astype(np.float32) for name, value in state.items()})
     if spec.tie_embeddings:
         weights.pop("lm_head.weight", None)
     return spec, model, ReferenceModel(spec, weights, np.float64)
+
+
+def hub_layout(spec: ModelSpec, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers 5 keeps Mixtral's and Qwen3-MoE's experts in one (experts, 2 x width, hidden)
+    gate-and-up tensor and one down tensor per layer; the Hub's checkpoints, which the reference
+    reads, hold one matrix per expert and projection. gpt-oss's layout is the Hub's already."""
+    if spec.family not in ("mixtral", "qwen3_moe"):
+        return state
+    router, gate, up, down = EXPERT_TENSORS[spec.family]
+    m = spec.moe_intermediate_size
+    out = {}
+    for name, value in state.items():
+        prefix, _, rest = name.partition(".mlp.")
+        if not rest:
+            out[name] = value
+        elif rest == "gate.weight":
+            out[f"{prefix}.{router}.weight"] = value
+        elif rest == "experts.gate_up_proj":
+            for e in range(spec.num_experts):
+                out[f"{prefix}.{gate.format(e=e)}.weight"] = value[e, :m]
+                out[f"{prefix}.{up.format(e=e)}.weight"] = value[e, m:]
+        elif rest == "experts.down_proj":
+            for e in range(spec.num_experts):
+                out[f"{prefix}.{down.format(e=e)}.weight"] = value[e]
+        else:
+            raise AssertionError(f"unexpected tensor {name}")
+    return out
 
 
 def cache_argument(model) -> str:
@@ -301,3 +379,20 @@ def test_sliding_window_is_what_transformers_masks(family):
     for window in (spec.sliding_window - 1, spec.sliding_window + 1):
         other = dataclasses.replace(spec, sliding_window=window)
         assert relative_error(ReferenceModel(other, state).prefill(ids), expected) > 1e-3
+
+
+@pytest.mark.parametrize("family,change", [
+    (qwen3_moe, {"norm_topk_prob": True}),
+    (mixtral, {"experts_per_token": 1}),
+    (gpt_oss, {"swiglu_limit": 100.0}),
+    (gpt_oss, {"attention_sinks": False}),
+], ids=["qwen3_moe-renormalized", "mixtral-top1", "gpt_oss-unclamped", "gpt_oss-no-sinks"])
+def test_expert_details_are_what_transformers_computes(family, change):
+    # Each routing detail changes the logits: the agreement above pins them all (the top-k
+    # renormalization, the number of experts, gpt-oss's clamp, its sinks).
+    spec, model, reference = build(family, torch.float64)
+    ids = PROMPT + DECODED
+    expected = hf_logits(model, ids)
+    assert relative_error(reference.prefill(ids), expected) < TOLERANCE
+    other = ReferenceModel(dataclasses.replace(spec, **change), reference.w, np.float64)
+    assert relative_error(other.prefill(ids), expected) > 1e-3
