@@ -40,9 +40,9 @@ A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a se
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
 ``forward(ids)`` appends several (a chunk of a chunked prefill).
 
-Rope scaling of the ``linear``, ``llama3`` and ``longrope`` types is applied as Hugging Face's
-``modeling_rope_utils`` computes it. Longrope picks its frequencies per call, as Hugging Face's
-dynamic update does: the long ones when the call's largest position + 1 exceeds
+Rope scaling of the ``linear``, ``llama3``, ``longrope`` and ``yarn`` types is applied as
+Hugging Face's ``modeling_rope_utils`` computes it. Longrope picks its frequencies per call, as
+Hugging Face's dynamic update does: the long ones when the call's largest position + 1 exceeds
 ``rope_original_max_positions``. Keys are cached after rotation (as in Hugging Face's cache), so
 keys cached by an earlier, shorter call keep the short frequencies; recomputing the whole sequence
 in one call would rotate them with the long ones and give other logits.
@@ -121,6 +121,8 @@ def rope_frequencies(spec: ModelSpec, layer: int | None = None,
     inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     if scaling == "linear":
         return inv_freq / spec.rope_scaling_factor
+    if scaling == "yarn":
+        return _yarn_frequencies(spec, inv_freq)
     if scaling == "longrope":
         # Strictly beyond the original context uses the long factors; up to it, the short ones.
         long = seq_len is not None and seq_len > spec.rope_original_max_positions
@@ -142,11 +144,37 @@ def rope_frequencies(spec: ModelSpec, layer: int | None = None,
     return np.where(medium, smoothed, scaled)
 
 
+def _yarn_frequencies(spec: ModelSpec, inv_freq: np.ndarray) -> np.ndarray:
+    """YaRN: each pair's frequency blends the original (extrapolated) one and the one divided
+    by the factor (interpolated), by how many turns the pair makes over the original context:
+    more than beta_fast, kept; fewer than beta_slow, divided; a linear ramp between."""
+    dim, base = spec.head_dim, spec.rope_theta
+    original = spec.rope_original_max_positions
+
+    def pair_turning(turns: float) -> float:  # the pair index making ``turns`` turns
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(spec.rope_beta_fast), pair_turning(spec.rope_beta_slow)
+    if spec.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: the original frequency, 0: divided by the factor
+    return inv_freq / spec.rope_scaling_factor * (1 - keep) + inv_freq * keep
+
+
 def rope_attention_factor(spec: ModelSpec, layer: int | None = None) -> float:
     """What cos and sin are multiplied by: 1 but for longrope, whose factor is given or, as
     Hugging Face derives it from how far the context was stretched,
     sqrt(1 + log(scale) / log(original)) with scale = max_position_embeddings / original."""
     scaled = layer is None or spec.rope_scaled(layer)
+    if scaled and spec.rope_scaling == "yarn":
+        if spec.rope_attention_factor is not None:
+            return spec.rope_attention_factor
+        factor = spec.rope_scaling_factor
+        return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
     if not scaled or spec.rope_scaling != "longrope":
         return 1.0
     if spec.rope_attention_factor is not None:

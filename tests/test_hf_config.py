@@ -398,7 +398,8 @@ def test_unsupported_architecture_names_it_and_lists_supported():
     assert set(HF_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM",
                                      "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                                      "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
-                                     "MixtralForCausalLM", "Qwen3MoeForCausalLM"}
+                                     "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                                     "GptOssForCausalLM"}
     for arch in HF_ARCHITECTURES:
         assert arch in message
     assert "\n" not in message
@@ -433,6 +434,51 @@ def test_qwen3_moe_dense_layers_are_refused_by_name(tmp_path, key, value, why):
     with pytest.raises(ConfigError) as info:
         load_model(changed(tmp_path, "qwen3-30b-a3b", **{key: value}))
     assert key in str(info.value) and why in str(info.value)
+
+
+# The keys of openai/gpt-oss-20b's config.json but its quantization_config (below).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+    "attention_dropout": 0.0, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2880, "initial_context_length": 4096, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+    "output_router_logits": False, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                     "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+    "swiglu_limit": 7.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 201088}
+
+
+def test_gpt_oss_config_reads_as_the_preset(tmp_path):
+    assert same_model(load_model(write(tmp_path, GPT_OSS_20B)), load_model("gpt-oss-20b"))
+
+
+def test_gpt_oss_quantized_experts_are_refused_by_name(tmp_path):
+    config = {**GPT_OSS_20B, "quantization_config": {"quant_method": "mxfp4"}}
+    with pytest.raises(ConfigError, match="quantization_config .*mxfp4.*quantized weights"):
+        load_model(write(tmp_path, config))
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"mscale": 1.0}, "mscale"),
+    ({"factor": 16.0}, "disagree"),
+    ({"truncate": "no"}, "true or false"),
+])
+def test_gpt_oss_yarn_details_are_checked(tmp_path, change, message):
+    config = {**GPT_OSS_20B, "rope_scaling": {**GPT_OSS_20B["rope_scaling"], **change}}
+    with pytest.raises(ConfigError, match=message):
+        load_model(write(tmp_path, config))
+
+
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-235b-a22b", "gpt-oss-120b"])
+def test_expert_presets_write_configs_that_read_back(preset, tmp_path):
+    m = load_model(preset)
+    for config in (hf_config(m), hf_config_v5(m)):
+        assert same_model(load_model(write(tmp_path, config)), m)
 
 
 def test_mixture_of_experts_is_refused():

@@ -193,16 +193,21 @@ def qwen3_moe():
 
 def gpt_oss():
     # A clamp low enough to bite the random model's activations; sliding and full layers
-    # alternating; plain rotary embedding (its YaRN scaling is not modelled).
+    # alternating; YaRN stretching an original context of 16 four times, its ramp's ends
+    # between pairs, so that truncating them (gpt-oss does not) would move it.
     spec = ModelSpec(name="gpt_oss", family="gpt_oss", attention_bias=True, o_proj_bias=True,
                      attention_sinks=True, router_bias=True, expert_bias=True,
                      swiglu_limit=0.8, num_experts=EXPERTS, experts_per_token=TOP_K,
                      moe_intermediate_size=INTERMEDIATE, sliding_window=5,
-                     layer_types=("sliding_attention", "full_attention"), **shapes())
+                     layer_types=("sliding_attention", "full_attention"), rope_scaling="yarn",
+                     rope_scaling_factor=4.0, rope_original_max_positions=16,
+                     rope_beta_fast=4.0, rope_beta_slow=0.25, rope_truncate=False, **shapes())
     config = transformers.GptOssConfig(**hf_shapes(
         spec, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, swiglu_limit=0.8,
         sliding_window=5, layer_types=list(spec.layer_types), attention_bias=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "beta_fast": 4.0, "beta_slow": 0.25, "truncate": False,
+                         "original_max_position_embeddings": 16}))
     return spec, transformers.GptOssForCausalLM, config
 
 
@@ -386,7 +391,10 @@ def test_sliding_window_is_what_transformers_masks(family):
     (mixtral, {"experts_per_token": 1}),
     (gpt_oss, {"swiglu_limit": 100.0}),
     (gpt_oss, {"attention_sinks": False}),
-], ids=["qwen3_moe-renormalized", "mixtral-top1", "gpt_oss-unclamped", "gpt_oss-no-sinks"])
+    (gpt_oss, {"rope_truncate": True}),
+    (gpt_oss, {"rope_scaling": None}),
+], ids=["qwen3_moe-renormalized", "mixtral-top1", "gpt_oss-unclamped", "gpt_oss-no-sinks",
+        "gpt_oss-truncated-yarn", "gpt_oss-no-yarn"])
 def test_expert_details_are_what_transformers_computes(family, change):
     # Each routing detail changes the logits: the agreement above pins them all (the top-k
     # renormalization, the number of experts, gpt-oss's clamp, its sinks).

@@ -234,6 +234,8 @@ class _HFFamily:
     # (None: they always are).
     experts: tuple[str, str, str] | None = None
     topk_norm: str | None = None
+    # gpt-oss: its attention bias covers o_proj too, and its SwiGLU clamp is read.
+    gpt_oss: bool = False
 
 
 _PLAIN = dict(hidden_act="silu", qk_norm=False, sandwich_norms=False, norm_weight_offset=0.0,
@@ -352,6 +354,22 @@ _HF_FAMILIES: dict[str, _HFFamily] = {
         _SILU, _ROPE_TYPES, _from_max_window_layers, _write_max_window_layers,
         experts=("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
         topk_norm="norm_topk_prob"),
+    "gpt_oss": _HFFamily(
+        # Biased attention (q, k, v and o), a sink per head, a biased router and experts with
+        # a clamped SwiGLU, sliding and full layers alternating, YaRN rope scaling.
+        # transformers 5's defaults (those of gpt-oss-120b).
+        "GptOssForCausalLM", "gpt_oss",
+        {**_PLAIN, "attention_sinks": True, "router_bias": True, "expert_bias": True},
+        dict(num_key_value_heads=8, head_dim=64, tie_word_embeddings=False, rms_norm_eps=1e-5,
+             rope_theta=150000.0, max_position_embeddings=131072, hidden_act="silu",
+             sliding_window=128, attention_bias=True, swiglu_limit=7.0,
+             num_local_experts=128, num_experts_per_tok=4, intermediate_size=2880,
+             rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "truncate": False,
+                           "original_max_position_embeddings": 4096}),
+        {**_ANYWHERE, **_NO_SOFTCAPS}, _SILU, ("yarn",), _alternating, _write_layer_types,
+        experts=("num_local_experts", "num_experts_per_tok", "intermediate_size"),
+        gpt_oss=True),
 }
 # Defaults every family shares.
 _COMMON_DEFAULTS = dict(torch_dtype=None, dtype=None, _name_or_path=None)
@@ -478,6 +496,9 @@ _ROPE_KEYS = {
     "rope_short_factor": "short_factor",
     "rope_long_factor": "long_factor",
     "rope_attention_factor": "attention_factor",
+    "rope_beta_fast": "beta_fast",
+    "rope_beta_slow": "beta_slow",
+    "rope_truncate": "truncate",
 }
 # Per modelled type: the keys transformers requires, and the optional ones kept. Linear scaling
 # keeps llama3's fields when a config states them, so wse-emu's own configs read back whole.
@@ -486,11 +507,14 @@ _ROPE_REQUIRED = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"),
     "longrope": ("short_factor", "long_factor"),
+    "yarn": ("factor",),
 }
 _ROPE_OPTIONAL = {
     "linear": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "llama3": (),
     "longrope": ("attention_factor",),
+    "yarn": ("attention_factor", "beta_fast", "beta_slow", "truncate",
+             "original_max_position_embeddings"),
 }
 
 
@@ -540,9 +564,28 @@ def _rope_entry(entry: Any, where: str, read: _Reader, family: _HFFamily,
         what = f"{where} '{key}'"
         if key in ("short_factor", "long_factor"):
             fields[field] = _factors(entry[key], what, source)
+        elif key == "truncate":
+            if not isinstance(entry[key], bool):
+                raise ConfigError(f"{source}: {what} must be true or false, "
+                                  f"got {shown(entry[key])}")
+            fields[field] = entry[key]
         else:
             fields[field] = _number(entry[key], what, source,
                                     whole=key == "original_max_position_embeddings")
+    if kind == "yarn":
+        for key in ("mscale", "mscale_all_dim"):
+            if entry.get(key):
+                raise read.refuse(f"{where} {key}", entry[key], "DeepSeek's YaRN attention scale")
+        # transformers scales by max_position_embeddings / original_max_position_embeddings
+        # when the original is stated (and the original is the whole context when not).
+        original = fields.get("rope_original_max_positions")
+        context = read.integer("max_position_embeddings")
+        if original is None:
+            fields["rope_original_max_positions"] = context
+        elif not math.isclose(context / original, fields["rope_scaling_factor"]):
+            raise ConfigError(f"{source}: {where} factor {shown(fields['rope_scaling_factor'])} "
+                              f"and max_position_embeddings / original_max_position_embeddings "
+                              f"({context} / {original}) disagree")
     if kind == "longrope":
         # transformers' Phi-3 takes the original context from its own top-level key (4096 when
         # absent), whatever the rope mapping says, and derives the scaling factor from it.
@@ -682,6 +725,8 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
         data.update(num_experts=read.integer(count), experts_per_token=read.integer(top_k),
                     moe_intermediate_size=read.integer(width),
                     norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)
+    if family.gpt_oss:
+        data.update(o_proj_bias=data["attention_bias"], swiglu_limit=read.number("swiglu_limit"))
     return model_from_dict(data, source)
 
 
@@ -694,6 +739,14 @@ def _rope_scaling_config(spec: ModelSpec) -> dict[str, Any] | None:
         scaling: dict[str, Any] = {"rope_type": "longrope",
                                    "short_factor": list(spec.rope_short_factor),
                                    "long_factor": list(spec.rope_long_factor)}
+        if spec.rope_attention_factor is not None:
+            scaling["attention_factor"] = spec.rope_attention_factor
+        return scaling
+    if spec.rope_scaling == "yarn":
+        scaling = {"rope_type": "yarn", "factor": spec.rope_scaling_factor,
+                   "beta_fast": spec.rope_beta_fast, "beta_slow": spec.rope_beta_slow,
+                   "truncate": spec.rope_truncate,
+                   "original_max_position_embeddings": spec.rope_original_max_positions}
         if spec.rope_attention_factor is not None:
             scaling["attention_factor"] = spec.rope_attention_factor
         return scaling
@@ -769,6 +822,8 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
                        width: spec.moe_intermediate_size})
         if family.topk_norm:
             config[family.topk_norm] = spec.norm_topk_prob
+    if family.gpt_oss:
+        config["swiglu_limit"] = spec.swiglu_limit
     _check_reads_back(spec, config)
     return config
 

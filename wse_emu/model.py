@@ -70,6 +70,13 @@ class ModelSpec:
     rope_short_factor: tuple[float, ...] = ()
     rope_long_factor: tuple[float, ...] = ()
     rope_attention_factor: float | None = None
+    # "yarn" (gpt-oss): pairs turning more than beta_fast times over the original context keep
+    # their frequency, those turning fewer than beta_slow times are divided by the factor, and
+    # a linear ramp blends the ones between (its ends rounded outwards with truncate); cos and
+    # sin are scaled by the attention factor (None: 0.1 ln(factor) + 1).
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
     # --- architecture variants (defaults: the Llama family) ------------------------------
     hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh" (GeGLU)
     qk_norm: bool = False  # RMSNorm over each head's query and key features (Qwen3, Gemma-3)
@@ -199,6 +206,8 @@ class ModelSpec:
                 or len(self.rope_short_factor) == len(self.rope_long_factor) == pairs, source,
                 f"longrope scaling needs rope_short_factor and rope_long_factor of {pairs} "
                 "values (head_dim / 2)")
+        require(self.rope_scaling != "yarn" or self.rope_beta_fast > self.rope_beta_slow > 0,
+                source, "yarn rope scaling needs 0 < rope_beta_slow < rope_beta_fast")
         require(all(f > 0 for f in self.rope_short_factor + self.rope_long_factor), source,
                 "rope_short_factor and rope_long_factor must be positive")
         require(self.hidden_act in HIDDEN_ACTS, source,
