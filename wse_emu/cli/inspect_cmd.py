@@ -9,6 +9,7 @@ from wse_emu.errors import UserError
 from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
+from wse_emu.routing import load_summary, parse_routing
 
 
 def add_parser(sub, summary: str) -> None:
@@ -20,6 +21,10 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
     p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
     p.add_argument("--all-layers", action="store_true", help="list the ops of every layer")
+    p.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
+                   help="mixture of experts: how tokens pick experts in the drawn step (skewed: "
+                   "Zipf popularity with exponent S)")
+    p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run)
 
@@ -31,6 +36,9 @@ def run(args) -> dict | str:
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
     work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
+    routing = parse_routing(args.routing, args.routing_seed)
+    loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)
+             if model.is_moe else None)
     result = analyze(build_op_graph(model), model, work, fabric)
     layers = result["layers"]
     if args.json:
@@ -43,6 +51,7 @@ def run(args) -> dict | str:
             "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
                       "intensity": result["total"].intensity},
             "params": {"total": model.params(), "active": model.active_params()},
+            **({"expert_loads": loads} if loads else {}),
         }
     # Layers whose costs match share one listing (Gemma's sliding and full layers differ).
     kinds: dict[tuple, list[int]] = {}
@@ -67,6 +76,7 @@ def run(args) -> dict | str:
         f"whole model: {si(total.flops)}FLOP, {si(total.bytes, 'B')} moved, "
         f"{total.intensity:.3g} FLOP/B",
         _params_text(model),
+        *([_loads_text(loads)] if loads else []),
     ]
     if not args.all_layers and len(layers) > 1:
         if len(kinds) == 1:
@@ -85,6 +95,13 @@ def _params_text(model) -> str:
             f"token ({model.experts_per_token} of {model.num_experts} experts per layer; "
             f"{si(model.active_params() - model.embedding_params())} without the embedding "
             "table)")
+
+
+def _loads_text(loads: dict) -> str:
+    return (f"experts in a drawn step ({loads['routing']}): {loads['active_experts']} of "
+            f"{loads['experts']} receive tokens; the busiest takes {loads['busiest_tokens']} of "
+            f"the {loads['tokens']} tokens, {loads['mean_tokens_per_active_expert']:.3g} on "
+            "average (expert costs above assume uniform routing)")
 
 
 def _layers_text(members: list[int], total: int) -> str:

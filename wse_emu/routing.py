@@ -1,0 +1,78 @@
+"""How a step's tokens pick their experts: a stated distribution, seeded, so that the load on
+each expert (and its imbalance) can be seen.
+
+``uniform``: every expert is equally likely. ``skewed``: popularity follows a Zipf law: the
+i-th most popular expert (in an order drawn from the seed) has weight (i + 1) ** -skew, so skew
+0 is uniform and a larger skew crowds more tokens onto fewer experts. Each token takes its
+top-k experts without replacement, in proportion to those weights (drawn as the k largest of
+log weight plus Gumbel noise, which picks them exactly so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wse_emu.errors import UserError
+
+KINDS = ("uniform", "skewed")
+
+
+@dataclass(frozen=True)
+class Routing:
+    kind: str = "uniform"
+    skew: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UserError(f"`routing` must be uniform or skewed:S, got {self.kind!r}")
+        if not (self.skew >= 0 and np.isfinite(self.skew)):
+            raise UserError(f"a skewed routing's skew must be at least 0, got {self.skew}")
+        if self.kind == "uniform" and self.skew:
+            raise UserError("uniform routing has no skew")
+
+    def popularity(self, experts: int) -> np.ndarray:
+        """Each expert's share of the choices, summing to one."""
+        ranks = np.random.default_rng(self.seed).permutation(experts)
+        weights = (ranks + 1.0) ** -self.skew
+        return weights / weights.sum()
+
+    def draw(self, experts: int, top_k: int, tokens: int) -> np.ndarray:
+        """The experts of each of ``tokens`` tokens: (tokens, top_k), distinct per token."""
+        rng = np.random.default_rng([self.seed, experts, top_k, tokens])
+        keys = np.log(self.popularity(experts)) + rng.gumbel(size=(tokens, experts))
+        return np.argsort(-keys, axis=1, kind="stable")[:, :top_k]
+
+    def loads(self, experts: int, top_k: int, tokens: int) -> np.ndarray:
+        """Tokens routed to each expert in one drawn step."""
+        return np.bincount(self.draw(experts, top_k, tokens).ravel(), minlength=experts)
+
+    def describe(self) -> str:
+        shape = "uniform" if self.kind == "uniform" else f"skewed {self.skew:g}"
+        return f"{shape} routing, seed {self.seed}"
+
+
+def parse_routing(text: str, seed: int = 0) -> Routing:
+    """``uniform`` or ``skewed:S`` (S the Zipf exponent, 0 or more)."""
+    kind, _, value = text.partition(":")
+    if kind == "uniform" and not value:
+        return Routing(seed=seed)
+    if kind == "skewed" and value:
+        try:
+            skew = float(value)
+        except ValueError:
+            raise UserError(f"`routing` skewed:S needs a number S, got {value!r}") from None
+        return Routing("skewed", skew, seed)
+    raise UserError(f"`routing` must be uniform or skewed:S, got {text!r}")
+
+
+def load_summary(routing: Routing, experts: int, top_k: int, tokens: int) -> dict:
+    """One drawn step's expert loads: how many experts receive tokens, the busiest one's
+    tokens, and the mean over the experts that receive any."""
+    loads = routing.loads(experts, top_k, tokens)
+    active = loads[loads > 0]
+    return {"routing": routing.describe(), "tokens": tokens, "experts": experts,
+            "active_experts": int(active.size), "busiest_tokens": int(loads.max()),
+            "mean_tokens_per_active_expert": float(active.mean())}
