@@ -52,13 +52,15 @@ def classify(cost: OpCost, fabric: FabricSpec, dtype_bytes: int = 2) -> str:
     return "compute" if compute >= memory and cost.flops else "memory"
 
 
-def analyze(g: nx.DiGraph, model: ModelSpec, mb: MicroBatch, fabric: FabricSpec) -> dict:
-    """Per-op rows, per-layer totals and the model total for one step."""
+def analyze(g: nx.DiGraph, model: ModelSpec, mb: MicroBatch, fabric: FabricSpec,
+            active_experts: float | None = None) -> dict:
+    """Per-op rows, per-layer totals and the model total for one step; expert ops read the
+    weights of ``active_experts`` experts per layer (default: uniform routing's average)."""
     ridge = fabric.ridge_flop_per_byte()
     rows = []
     for node in nx.topological_sort(g):
         attrs = g.nodes[node]
-        cost = op_cost(attrs["spec"], model, mb, attrs["layer"])
+        cost = op_cost(attrs["spec"], model, mb, attrs["layer"], active_experts)
         rows.append(OpRow(node, attrs["op"], attrs["kind"], attrs["layer"], cost,
                           classify(cost, fabric, model.dtype_bytes)))
     per_layer: dict[int, OpCost] = {}

@@ -65,3 +65,16 @@ def test_inspect_reports_a_drawn_steps_expert_loads(capsys):
     assert loads == load_summary(Routing("skewed", 1.0), 128, 8, 64)
     assert main(["inspect", "llama-3.1-8b", "--json"]) == 0
     assert "expert_loads" not in json.loads(capsys.readouterr().out)
+
+
+def test_inspect_costs_expert_weights_by_the_drawn_step(capsys):
+    totals = {}
+    for routing in ("uniform", "skewed:2"):
+        assert main(["inspect", "qwen3-30b-a3b", "--batch", "64", "--routing", routing,
+                     "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        gate = next(r for r in data["ops"] if r["node"] == "L0.experts_gate")
+        per_expert = 2048 * 768 * 2
+        assert gate["weight_bytes"] == per_expert * data["expert_loads"]["active_experts"]
+        totals[routing] = data["total"]["bytes"]
+    assert totals["skewed:2"] < totals["uniform"]  # fewer experts reached, fewer bytes read

@@ -458,8 +458,11 @@ class OpCost:
 ZERO = OpCost(0, 0, 0, 0)
 
 
-def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) -> OpCost:
-    """The op's FLOPs and unique bytes for one step (``layer`` picks its attention window)."""
+def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
+            active_experts: float | None = None) -> OpCost:
+    """The op's FLOPs and unique bytes for one step (``layer`` picks its attention window).
+    An expert op reads the weights of ``active_experts`` experts (by default the average number
+    uniform routing reaches)."""
     d = model.dtype_bytes
     t = op_tokens(op, mb)
     kind = op.kind
@@ -490,12 +493,14 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None) 
                       t * op.length * (d + TOKEN_ID_BYTES))
     if kind == EXPERT_GEMM:
         # Each token runs through its top-k experts; the weights read are those of the experts
-        # any token of the step routed to (on average, with uniform routing).
+        # any token of the step routed to.
         k, n = op.matrix
         pairs = t * op.top_k
         flops = matrix_work(k, n, pairs, d).flops + (bias_work(n, pairs, d).flops
                                                      if op.bias else 0)
-        touched = expected_experts(op.experts, op.top_k, t) / op.experts
+        if active_experts is None:
+            active_experts = expected_experts(op.experts, op.top_k, t)
+        touched = active_experts / op.experts
         return OpCost(flops, op.weight_params * touched * d, pairs * k * d, pairs * n * d)
     if kind == COMBINE:
         k = model.experts_per_token

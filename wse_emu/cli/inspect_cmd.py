@@ -39,7 +39,8 @@ def run(args) -> dict | str:
     routing = parse_routing(args.routing, args.routing_seed)
     loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)
              if model.is_moe else None)
-    result = analyze(build_op_graph(model), model, work, fabric)
+    result = analyze(build_op_graph(model), model, work, fabric,
+                     loads["active_experts"] if loads else None)
     layers = result["layers"]
     if args.json:
         return {
@@ -101,7 +102,8 @@ def _loads_text(loads: dict) -> str:
     return (f"experts in a drawn step ({loads['routing']}): {loads['active_experts']} of "
             f"{loads['experts']} receive tokens; the busiest takes {loads['busiest_tokens']} of "
             f"the {loads['tokens']} tokens, {loads['mean_tokens_per_active_expert']:.3g} on "
-            "average (expert costs above assume uniform routing)")
+            "average (the expert weights above are those of the experts it reaches, the same "
+            "draw in every layer)")
 
 
 def _layers_text(members: list[int], total: int) -> str:
