@@ -436,7 +436,7 @@ def test_qwen3_moe_dense_layers_are_refused_by_name(tmp_path, key, value, why):
     assert key in str(info.value) and why in str(info.value)
 
 
-# The keys of openai/gpt-oss-20b's config.json but its quantization_config (below).
+# The keys of openai/gpt-oss-20b's config.json.
 GPT_OSS_20B = {
     "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
     "attention_dropout": 0.0, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
@@ -450,17 +450,36 @@ GPT_OSS_20B = {
                      "truncate": False},
     "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
     "swiglu_limit": 7.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "use_cache": True, "vocab_size": 201088}
+    "use_cache": True, "vocab_size": 201088,
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}}
 
 
 def test_gpt_oss_config_reads_as_the_preset(tmp_path):
-    assert same_model(load_model(write(tmp_path, GPT_OSS_20B)), load_model("gpt-oss-20b"))
+    m = load_model(write(tmp_path, GPT_OSS_20B))
+    assert same_model(m, load_model("gpt-oss-20b")) and m.expert_weight_format == "mxfp4"
+    unquantized = {k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"}
+    assert load_model(write(tmp_path, unquantized)).expert_weight_format == "native"
 
 
-def test_gpt_oss_quantized_experts_are_refused_by_name(tmp_path):
-    config = {**GPT_OSS_20B, "quantization_config": {"quant_method": "mxfp4"}}
-    with pytest.raises(ConfigError, match="quantization_config .*mxfp4.*quantized weights"):
-        load_model(write(tmp_path, config))
+@pytest.mark.parametrize("quantization,message", [
+    ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not modelled"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.mlp.experts"]},
+     "modules_to_not_convert"),
+])
+def test_gpt_oss_other_quantization_is_refused_by_name(tmp_path, quantization, message):
+    with pytest.raises(ConfigError, match=message):
+        load_model(write(tmp_path, {**GPT_OSS_20B, "quantization_config": quantization}))
+
+
+def test_quantized_weights_of_other_families_are_refused_in_both_directions(tmp_path):
+    with pytest.raises(ConfigError, match="quantization_config"):
+        load_model(changed(tmp_path, "llama-3.1-8b", quantization_config={
+            "quant_method": "fbgemm_fp8"}))
+    fp8 = dataclasses.replace(load_model("llama-3.1-8b"), weight_format="fp8")
+    with pytest.raises(ConfigError, match="weight_format"):
+        hf_config(fp8)
 
 
 @pytest.mark.parametrize("change,message", [

@@ -479,8 +479,8 @@ def test_whole_wafer_part_fits_whenever_one_wafer_suffices():
         fabric = load_fabric(fabric_name)
         for model_name in preset_names("models"):
             model = load_model(model_name)
-            if wafers_needed(model, fabric) != 1:
-                continue
+            if wafers_needed(model, fabric) != 1 or model.is_moe:
+                continue  # (experts are refused by name before partitioning: test_moe)
             cluster = ClusterSpec(fabric, 2)
             assert partition(model, cluster, CompileOptions())
             assert partition(model, cluster, CompileOptions(plan="disaggregated",

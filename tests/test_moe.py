@@ -2,6 +2,7 @@
 combine), with their published parameter counts, costed for the roofline, and refused by name
 where they are not mapped yet."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -114,3 +115,44 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "does not map routed experts yet" in bad.stderr
+
+
+@pytest.mark.parametrize("name,gib,wafers", [("gpt-oss-20b", 12.8, 1), ("gpt-oss-120b", 60.8, 2)])
+def test_mxfp4_experts_size_gpt_oss_as_its_published_checkpoints(name, gib, wafers):
+    # The model card's checkpoint sizes: experts in MXFP4, everything else in bfloat16.
+    from compiler.partition import wafers_needed
+
+    m = load_model(name)
+    assert m.expert_weight_format == "mxfp4" and m.quantized
+    assert m.weight_bytes() / 2**30 == pytest.approx(gib, abs=0.05)
+    assert wafers_needed(m, load_fabric("wse3")) == wafers
+    native = dataclasses.replace(m, expert_weight_format="native")
+    assert native.weight_bytes() == native.params() * 2
+
+
+def test_weight_formats_size_matrices_and_leave_norms_and_biases_alone():
+    m = load_model("gpt-oss-120b")
+    gate = ops_by_name(m)["experts_gate"]
+    matrix = 128 * 2880 * 2880
+    assert ly.weight_bytes(gate, m) == pytest.approx(matrix * 136 / 256 + 128 * 2880 * 2)
+    assert ly.weight_bytes(ops_by_name(m)["o_proj"], m) == (4096 * 2880 + 2880) * 2
+    fp8 = dataclasses.replace(load_model("llama-3.1-8b"), weight_format="fp8")
+    q = ops_by_name(fp8)["q_proj"]
+    assert op_cost(q, fp8, MicroBatch("decode")).weight_bytes == 4096 * 4096
+    assert ly.weight_bytes(ops_by_name(fp8)["input_norm"], fp8) == 4096 * 2
+
+
+def test_quantized_dense_weights_are_refused_by_the_compiler():
+    from compiler.mapper import compile_model
+
+    fp8 = dataclasses.replace(load_model("llama-3.1-8b"), weight_format="fp8")
+    with pytest.raises(CompileError, match="as fp8"):
+        compile_model(fp8, ClusterSpec(load_fabric("wse3"), 1))
+
+
+def test_unknown_weight_format_is_refused_by_name():
+    base = load_model("llama-3.1-8b").to_dict()
+    with pytest.raises(ConfigError, match="weight_format"):
+        model_from_dict({**base, "weight_format": "fp4", "version": 1}, "test")
+    with pytest.raises(ConfigError, match="expert_weight_format"):
+        model_from_dict({**base, "expert_weight_format": "mxfp4", "version": 1}, "test")

@@ -367,7 +367,9 @@ _HF_FAMILIES: dict[str, _HFFamily] = {
              rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
                            "beta_slow": 1.0, "truncate": False,
                            "original_max_position_embeddings": 4096}),
-        {**_ANYWHERE, **_NO_SOFTCAPS}, _SILU, ("yarn",), _alternating, _write_layer_types,
+        # quantization_config: read below (MXFP4 experts).
+        {**{k: v for k, v in _ANYWHERE.items() if k != "quantization_config"}, **_NO_SOFTCAPS},
+        _SILU, ("yarn",), _alternating, _write_layer_types,
         experts=("num_local_experts", "num_experts_per_tok", "intermediate_size"),
         gpt_oss=True),
 }
@@ -726,8 +728,32 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
                     moe_intermediate_size=read.integer(width),
                     norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)
     if family.gpt_oss:
-        data.update(o_proj_bias=data["attention_bias"], swiglu_limit=read.number("swiglu_limit"))
+        data.update(o_proj_bias=data["attention_bias"], swiglu_limit=read.number("swiglu_limit"),
+                    expert_weight_format=_gpt_oss_experts_format(read))
     return model_from_dict(data, source)
+
+
+# What gpt-oss's checkpoints leave unquantized: everything but the experts.
+_GPT_OSS_UNQUANTIZED = ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                        "model.embed_tokens", "lm_head"]
+
+
+def _gpt_oss_experts_format(read: _Reader) -> str:
+    """gpt-oss's quantization_config: absent (weights in the dtype), or MXFP4 experts."""
+    config = read.config.get("quantization_config")
+    if config is None:
+        return "native"
+    if not isinstance(config, dict):
+        raise read.wrong("quantization_config", "a mapping or null", config)
+    method = config.get("quant_method")
+    if method != "mxfp4":
+        raise read.refuse("quantization_config quant_method", method,
+                          "gpt-oss's experts are modelled in mxfp4 only")
+    kept = config.get("modules_to_not_convert", _GPT_OSS_UNQUANTIZED)
+    if not isinstance(kept, list) or any("experts" in str(m) for m in kept):
+        raise read.refuse("quantization_config modules_to_not_convert", kept,
+                          "MXFP4 on gpt-oss's experts only")
+    return "mxfp4"
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -824,6 +850,9 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
             config[family.topk_norm] = spec.norm_topk_prob
     if family.gpt_oss:
         config["swiglu_limit"] = spec.swiglu_limit
+        if spec.expert_weight_format == "mxfp4":
+            config["quantization_config"] = {"quant_method": "mxfp4",
+                                             "modules_to_not_convert": _GPT_OSS_UNQUANTIZED}
     _check_reads_back(spec, config)
     return config
 

@@ -339,6 +339,17 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
     ]
 
 
+def weight_bytes(op: Op, model: ModelSpec) -> float:
+    """The op's weights as stored: a matrix in its format (the experts' or the others'), its
+    bias and any vector weights in the model's dtype."""
+    if op.kind not in (GEMM, EXPERT_GEMM, EMBEDDING) or not op.weight_params:
+        return float(op.weight_params * model.dtype_bytes)
+    k, n = op.matrix
+    matrix = k * n * max(op.experts, 1)
+    per_weight = model.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
+    return matrix * per_weight + (op.weight_params - matrix) * model.dtype_bytes
+
+
 def expected_experts(experts: int, top_k: int, tokens: int) -> float:
     """Experts that at least one of ``tokens`` tokens routes to, on average, when each token
     picks ``top_k`` distinct experts uniformly: each expert is missed by a token with
@@ -468,11 +479,11 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
     kind = op.kind
     if kind == EMBEDDING:
         h = op.matrix[1]
-        return OpCost(0, t * h * d, t * TOKEN_ID_BYTES, t * h * d)
+        return OpCost(0, t * h * model.matrix_bytes_per_weight(), t * TOKEN_ID_BYTES, t * h * d)
     if kind == GEMM:
         k, n = op.matrix
         flops = matrix_work(k, n, t, d).flops + (bias_work(n, t, d).flops if op.bias else 0)
-        return OpCost(flops, op.weight_params * d, t * k * d, t * n * d)
+        return OpCost(flops, weight_bytes(op, model), t * k * d, t * n * d)
     if kind in NORM_KINDS:
         e = t * op.length
         return OpCost(NORM_FLOPS * e, op.weight_params * d, e * d, e * d)
@@ -501,7 +512,7 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
         if active_experts is None:
             active_experts = expected_experts(op.experts, op.top_k, t)
         touched = active_experts / op.experts
-        return OpCost(flops, op.weight_params * touched * d, pairs * k * d, pairs * n * d)
+        return OpCost(flops, weight_bytes(op, model) * touched, pairs * k * d, pairs * n * d)
     if kind == COMBINE:
         k = model.experts_per_token
         return OpCost(2 * k * t * op.length, 0, t * k * (op.length + 1) * d, t * op.length * d)

@@ -34,6 +34,10 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "m
             "qwen3_moe", "gpt_oss")
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "gpt_oss")
 HIDDEN_ACTS = ("silu", "gelu_tanh")
+# Storage formats of weight matrices, in bytes per weight: "native" is the model's dtype_bytes;
+# MXFP4 packs 32 four-bit values with one 8-bit power-of-two scale (136 bits per 32 weights).
+WEIGHT_FORMATS = {"native": None, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+                  "mxfp4": 136 / 256}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -106,6 +110,10 @@ class ModelSpec:
     attention_sinks: bool = False
     swiglu_limit: float | None = None
     o_proj_bias: bool = False  # gpt-oss: o_proj has a bias too (Qwen2's attention_bias has none)
+    # How weight matrices are stored (WEIGHT_FORMATS): the experts' and all others'. Norm
+    # weights and biases stay in dtype_bytes. gpt-oss ships its experts in MXFP4.
+    weight_format: str = "native"
+    expert_weight_format: str = "native"
 
     # --- derived shapes -------------------------------------------------------------------
     @property
@@ -151,8 +159,23 @@ class ModelSpec:
         return (self.embedding_params() + self.num_layers * self.layer_active_params()
                 + self.head_params())
 
+    def matrix_bytes_per_weight(self, expert: bool = False) -> float:
+        """Bytes a weight of a matrix takes in its storage format (an expert's, or another's)."""
+        stored = WEIGHT_FORMATS[self.expert_weight_format if expert else self.weight_format]
+        return float(self.dtype_bytes) if stored is None else stored
+
     def weight_bytes(self) -> int:
-        return self.params() * self.dtype_bytes
+        """Every weight as stored: matrices in their formats, the rest in dtype_bytes."""
+        ops = ly.input_ops(self) + ly.output_ops(self)
+        total = sum(ly.weight_bytes(op, self) for op in ops)
+        total += self.num_layers * sum(ly.weight_bytes(op, self) for op in ly.layer_ops(self))
+        return int(round(total))
+
+    @property
+    def quantized(self) -> bool:
+        """Whether any weight matrix is stored in a format other than dtype_bytes."""
+        return any(WEIGHT_FORMATS[f] not in (None, float(self.dtype_bytes))
+                   for f in (self.weight_format, self.expert_weight_format))
 
     def kv_bytes_per_token(self) -> int:
         """K and V of one token across all layers."""
@@ -228,6 +251,12 @@ class ModelSpec:
                 "field 'moe_intermediate_size' must be positive")
         require(moe or not (self.router_bias or self.expert_bias or self.swiglu_limit), source,
                 "fields 'router_bias', 'expert_bias' and 'swiglu_limit' apply to experts only")
+        for name in ("weight_format", "expert_weight_format"):
+            require(getattr(self, name) in WEIGHT_FORMATS, source,
+                    f"field '{name}' must be one of {', '.join(WEIGHT_FORMATS)}, "
+                    f"got {shown(getattr(self, name))}")
+        require(moe or self.expert_weight_format == "native", source,
+                "field 'expert_weight_format' applies to experts only")
         require(self.swiglu_limit is None or self.swiglu_limit > 0, source,
                 "field 'swiglu_limit' must be positive or null")
         require(not self.layer_types or len(self.layer_types) == self.num_layers, source,

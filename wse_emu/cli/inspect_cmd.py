@@ -89,13 +89,19 @@ def run(args) -> dict | str:
 
 
 def _params_text(model) -> str:
-    """'parameters: 8.03 G', or for a mixture of experts the total and one token's share."""
+    """'parameters: 8.03 G, 16.1 GB as stored', or for a mixture of experts the total and one
+    token's share."""
+    formats = [f"{what} in {fmt}" for what, fmt in (("matrices", model.weight_format),
+                                                    ("experts", model.expert_weight_format))
+               if fmt != "native"]
+    stored = f"{si(model.weight_bytes(), 'B')} as stored" + (
+        f" ({', '.join(formats)})" if formats else "")
     if not model.is_moe:
-        return f"parameters: {si(model.params())}"
+        return f"parameters: {si(model.params())}, {stored}"
     return (f"parameters: {si(model.params())} in all, {si(model.active_params())} used per "
             f"token ({model.experts_per_token} of {model.num_experts} experts per layer; "
             f"{si(model.active_params() - model.embedding_params())} without the embedding "
-            "table)")
+            f"table), {stored}")
 
 
 def _loads_text(loads: dict) -> str:
