@@ -8,7 +8,7 @@ import logging
 import numpy as np
 
 from compiler.options import CompileOptions
-from compiler.partition import RegionPlan, check_mappable, partition, wafers_needed
+from compiler.partition import RegionPlan, partition, wafers_needed
 from compiler.routing import color_masks, popcount
 from compiler.template import NoLayout, RegionTemplate, build_template
 from compiler.tiling import ownership_check
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def compile_model(model: ModelSpec, cluster: ClusterSpec,
                   options: CompileOptions | None = None) -> WaferProgram:
     options = options or CompileOptions()
-    check_mappable(model)
+    # (partition, first, refuses what cannot be mapped: check_mappable)
     plans, templates = _plan_and_template(model, cluster, options)
     program = _instantiate(model, cluster, options, plans, templates)
     verify(program)

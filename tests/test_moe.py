@@ -156,3 +156,13 @@ def test_unknown_weight_format_is_refused_by_name():
         model_from_dict({**base, "weight_format": "fp4", "version": 1}, "test")
     with pytest.raises(ConfigError, match="expert_weight_format"):
         model_from_dict({**base, "expert_weight_format": "mxfp4", "version": 1}, "test")
+
+
+def test_too_few_systems_for_experts_names_the_shortfall_first():
+    from compiler.mapper import compile_model
+
+    model = load_model("gpt-oss-120b")  # 65.2 GB as stored: two WSE-3
+    with pytest.raises(CompileError, match="needs 65 GB of weights.*`systems=2` or more"):
+        compile_model(model, ClusterSpec(load_fabric("wse3"), 1))
+    with pytest.raises(CompileError, match="does not map routed experts"):
+        compile_model(model, ClusterSpec(load_fabric("wse3"), 2))
