@@ -3,6 +3,7 @@ combine), with their published parameter counts, costed for the roofline, and re
 where they are not mapped yet."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -166,3 +167,19 @@ def test_too_few_systems_for_experts_names_the_shortfall_first():
         compile_model(model, ClusterSpec(load_fabric("wse3"), 1))
     with pytest.raises(CompileError, match="does not map routed experts"):
         compile_model(model, ClusterSpec(load_fabric("wse3"), 2))
+
+
+def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, capsys):
+    from visualize.roofline import op_points
+    from wse_emu.cli.main import main
+
+    out = tmp_path / "oss"
+    assert main(["inspect", "gpt-oss-20b", "-o", str(out), "--viz"]) == 0
+    assert "report:" in capsys.readouterr().out
+    assert (out / "figures" / "roofline.png").exists() and (out / "report.html").exists()
+    record = json.loads((out / "inspect.json").read_text())
+    assert record["model_spec"]["num_experts"] == 32 and record["fabric"] == "wse3"
+    assert main(["viz", str(out)]) == 0  # redrawn from the run directory alone
+    kinds = {kind for kind, _ in op_points(load_model("gpt-oss-20b"), load_fabric("wse3"))[
+        "decode"]}
+    assert {"expert_gemm", "route", "combine"} <= kinds

@@ -32,6 +32,8 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
         figures += draw_serving(run.path, run.metrics, out, formats)
     program = run.program
     if program is None:
+        if "roofline" in what and run.inspect:
+            figures += _roofline(*_inspected(run), out, formats)
         return figures
     if not 0 <= system < program.systems:
         from wse_emu.errors import UserError
@@ -57,10 +59,24 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
                     figures.append((files[0], f"{title} of each role's region, side by side "
                                               "on one colour scale."))
     if "roofline" in what:
-        files = roofline_figure(program.model, program.fabric, out / "roofline", formats)
-        figures.append((files[0], "Roofline of one PE (right axis: the whole wafer) with every "
-                                  "op of a layer at its arithmetic intensity."))
+        figures += _roofline(program.model, program.fabric, out, formats)
     return figures
+
+
+def _roofline(model, fabric, out: Path, formats) -> list[tuple[Path, str]]:
+    files = roofline_figure(model, fabric, out / "roofline", formats)
+    return [(files[0], "Roofline of one PE (right axis: the whole wafer) with every op of a "
+                       "layer at its arithmetic intensity.")]
+
+
+def _inspected(run: RunDir):
+    """The model and fabric an ``inspect -o`` run directory recorded."""
+    from wse_emu.fabric import fabric_from_dict
+    from wse_emu.model import model_from_dict
+
+    source = str(run.path / "inspect.json")
+    return (model_from_dict({**run.inspect["model_spec"], "version": 1}, source),
+            fabric_from_dict({**run.inspect["fabric_spec"], "version": 1}, source))
 
 
 def _one_part_per_role(program, system: int) -> list[tuple]:

@@ -24,9 +24,12 @@ class RunDir:
     summary: dict = field(default_factory=dict)  # summary.json of `compile`
     experiment: dict = field(default_factory=dict)  # experiment.json of `experiment disagg`
     sweep: dict = field(default_factory=dict)  # sweep.json of `sweep`, with its rows
+    inspect: dict = field(default_factory=dict)  # inspect.json of `inspect`
 
     @property
     def kind(self) -> str:
+        if self.inspect:
+            return "inspect"
         if self.sweep:
             return "sweep"
         if self.experiment:
@@ -39,8 +42,8 @@ class RunDir:
 
 
 def load_run(path: str | Path) -> RunDir:
-    """Read a run directory written by ``compile``, ``run``, ``serve`` or ``experiment`` with
-    ``-o``."""
+    """Read a run directory written by ``inspect``, ``compile``, ``run``, ``serve``,
+    ``experiment`` or ``sweep`` with ``-o``."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: not a run directory")
@@ -53,7 +56,7 @@ def load_run(path: str | Path) -> RunDir:
                 run.counters = {k: z[k] for k in z.files}
         except (OSError, ValueError) as exc:
             raise UserError(f"{path / 'counters.npz'}: unreadable ({exc})") from None
-    for name in ("results", "metrics", "summary", "experiment"):
+    for name in ("results", "metrics", "summary", "experiment", "inspect"):
         file = path / f"{name}.json"
         if file.exists():
             try:
@@ -66,8 +69,10 @@ def load_run(path: str | Path) -> RunDir:
                          "rows": read_rows(path)}
         except (OSError, ValueError) as exc:
             raise UserError(f"{path / SWEEP_SPEC}: not valid JSON ({exc})") from None
-    if run.program is None and not run.metrics and not run.experiment and not run.sweep:
+    if (run.program is None and not run.metrics and not run.experiment and not run.sweep
+            and not run.inspect):
         raise UserError(f"{path}: nothing to draw (no program.json, metrics.json, "
-                        "experiment.json or sweep.json): write one with 'wse-emu compile -o', "
-                        "'run -o', 'serve -o', 'experiment disagg -o' or 'sweep -o'")
+                        "experiment.json, sweep.json or inspect.json): write one with 'wse-emu "
+                        "compile -o', 'run -o', 'serve -o', 'experiment disagg -o', 'sweep -o' "
+                        "or 'inspect -o'")
     return run

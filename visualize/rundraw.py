@@ -53,7 +53,7 @@ def _title(run) -> str:
         return f"wse-emu {run.kind}: {p.model.name} on {p.systems} x {p.fabric.name}"
     if run.sweep:
         return f"wse-emu sweep {run.sweep['name']}"
-    data = run.experiment or run.metrics
+    data = run.experiment or run.metrics or run.inspect
     return (f"wse-emu {run.kind}: {data.get('model')} on "
             f"{data.get('cluster') or data.get('fabric')}")
 
@@ -85,6 +85,10 @@ def _config(run) -> list[tuple[str, object]]:
                  ("targets", f"p90 TTFT <= {e['targets']['ttft_p90_s']} s, p90 TPOT <= "
                              f"{e['targets']['tpot_p90_s']} s, attainment >= "
                              f"{e['targets']['attainment']}")]
+    if run.inspect:
+        i = run.inspect
+        rows += [("model", i["model"]), ("fabric", i["fabric"]),
+                 ("step", ", ".join(f"{k} {v}" for k, v in i["workload"].items()))]
     if run.results.get("step"):
         rows.append(("simulated step", ", ".join(f"{k} {v}" for k, v in
                                                   run.results["step"].items())))
@@ -122,6 +126,14 @@ def _metrics(run) -> list[tuple[str, object]]:
         rows.append(("disaggregated / colocated goodput (highest rate met)",
                      f"{cmp_['goodput_ratio']:.2f}x"))
         rows += [("why", reason) for reason in cmp_.get("reasons", [])]
+    if run.inspect:
+        i = run.inspect
+        rows += [("parameters", f"{si(i['params']['total'])}, {si(i['params']['active'])} "
+                                "used per token"),
+                 ("weights as stored", si(i["params"]["stored_bytes"], "B")),
+                 ("whole step", f"{si(i['total']['flops'])}FLOP, "
+                                f"{si(i['total']['bytes'], 'B')} moved, "
+                                f"{i['total']['intensity']:.3g} FLOP/B")]
     m = run.metrics
     for key, label, fmt in (("requests", "requests", lambda v: f"{v:,}"),
                             ("output_tokens_per_s", "output tokens/s", si),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
@@ -9,6 +12,7 @@ from wse_emu.errors import UserError
 from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
+from wse_emu.program import write_run_dir
 from wse_emu.routing import load_summary, parse_routing
 
 
@@ -25,6 +29,10 @@ def add_parser(sub, summary: str) -> None:
                    help="mixture of experts: how tokens pick experts in the drawn step (skewed: "
                    "Zipf popularity with exponent S)")
     p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+    p.add_argument("-o", "--output",
+                   help="run directory: inspect.json (the op table, the model and the fabric)")
+    p.add_argument("--viz", action="store_true",
+                   help="draw the run directory (the roofline, report.html) at the end")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=run)
 
@@ -42,18 +50,25 @@ def run(args) -> dict | str:
     result = analyze(build_op_graph(model), model, work, fabric,
                      loads["active_experts"] if loads else None)
     layers = result["layers"]
+    data = {
+        "model": model.name, "fabric": fabric.name, "workload": result["workload"],
+        "ridge_flop_per_byte": result["ridge_flop_per_byte"],
+        "ops": [row.to_dict() for row in result["ops"]],
+        "layers": [{"layer": i, "flops": c.flops, "bytes": c.bytes, "intensity": c.intensity}
+                   for i, c in sorted(layers.items())],
+        "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
+                  "intensity": result["total"].intensity},
+        "params": {"total": model.params(), "active": model.active_params(),
+                   "stored_bytes": model.weight_bytes()},
+        **({"expert_loads": loads} if loads else {}),
+    }
+    if args.output:
+        # Everything to redraw it: the model and the fabric as resolved, beside the table.
+        record = {**data, "model_spec": model.to_dict(), "fabric_spec": fabric.to_dict()}
+        write_run_dir(args.output, lambda tmp: (tmp / "inspect.json").write_text(
+            json.dumps(record, indent=1)))
     if args.json:
-        return {
-            "model": model.name, "fabric": fabric.name, "workload": result["workload"],
-            "ridge_flop_per_byte": result["ridge_flop_per_byte"],
-            "ops": [row.to_dict() for row in result["ops"]],
-            "layers": [{"layer": i, "flops": c.flops, "bytes": c.bytes, "intensity": c.intensity}
-                       for i, c in sorted(layers.items())],
-            "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
-                      "intensity": result["total"].intensity},
-            "params": {"total": model.params(), "active": model.active_params()},
-            **({"expert_loads": loads} if loads else {}),
-        }
+        return data
     # Layers whose costs match share one listing (Gemma's sliding and full layers differ).
     kinds: dict[tuple, list[int]] = {}
     for i, c in sorted(layers.items()):
@@ -85,6 +100,8 @@ def run(args) -> dict | str:
         else:
             lines.append(f"(layers {', '.join(str(m[0]) for m in kinds.values())} are listed; "
                          "--all-layers lists every layer)")
+    if args.output:
+        lines.append(f"wrote {args.output}{os.sep} (inspect.json)")
     return "\n".join(lines)
 
 
