@@ -155,6 +155,9 @@ def check_mappable(model: ModelSpec) -> None:
             f"{model.name} is a mixture of experts ({model.num_experts} experts, "
             f"{model.experts_per_token} per token): the compiler does not map routed experts "
             f"yet (wse-emu inspect {model.name} costs its ops)")
+    if model.attention_sinks:
+        raise CompileError(f"{model.name} has attention sinks: the compiler does not map them "
+                           "yet")
     if model.quantized:
         raise CompileError(
             f"{model.name} stores its weight matrices as {model.weight_format}: the compiler "

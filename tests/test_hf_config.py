@@ -850,3 +850,44 @@ def test_new_presets_are_their_published_configs(preset, name):
         assert published.dtype_bytes == 4
         published = dataclasses.replace(published, dtype_bytes=2)
     assert same_model(m, published)
+
+
+@pytest.mark.parametrize("rope", [None, "absent"])
+def test_gpt_oss_unstated_rope_is_transformers_yarn_default(tmp_path, rope):
+    config = dict(GPT_OSS_20B)
+    if rope == "absent":
+        del config["rope_scaling"]
+    else:
+        config["rope_scaling"] = None
+    assert same_model(load_model(write(tmp_path, config)), load_model("gpt-oss-20b"))
+    plain = dataclasses.replace(load_model("gpt-oss-20b"), rope_scaling=None)
+    with pytest.raises(ConfigError, match="rope_scaling"):
+        hf_config(plain)  # transformers would read YaRN back
+
+
+def test_expert_count_aliases_are_read_and_must_agree(tmp_path):
+    config = fixture("mixtral-8x7b-v0.1")
+    del config["num_local_experts"]
+    config["num_experts"] = 16
+    assert load_model(write(tmp_path, config)).num_experts == 16
+    config["num_local_experts"] = 8
+    with pytest.raises(ConfigError, match="'num_experts' 16 and 'num_local_experts' 8 disagree"):
+        load_model(write(tmp_path, config))
+    with pytest.raises(ConfigError, match="experts_per_token"):
+        load_model(write(tmp_path, {**GPT_OSS_20B, "experts_per_token": 2}))
+
+
+@pytest.mark.parametrize("name,change,key", [
+    ("gpt-oss", {"swiglu_alpha": 2.0}, "swiglu_alpha"),
+    ("qwen3-30b-a3b", {"use_sliding_window": True}, "use_sliding_window"),
+])
+def test_expert_family_numerics_not_modelled_are_refused(tmp_path, name, change, key):
+    base = GPT_OSS_20B if name == "gpt-oss" else fixture(name)
+    with pytest.raises(ConfigError, match=f"{key} .* is not modelled"):
+        load_model(write(tmp_path, {**base, **change}))
+
+
+def test_expert_config_without_architectures_reads_by_model_type(tmp_path):
+    config = fixture("mixtral-8x7b-v0.1")
+    del config["architectures"]
+    assert load_model(write(tmp_path, config)).family == "mixtral"

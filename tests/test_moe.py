@@ -183,3 +183,28 @@ def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, caps
     kinds = {kind for kind, _ in op_points(load_model("gpt-oss-20b"), load_fabric("wse3"))[
         "decode"]}
     assert {"expert_gemm", "route", "combine"} <= kinds
+
+
+def test_attention_sinks_are_refused_by_the_compiler():
+    from compiler.mapper import compile_model
+
+    sinks = dataclasses.replace(load_model("tiny"), attention_sinks=True)
+    with pytest.raises(CompileError, match="attention sinks"):
+        compile_model(sinks, ClusterSpec(load_fabric("mesh16"), 1))
+
+
+def test_roofline_of_an_inspected_step_draws_that_step():
+    from visualize.roofline import op_points, phases
+
+    step = MicroBatch("decode", batch=64, context=1024)
+    assert dict((p, w) for p, w, _, _ in phases(step))["decode"] == step
+    m, wse3 = load_model("qwen3-30b-a3b"), load_fabric("wse3")
+    default = dict(op_points(m, wse3)["decode"])
+    batched = dict(op_points(m, wse3, step)["decode"])
+    assert batched["expert_gemm"] > 3 * default["expert_gemm"]  # about 4 tokens per expert
+    assert op_points(m, wse3, step)["prefill"] == op_points(m, wse3)["prefill"]
+
+
+def test_dense_weight_bytes_stay_whole_numbers():
+    m = load_model("llama-3.1-8b")
+    assert isinstance(ly.weight_bytes(ops_by_name(m)["q_proj"], m), int)

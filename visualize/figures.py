@@ -16,6 +16,7 @@ from visualize.roofline import roofline_figure
 from visualize.rundir import RunDir
 from visualize.serving import draw_serving
 from visualize.sweep import sweep_figure
+from wse_emu.layer import MicroBatch
 
 KINDS = ("maps", "roofline", "serving", "experiment", "sweep")
 
@@ -33,7 +34,8 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
     program = run.program
     if program is None:
         if "roofline" in what and run.inspect:
-            figures += _roofline(*_inspected(run), out, formats)
+            figures += _roofline(*_inspected(run), out, formats,
+                                 MicroBatch(**run.inspect["workload"]))
         return figures
     if not 0 <= system < program.systems:
         from wse_emu.errors import UserError
@@ -63,8 +65,8 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
     return figures
 
 
-def _roofline(model, fabric, out: Path, formats) -> list[tuple[Path, str]]:
-    files = roofline_figure(model, fabric, out / "roofline", formats)
+def _roofline(model, fabric, out: Path, formats, step=None) -> list[tuple[Path, str]]:
+    files = roofline_figure(model, fabric, out / "roofline", formats, step)
     return [(files[0], "Roofline of one PE (right axis: the whole wafer) with every op of a "
                        "layer at its arithmetic intensity.")]
 

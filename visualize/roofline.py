@@ -20,23 +20,32 @@ PHASES = (("prefill", MicroBatch("prefill", tokens=4096), "o", OKABE_ITO[5]),
           ("decode", MicroBatch("decode", batch=1, context=4096), "s", OKABE_ITO[4]))
 
 
-def op_points(model: ModelSpec, fabric: FabricSpec) -> dict[str, list[tuple[str, float]]]:
+def phases(step: MicroBatch | None = None) -> tuple:
+    """(phase, step, marker, colour) of the two phases drawn; ``step`` replaces its phase's."""
+    return tuple((phase, step if step is not None and step.phase == phase else work, marker,
+                  color) for phase, work, marker, color in PHASES)
+
+
+def op_points(model: ModelSpec, fabric: FabricSpec,
+              step: MicroBatch | None = None) -> dict[str, list[tuple[str, float]]]:
     """phase -> (op kind, FLOP per byte) of every op of layer 0 (all layers are alike)."""
     graph = build_op_graph(model)
     out = {}
-    for phase, work, _, _ in PHASES:
+    for phase, work, _, _ in phases(step):
         rows = analyze(graph, model, work, fabric)["ops"]
         out[phase] = [(r.kind, r.cost.intensity) for r in rows
                       if r.layer in (None, 0) and r.cost.flops > 0 and r.cost.bytes > 0]
     return out
 
 
-def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path,
-                    formats=("png",)) -> list[Path]:
+def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path, formats=("png",),
+                    step: MicroBatch | None = None) -> list[Path]:
+    """The roofline with the ops of a prefill of 4096 tokens and of a decode of batch 1 at
+    context 4096, or ``step`` in place of its phase's (an ``inspect``ed step)."""
     peak = fabric.fp16_flops_per_cycle * fabric.clock_hz  # FLOP/s of one PE
     bandwidth = fabric.sram_read_bytes_per_cycle * fabric.clock_hz  # bytes/s read by one PE
     ridge = peak / bandwidth
-    points = op_points(model, fabric)
+    points = op_points(model, fabric, step)
     every = [i for pts in points.values() for _, i in pts]
     x = np.logspace(np.log10(min(every + [ridge]) / 4), np.log10(max(every + [ridge]) * 4), 200)
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=DPI)
@@ -44,7 +53,7 @@ def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path,
               label=f"one PE: {peak / 1e9:.3g} GFLOP/s FP16, {bandwidth / 1e9:.3g} GB/s SRAM")
     ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
     ax.text(ridge, peak * 1.15, f"ridge {ridge:.2g} FLOP/B", ha="center", fontsize=8)
-    for phase, work, marker, color in PHASES:
+    for phase, work, marker, color in phases(step):
         xs = np.array([i for _, i in points[phase]])
         ys = np.minimum(peak, xs * bandwidth)
         ax.scatter(xs, ys, marker=marker, s=36, facecolors="none" if phase == "decode" else color,

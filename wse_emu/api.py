@@ -114,7 +114,9 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
                progress=None) -> dict:
     """Colocated against disaggregated serving of ``workload``: both plans tuned, each plan's
     best confirmed on long runs, over ``seeds`` draws; the report ``experiment disagg --json``
-    prints. ``workers``: local worker processes (1: run here; 0: one per core)."""
+    prints. ``workers``: local worker processes (1: run here; 0: one per core). Without dask
+    they are started fresh, so a script calling this with ``workers`` other than 1 needs the
+    usual ``if __name__ == "__main__":`` guard."""
     model = _model(model)
     cluster = ClusterSpec(_fabric(fabric), systems)
     spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)

@@ -350,7 +350,10 @@ _HF_FAMILIES: dict[str, _HFFamily] = {
              norm_topk_prob=False),
         {**_QK_NORMED, **_NO_SOFTCAPS, **_NO_BIAS,
          "decoder_sparse_step": ((1,), "dense MLP layers between the routed ones"),
-         "mlp_only_layers": (([],), "layers with a dense MLP")},
+         "mlp_only_layers": (([],), "layers with a dense MLP"),
+         # transformers 4.51 slides the layers from max_window_layers on, 5.x every layer.
+         "use_sliding_window": ((False,), "sliding windows, whose layers transformers "
+                                          "versions disagree on")},
         _SILU, _ROPE_TYPES, _from_max_window_layers, _write_max_window_layers,
         experts=("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
         topk_norm="norm_topk_prob"),
@@ -368,7 +371,8 @@ _HF_FAMILIES: dict[str, _HFFamily] = {
                            "beta_slow": 1.0, "truncate": False,
                            "original_max_position_embeddings": 4096}),
         # quantization_config: read below (MXFP4 experts).
-        {**{k: v for k, v in _ANYWHERE.items() if k != "quantization_config"}, **_NO_SOFTCAPS},
+        {**{k: v for k, v in _ANYWHERE.items() if k != "quantization_config"}, **_NO_SOFTCAPS,
+         "swiglu_alpha": ((1.702,), "a SwiGLU sigmoid slope other than gpt-oss's 1.702")},
         _SILU, ("yarn",), _alternating, _write_layer_types,
         experts=("num_local_experts", "num_experts_per_tok", "intermediate_size"),
         gpt_oss=True),
@@ -396,6 +400,8 @@ def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
 
 def _hf_family(config: dict[str, Any], archs: list[str], source: str) -> str:
     named = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
+    if named is None and not archs and isinstance(config.get("model_type"), str):
+        named = _HF_MODEL_TYPES.get(config["model_type"])
     for key in _MOE_KEYS:
         if named is not None and _HF_FAMILIES[named].experts is not None:
             break  # an architecture whose experts are read
@@ -578,8 +584,9 @@ def _rope_entry(entry: Any, where: str, read: _Reader, family: _HFFamily,
         for key in ("mscale", "mscale_all_dim"):
             if entry.get(key):
                 raise read.refuse(f"{where} {key}", entry[key], "DeepSeek's YaRN attention scale")
-        # transformers scales by max_position_embeddings / original_max_position_embeddings
-        # when the original is stated (and the original is the whole context when not).
+        # The original context is the whole context when unstated. transformers computes with
+        # `factor` and only warns when max_position_embeddings / original says otherwise:
+        # such a config means two things, so it is refused.
         original = fields.get("rope_original_max_positions")
         context = read.integer("max_position_embeddings")
         if original is None:
@@ -587,7 +594,8 @@ def _rope_entry(entry: Any, where: str, read: _Reader, family: _HFFamily,
         elif not math.isclose(context / original, fields["rope_scaling_factor"]):
             raise ConfigError(f"{source}: {where} factor {shown(fields['rope_scaling_factor'])} "
                               f"and max_position_embeddings / original_max_position_embeddings "
-                              f"({context} / {original}) disagree")
+                              f"({context} / {original}) disagree (transformers warns and uses "
+                              "the factor)")
     if kind == "longrope":
         # transformers' Phi-3 takes the original context from its own top-level key (4096 when
         # absent), whatever the rope mapping says, and derives the scaling factor from it.
@@ -683,6 +691,10 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
     archs = _hf_architectures(config, source)
     family_name = _hf_family(config, archs, source)
     family = _HF_FAMILIES[family_name]
+    if family.gpt_oss and config.get("rope_scaling") is None \
+            and config.get("rope_parameters") is None:
+        # transformers' GptOssConfig turns an unstated (or null) rope into its YaRN default.
+        config = {**config, "rope_scaling": dict(family.defaults["rope_scaling"])}
     read = _Reader(config, source, {**_COMMON_DEFAULTS, **family.defaults})
     _check_modelled(read, family)
     hidden = read.integer("hidden_size")
@@ -724,6 +736,14 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
     })
     if family.experts is not None:
         count, top_k, width = family.experts
+        for alias, key in (("num_experts", count), ("experts_per_token", top_k)):
+            # Other spellings transformers maps onto the same attribute.
+            if alias != key and config.get(alias) is not None:
+                if config.get(key) is None:
+                    count, top_k = (alias, top_k) if key == count else (count, alias)
+                elif not _same(config[alias], config[key]):
+                    raise ConfigError(f"{source}: '{alias}' {shown(config[alias])} and '{key}' "
+                                      f"{shown(config[key])} disagree")
         data.update(num_experts=read.integer(count), experts_per_token=read.integer(top_k),
                     moe_intermediate_size=read.integer(width),
                     norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)

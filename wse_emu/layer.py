@@ -347,7 +347,8 @@ def weight_bytes(op: Op, model: ModelSpec) -> float:
     k, n = op.matrix
     matrix = k * n * max(op.experts, 1)
     per_weight = model.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
-    return matrix * per_weight + (op.weight_params - matrix) * model.dtype_bytes
+    stored = matrix * per_weight + (op.weight_params - matrix) * model.dtype_bytes
+    return int(stored) if stored == int(stored) else stored
 
 
 def expected_experts(experts: int, top_k: int, tokens: int) -> float:
