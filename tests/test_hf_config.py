@@ -875,6 +875,10 @@ def test_expert_count_aliases_are_read_and_must_agree(tmp_path):
         load_model(write(tmp_path, config))
     with pytest.raises(ConfigError, match="experts_per_token"):
         load_model(write(tmp_path, {**GPT_OSS_20B, "experts_per_token": 2}))
+    # Qwen3-MoE's count under the other spelling (transformers 5 saves num_local_experts).
+    qwen = fixture("qwen3-30b-a3b")
+    qwen["num_local_experts"] = qwen.pop("num_experts") // 2
+    assert load_model(write(tmp_path, qwen)).num_experts == 64
 
 
 @pytest.mark.parametrize("name,change,key", [

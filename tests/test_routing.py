@@ -78,3 +78,8 @@ def test_inspect_costs_expert_weights_by_the_drawn_step(capsys):
         assert gate["weight_bytes"] == per_expert * data["expert_loads"]["active_experts"]
         totals[routing] = data["total"]["bytes"]
     assert totals["skewed:2"] < totals["uniform"]  # fewer experts reached, fewer bytes read
+
+
+def test_routing_on_a_dense_model_is_refused(capsys):
+    assert main(["inspect", "llama-3.1-8b", "--routing", "skewed:1"]) == 2
+    assert "apply to a mixture of experts" in capsys.readouterr().err

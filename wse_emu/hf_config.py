@@ -736,21 +736,28 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
     })
     if family.experts is not None:
         count, top_k, width = family.experts
-        for alias, key in (("num_experts", count), ("experts_per_token", top_k)):
-            # Other spellings transformers maps onto the same attribute.
-            if alias != key and config.get(alias) is not None:
-                if config.get(key) is None:
-                    count, top_k = (alias, top_k) if key == count else (count, alias)
-                elif not _same(config[alias], config[key]):
-                    raise ConfigError(f"{source}: '{alias}' {shown(config[alias])} and '{key}' "
-                                      f"{shown(config[key])} disagree")
-        data.update(num_experts=read.integer(count), experts_per_token=read.integer(top_k),
+        # transformers reads num_experts and num_local_experts as one attribute (in every
+        # family here); gpt-oss's published configs also state a top-k it does not read.
+        stated = [k for k in ("num_experts", "num_local_experts") if config.get(k) is not None]
+        _check_same(config, source, *stated)
+        if family.gpt_oss:
+            _check_same(config, source, "experts_per_token", top_k)
+        data.update(num_experts=read.integer(stated[0] if stated else count),
+                    experts_per_token=read.integer(top_k),
                     moe_intermediate_size=read.integer(width),
                     norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)
     if family.gpt_oss:
         data.update(o_proj_bias=data["attention_bias"], swiglu_limit=read.number("swiglu_limit"),
                     expert_weight_format=_gpt_oss_experts_format(read))
     return model_from_dict(data, source)
+
+
+def _check_same(config: dict[str, Any], source: str, *keys: str) -> None:
+    """Keys a config may state the same value under: where both are stated, they agree."""
+    if len(keys) == 2 and all(config.get(k) is not None for k in keys) \
+            and not _same(config[keys[0]], config[keys[1]]):
+        raise ConfigError(f"{source}: '{keys[0]}' {shown(config[keys[0]])} and '{keys[1]}' "
+                          f"{shown(config[keys[1]])} disagree")
 
 
 # What gpt-oss's checkpoints leave unquantized: everything but the experts.

@@ -159,10 +159,10 @@ class ModelSpec:
         return (self.embedding_params() + self.num_layers * self.layer_active_params()
                 + self.head_params())
 
-    def matrix_bytes_per_weight(self, expert: bool = False) -> float:
+    def matrix_bytes_per_weight(self, expert: bool = False) -> int | float:
         """Bytes a weight of a matrix takes in its storage format (an expert's, or another's)."""
         stored = WEIGHT_FORMATS[self.expert_weight_format if expert else self.weight_format]
-        return float(self.dtype_bytes) if stored is None else stored
+        return self.dtype_bytes if stored is None else stored
 
     def weight_bytes(self) -> int:
         """Every weight as stored: matrices in their formats, the rest in dtype_bytes."""

@@ -45,6 +45,9 @@ def run(args) -> dict | str:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
     work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
     routing = parse_routing(args.routing, args.routing_seed)
+    if not model.is_moe and (routing.kind != "uniform" or args.routing_seed):
+        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
+                        f"{model.name} has none")
     loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)
              if model.is_moe else None)
     result = analyze(build_op_graph(model), model, work, fabric,

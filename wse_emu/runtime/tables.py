@@ -179,24 +179,22 @@ def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> s
     return digest.hexdigest()[:24]
 
 
+# Per grid and phase, the table's two axes.
+GRIDS = {"full": {"decode": (DECODE_BATCH, DECODE_CONTEXT),
+                  "prefill": (PREFILL_TOKENS, PREFILL_PREFIX)},
+         "quick": {"decode": (QUICK_DECODE_BATCH, QUICK_DECODE_CONTEXT),
+                   "prefill": (QUICK_PREFILL_TOKENS, QUICK_PREFILL_PREFIX)}}
+
+
 def default_axes(phase: str) -> tuple:
-    return (DECODE_BATCH, DECODE_CONTEXT) if phase == "decode" else (PREFILL_TOKENS,
-                                                                     PREFILL_PREFIX)
-
-
-def quick_axes(phase: str) -> tuple:
-    return ((QUICK_DECODE_BATCH, QUICK_DECODE_CONTEXT) if phase == "decode"
-            else (QUICK_PREFILL_TOKENS, QUICK_PREFILL_PREFIX))
+    return GRIDS["full"][phase]
 
 
 def grid_axes(grid: str, phase: str) -> tuple:
     """The axes of ``grid`` ("full" or "quick") for ``phase``."""
     if grid not in GRIDS:
         raise UserError(f"`grid` must be one of {', '.join(GRIDS)}, got {grid!r}")
-    return GRIDS[grid](phase)
-
-
-GRIDS = {"full": default_axes, "quick": quick_axes}
+    return GRIDS[grid][phase]
 
 
 def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
