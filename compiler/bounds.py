@@ -55,6 +55,8 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
     ops = ly.kernel_ops(model)[kernel.name]
     first = ops[0]
     t = ly.op_tokens(first, mb)
+    if kernel.kind == "matrix" and first.experts:
+        return _expert_bound(kernel, first, t, d, fabric, fpc)
     if kernel.kind in ("matrix", "gather"):
         k, n = kernel.matrix
         kp, np_ = kernel.grid
@@ -84,6 +86,21 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
         drain = max(_port_cycles(ly.matrix_work(kc, nr, 1, d), fabric, fpc)) + add_last
         ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / link
         return _result(fabric, compute, sram, ramp_in, path, drain)
+    if kernel.kind == "route":
+        # Each PE scores its share of the experts' logits; the candidates meet on the line.
+        pes = kernel.rect.area
+        cost = ly.op_cost(first, model, mb)
+        compute = cost.flops / (pes * fpc)
+        radius = _ceil(pes - 1, 2)
+        path = 2 * hop * radius + (2 * ramp if pes > 1 else 0)
+        sram = cost.act_in_bytes / (pes * fabric.sram_read_bytes_per_cycle)
+        return _result(fabric, compute, sram, 0, path, whole_input=True)
+    if kernel.kind == "elementwise" and kernel.length != first.length:
+        # On an expert strip's edge: only the routed tokens' values are worked on, which
+        # some PE of the line must share at least evenly.
+        compute, sram = _port_cycles(ly.elementwise_work(
+            ly.ELEMENTWISE[first.kind], t * first.length / kernel.rect.area, d), fabric, fpc)
+        return _result(fabric, compute, sram, 0, 0)
     if kernel.kind in ("norm", "elementwise"):
         pes = kernel.rect.area
         seg = _ceil(kernel.length, pes)
@@ -121,6 +138,22 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
                            cost.write_bytes / (pes * fabric.sram_write_bytes_per_cycle)),
                        q_in / link, path)
     raise ValueError(f"no bound for kernel kind {kernel.kind!r}")
+
+
+def _expert_bound(kernel: Kernel, op: ly.Op, t: int, d: int, fabric: FabricSpec,
+                  fpc: float) -> dict:
+    """An expert strip, whatever the routing: the step's token-expert pairs share its PEs at
+    best evenly; with experts side by side in the outputs, a token's partial sums still
+    cross the strip to its root."""
+    k, n = op.matrix
+    kp, np_ = kernel.grid
+    pairs = t * op.top_k
+    pes = kp * np_
+    work = ly.routed_matrix_work(pairs * k * n / pes, 0, 0, d)
+    compute, sram = _port_cycles(work, fabric, fpc)
+    hops = kp - 1 if op.experts_along == "n" else 0
+    path = fabric.hop_latency_cycles * hops + (2 * fabric.ramp_latency_cycles if hops else 0)
+    return _result(fabric, compute, sram, 0, path)
 
 
 def transfer_cycles(hops: int, fabric: FabricSpec) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from wse_emu.errors import UserError
+from wse_emu.routing import routing_of
 
 PLANS = ("colocated", "disaggregated")
 
@@ -34,6 +35,10 @@ class CompileOptions:
     bound_prefill_tokens: int = 4096
     bound_decode_batch: int = 1
     bound_decode_context: int = 4096
+    # A mixture of experts: how a timed step's tokens pick their experts (``uniform`` or
+    # ``skewed:S``, wse_emu.routing) and the draw's seed.
+    routing: str = "uniform"
+    routing_seed: int = 0
 
     def __post_init__(self):
         if self.plan not in PLANS:
@@ -57,6 +62,7 @@ class CompileOptions:
             raise UserError("buffer_tokens must be at least 1")
         if self.seed < 0:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
+        routing_of(self)  # a bad routing fails here, by name
         if self.anneal_steps < 0:
             raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 

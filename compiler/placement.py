@@ -42,21 +42,29 @@ def layer_transfers(model: ModelSpec) -> list[Transfer]:
     op across its body). Inputs of several ops at one site travel once."""
     d = model.dtype_bytes
     ops = ly.layer_ops(model)
-    site = {op.name: op.site for op in ops}
-    site[ly.LAYER_INPUT] = ly.HOME
-    size = {op.name: op.length for op in ops}
-    size[ly.LAYER_INPUT] = model.hidden_size
+    home = ly.home_site(model)
+
+    def where(s: str) -> str:
+        return home if s == ly.HOME else s
+
+    site = {op.name: where(op.site) for op in ops}
+    site[ly.LAYER_INPUT] = home
+    # Bytes per token of each op's output (a route's: k weights and k expert ids).
+    size = {op.name: op.length * (d + ly.TOKEN_ID_BYTES if op.kind == ly.ROUTE else d)
+            for op in ops}
+    size[ly.LAYER_INPUT] = model.hidden_size * d
     out: list[Transfer] = []
     seen = set()
     for op in ops:
+        op_site = where(op.site)
         for src in op.inputs:
-            if site[src] == op.site or (src, op.site) in seen:
+            if site[src] == op_site or (src, op_site) in seen:
                 continue
-            seen.add((src, op.site))
-            dst = STAGE if op.site == ly.STAGE else op.site
+            seen.add((src, op_site))
+            dst = STAGE if op_site == ly.STAGE else op_site
             out.append(Transfer(STAGE if site[src] == ly.STAGE else site[src], dst,
-                                size[src] * d, src, to_edge=op.kind != ly.GEMM
-                                and op.site != ly.STAGE))
+                                size[src], src, to_edge=op.kind not in ly.MATRIX_KINDS
+                                and op_site != ly.STAGE))
     return out
 
 

@@ -15,6 +15,7 @@ weights need; the embedding, which gathers one row per token, gets just that.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,11 +36,17 @@ class StripSpec:
     weight_bytes: int  # matrix bytes over all layers of the stage
     vectors: dict[str, int] = field(default_factory=dict)  # name -> length, per layer
     vector_layers: dict[str, int] = field(default_factory=dict)
+    bytes_per_weight: float = 2  # the matrix's storage format
+    active_share: float = 1.0  # of the weights one token uses (its experts', in an expert strip)
+    # Vectors spread over the body instead of the root edge (an expert strip's biases, E
+    # times a dense one's, would crowd its edge line).
+    spread_vectors: bool = False
 
     @property
     def work(self) -> float:
-        """Decode work: bytes read per token. The embedding gathers one row: no area needed."""
-        return 0.0 if self.name == "embedding" else float(self.weight_bytes)
+        """Decode work: bytes read per token. The embedding gathers one row: no area needed;
+        an expert strip reads its token's experts only."""
+        return 0.0 if self.name == "embedding" else float(self.weight_bytes) * self.active_share
 
 
 @dataclass
@@ -63,16 +70,21 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
     """The strips of a stage, from the layer description: one per matrix op (each owning that
     matrix of every layer in the stage), with the weight vectors of the ops that run on its
     root edge (norm scales; a projection's bias lives on its own edge)."""
-    d = model.dtype_bytes
     n_layers = l1 - l0
     strips: list[StripSpec] = []
     by_name: dict[str, StripSpec] = {}
 
     def add_strip(op: ly.Op, layers: int) -> None:
-        k, n = op.matrix
-        s = StripSpec(op.name, k, n, layers, k * n * layers * d)
+        k, n = op.strip_matrix
+        per_weight = model.matrix_bytes_per_weight(expert=op.kind == ly.EXPERT_GEMM)
+        s = StripSpec(op.name, k, n, layers, math.ceil(k * n * layers * per_weight),
+                      bytes_per_weight=per_weight,
+                      active_share=op.top_k / op.experts if op.experts else 1.0,
+                      spread_vectors=bool(op.experts))
         if op.bias:
-            s.vectors[op.name[0] + "_bias"] = n
+            # Each expert's bias on the root edge: for down, every expert's outputs.
+            length = n * (op.experts if op.experts_along == "k" else 1)
+            s.vectors[op.name[0] + "_bias"] = length
             s.vector_layers[op.name[0] + "_bias"] = layers
         strips.append(s)
         by_name[op.name] = s
@@ -85,23 +97,26 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
     if first and not model.tie_embeddings:
         emb = next(op for op in ly.input_ops(model) if op.kind == ly.EMBEDDING)
         s = StripSpec("embedding", emb.matrix[0], emb.matrix[1], 1,
-                      model.embedding_params() * d)
+                      math.ceil(model.embedding_weight_bytes()),
+                      bytes_per_weight=model.matrix_bytes_per_weight())
         strips.append(s)
         by_name["embedding"] = s
     if n_layers:
         ops = ly.layer_ops(model)
         for op in ops:
-            if op.kind == ly.GEMM:
+            if op.kind in ly.MATRIX_KINDS:
                 add_strip(op, n_layers)
+        home = ly.home_site(model)
         for op in ops:
-            if op.site in by_name:
-                add_vector(op, n_layers, op.site)
+            site = home if op.site == ly.HOME else op.site
+            if site in by_name:
+                add_vector(op, n_layers, site)
     if last:
         outputs = ly.output_ops(model)
         for op in outputs:
             if op.kind == ly.GEMM:
                 add_strip(op, 1)
-        home = ly.HOME if n_layers else "lm_head"
+        home = ly.home_site(model) if n_layers else "lm_head"
         for op in outputs:
             add_vector(op, 1, home if op.site == ly.HOME else op.site)
     return StageSpec((l0, l1), first, last, strips)
@@ -110,7 +125,8 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
 def home_strip(spec: StageSpec) -> StripSpec:
     """The strip whose output edge holds the stage's residual stream."""
     names = {s.name: s for s in spec.strips}
-    return names.get("down_proj") or names.get("lm_head") or names["embedding"]
+    return (names.get("down_proj") or names.get("experts_down") or names.get("lm_head")
+            or names["embedding"])
 
 
 def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
@@ -284,13 +300,36 @@ def strip_min_extent(strip: StripSpec, short_side: int, budget: int,
                      dtype_bytes: int) -> int | None:
     """The fewest PEs along the stage's long side that hold the strip's blocks and its
     output-edge vectors within ``budget`` bytes per PE; None if impossible."""
+    if strip.spread_vectors:
+        # Spread over the body: each line along the strip shares its row's values.
+        extent = min_cross_extent(strip.k, strip.n, strip.layers, strip.bytes_per_weight,
+                                  short_side, "rows", budget)
+        while extent is not None and extent <= strip.k:
+            if max_block(strip, extent, short_side) + spread_bytes(
+                    strip, extent, short_side, dtype_bytes) <= budget:
+                return max(1, extent)
+            extent += 1
+        return None
     vec = sum(-(-length // short_side) * strip.vector_layers[name] * dtype_bytes
               for name, length in strip.vectors.items())
     room = budget - vec
     if room <= 0:
         return None
-    extent = min_cross_extent(strip.k, strip.n, strip.layers, dtype_bytes, short_side, "rows", room)
+    extent = min_cross_extent(strip.k, strip.n, strip.layers, strip.bytes_per_weight,
+                              short_side, "rows", room)
     return None if extent is None else max(1, extent)
+
+
+def spread_bytes(strip: StripSpec, extent: int, short_side: int, dtype_bytes: int) -> int:
+    """The most bytes of spread vectors a PE holds: its row's share, split along the strip."""
+    return sum(-(-(-(-length // short_side)) // extent) * strip.vector_layers[name] * dtype_bytes
+               for name, length in strip.vectors.items())
+
+
+def max_block(strip: StripSpec, extent: int, short_side: int) -> int:
+    """The largest PE block's bytes with the strip ``extent`` PEs long."""
+    return math.ceil(-(-strip.k // extent) * -(-strip.n // short_side) * strip.layers
+                     * strip.bytes_per_weight)
 
 
 def strip_extents(spec: StageSpec, areas: list[float], long_side: int, short_side: int,

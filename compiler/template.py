@@ -100,28 +100,42 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
 
 def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> RegionTemplate:
     reserve = INITIAL_BUFFER_RESERVE
-    for _ in range(4):
+    tries, most = 0, fewest
+    while tries < 4:
         budget = fabric.usable_bytes_per_pe - reserve
-        layouts = _layout_region(model, part_shapes, options, budget, fewest)
+        try:
+            layouts = _layout_region(model, part_shapes, options, budget, fewest)
+        except NoLayout:
+            if not (model.num_experts and not options.layers_per_stage and tries
+                    and most < model.num_layers):
+                raise
+            # An expert strip's row holds E experts' outputs, and its buffers as many: a
+            # wider stage makes the rows narrower, so that the buffers fit without taking
+            # the weights' room.
+            fewest = max(most + 1, 2 * most)
+            reserve, tries = INITIAL_BUFFER_RESERVE, 0
+            continue
         _place(layouts, model, options)
         template = _assemble(model, fabric, part_shapes, layouts, options, max_levels)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
                    for a in template.arrays) - fabric.usable_bytes_per_pe
         if over <= 0:
             return template
+        most = max(lay.spec.num_layers for part in layouts for lay in part)
         reserve += over
+        tries += 1
     raise CompileError(f"{model.name}: activation buffers do not fit beside the weights; "
                        "use more systems or fewer replicas")
 
 
 # --- stages ---------------------------------------------------------------------------------
 
+
 def _layout_region(model, part_shapes, options, budget, fewest) -> list[list[StageLayout]]:
-    d = model.dtype_bytes
     parts = len(part_shapes)
-    extra_first = 0 if model.tie_embeddings else model.embedding_params() * d
-    extra_last = model.head_params() * d
-    ranges = split_layers(model.layer_params() * d, model.num_layers,
+    extra_first = 0 if model.tie_embeddings else model.embedding_weight_bytes()
+    extra_last = model.head_weight_bytes()
+    ranges = split_layers(model.layer_weight_bytes(), model.num_layers,
                           [w * h * budget for w, h in part_shapes], extra_first, extra_last)
     return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options,
                          fewest) for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
@@ -310,20 +324,34 @@ class _Builder:
                         k_axis=lay.axis, weight_bytes=strip.weight_bytes + vec_bytes,
                         root=EDGE[(lay.axis, high)],
                         pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
-        w = block_bytes(strip.k, strip.n, e, short, strip.layers, d)  # (short, e)
+        w = block_bytes(strip.k, strip.n, e, short, strip.layers,
+                        strip.bytes_per_weight)  # (short, e)
+        k.weight_bytes = int(w.sum()) + vec_bytes  # a packed format's blocks round up
         # Inputs stream through a small FIFO (each arriving element triggers an update of the
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.
         out_seg = even_split(strip.n, short)[:, None] * np.ones((1, e), np.int64)
         per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
-        act = per_token * self.options.buffer_tokens + INPUT_FIFO_BYTES
+        # An expert strip's row spans E experts' outputs: it keeps one token's partial sums
+        # (a decode multiplies its whole batch in one pass, token after token).
+        tokens = 1 if strip.spread_vectors else self.options.buffer_tokens
+        act = per_token * tokens + INPUT_FIFO_BYTES
         if lay.axis == "y":
             w, act = w.T, act.T
         self.add("weights", body, w)
         self.add("activations", body, act)
         for name, length in strip.vectors.items():
-            if name.endswith("_bias"):
-                per_pe = vector_bytes(length, short, strip.vector_layers[name], d)
+            if not name.endswith("_bias"):
+                continue
+            per_pe = vector_bytes(length, short, strip.vector_layers[name], d)
+            if strip.spread_vectors:
+                # Each row's values split along the strip; the root takes them in with the
+                # partial sums.
+                rows = even_split(length, short)
+                grid = np.stack([even_split(int(r), e) for r in rows]) \
+                    * (strip.vector_layers[name] * d)  # (short, e)
+                self.add("weights", body, grid.T if lay.axis == "y" else grid)
+            else:
                 self.add("weights", edge, self.line(edge, per_pe))
         # The kernel's internal collectives: inputs broadcast across the strip, partial sums
         # reduced along it by a tree of as many levels as the cost model finds fastest for a
@@ -349,7 +377,9 @@ class _Builder:
         return values[:, None] if edge.w == 1 else values[None, :]
 
     def vector_kernel(self, stage, name, kind, edge: Rect, length: int, layers: int,
-                      weights: bool, ops: list[str]) -> Kernel:
+                      weights: bool, ops: list[str], buffers: int = 1) -> Kernel:
+        """A kernel on a line; ``buffers``: vectors of ``length`` it keeps per buffered
+        token (0: it works in place)."""
         d = self.d
         pes = edge.area
         k = self.kernel(stage, name, kind, edge, layers=layers, ops=ops, length=length,
@@ -357,10 +387,15 @@ class _Builder:
                         pattern={"decode": kind, "prefill": kind})
         if weights:
             self.add("weights", edge, self.line(edge, vector_bytes(length, pes, layers, d)))
-        seg = even_split(length, pes) * (self.options.buffer_tokens * d)
+        seg = even_split(length, pes) * (self.options.buffer_tokens * d * buffers)
         self.add("activations", edge, self.line(edge, seg))
         if kind == "norm":
             k.trees["reduce"] = self.tree_levels(pes, 1, ly.SUM_BYTES)
+            self.line_reduce(k, stage)
+        if kind == "route":
+            # Each PE's best k candidates (weight and expert id) meet along the line.
+            top_k = self.model.experts_per_token
+            k.trees["reduce"] = self.tree_levels(pes, top_k, self.d + ly.TOKEN_ID_BYTES)
             self.line_reduce(k, stage)
         return k
 
@@ -394,9 +429,20 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
 
         def vector_kernels(ops: list[ly.Op], layers: int) -> None:
             for op in ops:
-                if op.kernel_kind not in ("norm", "elementwise"):
+                if op.kernel_kind not in ("norm", "elementwise", "route"):
                     continue
                 edge = edge_of(op.site)
+                if op.kernel_kind == "route" or op.site in strips and strips[op.site].n \
+                        != op.length:
+                    # On a router's or an expert strip's edge, where the line holds every
+                    # expert's values. An op there works in place on the strip's sums (the
+                    # strip's buffer holds them), and what arrives from another strip (the
+                    # gate's values beside up's) streams through a FIFO against them.
+                    ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
+                                                    strips[op.site].n, layers, False,
+                                                    [op.name], buffers=0)
+                    b.add("activations", edge, INPUT_FIFO_BYTES)
+                    continue
                 if op.kind == ly.HEAD_RMSNORM:
                     # One head's scale, owned once along the line; each PE keeps a copy of
                     # the entries its segment of the heads uses, as a buffer.
@@ -481,9 +527,18 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
 
 def _attention_kernel(b: "_Builder", stage: Stage, lay: StageLayout, model: ModelSpec,
                       d: int) -> Kernel:
-    ops = [op.name for op in ly.layer_ops(model) if op.kernel == "attention"]
-    att = b.kernel(stage, "attention", "attention", lay.rect, ops=ops,
+    ops = [op for op in ly.layer_ops(model) if op.kernel == "attention"]
+    att = b.kernel(stage, "attention", "attention", lay.rect, ops=[op.name for op in ops],
                    pattern={"decode": "attention_kv_spread", "prefill": "attention_kv_spread"})
+    sinks = sum(op.weight_params for op in ops)  # gpt-oss: a logit per query head
+    if sinks:
+        # Owned once, a head's sink on the first PE of the stage's line that takes its
+        # softmax.
+        att.weight_bytes = sinks * stage.num_layers * d
+        b.add("weights", Rect(lay.rect.system, lay.rect.x, lay.rect.y, lay.rect.w, 1)
+              if lay.axis == "x" else Rect(lay.rect.system, lay.rect.x, lay.rect.y, 1,
+                                           lay.rect.h),
+              _sink_split(sinks, lay.long, stage.num_layers * d, lay.axis))
     # Attention works one query head at a time on each PE: its query, its output
     # accumulator, and the softmax running max and sum in FP32.
     b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
@@ -506,6 +561,12 @@ def _attention_kernel(b: "_Builder", stage: Stage, lay: StageLayout, model: Mode
         b.route("reduce", f"attention.reduce{level + 1}", lay.rect, src=att.id, dst=[att.id],
                 stage=stage.id)
     return att
+
+
+def _sink_split(sinks: int, long: int, bytes_each: int, axis: str) -> np.ndarray:
+    """The sinks spread evenly over the stage's first line along its long side."""
+    per_pe = even_split(sinks, long) * bytes_each
+    return per_pe[None, :] if axis == "x" else per_pe[:, None]
 
 
 def rects_edge(k: Kernel) -> Rect:

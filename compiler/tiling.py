@@ -8,16 +8,20 @@ K_i x N_j of every layer in its stage. Every element has exactly one owner by co
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from compiler.geometry import even_split
 
 
-def block_bytes(k: int, n: int, cols: int, rows: int, layers: int, dtype_bytes: int) -> np.ndarray:
-    """Per-PE weight bytes, shape (rows, cols)."""
+def block_bytes(k: int, n: int, cols: int, rows: int, layers: int,
+                bytes_per_weight: float) -> np.ndarray:
+    """Per-PE weight bytes, shape (rows, cols): whole bytes, as a packed format (MXFP4's
+    4.25 bits) rounds a block up."""
     kc = even_split(k, cols)
     nr = even_split(n, rows)
-    return np.outer(nr, kc) * (layers * dtype_bytes)
+    return np.ceil(np.outer(nr, kc) * (layers * bytes_per_weight)).astype(np.int64)
 
 
 def vector_bytes(length: int, rows: int, layers: int, dtype_bytes: int) -> np.ndarray:
@@ -25,17 +29,20 @@ def vector_bytes(length: int, rows: int, layers: int, dtype_bytes: int) -> np.nd
     return even_split(length, rows) * (layers * dtype_bytes)
 
 
-def min_cross_extent(k: int, n: int, layers: int, dtype_bytes: int, fixed: int,
+def min_cross_extent(k: int, n: int, layers: int, bytes_per_weight: float, fixed: int,
                      fixed_axis: str, budget: int) -> int | None:
     """The fewest columns (``fixed_axis='rows'``: R = fixed) or rows (``'cols'``: C = fixed)
     such that the largest block fits in ``budget`` bytes; None if no extent does."""
     if fixed_axis == "rows":
-        per_element = -(-n // fixed) * layers * dtype_bytes  # one input element's column slice
-        q = budget // per_element
-        return None if q == 0 else -(-k // q)
-    per_element = -(-k // fixed) * layers * dtype_bytes
-    q = budget // per_element
-    return None if q == 0 else -(-n // q)
+        slice_, other = -(-n // fixed), k  # one input element's column slice
+    else:
+        slice_, other = -(-k // fixed), n
+    per_element = slice_ * layers * bytes_per_weight
+    q = int(budget // per_element)
+    # A packed format rounds each block up to whole bytes.
+    while q and math.ceil(q * per_element) > budget:
+        q -= 1
+    return None if q == 0 else -(-other // q)
 
 
 def ownership_check(k: int, n: int, k_parts: int, n_parts: int) -> bool:

@@ -101,10 +101,11 @@ SOFTCAP = "softcap"  # cap * tanh(x / cap)
 ROUTE = "route"  # a router's top-k experts per token and their weights
 EXPERT_GEMM = "expert_gemm"  # a matrix product per expert, each on the tokens routed to it
 SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss's SwiGLU with clamped inputs
-COMBINE = "combine"  # each token's experts' outputs, weighted and summed
+COMBINE = "combine"  # each routed activation scaled by its router weight (down sums them)
 
 ATTENTION_KINDS = (KV_APPEND, ATTN_SCORES, SOFTMAX, ATTN_WEIGHTED_SUM)
 NORM_KINDS = (RMSNORM, HEAD_RMSNORM)
+MATRIX_KINDS = (GEMM, EXPERT_GEMM)  # ops that are strips of their own
 
 # The compiled kernel kind that runs each op kind.
 KERNEL_KINDS = {
@@ -112,7 +113,7 @@ KERNEL_KINDS = {
     **{k: "attention" for k in ATTENTION_KINDS},
     **{k: "elementwise" for k in (ROPE, ADD, SILU_MUL, GELU_MUL, SCALE, SOFTCAP,
                                   SWIGLU_CLAMPED)},
-    ROUTE: "route", EXPERT_GEMM: "experts", COMBINE: "combine",
+    ROUTE: "route", EXPERT_GEMM: "matrix", COMBINE: "elementwise",
 }
 MOE_KINDS = (ROUTE, EXPERT_GEMM, SWIGLU_CLAMPED, COMBINE)
 
@@ -130,11 +131,12 @@ class PerElement:
 # negate, exp, add 1, divide; the tanh GELU is cube, scale, add, scale, tanh, add 1, multiply by
 # x, halve (9), each gated by one more multiply; a soft cap divides, takes tanh and multiplies;
 # gpt-oss's SwiGLU clamps the gate (1) and the up value (2), scales the gate, takes its sigmoid
-# (negate, exp, add 1, divide), multiplies, adds 1 to the up value and multiplies (11).
+# (negate, exp, add 1, divide), multiplies, adds 1 to the up value and multiplies (11); the
+# combine scales an expert's activation by the token's router weight (read beside it).
 ELEMENTWISE = {
     ROPE: PerElement(3, 1), ADD: PerElement(1, 2), SILU_MUL: PerElement(5, 2),
     GELU_MUL: PerElement(10, 2), SCALE: PerElement(1, 1), SOFTCAP: PerElement(3, 1),
-    SWIGLU_CLAMPED: PerElement(11, 2),
+    SWIGLU_CLAMPED: PerElement(11, 2), COMBINE: PerElement(1, 2),
 }
 # RMSNorm in two passes around the all-reduce of the sum of squares: square and accumulate,
 # then scale each element by 1/rms and by its weight (read beside it).
@@ -165,11 +167,46 @@ def elementwise_work(cost: PerElement, elements, dtype_bytes: int) -> Work:
                 cost.writes * elements * dtype_bytes)
 
 
-def matrix_work(k, n, tokens, dtype_bytes: int) -> Work:
+def matrix_work(k, n, tokens, dtype_bytes: int, stored: "StoredWeights | None" = None) -> Work:
     """A PE's block of k x n weights applied to ``tokens`` tokens: every multiply-accumulate
     reads its weight from SRAM (there is no cache), and each token's input segment once."""
-    return Work(2 * tokens * k * n, tokens * (k * n + k) * dtype_bytes,
-                tokens * n * dtype_bytes)
+    return routed_matrix_work(tokens * k * n, tokens * k, tokens * n, dtype_bytes, stored)
+
+
+@dataclass(frozen=True)
+class StoredWeights:
+    """How a matrix's weights are read: bytes per weight, and the operations that turn one
+    into the PE's dtype before its multiply (``dequant_ops``)."""
+
+    bytes_per_weight: float
+    dequant_ops: int = 0
+
+
+# Operations per weight to bring a stored format to the dtype: an 8-bit float widens (1); an
+# 8-bit integer widens and takes its scale (2); MXFP4 looks its 4-bit code up and applies its
+# block's power-of-two scale (2); a 16-bit format converts when the dtype is not 16-bit (1).
+DEQUANT_OPS = {"fp8": 1, "int8": 2, "mxfp4": 2}
+
+
+def stored_weights(op: Op, model: ModelSpec) -> StoredWeights:
+    """The storage an op's matrix is read from (the model's dtype for a native format)."""
+    fmt = model.expert_weight_format if op.kind == EXPERT_GEMM else model.weight_format
+    per_weight = model.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
+    ops = DEQUANT_OPS.get(fmt, 0 if per_weight == model.dtype_bytes else 1)
+    return StoredWeights(per_weight, 0 if fmt == "native" else ops)
+
+
+def routed_matrix_work(macs, inputs, outputs, dtype_bytes: int,
+                       stored: StoredWeights | None = None) -> Work:
+    """A PE's multiply-accumulates, each reading its weight (in its stored format, widened
+    to the dtype first), with the input values it reads and the partial sums it writes. An
+    expert strip's PE does this for the tokens routed to the experts its block holds
+    (``matrix_work`` is the case of every token). The widening counts as PE operations
+    beside the two FLOPs of each multiply-accumulate."""
+    per_weight = dtype_bytes if stored is None else stored.bytes_per_weight
+    dequant = 0 if stored is None else stored.dequant_ops
+    return Work((2 + dequant) * macs, macs * per_weight + inputs * dtype_bytes,
+                outputs * dtype_bytes)
 
 
 def bias_work(n, tokens, dtype_bytes: int) -> Work:
@@ -187,7 +224,7 @@ def score_flops(model: ModelSpec) -> int:
 # --- the op table ---------------------------------------------------------------------------
 
 STAGE = "@stage"
-HOME = "down_proj"  # the strip whose root edge holds a stage's residual stream
+HOME = "@home"  # the strip whose root edge holds a stage's residual stream (``home_site``)
 LAYER_INPUT = "x"
 LAYER_OUTPUT = "residual_mlp"
 ATTENTION_OUTPUT = "attn_weighted_sum"  # the attention pattern's result, where o_proj takes it
@@ -207,16 +244,31 @@ class Op:
     weight_params: int = 0
     experts: int = 0  # an expert op: how many experts hold its weights (each K x N)
     top_k: int = 0  # and how many of them each token uses
+    experts_along: str = ""  # "n": experts side by side in the outputs (gate, up); "k": inputs
 
     @property
     def kernel_kind(self) -> str:
         return KERNEL_KINDS[self.kind]
 
     @property
+    def strip_matrix(self) -> tuple[int, int]:
+        """(K, N) of the strip holding the op's weights: an expert op's E experts side by
+        side."""
+        k, n = self.matrix
+        if not self.experts:
+            return k, n
+        return (k, n * self.experts) if self.experts_along == "n" else (k * self.experts, n)
+
+    @property
     def active_params(self) -> int:
         """The weights one token uses: its top-k experts' share of an expert op."""
         return self.weight_params * self.top_k // self.experts if self.experts else \
             self.weight_params
+
+
+def home_site(model: ModelSpec) -> str:
+    """The strip ``HOME`` names in a layer: the one the MLP's output leaves on."""
+    return "experts_down" if model.num_experts else "down_proj"
 
 
 def _matrix(name: str, k: int, n: int, inputs: tuple[str, ...], tensor: str,
@@ -276,7 +328,7 @@ def layer_ops(model: ModelSpec) -> list[Op]:
     ]
     if model.num_experts:
         ops += _expert_ops(model)
-        mlp_out = "combine"
+        mlp_out = "experts_down"
     else:
         act = (_vector("gelu_mul", GELU_MUL, ("gate_proj", "up_proj"), "up_proj", inter)
                if model.hidden_act == "gelu_tanh"
@@ -289,7 +341,7 @@ def layer_ops(model: ModelSpec) -> list[Op]:
         ]
         mlp_out = "down_proj"
     if model.sandwich_norms:
-        ops.append(_vector("mlp_out_norm", RMSNORM, ("down_proj",), HOME, h,
+        ops.append(_vector("mlp_out_norm", RMSNORM, (mlp_out,), HOME, h,
                            "post_feedforward_layernorm", h))
         mlp_out = "mlp_out_norm"
     ops.append(_vector(LAYER_OUTPUT, ADD, ("residual_attn", mlp_out), HOME, h))
@@ -313,16 +365,26 @@ EXPERT_TENSORS = {
 def _expert_ops(model: ModelSpec) -> list[Op]:
     """The routed MLP: the router's logits, each token's top-k experts and their weights, the
     experts' gated MLP on the tokens routed to them, and each token's weighted sum of its
-    experts' outputs. (Sites are the compiler's to settle once it maps experts.)"""
+    experts' outputs.
+
+    Each expert projection is one strip holding all E experts side by side: gate and up as
+    K = hidden by N = E x m (expert e's outputs are columns e*m..(e+1)*m), down as K = E x m
+    by N = hidden. A PE multiplies only for the tokens routed to the experts its block holds.
+    The combine scales each routed activation by its token's router weight before down, so
+    that down's reduction along its strip, which sums over K, is the weighted sum over the
+    token's experts (down is linear; its bias is weighted the same way where the sums
+    collect)."""
     h, m, e, k = (model.hidden_size, model.moe_intermediate_size, model.num_experts,
                   model.experts_per_token)
     router, gate, up, down = EXPERT_TENSORS[model.family]
     b = model.expert_bias
 
     def expert(name: str, kk: int, n: int, inputs: tuple[str, ...], tensor: str) -> Op:
-        return Op(name, EXPERT_GEMM, inputs, name, name, matrix=(kk, n), length=k * n,
+        # Output per token: k experts' values (gate, up), or their weighted sum (down).
+        length = n if name == "experts_down" else k * n
+        return Op(name, EXPERT_GEMM, inputs, name, name, matrix=(kk, n), length=length,
                   tensor=tensor, bias=b, weight_params=e * (kk * n + (n if b else 0)),
-                  experts=e, top_k=k)
+                  experts=e, top_k=k, experts_along="k" if name == "experts_down" else "n")
 
     act = (_vector("experts_act", SWIGLU_CLAMPED, ("experts_gate", "experts_up"), "experts_up",
                    k * m) if model.swiglu_limit
@@ -334,8 +396,8 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
         expert("experts_gate", h, m, ("post_attn_norm", "route"), gate),
         expert("experts_up", h, m, ("post_attn_norm", "route"), up),
         act,
-        expert("experts_down", m, h, ("experts_act",), down),
-        _vector("combine", COMBINE, ("experts_down", "route"), HOME, h),
+        _vector("combine", COMBINE, ("experts_act", "route"), "experts_up", k * m),
+        expert("experts_down", m, h, ("combine",), down),
     ]
 
 
@@ -513,10 +575,8 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
         if active_experts is None:
             active_experts = expected_experts(op.experts, op.top_k, t)
         touched = active_experts / op.experts
-        return OpCost(flops, weight_bytes(op, model) * touched, pairs * k * d, pairs * n * d)
-    if kind == COMBINE:
-        k = model.experts_per_token
-        return OpCost(2 * k * t * op.length, 0, t * k * (op.length + 1) * d, t * op.length * d)
+        return OpCost(flops, weight_bytes(op, model) * touched, pairs * k * d,
+                      t * op.length * d)
     window = model.window(layer) if layer is not None else model.sliding_window
     scores = model.num_heads * attended_pairs(window, mb)
     kv_read = kv_entries_read(window, mb) * model.kv_size * d

@@ -168,8 +168,20 @@ class ModelSpec:
         """Every weight as stored: matrices in their formats, the rest in dtype_bytes."""
         ops = ly.input_ops(self) + ly.output_ops(self)
         total = sum(ly.weight_bytes(op, self) for op in ops)
-        total += self.num_layers * sum(ly.weight_bytes(op, self) for op in ly.layer_ops(self))
+        total += self.num_layers * self.layer_weight_bytes()
         return int(round(total))
+
+    def layer_weight_bytes(self) -> float:
+        """One decoder layer's weights as stored."""
+        return sum(ly.weight_bytes(op, self) for op in ly.layer_ops(self))
+
+    def embedding_weight_bytes(self) -> float:
+        return self.embedding_params() * self.matrix_bytes_per_weight()
+
+    def head_weight_bytes(self) -> float:
+        """The final norm and an untied LM head, as stored."""
+        lm = self.head_params() - self.hidden_size
+        return self.hidden_size * self.dtype_bytes + lm * self.matrix_bytes_per_weight()
 
     @property
     def quantized(self) -> bool:

@@ -33,21 +33,28 @@ class Routing:
         if self.kind == "uniform" and self.skew:
             raise UserError("uniform routing has no skew")
 
-    def popularity(self, experts: int) -> np.ndarray:
-        """Each expert's share of the choices, summing to one."""
-        ranks = np.random.default_rng(self.seed).permutation(experts)
+    def popularity(self, experts: int, layer: int = 0) -> np.ndarray:
+        """Each expert's share of the choices in ``layer``, summing to one (each layer ranks
+        its experts in its own order)."""
+        seed = self.seed if layer == 0 else [self.seed, layer]
+        ranks = np.random.default_rng(seed).permutation(experts)
         weights = (ranks + 1.0) ** -self.skew
         return weights / weights.sum()
 
-    def draw(self, experts: int, top_k: int, tokens: int) -> np.ndarray:
-        """The experts of each of ``tokens`` tokens: (tokens, top_k), distinct per token."""
-        rng = np.random.default_rng([self.seed, experts, top_k, tokens])
-        keys = np.log(self.popularity(experts)) + rng.gumbel(size=(tokens, experts))
+    def draw(self, experts: int, top_k: int, tokens: int, layer: int = 0,
+             offset: int = 0) -> np.ndarray:
+        """The experts of each of ``tokens`` tokens in ``layer``: (tokens, top_k), distinct
+        per token (``offset``: where the tokens start in their step, for a prefill's tiles)."""
+        key = [self.seed, experts, top_k, tokens] + ([layer, offset] if layer or offset else [])
+        rng = np.random.default_rng(key)
+        keys = np.log(self.popularity(experts, layer)) + rng.gumbel(size=(tokens, experts))
         return np.argsort(-keys, axis=1, kind="stable")[:, :top_k]
 
-    def loads(self, experts: int, top_k: int, tokens: int) -> np.ndarray:
+    def loads(self, experts: int, top_k: int, tokens: int, layer: int = 0,
+              offset: int = 0) -> np.ndarray:
         """Tokens routed to each expert in one drawn step."""
-        return np.bincount(self.draw(experts, top_k, tokens).ravel(), minlength=experts)
+        return np.bincount(self.draw(experts, top_k, tokens, layer, offset).ravel(),
+                           minlength=experts)
 
     def describe(self) -> str:
         shape = "uniform" if self.kind == "uniform" else f"skewed {self.skew:g}"
@@ -66,6 +73,13 @@ def parse_routing(text: str, seed: int = 0) -> Routing:
             raise UserError(f"`routing` skewed:S needs a number S, got {value!r}") from None
         return Routing("skewed", skew, seed)
     raise UserError(f"`routing` must be uniform or skewed:S, got {text!r}")
+
+
+def routing_of(options) -> Routing:
+    """The routing a program's timed steps draw, from its compile options (or their stored
+    dict; a program compiled before routing was an option draws uniformly)."""
+    get = options.get if isinstance(options, dict) else lambda k, v: getattr(options, k)
+    return parse_routing(get("routing", "uniform"), get("routing_seed", 0))
 
 
 def load_summary(routing: Routing, experts: int, top_k: int, tokens: int) -> dict:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
 from wse_emu.kernels.primitives import wavelets
@@ -148,7 +149,8 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
     """The residual stream from one stage's home line to the next, on parallel lanes."""
     fabric, model = program.fabric, program.model
-    home = [k for k in program.stage_kernels(a) if k.name in ("down_proj", "lm_head")][0]
+    home = [k for k in program.stage_kernels(a)
+            if k.name in (ly.home_site(model), "lm_head")][0]
     lanes = home.grid[1]
     seg = int(wavelets(even_split(model.hidden_size, lanes).max() * tokens, model.dtype_bytes))
     if a.rect.system != b.rect.system:

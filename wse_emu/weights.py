@@ -303,11 +303,15 @@ def checkpoint_dir(path: Path) -> Path | None:
 def model_and_weights(model_or_checkpoint: str | Path, weights_seed: int = 0):
     """(model, weights, where the weights came from): a checkpoint's (see ``checkpoint_dir``),
     or, for anything else ``load_model`` takes, random ones drawn from ``weights_seed``."""
+    from wse_emu.functional.region import check_computable  # the engine these weights feed
+
     path = Path(model_or_checkpoint)
     if checkpoint_dir(path) is not None:
+        check_computable(load_model(str(checkpoint_dir(path) / CONFIG_FILE)))
         model, weights = load_checkpoint(path)
         return model, weights, str(path)
     model = load_model(str(model_or_checkpoint))
+    check_computable(model)
     return model, random_weights(model, weights_seed), f"random (seed {weights_seed})"
 
 

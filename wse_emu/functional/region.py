@@ -252,11 +252,27 @@ class FunctionalStage:
         return self.numerics.round(softcap(logits, cap)) if cap else logits
 
 
+def check_computable(model: ModelSpec) -> None:
+    """Refuse, by name, what the functional engine does not compute yet (the timing engines
+    map and time it)."""
+    if model.num_experts:
+        raise UserError(f"{model.name} is a mixture of experts: the functional engine does not "
+                        "compute routed experts yet (compile, run, serve and experiment time "
+                        "them)")
+    if model.attention_sinks:
+        raise UserError(f"{model.name} has attention sinks: the functional engine does not "
+                        "compute them yet")
+    if model.quantized:
+        raise UserError(f"{model.name} stores weights as {model.weight_format}: the functional "
+                        "engine computes weights in the model's dtype only")
+
+
 class FunctionalRegion:
     """A region's stages, loaded with weights, holding one sequence's KV cache."""
 
     def __init__(self, program: WaferProgram, region: str, weights: Mapping[str, np.ndarray],
                  numerics: Numerics):
+        check_computable(program.model)
         self.program, self.numerics = program, numerics
         self.region = program.region(region)
         inverse_frequencies(program.model)  # an unmodelled rope scaling fails before loading

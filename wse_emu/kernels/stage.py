@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.experts import RoutedAxis, deliver_route, expert_matrix, layer_loads, route
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
     CostModel,
@@ -111,10 +112,22 @@ class StageGraph:
         return self.g.pe(b + 0 * a, a + 0 * b)
 
     # --- kernels ----------------------------------------------------------------------------
-    def feed(self, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, name) -> np.ndarray:
+    def feed(self, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, name,
+             axis: RoutedAxis | None = None) -> np.ndarray:
+        """Re-split a vector from its producer's line onto a consumer's: every token's
+        values, or on an expert axis only the routed tokens' (``axis``)."""
         per_value = self.step_tokens(name) * self.d / 4
+        if axis is not None:
+            _, _, lo, hi = overlaps(src_sizes, dst_sizes)
+            per_value = axis.values(lo, hi) / np.maximum(hi - lo, 1) * (self.d / 4)
         return transfer(self.g, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, per_value,
                         self.kind[name])
+
+    def stored(self, name: str) -> ly.StoredWeights | None:
+        """How a matrix kernel's weights are read, for a quantized model (else the dtype)."""
+        op = self.ops.get(name)
+        return ly.stored_weights(op, self.model) if op is not None and \
+            self.model.quantized else None
 
     def step_tokens(self, name: str) -> int:
         op = self.ops.get(name)
@@ -179,7 +192,8 @@ class StageGraph:
         piece_done = []
         for c in range(chunks):
             for n_tok in per:
-                part = self.work(st.pe, ly.matrix_work(ka, n_parts[None, :, c], n_tok, d),
+                part = self.work(st.pe, ly.matrix_work(ka, n_parts[None, :, c], n_tok, d,
+                                                       self.stored(k.name)),
                                  k.name)
                 if compute is None:
                     first = part
@@ -216,12 +230,15 @@ class StageGraph:
         return biased
 
     def spread(self, st: Strip, src_pes: np.ndarray, src_sizes: np.ndarray,
-               src_ready: np.ndarray, targets: np.ndarray) -> None:
+               src_ready: np.ndarray, targets: np.ndarray,
+               axis: RoutedAxis | None = None) -> None:
         """Each overlap of a source piece with a line's input segment goes to the line's PE
         nearest the source, which multicasts it along the line into ``targets`` ((e, s)
-        tasks that wait for the whole segment)."""
+        tasks that wait for the whole segment). On an expert axis only the routed tokens'
+        values travel."""
         kind, t = self.kind[st.kernel.name], self.step_tokens(st.kernel.name)
         si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
+        values = (hi - lo) * t if axis is None else axis.values(lo, hi)
         w = self.g.width
         sx, sy = src_pes[si] % w, src_pes[si] // w
         cand = st.pe[line]  # (overlaps, s)
@@ -235,10 +252,10 @@ class StageGraph:
         if len(remote):
             arrived[remote] = self.g.tasks(land_pe[remote], 0, kind)
             self.g.send(src_ready[si[remote]], src_pes[si[remote]], land_pe[remote],
-                        wavelets((hi - lo)[remote] * t, self.d), arrived[remote], 0,
+                        wavelets(values[remote], self.d), arrived[remote], 0,
                         VC_TRANSFER)
         if st.pe.shape[1] > 1:
-            line_broadcast(self.g, cand, land, arrived, wavelets((hi - lo) * t, self.d), kind,
+            line_broadcast(self.g, cand, land, arrived, wavelets(values, self.d), kind,
                            targets=targets[line])
         else:
             self.g.then(arrived, targets[line, 0])
@@ -272,11 +289,14 @@ class StageGraph:
         return lookup  # hidden split along the strip (k_sizes), on line b = 0
 
     def vector(self, name: str, pes: np.ndarray, inputs: list[np.ndarray], sizes: np.ndarray,
-               cost: ly.PerElement | None = None, counted: bool = True) -> np.ndarray:
-        """An elementwise op on a line: reads its operands, writes one result per element."""
+               cost: ly.PerElement | None = None, counted: bool = True,
+               axis: RoutedAxis | None = None) -> np.ndarray:
+        """An elementwise op on a line: reads its operands, writes one result per element
+        (on an expert axis, per routed token's element)."""
         t = self.step_tokens(name)
         cost = cost or ly.ELEMENTWISE[self.ops[name].kind]
-        tasks = self.work(pes, ly.elementwise_work(cost, sizes * t, self.d), name, counted)
+        elements = sizes * t if axis is None else axis.split(sizes)[0]
+        tasks = self.work(pes, ly.elementwise_work(cost, elements, self.d), name, counted)
         for ready in inputs:
             self.g.then(ready, tasks)
         return tasks
@@ -430,7 +450,7 @@ class StageGraph:
         gathered = line_reduce(self.g, rows, np.full(s, a_o), weighted.T,
                                wavelets(piece, d), np.zeros(s, dtype=np.int64), kind,
                                gather=True)
-        return grid[a_o], q_sizes, gathered
+        return grid[a_o], q_sizes, self.sinks(grid[a_o], gathered, t)
 
     def regroup(self, col: np.ndarray, ready: np.ndarray, src_sizes: np.ndarray,
                 dst_sizes: np.ndarray, order: np.ndarray, name: str) -> np.ndarray:
@@ -536,12 +556,24 @@ class StageGraph:
         final = self.g.tasks(grid[a_o], self.cost.cycles(
             t * group * kv_sizes, t * group * kv_sizes * d, t * group * kv_sizes * d), kind)
         self.g.then(along, final)
+        final = self.sinks(grid[a_o], final, t)
         # Back to the q_proj layout o_proj reads, then into o_proj's entries.
         inverse = np.empty(model.q_size, dtype=np.int64)
         inverse[order.ravel()] = np.arange(model.q_size)
         o_here = self.regroup(grid[a_o], final, group * kv_sizes, q_sizes, inverse,
                               "attention")
         return grid[a_o], q_sizes, o_here
+
+    def sinks(self, pes: np.ndarray, ready: np.ndarray, tokens: int) -> np.ndarray:
+        """gpt-oss's sinks: each query head's learned logit joins its softmax's sum where the
+        head's output is finished (the row holding its features, on o_proj's line)."""
+        if not self.model.attention_sinks:
+            return ready
+        heads = even_split(self.model.num_heads, len(pes))
+        done = self.work(pes, ly.Work(ly.SOFTMAX_FLOPS * tokens * heads,
+                                      heads * (tokens + 1) * self.d, 0), "attention")
+        self.g.then(ready, done)
+        return done
 
     def group_broadcast(self, grid_cols, groups, ready_first, values, kind, targets):
         """From each head's first row, ``values`` (per column and row) to every row of the
@@ -581,7 +613,7 @@ class StageGraph:
         h = model.hidden_size
         strips = {n: self.strip(k) for n, k in ks.items()
                   if k.kind == "matrix" or (k.kind == "gather" and k.weight_ref is None)}
-        home_name = "down_proj" if "down_proj" in strips else "lm_head"
+        home_name = ly.home_site(self.model) if self.stage.num_layers else "lm_head"
         home = strips[home_name]
         hsz = even_split(h, len(home.edge))
         if "embedding" in strips:
@@ -617,10 +649,16 @@ class StageGraph:
         leaves its output on its site."""
         ready = {ly.LAYER_INPUT: x}
         at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
+        axis = None  # a mixture of experts: this layer's tokens per expert, on the E x m axis
+        if self.model.num_experts:
+            loads = layer_loads(self.program, self.model, self.layer_index,
+                                self.step.new_tokens, self.step.prefix)
+            axis = RoutedAxis(loads, self.model.moe_intermediate_size)
+        on_axis: set[str] = set()  # ops whose output lies on the expert axis
 
         def site(name: str) -> tuple[np.ndarray, np.ndarray]:
             """The edge line of a strip, with the sizes its PEs hold."""
-            if name == ly.HOME:
+            if name in (ly.HOME, home.kernel.name):
                 return home.edge, hsz
             return strips[name].edge, strips[name].n_sizes
 
@@ -628,14 +666,32 @@ class StageGraph:
             out = []
             for src in op.inputs:
                 src_pes, src_sizes = at[src]
-                if np.array_equal(src_pes, pes):
+                if src == "route":  # every PE of the line needs each token's choices
+                    got = self.g.tasks(pes, 0, self.kind[op.kernel])
+                    deliver_route(self, *ready[src], pes[None, :], got[None, :], op.kernel)
+                    out.append(got)
+                elif np.array_equal(src_pes, pes):
                     out.append(ready[src])
                 else:
-                    out.append(self.feed(src_pes, src_sizes, ready[src], pes, sizes, op.kernel))
+                    out.append(self.feed(src_pes, src_sizes, ready[src], pes, sizes, op.kernel,
+                                         axis if src in on_axis else None))
             return out
 
         for op in self.layer_table:
-            if op.kind == ly.GEMM:
+            if op.kind == ly.EXPERT_GEMM:
+                st = strips[op.name]
+                src = op.inputs[0]
+                ready[op.name] = expert_matrix(self, st, op, axis, (*at[src], ready[src]),
+                                               src in on_axis, ready["route"])
+                at[op.name] = (st.edge, st.n_sizes)
+                if op.experts_along == "n":
+                    on_axis.add(op.name)
+            elif op.kind == ly.ROUTE:
+                pes, sizes = site(op.site)
+                (dep,) = gathered(op, pes, sizes)
+                ready[op.name] = route(self, op, pes, dep, sizes)
+                at[op.name] = (pes[:1], np.array([op.length]))
+            elif op.kind == ly.GEMM:
                 st = strips[op.name]
                 (src,) = op.inputs
                 ready[op.name] = self.matrix(st, pieces=(*at[src], ready[src]))
@@ -662,7 +718,11 @@ class StageGraph:
                     (dep,) = inputs
                     ready[op.name] = self.norm(op.name, pes, dep, sizes)
                 else:
-                    ready[op.name] = self.vector(op.name, pes, inputs, sizes)
+                    routed = any(src in on_axis for src in op.inputs)
+                    ready[op.name] = self.vector(op.name, pes, inputs, sizes,
+                                                 axis=axis if routed else None)
+                    if routed:
+                        on_axis.add(op.name)
                 at[op.name] = (pes, sizes)
         return ready[ly.LAYER_OUTPUT]
 

@@ -1,0 +1,108 @@
+"""Experts on the wafer, timed: tiny Mixtral-, Qwen3-MoE- and gpt-oss-shaped models compile with
+every expert resident, colocated and disaggregated, and their steps run on both engines; the
+tasks do the layer description's FLOPs, stay above the compiler's bounds, and a skewed routing
+loads the popular experts' PEs so that the step slows down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler.intensity import analyze
+from compiler.mapper import compile_model
+from compiler.opgraph import build_op_graph
+from compiler.options import CompileOptions
+from wse_emu import layer as ly
+from wse_emu.errors import UserError
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.kernels.stage import StageGraph
+from wse_emu.layer import MicroBatch
+from wse_emu.model import ModelSpec
+from wse_emu.runner import run_region
+
+BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+            head_dim=16, vocab_size=160)
+SPECS = {
+    "mixtral": ModelSpec("a-mixtral", "mixtral", **BASE, num_experts=8, experts_per_token=2,
+                         moe_intermediate_size=96),
+    "qwen3_moe": ModelSpec("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True, num_experts=16,
+                           experts_per_token=4, moe_intermediate_size=32,
+                           norm_topk_prob=False),
+    "gpt_oss": ModelSpec("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
+                         num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                         router_bias=True, expert_bias=True, attention_sinks=True,
+                         swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
+                         layer_types=("sliding_attention", "full_attention") * 2),
+}
+STEPS = {"decode": MicroBatch("decode", batch=8, context=40),
+         "prefill": MicroBatch("prefill", tokens=48, chunks=2)}
+
+
+def compiled(spec, plan="colocated", **options):
+    region = (16, 16) if plan == "colocated" else None
+    return compile_model(spec.validate("test"), ClusterSpec(load_fabric("mesh16"), 1),
+                         CompileOptions(plan=plan, region=region, **options))
+
+
+@pytest.mark.parametrize("family", SPECS)
+@pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
+def test_experts_compile_and_every_step_runs_above_its_bounds(family, plan):
+    # The program's bounds are at its reference workloads: make them this test's steps.
+    program = compiled(SPECS[family], plan, bound_prefill_tokens=48, bound_decode_batch=8,
+                       bound_decode_context=40)
+    steps = {"decode": STEPS["decode"], "prefill": MicroBatch("prefill", tokens=48)}
+    for region in program.regions:
+        for phase, step in steps.items():
+            run = run_region(program, region.name, step)
+            assert run.step_cycles > 0
+            for sr in run.stages:
+                assert sr.cycles >= program.stages[sr.stage].bounds[phase]["cycles"]
+        run_region(program, region.name, STEPS["prefill"])  # in token tiles too
+
+
+@pytest.mark.parametrize("family", SPECS)
+@pytest.mark.parametrize("phase", STEPS)
+def test_expert_tasks_do_the_layer_descriptions_flops(family, phase):
+    spec = SPECS[family].validate("test")
+    step = STEPS[phase]
+    program = compiled(spec)
+    rows = analyze(build_op_graph(spec), spec, step, program.fabric)["ops"]
+    ops = ly.ops_by_name(spec)
+    for stage in program.stages:
+        want: dict[str, float] = {}
+        names = {k.name for k in program.stage_kernels(stage)}
+        for row in rows:
+            if (row.layer is None and row.op in names) or (
+                    row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1]):
+                want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
+        sg = StageGraph(program, stage, step)
+        sg.build()
+        got = {name: w.flops for name, w in sg.ledger.items()}
+        for name in set(want) | set(got):
+            assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
+
+
+def test_both_engines_time_the_expert_patterns_alike():
+    program = compiled(SPECS["mixtral"])
+    step = STEPS["decode"]
+    fast = run_region(program, "mixed0", step, engine="fast")
+    cycle = run_region(program, "mixed0", step, engine="cycle")
+    assert cycle.step_cycles == pytest.approx(fast.step_cycles, rel=0.25)
+
+
+def test_a_skewed_routing_loads_the_popular_experts_and_slows_the_step():
+    spec = dataclasses.replace(SPECS["qwen3_moe"], num_experts=32)
+    step = MicroBatch("decode", batch=32, context=40)
+    uniform = run_region(compiled(spec), "mixed0", step)
+    skewed = run_region(compiled(spec, routing="skewed:2"), "mixed0", step)
+    again = run_region(compiled(spec, routing="skewed:2"), "mixed0", step)
+    assert skewed.step_cycles == again.step_cycles  # seeded
+    assert skewed.step_cycles > 1.1 * uniform.step_cycles
+    other = run_region(compiled(spec, routing="skewed:2", routing_seed=1), "mixed0", step)
+    assert other.step_cycles != skewed.step_cycles
+
+
+def test_a_bad_routing_is_refused_by_name():
+    with pytest.raises(UserError, match="routing"):
+        CompileOptions(routing="zipf")
