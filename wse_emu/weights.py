@@ -42,7 +42,8 @@ TOKENIZER_FILE = "tokenizer.json"
 
 def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
     """One layer's tensors by module path (as the layer description names them, unfused):
-    the input norm, the matrices with their biases, then the other norms."""
+    the input norm, the matrices with their biases, the experts, then the other norms (and
+    gpt-oss's attention sinks)."""
     ops = ly.layer_ops(spec)
     first = [op for op in ops if op.name == "input_norm"]
     matrices = [op for op in ops if op.kind == ly.GEMM]
@@ -56,7 +57,55 @@ def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
                 shapes[op.tensor + ".bias"] = (n,)
         else:
             shapes[op.tensor + ".weight"] = (op.weight_params,)
+        if op.name == "post_attn_norm" and spec.num_experts:
+            shapes.update(_expert_tensors(spec))
+    sinks = [op for op in ops if op.kind == ly.SOFTMAX and op.weight_params]
+    shapes.update({op.tensor: (op.weight_params,) for op in sinks})
     return shapes
+
+
+def _expert_tensors(spec: ModelSpec) -> dict[str, Shape]:
+    """The experts' tensors as the family stores them: one module per expert (Mixtral, Qwen3),
+    or all experts in one tensor, gate and up interleaved, stored (in, out) (gpt-oss)."""
+    e, h, m = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
+    _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
+    if spec.family == "gpt_oss":
+        return {gate: (e, h, 2 * m), gate + "_bias": (e, 2 * m), down: (e, m, h),
+                down + "_bias": (e, h)}
+    out: dict[str, Shape] = {}
+    for i in range(e):
+        out[gate.format(e=i) + ".weight"] = (m, h)
+        out[up.format(e=i) + ".weight"] = (m, h)
+        out[down.format(e=i) + ".weight"] = (h, m)
+    return out
+
+
+def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray],
+                  layer: int) -> dict[str, np.ndarray]:
+    """One layer's experts as the compiler lays them out (``ly.Op.strip_matrix``): gate and
+    up as (hidden, E x m), the experts side by side in the outputs; down as (E x m, hidden),
+    side by side in the inputs; with ``<name>.bias`` (gate, up: E x m; down: (E, hidden))
+    where the family has expert biases."""
+    e, m = spec.num_experts, spec.moe_intermediate_size
+    p = f"model.layers.{layer}."
+    _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
+    if spec.family == "gpt_oss":
+        gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
+        out = {"experts_gate": np.concatenate(list(gate_up[:, :, 0::2]), axis=1),
+               "experts_up": np.concatenate(list(gate_up[:, :, 1::2]), axis=1),
+               "experts_down": np.concatenate(list(weights[p + down]), axis=0),
+               "experts_gate.bias": bias[:, 0::2].reshape(-1),
+               "experts_up.bias": bias[:, 1::2].reshape(-1),
+               "experts_down.bias": weights[p + down + "_bias"]}
+        return out
+    return {
+        "experts_gate": np.concatenate([weights[p + gate.format(e=i) + ".weight"].T
+                                        for i in range(e)], axis=1),
+        "experts_up": np.concatenate([weights[p + up.format(e=i) + ".weight"].T
+                                      for i in range(e)], axis=1),
+        "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
+                                        for i in range(e)], axis=0),
+    }
 
 
 def _fuse(spec: ModelSpec, shapes: dict[str, Shape]) -> dict[str, Shape]:
@@ -142,13 +191,16 @@ def random_weights(spec: ModelSpec, seed: int, dtype: Any = np.float32) -> dict[
             # The scale applied is offset + w: near one, but not all ones, so a skipped scale
             # shows.
             value = 1.0 - spec.norm_weight_offset + 0.1 * noise
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "_bias", ".sinks")):
             value = 0.1 * noise
         else:
             # Matrices, including the embedding (it is also the LM head when tied): unit-variance
-            # input -> unit-variance output, so attention scores and logits stay O(1).
-            value = noise / math.sqrt(shape[1])
-            if name.endswith(_RESIDUAL_OUTPUTS):
+            # input -> unit-variance output, so attention scores and logits stay O(1). Experts
+            # stored (in, out) (gpt-oss) have their inputs in the middle.
+            fan_in = shape[1] if len(shape) == 2 else shape[-2]
+            value = noise / math.sqrt(fan_in)
+            if name.endswith(_RESIDUAL_OUTPUTS) or ".w2." in name or \
+                    name.endswith(("down_proj.weight", "experts.down_proj")):
                 value *= residual_scale
         weights[name] = value.astype(dtype)
     return weights

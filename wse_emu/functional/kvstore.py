@@ -101,8 +101,11 @@ class StageKV:
         if layer == self.stage.num_layers - 1:
             self.count = max(self.count, end)
 
-    def attend(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """queries (tokens, heads, head_dim), rotated; returns (tokens, heads * head_dim)."""
+    def attend(self, layer: int, queries: np.ndarray, positions: np.ndarray,
+               sinks: np.ndarray | None = None) -> np.ndarray:
+        """queries (tokens, heads, head_dim), rotated; returns (tokens, heads * head_dim).
+        ``sinks`` (heads,): a logit per query head that joins its softmax and adds no value
+        (gpt-oss), taken in where the head's output is finished."""
         model, rnd = self.model, self.numerics.round
         group = model.group_size
         scale = np.float32(model.attention_scale)
@@ -142,6 +145,10 @@ class StageKV:
             m, s, o = tree_reduce(items, self.out_column, _combine,
                                   lambda p: (rnd(p[0]), rnd(p[1]), rnd(p[2])),
                                   self.levels_along)
+            if sinks is not None:
+                sink = np.broadcast_to(sinks[h * group:(h + 1) * group].astype(np.float32),
+                                       m.shape)
+                m, s, o = _combine((m, s, o), (sink, np.ones_like(sink), np.zeros_like(o)))
             for (_, lo, hi), part in zip(rows, o):
                 out[:, h * group:(h + 1) * group, lo:hi] = rnd(part[..., :hi - lo]
                                                               / s[..., None])

@@ -4,8 +4,11 @@
 each layer op by op as the layer description (``wse_emu.layer``) lists them: matrix kernels
 multiply per PE and reduce along the program's trees (``MatrixTiles``), norms sum squares per PE
 and all-reduce them along their line (per head's PEs for Qwen3's and Gemma-3's q/k norms),
-attention reads the stage's own KV slots (``StageKV``), and elementwise kernels (rotary, gated
-activations, residual adds, scaling, soft caps) apply to the vectors their line holds.
+attention reads the stage's own KV slots (``StageKV``, with gpt-oss's sinks), and elementwise
+kernels (rotary, gated activations, residual adds, scaling, soft caps) apply to the vectors their
+line holds. A mixture of experts routes on the router's line, multiplies each token's experts in
+the expert strips' PE blocks (``weights.expert_strips``), scales their activations by the router
+weights and sums them in down's reduction.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from wse_emu.functional.tiles import MatrixTiles, VectorTiles
 from wse_emu.functional.trees import tree_reduce
 from wse_emu.model import ModelSpec
 from wse_emu.program import Stage, WaferProgram
-from wse_emu.weights import unfused
+from wse_emu.weights import expert_strips, unfused
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -40,7 +43,8 @@ def softcap(x: np.ndarray, cap: float) -> np.ndarray:
     return np.float32(cap) * np.tanh(x / np.float32(cap))
 
 
-ROPE_SCALINGS = (None, "linear", "llama3", "longrope")
+ROPE_SCALINGS = (None, "linear", "llama3", "longrope", "yarn")
+SWIGLU_ALPHA = np.float32(1.702)  # gpt-oss's sigmoid slope in its SwiGLU (a constant of its code)
 
 
 def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np.ndarray:
@@ -71,12 +75,38 @@ def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np
         long = length > model.rope_original_max_positions
         factors = model.rope_long_factor if long else model.rope_short_factor
         return inv_freq / np.asarray(factors, dtype=np.float64)
+    if model.rope_scaling == "yarn":
+        return inv_freq * yarn_keep(model) + inv_freq / factor * (1 - yarn_keep(model))
     return inv_freq
+
+
+def yarn_keep(model: ModelSpec) -> np.ndarray:
+    """YaRN's share of each pair's original frequency: 1 for pairs turning more than
+    beta_fast times over the original context, 0 (divided by the factor) for those turning
+    fewer than beta_slow times, linear in the pair index between (the bounds rounded outward
+    when the model truncates them)."""
+    d, base = model.head_dim, model.rope_theta
+    context = model.rope_original_max_positions
+
+    def pair(turns: float) -> float:  # the (fractional) pair index that turns so many times
+        return d * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = pair(model.rope_beta_fast), pair(model.rope_beta_slow)
+    if model.rope_truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    hi = hi + 0.001 if hi == lo else hi
+    return 1 - np.clip((np.arange(d // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
 
 
 def rope_magnitude(model: ModelSpec) -> float:
     """What cos and sin are multiplied by: longrope's attention factor (given, or from how far
-    the context was extended), else 1."""
+    the context was extended), YaRN's (given, or 0.1 ln(factor) + 1), else 1."""
+    if model.rope_scaling == "yarn":
+        if model.rope_attention_factor is not None:
+            return model.rope_attention_factor
+        factor = model.rope_scaling_factor
+        return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
     if model.rope_scaling != "longrope":
         return 1.0
     if model.rope_attention_factor is not None:
@@ -106,6 +136,11 @@ def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec, layer: int = 
     return (x * cos + rotated * sin).reshape(t, -1)
 
 
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
 def check_token_ids(ids, vocab: int) -> None:
     """Before any conversion, so that an id too large for int64 gets the same one line."""
     bad = next((int(i) for i in ids if not 0 <= int(i) < vocab), None)
@@ -124,9 +159,22 @@ class FunctionalStage:
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.matrices: dict[str, MatrixTiles] = {}
         self.vectors: dict[str, VectorTiles] = {}
+        strips = ([expert_strips(self.model, weights, i) for i in layers]
+                  if self.model.num_experts and stage.num_layers else [])
+        # Per layer: down's expert biases (E, hidden), weighted by the router where the sums
+        # collect; the sinks, a logit per query head.
+        self.down_bias = [st.get("experts_down.bias") for st in strips]
+        sink_ops = [op for op in self.layer_table if op.kind == ly.SOFTMAX and op.weight_params]
+        self.sinks = [weights[self._tensor(sink_ops[0], i)] for i in layers] if sink_ops else None
         for name, k in self.kernels.items():
             op = self.ops.get(name)
-            if k.kind == "norm":
+            if op is not None and op.kind == ly.EXPERT_GEMM:
+                bias = (VectorTiles.build([st[name + ".bias"] for st in strips], k.grid[1],
+                                          numerics)
+                        if op.bias and op.experts_along == "n" else None)
+                self.matrices[name] = MatrixTiles.build(k, [st[name] for st in strips],
+                                                        numerics, bias)
+            elif k.kind == "norm":
                 self.vectors[name] = VectorTiles.build(self._norm_weights(op, weights, layers),
                                                        k.rect.area, numerics)
             elif k.kind == "matrix" or (k.kind == "gather" and k.weight_ref is None):
@@ -140,6 +188,8 @@ class FunctionalStage:
             ly.ADD: lambda op, i, a, b: a + b,
             ly.SILU_MUL: lambda op, i, gate, up: silu(gate) * up,
             ly.GELU_MUL: lambda op, i, gate, up: gelu_tanh(gate) * up,
+            ly.ROUTE: self._route, ly.EXPERT_GEMM: self._experts,
+            ly.SWIGLU_CLAMPED: self._swiglu_clamped, ly.COMBINE: self._combine,
         }
 
     @staticmethod
@@ -223,7 +273,70 @@ class FunctionalStage:
 
     def _attend(self, op, index, q, _kv):
         t, hd = len(q), self.model.head_dim
-        return self.kv.attend(index, q.reshape(t, -1, hd), self.positions)
+        sinks = None if self.sinks is None else self.sinks[index]
+        return self.kv.attend(index, q.reshape(t, -1, hd), self.positions, sinks)
+
+    # --- the routed MLP ---------------------------------------------------------------------
+    def _route(self, op, index, logits):
+        """Each token's k experts and their weights, from the router's logits on its line:
+        the PEs' best candidates meet by the tree, ties going to the lower expert, as a
+        stable sort orders them. Mixtral and Qwen3 take the softmax over every expert first
+        (its max and sum all-reduced along the line) and renormalize the k chosen weights
+        where the model does; gpt-oss takes the softmax of the k chosen logits."""
+        k = self.model.experts_per_token
+        if self.model.family == "gpt_oss":
+            chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+            return chosen, _softmax(np.take_along_axis(logits, chosen, axis=-1))
+        probs = _softmax(logits)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if self.model.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return chosen, self.numerics.round(weights)
+
+    def _routed_columns(self, chosen: np.ndarray) -> np.ndarray:
+        """(tokens, E x m): whether each column of the expert axis belongs to a token's
+        expert."""
+        e, m = self.model.num_experts, self.model.moe_intermediate_size
+        hit = np.zeros((len(chosen), e), bool)
+        np.put_along_axis(hit, chosen, True, axis=-1)
+        return np.repeat(hit, m, axis=1)
+
+    def _experts(self, op, index, x, route=None):
+        """An expert strip. Gate and up: every token's hidden vector meets every column of the
+        strip, but only the columns of its own experts are kept (the PEs of the others skip
+        the token, as the timed pattern has them). Down: the routed activations, already
+        weighted by the router, sum over the experts in the strip's reduction; each token's
+        experts' biases join, weighted the same way, where the sums collect."""
+        tiles = self.matrices[op.name]
+        if op.experts_along == "n":
+            self._chosen = route
+            out = tiles.multiply(index, x, self.numerics)
+            return np.where(self._routed_columns(route[0]), out, np.float32(0))
+        out = tiles.multiply(index, x, self.numerics)
+        bias = self.down_bias[index] if self.down_bias else None
+        if bias is not None:
+            chosen, weights = self._chosen
+            out = self.numerics.round(out + np.einsum("tk,tkh->th", weights, bias[chosen]))
+        return out
+
+    def _swiglu_clamped(self, op, index, gate, up):
+        """gpt-oss's SwiGLU: the gate clamped above, the up value on both sides, at the
+        model's limit; (up + 1) * gate * sigmoid(1.702 gate)."""
+        limit = np.float32(self.model.swiglu_limit)
+        gate = np.minimum(gate, limit)
+        up = np.clip(up, -limit, limit)
+        glu = gate * (np.float32(0.5) * (np.float32(1) + np.tanh(np.float32(0.5)
+                                                                  * SWIGLU_ALPHA * gate)))
+        return np.where(self._routed_columns(self._chosen[0]), (up + 1) * glu, np.float32(0))
+
+    def _combine(self, op, index, act, route):
+        """Each routed activation times its token's router weight for that expert."""
+        chosen, weights = route
+        e, m = self.model.num_experts, self.model.moe_intermediate_size
+        per_expert = np.zeros((len(chosen), e), np.float32)
+        np.put_along_axis(per_expert, chosen, weights, axis=-1)
+        return act * np.repeat(per_expert, m, axis=1)
 
     def layer(self, index: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """One layer, op by op as the layer description lists them; every result is rounded
@@ -236,6 +349,8 @@ class FunctionalStage:
             result = self.compute[op.kind](op, index, *(values[s] for s in op.inputs))
             if op.kind == ly.ATTN_SCORES:
                 values[ly.ATTENTION_OUTPUT] = result
+            elif op.kind == ly.ROUTE:
+                values[op.name] = result  # expert ids and weights
             else:
                 values[op.name] = None if result is None else self.numerics.round(result)
         return values[ly.LAYER_OUTPUT]
@@ -253,15 +368,8 @@ class FunctionalStage:
 
 
 def check_computable(model: ModelSpec) -> None:
-    """Refuse, by name, what the functional engine does not compute yet (the timing engines
-    map and time it)."""
-    if model.num_experts:
-        raise UserError(f"{model.name} is a mixture of experts: the functional engine does not "
-                        "compute routed experts yet (compile, run, serve and experiment time "
-                        "them)")
-    if model.attention_sinks:
-        raise UserError(f"{model.name} has attention sinks: the functional engine does not "
-                        "compute them yet")
+    """Refuse, by name, what the functional engine does not compute (the timing engines map
+    and time it)."""
     if model.quantized:
         raise UserError(f"{model.name} stores weights as {model.weight_format}: the functional "
                         "engine computes weights in the model's dtype only")

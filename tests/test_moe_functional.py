@@ -1,0 +1,103 @@
+"""Experts computed through the tiles: each token's top-k experts multiply where their weights
+live (the expert strips' PE blocks), the router's weights scale their activations and down's
+reduction sums them; tiny Mixtral-, Qwen3-MoE- and gpt-oss-shaped checkpoints follow the
+plain-numpy reference token for token, colocated and disaggregated."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+from test_functional import follows_reference
+from test_moe_timing import SPECS
+
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.functional.generate import Generator
+from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint
+
+PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
+# gpt-oss always has its YaRN rope (a config without one reads as transformers' default):
+# here stretched from an original context shorter than the prompt.
+FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")}, "gpt_oss": dataclasses.replace(
+    SPECS["gpt_oss"], intermediate_size=64, rope_scaling="yarn", rope_scaling_factor=4.0,
+    rope_original_max_positions=16, max_position_embeddings=64, rope_theta=150000.0,
+    rope_truncate=False)}
+
+
+def compiled(spec, plan):
+    return compile_model(spec, ClusterSpec(load_fabric("mesh16"), 1),
+                         CompileOptions(plan=plan, region=(16, 16) if plan == "colocated"
+                                        else None))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Each family's seeded weights, saved as a Hugging Face checkpoint and read back."""
+    out = {}
+    for family, spec in FAMILIES.items():
+        directory = tmp_path_factory.mktemp(family)
+        save_checkpoint(directory, spec.validate("test"), random_weights(spec, seed=7))
+        out[family] = load_checkpoint(directory)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
+def test_experts_follow_the_reference_token_for_token(checkpoints, family, plan):
+    spec, weights = checkpoints[family]
+    program = compiled(spec, plan)
+    follows_reference(Generator(program, weights, "float32", prefill_tile=8),
+                      ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
+
+
+def test_expert_strips_hold_each_expert_where_the_layout_puts_it(checkpoints):
+    spec, weights = checkpoints["gpt_oss"]
+    strips = expert_strips(spec, weights, 1)
+    e, h, m = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
+    assert strips["experts_gate"].shape == (h, e * m) and strips["experts_down"].shape == (e * m,
+                                                                                            h)
+    gate_up = weights["model.layers.1.mlp.experts.gate_up_proj"]
+    # Expert 3's gate is the even columns of its fused tensor, its up the odd ones.
+    assert np.array_equal(strips["experts_gate"][:, 3 * m:4 * m], gate_up[3][:, 0::2])
+    assert np.array_equal(strips["experts_up"][:, 3 * m:4 * m], gate_up[3][:, 1::2])
+
+
+def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
+    """Damage the first layer's blocks of one expert in its down strip: the logits move if
+    and only if a token of the prompt routed to that expert there."""
+    spec, weights = checkpoints["mixtral"]
+    prompt, m = PROMPT[:2], spec.moe_intermediate_size
+    clean = Generator(compiled(spec, "colocated"), weights, "float32").run_prompt(prompt)[-1]
+    changed = []
+    for expert in range(spec.num_experts):
+        generator = Generator(compiled(spec, "colocated"), weights, "float32")
+        tiles = generator.prefill.stages[0].matrices["experts_down"]  # holds layer 0
+        bounds = np.concatenate([[0], np.cumsum(tiles.k_sizes)])
+        for a in range(len(tiles.k_sizes)):
+            lo, hi = max(bounds[a], expert * m), min(bounds[a + 1], (expert + 1) * m)
+            if lo < hi:
+                tiles.blocks[0, a, :, lo - bounds[a]:hi - bounds[a], :] = 100.0
+        changed.append(not np.allclose(generator.run_prompt(prompt)[-1], clean))
+    routed = _routed(ReferenceModel(spec, weights), 0, prompt)
+    assert changed == [expert in routed for expert in range(spec.num_experts)]
+    assert 0 < sum(changed) < spec.num_experts
+
+
+def _routed(reference, layer, prompt) -> set[int]:
+    """Experts the reference routes any token of ``prompt`` to in ``layer``."""
+    seen: set[int] = set()
+    original = reference._route
+
+    def spy(index, x):
+        chosen, w = original(index, x)
+        if index == layer:
+            seen.update(int(e) for e in np.unique(chosen))
+        return chosen, w
+
+    reference._route = spy
+    reference.forward(prompt)
+    return seen
