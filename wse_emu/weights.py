@@ -86,7 +86,7 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray],
     up as (hidden, E x m), the experts side by side in the outputs; down as (E x m, hidden),
     side by side in the inputs; with ``<name>.bias`` (gate, up: E x m; down: (E, hidden))
     where the family has expert biases."""
-    e, m = spec.num_experts, spec.moe_intermediate_size
+    e = spec.num_experts
     p = f"model.layers.{layer}."
     _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
     if spec.family == "gpt_oss":
