@@ -6,6 +6,7 @@ loads the popular experts' PEs so that the step slows down."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -106,3 +107,23 @@ def test_a_skewed_routing_loads_the_popular_experts_and_slows_the_step():
 def test_a_bad_routing_is_refused_by_name():
     with pytest.raises(UserError, match="routing"):
         CompileOptions(routing="zipf")
+
+
+def test_cli_runs_an_expert_model_under_a_stated_routing(tmp_path, capsys):
+    import yaml
+
+    from wse_emu.cli.main import main
+
+    spec = dataclasses.replace(SPECS["qwen3_moe"], num_experts=32).validate("test")
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({**spec.to_dict(), "version": 1}))
+    common = [str(path), "--fabric", "mesh16", "--region", "16x16", "--phase", "decode",
+              "--batch", "32", "--context", "40", "--json"]
+    steps = []
+    for routing in ("uniform", "skewed:2"):
+        assert main(["run", *common, "--routing", routing]) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_cycles"])
+    assert steps[1] > steps[0]
+    assert main(["compile", "tiny", "--routing", "skewed:1"]) == 2
+    err = capsys.readouterr().err
+    assert "apply to a mixture of experts" in err and err.count("\n") == 1

@@ -59,6 +59,10 @@ def add_cluster_args(p) -> None:
                    "(default: the fewest that map)")
     p.add_argument("--no-optimize", action="store_true", help="keep the baseline placement")
     p.add_argument("--seed", type=int, default=0, help="placement optimizer seed")
+    p.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
+                   help="a mixture of experts: how a timed step's tokens pick their experts "
+                        "(Zipf skew S; default uniform)")
+    p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
 
 
 def add_parser(sub, summary: str) -> None:
@@ -77,11 +81,14 @@ def options_from_args(args) -> CompileOptions:
         plan=args.plan, prefill_share=args.prefill_share, prefill_systems=args.prefill_systems,
         region=parse_region(args.region) if args.region else None,
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
-        seed=args.seed)
+        seed=args.seed, routing=args.routing, routing_seed=args.routing_seed)
 
 
 def compile_from_args(args) -> WaferProgram:
     model = load_model(args.model)
+    if not model.is_moe and (args.routing != "uniform" or args.routing_seed):
+        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
+                        f"{model.name} is dense")
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     return compile_model(model, cluster, options_from_args(args))
 
