@@ -143,15 +143,15 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
 def _expert_bound(kernel: Kernel, op: ly.Op, t: int, d: int, fabric: FabricSpec,
                   fpc: float) -> dict:
     """An expert strip, whatever the routing: the step's token-expert pairs share its PEs at
-    best evenly; with experts side by side in the outputs, a token's partial sums still
-    cross the strip to its root."""
+    best evenly; where each expert's sums stay its own (gate, up), they still cross the
+    expert's run of columns."""
     k, n = op.matrix
     kp, np_ = kernel.grid
     pairs = t * op.top_k
     pes = kp * np_
     work = ly.routed_matrix_work(pairs * k * n / pes, 0, 0, d)
     compute, sram = _port_cycles(work, fabric, fpc)
-    hops = kp - 1 if op.experts_along == "n" else 0
+    hops = 0 if op.experts_summed else max(0, kp // op.experts - 1)
     path = fabric.hop_latency_cycles * hops + (2 * fabric.ramp_latency_cycles if hops else 0)
     return _result(fabric, compute, sram, 0, path)
 

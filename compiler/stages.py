@@ -41,6 +41,8 @@ class StripSpec:
     # Vectors spread over the body instead of the root edge (an expert strip's biases, E
     # times a dense one's, would crowd its edge line).
     spread_vectors: bool = False
+    experts: int = 0  # an expert strip: its experts lie one after another along it
+    experts_summed: bool = False  # and its reduction sums them (down), else per expert
 
     @property
     def work(self) -> float:
@@ -80,10 +82,10 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
         s = StripSpec(op.name, k, n, layers, math.ceil(k * n * layers * per_weight),
                       bytes_per_weight=per_weight,
                       active_share=op.top_k / op.experts if op.experts else 1.0,
-                      spread_vectors=bool(op.experts))
+                      spread_vectors=bool(op.experts), experts=op.experts,
+                      experts_summed=op.experts_summed)
         if op.bias:
-            # Each expert's bias on the root edge: for down, every expert's outputs.
-            length = n * (op.experts if op.experts_along == "k" else 1)
+            length = n * max(op.experts, 1)  # each expert's own
             s.vectors[op.name[0] + "_bias"] = length
             s.vector_layers[op.name[0] + "_bias"] = layers
         strips.append(s)

@@ -358,7 +358,10 @@ class _Builder:
         # decode token (one color per level).
         self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
         if kind == "matrix":
-            k.trees["reduce"] = self.tree_levels(e, -(-strip.n // short))
+            # Gate's and up's experts reduce on their own runs of columns.
+            length = e if not strip.experts or strip.experts_summed else \
+                min(e, -(-e // strip.experts) + 1)
+            k.trees["reduce"] = self.tree_levels(length, -(-strip.n // short))
         levels = 0 if e == 1 else k.trees.get("reduce", 0)
         for level in range(levels):
             self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],
@@ -387,8 +390,9 @@ class _Builder:
                         pattern={"decode": kind, "prefill": kind})
         if weights:
             self.add("weights", edge, self.line(edge, vector_bytes(length, pes, layers, d)))
-        seg = even_split(length, pes) * (self.options.buffer_tokens * d * buffers)
-        self.add("activations", edge, self.line(edge, seg))
+        if buffers:
+            seg = even_split(length, pes) * (self.options.buffer_tokens * d * buffers)
+            self.add("activations", edge, self.line(edge, seg))
         if kind == "norm":
             k.trees["reduce"] = self.tree_levels(pes, 1, ly.SUM_BYTES)
             self.line_reduce(k, stage)
@@ -432,16 +436,22 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
                 if op.kernel_kind not in ("norm", "elementwise", "route"):
                     continue
                 edge = edge_of(op.site)
-                if op.kernel_kind == "route" or op.site in strips and strips[op.site].n \
-                        != op.length:
-                    # On a router's or an expert strip's edge, where the line holds every
-                    # expert's values. An op there works in place on the strip's sums (the
-                    # strip's buffer holds them), and what arrives from another strip (the
-                    # gate's values beside up's) streams through a FIFO against them.
+                if op.kernel_kind == "route":  # on the router's edge, over its E logits
                     ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
                                                     strips[op.site].n, layers, False,
-                                                    [op.name], buffers=0)
-                    b.add("activations", edge, INPUT_FIFO_BYTES)
+                                                    [op.name])
+                    continue
+                if op.site in strips and strips[op.site].experts:
+                    # Where an expert strip's experts leave their outputs, each on the root
+                    # end of its run of columns: the kernel spans the strip. It works in
+                    # place on the strip's sums (its buffers hold them); what arrives from
+                    # another strip (the gate's values beside up's) streams through a FIFO.
+                    body = rects[op.site][0]
+                    spec_strip = strips[op.site]
+                    ks[op.kernel] = b.vector_kernel(
+                        stage, op.kernel, op.kernel_kind, body, spec_strip.n *
+                        spec_strip.experts, layers, False, [op.name], buffers=0)
+                    b.add("activations", body, INPUT_FIFO_BYTES)
                     continue
                 if op.kind == ly.HEAD_RMSNORM:
                     # One head's scale, owned once along the line; each PE keeps a copy of

@@ -210,9 +210,9 @@ def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
 
 def test_an_unmodelled_rope_scaling_is_refused_in_one_line(checkpoints):
     model, weights = checkpoints[LLAMA_MHA.name]
-    yarn = dataclasses.replace(model, rope_scaling="yarn")
-    program = program_for(yarn, "mesh16", dict(region=(8, 8)))
-    with pytest.raises(UserError, match="yarn"):
+    dynamic = dataclasses.replace(model, rope_scaling="dynamic")
+    program = program_for(dynamic, "mesh16", dict(region=(8, 8)))
+    with pytest.raises(UserError, match="dynamic"):
         Generator(program, weights)
 
 

@@ -126,7 +126,8 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
     bad = subprocess.run(run + ["generate", "gpt-oss-20b", "--prompt-ids", "1,2"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "does not compute routed experts yet" in bad.stderr
+    assert "stores its experts as mxfp4: the functional engine computes weights in the " \
+           "model's dtype only" in bad.stderr
 
 
 @pytest.mark.parametrize("name,gib,wafers", [("gpt-oss-20b", 12.8, 1), ("gpt-oss-120b", 60.8, 2)])

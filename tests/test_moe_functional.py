@@ -58,27 +58,28 @@ def test_expert_strips_hold_each_expert_where_the_layout_puts_it(checkpoints):
     spec, weights = checkpoints["gpt_oss"]
     strips = expert_strips(spec, weights, 1)
     e, h, m = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
-    assert strips["experts_gate"].shape == (h, e * m) and strips["experts_down"].shape == (e * m,
+    # One after another along the inputs: gate and up (E x hidden, m), down (E x m, hidden).
+    assert strips["experts_gate"].shape == (e * h, m) and strips["experts_down"].shape == (e * m,
                                                                                             h)
     gate_up = weights["model.layers.1.mlp.experts.gate_up_proj"]
     # Expert 3's gate is the even columns of its fused tensor, its up the odd ones.
-    assert np.array_equal(strips["experts_gate"][:, 3 * m:4 * m], gate_up[3][:, 0::2])
-    assert np.array_equal(strips["experts_up"][:, 3 * m:4 * m], gate_up[3][:, 1::2])
+    assert np.array_equal(strips["experts_gate"][3 * h:4 * h], gate_up[3][:, 0::2])
+    assert np.array_equal(strips["experts_up"][3 * h:4 * h], gate_up[3][:, 1::2])
 
 
 def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
-    """Damage the first layer's blocks of one expert in its down strip: the logits move if
+    """Damage the first layer's blocks of one expert in its gate strip: the logits move if
     and only if a token of the prompt routed to that expert there."""
     spec, weights = checkpoints["mixtral"]
-    prompt, m = PROMPT[:2], spec.moe_intermediate_size
+    prompt, h = PROMPT[:2], spec.hidden_size
     clean = Generator(compiled(spec, "colocated"), weights, "float32").run_prompt(prompt)[-1]
     changed = []
     for expert in range(spec.num_experts):
         generator = Generator(compiled(spec, "colocated"), weights, "float32")
-        tiles = generator.prefill.stages[0].matrices["experts_down"]  # holds layer 0
+        tiles = generator.prefill.stages[0].matrices["experts_gate"]  # holds layer 0
         bounds = np.concatenate([[0], np.cumsum(tiles.k_sizes)])
         for a in range(len(tiles.k_sizes)):
-            lo, hi = max(bounds[a], expert * m), min(bounds[a + 1], (expert + 1) * m)
+            lo, hi = max(bounds[a], expert * h), min(bounds[a + 1], (expert + 1) * h)
             if lo < hi:
                 tiles.blocks[0, a, :, lo - bounds[a]:hi - bounds[a], :] = 100.0
         changed.append(not np.allclose(generator.run_prompt(prompt)[-1], clean))

@@ -244,7 +244,9 @@ class Op:
     weight_params: int = 0
     experts: int = 0  # an expert op: how many experts hold its weights (each K x N)
     top_k: int = 0  # and how many of them each token uses
-    experts_along: str = ""  # "n": experts side by side in the outputs (gate, up); "k": inputs
+    # An expert op whose strip's reduction also sums over its experts (down, after the
+    # combine); otherwise (gate, up) each expert's outputs stay its own.
+    experts_summed: bool = False
 
     @property
     def kernel_kind(self) -> str:
@@ -252,12 +254,10 @@ class Op:
 
     @property
     def strip_matrix(self) -> tuple[int, int]:
-        """(K, N) of the strip holding the op's weights: an expert op's E experts side by
-        side."""
+        """(K, N) of the strip holding the op's weights: an expert op's E experts one after
+        another along its inputs."""
         k, n = self.matrix
-        if not self.experts:
-            return k, n
-        return (k, n * self.experts) if self.experts_along == "n" else (k * self.experts, n)
+        return (k * max(self.experts, 1), n)
 
     @property
     def active_params(self) -> int:
@@ -367,13 +367,15 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
     experts' gated MLP on the tokens routed to them, and each token's weighted sum of its
     experts' outputs.
 
-    Each expert projection is one strip holding all E experts side by side: gate and up as
-    K = hidden by N = E x m (expert e's outputs are columns e*m..(e+1)*m), down as K = E x m
-    by N = hidden. A PE multiplies only for the tokens routed to the experts its block holds.
-    The combine scales each routed activation by its token's router weight before down, so
-    that down's reduction along its strip, which sums over K, is the weighted sum over the
-    token's experts (down is linear; its bias is weighted the same way where the sums
-    collect)."""
+    Each expert projection is one strip holding its E experts one after another along the
+    strip, each on a run of columns: gate and up as K = E x hidden by N = m (every expert
+    reads the same hidden vector), down as K = E x m by N = hidden. A PE multiplies only for
+    the tokens routed to the experts its block holds. Gate's and up's partial sums meet per
+    expert, on the expert's own run of columns, so an expert's reduction is as short as its
+    run and as narrow as its m outputs over the strip's rows. The combine scales each routed
+    activation by its token's router weight before down, so that down's reduction along its
+    whole strip, which sums over K, is the weighted sum over the token's experts (down is
+    linear; its bias is weighted the same way where the sums collect)."""
     h, m, e, k = (model.hidden_size, model.moe_intermediate_size, model.num_experts,
                   model.experts_per_token)
     router, gate, up, down = EXPERT_TENSORS[model.family]
@@ -384,7 +386,7 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
         length = n if name == "experts_down" else k * n
         return Op(name, EXPERT_GEMM, inputs, name, name, matrix=(kk, n), length=length,
                   tensor=tensor, bias=b, weight_params=e * (kk * n + (n if b else 0)),
-                  experts=e, top_k=k, experts_along="k" if name == "experts_down" else "n")
+                  experts=e, top_k=k, experts_summed=name == "experts_down")
 
     act = (_vector("experts_act", SWIGLU_CLAMPED, ("experts_gate", "experts_up"), "experts_up",
                    k * m) if model.swiglu_limit

@@ -82,17 +82,17 @@ def _expert_tensors(spec: ModelSpec) -> dict[str, Shape]:
 
 def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray],
                   layer: int) -> dict[str, np.ndarray]:
-    """One layer's experts as the compiler lays them out (``ly.Op.strip_matrix``): gate and
-    up as (hidden, E x m), the experts side by side in the outputs; down as (E x m, hidden),
-    side by side in the inputs; with ``<name>.bias`` (gate, up: E x m; down: (E, hidden))
-    where the family has expert biases."""
+    """One layer's experts as the compiler lays them out (``ly.Op.strip_matrix``), one after
+    another along the inputs: gate and up as (E x hidden, m), down as (E x m, hidden); with
+    ``<name>.bias`` (gate, up: E x m; down: (E, hidden)) where the family has expert
+    biases."""
     e = spec.num_experts
     p = f"model.layers.{layer}."
     _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
     if spec.family == "gpt_oss":
         gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
-        out = {"experts_gate": np.concatenate(list(gate_up[:, :, 0::2]), axis=1),
-               "experts_up": np.concatenate(list(gate_up[:, :, 1::2]), axis=1),
+        out = {"experts_gate": np.concatenate(list(gate_up[:, :, 0::2]), axis=0),
+               "experts_up": np.concatenate(list(gate_up[:, :, 1::2]), axis=0),
                "experts_down": np.concatenate(list(weights[p + down]), axis=0),
                "experts_gate.bias": bias[:, 0::2].reshape(-1),
                "experts_up.bias": bias[:, 1::2].reshape(-1),
@@ -100,9 +100,9 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray],
         return out
     return {
         "experts_gate": np.concatenate([weights[p + gate.format(e=i) + ".weight"].T
-                                        for i in range(e)], axis=1),
+                                        for i in range(e)], axis=0),
         "experts_up": np.concatenate([weights[p + up.format(e=i) + ".weight"].T
-                                      for i in range(e)], axis=1),
+                                      for i in range(e)], axis=0),
         "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
                                         for i in range(e)], axis=0),
     }

@@ -24,6 +24,7 @@ from wse_emu.functional.kvstore import StageKV
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.tiles import MatrixTiles, VectorTiles
 from wse_emu.functional.trees import tree_reduce
+from wse_emu.kernels.experts import down_order
 from wse_emu.model import ModelSpec
 from wse_emu.program import Stage, WaferProgram
 from wse_emu.weights import expert_strips, unfused
@@ -56,7 +57,7 @@ def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np
     positions) stays within the original context, by its long factor beyond it."""
     if model.rope_scaling not in ROPE_SCALINGS:
         raise UserError(f"{model.name}: rope_scaling {model.rope_scaling!r} is not modelled by "
-                        "the functional engine (linear, llama3 and longrope are)")
+                        "the functional engine (linear, llama3, longrope and yarn are)")
     d = model.head_dim
     theta = model.rope_theta_of(layer)
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
@@ -164,16 +165,20 @@ class FunctionalStage:
         # Per layer: down's expert biases (E, hidden), weighted by the router where the sums
         # collect; the sinks, a logit per query head.
         self.down_bias = [st.get("experts_down.bias") for st in strips]
+        self.expert_bias: dict[str, list[np.ndarray]] = {}
         sink_ops = [op for op in self.layer_table if op.kind == ly.SOFTMAX and op.weight_params]
         self.sinks = [weights[self._tensor(sink_ops[0], i)] for i in layers] if sink_ops else None
         for name, k in self.kernels.items():
             op = self.ops.get(name)
             if op is not None and op.kind == ly.EXPERT_GEMM:
-                bias = (VectorTiles.build([st[name + ".bias"] for st in strips], k.grid[1],
-                                          numerics)
-                        if op.bias and op.experts_along == "n" else None)
-                self.matrices[name] = MatrixTiles.build(k, [st[name] for st in strips],
-                                                        numerics, bias)
+                if op.experts_summed:  # down's inputs in their strip order
+                    self.down_order = down_order(op.experts, op.matrix[0], k.grid[1])
+                order = self.down_order if op.experts_summed else slice(None)
+                self.matrices[name] = MatrixTiles.build(k, [st[name][order] for st in strips],
+                                                        numerics)
+                if op.bias and not op.experts_summed:  # (E x m,) on the experts' roots
+                    self.expert_bias[name] = [numerics.round(st[name + ".bias"])
+                                              for st in strips]
             elif k.kind == "norm":
                 self.vectors[name] = VectorTiles.build(self._norm_weights(op, weights, layers),
                                                        k.rect.area, numerics)
@@ -303,17 +308,20 @@ class FunctionalStage:
         return np.repeat(hit, m, axis=1)
 
     def _experts(self, op, index, x, route=None):
-        """An expert strip. Gate and up: every token's hidden vector meets every column of the
-        strip, but only the columns of its own experts are kept (the PEs of the others skip
-        the token, as the timed pattern has them). Down: the routed activations, already
-        weighted by the router, sum over the experts in the strip's reduction; each token's
-        experts' biases join, weighted the same way, where the sums collect."""
+        """An expert strip. Gate and up: each expert's run of columns multiplies the hidden
+        vector and its partial sums meet on the run; only a token's own experts' outputs are
+        kept (the PEs of the others skip the token, as the timed pattern has them). Down: the
+        routed activations, already weighted by the router and taken in the strip's order,
+        sum over the experts in the strip's reduction; each token's experts' biases join,
+        weighted the same way, where the sums collect."""
         tiles = self.matrices[op.name]
-        if op.experts_along == "n":
+        if not op.experts_summed:
             self._chosen = route
-            out = tiles.multiply(index, x, self.numerics)
+            out = tiles.multiply_per_expert(index, x, op.experts, self.numerics)
+            if op.name in self.expert_bias:
+                out = self.numerics.round(out + self.expert_bias[op.name][index])
             return np.where(self._routed_columns(route[0]), out, np.float32(0))
-        out = tiles.multiply(index, x, self.numerics)
+        out = tiles.multiply(index, x[:, self.down_order], self.numerics)
         bias = self.down_bias[index] if self.down_bias else None
         if bias is not None:
             chosen, weights = self._chosen
@@ -371,8 +379,11 @@ def check_computable(model: ModelSpec) -> None:
     """Refuse, by name, what the functional engine does not compute (the timing engines map
     and time it)."""
     if model.quantized:
-        raise UserError(f"{model.name} stores weights as {model.weight_format}: the functional "
-                        "engine computes weights in the model's dtype only")
+        stored = ", ".join(f"{what} as {fmt}" for what, fmt in (
+            ("its matrices", model.weight_format), ("its experts", model.expert_weight_format))
+            if fmt != "native")
+        raise UserError(f"{model.name} stores {stored}: the functional engine computes weights "
+                        "in the model's dtype only")
 
 
 class FunctionalRegion:

@@ -16,34 +16,48 @@ import numpy as np
 from wse_emu import layer as ly
 from wse_emu.kernels.primitives import VC_TRANSFER, line_broadcast, line_reduce, wavelets
 from wse_emu.routing import routing_of
+from wse_emu.splits import even_split
 
 
 class RoutedAxis:
-    """The E x m axis of an expert strip, with the step's token count per element: expert
-    e's columns carry as many tokens as were routed to e."""
+    """An axis of expert values (E experts' m each, in some order), with the step's token
+    count per element: an element of expert x carries as many tokens as were routed to x."""
 
-    def __init__(self, loads: np.ndarray, width: int):
+    def __init__(self, loads: np.ndarray, width: int, order: np.ndarray | None = None):
         self.loads = np.asarray(loads, dtype=np.int64)
-        self.width = width  # m: one expert's span on the axis
-        per_element = np.repeat(self.loads, width)
-        self.cum = np.concatenate([[0], np.cumsum(per_element)])
-        self.cum_loads = np.concatenate([[0], np.cumsum(self.loads)])
+        self.width = width  # one expert's span on the axis
+        # order[i]: the expert-major index of the axis' i-th element (None: expert-major).
+        expert = np.arange(len(self.loads) * width) // width
+        self.expert = expert if order is None else expert[order]
+        self.cum = np.concatenate([[0], np.cumsum(self.loads[self.expert])])
 
     def values(self, lo, hi) -> np.ndarray:
         """Token-values in elements [lo, hi): each element once per token routed there."""
         return self.cum[np.asarray(hi)] - self.cum[np.asarray(lo)]
 
-    def pairs(self, lo, hi) -> np.ndarray:
-        """Token-expert pairs whose expert has an element in [lo, hi) (0 for an empty range)."""
-        lo, hi = np.asarray(lo), np.asarray(hi)
-        first = lo // self.width
-        last = np.maximum(hi - 1, lo) // self.width + 1
-        return np.where(hi > lo, self.cum_loads[last] - self.cum_loads[first], 0)
-
-    def split(self, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per piece of the axis split into ``sizes``: (token-values, token-expert pairs)."""
+    def split(self, sizes: np.ndarray) -> np.ndarray:
+        """Token-values per piece of the axis split into ``sizes``."""
         bounds = np.concatenate([[0], np.cumsum(sizes)])
-        return self.values(bounds[:-1], bounds[1:]), self.pairs(bounds[:-1], bounds[1:])
+        return self.values(bounds[:-1], bounds[1:])
+
+    def tokens_touching(self, sizes: np.ndarray, tokens: int) -> np.ndarray:
+        """Per piece: tokens with an expert among its elements (at most every token)."""
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        out = np.array([self.loads[np.unique(self.expert[a:b])].sum() if b > a else 0
+                        for a, b in zip(bounds[:-1], bounds[1:])], dtype=np.int64)
+        return np.minimum(out, tokens)
+
+
+def down_order(experts: int, m: int, rows: int) -> np.ndarray:
+    """The order of down's inputs along its strip: up leaves each expert's m outputs split
+    over the strip's ``rows`` rows; down takes, row group by row group, that group's slice of
+    every expert (expert-major indices, in strip order). A line along down then gathers its
+    inputs from a few rows of every expert instead of every row of one, and every line works
+    for every routed token."""
+    sizes = even_split(m, rows)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return np.concatenate([np.arange(x * m + starts[j], x * m + starts[j + 1])
+                           for j in range(rows) for x in range(experts)])
 
 
 def layer_loads(program, model, layer: int, tokens: int, offset: int) -> np.ndarray:
@@ -104,30 +118,60 @@ def deliver_route(sg, src_pe: int, src_ready: int, lines: np.ndarray, targets: n
         sg.g.then(starts, targets[:, 0])
 
 
-def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple, routed_input: bool,
-                  route_at: tuple[int, int]) -> np.ndarray:
-    """An expert strip for the step's routed tokens. Its input, spread over a producer's
-    line, is multicast into every line across the strip (gate and up: every token's hidden
-    vector, since every column holds a slice of every expert; down: the routed activations,
-    each line its experts' range); each PE multiplies for the token-expert pairs its block
-    serves; partial sums meet at the root edge by the kernel's tree. Returns the root edge's
-    tasks."""
+def expert_runs(k_sizes: np.ndarray, experts: int, k_each: int) -> list[np.ndarray]:
+    """Per expert, the columns along the strip holding its inputs (K = experts x k_each split
+    by ``k_sizes``): a run of one or more columns, a column shared where a run ends inside
+    it."""
+    bounds = np.concatenate([[0], np.cumsum(k_sizes)])
+    first = np.searchsorted(bounds, np.arange(experts) * k_each, side="right") - 1
+    last = np.searchsorted(bounds, (np.arange(experts) + 1) * k_each, side="left") - 1
+    return [np.arange(a, b + 1) for a, b in zip(first, last)]
+
+
+def run_root(run: np.ndarray, strip_root: int) -> int:
+    """Where an expert's partial sums meet: the end of its run nearer the strip's root."""
+    return len(run) - 1 if strip_root > 0 else 0
+
+
+def input_share(k_sizes: np.ndarray, experts: int, k_each: int) -> np.ndarray:
+    """(columns, experts): how many of each expert's inputs each column holds."""
+    bounds = np.concatenate([[0], np.cumsum(k_sizes)])
+    lo = np.arange(experts) * k_each
+    return np.clip(np.minimum(bounds[1:, None], lo[None, :] + k_each)
+                   - np.maximum(bounds[:-1, None], lo[None, :]), 0, None)
+
+
+def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
+                  route_at: tuple[int, int]):
+    """An expert strip for the step's routed tokens; returns (the PEs holding its outputs,
+    their sizes, their final tasks).
+
+    Its experts lie one after another along the strip, each on a run of columns. Gate and
+    up: every token's hidden vector goes to its experts' runs (each line across the strip
+    takes the piece its columns hold); each PE multiplies for the tokens routed to the
+    experts its block holds; an expert's partial sums meet on its run, at the end nearer
+    the strip's root, where its m outputs lie across the strip's rows. Down: the routed
+    activations arrive on the lines holding their experts; the partial sums, summing over
+    the experts too, meet at the strip's root edge."""
     k, kind = st.kernel, sg.kind[st.kernel.name]
     d = sg.d
     e, s = st.pe.shape
     t = sg.step_tokens(op.name)
-    if op.experts_along == "n":
-        values, pairs = axis.split(st.n_sizes)  # per row across the strip
-        macs = st.k_sizes[:, None] * values[None, :]
-        inputs = st.k_sizes[:, None] * pairs[None, :]
-        outputs = np.broadcast_to(values[None, :], (e, s))
-        reduced = values  # a row's routed token-columns travel to the root
+    k_each = op.matrix[0]
+    loads = axis.loads
+    if op.experts_summed:
+        # Down's inputs in their strip order (``down_order``): each line a few rows' slices
+        # of every expert.
+        down_axis = RoutedAxis(loads, k_each, down_order(op.experts, k_each, s))
+        per_line = down_axis.split(st.k_sizes)
+        touching = down_axis.tokens_touching(st.k_sizes, t)
     else:
-        values, pairs = axis.split(st.k_sizes)  # per line along the strip
-        macs = values[:, None] * st.n_sizes[None, :]
-        inputs = np.broadcast_to(values[:, None], (e, s))
-        outputs = pairs[:, None] * st.n_sizes[None, :]
-        reduced = st.n_sizes * t  # every token's weighted sum over its experts
+        share = input_share(st.k_sizes, op.experts, k_each)  # (e, E)
+        per_line, touching = share @ loads, (share > 0) @ loads
+    inputs = per_line.astype(np.float64)[:, None] * np.ones((1, s))
+    macs = inputs * st.n_sizes[None, :]
+    # Partial sums: one per output for each token the line works for.
+    outputs = touching[:, None] * st.n_sizes[None, :]
     # A prefill's multiply runs as a chain of slices of the tokens, as a dense strip's does.
     slices = -(-t // 512) if sg.step.phase == "prefill" else 1
     first = compute = None
@@ -142,16 +186,62 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple, routed_inp
         compute = part
     first, done = first.reshape(e, s), compute.reshape(e, s)
     src_pes, src_sizes, src_ready = pieces
-    sg.spread(st, src_pes, src_sizes, src_ready, first,
-              axis if routed_input else None)
+    if op.experts_summed:
+        # The routed activations, expert by expert on up's runs, taken in down's order.
+        n = op.experts
+        take = (np.arange(n)[None, :] * s + np.arange(s)[:, None]).ravel()
+        sg.spread(st, src_pes[take], src_sizes[take], src_ready[take], first, down_axis)
+    else:
+        # Every expert reads the whole hidden vector: the source, once per expert along K,
+        # each piece for the tokens routed to that expert.
+        n = op.experts
+        sg.spread(st, np.tile(src_pes, n), np.tile(src_sizes, n), np.tile(src_ready, n),
+                  first, RoutedAxis(loads, k_each))
     deliver_route(sg, *route_at, st.pe, first, k.name)
-    rows = np.ascontiguousarray(st.pe.T)
-    total = line_reduce(sg.g, rows, np.full(s, st.root), done.T, wavelets(reduced, d),
-                        sg.cost.add(reduced, d), kind, levels=k.trees.get("reduce", 2))
-    if not op.bias:
-        return total
-    # Each pair's expert bias (down's weighted by the router) where the sums collect.
-    biased_values = values if op.experts_along == "n" else st.n_sizes * t * op.top_k
-    biased = sg.work(st.edge, ly.bias_work(1, biased_values, d), k.name)
-    sg.g.then(total, biased)
-    return biased
+    if op.experts_summed:
+        rows = np.ascontiguousarray(st.pe.T)
+        reduced = st.n_sizes * t  # every token's weighted sum over its experts
+        total = line_reduce(sg.g, rows, np.full(s, st.root), done.T, wavelets(reduced, d),
+                            sg.cost.add(reduced, d), kind, levels=k.trees.get("reduce", 2))
+        out_pes, out_sizes = st.edge, st.n_sizes
+        if op.bias:  # each pair's expert bias, weighted by the router, where the sums collect
+            biased = sg.work(st.edge, ly.bias_work(1, st.n_sizes * t * op.top_k, d), k.name)
+            sg.g.then(total, biased)
+            total = biased
+        return out_pes, out_sizes, total
+    out_pes, ready = _reduce_per_expert(sg, st, op, done, loads, kind)
+    out_sizes = np.tile(st.n_sizes, op.experts)
+    if op.bias:  # each expert's bias on its routed tokens' outputs
+        values = np.repeat(loads, s) * out_sizes
+        biased = sg.work(out_pes, ly.bias_work(1, values, d), k.name)
+        sg.g.then(ready, biased)
+        ready = biased
+    return out_pes, out_sizes, ready
+
+
+def _reduce_per_expert(sg, st, op: ly.Op, done: np.ndarray, loads: np.ndarray, kind: int):
+    """Each expert's partial sums, on each row across the strip, along its own run of
+    columns to the run's root end; experts with no token skip it. Returns (per expert and
+    row, the PE holding the sums and its final task)."""
+    e, s = st.pe.shape
+    runs = expert_runs(st.k_sizes, op.experts, op.matrix[0])
+    out_pes = np.empty(op.experts * s, dtype=np.int64)
+    ready = np.empty(op.experts * s, dtype=np.int64)
+    by_length: dict[int, list[int]] = {}
+    for x, run in enumerate(runs):
+        root = run[run_root(run, st.root)]
+        out_pes[x * s:(x + 1) * s] = st.pe[root]
+        ready[x * s:(x + 1) * s] = done[root]
+        if len(run) > 1 and loads[x]:
+            by_length.setdefault(len(run), []).append(x)
+    levels = st.kernel.trees.get("reduce", 2)
+    for length, chosen in by_length.items():
+        lines = np.concatenate([st.pe[runs[x]].T for x in chosen])  # (experts x s, length)
+        ready_lines = np.concatenate([done[runs[x]].T for x in chosen])
+        values = np.concatenate([loads[x] * st.n_sizes for x in chosen])
+        roots = np.full(len(lines), run_root(np.arange(length), st.root))
+        total = line_reduce(sg.g, lines, roots, ready_lines, wavelets(values, sg.d),
+                            sg.cost.add(values, sg.d), kind, levels=levels)
+        for i, x in enumerate(chosen):
+            ready[x * s:(x + 1) * s] = total[i * s:(i + 1) * s]
+    return out_pes, ready

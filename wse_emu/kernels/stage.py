@@ -117,11 +117,19 @@ class StageGraph:
         """Re-split a vector from its producer's line onto a consumer's: every token's
         values, or on an expert axis only the routed tokens' (``axis``)."""
         per_value = self.step_tokens(name) * self.d / 4
-        if axis is not None:
-            _, _, lo, hi = overlaps(src_sizes, dst_sizes)
-            per_value = axis.values(lo, hi) / np.maximum(hi - lo, 1) * (self.d / 4)
-        return transfer(self.g, src_pe, src_sizes, src_ready, dst_pe, dst_sizes, per_value,
-                        self.kind[name])
+        if axis is None:
+            return transfer(self.g, src_pe, src_sizes, src_ready, dst_pe, dst_sizes,
+                            per_value, self.kind[name])
+        # Only the routed tokens' values travel; a piece without any is not sent (the
+        # routing tells its receiver not to wait).
+        si, di, lo, hi = overlaps(src_sizes, dst_sizes)
+        values = axis.values(lo, hi)
+        recv = self.g.tasks(dst_pe, 0, self.kind[name])
+        send = (values > 0) & (src_pe[si] != dst_pe[di])
+        self.g.then(src_ready[si[~send & (values > 0)]], recv[di[~send & (values > 0)]])
+        self.g.send(src_ready[si[send]], src_pe[si[send]], dst_pe[di[send]],
+                    wavelets(values[send], self.d), recv[di[send]], 0, VC_TRANSFER)
+        return recv
 
     def stored(self, name: str) -> ly.StoredWeights | None:
         """How a matrix kernel's weights are read, for a quantized model (else the dtype)."""
@@ -239,6 +247,13 @@ class StageGraph:
         kind, t = self.kind[st.kernel.name], self.step_tokens(st.kernel.name)
         si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
         values = (hi - lo) * t if axis is None else axis.values(lo, hi)
+        if axis is not None:
+            # A piece no routed token needs is not sent: the routing, which every PE of the
+            # strip receives, tells the line not to wait for it.
+            keep = values > 0
+            si, line, values = si[keep], line[keep], values[keep]
+            if not len(si):
+                return
         w = self.g.width
         sx, sy = src_pes[si] % w, src_pes[si] // w
         cand = st.pe[line]  # (overlaps, s)
@@ -295,7 +310,7 @@ class StageGraph:
         (on an expert axis, per routed token's element)."""
         t = self.step_tokens(name)
         cost = cost or ly.ELEMENTWISE[self.ops[name].kind]
-        elements = sizes * t if axis is None else axis.split(sizes)[0]
+        elements = sizes * t if axis is None else axis.split(sizes)
         tasks = self.work(pes, ly.elementwise_work(cost, elements, self.d), name, counted)
         for ready in inputs:
             self.g.then(ready, tasks)
@@ -660,16 +675,28 @@ class StageGraph:
             """The edge line of a strip, with the sizes its PEs hold."""
             if name in (ly.HOME, home.kernel.name):
                 return home.edge, hsz
+            if name in on_axis:  # an expert strip's outputs, each expert's on its run
+                return at[name]
             return strips[name].edge, strips[name].n_sizes
 
         def gathered(op: ly.Op, pes: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
             out = []
             for src in op.inputs:
                 src_pes, src_sizes = at[src]
-                if src == "route":  # every PE of the line needs each token's choices
-                    got = self.g.tasks(pes, 0, self.kind[op.kernel])
-                    deliver_route(self, *ready[src], pes[None, :], got[None, :], op.kernel)
-                    out.append(got)
+                if src == "route":  # every PE of the op's site needs each token's choices
+                    if op.site in on_axis:  # experts' runs: multicast over their strip
+                        grid = strips[op.site].pe
+                        got = self.g.tasks(grid.ravel(), 0, self.kind[op.kernel])
+                        deliver_route(self, *ready[src], grid, got.reshape(grid.shape),
+                                      op.kernel)
+                        where = np.full(self.g.width * self.g.height, -1, np.int64)
+                        where[grid.ravel()] = np.arange(grid.size)
+                        out.append(got[where[pes]])
+                    else:
+                        got = self.g.tasks(pes, 0, self.kind[op.kernel])
+                        deliver_route(self, *ready[src], pes[None, :], got[None, :],
+                                      op.kernel)
+                        out.append(got)
                 elif np.array_equal(src_pes, pes):
                     out.append(ready[src])
                 else:
@@ -679,12 +706,11 @@ class StageGraph:
 
         for op in self.layer_table:
             if op.kind == ly.EXPERT_GEMM:
-                st = strips[op.name]
                 src = op.inputs[0]
-                ready[op.name] = expert_matrix(self, st, op, axis, (*at[src], ready[src]),
-                                               src in on_axis, ready["route"])
-                at[op.name] = (st.edge, st.n_sizes)
-                if op.experts_along == "n":
+                pes, sizes, ready[op.name] = expert_matrix(
+                    self, strips[op.name], op, axis, (*at[src], ready[src]), ready["route"])
+                at[op.name] = (pes, sizes)
+                if not op.experts_summed:  # each expert's m outputs, on its own run
                     on_axis.add(op.name)
             elif op.kind == ly.ROUTE:
                 pes, sizes = site(op.site)
