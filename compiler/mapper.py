@@ -37,10 +37,20 @@ def _shape(plan: RegionPlan) -> tuple[tuple[int, int], ...]:
 
 def _plan_and_template(model, cluster, options):
     """Partition, then map each distinct region shape; with automatic replicas, halve the
-    replica count while a region is too small to lay out."""
-    cap = None
+    replica count while a region is too small to lay out; a replica spanning wafers whose
+    tiles do not lay out on the fewest that hold its weights takes one wafer more."""
+    cap, span = None, None
     while True:
-        plans = partition(model, cluster, options, replicas_cap=cap)
+        try:
+            plans = partition(model, cluster, options, replicas_cap=cap, span=span)
+        except CompileError as exc:
+            if span is None:
+                raise
+            fewest = wafers_needed(model, cluster.fabric)
+            raise CompileError(
+                f"{model.name} needs {span} x {cluster.fabric.name} per replica: {fewest} hold "
+                f"its weights by SRAM, but their tiles do not lay out on {span - 1} "
+                f"({layout_error}); use `systems={span}` or more") from exc
         templates: dict[tuple, RegionTemplate] = {}
         try:
             for plan in plans:
@@ -50,6 +60,10 @@ def _plan_and_template(model, cluster, options):
             return plans, templates
         except NoLayout as exc:
             per_part = _replicas_per_part(plans)
+            parts = len(plans[0].parts)
+            if parts > 1 and not options.layers_per_stage:
+                span, layout_error = parts + 1, exc
+                continue
             if options.region is not None or per_part <= 1:
                 raise CompileError(f"{model.name} cannot be laid out on {cluster.describe()}: "
                                    f"{exc}; try `layers_per_stage` or a larger region") from None

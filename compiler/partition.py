@@ -154,15 +154,12 @@ def check_mappable(model: ModelSpec) -> None:
 
 
 def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
-              replicas_cap: int | None = None) -> list[RegionPlan]:
+              replicas_cap: int | None = None, span: int | None = None) -> list[RegionPlan]:
+    """``span``: wafers per replica when more than SRAM alone needs (a layout that does not
+    fit the fewest)."""
     fabric = cluster.fabric
-    span = wafers_needed(model, fabric)
-    try:
-        check_mappable(model)
-    except CompileError:
-        if cluster.systems < span:  # the shortfall first: the user can act on it already
-            raise CompileError(too_big_message(model, cluster, span)) from None
-        raise
+    span = span or wafers_needed(model, fabric)
+    check_mappable(model)
     whole = Rect(0, 0, 0, fabric.width, fabric.height)
     if options.region is not None and span > 1:
         rw, rh = options.region
