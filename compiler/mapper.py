@@ -39,7 +39,7 @@ def _plan_and_template(model, cluster, options):
     """Partition, then map each distinct region shape; with automatic replicas, halve the
     replica count while a region is too small to lay out; a replica spanning wafers whose
     tiles do not lay out on the fewest that hold its weights takes one wafer more."""
-    cap, span = None, None
+    cap, span, layout_error = None, None, None
     while True:
         try:
             plans = partition(model, cluster, options, replicas_cap=cap, span=span)

@@ -43,6 +43,12 @@ class StripSpec:
     spread_vectors: bool = False
     experts: int = 0  # an expert strip: its experts lie one after another along it
     experts_summed: bool = False  # and its reduction sums them (down), else per expert
+    op: ly.Op | None = None
+
+    def shape(self, rows: int) -> tuple[int, int]:
+        """(K, N) on a strip ``rows`` rows across (gate's and up's runs grouped:
+        ``ly.Op.run_matrix``)."""
+        return self.op.run_matrix(rows) if self.op is not None else (self.k, self.n)
 
     @property
     def work(self) -> float:
@@ -83,7 +89,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
                       bytes_per_weight=per_weight,
                       active_share=op.top_k / op.experts if op.experts else 1.0,
                       spread_vectors=bool(op.experts), experts=op.experts,
-                      experts_summed=op.experts_summed)
+                      experts_summed=op.experts_summed, op=op if op.experts else None)
         if op.bias:
             length = n * max(op.experts, 1)  # each expert's own
             s.vectors[op.name[0] + "_bias"] = length
@@ -304,9 +310,10 @@ def strip_min_extent(strip: StripSpec, short_side: int, budget: int,
     output-edge vectors within ``budget`` bytes per PE; None if impossible."""
     if strip.spread_vectors:
         # Spread over the body: each line along the strip shares its row's values.
-        extent = min_cross_extent(strip.k, strip.n, strip.layers, strip.bytes_per_weight,
+        k, n = strip.shape(short_side)
+        extent = min_cross_extent(k, n, strip.layers, strip.bytes_per_weight,
                                   short_side, "rows", budget)
-        while extent is not None and extent <= strip.k:
+        while extent is not None and extent <= k:
             if max_block(strip, extent, short_side) + spread_bytes(
                     strip, extent, short_side, dtype_bytes) <= budget:
                 return max(1, extent)
@@ -330,7 +337,8 @@ def spread_bytes(strip: StripSpec, extent: int, short_side: int, dtype_bytes: in
 
 def max_block(strip: StripSpec, extent: int, short_side: int) -> int:
     """The largest PE block's bytes with the strip ``extent`` PEs long."""
-    return math.ceil(-(-strip.k // extent) * -(-strip.n // short_side) * strip.layers
+    k, n = strip.shape(short_side)
+    return math.ceil(-(-k // extent) * -(-n // short_side) * strip.layers
                      * strip.bytes_per_weight)
 
 

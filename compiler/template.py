@@ -319,18 +319,18 @@ class _Builder:
         kind = "gather" if strip.name == "embedding" else "matrix"
         vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
                         if n.endswith("_bias"))
+        matrix = strip.shape(short)
         k = self.kernel(stage, strip.name, kind, body, layers=strip.layers,
-                        ops=[strip.name], matrix=[strip.k, strip.n], grid=[e, short],
+                        ops=[strip.name], matrix=list(matrix), grid=[e, short],
                         k_axis=lay.axis, weight_bytes=strip.weight_bytes + vec_bytes,
                         root=EDGE[(lay.axis, high)],
                         pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
-        w = block_bytes(strip.k, strip.n, e, short, strip.layers,
-                        strip.bytes_per_weight)  # (short, e)
+        w = block_bytes(*matrix, e, short, strip.layers, strip.bytes_per_weight)  # (short, e)
         k.weight_bytes = int(w.sum()) + vec_bytes  # a packed format's blocks round up
         # Inputs stream through a small FIFO (each arriving element triggers an update of the
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.
-        out_seg = even_split(strip.n, short)[:, None] * np.ones((1, e), np.int64)
+        out_seg = even_split(matrix[1], short)[:, None] * np.ones((1, e), np.int64)
         per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
         # An expert strip's row spans E experts' outputs: it keeps one token's partial sums
         # (a decode multiplies its whole batch in one pass, token after token).
@@ -359,9 +359,10 @@ class _Builder:
         self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
         if kind == "matrix":
             # Gate's and up's experts reduce on their own runs of columns.
+            per_run = strip.k // matrix[0]  # gate's and up's experts sharing a run
             length = e if not strip.experts or strip.experts_summed else \
-                min(e, -(-e // strip.experts) + 1)
-            k.trees["reduce"] = self.tree_levels(length, -(-strip.n // short))
+                min(e, -(-e // (strip.experts // per_run)) + 1)
+            k.trees["reduce"] = self.tree_levels(length, -(-matrix[1] // short))
         levels = 0 if e == 1 else k.trees.get("reduce", 0)
         for level in range(levels):
             self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],

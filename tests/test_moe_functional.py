@@ -15,6 +15,7 @@ from test_moe_timing import SPECS
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
+from wse_emu import layer as ly
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint
@@ -22,7 +23,12 @@ from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save
 PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
 # gpt-oss always has its YaRN rope (a config without one reads as transformers' default):
 # here stretched from an original context shorter than the prompt.
-FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")}, "gpt_oss": dataclasses.replace(
+# Qwen3-MoE with 18 outputs per expert: over 4 rows they round up to 5 a row, so gate's and
+# up's runs hold two experts (36 outputs, 9 a row); over 7 rows, eight.
+FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")},
+            "qwen3_moe_paired": dataclasses.replace(SPECS["qwen3_moe"], name="a-qwen3-moe-paired",
+                                                    moe_intermediate_size=18),
+            "gpt_oss": dataclasses.replace(
     SPECS["gpt_oss"], intermediate_size=64, rope_scaling="yarn", rope_scaling_factor=4.0,
     rope_original_max_positions=16, max_position_embeddings=64, rope_theta=150000.0,
     rope_truncate=False)}
@@ -102,3 +108,17 @@ def _routed(reference, layer, prompt) -> set[int]:
     reference._route = spy
     reference.forward(prompt)
     return seen
+
+
+def test_experts_share_runs_where_their_outputs_split_unevenly(checkpoints):
+    spec, _ = checkpoints["qwen3_moe_paired"]
+    op = ly.ops_by_name(spec)["experts_up"]
+    per_run = {}
+    for plan in ("colocated", "disaggregated"):
+        for up in (k for k in compiled(spec, plan).kernels if k.name == "experts_up"):
+            per_run[up.grid[1]] = up.matrix[1] // 18
+            assert up.matrix == [spec.num_experts // per_run[up.grid[1]] * 64,
+                                 per_run[up.grid[1]] * 18]
+            assert list(op.run_matrix(up.grid[1])) == up.matrix
+    # 4 rows: 5 a row for one expert (11% waste), 9 for two; 7 rows: eight experts, 21 a row.
+    assert per_run[4] == 2 and per_run[7] == 8 and per_run[2] == 1

@@ -80,29 +80,32 @@ def _expert_tensors(spec: ModelSpec) -> dict[str, Shape]:
     return out
 
 
-def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray],
-                  layer: int) -> dict[str, np.ndarray]:
-    """One layer's experts as the compiler lays them out (``ly.Op.strip_matrix``), one after
-    another along the inputs: gate and up as (E x hidden, m), down as (E x m, hidden); with
+def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int,
+                  per_run: int = 1) -> dict[str, np.ndarray]:
+    """One layer's experts as the compiler lays them out (``ly.Op.run_matrix``), one after
+    another along the inputs: gate and up as (E / per_run x hidden, per_run x m), each run's
+    experts side by side in its outputs; down as (E x m, hidden), in expert order; with
     ``<name>.bias`` (gate, up: E x m; down: (E, hidden)) where the family has expert
     biases."""
     e = spec.num_experts
     p = f"model.layers.{layer}."
     _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
+
+    def runs(per_expert: list[np.ndarray]) -> np.ndarray:  # each (hidden, m)
+        return np.concatenate([np.concatenate(per_expert[r:r + per_run], axis=1)
+                               for r in range(0, e, per_run)], axis=0)
+
     if spec.family == "gpt_oss":
         gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
-        out = {"experts_gate": np.concatenate(list(gate_up[:, :, 0::2]), axis=0),
-               "experts_up": np.concatenate(list(gate_up[:, :, 1::2]), axis=0),
-               "experts_down": np.concatenate(list(weights[p + down]), axis=0),
-               "experts_gate.bias": bias[:, 0::2].reshape(-1),
-               "experts_up.bias": bias[:, 1::2].reshape(-1),
-               "experts_down.bias": weights[p + down + "_bias"]}
-        return out
+        return {"experts_gate": runs(list(gate_up[:, :, 0::2])),
+                "experts_up": runs(list(gate_up[:, :, 1::2])),
+                "experts_down": np.concatenate(list(weights[p + down]), axis=0),
+                "experts_gate.bias": bias[:, 0::2].reshape(-1),
+                "experts_up.bias": bias[:, 1::2].reshape(-1),
+                "experts_down.bias": weights[p + down + "_bias"]}
     return {
-        "experts_gate": np.concatenate([weights[p + gate.format(e=i) + ".weight"].T
-                                        for i in range(e)], axis=0),
-        "experts_up": np.concatenate([weights[p + up.format(e=i) + ".weight"].T
-                                      for i in range(e)], axis=0),
+        "experts_gate": runs([weights[p + gate.format(e=i) + ".weight"].T for i in range(e)]),
+        "experts_up": runs([weights[p + up.format(e=i) + ".weight"].T for i in range(e)]),
         "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
                                         for i in range(e)], axis=0),
     }

@@ -160,7 +160,11 @@ class FunctionalStage:
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.matrices: dict[str, MatrixTiles] = {}
         self.vectors: dict[str, VectorTiles] = {}
-        strips = ([expert_strips(self.model, weights, i) for i in layers]
+        self.per_run = 1
+        if self.model.num_experts and stage.num_layers:  # gate's and up's experts per run
+            up = self.kernels["experts_up"]
+            self.per_run = up.matrix[1] // self.ops["experts_up"].matrix[1]
+        strips = ([expert_strips(self.model, weights, i, self.per_run) for i in layers]
                   if self.model.num_experts and stage.num_layers else [])
         # Per layer: down's expert biases (E, hidden), weighted by the router where the sums
         # collect; the sinks, a logit per query head.
@@ -172,7 +176,8 @@ class FunctionalStage:
             op = self.ops.get(name)
             if op is not None and op.kind == ly.EXPERT_GEMM:
                 if op.experts_summed:  # down's inputs in their strip order
-                    self.down_order = down_order(op.experts, op.matrix[0], k.grid[1])
+                    runs = op.experts // self.per_run
+                    self.down_order = down_order(runs, self.per_run * op.matrix[0], k.grid[1])
                 order = self.down_order if op.experts_summed else slice(None)
                 self.matrices[name] = MatrixTiles.build(k, [st[name][order] for st in strips],
                                                         numerics)
@@ -317,7 +322,8 @@ class FunctionalStage:
         tiles = self.matrices[op.name]
         if not op.experts_summed:
             self._chosen = route
-            out = tiles.multiply_per_expert(index, x, op.experts, self.numerics)
+            out = tiles.multiply_per_run(index, x, op.experts // self.per_run,
+                                         self.numerics)
             if op.name in self.expert_bias:
                 out = self.numerics.round(out + self.expert_bias[op.name][index])
             return np.where(self._routed_columns(route[0]), out, np.float32(0))

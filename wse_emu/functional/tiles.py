@@ -94,21 +94,22 @@ class MatrixTiles:
             out = numerics.round(out + self.bias.vector(layer))
         return out
 
-    def multiply_per_expert(self, layer: int, x: np.ndarray, experts: int,
-                            numerics: Numerics) -> np.ndarray:
-        """A strip of ``experts`` experts one after another along K, each reading the same
-        input: x (tokens, K / experts) -> (tokens, experts x N). Each expert's partial sums,
-        from the columns holding its inputs (a column's share of them only), meet on its run
-        of columns at the end nearer the strip's root, by the program's tree."""
-        from wse_emu.kernels.experts import expert_runs, run_root
+    def multiply_per_run(self, layer: int, x: np.ndarray, runs: int,
+                         numerics: Numerics) -> np.ndarray:
+        """A strip of ``runs`` runs of experts one after another along K, each run reading
+        the same input: x (tokens, K / runs) -> (tokens, runs x N), its experts' outputs in
+        expert order. Each run's partial sums, from the columns holding its inputs (a
+        column's share of them only), meet on the run at the end nearer the strip's root,
+        by the program's tree."""
+        from wse_emu.kernels.experts import run_columns, run_root
 
         k_each = x.shape[1]
         kb = _bounds(self.k_sizes)
         n = int(self.n_sizes.sum())
-        out = np.zeros((len(x), experts, n), np.float32)
+        out = np.zeros((len(x), runs, n), np.float32)
         levels = self.kernel.trees.get("reduce", 2)
-        for e, run in enumerate(expert_runs(self.k_sizes, experts, k_each)):
-            lo = e * k_each
+        for r, run in enumerate(run_columns(self.k_sizes, runs, k_each)):
+            lo = r * k_each
             partials = []
             for a in run:
                 a_lo, a_hi = max(kb[a], lo), min(kb[a + 1], lo + k_each)
@@ -116,8 +117,8 @@ class MatrixTiles:
                 partials.append(np.matmul(x[None, :, a_lo - lo:a_hi - lo], block))
             total = tree_reduce(partials, run_root(run, self.root), np.add, numerics.round,
                                 levels)  # (s, t, nmax)
-            out[:, e, :] = numerics.round(total)[self._out_b, :, self._out_off].T
-        return out.reshape(len(x), experts * n)
+            out[:, r, :] = numerics.round(total)[self._out_b, :, self._out_off].T
+        return out.reshape(len(x), runs * n)
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """An untied embedding (K = vocabulary along the strip): each token's row, gathered

@@ -1,9 +1,11 @@
 """The routed MLP's kernel patterns: the router's top-k, the expert strips and the values on
 their edges, for the tokens a step routes to each expert.
 
-An expert strip holds the E experts of a projection side by side (``ly.Op.strip_matrix``):
-gate and up along their outputs (each row across the strip a range of the E x m columns), down
-along its inputs (each column along the strip a range of the E x m rows). A step's tokens pick
+An expert strip holds the E experts of a projection one after another along the strip
+(``ly.Op.strip_matrix``): gate and up in runs of columns, each run a few experts (one, or as many
+as keep the rows' shares of their outputs even: ``ly.Op.experts_per_run``) reading the whole
+hidden vector, their partial sums meeting on the run; down with its inputs in ``down_order``,
+its reduction summing over the experts. A step's tokens pick
 their experts as the program's routing draws them (``wse_emu.routing``, one draw per layer and
 token tile: ``layer_loads``), so a PE works for exactly the tokens routed to the experts its
 block holds, and a popular expert's PEs are the busiest.
@@ -48,16 +50,16 @@ class RoutedAxis:
         return np.minimum(out, tokens)
 
 
-def down_order(experts: int, m: int, rows: int) -> np.ndarray:
-    """The order of down's inputs along its strip: up leaves each expert's m outputs split
-    over the strip's ``rows`` rows; down takes, row group by row group, that group's slice of
-    every expert (expert-major indices, in strip order). A line along down then gathers its
-    inputs from a few rows of every expert instead of every row of one, and every line works
-    for every routed token."""
-    sizes = even_split(m, rows)
+def down_order(runs: int, span: int, rows: int) -> np.ndarray:
+    """The order of down's inputs along its strip: up leaves each run's ``span`` outputs
+    (its experts' side by side) split over the strip's ``rows`` rows; down takes, row by
+    row, that row's slice of every run (as expert-major indices, in strip order). A line
+    along down then gathers its inputs from a few rows of every run instead of every row of
+    one, and every line works for every routed token."""
+    sizes = even_split(span, rows)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    return np.concatenate([np.arange(x * m + starts[j], x * m + starts[j + 1])
-                           for j in range(rows) for x in range(experts)])
+    return np.concatenate([np.arange(r * span + starts[j], r * span + starts[j + 1])
+                           for j in range(rows) for r in range(runs)])
 
 
 def layer_loads(program, model, layer: int, tokens: int, offset: int) -> np.ndarray:
@@ -118,25 +120,25 @@ def deliver_route(sg, src_pe: int, src_ready: int, lines: np.ndarray, targets: n
         sg.g.then(starts, targets[:, 0])
 
 
-def expert_runs(k_sizes: np.ndarray, experts: int, k_each: int) -> list[np.ndarray]:
-    """Per expert, the columns along the strip holding its inputs (K = experts x k_each split
-    by ``k_sizes``): a run of one or more columns, a column shared where a run ends inside
+def run_columns(k_sizes: np.ndarray, runs: int, k_each: int) -> list[np.ndarray]:
+    """Per run of experts, the columns along the strip holding its inputs (K = runs x k_each
+    split by ``k_sizes``): one or more columns, a column shared where a run ends inside
     it."""
     bounds = np.concatenate([[0], np.cumsum(k_sizes)])
-    first = np.searchsorted(bounds, np.arange(experts) * k_each, side="right") - 1
-    last = np.searchsorted(bounds, (np.arange(experts) + 1) * k_each, side="left") - 1
+    first = np.searchsorted(bounds, np.arange(runs) * k_each, side="right") - 1
+    last = np.searchsorted(bounds, (np.arange(runs) + 1) * k_each, side="left") - 1
     return [np.arange(a, b + 1) for a, b in zip(first, last)]
 
 
 def run_root(run: np.ndarray, strip_root: int) -> int:
-    """Where an expert's partial sums meet: the end of its run nearer the strip's root."""
+    """Where a run's partial sums meet: its end nearer the strip's root."""
     return len(run) - 1 if strip_root > 0 else 0
 
 
-def input_share(k_sizes: np.ndarray, experts: int, k_each: int) -> np.ndarray:
-    """(columns, experts): how many of each expert's inputs each column holds."""
+def input_share(k_sizes: np.ndarray, runs: int, k_each: int) -> np.ndarray:
+    """(columns, runs): how many of each run's inputs each column holds."""
     bounds = np.concatenate([[0], np.cumsum(k_sizes)])
-    lo = np.arange(experts) * k_each
+    lo = np.arange(runs) * k_each
     return np.clip(np.minimum(bounds[1:, None], lo[None, :] + k_each)
                    - np.maximum(bounds[:-1, None], lo[None, :]), 0, None)
 
@@ -157,21 +159,33 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
     d = sg.d
     e, s = st.pe.shape
     t = sg.step_tokens(op.name)
-    k_each = op.matrix[0]
     loads = axis.loads
     if op.experts_summed:
         # Down's inputs in their strip order (``down_order``): each line a few rows' slices
-        # of every expert.
-        down_axis = RoutedAxis(loads, k_each, down_order(op.experts, k_each, s))
-        per_line = down_axis.split(st.k_sizes)
-        touching = down_axis.tokens_touching(st.k_sizes, t)
+        # of every run of up's experts.
+        m = op.matrix[0]
+        per_run = sg.kernels["experts_up"].matrix[1] // m
+        runs = op.experts // per_run
+        down_axis = RoutedAxis(loads, m, down_order(runs, per_run * m, s))
+        per_line = down_axis.split(st.k_sizes).astype(np.float64)
+        inputs = per_line[:, None] * np.ones((1, s))
+        macs = inputs * st.n_sizes[None, :]
+        # Partial sums: one per output for each token the line works for.
+        outputs = down_axis.tokens_touching(st.k_sizes, t)[:, None] * st.n_sizes[None, :]
     else:
-        share = input_share(st.k_sizes, op.experts, k_each)  # (e, E)
-        per_line, touching = share @ loads, (share > 0) @ loads
-    inputs = per_line.astype(np.float64)[:, None] * np.ones((1, s))
-    macs = inputs * st.n_sizes[None, :]
-    # Partial sums: one per output for each token the line works for.
-    outputs = touching[:, None] * st.n_sizes[None, :]
+        # Runs of ``per_run`` experts, their outputs side by side across the strip's rows.
+        h = op.matrix[0]
+        runs = k.matrix[0] // h
+        per_run = op.experts // runs
+        share = input_share(st.k_sizes, runs, h)  # (e, runs): inputs of a run per line
+        run_loads = loads.reshape(runs, per_run).sum(axis=1)
+        # Per run and row across: the routed token-outputs the row's PEs compute.
+        row_values = np.stack([RoutedAxis(loads[r * per_run:(r + 1) * per_run],
+                                          op.matrix[1]).split(st.n_sizes)
+                               for r in range(runs)])  # (runs, s)
+        macs = (share @ row_values).astype(np.float64)
+        inputs = (share @ run_loads).astype(np.float64)[:, None] * np.ones((1, s))
+        outputs = ((share > 0) @ row_values).astype(np.float64)
     # A prefill's multiply runs as a chain of slices of the tokens, as a dense strip's does.
     slices = -(-t // 512) if sg.step.phase == "prefill" else 1
     first = compute = None
@@ -187,16 +201,14 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
     first, done = first.reshape(e, s), compute.reshape(e, s)
     src_pes, src_sizes, src_ready = pieces
     if op.experts_summed:
-        # The routed activations, expert by expert on up's runs, taken in down's order.
-        n = op.experts
-        take = (np.arange(n)[None, :] * s + np.arange(s)[:, None]).ravel()
+        # The routed activations, run by run of up's experts, taken in down's order.
+        take = (np.arange(runs)[None, :] * s + np.arange(s)[:, None]).ravel()
         sg.spread(st, src_pes[take], src_sizes[take], src_ready[take], first, down_axis)
     else:
-        # Every expert reads the whole hidden vector: the source, once per expert along K,
-        # each piece for the tokens routed to that expert.
-        n = op.experts
-        sg.spread(st, np.tile(src_pes, n), np.tile(src_sizes, n), np.tile(src_ready, n),
-                  first, RoutedAxis(loads, k_each))
+        # Every run reads the whole hidden vector: the source, once per run along K, each
+        # piece for the tokens routed to the run's experts.
+        sg.spread(st, np.tile(src_pes, runs), np.tile(src_sizes, runs),
+                  np.tile(src_ready, runs), first, RoutedAxis(run_loads, h))
     deliver_route(sg, *route_at, st.pe, first, k.name)
     if op.experts_summed:
         rows = np.ascontiguousarray(st.pe.T)
@@ -209,39 +221,39 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
             sg.g.then(total, biased)
             total = biased
         return out_pes, out_sizes, total
-    out_pes, ready = _reduce_per_expert(sg, st, op, done, loads, kind)
-    out_sizes = np.tile(st.n_sizes, op.experts)
+    out_pes, ready = _reduce_per_run(sg, st, done, row_values, kind)
+    out_sizes = np.tile(st.n_sizes, runs)  # the experts' outputs, in expert order
     if op.bias:  # each expert's bias on its routed tokens' outputs
-        values = np.repeat(loads, s) * out_sizes
-        biased = sg.work(out_pes, ly.bias_work(1, values, d), k.name)
+        biased = sg.work(out_pes, ly.bias_work(1, row_values.ravel(), d), k.name)
         sg.g.then(ready, biased)
         ready = biased
     return out_pes, out_sizes, ready
 
 
-def _reduce_per_expert(sg, st, op: ly.Op, done: np.ndarray, loads: np.ndarray, kind: int):
-    """Each expert's partial sums, on each row across the strip, along its own run of
-    columns to the run's root end; experts with no token skip it. Returns (per expert and
-    row, the PE holding the sums and its final task)."""
+def _reduce_per_run(sg, st, done: np.ndarray, row_values: np.ndarray, kind: int):
+    """Each run's partial sums, on each row across the strip, along the run's columns to
+    its root end; a row without routed outputs skips it. Returns (per run and row, the PE
+    holding the sums and its final task)."""
     e, s = st.pe.shape
-    runs = expert_runs(st.k_sizes, op.experts, op.matrix[0])
-    out_pes = np.empty(op.experts * s, dtype=np.int64)
-    ready = np.empty(op.experts * s, dtype=np.int64)
-    by_length: dict[int, list[int]] = {}
-    for x, run in enumerate(runs):
+    runs = run_columns(st.k_sizes, len(row_values), st.kernel.matrix[0] // len(row_values))
+    out_pes = np.empty(len(runs) * s, dtype=np.int64)
+    ready = np.empty(len(runs) * s, dtype=np.int64)
+    by_length: dict[int, list[tuple[int, int]]] = {}
+    for r, run in enumerate(runs):
         root = run[run_root(run, st.root)]
-        out_pes[x * s:(x + 1) * s] = st.pe[root]
-        ready[x * s:(x + 1) * s] = done[root]
-        if len(run) > 1 and loads[x]:
-            by_length.setdefault(len(run), []).append(x)
+        out_pes[r * s:(r + 1) * s] = st.pe[root]
+        ready[r * s:(r + 1) * s] = done[root]
+        routed_rows = np.flatnonzero(row_values[r])
+        if len(run) > 1 and len(routed_rows):
+            by_length.setdefault(len(run), []).extend((r, int(b)) for b in routed_rows)
     levels = st.kernel.trees.get("reduce", 2)
     for length, chosen in by_length.items():
-        lines = np.concatenate([st.pe[runs[x]].T for x in chosen])  # (experts x s, length)
-        ready_lines = np.concatenate([done[runs[x]].T for x in chosen])
-        values = np.concatenate([loads[x] * st.n_sizes for x in chosen])
+        lines = np.stack([st.pe[runs[r], b] for r, b in chosen])  # (lines, length)
+        ready_lines = np.stack([done[runs[r], b] for r, b in chosen])
+        values = np.array([row_values[r, b] for r, b in chosen])
         roots = np.full(len(lines), run_root(np.arange(length), st.root))
         total = line_reduce(sg.g, lines, roots, ready_lines, wavelets(values, sg.d),
                             sg.cost.add(values, sg.d), kind, levels=levels)
-        for i, x in enumerate(chosen):
-            ready[x * s:(x + 1) * s] = total[i * s:(i + 1) * s]
+        for (r, b), task in zip(chosen, total):
+            ready[r * s + b] = task
     return out_pes, ready
