@@ -128,6 +128,15 @@ def test_cli_runs_an_expert_model_under_a_stated_routing(tmp_path, capsys):
         assert main(["run", *common, "--routing", routing]) == 0
         steps.append(json.loads(capsys.readouterr().out)["step_cycles"])
     assert steps[1] > steps[0]
+    # A compiled run directory is timed under the routing the flags state, and says so.
+    out = tmp_path / "compiled"
+    assert main(["compile", str(path), "--fabric", "mesh16", "--region", "16x16", "-o",
+                 str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), *common[5:], "--routing", "skewed:2"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_cycles"] == steps[1]
+    assert main(["run", str(out), *common[5:-1], "--routing", "skewed:2"]) == 0
+    assert "skewed 2 routing, seed 0" in capsys.readouterr().out.splitlines()[0]
     assert main(["compile", "tiny", "--routing", "skewed:1"]) == 2
     err = capsys.readouterr().err
     assert "apply to a mixture of experts" in err and err.count("\n") == 1

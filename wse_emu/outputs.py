@@ -15,6 +15,7 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram
+from wse_emu.routing import routing_of
 from wse_emu.runner import RegionRun
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows
 from wse_emu.timeline import chrome_trace
@@ -52,6 +53,7 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
     return {
         "model": program.model.name, "cluster": f"{program.systems} x {program.fabric.name}",
         "region": run.region, "engine": run.engine,
+        "routing": routing_of(opts).describe() if program.model.is_moe else None,
         "step": {"phase": run.step.phase, "tokens": run.step.tokens, "batch": run.step.batch,
                  "context": run.step.context, "tiles": len(run.step.tiles())},
         "step_cycles": run.step_cycles, "step_seconds": run.step_seconds,

@@ -16,6 +16,7 @@ from wse_emu.layer import MicroBatch
 from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
+from wse_emu.routing import parse_routing
 from wse_emu.runner import HandoffRun, kv_handoff, run_region
 
 DEFAULT_TILES = 4
@@ -49,11 +50,25 @@ def add_parser(sub, summary: str) -> None:
 def load_or_compile(args) -> WaferProgram:
     target = Path(args.target)
     if target.is_dir() and (target / "program.json").exists():
-        return WaferProgram.load(target)
+        return with_routing(WaferProgram.load(target), args)
     if target.is_dir():
         raise UserError(f"{target}: no program.json (compile one with 'wse-emu compile -o')")
     args.model = args.target
     return compile_from_args(args)
+
+
+def with_routing(program: WaferProgram, args) -> WaferProgram:
+    """A compiled program timed under the routing the flags state (it moves no weight, so a
+    run directory's program takes it as it is)."""
+    if args.routing == "uniform" and not args.routing_seed:
+        return program
+    if not program.model.is_moe:
+        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
+                        f"{program.model.name} is dense")
+    parse_routing(args.routing, args.routing_seed)
+    program.options = {**program.options, "routing": args.routing,
+                       "routing_seed": args.routing_seed}
+    return program
 
 
 def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
@@ -143,7 +158,8 @@ def render(d: dict, output: str | None) -> str:
     what = (f"prefill of {st['tokens']} tokens in {st['tiles']} tiles" if st["phase"] == "prefill"
             else f"decode of batch {st['batch']} at context {st['context']}")
     lines = [
-        f"{d['model']} on {d['cluster']}, region {d['region']}: {what}, {d['engine']} engine",
+        f"{d['model']} on {d['cluster']}, region {d['region']}: {what}, {d['engine']} engine"
+        + (f", {d['routing']}" if d.get("routing") else ""),
         f"  step                 {d['step_cycles']:,.0f} cycles = {seconds(d['step_seconds'])}",
         f"  tokens/s             {si(d['tokens_per_s_alone'])} for one micro-batch alone, "
         f"{si(d['tokens_per_s_pipelined'])} with the pipeline full",
