@@ -16,7 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
-from wse_emu.kernels.primitives import VC_TRANSFER, line_broadcast, line_reduce, wavelets
+from wse_emu.kernels.primitives import (
+    SLICE_TOKENS,
+    VC_TRANSFER,
+    line_broadcast,
+    line_reduce,
+    wavelets,
+)
 from wse_emu.routing import routing_of
 from wse_emu.splits import even_split
 
@@ -187,18 +193,11 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
         inputs = (share @ run_loads).astype(np.float64)[:, None] * np.ones((1, s))
         outputs = ((share > 0) @ row_values).astype(np.float64)
     # A prefill's multiply runs as a chain of slices of the tokens, as a dense strip's does.
-    slices = -(-t // 512) if sg.step.phase == "prefill" else 1
-    first = compute = None
-    for i in range(slices):
-        part = sg.work(st.pe, ly.routed_matrix_work(macs / slices, inputs / slices,
-                                                    outputs / slices, d, sg.stored(k.name)),
-                       k.name)
-        if compute is None:
-            first = part
-        else:
-            sg.g.then(compute, part)
-        compute = part
-    first, done = first.reshape(e, s), compute.reshape(e, s)
+    slices = -(-t // SLICE_TOKENS) if sg.step.phase == "prefill" else 1
+    slice_work = ly.routed_matrix_work(macs / slices, inputs / slices, outputs / slices, d,
+                                       sg.stored(k.name))
+    first, done = sg.chain(st.pe, [slice_work] * slices, k.name)
+    first, done = first.reshape(e, s), done.reshape(e, s)
     src_pes, src_sizes, src_ready = pieces
     if op.experts_summed:
         # The routed activations, run by run of up's experts, taken in down's order.

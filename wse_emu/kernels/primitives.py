@@ -13,6 +13,8 @@ from wse_emu.engines.messages import LINE
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.trees import tree_plan
 
+SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
+
 # Virtual channels by traffic class (the cycle engine maps colors onto these).
 VC_BCAST, VC_REDUCE1, VC_REDUCE2, VC_TRANSFER = 0, 1, 2, 3
 

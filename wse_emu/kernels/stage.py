@@ -30,6 +30,7 @@ from wse_emu import layer as ly
 from wse_emu.kernels.experts import RoutedAxis, deliver_route, expert_matrix, layer_loads, route
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
+    SLICE_TOKENS,
     CostModel,
     line_broadcast,
     VC_TRANSFER,
@@ -42,7 +43,6 @@ from wse_emu.layer import MicroBatch
 from wse_emu.program import Kernel, Stage, WaferProgram
 from wse_emu.splits import even_split
 
-SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
 # A decode multiply is cut by output columns into up to MAX_CHUNKS pieces of at least
 # MIN_CHUNK_CYCLES each: enough to hide most of the reduction without swamping the PE with
 # tasks.
@@ -152,6 +152,19 @@ class StageGraph:
                 *(float(v.sum()) for v in parts))
         return self.g.tasks(pes, self.cost.cycles(*parts), self.kind[kernel])
 
+    def chain(self, pes, works: list[ly.Work], kernel: str,
+              after: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Tasks on ``pes`` doing ``works`` one after another (after ``after``'s tasks);
+        returns the first and the last."""
+        first = last = after
+        for i, work in enumerate(works):
+            part = self.work(pes, work, kernel)
+            if last is not None:
+                self.g.then(last, part)
+            first = part if i == 0 else first
+            last = part
+        return first, last
+
     @staticmethod
     def entries(st: Strip) -> np.ndarray:
         """Where each line across the strip takes its input segment in: at the position
@@ -199,15 +212,10 @@ class StageGraph:
         first = compute = None
         piece_done = []
         for c in range(chunks):
-            for n_tok in per:
-                part = self.work(st.pe, ly.matrix_work(ka, n_parts[None, :, c], n_tok, d,
-                                                       self.stored(k.name)),
-                                 k.name)
-                if compute is None:
-                    first = part
-                else:
-                    self.g.then(compute, part)
-                compute = part
+            head, compute = self.chain(st.pe, [ly.matrix_work(
+                ka, n_parts[None, :, c], n_tok, d, self.stored(k.name)) for n_tok in per],
+                k.name, after=compute)
+            first = head if first is None else first
             piece_done.append(compute.reshape(e, s))
         first = first.reshape(e, s)
         if pieces is not None:
