@@ -82,18 +82,7 @@ def test_op_graph_kernels_and_tasks_agree(family, step):
     # FLOPs and SRAM traffic per kernel: the graph's (over the stage's layers and the step's
     # tiles) against what the simulated tasks do.
     for stage in program.stages:
-        want: dict[str, float] = {}
-        for row in rows:
-            in_stage = (row.layer is None and row.op in {k.name for k in
-                                                         program.stage_kernels(stage)}) or (
-                row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1])
-            if in_stage:
-                want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
-        sg = StageGraph(program, stage, step)
-        sg.build()
-        got = {name: w.flops for name, w in sg.ledger.items()}
-        for name in set(want) | set(got):
-            assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
+        sg = tasks_do_the_graphs_flops(program, stage, rows, step)
         for k in program.stage_kernels(stage):
             if k.kind in ("norm", "elementwise"):
                 t = ly.op_tokens(ops[k.name], step) * (1 if k.layers == 1 else k.layers)
@@ -104,6 +93,24 @@ def test_op_graph_kernels_and_tasks_agree(family, step):
                         + ly.elementwise_work(ly.NORM_SCALE, t * k.length, d))
                 assert sg.ledger[k.name].reads == pytest.approx(work.reads), k.name
                 assert sg.ledger[k.name].writes == pytest.approx(work.writes), k.name
+
+
+def tasks_do_the_graphs_flops(program, stage, rows, step) -> StageGraph:
+    """Per kernel of ``stage``, the FLOPs of the op graph's ``rows`` it runs (over the stage's
+    layers and the step's tiles) are those its simulated tasks do; returns the built graph."""
+    ops = ly.ops_by_name(program.model)
+    names = {k.name for k in program.stage_kernels(stage)}
+    want: dict[str, float] = {}
+    for row in rows:
+        if (row.layer is None and row.op in names) or (
+                row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1]):
+            want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
+    sg = StageGraph(program, stage, step)
+    sg.build()
+    got = {name: w.flops for name, w in sg.ledger.items()}
+    for name in set(want) | set(got):
+        assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
+    return sg
 
 
 def graph_params(graph) -> int:

@@ -9,15 +9,14 @@ import dataclasses
 import json
 
 import pytest
+from test_architectures import tasks_do_the_graphs_flops
 
 from compiler.intensity import analyze
 from compiler.mapper import compile_model
 from compiler.opgraph import build_op_graph
 from compiler.options import CompileOptions
-from wse_emu import layer as ly
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.kernels.stage import StageGraph
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
@@ -69,19 +68,8 @@ def test_expert_tasks_do_the_layer_descriptions_flops(family, phase):
     step = STEPS[phase]
     program = compiled(spec)
     rows = analyze(build_op_graph(spec), spec, step, program.fabric)["ops"]
-    ops = ly.ops_by_name(spec)
     for stage in program.stages:
-        want: dict[str, float] = {}
-        names = {k.name for k in program.stage_kernels(stage)}
-        for row in rows:
-            if (row.layer is None and row.op in names) or (
-                    row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1]):
-                want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
-        sg = StageGraph(program, stage, step)
-        sg.build()
-        got = {name: w.flops for name, w in sg.ledger.items()}
-        for name in set(want) | set(got):
-            assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
+        tasks_do_the_graphs_flops(program, stage, rows, step)
 
 
 def test_both_engines_time_the_expert_patterns_alike():
