@@ -32,7 +32,10 @@ def kernel_kinds(program: WaferProgram, system: int = 0) -> np.ndarray:
     out = _blank(program)
     for k in program.kernels:
         r = k.rect
-        if r.system == system and k.kind in KERNEL_KINDS:
+        # An expert activation or combine spans its strip but runs on its runs' root PEs
+        # only: the strip stays a matrix kernel's.
+        on_runs = k.kind in ("norm", "elementwise") and r.w > 1 and r.h > 1
+        if r.system == system and k.kind in KERNEL_KINDS and not on_runs:
             out[r.y:r.y1, r.x:r.x1] = KERNEL_KINDS.index(k.kind)
     return out
 
