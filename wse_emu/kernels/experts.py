@@ -21,6 +21,7 @@ from wse_emu.kernels.primitives import (
     VC_TRANSFER,
     line_broadcast,
     line_reduce,
+    overlaps,
     wavelets,
 )
 from wse_emu.routing import routing_of
@@ -149,6 +150,34 @@ def input_share(k_sizes: np.ndarray, runs: int, k_each: int) -> np.ndarray:
                    - np.maximum(bounds[:-1, None], lo[None, :]), 0, None)
 
 
+def gather_into_lines(sg, st, src_pes: np.ndarray, src_sizes: np.ndarray,
+                      src_ready: np.ndarray, targets: np.ndarray, axis: RoutedAxis) -> None:
+    """An expert strip's input: each line across the strip collects the routed values of its
+    input segment at its entry PE, from however many source pieces hold them, and multicasts
+    the segment along the line into ``targets`` ((e, s) tasks). A line no routed token needs
+    gets nothing (the routing, which every PE receives, tells it not to wait)."""
+    kind = sg.kind[st.kernel.name]
+    e, s = st.pe.shape
+    si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
+    values = axis.values(lo, hi)
+    keep = values > 0
+    si, line, values = si[keep], line[keep], values[keep]
+    at = sg.entries(st)
+    land = st.pe[np.arange(e), at]
+    got = sg.g.tasks(land, 0, kind)
+    local = src_pes[si] == land[line]
+    sg.g.then(src_ready[si[local]], got[line[local]])
+    sg.g.send(src_ready[si[~local]], src_pes[si[~local]], land[line[~local]],
+              wavelets(values[~local], sg.d), got[line[~local]], 0, VC_TRANSFER)
+    fed = np.flatnonzero(np.bincount(line, minlength=e))
+    per_line = np.bincount(line, weights=values, minlength=e).astype(np.int64)
+    if s > 1:
+        line_broadcast(sg.g, st.pe[fed], at[fed], got[fed], wavelets(per_line[fed], sg.d), kind,
+                       targets=targets[fed])
+    else:
+        sg.g.then(got[fed], targets[fed, 0])
+
+
 def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
                   route_at: tuple[int, int]):
     """An expert strip for the step's routed tokens; returns (the PEs holding its outputs,
@@ -202,12 +231,13 @@ def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
     if op.experts_summed:
         # The routed activations, run by run of up's experts, taken in down's order.
         take = (np.arange(runs)[None, :] * s + np.arange(s)[:, None]).ravel()
-        sg.spread(st, src_pes[take], src_sizes[take], src_ready[take], first, down_axis)
+        gather_into_lines(sg, st, src_pes[take], src_sizes[take], src_ready[take], first,
+                          down_axis)
     else:
         # Every run reads the whole hidden vector: the source, once per run along K, each
         # piece for the tokens routed to the run's experts.
-        sg.spread(st, np.tile(src_pes, runs), np.tile(src_sizes, runs),
-                  np.tile(src_ready, runs), first, RoutedAxis(run_loads, h))
+        gather_into_lines(sg, st, np.tile(src_pes, runs), np.tile(src_sizes, runs),
+                          np.tile(src_ready, runs), first, RoutedAxis(run_loads, h))
     deliver_route(sg, *route_at, st.pe, first, k.name)
     if op.experts_summed:
         rows = np.ascontiguousarray(st.pe.T)

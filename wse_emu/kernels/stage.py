@@ -246,22 +246,13 @@ class StageGraph:
         return biased
 
     def spread(self, st: Strip, src_pes: np.ndarray, src_sizes: np.ndarray,
-               src_ready: np.ndarray, targets: np.ndarray,
-               axis: RoutedAxis | None = None) -> None:
+               src_ready: np.ndarray, targets: np.ndarray) -> None:
         """Each overlap of a source piece with a line's input segment goes to the line's PE
         nearest the source, which multicasts it along the line into ``targets`` ((e, s)
-        tasks that wait for the whole segment). On an expert axis only the routed tokens'
-        values travel."""
+        tasks that wait for the whole segment)."""
         kind, t = self.kind[st.kernel.name], self.step_tokens(st.kernel.name)
         si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
-        values = (hi - lo) * t if axis is None else axis.values(lo, hi)
-        if axis is not None:
-            # A piece no routed token needs is not sent: the routing, which every PE of the
-            # strip receives, tells the line not to wait for it.
-            keep = values > 0
-            si, line, values = si[keep], line[keep], values[keep]
-            if not len(si):
-                return
+        values = (hi - lo) * t
         w = self.g.width
         sx, sy = src_pes[si] % w, src_pes[si] // w
         cand = st.pe[line]  # (overlaps, s)
