@@ -130,6 +130,17 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
            "model's dtype only" in bad.stderr
 
 
+def test_qwen3_235b_compiles_on_the_fewest_wse3_its_tiles_lay_out_on():
+    from compiler.mapper import compile_model
+
+    model = load_model("qwen3-235b-a22b")  # 470 GB in bfloat16: 13 WSE-3 by SRAM
+    with pytest.raises(CompileError, match="needs 14 x wse3 per replica: 13 hold its weights "
+                                           "by SRAM.*`systems=14` or more"):
+        compile_model(model, ClusterSpec(load_fabric("wse3"), 13))
+    program = compile_model(model, ClusterSpec(load_fabric("wse3"), 14))
+    assert len(program.regions[0].parts) == 14 and len(program.stages) == 94
+
+
 @pytest.mark.parametrize("name,gib,wafers", [("gpt-oss-20b", 12.8, 1), ("gpt-oss-120b", 60.8, 2)])
 def test_mxfp4_experts_size_gpt_oss_as_its_published_checkpoints(name, gib, wafers):
     # The model card's checkpoint sizes: experts in MXFP4, everything else in bfloat16.
