@@ -125,6 +125,9 @@ def test_cli_runs_an_expert_model_under_a_stated_routing(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["step_cycles"] == steps[1]
     assert main(["run", str(out), *common[5:-1], "--routing", "skewed:2"]) == 0
     assert "skewed 2 routing, seed 0" in capsys.readouterr().out.splitlines()[0]
-    assert main(["compile", "tiny", "--routing", "skewed:1"]) == 2
-    err = capsys.readouterr().err
-    assert "apply to a mixture of experts" in err and err.count("\n") == 1
+    for command in (["compile", "tiny"], ["experiment", "disagg", "tiny", "--fabric", "mesh16",
+                                          "--workload", "chat", "--ttft-slo", "1",
+                                          "--tpot-slo", "0.01"]):
+        assert main([*command, "--routing", "skewed:1"]) == 2
+        err = capsys.readouterr().err
+        assert "apply to a mixture of experts" in err and err.count("\n") == 1

@@ -24,6 +24,7 @@ from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, load_model
 from wse_emu.program import WaferProgram
+from wse_emu.routing import Routing
 from wse_emu.runner import RegionRun, run_region
 from wse_emu.runtime.comparison import (
     Space,
@@ -111,7 +112,7 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
                tpot_s: float, fabric: FabricSpec | str = "wse3", systems: int = 1,
                space: Space = Space(), seeds: int = 1, attainment: float = 0.9,
                workers: int = 1, cache_dir: Path | str | None = None,
-               progress=None) -> dict:
+               progress=None, routing: Routing = Routing()) -> dict:
     """Colocated against disaggregated serving of ``workload``: both plans tuned, each plan's
     best confirmed on long runs, over ``seeds`` draws; the report ``experiment disagg --json``
     prints. ``workers``: local worker processes (1: run here; 0: one per core). Without dask
@@ -126,7 +127,7 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
         data, _ = disagg_experiment(
             model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,
             lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress,
-                                         grid=space.grid),
+                                         grid=space.grid, routing=routing),
             space, progress=progress, more_draws=draws[1:],
             longer=longer_draws(spec, seeds))
     if seeds > 1:
@@ -217,7 +218,7 @@ def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")
 
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
                   copies=(1,), progress=None, splits: list[dict] | None = None,
-                  grid: str = "full") -> tuple[dict, list[str]]:
+                  grid: str = "full", routing: Routing = Routing()) -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
     (side by side in column bands), and disaggregated at each of ``splits`` (by default every
     split ``disaggregated_splits`` proposes). A layout that does not compile, or whose regions
@@ -256,7 +257,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         if progress:
             progress(f"compiling and timing {plan} {name}")
         try:
-            program = compile_model(model, cluster, CompileOptions(plan=plan, **split))
+            program = compile_model(model, cluster, CompileOptions(
+                plan=plan, routing=routing.spec(), routing_seed=routing.seed, **split))
         except CompileError as exc:
             if plan == "colocated" and not split:
                 raise

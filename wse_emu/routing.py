@@ -56,6 +56,10 @@ class Routing:
         return np.bincount(self.draw(experts, top_k, tokens, layer, offset).ravel(),
                            minlength=experts)
 
+    def spec(self) -> str:
+        """As ``parse_routing`` reads it."""
+        return "uniform" if self.kind == "uniform" else f"skewed:{self.skew:g}"
+
     def describe(self) -> str:
         shape = "uniform" if self.kind == "uniform" else f"skewed {self.skew:g}"
         return f"{shape} routing, seed {self.seed}"

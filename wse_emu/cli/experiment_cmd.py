@@ -16,6 +16,7 @@ from wse_emu.fmt import seconds, si, table
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
+from wse_emu.routing import Routing, parse_routing
 from wse_emu.runtime.comparison import (
     TUNING_REQUESTS,
     Space,
@@ -107,6 +108,10 @@ def add_parser(sub, summary: str) -> None:
                    help="stage tables' micro-batch shapes: full (55 per region), or quick (21, "
                    "within 5%% of full on Llama-3.1-8B, for a first look; sequences per "
                    "micro-batch up to 64, prefill tiles up to 256 tokens)")
+    d.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
+                   help="a mixture of experts: how the timed steps' tokens pick their experts "
+                        "(Zipf skew S; default uniform)")
+    d.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
@@ -157,6 +162,10 @@ def run(args):
                                                                 args.seeds)
 
     model = load_model(args.model)
+    routing = parse_routing(args.routing, args.routing_seed)
+    if not model.is_moe and routing != Routing():
+        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
+                        f"{model.name} is dense")
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     cache = default_cache_dir(args.cache_dir)
 
@@ -164,7 +173,7 @@ def run(args):
         data, configs = disagg_experiment(
             model, cluster, spec.name, draws[0], targets, pool,
             lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status,
-                                         grid=space.grid),
+                                         grid=space.grid, routing=routing),
             space, args.tolerance, status, draws[1:], args.price_per_system_hour,
             longer_draws(spec, args.seeds, transform))
         if len(draws) > 1:

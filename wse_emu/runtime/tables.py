@@ -158,10 +158,11 @@ def _position(x: list, a: float) -> tuple[int, float]:
 
 def _timing_sources() -> bytes:
     """The code a stage's time comes from (kernel patterns, the layer description, the
-    engines, the runner): a cached table is reused only while all of it is unchanged."""
+    engines, the runner, the experts' routing): a cached table is reused only while all of it
+    is unchanged."""
     root = Path(__file__).resolve().parent.parent
     files = sorted([*(root / "kernels").glob("*.py"), *(root / "engines").glob("*.py"),
-                    root / "layer.py", root / "runner.py"])
+                    root / "layer.py", root / "runner.py", root / "routing.py"])
     return b"".join(f.read_bytes() for f in files)
 
 
