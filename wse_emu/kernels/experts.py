@@ -1,14 +1,14 @@
-"""The routed MLP's kernel patterns: the router's top-k, the expert strips and the values on
-their edges, for the tokens a step routes to each expert.
+"""The routed MLP's kernel patterns: the router's top-k, the expert strips, and how the
+tokens a step routes to each expert reach them.
 
 An expert strip holds the E experts of a projection one after another along the strip
 (``ly.Op.strip_matrix``): gate and up in runs of columns, each run a few experts (one, or as many
 as keep the rows' shares of their outputs even: ``ly.Op.experts_per_run``) reading the whole
 hidden vector, their partial sums meeting on the run; down with its inputs in ``down_order``,
-its reduction summing over the experts. A step's tokens pick
-their experts as the program's routing draws them (``wse_emu.routing``, one draw per layer and
-token tile: ``layer_loads``), so a PE works for exactly the tokens routed to the experts its
-block holds, and a popular expert's PEs are the busiest.
+its reduction summing over the experts. A step's tokens pick their experts as the program's
+routing draws them (``wse_emu.routing``, one draw per token tile and layer: ``layer_loads``),
+so a PE works for exactly the tokens routed to the experts its block holds, and a popular
+expert's PEs are the busiest.
 """
 
 from __future__ import annotations
