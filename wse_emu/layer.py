@@ -115,7 +115,6 @@ KERNEL_KINDS = {
                                   SWIGLU_CLAMPED)},
     ROUTE: "route", EXPERT_GEMM: "matrix", COMBINE: "elementwise",
 }
-MOE_KINDS = (ROUTE, EXPERT_GEMM, SWIGLU_CLAMPED, COMBINE)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ class RoutedAxis:
 
     def __init__(self, loads: np.ndarray, width: int, order: np.ndarray | None = None):
         self.loads = np.asarray(loads, dtype=np.int64)
-        self.width = width  # one expert's span on the axis
-        # order[i]: the expert-major index of the axis' i-th element (None: expert-major).
+        # ``width``: one expert's span on the axis; order[i]: the expert-major index of the
+        # axis' i-th element (None: expert-major).
         expert = np.arange(len(self.loads) * width) // width
         self.expert = expert if order is None else expert[order]
         self.cum = np.concatenate([[0], np.cumsum(self.loads[self.expert])])
