@@ -109,9 +109,9 @@ def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> 
             if not (model.num_experts and not options.layers_per_stage and tries
                     and most < model.num_layers):
                 raise
-            # An expert strip's row holds E experts' outputs, and its buffers as many: a
-            # wider stage makes the rows narrower, so that the buffers fit without taking
-            # the weights' room.
+            # With experts, a layout whose buffers leave the weights too little room may
+            # still fit with more layers per stage (wider stages, narrower rows): try that
+            # before giving up.
             fewest = max(most + 1, 2 * most)
             reserve, tries = INITIAL_BUFFER_RESERVE, 0
             continue
@@ -332,8 +332,8 @@ class _Builder:
         # gather holds its output row slices and the token ids.
         out_seg = even_split(matrix[1], short)[:, None] * np.ones((1, e), np.int64)
         per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
-        # An expert strip's row spans E experts' outputs: it keeps one token's partial sums
-        # (a decode multiplies its whole batch in one pass, token after token).
+        # An expert strip's PE keeps one token's partial sums: it works for a token only
+        # when the token routes to its experts, one such token after another.
         tokens = 1 if strip.spread_vectors else self.options.buffer_tokens
         act = per_token * tokens + INPUT_FIFO_BYTES
         if lay.axis == "y":
