@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 def compile_model(model: ModelSpec, cluster: ClusterSpec,
                   options: CompileOptions | None = None) -> WaferProgram:
     options = options or CompileOptions()
-    # (partition, first, refuses what cannot be mapped: check_mappable)
     plans, templates = _plan_and_template(model, cluster, options)
     program = _instantiate(model, cluster, options, plans, templates)
     verify(program)
@@ -163,10 +162,11 @@ def verify(program: WaferProgram) -> None:
         raise AssertionError(f"a PE holds {int(total.max())} bytes > {fabric.sram_bytes_per_pe}")
     weights = int(program.arrays["sram_weights"].astype(np.int64).sum())
     expected = model.weight_bytes() * len(program.regions)
-    # A packed format (MXFP4's 4.25 bits) rounds each PE's block up to whole bytes.
-    slack = 0 if not model.quantized else sum(
-        k.grid[0] * k.grid[1] for k in program.kernels if k.kind == "matrix") + 1
-    if not 0 <= weights - expected + (1 if slack else 0) <= slack:
+    # A packed format (MXFP4's 4.25 bits) rounds each PE's block up to whole bytes, and the
+    # model's total to the nearest byte.
+    blocks = sum(k.grid[0] * k.grid[1] for k in program.kernels if k.kind == "matrix") \
+        if model.quantized else 0
+    if not -min(blocks, 1) <= weights - expected <= blocks:
         raise AssertionError(f"per-PE weights sum to {weights}, expected {expected}")
     if sum(k.weight_bytes for k in program.kernels) != weights:
         raise AssertionError("kernel weight bytes do not add up to the PEs'")

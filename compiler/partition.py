@@ -148,18 +148,12 @@ def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int
             f"weights); the {role} role has {have}: {fix}")
 
 
-def check_mappable(model: ModelSpec) -> None:
-    """Refuse, by name, a model whose layers the compiler cannot map (every family it reads
-    maps today: the hook stays for the next one)."""
-
-
 def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
               replicas_cap: int | None = None, span: int | None = None) -> list[RegionPlan]:
     """``span``: wafers per replica when more than SRAM alone needs (a layout that does not
     fit the fewest)."""
     fabric = cluster.fabric
     span = span or wafers_needed(model, fabric)
-    check_mappable(model)
     whole = Rect(0, 0, 0, fabric.width, fabric.height)
     if options.region is not None and span > 1:
         rw, rh = options.region

@@ -37,24 +37,37 @@ class StripSpec:
     vectors: dict[str, int] = field(default_factory=dict)  # name -> length, per layer
     vector_layers: dict[str, int] = field(default_factory=dict)
     bytes_per_weight: float = 2  # the matrix's storage format
-    active_share: float = 1.0  # of the weights one token uses (its experts', in an expert strip)
-    # Vectors spread over the body instead of the root edge (an expert strip's biases, E
-    # times a dense one's, would crowd its edge line).
-    spread_vectors: bool = False
-    experts: int = 0  # an expert strip: its experts lie one after another along it
-    experts_summed: bool = False  # and its reduction sums them (down), else per expert
-    op: ly.Op | None = None
+    experts_op: ly.Op | None = None  # an expert strip's op (its experts along the strip)
+
+    @property
+    def experts(self) -> int:
+        return self.experts_op.experts if self.experts_op is not None else 0
+
+    @property
+    def experts_summed(self) -> bool:
+        """An expert strip whose reduction sums its experts (down), else per expert."""
+        return self.experts_op is not None and self.experts_op.experts_summed
+
+    @property
+    def spread_vectors(self) -> bool:
+        """Vectors spread over the body instead of the root edge: an expert strip's biases,
+        E times a dense one's, would crowd its edge line."""
+        return self.experts_op is not None
 
     def shape(self, rows: int) -> tuple[int, int]:
         """(K, N) on a strip ``rows`` rows across (gate's and up's runs grouped:
         ``ly.Op.run_matrix``)."""
-        return self.op.run_matrix(rows) if self.op is not None else (self.k, self.n)
+        return self.experts_op.run_matrix(rows) if self.experts_op is not None \
+            else (self.k, self.n)
 
     @property
     def work(self) -> float:
         """Decode work: bytes read per token. The embedding gathers one row: no area needed;
         an expert strip reads its token's experts only."""
-        return 0.0 if self.name == "embedding" else float(self.weight_bytes) * self.active_share
+        if self.name == "embedding":
+            return 0.0
+        share = self.experts_op.top_k / self.experts if self.experts_op is not None else 1.0
+        return float(self.weight_bytes) * share
 
 
 @dataclass
@@ -86,10 +99,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
         k, n = op.strip_matrix
         per_weight = model.matrix_bytes_per_weight(expert=op.kind == ly.EXPERT_GEMM)
         s = StripSpec(op.name, k, n, layers, math.ceil(k * n * layers * per_weight),
-                      bytes_per_weight=per_weight,
-                      active_share=op.top_k / op.experts if op.experts else 1.0,
-                      spread_vectors=bool(op.experts), experts=op.experts,
-                      experts_summed=op.experts_summed, op=op if op.experts else None)
+                      bytes_per_weight=per_weight, experts_op=op if op.experts else None)
         if op.bias:
             length = n * max(op.experts, 1)  # each expert's own
             s.vectors[op.name[0] + "_bias"] = length
@@ -311,14 +321,20 @@ def strip_min_extent(strip: StripSpec, short_side: int, budget: int,
     if strip.spread_vectors:
         # Spread over the body: each line along the strip shares its row's values.
         k, n = strip.shape(short_side)
-        extent = min_cross_extent(k, n, strip.layers, strip.bytes_per_weight,
-                                  short_side, "rows", budget)
-        while extent is not None and extent <= k:
-            if max_block(strip, extent, short_side) + spread_bytes(
-                    strip, extent, short_side, dtype_bytes) <= budget:
-                return max(1, extent)
-            extent += 1
-        return None
+        lo = min_cross_extent(k, n, strip.layers, strip.bytes_per_weight, short_side, "rows",
+                              budget)
+
+        def fits(extent: int) -> bool:
+            return max_block(strip, extent, short_side) + spread_bytes(
+                strip, extent, short_side, dtype_bytes) <= budget
+
+        if lo is None or not fits(k):
+            return None
+        hi = k  # both shares only shrink as the strip grows: the fewest that fit, by halves
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+        return max(1, lo)
     vec = sum(-(-length // short_side) * strip.vector_layers[name] * dtype_bytes
               for name, length in strip.vectors.items())
     room = budget - vec

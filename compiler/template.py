@@ -100,36 +100,21 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
 
 def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> RegionTemplate:
     reserve = INITIAL_BUFFER_RESERVE
-    tries, most = 0, fewest
-    while tries < 4:
+    for _ in range(4):
         budget = fabric.usable_bytes_per_pe - reserve
-        try:
-            layouts = _layout_region(model, part_shapes, options, budget, fewest)
-        except NoLayout:
-            if not (model.num_experts and not options.layers_per_stage and tries
-                    and most < model.num_layers):
-                raise
-            # With experts, a layout whose buffers leave the weights too little room may
-            # still fit with more layers per stage (wider stages, narrower rows): try that
-            # before giving up.
-            fewest = max(most + 1, 2 * most)
-            reserve, tries = INITIAL_BUFFER_RESERVE, 0
-            continue
+        layouts = _layout_region(model, part_shapes, options, budget, fewest)
         _place(layouts, model, options)
         template = _assemble(model, fabric, part_shapes, layouts, options, max_levels)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
                    for a in template.arrays) - fabric.usable_bytes_per_pe
         if over <= 0:
             return template
-        most = max(lay.spec.num_layers for part in layouts for lay in part)
         reserve += over
-        tries += 1
     raise CompileError(f"{model.name}: activation buffers do not fit beside the weights; "
                        "use more systems or fewer replicas")
 
 
 # --- stages ---------------------------------------------------------------------------------
-
 
 def _layout_region(model, part_shapes, options, budget, fewest) -> list[list[StageLayout]]:
     parts = len(part_shapes)
@@ -320,13 +305,14 @@ class _Builder:
         vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
                         if n.endswith("_bias"))
         matrix = strip.shape(short)
+        w = block_bytes(*matrix, e, short, strip.layers, strip.bytes_per_weight)  # (short, e)
         k = self.kernel(stage, strip.name, kind, body, layers=strip.layers,
                         ops=[strip.name], matrix=list(matrix), grid=[e, short],
-                        k_axis=lay.axis, weight_bytes=strip.weight_bytes + vec_bytes,
+                        k_axis=lay.axis,
+                        # a packed format's blocks round up to whole bytes
+                        weight_bytes=int(w.sum()) + vec_bytes,
                         root=EDGE[(lay.axis, high)],
                         pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
-        w = block_bytes(*matrix, e, short, strip.layers, strip.bytes_per_weight)  # (short, e)
-        k.weight_bytes = int(w.sum()) + vec_bytes  # a packed format's blocks round up
         # Inputs stream through a small FIFO (each arriving element triggers an update of the
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.

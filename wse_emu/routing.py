@@ -79,6 +79,16 @@ def parse_routing(text: str, seed: int = 0) -> Routing:
     raise UserError(f"`routing` must be uniform or skewed:S, got {text!r}")
 
 
+def routing_for(model, text: str, seed: int = 0) -> Routing:
+    """The routing ``--routing`` and ``--routing-seed`` state for ``model``, refused by name
+    on a dense model (it has no experts to route to)."""
+    routing = parse_routing(text, seed)
+    if not model.is_moe and routing != Routing():
+        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
+                        f"{model.name} is dense")
+    return routing
+
+
 def routing_of(options) -> Routing:
     """The routing a program's timed steps draw, from its compile options (or their stored
     dict; a program compiled before routing was an option draws uniformly)."""

@@ -14,6 +14,7 @@ from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.fmt import gb, seconds, si, table
 from wse_emu.model import load_model
 from wse_emu.program import WaferProgram, write_run_dir
+from wse_emu.routing import routing_for
 
 
 def add_fabric_args(p) -> None:
@@ -86,9 +87,7 @@ def options_from_args(args) -> CompileOptions:
 
 def compile_from_args(args) -> WaferProgram:
     model = load_model(args.model)
-    if not model.is_moe and (args.routing != "uniform" or args.routing_seed):
-        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
-                        f"{model.name} is dense")
+    routing_for(model, args.routing, args.routing_seed)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     return compile_model(model, cluster, options_from_args(args))
 

@@ -16,7 +16,7 @@ from wse_emu.fmt import seconds, si, table
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
-from wse_emu.routing import Routing, parse_routing
+from wse_emu.routing import routing_for
 from wse_emu.runtime.comparison import (
     TUNING_REQUESTS,
     Space,
@@ -162,10 +162,7 @@ def run(args):
                                                                 args.seeds)
 
     model = load_model(args.model)
-    routing = parse_routing(args.routing, args.routing_seed)
-    if not model.is_moe and routing != Routing():
-        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
-                        f"{model.name} is dense")
+    routing = routing_for(model, args.routing, args.routing_seed)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     cache = default_cache_dir(args.cache_dir)
 

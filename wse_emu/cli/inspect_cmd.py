@@ -13,7 +13,7 @@ from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
-from wse_emu.routing import load_summary, parse_routing
+from wse_emu.routing import load_summary, routing_for
 
 
 def add_parser(sub, summary: str) -> None:
@@ -44,10 +44,7 @@ def run(args) -> dict | str:
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
     work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
-    routing = parse_routing(args.routing, args.routing_seed)
-    if not model.is_moe and (routing.kind != "uniform" or args.routing_seed):
-        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
-                        f"{model.name} has none")
+    routing = routing_for(model, args.routing, args.routing_seed)
     loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)
              if model.is_moe else None)
     result = analyze(build_op_graph(model), model, work, fabric,

@@ -16,7 +16,7 @@ from wse_emu.layer import MicroBatch
 from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
-from wse_emu.routing import parse_routing
+from wse_emu.routing import Routing, routing_for
 from wse_emu.runner import HandoffRun, kv_handoff, run_region
 
 DEFAULT_TILES = 4
@@ -60,12 +60,8 @@ def load_or_compile(args) -> WaferProgram:
 def with_routing(program: WaferProgram, args) -> WaferProgram:
     """A compiled program timed under the routing the flags state (it moves no weight, so a
     run directory's program takes it as it is)."""
-    if args.routing == "uniform" and not args.routing_seed:
+    if routing_for(program.model, args.routing, args.routing_seed) == Routing():
         return program
-    if not program.model.is_moe:
-        raise UserError(f"--routing and --routing-seed apply to a mixture of experts; "
-                        f"{program.model.name} is dense")
-    parse_routing(args.routing, args.routing_seed)
     program.options = {**program.options, "routing": args.routing,
                        "routing_seed": args.routing_seed}
     return program

@@ -77,7 +77,8 @@ def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np
         factors = model.rope_long_factor if long else model.rope_short_factor
         return inv_freq / np.asarray(factors, dtype=np.float64)
     if model.rope_scaling == "yarn":
-        return inv_freq * yarn_keep(model) + inv_freq / factor * (1 - yarn_keep(model))
+        keep = yarn_keep(model)
+        return inv_freq * keep + inv_freq / factor * (1 - keep)
     return inv_freq
 
 
@@ -296,13 +297,15 @@ class FunctionalStage:
         k = self.model.experts_per_token
         if self.model.family == "gpt_oss":
             chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
-            return chosen, _softmax(np.take_along_axis(logits, chosen, axis=-1))
+            self._routed = chosen, _softmax(np.take_along_axis(logits, chosen, axis=-1))
+            return self._routed
         probs = _softmax(logits)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         weights = np.take_along_axis(probs, chosen, axis=-1)
         if self.model.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
-        return chosen, self.numerics.round(weights)
+        self._routed = chosen, self.numerics.round(weights)  # down's biases are weighted too
+        return self._routed
 
     def _routed_columns(self, chosen: np.ndarray) -> np.ndarray:
         """(tokens, E x m): whether each column of the expert axis belongs to a token's
@@ -321,7 +324,6 @@ class FunctionalStage:
         weighted the same way, where the sums collect."""
         tiles = self.matrices[op.name]
         if not op.experts_summed:
-            self._chosen = route
             out = tiles.multiply_per_run(index, x, op.experts // self.per_run,
                                          self.numerics)
             if op.name in self.expert_bias:
@@ -330,19 +332,20 @@ class FunctionalStage:
         out = tiles.multiply(index, x[:, self.down_order], self.numerics)
         bias = self.down_bias[index] if self.down_bias else None
         if bias is not None:
-            chosen, weights = self._chosen
+            chosen, weights = self._routed
             out = self.numerics.round(out + np.einsum("tk,tkh->th", weights, bias[chosen]))
         return out
 
     def _swiglu_clamped(self, op, index, gate, up):
         """gpt-oss's SwiGLU: the gate clamped above, the up value on both sides, at the
-        model's limit; (up + 1) * gate * sigmoid(1.702 gate)."""
+        model's limit; (up + 1) * gate * sigmoid(1.702 gate). An expert no token routed to
+        has a zero gate, and stays zero."""
         limit = np.float32(self.model.swiglu_limit)
         gate = np.minimum(gate, limit)
         up = np.clip(up, -limit, limit)
         glu = gate * (np.float32(0.5) * (np.float32(1) + np.tanh(np.float32(0.5)
                                                                   * SWIGLU_ALPHA * gate)))
-        return np.where(self._routed_columns(self._chosen[0]), (up + 1) * glu, np.float32(0))
+        return (up + 1) * glu
 
     def _combine(self, op, index, act, route):
         """Each routed activation times its token's router weight for that expert."""

@@ -125,17 +125,17 @@ class StageGraph:
         si, di, lo, hi = overlaps(src_sizes, dst_sizes)
         values = axis.values(lo, hi)
         recv = self.g.tasks(dst_pe, 0, self.kind[name])
-        send = (values > 0) & (src_pe[si] != dst_pe[di])
-        self.g.then(src_ready[si[~send & (values > 0)]], recv[di[~send & (values > 0)]])
+        local = src_pe[si] == dst_pe[di]
+        send = (values > 0) & ~local
+        self.g.then(src_ready[si[(values > 0) & local]], recv[di[(values > 0) & local]])
         self.g.send(src_ready[si[send]], src_pe[si[send]], dst_pe[di[send]],
                     wavelets(values[send], self.d), recv[di[send]], 0, VC_TRANSFER)
         return recv
 
     def stored(self, name: str) -> ly.StoredWeights | None:
-        """How a matrix kernel's weights are read, for a quantized model (else the dtype)."""
+        """How a matrix kernel's weights are read: in their stored format."""
         op = self.ops.get(name)
-        return ly.stored_weights(op, self.model) if op is not None and \
-            self.model.quantized else None
+        return ly.stored_weights(op, self.model) if op is not None else None
 
     def step_tokens(self, name: str) -> int:
         op = self.ops.get(name)
@@ -672,7 +672,7 @@ class StageGraph:
 
         def site(name: str) -> tuple[np.ndarray, np.ndarray]:
             """The edge line of a strip, with the sizes its PEs hold."""
-            if name in (ly.HOME, home.kernel.name):
+            if name == ly.HOME:
                 return home.edge, hsz
             if name in on_axis:  # an expert strip's outputs, each expert's on its run
                 return at[name]
