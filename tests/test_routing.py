@@ -83,3 +83,11 @@ def test_inspect_costs_expert_weights_by_the_drawn_step(capsys):
 def test_routing_on_a_dense_model_is_refused(capsys):
     assert main(["inspect", "llama-3.1-8b", "--routing", "skewed:1"]) == 2
     assert "apply to a mixture of experts" in capsys.readouterr().err
+
+
+def test_a_negative_routing_seed_is_refused_in_one_line(capsys):
+    from wse_emu.cli.main import main
+
+    assert main(["inspect", "gpt-oss-20b", "--routing-seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "routing_seed" in err and err.count("\n") == 1

@@ -32,6 +32,8 @@ class Routing:
             raise UserError(f"a skewed routing's skew must be at least 0, got {self.skew}")
         if self.kind == "uniform" and self.skew:
             raise UserError("uniform routing has no skew")
+        if self.seed < 0:
+            raise UserError(f"`routing_seed` must be 0 or more, got {self.seed}")
 
     def popularity(self, experts: int, layer: int = 0) -> np.ndarray:
         """Each expert's share of the choices in ``layer``, summing to one (each layer ranks
