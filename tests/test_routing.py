@@ -90,4 +90,4 @@ def test_a_negative_routing_seed_is_refused_in_one_line(capsys):
 
     assert main(["inspect", "gpt-oss-20b", "--routing-seed", "-1"]) == 2
     err = capsys.readouterr().err
-    assert "routing_seed" in err and err.count("\n") == 1
+    assert "--routing-seed must be 0 or more" in err and err.count("\n") == 1
