@@ -54,6 +54,14 @@ class StripSpec:
         E times a dense one's, would crowd its edge line."""
         return self.experts_op is not None
 
+    def transposed(self, short_side: int) -> bool:
+        """A strip with fewer outputs than the stage is wide (a router: E logits) lays its
+        inputs across the stage and its outputs along the strip instead: each PE takes only
+        its slice of the input vector where it already lies, and the partial sums of the few
+        outputs meet across the stage, instead of every PE of one line taking in the whole
+        input vector while most of the line holds no weights."""
+        return self.experts_op is None and self.name != "embedding" and self.n < short_side
+
     def shape(self, rows: int) -> tuple[int, int]:
         """(K, N) on a strip ``rows`` rows across (gate's and up's runs grouped:
         ``ly.Op.run_matrix``)."""
@@ -335,6 +343,17 @@ def strip_min_extent(strip: StripSpec, short_side: int, budget: int,
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
         return max(1, lo)
+    if strip.transposed(short_side):
+        # Inputs split across the stage, outputs along the strip (and its edge's vectors).
+        k_slice = -(-strip.k // short_side)
+        for extent in range(1, strip.n + 1):
+            block = math.ceil(k_slice * -(-strip.n // extent) * strip.layers
+                              * strip.bytes_per_weight)
+            vec = sum(-(-length // extent) * strip.vector_layers[name] * dtype_bytes
+                      for name, length in strip.vectors.items())
+            if block + vec <= budget:
+                return extent
+        return None
     vec = sum(-(-length // short_side) * strip.vector_layers[name] * dtype_bytes
               for name, length in strip.vectors.items())
     room = budget - vec

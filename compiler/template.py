@@ -64,6 +64,10 @@ class StageLayout:
     def short(self) -> int:
         return self.rect.h if self.axis == "x" else self.rect.w
 
+    def transposed(self, name: str) -> bool:
+        """Whether strip ``name`` splits its inputs across the stage (``StripSpec.transposed``)."""
+        return next(s for s in self.spec.strips if s.name == name).transposed(self.short)
+
 
 @dataclass
 class RegionTemplate:
@@ -223,9 +227,13 @@ def _strip_rects(lay: StageLayout) -> dict[str, tuple[Rect, Rect]]:
         if lay.axis == "x":
             body = Rect(r.system, r.x + u, r.y, e, r.h)
             edge = Rect(r.system, r.x + u + (e - 1 if high else 0), r.y, 1, r.h)
+            if lay.transposed(name):  # the sums meet at one end across the stage
+                edge = Rect(r.system, r.x + u, r.y + (r.h - 1 if high else 0), e, 1)
         else:
             body = Rect(r.system, r.x, r.y + u, r.w, e)
             edge = Rect(r.system, r.x, r.y + u + (e - 1 if high else 0), r.w, 1)
+            if lay.transposed(name):
+                edge = Rect(r.system, r.x + (r.w - 1 if high else 0), r.y + u, 1, e)
         out[name] = (body, edge)
         u += e
     return out
@@ -305,31 +313,37 @@ class _Builder:
         vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
                         if n.endswith("_bias"))
         matrix = strip.shape(short)
-        w = block_bytes(*matrix, e, short, strip.layers, strip.bytes_per_weight)  # (short, e)
+        # K splits along the strip (``a``) and N across it (``b``); a transposed strip splits
+        # K across the stage and N along the strip, its sums meeting at one side.
+        flip = lay.transposed(strip.name)
+        k_parts, n_parts = (short, e) if flip else (e, short)
+        k_axis = ("y" if lay.axis == "x" else "x") if flip else lay.axis
+        w = block_bytes(*matrix, k_parts, n_parts, strip.layers,
+                        strip.bytes_per_weight)  # (n_parts, k_parts)
         k = self.kernel(stage, strip.name, kind, body, layers=strip.layers,
-                        ops=[strip.name], matrix=list(matrix), grid=[e, short],
-                        k_axis=lay.axis,
+                        ops=[strip.name], matrix=list(matrix), grid=[k_parts, n_parts],
+                        k_axis=k_axis,
                         # a packed format's blocks round up to whole bytes
                         weight_bytes=int(w.sum()) + vec_bytes,
-                        root=EDGE[(lay.axis, high)],
+                        root=EDGE[(k_axis, high)],
                         pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
         # Inputs stream through a small FIFO (each arriving element triggers an update of the
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.
-        out_seg = even_split(matrix[1], short)[:, None] * np.ones((1, e), np.int64)
+        out_seg = even_split(matrix[1], n_parts)[:, None] * np.ones((1, k_parts), np.int64)
         per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
         # An expert strip's PE keeps one token's partial sums: it works for a token only
         # when the token routes to its experts, one such token after another.
         tokens = 1 if strip.spread_vectors else self.options.buffer_tokens
         act = per_token * tokens + INPUT_FIFO_BYTES
-        if lay.axis == "y":
+        if k_axis == "y":  # arrays are (y, x): K parts along y
             w, act = w.T, act.T
         self.add("weights", body, w)
         self.add("activations", body, act)
         for name, length in strip.vectors.items():
             if not name.endswith("_bias"):
                 continue
-            per_pe = vector_bytes(length, short, strip.vector_layers[name], d)
+            per_pe = vector_bytes(length, n_parts, strip.vector_layers[name], d)
             if strip.spread_vectors:
                 # Each row's values split along the strip; the root takes them in with the
                 # partial sums.
@@ -346,10 +360,10 @@ class _Builder:
         if kind == "matrix":
             # Gate's and up's experts reduce on their own runs of columns.
             per_run = strip.k // matrix[0]  # gate's and up's experts sharing a run
-            length = e if not strip.experts or strip.experts_summed else \
+            length = k_parts if not strip.experts or strip.experts_summed else \
                 min(e, -(-e // (strip.experts // per_run)) + 1)
-            k.trees["reduce"] = self.tree_levels(length, -(-matrix[1] // short))
-        levels = 0 if e == 1 else k.trees.get("reduce", 0)
+            k.trees["reduce"] = self.tree_levels(length, -(-matrix[1] // n_parts))
+        levels = 0 if k_parts == 1 else k.trees.get("reduce", 0)
         for level in range(levels):
             self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],
                        stage=stage.id)
