@@ -39,6 +39,10 @@ class CompileOptions:
     # ``skewed:S``, wse_emu.routing) and the draw's seed.
     routing: str = "uniform"
     routing_seed: int = 0
+    # Batch tiling on attention: a decode micro-batch's attention block takes its sequences in
+    # tiles of this many, one after another, and the MLP or the experts take them together
+    # (0: the whole micro-batch at once). It changes how a step runs, not the mapping.
+    attention_tile: int = 0
 
     def __post_init__(self):
         if self.plan not in PLANS:
@@ -63,6 +67,8 @@ class CompileOptions:
         if self.seed < 0:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         routing_of(self)  # a bad routing fails here, by name
+        if self.attention_tile < 0:
+            raise UserError(f"`attention_tile` must be 0 (off) or more, got {self.attention_tile}")
         if self.anneal_steps < 0:
             raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 

@@ -227,6 +227,9 @@ HOME = "@home"  # the strip whose root edge holds a stage's residual stream (``h
 LAYER_INPUT = "x"
 LAYER_OUTPUT = "residual_mlp"
 ATTENTION_OUTPUT = "attn_weighted_sum"  # the attention pattern's result, where o_proj takes it
+# The last op of a layer's attention block: batch tiling on attention runs the ops up to it
+# tile by tile, and the MLP (or the experts) on the tiles together.
+ATTENTION_BLOCK_END = "residual_attn"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram
-from wse_emu.routing import routing_of
+from wse_emu.routing import load_summary, routing_of
 from wse_emu.runner import RegionRun
 from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows
 from wse_emu.timeline import chrome_trace
@@ -55,7 +55,9 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
         "region": run.region, "engine": run.engine,
         "routing": routing_of(opts).describe() if program.model.is_moe else None,
         "step": {"phase": run.step.phase, "tokens": run.step.tokens, "batch": run.step.batch,
-                 "context": run.step.context, "tiles": len(run.step.tiles())},
+                 "context": run.step.context, "tiles": len(run.step.tiles()),
+                 "attention_tile": attention_tile(program, run)},
+        "experts": experts_summary(program, run) if program.model.is_moe else None,
         "step_cycles": run.step_cycles, "step_seconds": run.step_seconds,
         "tokens_per_s_alone": run.latency_tokens_per_s(),
         "tokens_per_s_pipelined": run.tokens_per_s(),
@@ -66,6 +68,30 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
         "transfer_cycles": run.transfers,
         "stages": stages, "stages_simulated": run.simulated, "wall_seconds": run.wall_seconds,
     }
+
+
+def attention_tile(program: WaferProgram, run: RegionRun) -> int | None:
+    """Sequences per attention tile of a decode step run with batch tiling on attention."""
+    size = int(program.options.get("attention_tile", 0) or 0)
+    return size if run.step.phase == "decode" and 0 < size < run.step.batch else None
+
+
+def experts_summary(program: WaferProgram, run: RegionRun) -> dict:
+    """How busy a mixture of experts' experts are in the step: the drawn loads of one layer
+    (every expert resident, only the routed ones working) and the share of the step's cycles
+    the expert strips' PEs compute."""
+    model = program.model
+    loads = load_summary(routing_of(program.options), model.num_experts,
+                         model.experts_per_token, run.step.tiles()[0].new_tokens)
+    busy = capacity = 0.0
+    for sr in run.stages:
+        stage = program.stages[sr.stage]
+        for k in program.stage_kernels(stage):
+            if k.kind == "matrix" and k.name.startswith("experts_"):
+                r, st = k.rect, stage.rect
+                busy += float(sr.busy[r.y - st.y:r.y1 - st.y, r.x - st.x:r.x1 - st.x].sum())
+                capacity += r.area * sr.cycles
+    return {**loads, "expert_pe_utilization": busy / capacity if capacity else 0.0}
 
 
 def write_step_outputs(directory: Path, program: WaferProgram, run: RegionRun,

@@ -64,6 +64,10 @@ def add_cluster_args(p) -> None:
                    help="a mixture of experts: how a timed step's tokens pick their experts "
                         "(Zipf skew S; default uniform)")
     p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+    p.add_argument("--attention-tile", type=int, metavar="B",
+                   help="batch tiling on attention: a decode micro-batch's attention runs B "
+                        "sequences at a time and the MLP or the experts take the whole "
+                        "micro-batch at once (default: the whole micro-batch throughout)")
 
 
 def add_parser(sub, summary: str) -> None:
@@ -82,7 +86,8 @@ def options_from_args(args) -> CompileOptions:
         plan=args.plan, prefill_share=args.prefill_share, prefill_systems=args.prefill_systems,
         region=parse_region(args.region) if args.region else None,
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
-        seed=args.seed, routing=args.routing, routing_seed=args.routing_seed)
+        seed=args.seed, routing=args.routing, routing_seed=args.routing_seed,
+        attention_tile=args.attention_tile or 0)
 
 
 def compile_from_args(args) -> WaferProgram:

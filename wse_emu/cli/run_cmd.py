@@ -50,20 +50,26 @@ def add_parser(sub, summary: str) -> None:
 def load_or_compile(args) -> WaferProgram:
     target = Path(args.target)
     if target.is_dir() and (target / "program.json").exists():
-        return with_routing(WaferProgram.load(target), args)
+        return with_step_options(WaferProgram.load(target), args)
     if target.is_dir():
         raise UserError(f"{target}: no program.json (compile one with 'wse-emu compile -o')")
     args.model = args.target
     return compile_from_args(args)
 
 
-def with_routing(program: WaferProgram, args) -> WaferProgram:
-    """A compiled program timed under the routing the flags state (it moves no weight, so a
-    run directory's program takes it as it is)."""
-    if routing_for(program.model, args.routing, args.routing_seed) == Routing():
-        return program
-    program.options = {**program.options, "routing": args.routing,
-                       "routing_seed": args.routing_seed}
+def with_step_options(program: WaferProgram, args) -> WaferProgram:
+    """A compiled program timed under the routing and the attention tiles the flags state
+    (neither moves a weight, so a run directory's program takes them as it is)."""
+    changed = {}
+    if routing_for(program.model, args.routing, args.routing_seed) != Routing():
+        changed.update(routing=args.routing, routing_seed=args.routing_seed)
+    if args.attention_tile is not None:
+        if args.attention_tile < 0:
+            raise UserError(f"--attention-tile must be 0 (off) or more, got "
+                            f"{args.attention_tile}")
+        changed["attention_tile"] = args.attention_tile
+    if changed:
+        program.options = {**program.options, **changed}
     return program
 
 
@@ -153,6 +159,8 @@ def render(d: dict, output: str | None) -> str:
     st = d["step"]
     what = (f"prefill of {st['tokens']} tokens in {st['tiles']} tiles" if st["phase"] == "prefill"
             else f"decode of batch {st['batch']} at context {st['context']}")
+    if st.get("attention_tile"):
+        what += f", attention in tiles of {st['attention_tile']}"
     lines = [
         f"{d['model']} on {d['cluster']}, region {d['region']}: {what}, {d['engine']} engine"
         + (f", {d['routing']}" if d.get("routing") else ""),
@@ -165,6 +173,12 @@ def render(d: dict, output: str | None) -> str:
         f"  simulated            {d['stages_simulated']} distinct stage shapes of "
         f"{len(d['stages'])} (the others repeat one of them)",
     ]
+    ex = d.get("experts")
+    if ex:
+        lines.append(f"  experts              {ex['active_experts']} of {ex['experts']} receive "
+                     f"tokens in a layer (busiest {ex['busiest_tokens']}, mean "
+                     f"{ex['mean_tokens_per_active_expert']:.1f}); expert PEs compute "
+                     f"{ex['expert_pe_utilization']:.1%} of the step")
     cb = d.get("compiled_bounds")
     if cb:
         lines.append(f"  compiler's bounds    {cb['workload']}: pipeline latency >= "

@@ -657,14 +657,57 @@ class StageGraph:
     def is_last_tile(self) -> bool:
         return self.step.prefix + self.step.tokens >= self.whole_end
 
+    def attention_tiles(self) -> list[MicroBatch]:
+        """A decode micro-batch's sequences in the tiles its attention block takes one after
+        another (``attention_tile`` sequences each, the program's option; 0: all at once)."""
+        size = int(self.program.options.get("attention_tile", 0) or 0)
+        step = self.step
+        if step.phase != "decode" or size <= 0 or size >= step.batch:
+            return [step]
+        return [MicroBatch("decode", batch=int(n), context=step.context)
+                for n in even_split(step.batch, -(-step.batch // size))]
+
     def layer(self, strips, home: Strip, x: np.ndarray, hsz: np.ndarray) -> np.ndarray:
         """One layer, op by op as the layer description lists them: each op takes its inputs
         from where they were left (re-split onto its own site when that is elsewhere) and
-        leaves its output on its site."""
+        leaves its output on its site.
+
+        With attention tiles (batch tiling on attention), the ops up to the attention's
+        residual add run tile after tile, an earlier tile first on every PE, and the rest of
+        the layer (the MLP or the experts) takes the tiles' outputs together, as one batch."""
         ready = {ly.LAYER_INPUT: x}
         at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
+        tiles = self.attention_tiles()
+        if len(tiles) == 1:
+            return self.layer_ops(strips, home, self.layer_table, ready, at)[0][ly.LAYER_OUTPUT]
+        split = 1 + next(i for i, op in enumerate(self.layer_table)
+                         if op.name == ly.ATTENTION_BLOCK_END)
+        whole, first = self.step, self.g.priority
+        done = []
+        for i, tile in enumerate(tiles):
+            self.step, self.g.priority = tile, first + i
+            done.append(self.layer_ops(strips, home, self.layer_table[:split], dict(ready),
+                                       dict(at)))
+        self.step, self.g.priority = whole, first
+        tile_ready, tile_at = done[0]
+        at.update(tile_at)  # every tile leaves its outputs in the same places
+        for name in {src for op in self.layer_table[split:] for src in op.inputs}:
+            if name == ly.LAYER_INPUT or name not in tile_ready:
+                continue
+            # The tiles' outputs concatenated: a PE holds the batch once its every tile is in.
+            joined = self.g.tasks(at[name][0], 0, self.kind[self.ops[name].kernel])
+            for out, _ in done:
+                self.g.then(out[name], joined)
+            ready[name] = joined
+        return self.layer_ops(strips, home, self.layer_table[split:], ready,
+                              at)[0][ly.LAYER_OUTPUT]
+
+    def layer_ops(self, strips, home: Strip, ops: list[ly.Op], ready: dict, at: dict):
+        """``ops`` of one layer for the current step, from the tasks in ``ready`` (op -> the
+        tasks that finish its output on its PEs) and the places in ``at`` (op -> the PEs and
+        sizes holding its output); returns both with every op of ``ops`` added."""
         axis = None  # a mixture of experts: this layer's tokens per expert, on the E x m axis
-        if self.model.num_experts:
+        if self.model.num_experts and any(op.kind == ly.EXPERT_GEMM for op in ops):
             loads = layer_loads(self.program, self.model, self.layer_index,
                                 self.step.new_tokens, self.step.prefix)
             axis = RoutedAxis(loads, self.model.moe_intermediate_size)
@@ -673,7 +716,7 @@ class StageGraph:
         def site(name: str) -> tuple[np.ndarray, np.ndarray]:
             """The edge line of a strip, with the sizes its PEs hold."""
             if name == ly.HOME:
-                return home.edge, hsz
+                return at[ly.LAYER_INPUT]
             if name in on_axis:  # an expert strip's outputs, each expert's on its run
                 return at[name]
             return strips[name].edge, strips[name].n_sizes
@@ -703,7 +746,7 @@ class StageGraph:
                                          axis if src in on_axis else None))
             return out
 
-        for op in self.layer_table:
+        for op in ops:
             if op.kind == ly.EXPERT_GEMM:
                 src = op.inputs[0]
                 pes, sizes, ready[op.name] = expert_matrix(
@@ -749,7 +792,7 @@ class StageGraph:
                     if routed:
                         on_axis.add(op.name)
                 at[op.name] = (pes, sizes)
-        return ready[ly.LAYER_OUTPUT]
+        return ready, at
 
 
 def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch):
