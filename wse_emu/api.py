@@ -23,6 +23,7 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, load_model
+from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
 from wse_emu.runner import RegionRun, run_region
@@ -152,7 +153,7 @@ def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, 
 
 # What a sweep point may set, beyond "fabric.FIELD" overrides of the fabric's parameters.
 CLUSTER_SETTINGS = ("model", "fabric", "systems", "plan", "prefill_share", "prefill_systems",
-                    "region", "layers_per_stage")
+                    "region", "layers_per_stage", "routing", "routing_seed", "attention_tile")
 POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engine"),
                   "serve": ("workload", "rate", "requests", "policy", "prefill_tile",
                             "token_budget", "batch_limit", "max_running", "interleave",
@@ -179,7 +180,8 @@ def evaluate_point(point: str, config: dict) -> dict:
         region = (int(w), int(h))
     program = compile(config["model"], fabric, config.get("systems", 1),
                       **{k: config[k] for k in ("plan", "prefill_share", "prefill_systems",
-                                                "layers_per_stage") if k in config},
+                                                "layers_per_stage", "routing", "routing_seed",
+                                                "attention_tile") if k in config},
                       region=tuple(region) if region else None)
     if point == "run":
         step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),
@@ -190,11 +192,15 @@ def evaluate_point(point: str, config: dict) -> dict:
         # most one row or column of PEs, and each is counted at the timed one's rate.
         phase = config.get("phase", "decode")
         replicas = sum(r.role in (phase, "mixed") for r in program.regions)
-        return {"region": step.region, "step_seconds": step.step_seconds,
-                "tokens_per_s_alone": step.latency_tokens_per_s(),
-                "tokens_per_s_pipelined": step.tokens_per_s(), "replicas": replicas,
-                "tokens_per_s_cluster": replicas * step.tokens_per_s(),
-                "compute_utilization": step.compute_utilization()}
+        out = {"region": step.region, "step_seconds": step.step_seconds,
+               "tokens_per_s_alone": step.latency_tokens_per_s(),
+               "tokens_per_s_pipelined": step.tokens_per_s(), "replicas": replicas,
+               "tokens_per_s_cluster": replicas * step.tokens_per_s(),
+               "compute_utilization": step.compute_utilization()}
+        if program.model.is_moe:
+            out["expert_pe_utilization"] = experts_summary(program, step)[
+                "expert_pe_utilization"]
+        return out
     spec = load_workload(config["workload"])
     if "rate" in config:
         spec.rate = float(config["rate"])
