@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu import mxfp4
 from wse_emu.errors import UserError
 from wse_emu.hf_config import hf_config
 from wse_emu.model import ModelSpec, load_model
@@ -95,20 +96,32 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int
         return np.concatenate([np.concatenate(per_expert[r:r + per_run], axis=1)
                                for r in range(0, e, per_run)], axis=0)
 
-    if spec.family == "gpt_oss":
-        gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
+    if spec.family == "gpt_oss":  # gate_up (E, h, 2m), down (E, m, h), stored (in, out)
+        gate_up, down_w = (stored_experts(spec, weights[p + name], p + name)
+                           for name in (gate, down))
+        bias = weights[p + gate + "_bias"]  # (E, 2m)
         return {"experts_gate": runs(list(gate_up[:, :, 0::2])),
                 "experts_up": runs(list(gate_up[:, :, 1::2])),
-                "experts_down": np.concatenate(list(weights[p + down]), axis=0),
+                "experts_down": np.concatenate(list(down_w), axis=0),
                 "experts_gate.bias": bias[:, 0::2].reshape(-1),
                 "experts_up.bias": bias[:, 1::2].reshape(-1),
                 "experts_down.bias": weights[p + down + "_bias"]}
-    return {
-        "experts_gate": runs([weights[p + gate.format(e=i) + ".weight"].T for i in range(e)]),
-        "experts_up": runs([weights[p + up.format(e=i) + ".weight"].T for i in range(e)]),
-        "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
-                                        for i in range(e)], axis=0),
-    }
+
+    def per_expert(name: str) -> list[np.ndarray]:  # each (in, out), as the PEs store it
+        return [stored_experts(spec, weights[p + name.format(e=i) + ".weight"].T[None],
+                               p + name.format(e=i))[0] for i in range(e)]
+
+    return {"experts_gate": runs(per_expert(gate)), "experts_up": runs(per_expert(up)),
+            "experts_down": np.concatenate(per_expert(down), axis=0)}
+
+
+def stored_experts(spec: ModelSpec, matrices: np.ndarray, name: str) -> np.ndarray:
+    """Expert matrices (E, in, out) as the wafer stores them: rounded to MXFP4 (blocks of 32
+    along the inputs, as gpt-oss's checkpoints hold them) where the experts are MXFP4 (a
+    checkpoint's values are already on that grid and pass unchanged); as given otherwise."""
+    if spec.expert_weight_format != "mxfp4":
+        return matrices
+    return mxfp4.quantize(matrices, axis=1, where=name)
 
 
 def _fuse(spec: ModelSpec, shapes: dict[str, Shape]) -> dict[str, Shape]:
@@ -221,7 +234,9 @@ def save_checkpoint(directory: str | Path, spec: ModelSpec,
     save_file = _safetensors_numpy().save_file
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: np.ascontiguousarray(weights[name]) for name in expected_shapes(spec)}
+        tensors = {}
+        for name in expected_shapes(spec):
+            tensors.update(_packed(spec, name, weights[name]))
         partial = directory / (WEIGHTS_FILE + ".partial")
         # "format": "pt" is the metadata Hugging Face's loader asks of a safetensors file.
         save_file(tensors, str(partial), metadata={"format": "pt"})
@@ -267,12 +282,55 @@ def load_checkpoint(path: str | Path,
                                 f"and {file.name}")
             found_in[name] = file.name
             weights[name] = array
+    _unpack_mxfp4(spec, weights, where)
     for name in list(weights):
         if name.endswith("rotary_emb.inv_freq") or (spec.tie_embeddings
                                                     and name == "lm_head.weight"):
             del weights[name]
     check_weights(spec, weights, where, implied_by=CONFIG_FILE)
     return spec, {name: weights[name].astype(dtype, copy=False) for name in expected_shapes(spec)}
+
+
+# --- MXFP4 experts on disk ------------------------------------------------------------------
+
+MXFP4_PARTS = ("_blocks", "_scales")
+
+
+def _mxfp4_tensors(spec: ModelSpec) -> set[str]:
+    """gpt-oss's expert matrices (E, in, out), which its checkpoints keep as MXFP4 blocks."""
+    if spec.family != "gpt_oss" or spec.expert_weight_format != "mxfp4":
+        return set()
+    _, gate, _, down = ly.EXPERT_TENSORS["gpt_oss"]
+    return {f"model.layers.{i}.{t}" for i in range(spec.num_layers) for t in (gate, down)}
+
+
+def _packed(spec: ModelSpec, name: str, array: np.ndarray) -> dict[str, np.ndarray]:
+    """A tensor as the family's checkpoints store it: an MXFP4 expert matrix (E, in, out) as
+    its blocks and scales over (E, out, in / 32), everything else as it is."""
+    if name not in _mxfp4_tensors(spec):
+        return {name: np.ascontiguousarray(array)}
+    blocks, scales = mxfp4.encode(np.swapaxes(array, 1, 2), name)
+    return {name + "_blocks": blocks, name + "_scales": scales}
+
+
+def _unpack_mxfp4(spec: ModelSpec, weights: dict[str, np.ndarray], where: str) -> None:
+    """Replace each MXFP4 blocks-and-scales pair by the matrix it holds, (E, in, out)."""
+    packed = {n[:-len(part)] for n in weights for part in MXFP4_PARTS if n.endswith(part)}
+    wanted = _mxfp4_tensors(spec)
+    for name in sorted(packed):
+        if name not in wanted:
+            raise UserError(f"{where}: {name} is stored as MXFP4 blocks, but {CONFIG_FILE} "
+                            "does not declare its experts MXFP4 (quantization_config)")
+        missing = [name + part for part in MXFP4_PARTS if name + part not in weights]
+        if missing:
+            raise UserError(f"{where}: missing tensor {missing[0]} beside its MXFP4 pair")
+        blocks, scales = (weights.pop(name + part) for part in MXFP4_PARTS)
+        if blocks.dtype != np.uint8 or scales.dtype != np.uint8 or blocks.ndim != 4 \
+                or blocks.shape[:-1] != scales.shape or blocks.shape[-1] != mxfp4.BLOCK // 2:
+            raise UserError(f"{where}: {name}_blocks {_shown(blocks.shape)} and _scales "
+                            f"{_shown(scales.shape)} are not MXFP4 blocks and their scales "
+                            "(uint8, (E, rows, groups, 16) and (E, rows, groups))")
+        weights[name] = np.swapaxes(mxfp4.dequantize(blocks, scales), 1, 2)
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""MXFP4 experts, as gpt-oss ships them: blocks and scales decode to the values the OCP format
+defines (checked by hand), a checkpoint stores its experts packed and reads back exactly, and
+the functional engine computes with exactly the values the wafer stores, token for token
+against the reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+from test_functional import follows_reference
+from test_moe_functional import FAMILIES, PROMPT, compiled
+
+from wse_emu import mxfp4
+from wse_emu.errors import UserError
+from wse_emu.functional.generate import Generator
+from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
+
+SPEC = dataclasses.replace(FAMILIES["gpt_oss"], name="a-gpt-oss-mxfp4",
+                           expert_weight_format="mxfp4").validate("test")
+
+
+def test_blocks_decode_as_the_format_defines():
+    blocks = np.zeros((2, 16), np.uint8)
+    blocks[0, 0] = 0x21  # low nibble first: code 1 (0.5), then code 2 (1.0)
+    blocks[1, 0] = 0xF9  # code 9 (-0.5), then code 15 (-6.0)
+    scales = np.array([128, 125], np.uint8)  # 2 ** 1, 2 ** -2
+    values = mxfp4.dequantize(blocks, scales)
+    assert values.shape == (64,)
+    assert list(values[:2]) == [1.0, 2.0]
+    assert list(values[32:34]) == [-0.125, -1.5]
+    assert not values[2:32].any() and not values[34:].any()
+
+
+def test_values_round_to_the_nearest_code_under_the_blocks_scale():
+    # Largest magnitude 7: scale 2 ** (2 - 2) = 1, so 7 saturates at 6; ties go to the even
+    # code (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 2.5 -> 2, 5 -> 4).
+    row = np.zeros(32, np.float32)
+    row[:9] = [0.25, 0.75, 1.25, 2.5, 5.0, 7.0, -1.75, 0.3, -0.2]
+    expected = [0.0, 1.0, 1.0, 2.0, 4.0, 6.0, -2.0, 0.5, -0.0]
+    assert list(mxfp4.quantize(row)[:9]) == expected
+    # A block of small values takes a small scale: 0.01 is 1.28 * 2 ** -7, scale 2 ** -9.
+    small = np.full(32, 0.01, np.float32)
+    assert mxfp4.quantize(small)[0] == pytest.approx(0.01, rel=0.25)
+    assert mxfp4.encode(small)[1][0] == 127 - 9
+    # Values already on the grid stay there; blocks run along the axis asked for.
+    w = np.random.default_rng(0).standard_normal((3, 64, 5)).astype(np.float32)
+    q = mxfp4.quantize(w, axis=1)
+    assert np.array_equal(mxfp4.quantize(q, axis=1), q)
+    assert not np.array_equal(q, w)
+    with pytest.raises(UserError, match="blocks of 32"):
+        mxfp4.quantize(np.ones((2, 48), np.float32), where="x")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("mxfp4")
+    raw = random_weights(SPEC, seed=7)
+    save_checkpoint(directory, SPEC, raw)
+    return directory, raw
+
+
+def test_a_checkpoint_keeps_its_experts_as_blocks_and_reads_them_back(checkpoint):
+    from safetensors.numpy import load_file
+
+    directory, raw = checkpoint
+    stored = load_file(str(directory / "model.safetensors"))
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    assert name not in stored
+    e, h, two_m = raw[name].shape
+    assert stored[name + "_blocks"].shape == (e, two_m, h // 32, 16)
+    assert stored[name + "_blocks"].dtype == np.uint8
+    assert stored[name + "_scales"].shape == (e, two_m, h // 32)
+    spec, weights = load_checkpoint(directory)
+    assert spec.expert_weight_format == "mxfp4"
+    assert np.array_equal(weights[name], mxfp4.quantize(raw[name], axis=1))
+    assert not np.array_equal(weights[name], raw[name])  # the format rounds
+    for other in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.router.weight"):
+        assert np.array_equal(weights[other], raw[other])
+
+
+def test_blocks_without_an_mxfp4_config_are_refused(checkpoint, tmp_path):
+    import shutil
+
+    directory, _ = checkpoint
+    copy = tmp_path / "plain"
+    shutil.copytree(directory, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.pop("quantization_config")
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="MXFP4 blocks, but config.json does not declare"):
+        load_checkpoint(copy)
+
+
+@pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
+def test_mxfp4_experts_follow_the_reference_token_for_token(checkpoint, plan):
+    directory, raw = checkpoint
+    spec, weights = load_checkpoint(directory)
+    program = compiled(spec, plan)
+    follows_reference(Generator(program, weights, "float32", prefill_tile=8),
+                      ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
+    # Given the unrounded weights, the tiles store what the checkpoint would: the same run.
+    follows_reference(Generator(program, raw, "float32", prefill_tile=8),
+                      ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
