@@ -142,7 +142,13 @@ def _layout_part(model, width, height, l0, l1, first, last, part, budget,
                             last and min(a + per_stage, l1) == l1) for a in starts]
         mins = [[s.weight_bytes / budget for s in spec.strips] for spec in specs]
         if sum(map(sum, mins)) > width * height:
-            raise NoLayout(f"the weights do not fit in a {width}x{height} region")
+            if first and last:
+                raise NoLayout(f"the weights do not fit in a {width}x{height} region")
+            # A replica over wafers gives each wafer whole layers.
+            whole = int(width * height * budget // model.layer_weight_bytes())
+            raise NoLayout(f"layers {l0}-{l1 - 1} do not fit in a {width}x{height} wafer, "
+                           f"which holds {whole} whole layers; a layer is not split across "
+                           "wafers")
         areas = allocate_areas(specs, width * height, mins)
         try:
             rects = layout_stages(width, height, [sum(a) for a in areas],
