@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram
 from wse_emu.routing import load_summary, routing_of
@@ -83,11 +84,12 @@ def experts_summary(program: WaferProgram, run: RegionRun) -> dict:
     model = program.model
     loads = load_summary(routing_of(program.options), model.num_experts,
                          model.experts_per_token, run.step.tiles()[0].new_tokens)
+    experts = {op.name for op in ly.layer_ops(model) if op.kind == ly.EXPERT_GEMM}
     busy = capacity = 0.0
     for sr in run.stages:
         stage = program.stages[sr.stage]
         for k in program.stage_kernels(stage):
-            if k.kind == "matrix" and k.name.startswith("experts_"):
+            if k.name in experts:
                 r, st = k.rect, stage.rect
                 busy += float(sr.busy[r.y - st.y:r.y1 - st.y, r.x - st.x:r.x1 - st.x].sum())
                 capacity += r.area * sr.cycles

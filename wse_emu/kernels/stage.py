@@ -685,7 +685,8 @@ class StageGraph:
         whole, first = self.step, self.g.priority
         done = []
         for i, tile in enumerate(tiles):
-            self.step, self.g.priority = tile, first + i
+            # (a graph's priorities stop at 255: tiles past that go by readiness alone)
+            self.step, self.g.priority = tile, min(first + i, 255)
             done.append(self.layer_ops(strips, home, self.layer_table[:split], dict(ready),
                                        dict(at)))
         self.step, self.g.priority = whole, first
