@@ -45,6 +45,14 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
     assert len(comparison["reasons"]) == 2
 
 
+def test_both_plans_take_the_same_attention_tiles_and_the_report_says_so(args, capsys):
+    assert main(args + ["--workers", "1", "--attention-tile", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["attention_tile"] == 4 and data["routing"] is None  # a dense model
+    assert main(args + ["--workers", "1", "--attention-tile", "4"]) == 0
+    assert "decode attention in tiles of 4" in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
 def test_a_local_dask_cluster_gives_the_same_answer(args, capsys):
     assert main(args + ["--workers", "1", "--json"]) == 0
@@ -65,6 +73,7 @@ def test_experiment_prints_a_table(args, capsys):
     (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
     (["--requests", "1"], "--requests must be at least 2"),
     (["--batch-limit", "65"], "--batch-limit must be between 1 and 64"),
+    (["--attention-tile", "-2"], "--attention-tile must be 0 (off) or more"),
     (["--scheduler", "tcp://127.0.0.1:1"], "dask scheduler"),
 ])
 def test_bad_experiment_input_is_one_line(args, capsys, extra, message):

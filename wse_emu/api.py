@@ -113,12 +113,13 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
                tpot_s: float, fabric: FabricSpec | str = "wse3", systems: int = 1,
                space: Space = Space(), seeds: int = 1, attainment: float = 0.9,
                workers: int = 1, cache_dir: Path | str | None = None,
-               progress=None, routing: Routing = Routing()) -> dict:
+               progress=None, routing: Routing = Routing(), attention_tile: int = 0) -> dict:
     """Colocated against disaggregated serving of ``workload``: both plans tuned, each plan's
     best confirmed on long runs, over ``seeds`` draws; the report ``experiment disagg --json``
     prints. ``workers``: local worker processes (1: run here; 0: one per core). Without dask
     they are started fresh, so a script calling this with ``workers`` other than 1 needs the
-    usual ``if __name__ == "__main__":`` guard."""
+    usual ``if __name__ == "__main__":`` guard. ``routing`` and ``attention_tile`` (batch
+    tiling on attention) apply to both plans alike."""
     model = _model(model)
     cluster = ClusterSpec(_fabric(fabric), systems)
     spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
@@ -128,7 +129,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: 
         data, _ = disagg_experiment(
             model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,
             lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress,
-                                         grid=space.grid, routing=routing),
+                                         grid=space.grid, routing=routing,
+                                         attention_tile=attention_tile),
             space, progress=progress, more_draws=draws[1:],
             longer=longer_draws(spec, seeds))
     if seeds > 1:
@@ -224,7 +226,8 @@ def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")
 
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
                   copies=(1,), progress=None, splits: list[dict] | None = None,
-                  grid: str = "full", routing: Routing = Routing()) -> tuple[dict, list[str]]:
+                  grid: str = "full", routing: Routing = Routing(),
+                  attention_tile: int = 0) -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
     (side by side in column bands), and disaggregated at each of ``splits`` (by default every
     split ``disaggregated_splits`` proposes). A layout that does not compile, or whose regions
@@ -264,7 +267,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
             progress(f"compiling and timing {plan} {name}")
         try:
             program = compile_model(model, cluster, CompileOptions(
-                plan=plan, routing=routing.spec(), routing_seed=routing.seed, **split))
+                plan=plan, routing=routing.spec(), routing_seed=routing.seed,
+                attention_tile=attention_tile, **split))
         except CompileError as exc:
             if plan == "colocated" and not split:
                 raise

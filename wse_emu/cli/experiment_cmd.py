@@ -112,6 +112,10 @@ def add_parser(sub, summary: str) -> None:
                    help="a mixture of experts: how the timed steps' tokens pick their experts "
                         "(Zipf skew S; default uniform)")
     d.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+    d.add_argument("--attention-tile", type=int, default=0, metavar="B",
+                   help="batch tiling on attention in both plans' decode steps: attention takes "
+                        "B sequences at a time, the MLP or experts the whole micro-batch "
+                        "(default 0: off)")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
@@ -137,6 +141,8 @@ def run(args):
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
                         f"{args.requests}")
+    if args.attention_tile < 0:
+        raise UserError(f"--attention-tile must be 0 (off) or more, got {args.attention_tile}")
     if args.workers < 0:
         raise UserError(f"--workers must be at least 0, got {args.workers}")
     if args.price_per_system_hour is not None and not args.price_per_system_hour > 0:
@@ -170,11 +176,15 @@ def run(args):
         data, configs = disagg_experiment(
             model, cluster, spec.name, draws[0], targets, pool,
             lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status,
-                                         grid=space.grid, routing=routing),
+                                         grid=space.grid, routing=routing,
+                                         attention_tile=args.attention_tile),
             space, args.tolerance, status, draws[1:], args.price_per_system_hour,
             longer_draws(spec, args.seeds, transform))
         if len(draws) > 1:
             data["over_replicates"]["draws"] = describe_draws(spec, data)
+        # How both plans' steps were timed, beside their results.
+        data["routing"] = routing.describe() if model.is_moe else None
+        data["attention_tile"] = args.attention_tile or None
         return data, configs
 
     with point_pool(args.scheduler, args.workers) as pool:
@@ -225,7 +235,10 @@ def render(data: dict) -> str:
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
             f"within {MAX_PACE:g}x the span they arrived in"
             + ("" if data.get("prefix_cache", True) else "; no prefix cache")
-            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else ""))
+            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
+            + (f"; {data['routing']}" if data.get("routing") else "")
+            + (f"; decode attention in tiles of {data['attention_tile']}"
+               if data.get("attention_tile") else ""))
     lines = [head, "", f"Tuning, knob by knob, on runs of {data['requests_per_run']:,} "
              "requests: goodput (highest rate met) per system of each value tried", "",
              render_tuning(data["tuning"])]
