@@ -46,11 +46,13 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
 
 
 def test_both_plans_take_the_same_attention_tiles_and_the_report_says_so(args, capsys):
-    assert main(args + ["--workers", "1", "--attention-tile", "4", "--json"]) == 0
+    from wse_emu.cli.experiment_cmd import render
+
+    assert main(args + ["--workers", "1", "--attention-tile", "4", "--grid", "quick",
+                        "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["attention_tile"] == 4 and data["routing"] is None  # a dense model
-    assert main(args + ["--workers", "1", "--attention-tile", "4"]) == 0
-    assert "decode attention in tiles of 4" in capsys.readouterr().out.splitlines()[0]
+    assert "decode attention in tiles of 4" in render(data).splitlines()[0]
 
 
 @pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
