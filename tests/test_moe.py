@@ -126,21 +126,6 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
 
 
 
-def test_the_functional_engine_refuses_a_format_whose_scaling_it_does_not_model(tmp_path):
-    import yaml
-    from test_moe_timing import SPECS
-
-    spec = dataclasses.replace(SPECS["mixtral"], expert_weight_format="fp8").validate("test")
-    path = tmp_path / "fp8.yaml"
-    path.write_text(yaml.safe_dump({**spec.to_dict(), "version": 1}))
-    bad = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "generate", str(path),
-                          "--fabric", "mesh16", "--region", "16x16", "--prompt-ids", "1,2"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
-    assert "stores its experts as fp8: the functional engine computes weights in the " \
-           "model's dtype, and MXFP4 experts, only" in bad.stderr
-
-
 def test_qwen3_235b_compiles_on_the_fewest_wse3_its_tiles_lay_out_on():
     from compiler.mapper import compile_model
 

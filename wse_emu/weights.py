@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from wse_emu import layer as ly
-from wse_emu import mxfp4
+from wse_emu import mxfp4, storage
 from wse_emu.errors import UserError
 from wse_emu.hf_config import hf_config
 from wse_emu.model import ModelSpec, load_model
@@ -97,31 +97,40 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int
                                for r in range(0, e, per_run)], axis=0)
 
     if spec.family == "gpt_oss":  # gate_up (E, h, 2m), down (E, m, h), stored (in, out)
-        gate_up, down_w = (stored_experts(spec, weights[p + name], p + name)
-                           for name in (gate, down))
-        bias = weights[p + gate + "_bias"]  # (E, 2m)
+        gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
         return {"experts_gate": runs(list(gate_up[:, :, 0::2])),
                 "experts_up": runs(list(gate_up[:, :, 1::2])),
-                "experts_down": np.concatenate(list(down_w), axis=0),
+                "experts_down": np.concatenate(list(weights[p + down]), axis=0),
                 "experts_gate.bias": bias[:, 0::2].reshape(-1),
                 "experts_up.bias": bias[:, 1::2].reshape(-1),
                 "experts_down.bias": weights[p + down + "_bias"]}
 
-    def per_expert(name: str) -> list[np.ndarray]:  # each (in, out), as the PEs store it
-        return [stored_experts(spec, weights[p + name.format(e=i) + ".weight"].T[None],
-                               p + name.format(e=i))[0] for i in range(e)]
+    return {
+        "experts_gate": runs([weights[p + gate.format(e=i) + ".weight"].T for i in range(e)]),
+        "experts_up": runs([weights[p + up.format(e=i) + ".weight"].T for i in range(e)]),
+        "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
+                                        for i in range(e)], axis=0),
+    }
 
-    return {"experts_gate": runs(per_expert(gate)), "experts_up": runs(per_expert(up)),
-            "experts_down": np.concatenate(per_expert(down), axis=0)}
 
-
-def stored_experts(spec: ModelSpec, matrices: np.ndarray, name: str) -> np.ndarray:
-    """Expert matrices (E, in, out) as the wafer stores them: rounded to MXFP4 (blocks of 32
-    along the inputs, as gpt-oss's checkpoints hold them) where the experts are MXFP4 (a
-    checkpoint's values are already on that grid and pass unchanged); as given otherwise."""
-    if spec.expert_weight_format != "mxfp4":
-        return matrices
-    return mxfp4.quantize(matrices, axis=1, where=name)
+def as_stored(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The weights as the wafer stores them (``wse_emu.storage``): every matrix in its format
+    (the experts' in ``expert_weight_format``, the others, embedding and LM head included, in
+    ``weight_format``), each expert a matrix of its own; norms, biases and sinks as given. A
+    checkpoint's values already in their format pass unchanged."""
+    out = dict(weights)
+    if spec.weight_format == "native" and spec.expert_weight_format == "native":
+        return out
+    for name, w in weights.items():
+        expert = ".experts." in name
+        fmt = spec.expert_weight_format if expert else spec.weight_format
+        if fmt == "native" or name.endswith(("_bias", ".bias")) or w.ndim < 2:
+            continue
+        if w.ndim == 3:  # gpt-oss: all experts in one tensor, each (in, out)
+            out[name] = np.stack([storage.stored_matrix(fmt, m, name) for m in w])
+        else:  # Hugging Face's (out, in)
+            out[name] = storage.stored_matrix(fmt, w.T, name).T
+    return out
 
 
 def _fuse(spec: ModelSpec, shapes: dict[str, Shape]) -> dict[str, Shape]:
@@ -416,15 +425,11 @@ def checkpoint_dir(path: Path) -> Path | None:
 def model_and_weights(model_or_checkpoint: str | Path, weights_seed: int = 0):
     """(model, weights, where the weights came from): a checkpoint's (see ``checkpoint_dir``),
     or, for anything else ``load_model`` takes, random ones drawn from ``weights_seed``."""
-    from wse_emu.functional.region import check_computable  # the engine these weights feed
-
     path = Path(model_or_checkpoint)
     if checkpoint_dir(path) is not None:
-        check_computable(load_model(str(checkpoint_dir(path) / CONFIG_FILE)))
         model, weights = load_checkpoint(path)
         return model, weights, str(path)
     model = load_model(str(model_or_checkpoint))
-    check_computable(model)
     return model, random_weights(model, weights_seed), f"random (seed {weights_seed})"
 
 

@@ -27,7 +27,7 @@ from wse_emu.functional.trees import tree_reduce
 from wse_emu.kernels.experts import down_order
 from wse_emu.model import ModelSpec
 from wse_emu.program import Stage, WaferProgram
-from wse_emu.weights import expert_strips, unfused
+from wse_emu.weights import as_stored, expert_strips, unfused
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -384,30 +384,17 @@ class FunctionalStage:
         return self.numerics.round(softcap(logits, cap)) if cap else logits
 
 
-def check_computable(model: ModelSpec) -> None:
-    """Refuse, by name, what the functional engine does not compute (the timing engines map
-    and time it)."""
-    # MXFP4 experts are computed exactly as stored (``weights.stored_experts``); other
-    # formats' scaling is not modelled here.
-    stored = [(what, fmt) for what, fmt in (("its matrices", model.weight_format),
-                                            ("its experts", model.expert_weight_format))
-              if fmt != "native" and not (what == "its experts" and fmt == "mxfp4")]
-    if model.quantized and stored:
-        listed = ", ".join(f"{what} as {fmt}" for what, fmt in stored)
-        raise UserError(f"{model.name} stores {listed}: the functional engine computes "
-                        "weights in the model's dtype, and MXFP4 experts, only")
-
-
 class FunctionalRegion:
     """A region's stages, loaded with weights, holding one sequence's KV cache."""
 
     def __init__(self, program: WaferProgram, region: str, weights: Mapping[str, np.ndarray],
                  numerics: Numerics):
-        check_computable(program.model)
         self.program, self.numerics = program, numerics
         self.region = program.region(region)
         inverse_frequencies(program.model)  # an unmodelled rope scaling fails before loading
-        weights = unfused(program.model, weights)
+        # Each matrix as the wafer stores it, in its format (after a fused tensor is split,
+        # so that each matrix has its own scales).
+        weights = as_stored(program.model, unfused(program.model, weights))
         self.stages = [FunctionalStage(program, program.stages[i], weights, numerics)
                        for i in self.region.stage_ids]
         self.model = program.model

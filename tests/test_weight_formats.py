@@ -1,7 +1,7 @@
-"""MXFP4 experts, as gpt-oss ships them: blocks and scales decode to the values the OCP format
-defines (checked by hand), a checkpoint stores its experts packed and reads back exactly, and
-the functional engine computes with exactly the values the wafer stores, token for token
-against the reference."""
+"""Weights in their stored formats: MXFP4 blocks and scales decode to the values the OCP format
+defines and FP8, int8 and bfloat16 round as theirs do (checked by hand); a checkpoint stores
+gpt-oss's experts packed and reads back exactly; and the functional engine computes with exactly
+the values the wafer stores, token for token against the reference."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from reference_forward import ReferenceModel
 from test_functional import follows_reference
 from test_moe_functional import FAMILIES, PROMPT, compiled
 
-from wse_emu import mxfp4
+from wse_emu import mxfp4, storage
 from wse_emu.errors import UserError
 from wse_emu.functional.generate import Generator
-from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
+from wse_emu.weights import as_stored, load_checkpoint, random_weights, save_checkpoint
 
 SPEC = dataclasses.replace(FAMILIES["gpt_oss"], name="a-gpt-oss-mxfp4",
                            expert_weight_format="mxfp4").validate("test")
@@ -105,3 +105,42 @@ def test_mxfp4_experts_follow_the_reference_token_for_token(checkpoint, plan):
     # Given the unrounded weights, the tiles store what the checkpoint would: the same run.
     follows_reference(Generator(program, raw, "float32", prefill_tile=8),
                       ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
+
+
+def test_fp8_int8_and_bf16_round_as_their_formats_do():
+    # E4M3: 3 mantissa bits; halves to even; 2 ** -9 the smallest step; 448 the largest.
+    given = [1.0625, 1.1875, 17.0, 19.0, -3.3, 2.0 ** -10, 3 * 2.0 ** -10, 500.0]
+    assert list(storage.e4m3(np.array(given, np.float32))) == \
+        [1.0, 1.25, 16.0, 20.0, -3.25, 0.0, 2.0 ** -8, 448.0]
+    # One scale per matrix: its largest magnitude lands on 448.
+    m = np.array([[0.5, -2.0], [0.01, 1.0]], np.float32)
+    scale = 2.0 / 448
+    assert storage.fp8_matrix(m)[0, 1] == pytest.approx(-2.0)
+    assert storage.fp8_matrix(m)[1, 0] == pytest.approx(
+        float(storage.e4m3(np.float32(0.01 / scale))) * scale)
+    # int8: one scale per output (column of an (in, out) matrix).
+    q = storage.int8_matrix(np.array([[1.0, 0.3], [0.5, -0.2]], np.float32))
+    assert q[:, 0] == pytest.approx([1.0, round(0.5 * 127) / 127])
+    assert q[:, 1] == pytest.approx([0.3, round(-0.2 / 0.3 * 127) * 0.3 / 127])
+    # bfloat16: 8 mantissa bits; a tie goes to the even neighbour.
+    assert list(storage.bf16(np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 1 + 2.0 ** -7],
+                                      np.float32))) == [1.0, 1 + 2.0 ** -6, 1 + 2.0 ** -7]
+
+
+@pytest.mark.parametrize("weight_format, expert_format", [("int8", "fp8"), ("fp8", "int8"),
+                                                          ("bf16", "native")])
+def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
+    spec = dataclasses.replace(FAMILIES["mixtral"], name="a-mixtral-stored",
+                               weight_format=weight_format,
+                               expert_weight_format=expert_format).validate("test")
+    raw = random_weights(spec, seed=3)
+    stored = as_stored(spec, raw)
+    experts = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+    other = "model.layers.0.self_attn.q_proj.weight"
+    assert not np.array_equal(stored[other], raw[other])
+    assert np.array_equal(stored[experts], raw[experts]) == (expert_format == "native")
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.array_equal(stored[norm], raw[norm])
+    program = compiled(spec, "colocated")
+    follows_reference(Generator(program, raw, "float32", prefill_tile=8),
+                      ReferenceModel(spec, stored), PROMPT, tile=8, steps=4)
