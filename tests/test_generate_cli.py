@@ -257,6 +257,14 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
     assert list(tmp_path.iterdir()) == []  # out.txt (or anything else) not written
 
 
+def test_a_model_too_large_to_hold_is_refused_before_loading(tmp_path):
+    # 70.6 G parameters, 282 GB in float32: more than any machine this runs on.
+    proc = run_cli("generate", "llama-3.1-70b", "--prompt-ids", "1,2", cwd=tmp_path)
+    assert_quiet_error(proc, "llama-3.1-70b: its 70.6 G parameters take 282 GB in float32, "
+                             "more than this machine's")
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- 6: a tokenizer beside the checkpoint ---------------------------------------------------
 
 def test_prompt_text_through_the_checkpoint_tokenizer(checkpoint, tmp_path, capsys):

@@ -144,8 +144,9 @@ def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, 
     (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``;
     returns the generator's result (``generated_ids``, the regions used)."""
     from wse_emu.functional.generate import Generator
-    from wse_emu.weights import load_checkpoint, random_weights
+    from wse_emu.weights import check_memory, load_checkpoint, random_weights
 
+    check_memory(program.model)
     if checkpoint is not None:
         _, weights = load_checkpoint(Path(checkpoint))
     else:

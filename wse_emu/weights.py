@@ -427,10 +427,28 @@ def model_and_weights(model_or_checkpoint: str | Path, weights_seed: int = 0):
     or, for anything else ``load_model`` takes, random ones drawn from ``weights_seed``."""
     path = Path(model_or_checkpoint)
     if checkpoint_dir(path) is not None:
+        check_memory(load_model(str(checkpoint_dir(path) / CONFIG_FILE)))
         model, weights = load_checkpoint(path)
         return model, weights, str(path)
     model = load_model(str(model_or_checkpoint))
+    check_memory(model)
     return model, random_weights(model, weights_seed), f"random (seed {weights_seed})"
+
+
+def check_memory(model: ModelSpec) -> None:
+    """Refuse a model whose weights alone, in float32 as the functional engine holds them
+    (and again as tiles), exceed this machine's memory: loading it could only end with the
+    process killed, and nothing said."""
+    need = model.params() * 4
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # not a POSIX system: nothing to check
+        return
+    if need > have:
+        raise UserError(f"{model.name}: its {model.params() / 1e9:.3g} G parameters take "
+                        f"{need / 1e9:.3g} GB in float32, more than this machine's "
+                        f"{have / 1e9:.3g} GB of memory; the functional engine computes models "
+                        "that fit (`run` times any model)")
 
 
 def tokenizer_for(model_or_checkpoint: str | Path):
