@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from wse_emu.errors import UserError
+from wse_emu.layer import attention_tile_of
 from wse_emu.routing import routing_of
 
 PLANS = ("colocated", "disaggregated")
@@ -67,8 +68,7 @@ class CompileOptions:
         if self.seed < 0:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         routing_of(self)  # a bad routing fails here, by name
-        if self.attention_tile < 0:
-            raise UserError(f"`attention_tile` must be 0 (off) or more, got {self.attention_tile}")
+        attention_tile_of(self)  # a negative tile fails here, by name
         if self.anneal_steps < 0:
             raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 

@@ -128,3 +128,7 @@ def test_run_states_its_attention_tiles_and_refuses_a_negative_one(tmp_path, cap
     assert main(args + ["--attention-tile", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "attention-tile" in err[0] and "-1" in err[0]
+    # A prefill has no attention batch to tile: said so, not ignored.
+    assert main(args + ["--phase", "prefill", "--tokens", "16", "--attention-tile", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a prefill step has none to tile" in err[0]

@@ -40,6 +40,16 @@ PHASES = ("prefill", "decode")
 
 # --- the micro-batch ------------------------------------------------------------------------
 
+def attention_tile_of(options) -> int:
+    """Sequences per attention tile of a program's decode steps, from its compile options (or
+    their stored dict; a program compiled before the option has none): 0 for none."""
+    get = options.get if isinstance(options, dict) else lambda k, v: getattr(options, k)
+    size = int(get("attention_tile", 0) or 0)
+    if size < 0:
+        raise UserError(f"`attention_tile` must be 0 (off) or more, got {size}")
+    return size
+
+
 @dataclass(frozen=True)
 class MicroBatch:
     """What one step pushes through the layers: a prefill of ``tokens`` of one sequence
@@ -75,6 +85,14 @@ class MicroBatch:
         sizes = even_split(self.tokens, min(self.chunks, self.tokens))
         starts = self.prefix + np.concatenate([[0], np.cumsum(sizes)[:-1]])
         return [MicroBatch("prefill", int(n), prefix=int(a)) for n, a in zip(sizes, starts)]
+
+    def attention_tiles(self, size: int) -> list["MicroBatch"]:
+        """A decode's sequences in the tiles of at most ``size`` its attention block takes one
+        after another (batch tiling on attention); a prefill, or ``size`` 0, is one tile."""
+        if self.phase != "decode" or size <= 0 or size >= self.batch:
+            return [self]
+        return [MicroBatch("decode", batch=int(n), context=self.context)
+                for n in even_split(self.batch, -(-self.batch // size))]
 
     def describe(self) -> str:
         if self.phase == "prefill":

@@ -73,8 +73,8 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
 
 def attention_tile(program: WaferProgram, run: RegionRun) -> int | None:
     """Sequences per attention tile of a decode step run with batch tiling on attention."""
-    size = int(program.options.get("attention_tile", 0) or 0)
-    return size if run.step.phase == "decode" and 0 < size < run.step.batch else None
+    size = ly.attention_tile_of(program.options)
+    return size if len(run.step.attention_tiles(size)) > 1 else None
 
 
 def experts_summary(program: WaferProgram, run: RegionRun) -> dict:

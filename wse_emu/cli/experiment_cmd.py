@@ -13,6 +13,7 @@ from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.fmt import seconds, si, table
+from wse_emu.layer import attention_tile_of
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
@@ -141,8 +142,7 @@ def run(args):
     if args.requests is not None and args.requests < 2:
         raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
                         f"{args.requests}")
-    if args.attention_tile < 0:
-        raise UserError(f"--attention-tile must be 0 (off) or more, got {args.attention_tile}")
+    attention_tile_of({"attention_tile": args.attention_tile})  # before any work, by name
     if args.workers < 0:
         raise UserError(f"--workers must be at least 0, got {args.workers}")
     if args.price_per_system_hour is not None and not args.price_per_system_hour > 0:

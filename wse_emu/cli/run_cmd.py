@@ -12,7 +12,7 @@ from compiler.bounds import stage_bounds
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
-from wse_emu.layer import MicroBatch
+from wse_emu.layer import MicroBatch, attention_tile_of
 from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
@@ -64,10 +64,7 @@ def with_step_options(program: WaferProgram, args) -> WaferProgram:
     if routing_for(program.model, args.routing, args.routing_seed) != Routing():
         changed.update(routing=args.routing, routing_seed=args.routing_seed)
     if args.attention_tile is not None:
-        if args.attention_tile < 0:
-            raise UserError(f"--attention-tile must be 0 (off) or more, got "
-                            f"{args.attention_tile}")
-        changed["attention_tile"] = args.attention_tile
+        changed["attention_tile"] = attention_tile_of({"attention_tile": args.attention_tile})
     if changed:
         program.options = {**program.options, **changed}
     return program
@@ -134,6 +131,9 @@ def run_handoff(args, program: WaferProgram):
 
 
 def run(args):
+    if args.attention_tile and args.phase != "decode":
+        raise UserError(f"--attention-tile tiles a decode step's attention; a {args.phase} step "
+                        "has none to tile (--tiles splits a prefill)")
     program = load_or_compile(args)
     if args.phase == "handoff":
         return run_handoff(args, program)

@@ -657,16 +657,6 @@ class StageGraph:
     def is_last_tile(self) -> bool:
         return self.step.prefix + self.step.tokens >= self.whole_end
 
-    def attention_tiles(self) -> list[MicroBatch]:
-        """A decode micro-batch's sequences in the tiles its attention block takes one after
-        another (``attention_tile`` sequences each, the program's option; 0: all at once)."""
-        size = int(self.program.options.get("attention_tile", 0) or 0)
-        step = self.step
-        if step.phase != "decode" or size <= 0 or size >= step.batch:
-            return [step]
-        return [MicroBatch("decode", batch=int(n), context=step.context)
-                for n in even_split(step.batch, -(-step.batch // size))]
-
     def layer(self, strips, home: Strip, x: np.ndarray, hsz: np.ndarray) -> np.ndarray:
         """One layer, op by op as the layer description lists them: each op takes its inputs
         from where they were left (re-split onto its own site when that is elsewhere) and
@@ -677,7 +667,7 @@ class StageGraph:
         the layer (the MLP or the experts) takes the tiles' outputs together, as one batch."""
         ready = {ly.LAYER_INPUT: x}
         at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
-        tiles = self.attention_tiles()
+        tiles = self.step.attention_tiles(ly.attention_tile_of(self.program.options))
         if len(tiles) == 1:
             return self.layer_ops(strips, home, self.layer_table, ready, at)[0][ly.LAYER_OUTPUT]
         split = 1 + next(i for i, op in enumerate(self.layer_table)
