@@ -45,14 +45,16 @@ def _port_cycles(work: ly.Work, fabric: FabricSpec, fpc: float) -> tuple[float, 
 
 
 def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: FabricSpec,
-                 mb: MicroBatch, layers: range | None = None) -> dict:
+                 mb: MicroBatch, layers: range | None = None,
+                 part: tuple[int, int] | None = None) -> dict:
     """Lower bound on one execution of ``kernel`` for one layer of the step (the cheapest of
-    ``layers``, the model layers the kernel serves, where they differ)."""
+    ``layers``, the model layers the kernel serves, where they differ; ``part``: the experts of
+    a split layer the stage holds)."""
     d = model.dtype_bytes
     fpc = fabric.flops_per_cycle(d)
     link = fabric.link_bytes_per_cycle
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
-    ops = ly.kernel_ops(model)[kernel.name]
+    ops = ly.kernel_ops(model, part)[kernel.name]
     first = ops[0]
     t = ly.op_tokens(first, mb)
     if kernel.kind == "matrix" and first.experts:
@@ -143,11 +145,12 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
 def _expert_bound(kernel: Kernel, op: ly.Op, t: int, d: int, fabric: FabricSpec,
                   fpc: float) -> dict:
     """An expert strip, whatever the routing: the step's token-expert pairs share its PEs at
-    best evenly; where each expert's sums stay its own (gate, up), they still cross the
-    expert's run of columns."""
+    best evenly (a split layer's part: the pairs no routing can send elsewhere, a token's
+    choices beyond the experts held in the other part); where each expert's sums stay its own
+    (gate, up), they still cross the expert's run of columns."""
     k, n = op.matrix
     kp, np_ = kernel.grid
-    pairs = t * op.top_k
+    pairs = t * max(0, op.top_k - (op.total_experts - op.experts))
     pes = kp * np_
     work = ly.routed_matrix_work(pairs * k * n / pes, 0, 0, d)
     compute, sram = _port_cycles(work, fabric, fpc)
@@ -245,6 +248,7 @@ def stage_bounds(program: WaferProgram, run) -> dict[int, dict[str, float]]:
     for sr in run.stages:
         stage = program.stages[sr.stage]
         out[sr.stage] = {k.name: kernel_bound(k, stage.rect, program.model, program.fabric,
-                                              work, range(*stage.layers))["cycles"]
+                                              work, range(*stage.layers),
+                                              stage.part)["cycles"]
                          for k in program.stage_kernels(stage)}
     return out

@@ -173,7 +173,10 @@ def verify(program: WaferProgram) -> None:
     expected_owners = {("embedding", None)} if not model.tie_embeddings else set()
     expected_owners |= {("lm_head", None)}
     matrices = {op.name for op in ly.layer_ops(model) if op.kind in ly.MATRIX_KINDS}
-    expected_owners |= {(name, layer) for layer in range(model.num_layers) for name in matrices}
+    # An expert matrix is owned expert by expert (a split layer's experts lie in two stages).
+    experts = {op.name: range(op.experts) for op in ly.layer_ops(model) if op.experts}
+    expected_owners |= {(name, layer, e) for layer in range(model.num_layers)
+                        for name in matrices for e in experts.get(name, [None])}
     for region in program.regions:
         owned = []
         for s in region.stage_ids:
@@ -182,8 +185,12 @@ def verify(program: WaferProgram) -> None:
                 if k.kind in ("matrix", "gather") and k.weight_ref is None:
                     if not ownership_check(*k.matrix, *k.grid):
                         raise AssertionError(f"kernel {k.name} does not partition its matrix")
-                    layers = range(*stage.layers) if k.name in matrices else [None]
-                    owned += [(k.name, layer) for layer in layers]
+                    if k.name not in matrices:
+                        owned.append((k.name, None))
+                        continue
+                    held = [None] if k.name not in experts else \
+                        range(*stage.experts) if stage.experts else experts[k.name]
+                    owned += [(k.name, layer, e) for layer in range(*stage.layers) for e in held]
         if len(owned) != len(set(owned)) or set(owned) != expected_owners:
             raise AssertionError(f"region {region.name} does not own every matrix exactly once")
     for stage in program.stages:
@@ -218,6 +225,7 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         })
     stage_rows = [{
         "id": s.id, "region": s.region, "rect": str(s.rect), "layers": s.layers,
+        "experts": s.experts, "holds": s.describe_layers(),
         "embedding": s.has_embedding, "head": s.has_head,
         "kv_capacity_tokens": s.kv_capacity_tokens,
         "prefill_bound_cycles": s.bounds["prefill"]["cycles"],

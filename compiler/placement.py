@@ -36,24 +36,33 @@ class Transfer:
     to_edge: bool = False  # True: lands on dst's root edge (an elementwise op), else dst's body
 
 
-def layer_transfers(model: ModelSpec) -> list[Transfer]:
-    """One layer's transfers between strips, read off the layer description: an op whose
-    input was left at another site takes it from there (a vector op on its root edge, a matrix
-    op across its body). Inputs of several ops at one site travel once."""
+def layer_transfers(model: ModelSpec, experts: tuple[int, int] | None = None) -> list[Transfer]:
+    """One layer's (or split layer part's) transfers between strips, read off the layer
+    description: an op whose input was left at another site takes it from there (a vector op
+    on its root edge, a matrix op across its body). Inputs of several ops at one site travel
+    once. What a split layer's first part hands on goes to the home strip's edge, where the
+    second part's stage takes it in."""
     d = model.dtype_bytes
-    ops = ly.layer_ops(model)
+    whole = ly.layer_ops(model)
+    ops = ly.part_ops(model, experts)
     home = ly.home_site(model)
 
     def where(s: str) -> str:
         return home if s == ly.HOME else s
 
-    site = {op.name: where(op.site) for op in ops}
+    site = {op.name: where(op.site) for op in whole}
     site[ly.LAYER_INPUT] = home
     # Bytes per token of each op's output (a route's: k weights and k expert ids).
     size = {op.name: op.length * (d + ly.TOKEN_ID_BYTES if op.kind == ly.ROUTE else d)
-            for op in ops}
+            for op in whole}
     size[ly.LAYER_INPUT] = model.hidden_size * d
+    names = {op.name for op in ops}
+    if experts is not None and experts[0] > 0:  # arrived with the stage's input
+        site.update({name: home for name in ly.SPLIT_CARRIED})
     out: list[Transfer] = []
+    if experts is not None and experts[0] == 0:
+        out += [Transfer(site[name], home, size[name], name, to_edge=True)
+                for name in ly.SPLIT_CARRIED if site[name] != home and name in names]
     seen = set()
     for op in ops:
         op_site = where(op.site)
@@ -78,15 +87,18 @@ def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
     if "embedding" in names:
         out.append(Transfer("embedding", home, h * d, "embedded", to_edge=True))
     else:
-        out.append(Transfer(ENTRY, home, h * d, "stage_input", to_edge=True))
+        entering = ly.carried_values(model, None if spec.experts is None or spec.experts[0] == 0
+                                     else (0, spec.experts[0]))
+        out.append(Transfer(ENTRY, home, entering * d, "stage_input", to_edge=True))
     if layers:
         out.extend(Transfer(t.src, t.dst, t.nbytes * layers, t.data, t.to_edge)
-                   for t in layer_transfers(model))
+                   for t in layer_transfers(model, spec.experts))
     if "lm_head" in names:
         if home != "lm_head":
             out.append(Transfer(home, "lm_head", h * d, "h_final"))
     else:
-        out.append(Transfer(home, EXIT, h * d, "stage_output"))
+        out.append(Transfer(home, EXIT, ly.carried_values(model, spec.experts) * d,
+                            "stage_output"))
     return out
 
 

@@ -74,7 +74,8 @@ class StripSpec:
         an expert strip reads its token's experts only."""
         if self.name == "embedding":
             return 0.0
-        share = self.experts_op.top_k / self.experts if self.experts_op is not None else 1.0
+        share = self.experts_op.top_k / self.experts_op.total_experts \
+            if self.experts_op is not None else 1.0
         return float(self.weight_bytes) * share
 
 
@@ -84,6 +85,7 @@ class StageSpec:
     has_embedding: bool
     has_head: bool
     strips: list[StripSpec]
+    experts: tuple[int, int] | None = None  # one part of a split layer: its experts
 
     @property
     def num_layers(self) -> int:
@@ -95,10 +97,12 @@ class StageSpec:
         return sum(s.weight_bytes for s in self.strips) + vec
 
 
-def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> StageSpec:
+def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool,
+               experts: tuple[int, int] | None = None) -> StageSpec:
     """The strips of a stage, from the layer description: one per matrix op (each owning that
     matrix of every layer in the stage), with the weight vectors of the ops that run on its
-    root edge (norm scales; a projection's bias lives on its own edge)."""
+    root edge (norm scales; a projection's bias lives on its own edge). ``experts``: the stage
+    holds one part of a split layer (``layer.part_ops``)."""
     n_layers = l1 - l0
     strips: list[StripSpec] = []
     by_name: dict[str, StripSpec] = {}
@@ -128,7 +132,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
         strips.append(s)
         by_name["embedding"] = s
     if n_layers:
-        ops = ly.layer_ops(model)
+        ops = ly.part_ops(model, experts)
         for op in ops:
             if op.kind in ly.MATRIX_KINDS:
                 add_strip(op, n_layers)
@@ -145,7 +149,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool) -> S
         home = ly.home_site(model) if n_layers else "lm_head"
         for op in outputs:
             add_vector(op, 1, home if op.site == ly.HOME else op.site)
-    return StageSpec((l0, l1), first, last, strips)
+    return StageSpec((l0, l1), first, last, strips, experts)
 
 
 def home_strip(spec: StageSpec) -> StripSpec:
@@ -182,6 +186,68 @@ def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
             ranges.append((start, start + count))
             start += count
         return ranges
+
+    lo, hi = 0.0, 4.0
+    while fits(hi) is None and hi < 1e6:
+        hi *= 2.0
+    if fits(hi) is None:
+        raise CompileError("cannot split the layers across the region's wafers")
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if fits(mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    return fits(hi)
+
+
+# A wafer's share of a region's layers: (layer, experts) items in order, experts None for a
+# whole layer or the range of experts of a split layer's part (``layer.part_ops``).
+LayerItem = tuple[int, "tuple[int, int] | None"]
+
+
+def split_layers_in_parts(model: ModelSpec, part_budgets: list[float], extra_first: float,
+                          extra_last: float) -> list[list[LayerItem]]:
+    """Like ``split_layers``, but a mixture-of-experts layer may be cut between two wafers, its
+    attention, router and first experts ending one wafer and its other experts starting the
+    next: the layers then fill the wafers as their experts' bytes allow, not only in whole
+    layers (a wafer holding 7.8 of a model's layers no longer stops at 7)."""
+    layers, experts = model.num_layers, model.num_experts
+    ops = ly.layer_ops(model)
+    expert_bytes = sum(ly.weight_bytes(op, model) for op in ops
+                       if op.kind == ly.EXPERT_GEMM) / experts
+    layer_bytes = model.layer_weight_bytes()
+    lead_bytes = layer_bytes - experts * expert_bytes  # attention, norms and router
+    parts = len(part_budgets)
+
+    def fits(limit: float) -> list[list[LayerItem]] | None:
+        plan: list[list[LayerItem]] = []
+        layer, split = 0, 0  # the next layer, and its experts already placed (a split's tail)
+        for p in range(parts):
+            room = limit * part_budgets[p] - (extra_first if p == 0 else 0.0) \
+                - (extra_last if p == parts - 1 else 0.0)
+            items: list[LayerItem] = []
+            if split:
+                need = (experts - split) * expert_bytes
+                if need > room:
+                    return None
+                items.append((layer, (split, experts)))
+                room -= need
+                layer, split = layer + 1, 0
+            # (leaving every later wafer at least one layer)
+            while layer < layers - (parts - 1 - p) and layer_bytes <= room:
+                items.append((layer, None))
+                room -= layer_bytes
+                layer += 1
+            if layer < layers and p < parts - 1:
+                held = int((room - lead_bytes) // expert_bytes)
+                if held >= 1:
+                    items.append((layer, (0, held)))
+                    split = held
+            if not items:
+                return None
+            plan.append(items)
+        return plan if layer == layers else None
 
     lo, hi = 0.0, 4.0
     while fits(hi) is None and hi < 1e6:

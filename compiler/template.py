@@ -23,8 +23,10 @@ from compiler.stages import (
     home_strip,
     layout_stages,
     split_layers,
+    split_layers_in_parts,
     stage_spec,
     strip_extents,
+    strip_min_extent,
 )
 from compiler.tiling import block_bytes, vector_bytes
 from wse_emu import layer as ly
@@ -121,52 +123,111 @@ def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> 
 # --- stages ---------------------------------------------------------------------------------
 
 def _layout_region(model, part_shapes, options, budget, fewest) -> list[list[StageLayout]]:
+    """Whole layers per wafer; a mixture of experts whose whole layers do not lay out over its
+    wafers has a layer cut at each wafer boundary instead (``split_layers_in_parts``)."""
     parts = len(part_shapes)
     extra_first = 0 if model.tie_embeddings else model.embedding_weight_bytes()
     extra_last = model.head_weight_bytes()
-    ranges = split_layers(model.layer_weight_bytes(), model.num_layers,
-                          [w * h * budget for w, h in part_shapes], extra_first, extra_last)
-    return [_layout_part(model, w, h, l0, l1, p == 0, p == parts - 1, p, budget, options,
-                         fewest) for p, ((w, h), (l0, l1)) in enumerate(zip(part_shapes, ranges))]
+    budgets = [w * h * budget for w, h in part_shapes]
+    ranges = split_layers(model.layer_weight_bytes(), model.num_layers, budgets, extra_first,
+                          extra_last)
+
+    def lay_out(plan: list[list]) -> list[list[StageLayout]]:
+        return [_layout_part(model, w, h, items, p == 0, p == parts - 1, p, budget, options,
+                             fewest) for p, ((w, h), items) in enumerate(zip(part_shapes, plan))]
+
+    try:
+        return lay_out([[(i, None) for i in range(l0, l1)] for l0, l1 in ranges])
+    except NoLayout:
+        if parts == 1 or not model.num_experts or model.sandwich_norms:
+            raise
+    return lay_out(split_layers_in_parts(model, budgets, extra_first, extra_last))
 
 
-def _layout_part(model, width, height, l0, l1, first, last, part, budget,
+def _stage_groups(items: list, per_stage: int) -> list[list]:
+    """Consecutive whole layers in stages of ``per_stage``; a split layer's part is a stage of
+    its own."""
+    groups: list[list] = []
+    run: list = []
+    for item in items:
+        if item[1] is not None:
+            groups += [run[i:i + per_stage] for i in range(0, len(run), per_stage)]
+            groups.append([item])
+            run = []
+        else:
+            run.append(item)
+    groups += [run[i:i + per_stage] for i in range(0, len(run), per_stage)]
+    return groups
+
+
+def _layout_part(model, width, height, items, first, last, part, budget,
                  options, fewest) -> list[StageLayout]:
     d = model.dtype_bytes
-    count = l1 - l0
+    count = sum(1 for _, experts in items if experts is None)
+    l0, l1 = items[0][0], items[-1][0] + 1
+    split = any(experts is not None for _, experts in items)
     choices = ([options.layers_per_stage] if options.layers_per_stage
-               else range(min(fewest, count), count + 1))
+               else range(min(fewest, max(count, 1)), max(count, 1) + 1))
     for per_stage in choices:
-        starts = list(range(l0, l1, per_stage))
-        specs = [stage_spec(model, a, min(a + per_stage, l1), first and a == l0,
-                            last and min(a + per_stage, l1) == l1) for a in starts]
+        groups = _stage_groups(items, per_stage)
+        specs = [stage_spec(model, g[0][0], g[-1][0] + 1, first and i == 0,
+                            last and i == len(groups) - 1, g[0][1])
+                 for i, g in enumerate(groups)]
         mins = [[s.weight_bytes / budget for s in spec.strips] for spec in specs]
         if sum(map(sum, mins)) > width * height:
             if first and last:
                 raise NoLayout(f"the weights do not fit in a {width}x{height} region")
+            if split:
+                raise NoLayout(f"layers {l0}-{l1 - 1} (the ends cut between wafers) do not fit "
+                               f"in a {width}x{height} wafer")
             # A replica over wafers gives each wafer whole layers.
             whole = int(width * height * budget // model.layer_weight_bytes())
             raise NoLayout(f"layers {l0}-{l1 - 1} do not fit in a {width}x{height} wafer, "
                            f"which holds {whole} whole layers; a layer is not split across "
                            "wafers")
-        areas = allocate_areas(specs, width * height, mins)
-        try:
-            rects = layout_stages(width, height, [sum(a) for a in areas],
-                                  [len(s.strips) for s in specs])
-        except CompileError:
-            continue
-        layouts = []
-        for spec, area, r in zip(specs, areas, rects):
-            axis = "x" if r.w >= r.h else "y"
-            lay = StageLayout(spec, Rect(part, r.x, r.y, r.w, r.h), axis, area)
-            ext = strip_extents(spec, area, lay.long, lay.short, budget, d)
-            if ext is None:
+        # A stage given no more than its weights' area can still miss by the rounding of its
+        # blocks to whole PEs; such a stage's minimum grows by what it missed, and the area
+        # is shared again (a few rounds: whole layers rarely need one, a split wafer's full
+        # stages may).
+        for _ in range(MIN_AREA_ROUNDS):
+            layouts = _try_layout(specs, mins, width, height, part, budget, d)
+            if not isinstance(layouts, dict):
                 break
-            lay.extents = {s.name: int(e) for s, e in zip(spec.strips, ext)}
-            layouts.append(lay)
-        if len(layouts) == len(specs):
+            for i, grow in layouts.items():
+                mins[i] = [m * grow for m in mins[i]]
+            if sum(map(sum, mins)) > width * height:
+                break
+        if isinstance(layouts, list):
             return layouts
     raise NoLayout(f"no stage layout for layers {l0}-{l1 - 1} in {width}x{height}")
+
+
+MIN_AREA_ROUNDS = 4
+
+
+def _try_layout(specs, mins, width, height, part, budget, d) -> list[StageLayout] | dict | None:
+    """The stages laid out, or per stage whose strips' blocks do not fit its rectangle the
+    factor its minimum area must grow by, or None if no rectangles fit the areas."""
+    areas = allocate_areas(specs, width * height, mins)
+    try:
+        rects = layout_stages(width, height, [sum(a) for a in areas],
+                              [len(s.strips) for s in specs])
+    except CompileError:
+        return None
+    layouts, short_of = [], {}
+    for i, (spec, area, r) in enumerate(zip(specs, areas, rects)):
+        axis = "x" if r.w >= r.h else "y"
+        lay = StageLayout(spec, Rect(part, r.x, r.y, r.w, r.h), axis, area)
+        ext = strip_extents(spec, area, lay.long, lay.short, budget, d)
+        if ext is None:
+            need = [strip_min_extent(s, lay.short, budget, d) for s in spec.strips]
+            if any(n is None for n in need):
+                return None
+            short_of[i] = max(1.0, sum(need) / lay.long) * 1.01
+            continue
+        lay.extents = {s.name: int(e) for s, e in zip(spec.strips, ext)}
+        layouts.append(lay)
+    return short_of or layouts
 
 
 # --- placement ------------------------------------------------------------------------------
@@ -202,7 +263,8 @@ def _place(layouts: list[list[StageLayout]], model, options) -> None:
                 base_o, base_r = pl.mirror(base_o, base_r)
             order, roots = base_o, base_r
             if options.optimize_placement:
-                kind = (tuple(s.name for s in lay.spec.strips), lay.spec.num_layers)
+                kind = (tuple(s.name for s in lay.spec.strips), lay.spec.num_layers,
+                        lay.spec.experts is not None)
                 if kind not in canonical:
                     o, r = pl.anneal(scorer, base_o, base_r, options.anneal_steps, options.seed)
                     canonical[kind] = (o, r, forward)
@@ -422,7 +484,8 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
         spec = lay.spec
         stage = Stage(id=index, region="", index=index, rect=lay.rect, layers=list(spec.layers),
                       has_embedding=spec.has_embedding, has_head=spec.has_head,
-                      strip_axis=lay.axis)
+                      strip_axis=lay.axis,
+                      experts=list(spec.experts) if spec.experts is not None else None)
         b.stages.append(stage)
         b.arrays[lay.rect.system]["stage"][lay.rect.y:lay.rect.y1, lay.rect.x:lay.rect.x1] = index
         rects = _strip_rects(lay)
@@ -479,7 +542,7 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
         if spec.has_embedding:
             vector_kernels(ly.input_ops(model), 1)
         if n:
-            for op in ly.layer_ops(model):
+            for op in ly.part_ops(model, spec.experts):
                 if op.kernel_kind == "attention":
                     if "attention" not in ks:
                         ks["attention"] = _attention_kernel(b, stage, lay, model, d)
@@ -509,7 +572,8 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
 
     # Between stages, between wafers, and the token I/O.
     for i in range(1, len(flat)):
-        b.connect(f"stage{i - 1}->stage{i}", homes[i - 1], homes[i], h * d, stage=i)
+        b.connect(f"stage{i - 1}->stage{i}", homes[i - 1], homes[i],
+                  ly.carried_values(model, flat[i - 1].spec.experts) * d, stage=i)
     first, last = named[0], named[-1]
     head = last["lm_head"]
     if model.tie_embeddings:
@@ -535,7 +599,7 @@ def _assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Regio
     template = RegionTemplate(
         part_shapes=part_shapes, stages=b.stages, kernels=b.kernels, routes=b.routes,
         arrays=arrays, placement=_placement_report(flat, homes, model),
-        kv_capacity_tokens=min((s.kv_capacity_tokens for s in b.stages if s.num_layers),
+        kv_capacity_tokens=min((s.kv_capacity_tokens for s in b.stages if s.has_attention),
                                default=0),
         weight_bytes=sum(k.weight_bytes for k in b.kernels), colors_used=colors, bounds={})
     template.bounds = _bounds(template, named, homes, model, fabric, options)
@@ -612,7 +676,7 @@ def _kv_plan(b: _Builder, model: ModelSpec, fabric: FabricSpec) -> list[dict[str
     for stage in b.stages:
         r = stage.rect
         arrays = out[r.system]
-        if not stage.num_layers:
+        if not stage.has_attention:
             stage.kv_slots = stage.kv_capacity_tokens = 0
             continue
         free = np.clip(fabric.usable_bytes_per_pe - arrays["weights"][r.y:r.y1, r.x:r.x1]
@@ -674,7 +738,7 @@ def _bounds(template, named, homes, model, fabric, options) -> dict:
     for kernel in template.kernels:
         stage = template.stages[kernel.stage]
         kernel.bounds = {ph: kernel_bound(kernel, stage.rect, model, fabric, w,
-                                          range(*stage.layers))
+                                          range(*stage.layers), stage.part)
                          for ph, w in works.items()}
     dependencies = ly.kernel_dependencies(model)
     once = {op.kernel for op in ly.input_ops(model) + ly.output_ops(model)}
@@ -697,9 +761,9 @@ def _bounds(template, named, homes, model, fabric, options) -> dict:
         # Crossing a wafer boundary costs at least the activation's bytes over the off-wafer
         # link of one system.
         tokens = works[phase].new_tokens
-        crossings = sum(1 for i in range(1, len(homes)) if homes[i - 1].system != homes[i].system)
-        offwafer = crossings * tokens * model.hidden_size * model.dtype_bytes \
-            / fabric.offwafer_bytes_per_cycle()
+        crossing = sum(ly.carried_values(model, template.stages[i - 1].part)
+                       for i in range(1, len(homes)) if homes[i - 1].system != homes[i].system)
+        offwafer = crossing * tokens * model.dtype_bytes / fabric.offwafer_bytes_per_cycle()
         bottleneck = int(np.argmax(per_stage))
         # Tokens may stream from stage to stage, so the step is bounded by the slowest stage's
         # whole work plus one token's trip through every other stage (a flow shop), not by

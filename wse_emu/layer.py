@@ -23,7 +23,7 @@ the op graph its FLOPs, so the three cannot drift apart (a test holds them toget
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -267,6 +267,15 @@ class Op:
     # An expert op whose strip's reduction also sums over its experts (down, after the
     # combine); otherwise (gate, up) each expert's outputs stay its own.
     experts_summed: bool = False
+    # One part of a layer split across two stages (``part_ops``): the first of the layer's
+    # experts its strip holds, and how many the layer has (0: ``experts``, all of them here).
+    first_expert: int = 0
+    layer_experts: int = 0
+
+    @property
+    def total_experts(self) -> int:
+        """The experts a token's router chooses among (``experts`` are those held here)."""
+        return self.layer_experts or self.experts
 
     @property
     def kernel_kind(self) -> str:
@@ -302,7 +311,7 @@ class Op:
     @property
     def active_params(self) -> int:
         """The weights one token uses: its top-k experts' share of an expert op."""
-        return self.weight_params * self.top_k // self.experts if self.experts else \
+        return self.weight_params * self.top_k // self.total_experts if self.experts else \
             self.weight_params
 
 
@@ -386,6 +395,51 @@ def layer_ops(model: ModelSpec) -> list[Op]:
         mlp_out = "mlp_out_norm"
     ops.append(_vector(LAYER_OUTPUT, ADD, ("residual_attn", mlp_out), HOME, h))
     return ops
+
+
+# --- a layer split across two stages --------------------------------------------------------
+#
+# A mixture-of-experts layer can be cut between two consecutive stages (on two wafers, when
+# whole layers do not fill the wafers a model needs): the first part holds the attention, the
+# router and experts [0, e), the second experts [e, E). Down is linear, so each part adds its
+# experts' weighted outputs to the residual stream where it is; the first part hands on, beside
+# that stream, what the second needs of the layer: the experts' input and each token's choices.
+SPLIT_CARRIED = ("post_attn_norm", "route")
+
+
+def part_ops(model: ModelSpec, experts: tuple[int, int] | None) -> list[Op]:
+    """The ops of one part of a split layer (``experts``: the range of experts it holds), or of
+    a whole layer (None). The second part starts at gate and ends with the residual add onto its
+    input, the stream the first part left."""
+    ops = layer_ops(model)
+    if experts is None:
+        return ops
+    e0, e1 = experts
+    if not 0 <= e0 < e1 <= model.num_experts or (e0, e1) == (0, model.num_experts):
+        raise ValueError(f"no part of a {model.num_experts}-expert layer holds experts "
+                         f"{e0}-{e1 - 1}")
+    if model.sandwich_norms:  # a norm of the whole MLP output cannot be taken in two parts
+        raise ValueError("a layer with a norm after its MLP cannot be split")
+    held = e1 - e0
+    ops = [replace(op, experts=held, first_expert=e0, layer_experts=op.experts,
+                   weight_params=op.weight_params // op.experts * held)
+           if op.kind == EXPERT_GEMM else op for op in ops]
+    if e0 == 0:
+        return ops
+    first = next(i for i, op in enumerate(ops) if op.kind == EXPERT_GEMM)
+    return [replace(op, inputs=(LAYER_INPUT, op.inputs[1])) if op.name == LAYER_OUTPUT else op
+            for op in ops[first:]]
+
+
+def carried_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
+    """Values per token one stage hands the next after a layer (part) ``experts``: the
+    residual stream, and after the first part of a split layer also the experts' input and each
+    token's choices (an id and a weight each, counted in the dtype's values)."""
+    h = model.hidden_size
+    if experts is None or experts[1] == model.num_experts:
+        return h
+    k = model.experts_per_token
+    return 2 * h + -(-k * (model.dtype_bytes + TOKEN_ID_BYTES) // model.dtype_bytes)
 
 
 
@@ -608,15 +662,15 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
         return OpCost(t * (SOFTMAX_FLOPS * e + op.length * e), 0, t * e * d,
                       t * op.length * (d + TOKEN_ID_BYTES))
     if kind == EXPERT_GEMM:
-        # Each token runs through its top-k experts; the weights read are those of the experts
-        # any token of the step routed to.
+        # Each token runs through its top-k experts (a split layer's part: those of them it
+        # holds, on average); the weights read are those of the experts any token routed to.
         k, n = op.matrix
-        pairs = t * op.top_k
+        pairs = t * op.top_k * op.experts / op.total_experts
         flops = matrix_work(k, n, pairs, d).flops + (bias_work(n, pairs, d).flops
                                                      if op.bias else 0)
         if active_experts is None:
-            active_experts = expected_experts(op.experts, op.top_k, t)
-        touched = active_experts / op.experts
+            active_experts = expected_experts(op.total_experts, op.top_k, t)
+        touched = active_experts / op.total_experts
         return OpCost(flops, weight_bytes(op, model) * touched, pairs * k * d,
                       t * op.length * d)
     window = model.window(layer) if layer is not None else model.sliding_window
@@ -651,10 +705,11 @@ def kernel_dependencies(model: ModelSpec) -> dict[str, list[str]]:
     return deps
 
 
-@lru_cache(maxsize=64)
-def kernel_ops(model: ModelSpec) -> dict[str, list[Op]]:
-    """Per compiled kernel, the ops it runs (in execution order)."""
+@lru_cache(maxsize=256)
+def kernel_ops(model: ModelSpec, part: tuple[int, int] | None = None) -> dict[str, list[Op]]:
+    """Per compiled kernel, the ops it runs (in execution order), in a stage of whole layers or
+    of one part of a split layer (``part``: its experts)."""
     out: dict[str, list[Op]] = {}
-    for op in input_ops(model) + layer_ops(model) + output_ops(model):
+    for op in input_ops(model) + part_ops(model, part) + output_ops(model):
         out.setdefault(op.kernel, []).append(op)
     return out

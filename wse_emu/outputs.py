@@ -33,7 +33,8 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
         stage = program.stages[sr.stage]
         pes = sr.busy.size
         stages.append({
-            "stage": sr.stage, "layers": stage.layers, "cycles": sr.cycles,
+            "stage": sr.stage, "layers": stage.layers, "experts": stage.experts,
+            "holds": stage.describe_layers(), "cycles": sr.cycles,
             "seconds": sr.cycles / clock, "first_tile_cycles": sr.first_tile_cycles,
             "compute_utilization": float(sr.busy.sum()) / (pes * sr.cycles) if sr.cycles else 0,
             "link_utilization": float(sr.links.sum()) / (sr.links.size * sr.cycles)

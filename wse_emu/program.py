@@ -116,10 +116,30 @@ class Stage:
     kv_slots: int = 0
     kv_capacity_tokens: int = 0
     bounds: dict[str, Any] = field(default_factory=dict)
+    # A stage holding one part of a mixture-of-experts layer split across two stages: the
+    # range of the layer's experts it holds (``layer.part_ops``); None for whole layers.
+    experts: list[int] | None = None
 
     @property
     def num_layers(self) -> int:
         return self.layers[1] - self.layers[0]
+
+    @property
+    def part(self) -> tuple[int, int] | None:
+        return tuple(self.experts) if self.experts is not None else None
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the stage runs attention (and so keeps a KV cache): the second part of a
+        split layer does not."""
+        return self.num_layers > 0 and (self.experts is None or self.experts[0] == 0)
+
+    def describe_layers(self) -> str:
+        """'3-5', or a split layer's part with its experts: '7 (experts 0-79)'."""
+        l0, l1 = self.layers
+        if self.experts is not None:
+            return f"{l0} (experts {self.experts[0]}-{self.experts[1] - 1})"
+        return f"{l0}-{l1 - 1}"
 
 
 @dataclass

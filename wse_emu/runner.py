@@ -96,7 +96,7 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
     # full layers), which changes their time.
     windows = tuple(program.model.window(i) for i in range(*stage.layers))
     return (r.w, r.h, stage.strip_axis, stage.num_layers, stage.has_embedding, stage.has_head,
-            kernels, windows)
+            kernels, windows, stage.part)
 
 
 def execute(graph, fabric, engine: str):
@@ -147,14 +147,16 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
 
 
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
-    """The residual stream from one stage's home line to the next, on parallel lanes."""
+    """The residual stream from one stage's home line to the next, on parallel lanes (after
+    a split layer's first part, with what its second part needs: ``layer.carried_values``)."""
     fabric, model = program.fabric, program.model
     home = [k for k in program.stage_kernels(a)
             if k.name in (ly.home_site(model), "lm_head")][0]
     lanes = home.grid[1]
-    seg = int(wavelets(even_split(model.hidden_size, lanes).max() * tokens, model.dtype_bytes))
+    values = ly.carried_values(model, a.part)
+    seg = int(wavelets(even_split(values, lanes).max() * tokens, model.dtype_bytes))
     if a.rect.system != b.rect.system:
-        nbytes = model.hidden_size * tokens * model.dtype_bytes
+        nbytes = values * tokens * model.dtype_bytes
         return int(2 * fabric.ramp_latency_cycles + np.ceil(nbytes /
                                                               fabric.offwafer_bytes_per_cycle()))
     (ax, ay), (bx, by) = a.rect.center(), b.rect.center()
@@ -252,7 +254,7 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
     fabric, model = program.fabric, program.model
     src_region, dst_region = program.region(prefill_region), program.region(decode_region)
     by_layers = {tuple(program.stages[i].layers): program.stages[i]
-                 for i in dst_region.stage_ids}
+                 for i in dst_region.stage_ids if program.stages[i].has_attention}
     per_token = 2 * model.kv_size * model.dtype_bytes
     total = tokens * model.num_layers * per_token
     src_systems = {p.system for p in src_region.parts}
@@ -266,6 +268,8 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
     g = GraphBuilder(fabric.width, fabric.height)
     for i in src_region.stage_ids:
         a = program.stages[i]
+        if not a.has_attention:  # a split layer's second part keeps no KV
+            continue
         b = by_layers.get(tuple(a.layers))
         if b is None:
             raise UserError(f"regions {prefill_region} and {decode_region} stage their layers "

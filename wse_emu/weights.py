@@ -82,34 +82,37 @@ def _expert_tensors(spec: ModelSpec) -> dict[str, Shape]:
 
 
 def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int,
-                  per_run: int = 1) -> dict[str, np.ndarray]:
-    """One layer's experts as the compiler lays them out (``ly.Op.run_matrix``), one after
-    another along the inputs: gate and up as (E / per_run x hidden, per_run x m), each run's
-    experts side by side in its outputs; down as (E x m, hidden), in expert order; with
-    ``<name>.bias`` (gate, up: E x m; down: (E, hidden)) where the family has expert
+                  per_run: int = 1, experts: tuple[int, int] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """One layer's experts (``experts``: the range one part of a split layer holds; all by
+    default) as the compiler lays them out (``ly.Op.run_matrix``), one after another along the
+    inputs: gate and up as (E / per_run x hidden, per_run x m), each run's experts side by
+    side in its outputs; down as (E x m, hidden), in expert order; with ``<name>.bias`` (gate,
+    up: E x m; down: (all E, hidden), indexed by expert id) where the family has expert
     biases."""
-    e = spec.num_experts
+    e0, e1 = experts if experts is not None else (0, spec.num_experts)
+    held = range(e0, e1)
     p = f"model.layers.{layer}."
     _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
 
     def runs(per_expert: list[np.ndarray]) -> np.ndarray:  # each (hidden, m)
         return np.concatenate([np.concatenate(per_expert[r:r + per_run], axis=1)
-                               for r in range(0, e, per_run)], axis=0)
+                               for r in range(0, len(per_expert), per_run)], axis=0)
 
     if spec.family == "gpt_oss":  # gate_up (E, h, 2m), down (E, m, h), stored (in, out)
         gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
-        return {"experts_gate": runs(list(gate_up[:, :, 0::2])),
-                "experts_up": runs(list(gate_up[:, :, 1::2])),
-                "experts_down": np.concatenate(list(weights[p + down]), axis=0),
-                "experts_gate.bias": bias[:, 0::2].reshape(-1),
-                "experts_up.bias": bias[:, 1::2].reshape(-1),
+        return {"experts_gate": runs(list(gate_up[e0:e1, :, 0::2])),
+                "experts_up": runs(list(gate_up[e0:e1, :, 1::2])),
+                "experts_down": np.concatenate(list(weights[p + down][e0:e1]), axis=0),
+                "experts_gate.bias": bias[e0:e1, 0::2].reshape(-1),
+                "experts_up.bias": bias[e0:e1, 1::2].reshape(-1),
                 "experts_down.bias": weights[p + down + "_bias"]}
 
     return {
-        "experts_gate": runs([weights[p + gate.format(e=i) + ".weight"].T for i in range(e)]),
-        "experts_up": runs([weights[p + up.format(e=i) + ".weight"].T for i in range(e)]),
+        "experts_gate": runs([weights[p + gate.format(e=i) + ".weight"].T for i in held]),
+        "experts_up": runs([weights[p + up.format(e=i) + ".weight"].T for i in held]),
         "experts_down": np.concatenate([weights[p + down.format(e=i) + ".weight"].T
-                                        for i in range(e)], axis=0),
+                                        for i in held], axis=0),
     }
 
 

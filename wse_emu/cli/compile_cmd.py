@@ -162,9 +162,8 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
     stages = [st for st in s["stages"] if st["region"] == first["name"]]
     srows = []
     for st in stages:
-        extra = "+emb" if st["embedding"] else ""
-        extra += "+head" if st["head"] else ""
-        srows.append([st["id"], st["rect"], f"{st['layers'][0]}-{st['layers'][1] - 1}{extra}",
+        extra = ("+emb" if st["embedding"] else "") + ("+head" if st["head"] else "")
+        srows.append([st["id"], st["rect"], st["holds"] + extra,
                       f"{st['prefill_bound_cycles']:,.0f}", f"{st['decode_bound_cycles']:,.0f}",
                       f"{st['kv_capacity_tokens']:,}"])
     if len(srows) > max_stages:

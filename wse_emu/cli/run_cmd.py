@@ -192,7 +192,7 @@ def render(d: dict, output: str | None) -> str:
             rows.append(["..."] + [""] * 5)
             continue
         slowest = max(s["kernel_busy_cycles"], key=s["kernel_busy_cycles"].get)
-        rows.append([s["stage"], f"{s['layers'][0]}-{s['layers'][1] - 1}", f"{s['cycles']:,}",
+        rows.append([s["stage"], s["holds"], f"{s['cycles']:,}",
                      f"{s['compute_utilization']:.1%}", slowest,
                      "" if s["reused_from"] is None else f"= stage {s['reused_from']}"])
     lines += ["", table(["stage", "layers", "cycles", "compute util", "busiest kernel",

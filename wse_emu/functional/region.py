@@ -156,8 +156,11 @@ class FunctionalStage:
         self.stage, self.model, self.numerics = stage, program.model, numerics
         l0, l1 = stage.layers
         layers = range(l0, l1)
-        self.ops = ly.ops_by_name(self.model)
-        self.layer_table = ly.layer_ops(self.model)
+        self.layer_table = ly.part_ops(self.model, stage.part)
+        self.ops = {op.name: op for op in ly.input_ops(self.model) + self.layer_table
+                    + ly.output_ops(self.model)}
+        # A split layer's part: the experts it holds, [e0, e1) of the layer's E.
+        self.held = stage.part or (0, self.model.num_experts)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         self.matrices: dict[str, MatrixTiles] = {}
         self.vectors: dict[str, VectorTiles] = {}
@@ -165,7 +168,8 @@ class FunctionalStage:
         if self.model.num_experts and stage.num_layers:  # gate's and up's experts per run
             up = self.kernels["experts_up"]
             self.per_run = up.matrix[1] // self.ops["experts_up"].matrix[1]
-        strips = ([expert_strips(self.model, weights, i, self.per_run) for i in layers]
+        strips = ([expert_strips(self.model, weights, i, self.per_run, stage.part)
+                   for i in layers]
                   if self.model.num_experts and stage.num_layers else [])
         # Per layer: down's expert biases (E, hidden), weighted by the router where the sums
         # collect; the sinks, a logit per query head.
@@ -192,7 +196,7 @@ class FunctionalStage:
                 self.matrices[name] = MatrixTiles.build(k, self._matrices(op, weights, layers),
                                                         numerics, self._bias(op, k, weights,
                                                                              layers))
-        self.kv = StageKV(program, stage, numerics) if stage.num_layers else None
+        self.kv = StageKV(program, stage, numerics) if stage.has_attention else None
         self.compute = {
             ly.GEMM: self._gemm, ly.RMSNORM: self._norm, ly.HEAD_RMSNORM: self._head_norm,
             ly.ROPE: self._rope, ly.KV_APPEND: self._kv_append, ly.ATTN_SCORES: self._attend,
@@ -308,12 +312,12 @@ class FunctionalStage:
         return self._routed
 
     def _routed_columns(self, chosen: np.ndarray) -> np.ndarray:
-        """(tokens, E x m): whether each column of the expert axis belongs to a token's
-        expert."""
+        """(tokens, E x m): whether each column of the expert axis (the stage's experts')
+        belongs to a token's expert."""
         e, m = self.model.num_experts, self.model.moe_intermediate_size
         hit = np.zeros((len(chosen), e), bool)
         np.put_along_axis(hit, chosen, True, axis=-1)
-        return np.repeat(hit, m, axis=1)
+        return np.repeat(hit[:, slice(*self.held)], m, axis=1)
 
     def _experts(self, op, index, x, route=None):
         """An expert strip. Gate and up: each expert's run of columns multiplies the hidden
@@ -333,7 +337,9 @@ class FunctionalStage:
         bias = self.down_bias[index] if self.down_bias else None
         if bias is not None:
             chosen, weights = self._routed
-            out = self.numerics.round(out + np.einsum("tk,tkh->th", weights, bias[chosen]))
+            mine = (chosen >= self.held[0]) & (chosen < self.held[1])  # this part's experts
+            out = self.numerics.round(out + np.einsum("tk,tkh->th", np.where(mine, weights, 0),
+                                                      bias[chosen]))
         return out
 
     def _swiglu_clamped(self, op, index, gate, up):
@@ -353,13 +359,18 @@ class FunctionalStage:
         e, m = self.model.num_experts, self.model.moe_intermediate_size
         per_expert = np.zeros((len(chosen), e), np.float32)
         np.put_along_axis(per_expert, chosen, weights, axis=-1)
-        return act * np.repeat(per_expert, m, axis=1)
+        return act * np.repeat(per_expert[:, slice(*self.held)], m, axis=1)
 
-    def layer(self, index: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One layer, op by op as the layer description lists them; every result is rounded
-        to the run's dtype where the PEs store it."""
+    def layer(self, index: int, x: np.ndarray, positions: np.ndarray,
+              carried: dict | None = None) -> tuple[np.ndarray, dict]:
+        """One layer (or a split layer's part), op by op as the layer description lists them;
+        every result is rounded to the run's dtype where the PEs store it. Returns the
+        residual stream and what a split layer's first part hands its second
+        (``layer.SPLIT_CARRIED``), which ``carried`` brings in."""
         self.positions = positions
-        values = {ly.LAYER_INPUT: x}
+        values = {ly.LAYER_INPUT: x, **(carried or {})}
+        if "route" in values:  # a split layer's second part: the choices the first made
+            self._routed = values["route"]
         for op in self.layer_table:
             if op.kind in (ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM):
                 continue  # computed with the scores, flash-style, where the keys are
@@ -370,12 +381,16 @@ class FunctionalStage:
                 values[op.name] = result  # expert ids and weights
             else:
                 values[op.name] = None if result is None else self.numerics.round(result)
-        return values[ly.LAYER_OUTPUT]
+        part = self.stage.part
+        handed = {name: values[name] for name in ly.SPLIT_CARRIED} \
+            if part is not None and part[0] == 0 else {}
+        return values[ly.LAYER_OUTPUT], handed
 
-    def forward(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def forward(self, x: np.ndarray, positions: np.ndarray,
+                carried: dict | None = None) -> tuple[np.ndarray, dict]:
         for index in range(self.stage.num_layers):
-            x = self.layer(index, x, positions)
-        return x
+            x, carried = self.layer(index, x, positions, carried)
+        return x, carried
 
     def head(self, x: np.ndarray) -> np.ndarray:
         logits = self.matrices["lm_head"].multiply(0, self.norm("final_norm", 0, x),
@@ -437,8 +452,9 @@ class FunctionalRegion:
             # Gemma's normalizer, in the dtype the activations are stored in.
             x = self.numerics.round(x * self.numerics.round(
                 np.float32(math.sqrt(self.model.hidden_size))))
+        carried: dict = {}
         for stage in self.stages:
-            x = stage.forward(x, positions)
+            x, carried = stage.forward(x, positions, carried)
         return self.stages[-1].head(x if all_logits else x[-1:])
 
     # --- moving the cache -------------------------------------------------------------------
@@ -446,7 +462,7 @@ class FunctionalRegion:
         """Per model layer, K and V of the whole sequence as the PEs hold them."""
         out = {}
         for s in self.stages:
-            for index in range(s.stage.num_layers):
+            for index in range(s.stage.num_layers if s.kv is not None else 0):
                 out[s.stage.layers[0] + index] = s.kv.export(index)
         return out
 
@@ -454,7 +470,7 @@ class FunctionalRegion:
         """Write a handed-off cache into this region's slots, layer by layer."""
         self.reset()
         for s in self.stages:
-            for index in range(s.stage.num_layers):
+            for index in range(s.stage.num_layers if s.kv is not None else 0):
                 keys, values = kv[s.stage.layers[0] + index]
                 s.kv.append(index, keys, values, np.arange(len(keys)))
 

@@ -80,7 +80,7 @@ class StageGraph:
         self.kind_names = list(self.kernels)
         self.whole_end = step.prefix + step.tokens
         self.ops = ly.ops_by_name(self.model)
-        self.layer_table = ly.layer_ops(self.model)
+        self.layer_table = ly.part_ops(self.model, stage.part)
         self.layer_index = 0
         # Per kernel, the work of its ops as the tasks do it (collectives excluded), so that
         # a test can hold the tasks to the layer description's costs.
@@ -667,9 +667,16 @@ class StageGraph:
         the layer (the MLP or the experts) takes the tiles' outputs together, as one batch."""
         ready = {ly.LAYER_INPUT: x}
         at = {ly.LAYER_INPUT: (home.edge, hsz)}  # op -> (PEs, sizes) holding its output
+        if self.stage.part is not None and self.stage.part[0] > 0:
+            # A split layer's second part: the first part's experts' input and each token's
+            # choices arrived with the stream, on the home line.
+            ready["post_attn_norm"], at["post_attn_norm"] = x, (home.edge, hsz)
+            ready["route"] = (home.edge[0], x[0])
+            at["route"] = (home.edge[:1], np.array([self.model.experts_per_token]))
         tiles = self.step.attention_tiles(ly.attention_tile_of(self.program.options))
-        if len(tiles) == 1:
-            return self.layer_ops(strips, home, self.layer_table, ready, at)[0][ly.LAYER_OUTPUT]
+        if len(tiles) == 1 or not self.stage.has_attention:
+            ready, at = self.layer_ops(strips, home, self.layer_table, ready, at)
+            return self.hand_on(home, hsz, ready, at)
         split = 1 + next(i for i, op in enumerate(self.layer_table)
                          if op.name == ly.ATTENTION_BLOCK_END)
         whole, first = self.step, self.g.priority
@@ -690,8 +697,30 @@ class StageGraph:
             for out, _ in done:
                 self.g.then(out[name], joined)
             ready[name] = joined
-        return self.layer_ops(strips, home, self.layer_table[split:], ready,
-                              at)[0][ly.LAYER_OUTPUT]
+        return self.hand_on(home, hsz, *self.layer_ops(strips, home, self.layer_table[split:],
+                                                       ready, at))
+
+    def hand_on(self, home: Strip, hsz: np.ndarray, ready: dict, at: dict) -> np.ndarray:
+        """The tasks after which the layer's output can leave the stage: the residual stream
+        on the home line, and after a split layer's first part also what its second part
+        needs (``layer.SPLIT_CARRIED``), brought to the home line."""
+        out = ready[ly.LAYER_OUTPUT]
+        if self.stage.part is None or self.stage.part[0] > 0:
+            return out
+        norm_pes, norm_sizes = at["post_attn_norm"]
+        normed = self.feed(norm_pes, norm_sizes, ready["post_attn_norm"], home.edge, hsz,
+                           "post_attn_norm")
+        route_pe, route_task = ready["route"]
+        k = self.model.experts_per_token
+        choices = self.g.tasks(home.edge[:1], 0, self.kind["route"])
+        t = self.step_tokens("route")
+        if route_pe == home.edge[0]:
+            self.g.then(np.array([route_task]), choices)
+        else:
+            self.g.send(np.array([route_task]), np.array([route_pe]), home.edge[:1],
+                        wavelets(np.array([t * k]), self.d + ly.TOKEN_ID_BYTES), choices, 0,
+                        VC_TRANSFER)
+        return np.concatenate([out, normed, choices])
 
     def layer_ops(self, strips, home: Strip, ops: list[ly.Op], ready: dict, at: dict):
         """``ops`` of one layer for the current step, from the tasks in ``ready`` (op -> the
@@ -701,6 +730,8 @@ class StageGraph:
         if self.model.num_experts and any(op.kind == ly.EXPERT_GEMM for op in ops):
             loads = layer_loads(self.program, self.model, self.layer_index,
                                 self.step.new_tokens, self.step.prefix)
+            held = next(op for op in ops if op.kind == ly.EXPERT_GEMM)
+            loads = loads[held.first_expert:held.first_expert + held.experts]
             axis = RoutedAxis(loads, self.model.moe_intermediate_size)
         on_axis: set[str] = set()  # ops whose output lies on the expert axis
 
