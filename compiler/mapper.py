@@ -15,7 +15,7 @@ from compiler.tiling import ownership_check
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec
-from wse_emu.model import ModelSpec
+from wse_emu.model import ModelSpec, formats_text, native
 from wse_emu.program import SRAM_CATEGORIES, Rect, Region, Route, WaferProgram
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,9 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "colors_available": fabric.colors_available,
         "colors_max_per_pe": int(colors.max()),
         "wafers_per_replica": wafers,
+        "stored_formats": formats_text(model),
+        "weight_bytes_in_dtype": native(model).weight_bytes(),
+        "wafers_per_replica_in_dtype": wafers_needed(native(model), fabric),
         "placement": {shape_key(s): t.placement for s, t in by_shape.items()},
         "bounds": {r["name"]: r["bounds"] for r in region_rows},
     }

@@ -15,7 +15,7 @@ from compiler.geometry import even_split, grid_shape
 from compiler.options import CompileOptions
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec
-from wse_emu.model import ModelSpec
+from wse_emu.model import ModelSpec, formats_text, stored_as
 from wse_emu.program import Rect
 
 # Weights may fill at most this share of a PE's usable SRAM: the rest holds activation
@@ -60,6 +60,32 @@ def _two_sizes(a: float, b: float) -> tuple[str, str]:
     return sa, sb
 
 
+def narrower_formats(model: ModelSpec) -> list[ModelSpec]:
+    """The model in the stored formats worth offering when it does not fit, least rounding
+    first: every matrix in fp8, then (a mixture of experts) its experts in MXFP4 beside fp8,
+    then every matrix in MXFP4; only those that store it smaller than it is."""
+    moe = model.is_moe
+    options = [stored_as(model, "fp8", "fp8" if moe else None)]
+    if moe:
+        options.append(stored_as(model, "fp8", "mxfp4"))
+    options.append(stored_as(model, "mxfp4", "mxfp4" if moe else None))
+    return [m for m in options if m.weight_bytes() < model.weight_bytes()]
+
+
+def _narrower_note(model: ModelSpec, fabric: FabricSpec, need: int) -> str:
+    """', or store them narrower: as fp8 (`weight_format=fp8`) they need 1', for the first
+    narrower format that needs fewer systems, or ''."""
+    for option in narrower_formats(model):
+        fewer = wafers_needed(option, fabric)
+        if fewer < need:
+            flags = " ".join(f"`{name}={getattr(option, name)}`"
+                             for name in ("weight_format", "expert_weight_format")
+                             if getattr(option, name) != getattr(model, name))
+            return (f", or store them narrower: with {formats_text(option)} ({flags}) "
+                    f"they need {fewer}")
+    return ""
+
+
 def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str = "") -> str:
     weights_text, capacity_text = _two_sizes(
         model.weight_bytes(), cluster.systems * wafer_weight_capacity(cluster.fabric))
@@ -67,7 +93,7 @@ def too_big_message(model: ModelSpec, cluster: ClusterSpec, need: int, what: str
             f"{cluster.systems} x {cluster.fabric.name} holds "
             f"{_gb(cluster.systems * cluster.fabric.sram_bytes_total)} of SRAM, of which "
             f"{capacity_text} can hold weights (less code, runtime and buffers){what}: "
-            f"use `systems={need}` or more")
+            f"use `systems={need}` or more{_narrower_note(model, cluster.fabric, need)}")
 
 
 def _part_weight_capacity(fabric: FabricSpec, width: int) -> float:

@@ -101,6 +101,7 @@ def test_dense_family_with_experts_is_refused():
 
 def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
     from compiler.mapper import compile_model
+    from wse_emu.cli.compile_cmd import render
 
     model = load_model("gpt-oss-120b")  # 65.2 GB as stored: two WSE-3
     with pytest.raises(CompileError, match="needs 65 GB of weights.*`systems=2` or more"):
@@ -114,6 +115,9 @@ def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
     assert down.matrix == [128 * 2880, 2880]
     held = int(program.arrays["sram_weights"].astype("int64").sum())
     assert model.weight_bytes() <= held < model.weight_bytes() * 1.001
+    # It fits two only in MXFP4, and says so.
+    assert "experts in mxfp4: 65.25 GB of weights where the dtype's would take 233.66 GB; " \
+           "2 x wse3 per replica hold them where the dtype's would need 7" in render(program)
 
 
 def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
@@ -123,6 +127,7 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
     assert "parameters: 20.9 G in all, 4.19 G used per token (4 of 32 experts per layer; " \
            "3.61 G without the embedding table)" in out.stdout
     assert "expert_gemm" in out.stdout and "route" in out.stdout
+    assert "systems: 1 x wse3 hold the weights by SRAM (2 in the model's dtype)" in out.stdout
 
 
 

@@ -144,3 +144,31 @@ def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
     program = compiled(spec, "colocated")
     follows_reference(Generator(program, raw, "float32", prefill_tile=8),
                       ReferenceModel(spec, stored), PROMPT, tile=8, steps=4)
+
+
+def test_a_format_is_set_by_option_and_a_model_that_fits_only_narrower_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    from wse_emu import api
+    from wse_emu.model import load_model, stored_as
+
+    # Set by an option: fp8 halves a bfloat16 model's matrices; the rest stays in bfloat16.
+    one_b = load_model("llama-3.2-1b")
+    fp8 = api.compile(one_b, "mesh128", 3, weight_format="fp8")
+    assert fp8.model.weight_format == "fp8" and fp8.summary["wafers_per_replica"] == 2
+    assert fp8.summary["wafers_per_replica_in_dtype"] == 4
+    assert fp8.summary["weight_bytes_model"] < 0.51 * fp8.summary["weight_bytes_in_dtype"]
+    with pytest.raises(UserError, match="`weight_format` must be one of"):
+        stored_as(one_b, "fp4")
+    with pytest.raises(UserError, match="`expert_weight_format` applies to a mixture"):
+        stored_as(one_b, expert_weight_format="mxfp4")
+    # Too big in its dtype: the error offers the narrower format that fits fewer systems.
+    run = [sys.executable, "-m", "wse_emu.cli.main"]
+    out = subprocess.run(run + ["compile", "llama-3.1-70b"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "use --systems 4 or more, or store them narrower: with matrices in fp8 " \
+           "(--weight-format fp8) they need 2" in out.stderr
+    out = subprocess.run(run + ["inspect", "llama-3.1-70b", "--weight-format", "fp8"],
+                         capture_output=True, text=True)
+    assert "systems: 2 x wse3 hold the weights by SRAM (4 in the model's dtype)" in out.stdout

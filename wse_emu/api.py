@@ -22,7 +22,7 @@ from compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, load_model
+from wse_emu.model import ModelSpec, load_model, stored_as
 from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
@@ -66,13 +66,16 @@ def _fabric(fabric: FabricSpec | str) -> FabricSpec:
     return fabric if isinstance(fabric, FabricSpec) else load_fabric(fabric)
 
 
-def compile(model: ModelSpec | str, fabric: FabricSpec | str = "wse3", systems: int = 1,
+def compile(model: ModelSpec | str, fabric: FabricSpec | str = "wse3", systems: int = 1, *,
+            weight_format: str | None = None, expert_weight_format: str | None = None,
             **options) -> WaferProgram:
     """Compile ``model`` (a preset, a model YAML or a Hugging Face config.json) onto
-    ``systems`` wafers of ``fabric``; ``options`` are ``compiler.options.CompileOptions``
-    fields (plan="disaggregated", region=(w, h), layers_per_stage=...)."""
-    return compile_model(_model(model), ClusterSpec(_fabric(fabric), systems),
-                         CompileOptions(**options))
+    ``systems`` wafers of ``fabric``, its weight matrices (and separately its experts') stored
+    as ``weight_format`` (``expert_weight_format``) when given; ``options`` are
+    ``compiler.options.CompileOptions`` fields (plan="disaggregated", region=(w, h),
+    layers_per_stage=...)."""
+    spec = stored_as(_model(model), weight_format, expert_weight_format)
+    return compile_model(spec, ClusterSpec(_fabric(fabric), systems), CompileOptions(**options))
 
 
 def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context: int = 4096,
@@ -156,7 +159,8 @@ def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, 
 
 # What a sweep point may set, beyond "fabric.FIELD" overrides of the fabric's parameters.
 CLUSTER_SETTINGS = ("model", "fabric", "systems", "plan", "prefill_share", "prefill_systems",
-                    "region", "layers_per_stage", "routing", "routing_seed", "attention_tile")
+                    "region", "layers_per_stage", "routing", "routing_seed", "attention_tile",
+                    "weight_format", "expert_weight_format")
 POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engine"),
                   "serve": ("workload", "rate", "requests", "policy", "prefill_tile",
                             "token_budget", "batch_limit", "max_running", "interleave",
@@ -184,7 +188,8 @@ def evaluate_point(point: str, config: dict) -> dict:
     program = compile(config["model"], fabric, config.get("systems", 1),
                       **{k: config[k] for k in ("plan", "prefill_share", "prefill_systems",
                                                 "layers_per_stage", "routing", "routing_seed",
-                                                "attention_tile") if k in config},
+                                                "attention_tile", "weight_format",
+                                                "expert_weight_format") if k in config},
                       region=tuple(region) if region else None)
     if point == "run":
         step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),

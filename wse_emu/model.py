@@ -287,6 +287,36 @@ def model_from_dict(data: dict[str, Any], source: str) -> ModelSpec:
     return build_dataclass(ModelSpec, data, source, skip=("version",)).validate(source)
 
 
+def stored_as(model: ModelSpec, weight_format: str | None = None,
+              expert_weight_format: str | None = None) -> ModelSpec:
+    """``model`` with its weight matrices, and separately its experts', stored in the given
+    formats (``WEIGHT_FORMATS``; None keeps the model's own, as its file or checkpoint says)."""
+    changes = {name: value for name, value in (("weight_format", weight_format),
+                                                ("expert_weight_format", expert_weight_format))
+               if value is not None}
+    for name, value in changes.items():
+        if value not in WEIGHT_FORMATS:
+            raise ConfigError(f"`{name}` must be one of {', '.join(WEIGHT_FORMATS)}, "
+                              f"got {value!r}")
+    if "expert_weight_format" in changes and not model.is_moe:
+        raise ConfigError(f"`expert_weight_format` applies to a mixture of experts; "
+                          f"{model.name} has no experts")
+    return dataclasses.replace(model, **changes) if changes else model
+
+
+def formats_text(model: ModelSpec) -> str:
+    """'matrices in fp8, experts in mxfp4': the stored formats other than the model's dtype."""
+    return ", ".join(f"{what} in {fmt}" for what, fmt in (
+        ("matrices", model.weight_format), ("experts", model.expert_weight_format))
+        if fmt != "native")
+
+
+def native(model: ModelSpec) -> ModelSpec:
+    """``model`` with every weight matrix in its dtype (what a format saves is measured
+    against this)."""
+    return dataclasses.replace(model, weight_format="native", expert_weight_format="native")
+
+
 def load_model(name_or_path: str | Path) -> ModelSpec:
     """A preset name, a model YAML path, or a Hugging Face config.json (file or directory)."""
     text = str(name_or_path)

@@ -12,7 +12,7 @@ from compiler.options import CompileOptions, parse_region
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.fmt import gb, seconds, si, table
-from wse_emu.model import load_model
+from wse_emu.model import WEIGHT_FORMATS, ModelSpec, load_model, stored_as
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.routing import routing_for
 
@@ -46,8 +46,24 @@ def _scalar(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
+def add_format_args(p) -> None:
+    formats = list(WEIGHT_FORMATS)
+    p.add_argument("--weight-format", choices=formats, metavar="FORMAT",
+                   help="store the weight matrices as FORMAT: " + ", ".join(formats)
+                   + " (default: as the model's file or checkpoint says)")
+    p.add_argument("--expert-weight-format", choices=formats, metavar="FORMAT",
+                   help="a mixture of experts: store the experts' matrices as FORMAT")
+
+
+def model_from_args(args, model: ModelSpec | None = None) -> ModelSpec:
+    """The command's model (or ``model``, already loaded) in the stored formats it asks for."""
+    return stored_as(model or load_model(args.model), args.weight_format,
+                     args.expert_weight_format)
+
+
 def add_cluster_args(p) -> None:
     add_fabric_args(p)
+    add_format_args(p)
     p.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
     p.add_argument("--plan", choices=["colocated", "disaggregated"], default="colocated")
     share = p.add_mutually_exclusive_group()
@@ -91,7 +107,7 @@ def options_from_args(args) -> CompileOptions:
 
 
 def compile_from_args(args) -> WaferProgram:
-    model = load_model(args.model)
+    model = model_from_args(args)
     routing_for(model, args.routing, args.routing_seed)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     return compile_model(model, cluster, options_from_args(args))
@@ -118,6 +134,19 @@ def run(args):
     return text
 
 
+def _formats_line(s: dict) -> list[str]:
+    """What the stored formats save: a model that fits only quantized says so."""
+    if not s.get("stored_formats"):
+        return []
+    wafers, dtype = s["wafers_per_replica"], s["wafers_per_replica_in_dtype"]
+    fabric = s["cluster"].split(" x ")[-1]
+    text = (f"  stored formats       {s['stored_formats']}: {gb(s['weight_bytes_model'])} of "
+            f"weights where the dtype's would take {gb(s['weight_bytes_in_dtype'])}")
+    if dtype > wafers:
+        text += f"; {wafers} x {fabric} per replica hold them where the dtype's would need {dtype}"
+    return [text]
+
+
 def render(program: WaferProgram, max_stages: int = 6) -> str:
     s = program.summary
     cats = s["sram_bytes_by_category"]
@@ -128,6 +157,7 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
         f"  PEs used             {s['pes_used']:,} of {s['pes_total']:,}",
         f"  weights              {gb(s['weight_bytes_total'])} on-wafer = "
         f"{len(s['regions'])} x {gb(s['weight_bytes_model'])}, every element owned by one PE",
+        *_formats_line(s),
         f"  SRAM per PE, max     {s['sram_bytes_max_per_pe']:,} of {s['sram_bytes_per_pe']:,} B "
         f"(without KV cache: {s['sram_static_bytes_max_per_pe']:,} B)",
         "  SRAM by category     " + ", ".join(f"{c} {gb(v)}" for c, v in cats.items()),

@@ -9,12 +9,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from wse_emu.api import build_layouts, default_cache_dir
-from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
+from wse_emu.cli.compile_cmd import (
+    add_fabric_args,
+    add_format_args,
+    fabric_from_args,
+    model_from_args,
+)
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import attention_tile_of
-from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
@@ -51,6 +55,7 @@ def add_parser(sub, summary: str) -> None:
                          "the highest rate that meets the latency targets")
     d.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_fabric_args(d)
+    add_format_args(d)
     d.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
     src = d.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="workload preset or YAML")
@@ -167,7 +172,7 @@ def run(args):
         return draws if n == spec.requests else workload_draws(replace(spec, requests=n),
                                                                 args.seeds)
 
-    model = load_model(args.model)
+    model = model_from_args(args)
     routing = routing_for(model, args.routing, args.routing_seed)
     cluster = ClusterSpec(fabric_from_args(args), args.systems)
     cache = default_cache_dir(args.cache_dir)

@@ -10,7 +10,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from wse_emu.cli.compile_cmd import add_cluster_args, fabric_from_args, options_from_args
+from wse_emu.cli.compile_cmd import (
+    add_cluster_args,
+    fabric_from_args,
+    model_from_args,
+    options_from_args,
+)
 from wse_emu.cli.run_cmd import MAX_TILES
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
@@ -19,6 +24,7 @@ from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.numerics import DTYPES
 from wse_emu.functional.region import check_token_ids
 from wse_emu.functional.timing import generation_time
+from wse_emu.model import formats_text
 from wse_emu.outputs import save_logits
 from wse_emu.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
 
@@ -100,6 +106,9 @@ def run(args):
     from compiler.mapper import compile_model
 
     model, weights, source = model_and_weights(args.model, args.weights_seed)
+    model = model_from_args(args, model)
+    if formats_text(model):
+        source += f", stored with {formats_text(model)}"
     tokenizer = tokenizer_for(args.model)
     ids = prompt_ids(args, tokenizer)
     check_lengths(args, model, ids)

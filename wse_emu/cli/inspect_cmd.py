@@ -7,11 +7,17 @@ import os
 
 from compiler.intensity import analyze
 from compiler.opgraph import build_op_graph
-from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
+from compiler.partition import wafers_needed
+from wse_emu.cli.compile_cmd import (
+    add_fabric_args,
+    add_format_args,
+    fabric_from_args,
+    model_from_args,
+)
 from wse_emu.errors import UserError
 from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
-from wse_emu.model import load_model
+from wse_emu.model import formats_text, native
 from wse_emu.program import write_run_dir
 from wse_emu.routing import load_summary, routing_for
 
@@ -20,6 +26,7 @@ def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("inspect", help=summary)
     p.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_fabric_args(p)
+    add_format_args(p)
     p.add_argument("--phase", choices=["prefill", "decode"], default="decode")
     p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
@@ -38,7 +45,7 @@ def add_parser(sub, summary: str) -> None:
 
 
 def run(args) -> dict | str:
-    model = load_model(args.model)
+    model = model_from_args(args)
     fabric = fabric_from_args(args)
     for name in ("tokens", "batch", "context"):
         if getattr(args, name) < 1:
@@ -59,7 +66,10 @@ def run(args) -> dict | str:
         "total": {"flops": result["total"].flops, "bytes": result["total"].bytes,
                   "intensity": result["total"].intensity},
         "params": {"total": model.params(), "active": model.active_params(),
-                   "stored_bytes": model.weight_bytes()},
+                   "stored_bytes": model.weight_bytes(),
+                   "bytes_in_dtype": native(model).weight_bytes()},
+        "systems": {"as_stored": wafers_needed(model, fabric),
+                    "in_dtype": wafers_needed(native(model), fabric)},
         **({"expert_loads": loads} if loads else {}),
     }
     if args.output:
@@ -92,6 +102,7 @@ def run(args) -> dict | str:
         f"whole model: {si(total.flops)}FLOP, {si(total.bytes, 'B')} moved, "
         f"{total.intensity:.3g} FLOP/B",
         _params_text(model),
+        _systems_text(model, fabric),
         *([_loads_text(loads)] if loads else []),
     ]
     if not args.all_layers and len(layers) > 1:
@@ -108,17 +119,21 @@ def run(args) -> dict | str:
 def _params_text(model) -> str:
     """'parameters: 8.03 G, 16.1 GB as stored', or for a mixture of experts the total and one
     token's share."""
-    formats = [f"{what} in {fmt}" for what, fmt in (("matrices", model.weight_format),
-                                                    ("experts", model.expert_weight_format))
-               if fmt != "native"]
-    stored = f"{si(model.weight_bytes(), 'B')} as stored" + (
-        f" ({', '.join(formats)})" if formats else "")
+    formats = formats_text(model)
+    stored = f"{si(model.weight_bytes(), 'B')} as stored" + (f" ({formats})" if formats else "")
     if not model.is_moe:
         return f"parameters: {si(model.params())}, {stored}"
     return (f"parameters: {si(model.params())} in all, {si(model.active_params())} used per "
             f"token ({model.experts_per_token} of {model.num_experts} experts per layer; "
             f"{si(model.active_params() - model.embedding_params())} without the embedding "
             f"table), {stored}")
+
+
+def _systems_text(model, fabric) -> str:
+    """'systems: 2 x wse3 hold the weights by SRAM (7 in the model's dtype)'."""
+    stored, dtype = wafers_needed(model, fabric), wafers_needed(native(model), fabric)
+    text = f"systems: {stored} x {fabric.name} hold the weights by SRAM"
+    return text + (f" ({dtype} in the model's dtype)" if dtype != stored else "")
 
 
 def _loads_text(loads: dict) -> str:
