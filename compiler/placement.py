@@ -87,9 +87,8 @@ def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
     if "embedding" in names:
         out.append(Transfer("embedding", home, h * d, "embedded", to_edge=True))
     else:
-        entering = ly.carried_values(model, None if spec.experts is None or spec.experts[0] == 0
-                                     else (0, spec.experts[0]))
-        out.append(Transfer(ENTRY, home, entering * d, "stage_input", to_edge=True))
+        out.append(Transfer(ENTRY, home, ly.entering_values(model, spec.experts) * d,
+                            "stage_input", to_edge=True))
     if layers:
         out.extend(Transfer(t.src, t.dst, t.nbytes * layers, t.data, t.to_edge)
                    for t in layer_transfers(model, spec.experts))

@@ -442,6 +442,13 @@ def carried_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
     return 2 * h + -(-k * (model.dtype_bytes + TOKEN_ID_BYTES) // model.dtype_bytes)
 
 
+def entering_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
+    """Values per token a stage whose first layer (part) is ``experts`` takes in: the stream,
+    and into a split layer's second part also what its first part hands on."""
+    cut = experts is not None and experts[0] > 0
+    return carried_values(model, (0, experts[0]) if cut else None)
+
+
 
 
 # Where each family keeps its router and experts under ``model.layers.{i}.`` ({e}: the expert;
