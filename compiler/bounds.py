@@ -97,11 +97,16 @@ def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: Fab
         path = 2 * hop * radius + (2 * ramp if pes > 1 else 0)
         sram = cost.act_in_bytes / (pes * fabric.sram_read_bytes_per_cycle)
         return _result(fabric, compute, sram, 0, path, whole_input=True)
-    if kernel.kind == "elementwise" and kernel.length != first.length:
-        # On an expert strip's edge: only the routed tokens' values are worked on, which
-        # some PE of the line must share at least evenly.
+    site = ly.kernel_ops(model, part).get(first.site)  # the strip the op runs on
+    if kernel.kind == "elementwise" and site and site[0].kind == ly.EXPERT_GEMM:
+        # Where an expert strip's runs leave their outputs: only the routed tokens' values
+        # are worked on, which the strip's PEs share at best evenly (a split layer's part:
+        # only the pairs no routing can send to the other part's experts).
+        held = site[0]
+        pairs = max(0, held.top_k - (held.total_experts - held.experts)) / held.top_k
         compute, sram = _port_cycles(ly.elementwise_work(
-            ly.ELEMENTWISE[first.kind], t * first.length / kernel.rect.area, d), fabric, fpc)
+            ly.ELEMENTWISE[first.kind], t * first.length * pairs / kernel.rect.area, d),
+            fabric, fpc)
         return _result(fabric, compute, sram, 0, 0)
     if kernel.kind in ("norm", "elementwise"):
         pes = kernel.rect.area

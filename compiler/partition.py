@@ -15,7 +15,7 @@ from compiler.geometry import even_split, grid_shape
 from compiler.options import CompileOptions
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec
-from wse_emu.model import ModelSpec, formats_text, stored_as
+from wse_emu.model import WEIGHT_FORMATS, ModelSpec, formats_text, stored_as
 from wse_emu.program import Rect
 
 # Weights may fill at most this share of a PE's usable SRAM: the rest holds activation
@@ -63,18 +63,25 @@ def _two_sizes(a: float, b: float) -> tuple[str, str]:
 def narrower_formats(model: ModelSpec) -> list[ModelSpec]:
     """The model in the stored formats worth offering when it does not fit, least rounding
     first: every matrix in fp8, then (a mixture of experts) its experts in MXFP4 beside fp8,
-    then every matrix in MXFP4; only those that store it smaller than it is."""
-    moe = model.is_moe
-    options = [stored_as(model, "fp8", "fp8" if moe else None)]
-    if moe:
-        options.append(stored_as(model, "fp8", "mxfp4"))
-    options.append(stored_as(model, "mxfp4", "mxfp4" if moe else None))
-    return [m for m in options if m.weight_bytes() < model.weight_bytes()]
+    then every matrix in MXFP4; a format never widens what is already narrower, and only
+    those that store the model smaller than it is are offered."""
+    def narrowed(current: str, expert: bool, fmt: str) -> str:
+        now = model.matrix_bytes_per_weight(expert=expert)
+        return fmt if WEIGHT_FORMATS[fmt] < now else current
+
+    options: list[ModelSpec] = []
+    for matrices, experts in (("fp8", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "mxfp4")):
+        option = stored_as(model, narrowed(model.weight_format, False, matrices),
+                           narrowed(model.expert_weight_format, True, experts)
+                           if model.is_moe else None)
+        if option.weight_bytes() < model.weight_bytes() and option not in options:
+            options.append(option)
+    return options
 
 
 def _narrower_note(model: ModelSpec, fabric: FabricSpec, need: int) -> str:
-    """', or store them narrower: as fp8 (`weight_format=fp8`) they need 1', for the first
-    narrower format that needs fewer systems, or ''."""
+    """', or store them narrower: with matrices in fp8 (`weight_format=fp8`) they need 2',
+    for the first narrower format that needs fewer systems, or ''."""
     for option in narrower_formats(model):
         fewer = wafers_needed(option, fabric)
         if fewer < need:
@@ -170,8 +177,9 @@ def _role_too_small(model: ModelSpec, cluster: ClusterSpec, role: str, have: int
         fix = f"use `prefill_systems={span}` or more"
     else:
         fix = f"use `prefill_systems={cluster.systems - span}` or fewer"
+    narrower = _narrower_note(model, cluster.fabric, span)
     return (f"{model.name} needs {span} systems per replica ({_gb(model.weight_bytes())} of "
-            f"weights); the {role} role has {have}: {fix}")
+            f"weights); the {role} role has {have}: {fix}{narrower}")
 
 
 def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,

@@ -239,8 +239,10 @@ def split_layers_in_parts(model: ModelSpec, part_budgets: list[float], extra_fir
                 items.append((layer, None))
                 room -= layer_bytes
                 layer += 1
-            if layer < layers and p < parts - 1:
-                held = int((room - lead_bytes) // expert_bytes)
+            if layer < layers and p < parts - 1 and room < layer_bytes:
+                # The next layer's attention, router and as many experts as the room holds
+                # (never all: a whole layer held back for a later wafer stays whole).
+                held = min(int((room - lead_bytes) // expert_bytes), experts - 1)
                 if held >= 1:
                     items.append((layer, (0, held)))
                     split = held

@@ -124,7 +124,8 @@ def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> 
 
 def _layout_region(model, part_shapes, options, budget, fewest) -> list[list[StageLayout]]:
     """Whole layers per wafer; a mixture of experts whose whole layers do not lay out over its
-    wafers has a layer cut at each wafer boundary instead (``split_layers_in_parts``)."""
+    wafers has a layer cut between two wafers wherever whole layers leave room for part of one
+    (``split_layers_in_parts``)."""
     parts = len(part_shapes)
     extra_first = 0 if model.tie_embeddings else model.embedding_weight_bytes()
     extra_last = model.head_weight_bytes()

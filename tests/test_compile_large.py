@@ -70,7 +70,8 @@ def test_llama70b_on_one_wse3_says_how_many_systems():
     message = str(err.value)
     assert "needs 141 GB of weights" in message
     assert "1 x wse3 holds 43 GB of SRAM" in message
-    assert message.endswith("use `systems=4` or more")
+    assert message.endswith("use `systems=4` or more, or store them narrower: with matrices "
+                            "in fp8 (`weight_format=fp8`) they need 2")
 
 
 def test_small_model_gets_replicas_per_role():

@@ -386,14 +386,16 @@ def test_too_big_message_says_how_much_sram_holds_weights():
                               "of SRAM")
     assert f"of which {capacity} GB can hold weights" in message
     assert capacity < 141
-    assert message.endswith("use `systems=5` or more")
+    assert message.endswith("use `systems=5` or more, or store them narrower: with matrices "
+                            "in fp8 (`weight_format=fp8`) they need 3")
 
 
 def test_cli_too_big_message():
     line = assert_one_line_error(run_cli("compile", "llama-3.1-70b", "--fabric", "wse2",
                                          "--systems", "4"),
                                  "can hold weights", "use --systems 5 or more")
-    assert line.endswith("use --systems 5 or more")
+    assert line.endswith("use --systems 5 or more, or store them narrower: with matrices in "
+                         "fp8 (--weight-format fp8) they need 3")
 
 
 def test_disaggregated_with_no_fitting_share_says_to_split_systems():

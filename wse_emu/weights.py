@@ -87,9 +87,9 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int
     """One layer's experts (``experts``: the range one part of a split layer holds; all by
     default) as the compiler lays them out (``ly.Op.run_matrix``), one after another along the
     inputs: gate and up as (E / per_run x hidden, per_run x m), each run's experts side by
-    side in its outputs; down as (E x m, hidden), in expert order; with ``<name>.bias`` (gate,
-    up: E x m; down: (all E, hidden), indexed by expert id) where the family has expert
-    biases."""
+    side in its outputs; down as (E x m, hidden), in expert order (E: the experts held); with
+    ``<name>.bias`` (gate, up: E x m; down: (every expert of the layer, hidden), indexed by
+    expert id) where the family has expert biases."""
     e0, e1 = experts if experts is not None else (0, spec.num_experts)
     held = range(e0, e1)
     p = f"model.layers.{layer}."

@@ -60,6 +60,13 @@ def load_or_compile(args) -> WaferProgram:
 def with_step_options(program: WaferProgram, args) -> WaferProgram:
     """A compiled program timed under the routing and the attention tiles the flags state
     (neither moves a weight, so a run directory's program takes them as it is)."""
+    for flag, field in (("--weight-format", "weight_format"),
+                        ("--expert-weight-format", "expert_weight_format")):
+        given = getattr(args, field)
+        if given is not None and given != getattr(program.model, field):
+            raise UserError(f"{flag} {given}: the program in {args.target} stores its weights "
+                            f"as {getattr(program.model, field)}; compile it again with "
+                            f"{flag} {given}")
     changed = {}
     if routing_for(program.model, args.routing, args.routing_seed) != Routing():
         changed.update(routing=args.routing, routing_seed=args.routing_seed)

@@ -634,7 +634,7 @@ class StageGraph:
             x = self.gather(strips["embedding"], tied=False)
             x = self.feed(strips["embedding"].edge, hsz, x, home.edge, hsz, "embedding")
         else:
-            x = self.g.tasks(home.edge, 0, self.kind.get("input_norm", 0))
+            x = self.g.tasks(home.edge, 0, self.kind.get("input_norm", self.kind[home_name]))
         if "embed_scale" in ks:
             x = self.vector("embed_scale", home.edge, [x], hsz)
         for i in range(self.stage.num_layers):
