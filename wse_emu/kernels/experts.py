@@ -152,43 +152,49 @@ def input_share(k_sizes: np.ndarray, runs: int, k_each: int) -> np.ndarray:
 
 def gather_into_lines(sg, st, src_pes: np.ndarray, src_sizes: np.ndarray,
                       src_ready: np.ndarray, targets: np.ndarray, axis: RoutedAxis) -> None:
-    """An expert strip's input: each line across the strip takes the routed values of its
-    input segment from however many source pieces hold them, into ``targets`` ((e, s) tasks
-    that wait for the whole segment). A piece crosses to the line's PE nearest its source
-    (straight across the lines, so the pieces bound for many lines spread over parallel lanes
-    instead of crowding the source's own line), which multicasts it along the line, as a dense
-    strip's input spreads (``StageGraph.spread``); no PE collects a segment before passing it
-    on. A line no routed token needs gets nothing (the routing, which every PE receives, tells
-    it not to wait)."""
+    """An expert strip's input: each line across the strip collects the routed values of its
+    input segment at its entry PE, from however many source pieces hold them, and multicasts
+    the segment along the line into ``targets`` ((e, s) tasks). A piece first crosses to the
+    line's PE nearest its source (straight across the lines, so the pieces bound for many
+    lines spread over parallel lanes instead of crowding the source's own line), then runs
+    along the line to the entry. A line no routed token needs gets nothing (the routing,
+    which every PE receives, tells it not to wait)."""
     kind = sg.kind[st.kernel.name]
     e, s = st.pe.shape
     si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
     values = axis.values(lo, hi)
     keep = values > 0
     si, line, values = si[keep], line[keep], values[keep]
+    at = sg.entries(st)
+    land = st.pe[np.arange(e), at]
+    got = sg.g.tasks(land, 0, kind)
     w = sg.g.width
-    # Per source piece's task and line: the line's PE nearest the source multicasts what the
+    # Per source piece's task and line: the line's PE nearest the source relays what the
     # line needs of it (a source PE's pieces of several runs travel together).
     src, ready = src_pes[si], src_ready[si]
     cand = st.pe[line]  # (overlaps, s)
     dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
-    place = np.argmin(dist, axis=1)
-    relay_pe = cand[np.arange(len(line)), place]
-    key = ready * (w * sg.g.height) + relay_pe  # a PE lies on one line
+    relay_pe = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
+    key = ready * (w * sg.g.height) + relay_pe
     pair, first, which = np.unique(key, return_index=True, return_inverse=True)
     sent = np.bincount(which, weights=values, minlength=len(pair)).astype(np.int64)
-    p_src, p_ready, p_relay = src[first], ready[first], relay_pe[first]
-    p_line, p_place = line[first], place[first]
+    p_src, p_ready, p_relay, p_line = src[first], ready[first], relay_pe[first], line[first]
     relay = sg.g.tasks(p_relay, 0, kind)
     here = p_src == p_relay
     sg.g.then(p_ready[here], relay[here])
     sg.g.send(p_ready[~here], p_src[~here], p_relay[~here], wavelets(sent[~here], sg.d),
               relay[~here], 0, VC_TRANSFER)
+    local = p_relay == land[p_line]
+    sg.g.then(relay[local], got[p_line[local]])
+    sg.g.send(relay[~local], p_relay[~local], land[p_line[~local]],
+              wavelets(sent[~local], sg.d), got[p_line[~local]], 0, VC_TRANSFER)
+    fed = np.flatnonzero(np.bincount(line, minlength=e))
+    per_line = np.bincount(line, weights=values, minlength=e).astype(np.int64)
     if s > 1:
-        line_broadcast(sg.g, st.pe[p_line], p_place, relay, wavelets(sent, sg.d), kind,
-                       targets=targets[p_line])
+        line_broadcast(sg.g, st.pe[fed], at[fed], got[fed], wavelets(per_line[fed], sg.d), kind,
+                       targets=targets[fed])
     else:
-        sg.g.then(relay, targets[p_line, 0])
+        sg.g.then(got[fed], targets[fed, 0])
 
 
 def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
