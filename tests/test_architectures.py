@@ -225,7 +225,7 @@ def test_new_presets_compile_on_one_wse3_and_run_both_phases(preset):
                             CompileOptions())
     region = program.regions[0].name
     decode = run_region(program, region, MicroBatch("decode", batch=1, context=4096))
-    prefill = run_region(program, region, MicroBatch("prefill", tokens=512, chunks=8))
+    prefill = run_region(program, region, MicroBatch("prefill", tokens=256, chunks=4))
     bounds = program.summary["bounds"][region]
     assert decode.step_seconds >= bounds["decode"]["pipeline_latency_s"]
     assert prefill.step_seconds > decode.step_seconds > 0
