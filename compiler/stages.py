@@ -187,6 +187,12 @@ def split_layers(layer_bytes: int, num_layers: int, part_budgets: list[float],
             start += count
         return ranges
 
+    return _tightest(fits)
+
+
+def _tightest(fits):
+    """``fits(limit)`` (a plan filling each part to at most ``limit`` of its budget, or None)
+    at the least limit that has a plan, found by bisection."""
     lo, hi = 0.0, 4.0
     while fits(hi) is None and hi < 1e6:
         hi *= 2.0
@@ -251,18 +257,7 @@ def split_layers_in_parts(model: ModelSpec, part_budgets: list[float], extra_fir
             plan.append(items)
         return plan if layer == layers else None
 
-    lo, hi = 0.0, 4.0
-    while fits(hi) is None and hi < 1e6:
-        hi *= 2.0
-    if fits(hi) is None:
-        raise CompileError("cannot split the layers across the region's wafers")
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if fits(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-    return fits(hi)
+    return _tightest(fits)
 
 
 def allocate_areas(specs: list[StageSpec], total_area: int,

@@ -45,14 +45,17 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
     assert len(comparison["reasons"]) == 2
 
 
-def test_both_plans_take_the_same_attention_tiles_and_the_report_says_so(args, capsys):
+def test_both_plans_take_the_same_attention_tiles_and_formats_and_the_report_says_so(args,
+                                                                                     capsys):
     from wse_emu.cli.experiment_cmd import render
 
     assert main(args + ["--workers", "1", "--attention-tile", "4", "--grid", "quick",
-                        "--json"]) == 0
+                        "--weight-format", "bf16", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["attention_tile"] == 4 and data["routing"] is None  # a dense model
-    assert "decode attention in tiles of 4" in render(data).splitlines()[0]
+    assert data["stored_formats"] == "matrices in bf16"
+    head = render(data).splitlines()[0]
+    assert "decode attention in tiles of 4" in head and "; matrices in bf16" in head
 
 
 @pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")

@@ -19,6 +19,7 @@ from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import attention_tile_of
+from wse_emu.model import formats_text
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
@@ -190,6 +191,7 @@ def run(args):
         # How both plans' steps were timed, beside their results.
         data["routing"] = routing.describe() if model.is_moe else None
         data["attention_tile"] = args.attention_tile or None
+        data["stored_formats"] = formats_text(model) or None
         return data, configs
 
     with point_pool(args.scheduler, args.workers) as pool:
@@ -243,7 +245,8 @@ def render(data: dict) -> str:
             + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
             + (f"; {data['routing']}" if data.get("routing") else "")
             + (f"; decode attention in tiles of {data['attention_tile']}"
-               if data.get("attention_tile") else ""))
+               if data.get("attention_tile") else "")
+            + (f"; {data['stored_formats']}" if data.get("stored_formats") else ""))
     lines = [head, "", f"Tuning, knob by knob, on runs of {data['requests_per_run']:,} "
              "requests: goodput (highest rate met) per system of each value tried", "",
              render_tuning(data["tuning"])]
