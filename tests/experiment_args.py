@@ -4,7 +4,7 @@ and the rate searches of a list of configurations, run to their answers."""
 
 from wse_emu.runtime.experiment import Search, run_searches
 
-QUICK_KNOBS = ["--budgets", "64", "--copies", "1", "--prefill-tile", "64", "--interleave", "1",
+QUICK_KNOBS = ["--token-budget", "64", "--copies", "1", "--prefill-tile", "64", "--interleave", "1",
                "--max-running", "0", "--batch-limit", "64", "--window-s", "0"]
 
 

@@ -34,14 +34,15 @@ def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
                                 tpot_s=1.0)
     assert metrics["requests"] == len(result.tokens) == 40
     assert metrics["slo_attainment"] == 1.0
-    space = Space(copies=(1,), prefill_tiles=(64,), budgets=(64,), interleave=(1,),
-                  max_running=(0,), batch_limits=(64,), window_s=0.0)
+    space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
+                  max_running=(0,), batch_limit=(64,), window_s=0.0)
     data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
-                          space=space, cache_dir=tmp_path)
+                          space=space, cache_dir=tmp_path, workers=1)
     assert {c["plan"] for c in data["final"]} == {"colocated", "disaggregated"}
     assert data["comparison"]["goodput_ratio"] > 0
     with pytest.raises(UserError, match="systems"):
         api.experiment("llama-3.1-70b", str(SMALL_CHAT), ttft_s=1, tpot_s=0.01, space=space,
+                       workers=1,
                        cache_dir=tmp_path)
 
 

@@ -17,8 +17,8 @@ def test_demo_prints_each_section_and_writes_its_report(tmp_path, monkeypatch, c
         **demo.WORKLOAD, "requests": 40,
         "prompt": {"kind": "lognormal", "median": 100, "sigma": 0.7, "low": 8, "high": 300},
         "output": {"kind": "lognormal", "median": 20, "sigma": 0.7, "low": 1, "high": 100}})
-    monkeypatch.setattr(demo, "SPACE", replace(demo.SPACE, prefill_tiles=(64,), interleave=(1,),
-                                               policies=("interleaved",), window_s=0.0))
+    monkeypatch.setattr(demo, "SPACE", replace(demo.SPACE, prefill_tile=(64,), interleave=(1,),
+                                               policy=("interleaved",), window_s=0.0))
     out = tmp_path / "demo"
     assert main(["demo", "-o", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
     text = capsys.readouterr().out

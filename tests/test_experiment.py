@@ -19,7 +19,8 @@ from wse_emu.runtime.experiment import (
     outcomes,
 )
 from wse_emu.runtime.metrics import run_metrics
-from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.pools import WaferRegion
+from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import generate, workload_from_dict
 
@@ -39,7 +40,7 @@ def region_models(program, cache, axes=AXES, ample=False):
     for r in program.regions:
         tables = {ph: build_table(program, r.name, ph, axes=axes[ph], cache_dir=cache)
                   for ph in ("prefill", "decode")}
-        out.append(RegionModel(r.name, r.role, 10**9 if ample else r.kv_capacity_tokens,
+        out.append(WaferRegion(r.name, r.role, 10**9 if ample else r.kv_capacity_tokens,
                                tables["prefill"] if r.role != "decode" else None,
                                tables["decode"] if r.role != "prefill" else None))
     return out
@@ -76,8 +77,7 @@ def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_promp
     ample, nothing else can make disaggregation lose."""
     cache = tmp_path_factory.getbasetemp() / "tables"
     colocated, disaggregated = (region_models(p, cache, ample=True) for p in programs)
-    base = replace(ServeOptions.of(programs[0].fabric, programs[0].model),
-                   handoff_bytes_per_cycle=float("inf"), kv_bytes_per_token=0)
+    base = replace(ServeOptions.of(programs[0].fabric, programs[0].model), kv_bytes_per_token=0)
     configs = [Config("colocated", "prefill priority", colocated, base),
                Config("colocated", "chunked 64", colocated,
                       replace(base, policy="chunked", token_budget=64)),

@@ -8,7 +8,7 @@ import pytest
 from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
-from wse_emu.runtime.pool import dask_available
+from wse_emu.runtime.workers import dask_available
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
@@ -73,12 +73,12 @@ def test_experiment_prints_a_table(args, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--tpot-slo", "0"], "--tpot-slo must be positive"),
-    (["--budgets", "64,x"], "--budgets must be comma-separated integers"),
+    (["--tpot-slo", "0"], "--tpot-slo must be a positive number"),
+    (["--token-budget", "64,x"], "--token-budget must be comma-separated whole numbers"),
     (["--attainment", "1.5"], "--attainment must be in (0, 1]"),
     (["--requests", "1"], "--requests must be at least 2"),
     (["--batch-limit", "65"], "--batch-limit must be between 1 and 64"),
-    (["--attention-tile", "-2"], "--attention-tile must be 0 (off) or more"),
+    (["--attention-tile", "-2"], "--attention-tile must be at least 0"),
     (["--scheduler", "tcp://127.0.0.1:1"], "dask scheduler"),
 ])
 def test_bad_experiment_input_is_one_line(args, capsys, extra, message):

@@ -9,7 +9,8 @@ from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import ModelSpec
-from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.pools import WaferRegion
+from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import generate, workload_from_dict
 
@@ -17,7 +18,8 @@ SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_si
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
-OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL)  # the tables' fabric and model
+# The tables' fabric and model, and the largest decode batch they time.
+OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL, batch_limit=8)
 
 
 
@@ -26,9 +28,10 @@ def regions(program, tmp_path):
     for r in program.regions:
         tables = {ph: build_table(program, r.name, ph, axes=AXES[ph], cache_dir=tmp_path)
                   for ph in ("prefill", "decode")}
-        out.append(RegionModel(r.name, r.role, r.kv_capacity_tokens,
+        out.append(WaferRegion(r.name, r.role, r.kv_capacity_tokens,
                                tables["prefill"] if r.role != "decode" else None,
-                               tables["decode"] if r.role != "prefill" else None))
+                               tables["decode"] if r.role != "prefill" else None)
+                   .for_fabric(program.fabric))
     return out
 
 
@@ -186,8 +189,9 @@ def test_handoffs_from_one_wafer_share_its_link(split):
                                         "prompt": {"kind": "fixed", "value": 256},
                                         "output": {"kind": "fixed", "value": 2}}, "t"))
     reqs = reqs.faster(1e9)  # both arrive at once
-    slow = replace(OPTIONS, kv_bytes_per_token=SMALL.kv_bytes_per_token(),
-                   handoff_bytes_per_cycle=1.0, offwafer_bytes_per_cycle=1.0)
+    slow = replace(OPTIONS, kv_bytes_per_token=SMALL.kv_bytes_per_token())
+    prefills, decode = ([replace(r, fabric_bytes_per_cycle=1.0, link_bytes_per_cycle=1.0)
+                         for r in group] for group in (prefills, decode))
     transfer = 256 * SMALL.kv_bytes_per_token() / 1.0
     one_wafer = serve(reqs, prefills + decode, slow)
     two_wafers = serve(reqs, [prefills[0], replace(prefills[1], system=1)] + decode, slow)

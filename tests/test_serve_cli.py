@@ -70,16 +70,16 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
     assert proc.returncode == 2 and "more than any region holds" in proc.stderr
 
 
-def test_region_models_know_their_wafer(tmp_path):
+def test_wafer_pools_know_their_wafer(tmp_path):
     from compiler.mapper import compile_model
     from compiler.options import CompileOptions
     from wse_emu.fabric import ClusterSpec, load_fabric
     from wse_emu.model import load_model
-    from wse_emu.runtime.regions import region_models
+    from wse_emu.runtime.pools import wafer_pools
 
     program = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 2),
                             CompileOptions(plan="disaggregated", prefill_systems=1))
-    models = region_models(program, tmp_path)
+    models = wafer_pools(program, tmp_path)
     assert {m.name: m.system for m in models} == {
         r.name: r.parts[0].system for r in program.regions}
     assert {m.system for m in models} == {0, 1}

@@ -10,7 +10,8 @@ from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import ModelSpec
-from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.pools import WaferRegion
+from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import generate, workload_from_dict
 
@@ -18,7 +19,8 @@ SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_si
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
                   vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
-OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL)  # the tables' fabric and model
+# The tables' fabric and model, and the largest decode batch they time.
+OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL, batch_limit=8)
 
 
 
@@ -33,7 +35,7 @@ def tables(tmp_path_factory):
 
 
 def mixed(tables, capacity=100_000):
-    return [RegionModel("r0", "mixed", capacity, tables["prefill"], tables["decode"])]
+    return [WaferRegion("r0", "mixed", capacity, tables["prefill"], tables["decode"])]
 
 
 def agentic(sessions=1, calls=3):
@@ -82,11 +84,14 @@ def test_the_cache_gives_way_when_admission_needs_the_room(tables):
     assert tight.regions["r0"]["kv_peak_tokens"] <= room
 
 
-def handoff_cluster(tables, senders):
-    """Prefill regions on ``senders`` systems, one decode region on system 9."""
-    regs = [RegionModel(f"p{k}", "prefill", 100_000, tables["prefill"], None, system=s)
+def handoff_cluster(tables, senders, link=1.0):
+    """Prefill regions on ``senders`` systems, one decode region on system 9; handoffs inside
+    a system nearly free, between systems at ``link`` bytes per cycle each way."""
+    regs = [WaferRegion(f"p{k}", "prefill", 100_000, tables["prefill"], None, system=s,
+                        fabric_bytes_per_cycle=1e9, link_bytes_per_cycle=link)
             for k, s in enumerate(senders)]
-    return regs + [RegionModel("d", "decode", 100_000, None, tables["decode"], system=9)]
+    return regs + [WaferRegion("d", "decode", 100_000, None, tables["decode"], system=9,
+                               fabric_bytes_per_cycle=1e9, link_bytes_per_cycle=link)]
 
 
 def test_handoffs_between_wafers_hold_the_receiving_link_too(tables):
@@ -96,8 +101,7 @@ def test_handoffs_between_wafers_hold_the_receiving_link_too(tables):
                                         "prompt": {"kind": "fixed", "value": 64},
                                         "output": {"kind": "fixed", "value": 2}}, "t"))
     reqs.arrival_s[:] = 0.0
-    options = replace(OPTIONS, kv_bytes_per_token=1000, handoff_bytes_per_cycle=1e9,
-                           offwafer_bytes_per_cycle=1.0)
+    options = replace(OPTIONS, kv_bytes_per_token=1000)
     transfer = 64 * 1000 / 1.0
     res = serve(reqs, handoff_cluster(tables, (0, 1)), options)
     first_gap = np.sort(res.gap_cycles)
@@ -105,8 +109,7 @@ def test_handoffs_between_wafers_hold_the_receiving_link_too(tables):
     assert first_gap[0] >= transfer
     one_sender = np.sort(serve(reqs, handoff_cluster(tables, (0, 0)), options).gap_cycles)
     assert one_sender[1] - one_sender[0] >= 0.99 * transfer
-    fast = serve(reqs, handoff_cluster(tables, (0, 1)),
-                 replace(options, offwafer_bytes_per_cycle=1e9))
+    fast = serve(reqs, handoff_cluster(tables, (0, 1), link=1e9), options)
     assert fast.gap_cycles.max() < transfer
 
 

@@ -10,7 +10,7 @@ from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
-from wse_emu.runtime.tables import build_table, check_micro_batches, grid_axes
+from wse_emu.runtime.tables import build_table, check_in_grid, grid_axes
 
 SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                   num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -90,7 +90,7 @@ def test_grids_are_named_and_bound_the_micro_batches():
     assert len(grid_axes("quick", "decode")[0]) < len(grid_axes("full", "decode")[0])
     with pytest.raises(UserError, match="`grid` must be one of full, quick"):
         grid_axes("fine", "decode")
-    check_micro_batches(64, 256, (256,), "quick")
+    check_in_grid({"batch_limit": 64, "prefill_tile": 256, "token_budget": 256}, "quick")
     with pytest.raises(UserError, match="`prefill_tile` must be between 1 and 256"):
-        check_micro_batches(64, 512, (), "quick")
-    check_micro_batches(64, 512, (), "full")
+        check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "quick")
+    check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "full")

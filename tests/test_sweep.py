@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from wse_emu.cli.main import main
-from wse_emu.runtime.pool import dask_available
 from wse_emu.runtime.sweep import RESULTS, read_rows
+from wse_emu.runtime.workers import dask_available
 
 SWEEP = """version: 1
 name: tiny-sweep

@@ -14,34 +14,39 @@ line and exits with 2).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from compiler.partition import disaggregated_splits, wafers_needed
+from wse_emu.checks import is_number, positive, short_repr, whole
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, load_model, stored_as
+from wse_emu.model import ModelSpec, formats_text, load_model, stored_as
 from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
-from wse_emu.runner import RegionRun, run_region
+from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
 from wse_emu.runtime.comparison import (
     Space,
     describe_draws,
     disagg_experiment,
     longer_draws,
+    tuning_requests,
+    vary_experiment,
     workload_draws,
 )
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
-from wse_emu.runtime.pool import point_pool
-from wse_emu.runtime.regions import region_models
-from wse_emu.runtime.serve import ServeOptions, ServeResult, kv_shortfall
+from wse_emu.runtime.pools import wafer_pools
+from wse_emu.runtime.sensitivity import parse_vary
+from wse_emu.runtime.serve import ServeOptions, ServeResult, kv_shortfall, setting_names
 from wse_emu.runtime.serve import serve as serve_requests
+from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout
-from wse_emu.runtime.workload import Requests, WorkloadSpec, load_workload
+from wse_emu.runtime.workers import point_pool
+from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "generate",
@@ -79,66 +84,160 @@ def compile(model: ModelSpec | str, fabric: FabricSpec | str = "wse3", systems: 
 
 
 def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context: int = 4096,
-        tokens: int = 4096, tiles: int = 1, region: str | None = None,
+        tokens: int = 4096, tiles: int = DEFAULT_PREFILL_TILES, region: str | None = None,
         engine: str = "fast") -> RegionRun:
     """Simulate one step of ``phase`` on a region of ``program`` (by default the first that
     serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
-    ``tiles`` tiles."""
-    name = program.region_for(phase, region).name
-    capacity = program.region(name).kv_capacity_tokens
-    cached = batch * context if phase == "decode" else tokens
-    if cached > capacity:
-        raise UserError(f"{cached:,} cached tokens do not fit the KV cache of region {name} "
-                        f"({capacity:,} tokens)")
-    step = (MicroBatch("decode", batch=batch, context=context) if phase == "decode"
-            else MicroBatch("prefill", tokens=tokens, chunks=min(tiles, tokens)))
+    ``tiles`` tiles (4 by default, as ``wse-emu run``)."""
+    name, step = step_for(program, phase, region, batch=batch, context=context, tokens=tokens,
+                          tiles=tiles)
     return run_region(program, name, step, engine)
 
 
-def serve(program: WaferProgram, workload: WorkloadSpec | str, *,
-          cache_dir: Path | str | None = None, ttft_s: float | None = None,
-          tpot_s: float | None = None, **options) -> tuple[ServeResult, dict]:
-    """Serve a workload (a preset, a YAML or a WorkloadSpec) on ``program``; ``options`` are
-    ``ServeOptions`` fields (policy, prefill_tile, batch_limit, ...). Returns the per-request
-    result and the metrics the command line prints (with the targets, the attainment)."""
-    spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
-    requests = generate_requests(spec)
-    short = kv_shortfall(requests, program.regions)
-    if short:
-        raise UserError(short)
-    regions = region_models(program, default_cache_dir(cache_dir))
+def check_serving(workload: WorkloadSpec | str | None = None, *,
+                  trace: Path | str | None = None, rate: float | None = None,
+                  requests: int | None = None, ttft_s: float | None = None,
+                  tpot_s: float | None = None, **options) -> WorkloadSpec:
+    """Check ``serve``'s arguments, all but the program, before any work: the workload (the
+    one it reads is returned), the targets, and every serving option by name and range (the
+    micro-batch sizes within the stage tables' grid)."""
+    settings = ServeOptions.of(_NO_HARDWARE, _NO_HARDWARE, **options)
+    check_in_grid({name: getattr(settings, name) for name in setting_names()}, "full")
+    for name, value in (("ttft_s", ttft_s), ("tpot_s", tpot_s)):
+        if value is not None:
+            positive(name, value)
+    return _workload(workload, trace, rate, requests)
+
+
+def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
+          trace: Path | str | None = None, rate: float | None = None,
+          requests: int | None = None, cache_dir: Path | str | None = None,
+          ttft_s: float | None = None, tpot_s: float | None = None, loop: str = "compiled",
+          **options) -> tuple[ServeResult, dict]:
+    """Serve a workload (a preset, a YAML or a WorkloadSpec; or the replay of a ``trace``
+    CSV) on ``program``, ``rate`` and ``requests`` overriding the workload's; ``options`` are
+    ``ServeOptions`` fields (policy, prefill_tile, batch_limit, ...). Everything is checked
+    before any work (``check_serving``). Returns the per-request result and the metrics the
+    command line prints (with the targets, the attainment)."""
+    spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
+                         tpot_s=tpot_s, **options)
     settings = ServeOptions.of(program.fabric, program.model, **options)
-    result = serve_requests(requests, regions, settings)
-    return result, run_metrics(result, requests, ttft_s, tpot_s)
+    reqs = generate_requests(spec)
+    short = kv_shortfall(reqs, program.regions)
+    if short:  # found before any table is timed
+        raise UserError(short)
+    pools = wafer_pools(program, default_cache_dir(cache_dir))
+    result = serve_requests(reqs, pools, settings, loop=loop)
+    result.workload = spec.name
+    return result, run_metrics(result, reqs, ttft_s, tpot_s)
 
 
-def experiment(model: ModelSpec | str, workload: WorkloadSpec | str, *, ttft_s: float,
-               tpot_s: float, fabric: FabricSpec | str = "wse3", systems: int = 1,
-               space: Space = Space(), seeds: int = 1, attainment: float = 0.9,
-               workers: int = 1, cache_dir: Path | str | None = None,
-               progress=None, routing: Routing = Routing(), attention_tile: int = 0) -> dict:
-    """Colocated against disaggregated serving of ``workload``: both plans tuned, each plan's
-    best confirmed on long runs, over ``seeds`` draws; the report ``experiment disagg --json``
-    prints. ``workers``: local worker processes (1: run here; 0: one per core). Without dask
-    they are started fresh, so a script calling this with ``workers`` other than 1 needs the
-    usual ``if __name__ == "__main__":`` guard. ``routing`` and ``attention_tile`` (batch
-    tiling on attention) apply to both plans alike."""
+class _NoHardware:
+    """What ``check_serving`` gives ``ServeOptions.of`` for a fabric and a model: the
+    hardware's numbers are not what it checks."""
+
+    clock_hz = 1.0
+
+    @staticmethod
+    def kv_bytes_per_token() -> int:
+        return 0
+
+
+_NO_HARDWARE = _NoHardware()
+
+
+def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+               trace: Path | str | None = None, ttft_s: float, tpot_s: float,
+               attainment: float = 0.9, fabric: FabricSpec | str = "wse3", systems: int = 1,
+               space: Space | None = None, requests: int | None = None, seeds: int = 1,
+               tolerance: float = 0.05, vary: str | None = None,
+               price_per_system_hour: float | None = None, scheduler: str | None = None,
+               workers: int = 0, cache_dir: Path | str | None = None, progress=None,
+               routing: Routing = Routing(), attention_tile: int = 0) -> dict:
+    """Colocated against disaggregated serving of ``workload`` (or a ``trace`` CSV): both
+    plans tuned over ``space``, each plan's best confirmed on long runs, over ``seeds`` draws;
+    or, with ``vary`` (``NAME=V1,V2,...``), the same at each value of one input. The report
+    ``experiment disagg --json`` prints. ``requests``: requests (sessions) per tuning run
+    (by default the workload's, at most ``TUNING_REQUESTS`` model calls). ``scheduler``: a
+    dask scheduler's address; else ``workers`` local worker processes (0: one per core; 1:
+    none, run here; without dask they are started fresh, so a script calling this with
+    ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard).
+    ``routing`` and ``attention_tile`` (batch tiling on attention) apply to both plans alike.
+    Every argument is checked before any work."""
+    targets = Targets(ttft_s, tpot_s, attainment)
+    space = Space() if space is None else space
+    if not isinstance(space, Space):
+        raise UserError(f"`space` must be a Space, got {short_repr(space)}")
+    whole("seeds", seeds, 1)
+    whole("workers", workers, 0)
+    whole("systems", systems, 1)
+    if not is_number(tolerance) or not 0 < tolerance < 1:
+        raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
+    if price_per_system_hour is not None:
+        positive("price_per_system_hour", price_per_system_hour)
+    if requests is not None and whole("requests", requests, 1) < 2:
+        raise UserError(f"`requests` must be at least 2 (a rate needs two arrivals), got "
+                        f"{requests}")
+    whole("attention_tile", attention_tile, 0)
+    variation = parse_vary(vary) if isinstance(vary, str) else vary
     model = _model(model)
+    if not isinstance(routing, Routing):
+        raise UserError(f"`routing` must be a Routing, got {short_repr(routing)}")
+    if not model.is_moe and routing != Routing():
+        raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
     cluster = ClusterSpec(_fabric(fabric), systems)
-    spec = workload if isinstance(workload, WorkloadSpec) else load_workload(workload)
+    spec = _workload(workload, trace, None, requests)
+    if requests is None:
+        spec.requests = tuning_requests(spec, systems)
     draws = workload_draws(spec, seeds)
     cache = default_cache_dir(cache_dir)
-    with point_pool(None, workers) as pool:
-        data, _ = disagg_experiment(
-            model, cluster, spec.name, draws[0], Targets(ttft_s, tpot_s, attainment), pool,
-            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, progress,
-                                         grid=space.grid, routing=routing,
-                                         attention_tile=attention_tile),
-            space, progress=progress, more_draws=draws[1:],
-            longer=longer_draws(spec, seeds))
-    if seeds > 1:
-        data["over_replicates"]["draws"] = describe_draws(spec, data)
-    return data
+
+    def draws_for(n_systems: int) -> list:
+        """The tuning runs' requests for ``n_systems`` systems (the base draws if the same)."""
+        n = tuning_requests(spec, n_systems)
+        return draws if n == spec.requests else workload_draws(replace(spec, requests=n),
+                                                                seeds)
+
+    def one(pool, draws, targets, cluster, transform=lambda r: r):
+        data, configs = disagg_experiment(
+            model, cluster, spec.name, draws[0], targets, pool,
+            lambda probes: build_layouts(model, cluster, probes, cache, space.copies,
+                                         progress, grid=space.grid, routing=routing,
+                                         attention_tile=attention_tile, pool=pool),
+            space, tolerance, progress, draws[1:], price_per_system_hour,
+            longer_draws(spec, seeds, transform))
+        if len(draws) > 1:
+            data["over_replicates"]["draws"] = describe_draws(spec, data)
+        # How both plans' steps were timed, beside their results.
+        data["routing"] = routing.describe() if model.is_moe else None
+        data["attention_tile"] = attention_tile or None
+        data["stored_formats"] = formats_text(model) or None
+        return data, configs
+
+    with point_pool(scheduler, workers) as pool:
+        if variation is None:
+            return one(pool, draws, targets, cluster)[0]
+        return vary_experiment(variation, one, pool, draws, targets, cluster,
+                               None if requests is not None else draws_for)
+
+
+def _workload(workload, trace, rate, requests) -> WorkloadSpec:
+    """A workload (a preset, a YAML or a WorkloadSpec) or a trace's replay, with ``rate`` and
+    ``requests`` overriding its own."""
+    if (workload is None) == (trace is None):
+        raise UserError("give a `workload` or a `trace`, one of them")
+    if rate is not None:
+        positive("rate", rate)
+    if requests is not None:
+        whole("requests", requests, 1)
+    if isinstance(workload, WorkloadSpec):
+        spec = replace(workload)
+        if rate is not None:
+            spec.rate = rate
+        if requests is not None:
+            spec.requests = requests
+        return spec.validate(f"workload {spec.name}")
+    return workload_spec(workload, trace, rate, requests)
 
 
 def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, *,
@@ -162,9 +261,8 @@ CLUSTER_SETTINGS = ("model", "fabric", "systems", "plan", "prefill_share", "pref
                     "region", "layers_per_stage", "routing", "routing_seed", "attention_tile",
                     "weight_format", "expert_weight_format")
 POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engine"),
-                  "serve": ("workload", "rate", "requests", "policy", "prefill_tile",
-                            "token_budget", "batch_limit", "max_running", "interleave",
-                            "prefix_cache", "ttft_s", "tpot_s", "cache_dir")}
+                  "serve": ("workload", "rate", "requests", "ttft_s", "tpot_s", "cache_dir",
+                            *(name for name in setting_names() if name != "timeline_events"))}
 
 
 def evaluate_point(point: str, config: dict) -> dict:
@@ -209,14 +307,11 @@ def evaluate_point(point: str, config: dict) -> dict:
             out["expert_pe_utilization"] = experts_summary(program, step)[
                 "expert_pe_utilization"]
         return out
-    spec = load_workload(config["workload"])
-    if "rate" in config:
-        spec.rate = float(config["rate"])
-    if "requests" in config:
-        spec.requests = int(config["requests"])
-    knobs = {k: config[k] for k in ("policy", "prefill_tile", "token_budget", "batch_limit",
-                                    "max_running", "interleave", "prefix_cache") if k in config}
-    _, metrics = serve(program, spec, cache_dir=config.get("cache_dir"),
+    if "workload" not in config:
+        raise UserError("a serve point needs a workload")
+    knobs = {k: config[k] for k in setting_names() if k in config}
+    _, metrics = serve(program, config["workload"], rate=config.get("rate"),
+                       requests=config.get("requests"), cache_dir=config.get("cache_dir"),
                        ttft_s=config.get("ttft_s"), tpot_s=config.get("tpot_s"), **knobs)
     return {k: metrics[k] for k in ("requests", "output_tokens_per_s", "requests_per_s",
                                     "slo_attainment", "goodput_requests_per_s", "ttft_s",
@@ -233,14 +328,14 @@ def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
                   copies=(1,), progress=None, splits: list[dict] | None = None,
                   grid: str = "full", routing: Routing = Routing(),
-                  attention_tile: int = 0) -> tuple[dict, list[str]]:
+                  attention_tile: int = 0, pool=None) -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
     (side by side in column bands), and disaggregated at each of ``splits`` (by default every
     split ``disaggregated_splits`` proposes). A layout that does not compile, or whose regions
     cannot hold the KV cache of the longest request of any of ``probes`` (every set of
     requests the experiment may serve), is skipped, with why (colocated with one copy must
-    compile). Stage tables are timed over ``grid``'s shapes. Returns (plan, name) -> Layout,
-    and the skipped."""
+    compile). Stage tables are timed over ``grid``'s shapes, on ``pool``'s workers if it is
+    a cluster's. Returns (plan, name) -> Layout, and the skipped."""
     fabric = cluster.fabric
     splits = disaggregated_splits(model, cluster) if splits is None else splits
     span = wafers_needed(model, fabric)
@@ -284,7 +379,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         if short:
             skipped.append(f"{plan} {name}: {short}")
             continue
-        layouts[(plan, name)] = Layout(plan, name, region_models(program, cache, grid=grid))
+        layouts[(plan, name)] = Layout(plan, name, wafer_pools(program, cache, grid=grid,
+                                                               pool=pool))
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split holds the longest request's KV cache: "
                         + "; ".join(skipped))

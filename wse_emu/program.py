@@ -329,17 +329,16 @@ def _json_default(value):
     raise TypeError(f"cannot serialize {type(value).__name__}")
 
 
-def write_run_dir(directory: str | Path, writer) -> Path:
-    """Create ``directory`` atomically: ``writer(tmpdir)`` fills a sibling temp folder which
-    is renamed into place only when it succeeds, so a failure leaves nothing half-written.
-    An existing non-empty directory is never overwritten."""
+def _cannot(directory: Path, reason) -> UserError:
+    if isinstance(reason, OSError):
+        reason = reason.strerror or reason
+    return UserError(f"cannot create run directory {directory}: {reason}")
+
+
+def check_run_dir(directory: str | Path) -> Path:
+    """Refuse, before any work, a run directory that ``write_run_dir`` could not create: one
+    that exists and is not an empty directory, or whose parent is not a directory."""
     directory = Path(directory)
-
-    def cannot(reason) -> UserError:
-        if isinstance(reason, OSError):
-            reason = reason.strerror or reason
-        return UserError(f"cannot create run directory {directory}: {reason}")
-
     if directory.exists() and not directory.is_dir():
         raise UserError(f"run directory {directory} exists and is not a directory: "
                         "choose another -o")
@@ -348,12 +347,24 @@ def write_run_dir(directory: str | Path, writer) -> Path:
             raise UserError(f"run directory {directory} exists and is not empty: "
                             "choose another -o")
     except OSError as exc:
-        raise cannot(exc) from None
+        raise _cannot(directory, exc) from None
     for parent in (directory.parent, *directory.parent.parents):
         if parent.exists():
             if not parent.is_dir():
-                raise cannot(f"{parent} is not a directory")
+                raise _cannot(directory, f"{parent} is not a directory")
             break
+    return directory
+
+
+def write_run_dir(directory: str | Path, writer) -> Path:
+    """Create ``directory`` atomically: ``writer(tmpdir)`` fills a sibling temp folder which
+    is renamed into place only when it succeeds, so a failure leaves nothing half-written.
+    An existing non-empty directory is never overwritten."""
+    directory = check_run_dir(directory)
+
+    def cannot(reason) -> UserError:
+        return _cannot(directory, reason)
+
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))

@@ -2,14 +2,17 @@
 
 On a terminal, one status line rewritten in place: what is being done and, for work with a
 known size, a bar, the count and the time left at the pace so far. Otherwise (a log file, CI,
-``nohup``) a plain line with the time elapsed, at most every ``PERIOD_S`` seconds and only once
-the command has run that long, so that quick commands (and their one-line errors) print nothing
-else. ``begin(silent=True)`` silences it all.
+``nohup``) a plain line with the time elapsed, every ``PERIOD_S`` seconds once the command has
+run that long, so that quick commands (and their one-line errors) print nothing else; a
+heartbeat repeats the latest status when nothing new came for that long (inside one long
+serving run or stage-table shape), so a log never goes quiet. ``begin(silent=True)``
+silences it all.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 PERIOD_S = 10.0  # seconds between lines when stderr is not a terminal
@@ -22,20 +25,38 @@ class _Reporter:
         self.started = time.monotonic()
         self.printed = self.started  # when the last plain line went out
         self.shown = ""  # the status line on the terminal, if any
+        self.latest = ""  # the latest status, for the heartbeat
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
 
     def status(self, text: str) -> None:
         if self.silent:
             return
-        stream = sys.stderr
-        if stream.isatty():
-            stream.write("\r" + text.ljust(len(self.shown)))
-            stream.flush()
-            self.shown = text
-            return
+        with self.lock:
+            self.latest = text
+            stream = sys.stderr
+            if stream.isatty():
+                stream.write("\r" + text.ljust(len(self.shown)))
+                stream.flush()
+                self.shown = text
+                return
+            self._line(text)
+
+    def _line(self, text: str, again: bool = False) -> None:
         now = time.monotonic()
         if now - self.printed >= PERIOD_S:
-            print(f"[{now - self.started:.0f} s] {text}", file=stream, flush=True)
+            note = " (still at it)" if again else ""
+            print(f"[{duration(now - self.started)}] {text}{note}", file=sys.stderr,
+                  flush=True)
             self.printed = now
+
+    def beat(self) -> None:
+        """Every second: the latest status again, if no line went out for ``PERIOD_S``."""
+        while not self.stop.wait(1.0):
+            if self.silent or not self.latest or sys.stderr.isatty():
+                continue
+            with self.lock:
+                self._line(self.latest, again=True)
 
     def done(self) -> None:
         """End the terminal status line, so that what follows starts on a line of its own."""
@@ -50,10 +71,13 @@ _REPORTER = _Reporter()
 
 def begin(silent: bool = False) -> None:
     """A command starts: its first plain line comes ``PERIOD_S`` from now (none with
-    ``silent``, for ``--quiet``)."""
+    ``silent``, for ``--quiet``), and a heartbeat keeps the lines coming."""
     global _REPORTER
+    _REPORTER.stop.set()
     _REPORTER = _Reporter()
     _REPORTER.silent = silent
+    if not silent:
+        threading.Thread(target=_REPORTER.beat, daemon=True, name="progress").start()
 
 
 def status(text: str) -> None:
@@ -62,7 +86,9 @@ def status(text: str) -> None:
 
 
 def clear() -> None:
-    """Before printing results: take the status line off the terminal."""
+    """Before printing results: take the status line off the terminal (and stop repeating
+    the latest status)."""
+    _REPORTER.latest = ""
     _REPORTER.done()
 
 
@@ -82,10 +108,10 @@ class Phase:
         left = elapsed * (1 - share) / share if share > 0 else 0.0
         filled = int(round(share * BAR))
         status(f"{self.label} [{'#' * filled}{'.' * (BAR - filled)}] {self.count}/{self.total}"
-               f", about {_duration(left)} left")
+               f", about {duration(left)} left")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min"

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.checks import one_of, short_repr, whole
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
 from wse_emu.kernels.primitives import wavelets
@@ -164,6 +165,38 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
     return hops * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles + seg - 1
 
 
+DEFAULT_PREFILL_TILES = 4  # a prefill step's token tiles, as the command line and the API take it
+MAX_PREFILL_TILES = 128
+ENGINES = ("fast", "cycle")
+
+
+def step_for(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
+             context: int = 4096, tokens: int = 4096,
+             tiles: int = DEFAULT_PREFILL_TILES) -> tuple[str, MicroBatch]:
+    """The region (by default the first that serves ``phase``) and the step to simulate on
+    it: a decode of ``batch`` sequences at ``context`` each, or a prefill of ``tokens`` in
+    ``tiles`` tiles; checked, by name, against the region's KV capacity."""
+    one_of("phase", phase, ("prefill", "decode"))
+    for name, value in (("batch", batch), ("context", context), ("tokens", tokens),
+                        ("tiles", tiles)):
+        whole(name, value, 1)
+    if tiles > MAX_PREFILL_TILES:
+        raise UserError(f"`tiles` must be at most {MAX_PREFILL_TILES}, got {tiles}")
+    if region is not None and not isinstance(region, str):
+        raise UserError(f"the region must be given by its name, got {short_repr(region)}")
+    name = program.region_for(phase, region).name
+    capacity = program.region(name).kv_capacity_tokens
+    if phase == "prefill":
+        if tokens > capacity:
+            raise UserError(f"a prompt of {tokens:,} tokens does not fit the KV cache of region "
+                            f"{name} ({capacity:,} tokens)")
+        return name, MicroBatch("prefill", tokens=tokens, chunks=min(tiles, tokens))
+    if batch * context > capacity:
+        raise UserError(f"`batch={batch}` x `context={context}` = {batch * context:,} cached "
+                        f"tokens do not fit the KV cache of region {name} ({capacity:,} tokens)")
+    return name, MicroBatch("decode", batch=batch, context=context)
+
+
 def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine: str = "fast",
                reuse: bool = True, progress=None, threads: int | None = None) -> RegionRun:
     """One step on one region; its distinct stages are timed on ``threads`` threads (by
@@ -240,6 +273,24 @@ class HandoffRun:
     @property
     def seconds(self) -> float:
         return self.cycles / self.clock_hz
+
+
+def handoff_for(program: WaferProgram, region: str | None, tokens: int) -> tuple[str, str]:
+    """The prefill region (``region``, by default the first) whose KV a ``tokens``-long prompt
+    moves from, and the decode region it moves to, checked by name."""
+    whole("tokens", tokens, 1)
+    roles = {r.role: r.name for r in reversed(program.regions)}
+    if "prefill" not in roles or "decode" not in roles:
+        raise UserError("a handoff needs a disaggregated program (compile with "
+                        "`plan=disaggregated`)")
+    src = program.region(region).name if region else roles["prefill"]
+    if program.region(src).role != "prefill":
+        raise UserError(f"region {src} is a {program.region(src).role} region; the handoff "
+                        "starts from a prefill region")
+    if tokens > program.region(roles["decode"]).kv_capacity_tokens:
+        raise UserError(f"a prompt of {tokens:,} tokens does not fit the KV cache of region "
+                        f"{roles['decode']}")
+    return src, roles["decode"]
 
 
 def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,

@@ -133,7 +133,7 @@ import json, resource, sys, time
 from pathlib import Path
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
-from wse_emu.runtime.regions import region_models
+from wse_emu.runtime.pools import wafer_pools
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.serve import ServeOptions, serve
@@ -143,7 +143,7 @@ program = compile_model(load_model(case["model"]),
                         ClusterSpec(load_fabric(case["fabric"]), case["systems"]),
                         CompileOptions())
 began = time.perf_counter()
-regions = region_models(program, Path(case["cache_dir"]))
+regions = wafer_pools(program, Path(case["cache_dir"]))
 tables_s = time.perf_counter() - began
 reqs = generate(WorkloadSpec(name="trace", arrival="trace", trace=case["trace"],
                              requests=10**9).validate("bench"))

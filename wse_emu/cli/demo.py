@@ -47,9 +47,9 @@ from wse_emu.runner import run_region
 from wse_emu.runtime.comparison import Space, disagg_experiment
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
-from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.serve import serve
 from wse_emu.runtime.tables import grid_axes, table_path
+from wse_emu.runtime.workers import point_pool
 from wse_emu.runtime.workload import generate, workload_from_dict
 from wse_emu.weights import random_weights
 
@@ -71,8 +71,8 @@ TARGETS = Targets(ttft_s=0.5, tpot_s=0.005)  # p90 TTFT 500 ms; p90 TPOT 5 ms (2
 # difference to either plan), their stage tables timed over the quick grid, and confirmed on
 # runs whose steady windows hold a minute. ``experiment disagg`` searches every layout on the
 # full grid.
-SPACE = Space(copies=(1,), prefill_tiles=(16, 64, 256), budgets=(64, 256), interleave=(1, 2),
-              max_running=(0,), batch_limits=(64,), window_s=60.0, grid="quick")
+SPACE = Space(copies=(1,), prefill_tile=(16, 64, 256), token_budget=(64, 256), interleave=(1, 2),
+              max_running=(0,), batch_limit=(64,), window_s=60.0, grid="quick")
 # The functional part: a model small enough to compute through every tile in a second.
 FUNCTIONAL = {"model": "tiny", "fabric": "mesh16", "region": (8, 8), "prompt": [1, 2, 3, 4, 5],
               "new_tokens": 8}

@@ -5,47 +5,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
-from pathlib import Path
 
-from wse_emu.api import build_layouts, default_cache_dir
+from wse_emu import api
 from wse_emu.cli.compile_cmd import (
     add_fabric_args,
     add_format_args,
     fabric_from_args,
     model_from_args,
 )
-from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec
+from wse_emu.cli.knob_args import add_space_args, space_settings
 from wse_emu.fmt import seconds, si, table
-from wse_emu.layer import attention_tile_of
-from wse_emu.model import formats_text
-from wse_emu.program import write_run_dir
+from wse_emu.program import check_run_dir, write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
-from wse_emu.runtime.comparison import (
-    TUNING_REQUESTS,
-    Space,
-    describe_draws,
-    disagg_experiment,
-    longer_draws,
-    tuning_requests,
-    vary_experiment,
-    workload_draws,
-)
-from wse_emu.runtime.experiment import (
-    MAX_PACE,
-    MAX_TTFT_SLOPE,
-    Targets,
-)
+from wse_emu.runtime.comparison import TUNING_REQUESTS, Space
+from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE
 from wse_emu.runtime.metrics import DRAIN, WARMUP
-from wse_emu.runtime.pool import point_pool
-from wse_emu.runtime.sensitivity import (
-    VARIABLES,
-    parse_vary,
-)
-from wse_emu.runtime.tables import check_micro_batches
-from wse_emu.runtime.workload import workload_spec
+from wse_emu.runtime.sensitivity import VARIABLES
 
 
 def add_parser(sub, summary: str) -> None:
@@ -64,30 +40,16 @@ def add_parser(sub, summary: str) -> None:
     d.add_argument("--requests", type=int,
                    help=f"requests (sessions) per tuning run (default: the workload's, at "
                    f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
-    d.add_argument("--ttft-slo", type=float, required=True, help="p90 time-to-first-token "
-                   "target, seconds")
-    d.add_argument("--tpot-slo", type=float, required=True, help="p90 time-per-output-token "
-                   "target, seconds (the token speed every configuration must reach)")
+    d.add_argument("--ttft-slo", dest="ttft_s", type=float, required=True,
+                   help="p90 time-to-first-token target, seconds")
+    d.add_argument("--tpot-slo", dest="tpot_s", type=float, required=True,
+                   help="p90 time-per-output-token target, seconds (the token speed every "
+                        "configuration must reach)")
     d.add_argument("--attainment", type=float, default=0.9,
                    help="share of requests that must meet both targets (default 0.9)")
-    knobs = d.add_argument_group(
-        "knobs", "values to tune each plan over, comma-separated (one value fixes the knob); "
-        "the knobs are tuned one at a time, in this order, for both plans")
     space = Space()
-    for flag, values, what in (
-            ("--copies", space.copies, "copies of the model per wafer, colocated (side by side "
-             "in column bands; a model on one wafer only)"),
-            ("--prefill-tile", space.prefill_tiles, "tokens per prefill micro-batch (colocated "
-             "with prefill priority or interleaved, and disaggregated prefill)"),
-            ("--budgets", space.budgets, "chunked prefill token budgets"),
-            ("--interleave", space.interleave, "decode micro-batches per prefill tile, "
-             "interleaved"),
-            ("--max-running", space.max_running, "cap on sequences holding KV in a colocated "
-             "or decode region (0: none)"),
-            ("--batch-limit", space.batch_limits, "sequences per decode micro-batch")):
-        knobs.add_argument(flag, default=",".join(map(str, values)),
-                           help=f"{what} (default {','.join(map(str, values))})")
-    d.add_argument("--no-prefix-cache", action="store_true",
+    add_space_args(d, space.copies)
+    d.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="recompute every agentic call's whole context (by default a call "
                    "reuses its session's KV while it is still cached)")
     d.add_argument("--window-s", type=float, default=space.window_s,
@@ -111,7 +73,7 @@ def add_parser(sub, summary: str) -> None:
     where.add_argument("--workers", type=int, default=0,
                        help="local worker processes (default: one per core; 1: no cluster)")
     d.add_argument("--cache-dir", help="where stage-time tables are kept")
-    d.add_argument("--grid", choices=("full", "quick"), default="full",
+    d.add_argument("--grid", default=space.grid, metavar="full|quick",
                    help="stage tables' micro-batch shapes: full (55 per region), or quick (21, "
                    "within 5%% of full on Llama-3.1-8B, for a first look; sequences per "
                    "micro-batch up to 64, prefill tiles up to 256 tokens)")
@@ -131,81 +93,25 @@ def add_parser(sub, summary: str) -> None:
 
 
 def run(args):
-    targets = _targets(args)
-    space = Space(copies=_positive_ints(args.copies, "--copies"),
-                  prefill_tiles=_positive_ints(args.prefill_tile, "--prefill-tile"),
-                  budgets=_positive_ints(args.budgets, "--budgets"),
-                  interleave=_positive_ints(args.interleave, "--interleave"),
-                  max_running=_positive_ints(args.max_running, "--max-running", zero=True),
-                  batch_limits=_positive_ints(args.batch_limit, "--batch-limit"),
-                  prefix_cache=not args.no_prefix_cache, window_s=args.window_s,
-                  grid=args.grid)
-    for limit in space.batch_limits:
-        for tile in space.prefill_tiles:
-            check_micro_batches(limit, tile, space.budgets, space.grid)
-    if args.window_s < 0:
-        raise UserError(f"--window-s must be at least 0, got {args.window_s}")
-    if args.requests is not None and args.requests < 2:
-        raise UserError(f"--requests must be at least 2 (a rate needs two arrivals), got "
-                        f"{args.requests}")
-    attention_tile_of({"attention_tile": args.attention_tile})  # before any work, by name
-    if args.workers < 0:
-        raise UserError(f"--workers must be at least 0, got {args.workers}")
-    if args.price_per_system_hour is not None and not args.price_per_system_hour > 0:
-        raise UserError(f"--price-per-system-hour must be positive, got "
-                        f"{args.price_per_system_hour}")
-    if args.seeds < 1:
-        raise UserError(f"--seeds must be at least 1, got {args.seeds}")
-    if not 0 < args.tolerance < 1:
-        raise UserError(f"--tolerance must be between 0 and 1, got {args.tolerance}")
-    variation = parse_vary(args.vary) if args.vary else None
-    out = Path(args.output) if args.output else None
-    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"run directory {out} exists and is not empty: choose another -o")
-    spec = workload_spec(args.workload, args.trace, requests=args.requests)
-    if args.requests is None:
-        spec.requests = tuning_requests(spec, args.systems)
-    draws = workload_draws(spec, args.seeds)
-
-    def draws_for(systems: int) -> list:
-        """The tuning runs' requests for ``systems`` systems (the base draws when unchanged)."""
-        n = tuning_requests(spec, systems)
-        return draws if n == spec.requests else workload_draws(replace(spec, requests=n),
-                                                                args.seeds)
-
+    space = Space(**space_settings(args), prefix_cache=args.prefix_cache,
+                  window_s=args.window_s, grid=args.grid)
+    if args.output:
+        check_run_dir(args.output)  # before any work
     model = model_from_args(args)
-    routing = routing_for(model, args.routing, args.routing_seed)
-    cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    cache = default_cache_dir(args.cache_dir)
-
-    def one(pool, draws, targets, cluster, transform=lambda requests: requests):
-        data, configs = disagg_experiment(
-            model, cluster, spec.name, draws[0], targets, pool,
-            lambda probes: build_layouts(model, cluster, probes, cache, space.copies, status,
-                                         grid=space.grid, routing=routing,
-                                         attention_tile=args.attention_tile),
-            space, args.tolerance, status, draws[1:], args.price_per_system_hour,
-            longer_draws(spec, args.seeds, transform))
-        if len(draws) > 1:
-            data["over_replicates"]["draws"] = describe_draws(spec, data)
-        # How both plans' steps were timed, beside their results.
-        data["routing"] = routing.describe() if model.is_moe else None
-        data["attention_tile"] = args.attention_tile or None
-        data["stored_formats"] = formats_text(model) or None
-        return data, configs
-
-    with point_pool(args.scheduler, args.workers) as pool:
-        if variation is None:
-            data, _ = one(pool, draws, targets, cluster)
-        else:
-            data = vary_experiment(variation, one, pool, draws, targets, cluster,
-                                   None if args.requests is not None else draws_for)
+    data = api.experiment(
+        model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
+        attainment=args.attainment, fabric=fabric_from_args(args), systems=args.systems,
+        space=space, requests=args.requests, seeds=args.seeds, tolerance=args.tolerance,
+        vary=args.vary, price_per_system_hour=args.price_per_system_hour,
+        scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
+        progress=status, routing=routing_for(model, args.routing, args.routing_seed),
+        attention_tile=args.attention_tile)
     if args.output:
         write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
             json.dumps(data, indent=1)))
     if args.json:
         return data
-    text = render(data) if variation is None else render_sensitivity(data)
+    text = render(data) if args.vary is None else render_sensitivity(data)
     return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
 
 
@@ -364,25 +270,3 @@ def render_replicates(over: dict) -> list[str]:
                   + _interval(ratio, lambda v: f"{v:.2f}x")
                   + f" over the {ratio['n']} draws where colocated met the targets at some rate."]
     return lines
-
-
-def _targets(args) -> Targets:
-    for name in ("ttft_slo", "tpot_slo"):
-        value = getattr(args, name)
-        if not value > 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if not 0 < args.attainment <= 1:
-        raise UserError(f"--attainment must be in (0, 1], got {args.attainment}")
-    return Targets(args.ttft_slo, args.tpot_slo, args.attainment)
-
-
-def _positive_ints(text: str, flag: str, zero: bool = False) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise UserError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    low = 0 if zero else 1
-    if not values or any(v < low for v in values):
-        what = "integers of at least 0" if zero else "positive integers"
-        raise UserError(f"{flag} must be one or more {what}, got {text!r}")
-    return tuple(dict.fromkeys(values))

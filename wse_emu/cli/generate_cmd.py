@@ -16,7 +16,6 @@ from wse_emu.cli.compile_cmd import (
     model_from_args,
     options_from_args,
 )
-from wse_emu.cli.run_cmd import MAX_TILES
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.fmt import seconds, si
@@ -26,6 +25,7 @@ from wse_emu.functional.region import check_token_ids
 from wse_emu.functional.timing import generation_time
 from wse_emu.model import formats_text
 from wse_emu.outputs import save_logits
+from wse_emu.runner import MAX_PREFILL_TILES as MAX_TILES
 from wse_emu.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
 
 

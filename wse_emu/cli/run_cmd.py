@@ -17,9 +17,14 @@ from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
 from wse_emu.routing import Routing, routing_for
-from wse_emu.runner import HandoffRun, kv_handoff, run_region
-
-DEFAULT_TILES = 4
+from wse_emu.runner import (
+    DEFAULT_PREFILL_TILES,
+    HandoffRun,
+    handoff_for,
+    kv_handoff,
+    run_region,
+    step_for,
+)
 
 
 def add_parser(sub, summary: str) -> None:
@@ -30,7 +35,7 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--phase", choices=["prefill", "decode", "handoff"], default="decode",
                    help="handoff: move a prompt's KV cache from a prefill to a decode region")
     p.add_argument("--tokens", type=int, default=4096, help="prefill: prompt tokens S")
-    p.add_argument("--tiles", type=int, default=DEFAULT_TILES,
+    p.add_argument("--tiles", type=int, default=DEFAULT_PREFILL_TILES,
                    help="prefill: token tiles streamed through each stage")
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
     p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
@@ -81,43 +86,14 @@ def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
     return program.region_for(phase, name).name
 
 
-MAX_TILES = 128
-
-
 def make_step(args, program: WaferProgram, region: str) -> MicroBatch:
-    for name in ("tokens", "batch", "context", "tiles"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.tiles > MAX_TILES:
-        raise UserError(f"--tiles must be at most {MAX_TILES}, got {args.tiles}")
-    capacity = program.region(region).kv_capacity_tokens
-    if args.phase == "prefill":
-        if args.tokens > capacity:
-            raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
-                            f"region {region} ({capacity:,} tokens)")
-        return MicroBatch("prefill", tokens=args.tokens, chunks=min(args.tiles, args.tokens))
-    if args.batch * args.context > capacity:
-        raise UserError(f"--batch {args.batch} x --context {args.context} = "
-                        f"{args.batch * args.context:,} cached tokens do not fit the KV cache of "
-                        f"region {region} ({capacity:,} tokens)")
-    return MicroBatch("decode", batch=args.batch, context=args.context)
+    return step_for(program, args.phase, region, batch=args.batch, context=args.context,
+                    tokens=args.tokens, tiles=args.tiles)[1]
 
 
 def run_handoff(args, program: WaferProgram):
-    roles = {r.role: r.name for r in reversed(program.regions)}
-    if "prefill" not in roles or "decode" not in roles:
-        raise UserError("--phase handoff needs a disaggregated program (compile with "
-                        "--plan disaggregated)")
-    if args.tokens < 1:
-        raise UserError(f"--tokens must be at least 1, got {args.tokens}")
-    src = program.region(args.run_region).name if args.run_region else roles["prefill"]
-    if program.region(src).role != "prefill":
-        raise UserError(f"--region-name {src} is a {program.region(src).role} region; the handoff "
-                        "starts from a prefill region")
-    if args.tokens > program.region(roles["decode"]).kv_capacity_tokens:
-        raise UserError(f"a prompt of {args.tokens:,} tokens does not fit the KV cache of "
-                        f"region {roles['decode']}")
-    h: HandoffRun = kv_handoff(program, src, roles["decode"], args.tokens)
+    src, dst = handoff_for(program, args.run_region, args.tokens)
+    h: HandoffRun = kv_handoff(program, src, dst, args.tokens)
     data = {"model": program.model.name, "prefill_region": h.prefill_region,
             "decode_region": h.decode_region, "tokens": h.tokens, "kv_bytes": h.kv_bytes,
             "cycles": h.cycles, "seconds": h.seconds, "bytes_per_s": h.kv_bytes / h.seconds,

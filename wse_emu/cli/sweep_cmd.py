@@ -9,8 +9,8 @@ from wse_emu.api import evaluate_point
 from wse_emu.errors import UserError
 from wse_emu.fmt import table
 from wse_emu.progress import Phase
-from wse_emu.runtime.pool import point_pool
 from wse_emu.runtime.sweep import RESULTS, load_sweep, run_sweep
+from wse_emu.runtime.workers import point_pool
 
 
 def add_parser(sub, summary: str) -> None:

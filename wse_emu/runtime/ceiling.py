@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu.runtime.serve import RegionModel, ServeOptions
+from wse_emu.runtime.serve import ServeOptions
 from wse_emu.runtime.workload import Requests
 
 
-def prefill_cycles(region: RegionModel, prompt: float, tile: int,
+def prefill_cycles(region, prompt: float, tile: int,
                    cached: float = 0.0) -> np.ndarray:
     """Per stage: the cycles of one prompt of ``prompt`` tokens, tile after tile, after the
     first ``cached`` tokens (whose KV is reused)."""
@@ -37,7 +37,7 @@ def prefill_cycles(region: RegionModel, prompt: float, tile: int,
     return total
 
 
-def decode_cycles(region: RegionModel, prompt: float, output: float,
+def decode_cycles(region, prompt: float, output: float,
                   batch_limit: int, max_running: int = 0) -> np.ndarray:
     """Per stage: the cycles of one request's decode tokens, at the batch a full KV cache
     (or the cap on running sequences) allows."""
@@ -51,7 +51,7 @@ def decode_cycles(region: RegionModel, prompt: float, output: float,
     return per_token * max(output - 1.0, 0.0)
 
 
-def ceiling_rate(regions: list[RegionModel], options: ServeOptions,
+def ceiling_rate(regions: list, options: ServeOptions,
                  requests: Requests) -> float:
     """Requests (sessions) per second at which the configuration's busiest resource would be
     busy all the time."""
@@ -70,9 +70,9 @@ def ceiling_rate(regions: list[RegionModel], options: ServeOptions,
         elif r.role == "prefill":
             rate = clock / float(prefill_cycles(r, prompt, tile,
                                                 _cached(requests, options, False)).max())
-            link = options.handoff_bytes_per_cycle
-            if decode_systems - {r.system} and options.offwafer_bytes_per_cycle:
-                link = options.offwafer_bytes_per_cycle
+            link = r.fabric_bytes_per_cycle
+            if decode_systems - {r.system}:
+                link = r.link_bytes_per_cycle
             if options.kv_bytes_per_token and link > 0:
                 rate = min(rate, clock / (prompt * options.kv_bytes_per_token / link))
             prefill_rate += rate

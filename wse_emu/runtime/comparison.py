@@ -6,10 +6,11 @@ what this returns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 
 import numpy as np
 
+from wse_emu.checks import at_least_zero, flag, short_repr
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
@@ -24,9 +25,12 @@ from wse_emu.runtime.experiment import (
     over_replicates,
     run_searches,
 )
+from wse_emu.runtime.knobs import KnobInfo, check_values, info
 from wse_emu.runtime.metrics import DRAIN, WARMUP
+from wse_emu.runtime.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
 from wse_emu.runtime.sensitivity import VARIABLES, Variation, apply, decode_step_s
-from wse_emu.runtime.serve import POLICIES, ServeOptions
+from wse_emu.runtime.serve import ServeOptions
+from wse_emu.runtime.tables import check_in_grid, grid_axes
 from wse_emu.runtime.tuning import Choice, Knob, config_of, evaluate_choice, tune
 from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
 
@@ -41,56 +45,72 @@ def confirm_cap(requests: Requests) -> int:
     return max(1, MAX_CONFIRM_REQUESTS * requests.sessions() // max(1, len(requests)))
 
 
-@dataclass
-class Space:
-    """What the experiment tunes: the values to try of every knob (a single value fixes it),
-    whether agentic calls reuse cached KV, how long the confirming runs' steady windows
-    must be (emulated seconds; 0: no confirming runs), and the stage tables' grid ("full",
-    or "quick": fewer shapes, for a first look)."""
+@dataclass(frozen=True)
+class _SpaceBase:
+    """What the experiment tunes: the copies of the model per wafer and the colocated
+    policies to try, and (generated from the policies' knob dataclasses) the values to try of
+    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
+    confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
+    stage tables' grid ("full", or "quick": fewer shapes, for a first look). Every value is
+    checked here, by name."""
 
     copies: tuple = (1, 2, 4)
-    prefill_tiles: tuple = (8, 16, 32, 64, 128, 256)
-    budgets: tuple = (16, 32, 64, 128, 256, 512)
-    interleave: tuple = (1, 2, 4)
-    max_running: tuple = (0, 32, 128)
-    batch_limits: tuple = (16, 32, 64)
-    policies: tuple = POLICIES
+    policy: tuple = tuple(POLICIES)
     prefix_cache: bool = True
     window_s: float = 120.0
     grid: str = "full"
 
-    def knobs(self, splits: list[str], copies: list[str]) -> dict:
-        """Per plan, its knobs in the order they are tuned."""
-        return {"colocated": [Knob("policy", "policy", self.policies),
-                              Knob("copies per wafer", "layout", tuple(copies)),
-                              Knob("prefill tile", "prefill_tile", self.prefill_tiles,
-                                   ("prefill-priority", "interleaved")),
-                              Knob("chunk budget", "token_budget", self.budgets, ("chunked",)),
-                              Knob("interleave ratio", "interleave", self.interleave,
-                                   ("interleaved",)),
-                              Knob("running cap", "max_running", self.max_running),
-                              Knob("decode batch limit", "batch_limit", self.batch_limits)],
-                "disaggregated": [Knob("split", "layout", tuple(splits)),
-                                  Knob("prefill tile", "prefill_tile", self.prefill_tiles),
-                                  Knob("running cap", "max_running", self.max_running),
-                                  Knob("decode batch limit", "batch_limit",
-                                       self.batch_limits)]}
+    def __post_init__(self):
+        grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
+        copies = check_values("copies", KnobInfo("copies", "", 1, ()), self.copies)
+        object.__setattr__(self, "copies", copies)
+        if isinstance(self.policy, str) or not hasattr(self.policy, "__iter__") \
+                or not self.policy:
+            raise UserError(f"`policy` must be one or more of {', '.join(POLICIES)}, got "
+                            f"{short_repr(self.policy)}")
+        for name in self.policy:
+            policy_class(name)
+        object.__setattr__(self, "policy", tuple(dict.fromkeys(self.policy)))
+        for f in knob_fields():
+            values = check_values(f.name, info(f), getattr(self, f.name))
+            object.__setattr__(self, f.name, values)
+        check_in_grid({f.name: max(getattr(self, f.name)) for f in knob_fields()}, self.grid)
+        flag("prefix_cache", self.prefix_cache)
+        at_least_zero("window_s", self.window_s)
 
-    def initial(self, plan: str, layout: str) -> Choice:
-        """Where tuning starts: each knob's usual value if it is among those to try."""
+    def knobs(self, splits: list[str], copies: list[str]) -> dict:
+        """Per plan, its knobs in the order they are tuned: colocated, its policy and copies
+        per wafer, then every knob some policy tried reads; disaggregated, its split, then the
+        knobs of the policy a split's regions serve with."""
+        colocated = {name for p in self.policy for name in POLICIES[p].knob_names()}
+        split = set(SPLIT_POLICY.knob_names())
+        tuned = [(info(f).label, f.name, getattr(self, f.name)) for f in knob_fields()]
+        return {"colocated": [Knob("policy", "policy", self.policy),
+                              Knob("copies per wafer", "layout", tuple(copies))]
+                + [Knob(*k) for k in tuned if k[1] in colocated],
+                "disaggregated": [Knob("split", "layout", tuple(splits))]
+                + [Knob(*k) for k in tuned if k[1] in split]}
+
+    def initial(self, plan: str, layout: str):
+        """Where tuning starts: each knob's default if it is among those to try."""
         def pick(values, usual):
             return usual if usual in values else values[0]
-        return Choice(plan, layout, policy=pick(self.policies, "prefill-priority"),
-                      prefill_tile=pick(self.prefill_tiles, 64),
-                      token_budget=pick(self.budgets, 256),
-                      interleave=pick(self.interleave, 1),
-                      max_running=pick(self.max_running, 0),
-                      batch_limit=pick(self.batch_limits, 64))
+        knobs = {f.name: pick(getattr(self, f.name), f.default) for f in knob_fields()}
+        policy = pick(self.policy, _ServeDefaults.policy) if plan == "colocated" \
+            else SPLIT_POLICY.name
+        return Choice(plan, layout, policy, **knobs)
+
+
+_ServeDefaults = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
+Space = make_dataclass(
+    "Space", [(f.name, tuple, field(default=info(f).tune)) for f in knob_fields()],
+    bases=(_SpaceBase,), frozen=True, namespace={"__module__": __name__,
+                                                 "__doc__": _SpaceBase.__doc__})
 
 
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, layouts_for,
-                      space: Space = Space(), tolerance: float = 0.05, progress=None,
+                      space=None, tolerance: float = 0.05, progress=None,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None) -> tuple[dict, dict]:
     """Lay the plans out, tune each plan on ``pool`` and compare: the JSON-able report, and
@@ -100,7 +120,9 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     ``requests``) of the workload with ``n`` requests, for the confirming runs. With
     ``more_draws`` (independent draws of the same workload) the tuned configurations are
     searched again on each (the knobs are tuned on the first draw only), and the report adds
-    every draw's answer and the mean and 95% interval over all of them."""
+    every draw's answer and the mean and 95% interval over all of them. ``space``: a Space
+    (by default, every knob's default values)."""
+    space = Space() if space is None else space
     draws = [requests, *more_draws]
     # Every request any run may serve must fit a layout's KV, the confirming runs' included.
     probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
@@ -120,13 +142,10 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     initial = {plan: space.initial(plan, names[plan][0]) for plan in names if names[plan]}
     economy = (cluster.systems, fabric.system_power_w, price)
     run_points = pool.bind(evaluate_choice, (layouts, base, requests, targets))
-    guess = {}
-    for plan, choice in initial.items():  # start below the ceiling, where best rates sit
-        config = config_of(choice, layouts, base)
-        ceiling = ceiling_rate(config.regions, config.options, requests)
-        guess[plan] = 0.6 * ceiling / requests.offered_rate()
-    searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, guess, tolerance,
-                                  progress)
+    def ceiling_of(config) -> float:  # as a factor of the requests' own rate
+        return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
+    searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
+                                  tolerance, progress)
     data["configurations"] = [_row(o, targets, len(s.points), *economy, requests, s.config)
                               for o, s in zip(outcomes(list(searches.values())),
                                               searches.values())]
@@ -189,12 +208,14 @@ def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests
                   targets: Targets, pool, guess: dict, tolerance: float, progress) -> dict:
     """The tuned configurations' rate searches on ``runs``, started near ``guess``."""
     run_points = pool.bind(evaluate_choice, (layouts, base, runs, targets))
-    searches = {c: Search(config_of(c, layouts, base),
-                          start=guess[c] / runs.offered_rate() if guess[c] else None)
-                for c in tuned.values()}
-    run_searches(searches, run_points, tolerance=tolerance,
-                 progress=(lambda r, n: progress(f"searching the best again: round {r}, "
-                                                 f"{n} runs")) if progress else None)
+    searches = {}
+    for c in tuned.values():
+        config = config_of(c, layouts, base)
+        searches[c] = Search(config, start=guess[c] / runs.offered_rate() if guess[c] else None,
+                             ceiling=ceiling_rate(config.regions, config.options, runs)
+                             / runs.offered_rate())
+    run_searches(searches, run_points, tolerance=tolerance, progress=progress,
+                 label="searching the best again")
     return searches
 
 

@@ -18,16 +18,27 @@ for KV room.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from wse_emu.checks import positive
+from wse_emu.errors import UserError
+from wse_emu.progress import duration
 from wse_emu.runtime.metrics import run_metrics
-from wse_emu.runtime.serve import RegionModel, ServeOptions, serve
+from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
-BRACKET = tuple(2.0 ** k for k in range(-3, 5))  # first round: the start rate times these
-WARM = (0.5, 0.8, 1.0, 1.25, 2.0)  # ... or a guess (a neighbour's rate) times these
+# A search's first round: the analytic ceiling times these (a configuration's best rate lies
+# below it, at 22% to 98% of it in the experiments the README reports, so the first round
+# usually brackets it within a factor of two) ...
+BELOW_CEILING = (0.25, 0.5, 1.0)
+# ... or, where the rate is known from a shorter run (the confirming runs), that rate times
+# these (a longer run meets a little less, if anything) ...
+NEAR = (0.8, 0.9, 1.0)
+# ... or, with neither, a wide ladder.
+BRACKET = tuple(2.0 ** k for k in range(-3, 5))
 # The search stops below the start rate times LOWEST (the configuration meets its targets at no
 # rate) and above it times HIGHEST (the run's requests then arrive nearly at once, so a higher
 # rate would not load the cluster any more).
@@ -46,9 +57,15 @@ MAX_PACE = 1.1
 
 @dataclass(frozen=True)
 class Targets:
-    ttft_s: float
-    tpot_s: float
+    ttft_s: float  # p90 time to first token, seconds
+    tpot_s: float  # p90 time per output token, seconds
     attainment: float = 0.9  # share of requests that must meet both targets
+
+    def __post_init__(self):
+        for name in ("ttft_s", "tpot_s", "attainment"):
+            positive(name, getattr(self, name))
+        if self.attainment > 1:
+            raise UserError(f"`attainment` must be in (0, 1], got {self.attainment}")
 
     def stable(self, metrics: dict) -> bool:
         return (metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
@@ -65,7 +82,7 @@ class Config:
 
     plan: str  # colocated or disaggregated
     knob: str  # its policy or split, as shown: "prefill priority", "chunked 256", "share 0.5"
-    regions: list[RegionModel]
+    regions: list  # its pools
     options: ServeOptions
 
     @property
@@ -113,11 +130,13 @@ def _pressure(regions: dict, duration_s: float) -> dict:
 
 @dataclass
 class Search:
-    """The rate search of one configuration: the highest rate met, the lowest failed above it."""
+    """The rate search of one configuration: the highest rate met, the lowest failed above it.
+    Rates are factors of the requests' own rate."""
 
     config: Config
     points: dict = field(default_factory=dict)  # factor -> Point
-    start: float | None = None  # a guess at the highest factor met, to bracket it quickly
+    start: float | None = None  # the highest factor met on shorter runs, if known
+    ceiling: float | None = None  # the factor at the configuration's analytic ceiling
 
     @property
     def best(self) -> float | None:
@@ -134,7 +153,11 @@ class Search:
     def proposals(self, per_round: int, tolerance: float) -> list[float]:
         """The factors to try next (none once the bracket is within ``tolerance``)."""
         if not self.points:
-            return [self.start * m for m in WARM] if self.start else list(BRACKET)
+            if self.start:
+                return [self.start * m for m in NEAR]
+            if self.ceiling and np.isfinite(self.ceiling):
+                return [self.ceiling * m for m in BELOW_CEILING]
+            return list(BRACKET)
         lo, hi = self.best, self.failed
         if hi is None:  # everything met: go higher, unless already at the ceiling
             top = max(self.points)
@@ -153,17 +176,28 @@ class Search:
 
 
 def run_searches(searches: dict, run_points, per_round: int = 3, tolerance: float = 0.05,
-                 progress=None) -> None:
+                 progress=None, label: str = "searching") -> None:
     """Advance every search of ``searches`` (key -> Search) to its answer, in rounds whose runs
-    are independent: ``run_points(jobs)`` evaluates a list of (key, factor)."""
+    are independent: ``run_points(jobs, done)`` evaluates a list of (key, factor), calling
+    ``done(count)`` as each finishes. ``progress(text)`` hears of every run finished, with the
+    time left at the pace measured so far."""
     for round_ in range(MAX_ROUNDS):
         jobs = [(key, f) for key, s in searches.items()
                 for f in s.proposals(per_round, tolerance) if f not in s.points]
         if not jobs:
             break
-        if progress:
-            progress(round_ + 1, len(jobs))
-        for (key, f), point in zip(jobs, run_points(jobs)):
+        if progress is None:
+            points = run_points(jobs)
+        else:
+            began = time.monotonic()
+            what = f"{label}: round {round_ + 1}"
+            progress(f"{what}, {len(jobs)} runs")
+
+            def done(count: int, what=what, began=began, total=len(jobs)) -> None:
+                left = (time.monotonic() - began) / count * (total - count)
+                progress(f"{what}, {count} of {total} runs done, about {duration(left)} left")
+            points = run_points(jobs, done=done)
+        for (key, f), point in zip(jobs, points):
             searches[key].points[f] = point
 
 

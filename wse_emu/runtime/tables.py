@@ -26,6 +26,7 @@ from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
 from wse_emu.progress import Phase
 from wse_emu.runner import run_region
+from wse_emu.runtime.workers import gathered
 
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64)
 DECODE_CONTEXT = (64, 256, 1024, 4096, 16384)
@@ -42,18 +43,20 @@ QUICK_PREFILL_PREFIX = (0, 4096, 16384)
 VECTORS_KEPT = 100_000  # interpolated shapes remembered per table (about 30 MB at most)
 
 
-def check_micro_batches(batch_limit: int, prefill_tile: int, budgets=(),
-                        grid: str = "full") -> None:
-    """Micro-batch sizes must lie within the tables' grids (their times are interpolated
-    there, not guessed beyond); ``budgets`` are chunked prefill's token budgets."""
-    batch_top = grid_axes(grid, "decode")[0][-1]
-    tokens_top = grid_axes(grid, "prefill")[0][-1]
-    for name, value, top in (("batch_limit", batch_limit, batch_top),
-                             ("prefill_tile", prefill_tile, tokens_top),
-                             *(("token_budget", b, tokens_top) for b in budgets)):
-        if not 1 <= value <= top:
-            raise UserError(f"`{name}` must be between 1 and {top} (the range of the stage "
-                            f"tables' {grid} grid), got {value}")
+# The knobs that size a micro-batch, and the phase whose table times it.
+MICRO_BATCH_KNOBS = {"batch_limit": "decode", "prefill_tile": "prefill",
+                     "token_budget": "prefill"}
+
+
+def check_in_grid(values: dict, grid: str) -> None:
+    """Micro-batch sizes (knob name -> value) must lie within the tables of ``grid``: their
+    times are interpolated inside the grid, not guessed beyond."""
+    for name, value in values.items():
+        if name in MICRO_BATCH_KNOBS:
+            top = int(grid_axes(grid, MICRO_BATCH_KNOBS[name])[0][-1])
+            if value > top:
+                raise UserError(f"`{name}` must be between 1 and {top} (the range of the "
+                                f"stage tables' {grid} grid), got {value}")
 
 
 @dataclass
@@ -109,6 +112,11 @@ class StageTable:
         if len(self._vectors) < VECTORS_KEPT:
             self._vectors[(a, b)] = v
         return v
+
+    def grid(self) -> np.ndarray:
+        """(len(axis0), len(axis1), stages + 2): every stage's cycles, the transfers and the
+        stages' sum at each grid point, as ``vector`` interpolates them."""
+        return self._grid
 
     def at(self, a: float, b: float) -> tuple[np.ndarray, float]:
         """(cycles of every stage, cycles between stages in all) at (a, b), interpolated."""
@@ -205,11 +213,24 @@ def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
     return Path(cache_dir) / f"stage-table-{_key(program, region, phase, engine, axes)}.npz"
 
 
+def time_shape(program: WaferProgram, region: str, phase: str, engine: str, x: int,
+               y: int) -> tuple[list, float]:
+    """One grid point of a table: every stage's cycles and the transfers between them, for a
+    decode of ``x`` sequences at context ``y`` or a prefill tile of ``x`` tokens after ``y``
+    (each shape's stages one after another: shapes are what runs in parallel)."""
+    step = (MicroBatch("decode", batch=x, context=y) if phase == "decode"
+            else MicroBatch("prefill", tokens=x, prefix=y))
+    run = run_region(program, region, step, engine, threads=1)
+    return [s.cycles for s in run.stages], float(sum(run.transfers))
+
+
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
                 axes: tuple | None = None, cache_dir: Path | None = None,
-                progress=None) -> StageTable:
+                progress=None, pool=None) -> StageTable:
     """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there.
-    ``progress(done, total)`` hears of each shape timed (by default, a progress bar)."""
+    ``progress(done, total)`` hears of each shape timed (by default, a progress bar). The
+    shapes are timed on ``pool``'s workers when it is a cluster's (``pool.remote``), else on
+    this machine's cores."""
     if axes is None:
         axes = default_axes(phase)
     path = None
@@ -221,33 +242,20 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
     stages = len(program.region(region).stage_ids)
     cycles = np.zeros((stages, len(a0), len(a1)), dtype=np.float64)
     transfers = np.zeros((len(a0), len(a1)), dtype=np.float64)
-    total = len(a0) * len(a1)
+    points = [(i, j) for i in range(len(a0)) for j in range(len(a1))]
     if progress is None:
-        bar = Phase(f"timing the {phase} stage table of region {region}", total)
+        bar = Phase(f"timing the {phase} stage table of region {region}", len(points))
         progress = lambda done, total: bar.update(done)  # noqa: E731
-
-    def one(i: int, j: int):
-        x, y = int(a0[i]), int(a1[j])
-        step = (MicroBatch("decode", batch=x, context=y) if phase == "decode"
-                else MicroBatch("prefill", tokens=x, prefix=y))
-        return i, j, run_region(program, region, step, engine, threads=1)
-
-    # Shapes on parallel threads, each shape's stages one after another: the cores stay busy
-    # to the end, where timing one shape's stages in parallel waits on its largest stage
-    # (the LM head's). The engine releases the GIL; the results do not depend on the order.
-    with ThreadPoolExecutor(max_workers=min(total, os.cpu_count() or 1)) as pool:
-        futures = [pool.submit(one, i, j) for i in range(len(a0)) for j in range(len(a1))]
-        try:
-            for done, future in enumerate(as_completed(futures), 1):
-                i, j, run = future.result()
-                cycles[:, i, j] = [s.cycles for s in run.stages]
-                transfers[i, j] = sum(run.transfers)
-                if progress:
-                    progress(done, total)
-        except BaseException:  # an error or Ctrl-C: start no more shapes
-            for future in futures:
-                future.cancel()
-            raise
+    jobs = [(int(a0[i]), int(a1[j])) for i, j in points]
+    if pool is not None and getattr(pool, "remote", False):
+        run = pool.bind(time_shape, (program, region, phase, engine))
+        timed = run(jobs, done=lambda n: progress(n, len(jobs)))
+    else:
+        timed = _on_threads(program, region, phase, engine, jobs,
+                            lambda n: progress(n, len(jobs)))
+    for (i, j), (stage_cycles, between) in zip(points, timed):
+        cycles[:, i, j] = stage_cycles
+        transfers[i, j] = between
     table = StageTable(phase, a0, a1, cycles, transfers)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,3 +263,13 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
         table.to_npz(tmp)
         tmp.replace(path)
     return table
+
+
+def _on_threads(program, region, phase, engine, jobs: list, done) -> list:
+    """``time_shape`` of every (x, y) job on parallel threads, results in job order. Each
+    shape's stages run one after another, so the cores stay busy to the end (timing one
+    shape's stages in parallel would wait on its largest stage, the LM head's); the engine
+    releases the GIL, and the results do not depend on the order."""
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as threads:
+        return gathered([threads.submit(time_shape, program, region, phase, engine, x, y)
+                         for x, y in jobs], as_completed, done)

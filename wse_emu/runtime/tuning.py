@@ -1,10 +1,10 @@
 """Tuning each plan before the plans are compared, with the same effort for both.
 
 A plan's configuration is a ``Choice``: its layout (copies of the model per wafer for colocated
-serving, the prefill/decode split for disaggregated) and its serving knobs (the colocated
-policy, prefill tile, chunk budget, interleave ratio, the cap on running sequences, and the
-decode micro-batch limit; disaggregated serving has the last three, each on its own role's
-regions). Starting from a default, the knobs are tuned one at a time (coordinate ascent): every
+serving, the prefill/decode split for disaggregated), its colocated policy and its serving
+knobs (generated from the policies' knob dataclasses: each applies where the configuration's
+policy reads it; a split's regions serve first come first served, with that policy's
+knobs). Starting from a default, the knobs are tuned one at a time (coordinate ascent): every
 value of the next knob is searched for its highest rate met, with the knobs before it as
 chosen, and the best value stays (a tie keeps the earlier choice). Both plans take their steps
 together, so that each round's serving runs go to the pool at once. The steps, with the rate of
@@ -16,43 +16,37 @@ costs their sum, and can miss a combination whose knobs only pay together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 
 from wse_emu.runtime.experiment import Config, Point, Search, Targets, evaluate, run_searches
-from wse_emu.runtime.serve import RegionModel, ServeOptions
+from wse_emu.runtime.knobs import info
+from wse_emu.runtime.policies import POLICIES, SPLIT_POLICY, knob_fields
+from wse_emu.runtime.serve import ServeOptions
 from wse_emu.runtime.workload import Requests
 
 
-@dataclass(frozen=True)
-class Choice:
-    """One configuration of one plan: its layout and its serving knobs."""
+class _ChoiceBase:
+    """One configuration of one plan: its layout ("1 copy", "2 copies", ...; "share 0.5",
+    "1 prefill system", ...), the colocated policy, and (generated from the policies' knob
+    dataclasses) every knob's value."""
 
-    plan: str  # colocated or disaggregated
-    layout: str  # "1 copy", "2 copies", ...; "share 0.5", "1 prefill system", ...
-    policy: str = "prefill-priority"  # colocated only
-    prefill_tile: int = 64
-    token_budget: int = 256  # chunked prefill only
-    interleave: int = 1  # interleaved only
-    max_running: int = 0
-    batch_limit: int = 64
+    def policy_class(self):
+        """The policy its regions serve with: the colocated one it names, or a split's."""
+        return POLICIES[self.policy] if self.plan == "colocated" else SPLIT_POLICY
 
     @property
     def knob(self) -> str:
-        """The configuration as shown after its plan: the layout, the policy, and every knob
-        that applies."""
+        """The configuration as shown after its plan: the layout, the colocated policy, and
+        every knob that applies."""
+        policy = self.policy_class()
         parts = [self.layout]
         if self.plan == "colocated":
-            if self.policy == "chunked":
-                parts.append(f"chunked {self.token_budget}")
-            else:
-                parts.append(self.policy.replace("-", " ")
-                             + (f" {self.interleave}:1" if self.policy == "interleaved"
-                                and self.interleave != 1 else ""))
-        if not (self.plan == "colocated" and self.policy == "chunked"):
-            parts.append(f"tile {self.prefill_tile}")
-        parts.append(f"batch {self.batch_limit}")
-        if self.max_running:
-            parts.append(f"cap {self.max_running}")
+            parts.append(policy.of(self).title())
+        names = policy.knob_names()
+        for f in knob_fields():
+            part = info(f).label_part(getattr(self, f.name)) if f.name in names else None
+            if part:
+                parts.append(part)
         return ", ".join(parts)
 
     @property
@@ -60,41 +54,48 @@ class Choice:
         return f"{self.plan}, {self.knob}"
 
 
+Choice = make_dataclass(
+    "Choice", [("plan", str), ("layout", str),
+               ("policy", str, field(default=SPLIT_POLICY.name))]
+    + [(f.name, int, field(default=f.default)) for f in knob_fields()],
+    bases=(_ChoiceBase,), frozen=True, namespace={"__module__": __name__,
+                                                  "__doc__": _ChoiceBase.__doc__})
+
+
 @dataclass(frozen=True)
 class Knob:
-    """A knob to tune: its ``Choice`` field, the values to try, and the plans and policies it
-    applies to."""
+    """A knob to tune: its ``Choice`` field, the values to try, and its name as shown."""
 
-    name: str  # as shown
+    name: str
     field: str
     values: tuple
-    policies: tuple = ()  # colocated policies it applies to (empty: every one)
 
-    def applies(self, choice: Choice) -> bool:
-        return not self.policies or (choice.plan == "colocated" and choice.policy
-                                     in self.policies)
+    def applies(self, choice) -> bool:
+        """The layout and the policy always apply; a policy's knob where the choice's policy
+        reads it."""
+        return self.field in ("layout", "policy") or \
+            self.field in choice.policy_class().knob_names()
 
 
 @dataclass
 class Layout:
-    """A compiled layout of one plan: its regions, with their stage-time tables."""
+    """A compiled layout of one plan: its pools (regions with their stage-time tables)."""
 
     plan: str
     name: str
-    regions: list[RegionModel]
+    regions: list
 
 
-def config_of(choice: Choice, layouts: dict, base: ServeOptions) -> Config:
+def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
     """The ``Config`` a choice serves with."""
     layout = layouts[(choice.plan, choice.layout)]
-    options = replace(base, policy=choice.policy, prefill_tile=choice.prefill_tile,
-                      token_budget=choice.token_budget, interleave=choice.interleave,
-                      max_running=choice.max_running, batch_limit=choice.batch_limit)
+    options = replace(base, policy=choice.policy,
+                      **{f.name: getattr(choice, f.name) for f in knob_fields()})
     return Config(choice.plan, choice.knob, layout.regions, options)
 
 
 def evaluate_choice(layouts: dict, base: ServeOptions, requests: Requests, targets: Targets,
-                    choice: Choice, factor: float) -> Point:
+                    choice, factor: float) -> Point:
     """``evaluate`` of one (choice, factor) job, the form ``pool`` runs: the layouts (the
     large part) go to each worker once."""
     return evaluate(config_of(choice, layouts, base), requests, factor, targets)
@@ -107,17 +108,18 @@ class Step:
     plan: str
     knob: str
     tried: list  # (value, Choice)
-    before: Choice | None  # the incumbent (None for the first step)
-    chosen: Choice
+    before: object | None  # the incumbent Choice (None for the first step)
+    chosen: object
 
 
 def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
-         guess: dict, tolerance: float = 0.05,
+         ceiling_of, tolerance: float = 0.05,
          progress=None) -> tuple[dict, list[Step], dict]:
     """Coordinate ascent for every plan at once. ``initial``: plan -> starting Choice;
-    ``knobs``: plan -> [Knob] in order; ``guess``: plan -> a factor to start the first searches
-    at; ``run_points(jobs)`` evaluates (Choice, factor) jobs. Returns every Search (Choice ->
-    Search), the steps taken, and each plan's best Choice."""
+    ``knobs``: plan -> [Knob] in order; ``ceiling_of(config)``: the factor at a
+    configuration's analytic ceiling, where its search starts bracketing; ``run_points(jobs,
+    done)`` evaluates (Choice, factor) jobs. Returns every Search (Choice -> Search), the steps
+    taken, and each plan's best Choice."""
     searches: dict = {}
     current = dict(initial)
     steps: list[Step] = []
@@ -131,18 +133,15 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
             if len(tried) < 2 and all(c in searches for _, c in tried):
                 continue  # a fixed knob: nothing to learn
             stage[plan] = (knob, tried)
-            start = guess[plan] if not searches else _best_factor(searches, choice, guess[plan])
             for _, c in tried:
                 if c not in searches:
-                    searches[c] = Search(config_of(c, layouts, base), start=start)
+                    config = config_of(c, layouts, base)
+                    searches[c] = Search(config, ceiling=ceiling_of(config))
         if not stage:
             continue
         pending = {c: searches[c] for _, tried in stage.values() for _, c in tried}
-        run_searches(pending, run_points, tolerance=tolerance,
-                     progress=(lambda r, n, name=" and ".join(kn.name for kn, _ in
-                                                              stage.values()):
-                               progress(f"tuning {name}: round {r}, {n} runs"))
-                     if progress else None)
+        run_searches(pending, run_points, tolerance=tolerance, progress=progress,
+                     label="tuning " + " and ".join(kn.name for kn, _ in stage.values()))
         for plan, (knob, tried) in stage.items():
             before = current[plan] if k else None
             # The highest rate met; ties go to the incumbent, then to the earlier value.
@@ -156,11 +155,3 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
 def _rate(search: Search) -> float:
     best = search.best
     return search.points[best].rate if best is not None else 0.0
-
-
-def _best_factor(searches: dict, choice: Choice, fallback: float) -> float:
-    """Where the incumbent's search ended: the next searches start around it."""
-    s = searches.get(choice)
-    if s is None or s.best is None:
-        return fallback
-    return s.best

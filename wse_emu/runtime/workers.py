@@ -1,9 +1,13 @@
-"""Running independent serving points in parallel with dask.distributed.
+"""Running independent jobs (serving runs, sweep points, stage-table shapes) in parallel, with
+dask.distributed.
 
-Serving runs are plain Python, so threads would share one core; a local cluster of worker
-processes (one thread each) uses them all, and a scheduler address reaches a real cluster.
-Without dask installed, local points run on worker processes of the standard library instead
-(or, with one worker, one after another in this process): the results are the same.
+A serving run holds the interpreter for its setup and its metrics, so threads would share one
+core; a local cluster of worker processes (one thread each) uses them all, and a scheduler
+address reaches a real cluster, whose workers then also time the stage tables (``remote``).
+Without dask installed, local jobs run on worker processes of the standard library instead
+(or, with one worker, one after another in this process): the results are the same. Every
+pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``, which calls ``done(count)``
+as each job finishes, so that progress never waits for a whole round.
 """
 
 from __future__ import annotations
@@ -30,8 +34,18 @@ def dask_available() -> bool:
 class _Here:
     """Runs jobs in this process, one after another."""
 
+    remote = False
+
     def bind(self, function, shared: tuple):
-        return lambda jobs: [function(*shared, *job) for job in jobs]
+        def run(jobs, done=None):
+            out = []
+            for job in jobs:
+                out.append(function(*shared, *job))
+                if done:
+                    done(len(out))
+            return out
+
+        return run
 
     def imap(self, function, jobs):
         """``function(*job)`` of every job, yielded as each finishes."""
@@ -43,20 +57,22 @@ class _Processes:
     """Runs jobs on local worker processes (started fresh, not forked: the parent may hold
     threads)."""
 
+    remote = False
+
     def __init__(self, workers: int):
         self.executor = ProcessPoolExecutor(workers,
                                             mp_context=multiprocessing.get_context("spawn"))
         self.tokens = itertools.count()
 
     def bind(self, function, shared: tuple):
-        """``run(jobs)``: ``function(*shared, *job)`` for every job, results in job order.
-        ``shared`` travels pickled with each job but is unpickled once per worker."""
+        """``run(jobs, done=None)``: ``function(*shared, *job)`` for every job, results in job
+        order. ``shared`` travels pickled with each job but is unpickled once per worker."""
         token = (os.getpid(), next(self.tokens))
         blob = pickle.dumps((function, shared))
 
-        def run(jobs):
+        def run(jobs, done=None):
             futures = [self.executor.submit(_bound_call, token, blob, job) for job in jobs]
-            return [f.result() for f in futures]
+            return gathered(futures, as_completed, done)
 
         return run
 
@@ -85,18 +101,36 @@ def _bound_call(token: tuple, blob: bytes, job: tuple):
     return function(*shared, *job)
 
 
+def gathered(futures: list, completed, done) -> list:
+    """The futures' results in their order, ``done(count)`` told as each finishes; on an error
+    (or Ctrl-C) the others are cancelled."""
+    try:
+        for count, _ in enumerate(completed(futures), 1):
+            if done:
+                done(count)
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+
+
 class _Dask:
-    def __init__(self, client):
+    def __init__(self, client, remote: bool):
         self.client = client
+        self.remote = remote  # a cluster's: its workers time stage tables too
 
     def bind(self, function, shared: tuple):
-        """``run(jobs)``: ``function(*shared, *job)`` for every job on the cluster, results in
-        job order; ``shared`` (large, the same for every job) goes to each worker once."""
+        """``run(jobs, done=None)``: ``function(*shared, *job)`` for every job on the
+        cluster, results in job order; ``shared`` (large, the same for every job) goes to each
+        worker once."""
+        from dask.distributed import as_completed as completed
+
         handles = self.client.scatter(list(shared), broadcast=True)
 
-        def run(jobs):
+        def run(jobs, done=None):
             futures = [self.client.submit(function, *handles, *job, pure=False) for job in jobs]
-            return self.client.gather(futures)
+            return gathered(futures, completed, done)
 
         return run
 
@@ -112,9 +146,9 @@ class _Dask:
 
 @contextmanager
 def point_pool(scheduler: str | None = None, workers: int = 0):
-    """Yields a pool whose ``bind(function, shared)`` gives ``run(jobs)``. ``workers``: local
-    worker processes (0: one per core; 1: no cluster, run here). Connects at once, so that a
-    bad scheduler address fails before any work."""
+    """Yields a pool whose ``bind(function, shared)`` gives ``run(jobs, done=None)``.
+    ``workers``: local worker processes (0: one per core; 1: no cluster, run here). Connects
+    at once, so that a bad scheduler address fails before any work."""
     workers = workers or os.cpu_count() or 1
     if scheduler is None and workers == 1:
         yield _Here()
@@ -147,7 +181,7 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
             "start a local dask cluster"
         raise UserError(f"cannot {what}: {' '.join(str(exc).split())}") from None
     try:
-        yield _Dask(client)
+        yield _Dask(client, remote=scheduler is not None)
     finally:
         client.close()
         if cluster is not None:

@@ -1,11 +1,11 @@
-"""The point pool: every kind gives the same results as running the points here."""
+"""The worker pool: every kind gives the same results as running the points here."""
 
 import operator
 
 import pytest
 
-from wse_emu.runtime import pool as pool_module
-from wse_emu.runtime.pool import point_pool
+from wse_emu.runtime import workers as pool_module
+from wse_emu.runtime.workers import point_pool
 
 
 def test_without_dask_points_run_on_worker_processes(monkeypatch):

@@ -1,0 +1,67 @@
+"""The serving knobs' flags, made from their declarations (``wse_emu.runtime.policies``): one
+flag per knob, named as its parameter (``prefill_tile`` -> ``--prefill-tile``), with its
+declared default and help. ``serve`` takes one value each; ``experiment disagg`` takes the
+values to try, comma-separated, defaulting to the values the declaration tunes. The values are
+checked where they are used (``ServeOptions``, ``Space``); here they are only read."""
+
+from __future__ import annotations
+
+from wse_emu.errors import UserError
+from wse_emu.runtime.knobs import info
+from wse_emu.runtime.policies import POLICIES, knob_fields
+from wse_emu.runtime.serve import ServeOptions
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_serving_args(p) -> None:
+    """One value per knob, the colocated policy, and the prefix cache."""
+    default = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
+    p.add_argument("--policy", default=default.policy, metavar="|".join(POLICIES),
+                   help=f"colocated batching policy (default {default.policy})")
+    for f in knob_fields():
+        p.add_argument(flag(f.name), type=int, default=f.default,
+                       help=f"{info(f).help} (default {f.default})")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="recompute every agentic call's whole context (by default a call "
+                        "reuses its session's KV while it is still cached)")
+
+
+def serving_settings(args) -> dict:
+    """The serving options the flags of ``add_serving_args`` give, by parameter name."""
+    return {"policy": args.policy, "prefix_cache": args.prefix_cache,
+            **{f.name: getattr(args, f.name) for f in knob_fields()}}
+
+
+def add_space_args(p, copies: tuple) -> None:
+    """The values to try of every knob, of the copies per wafer and of the colocated policy;
+    the experiment tunes them one at a time, in this order."""
+    group = p.add_argument_group(
+        "knobs", "values to tune each plan over, comma-separated (one value fixes the knob); "
+        "the knobs are tuned one at a time, in this order, for both plans")
+    group.add_argument("--policy", default=",".join(POLICIES),
+                       help=f"colocated batching policies (default {','.join(POLICIES)})")
+    group.add_argument("--copies", default=",".join(map(str, copies)),
+                       help="copies of the model per wafer, colocated (side by side in column "
+                            f"bands; a model on one wafer only; default "
+                            f"{','.join(map(str, copies))})")
+    for f in knob_fields():
+        tune = ",".join(map(str, info(f).tune))
+        group.add_argument(flag(f.name), default=tune, help=f"{info(f).help} (default {tune})")
+
+
+def space_settings(args) -> dict:
+    """The values to try the flags of ``add_space_args`` give, by parameter name."""
+    return {"policy": tuple(v.strip() for v in args.policy.split(",") if v.strip()),
+            "copies": _ints(args.copies, "copies"),
+            **{f.name: _ints(getattr(args, f.name), f.name) for f in knob_fields()}}
+
+
+def _ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"`{name}` must be comma-separated whole numbers, got {text!r}") \
+            from None

@@ -1,0 +1,86 @@
+"""Pools: what serving needs of a place that runs the model.
+
+A pool has a role (``mixed`` for colocated serving, ``prefill`` or ``decode`` for a split), a
+pipeline of stages with their times by micro-batch shape (``StageTable``s: a prefill tile of
+so many tokens after so many cached, a decode step of so many sequences at a mean context), a
+KV capacity, and the links its KV handoffs use: a transfer to another pool of the same system
+crosses that system's fabric, one to another system leaves over this system's own link and
+arrives over the other's. Serving reads nothing else, so a pool of another kind (an
+accelerator described by measured step times) is one more class with these attributes.
+
+A compiled wafer region is a ``WaferRegion``; ``wafer_pools`` makes them from a program, with
+their stage tables timed once, shared by replicas of one shape, and cached on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from wse_emu.program import WaferProgram
+from wse_emu.runner import signature
+from wse_emu.runtime.tables import StageTable, build_table, grid_axes
+
+ROLES = ("mixed", "prefill", "decode")
+PHASES = {"mixed": ("prefill", "decode"), "prefill": ("prefill",), "decode": ("decode",)}
+
+
+class Pool(Protocol):
+    name: str
+    role: str  # mixed, prefill or decode
+    kv_capacity_tokens: int
+    prefill: StageTable | None  # cycles per stage of a prefill tile (None: no prefill here)
+    decode: StageTable | None  # ... of a decode micro-batch (None: no decode here)
+    system: int  # which system it sits on: its handoffs' links are that system's
+    fabric_bytes_per_cycle: float  # a handoff to a pool of the same system
+    link_bytes_per_cycle: float  # ... to another system, each way, over this system's link
+
+    @property
+    def stages(self) -> int: ...
+
+
+@dataclass
+class WaferRegion:
+    """A compiled wafer region as a pool."""
+
+    name: str
+    role: str
+    kv_capacity_tokens: int
+    prefill: StageTable | None
+    decode: StageTable | None
+    system: int = 0
+    # KV handoffs inside a wafer cross the fabric at the boundary between regions (a link per
+    # row); between wafers they go over the off-wafer links. ``for_fabric`` sets both.
+    fabric_bytes_per_cycle: float = float("inf")
+    link_bytes_per_cycle: float = float("inf")
+
+    @property
+    def stages(self) -> int:
+        return len((self.prefill or self.decode).cycles)
+
+    def for_fabric(self, fabric) -> "WaferRegion":
+        """This region with the handoff rates of ``fabric`` (a FabricSpec)."""
+        self.fabric_bytes_per_cycle = float(fabric.height * fabric.link_bytes_per_cycle)
+        self.link_bytes_per_cycle = fabric.offwafer_bytes_per_cycle()
+        return self
+
+
+def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full",
+                pool=None) -> list[WaferRegion]:
+    """One pair of tables per distinct region (replicas of one shape and role share them),
+    over the micro-batch shapes of ``grid`` ("full", or "quick" for a first look); with
+    ``pool`` (a worker pool, ``workers.point_pool``) the shapes are timed on its workers."""
+    shared: dict[tuple, dict] = {}
+    out = []
+    for r in program.regions:
+        key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
+        if key not in shared:
+            shared[key] = {ph: build_table(program, r.name, ph, axes=grid_axes(grid, ph),
+                                           cache_dir=cache, pool=pool)
+                           for ph in PHASES[r.role]}
+        t = shared[key]
+        out.append(WaferRegion(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
+                               t.get("decode"), system=r.parts[0].system)
+                   .for_fabric(program.fabric))
+    return out
