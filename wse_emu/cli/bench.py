@@ -8,12 +8,8 @@ RSS. Goals are printed beside the measurements, never asserted here.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
-
-from wse_emu.errors import UserError
 
 COMPILE_CASES = [
     {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 1, "plan": "colocated", "goal_s": 2.0},
@@ -128,52 +124,6 @@ def run_sim(repeat: int) -> dict:
             "reference": REFERENCE_FLIT_SIMULATOR}
 
 
-SERVE_CHILD = r"""
-import json, resource, sys, time
-from pathlib import Path
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
-from wse_emu.runtime.pools import wafer_pools
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import load_model
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.workload import WorkloadSpec, generate
-case = json.loads(sys.argv[1])
-program = compile_model(load_model(case["model"]),
-                        ClusterSpec(load_fabric(case["fabric"]), case["systems"]),
-                        CompileOptions())
-began = time.perf_counter()
-regions = wafer_pools(program, Path(case["cache_dir"]))
-tables_s = time.perf_counter() - began
-reqs = generate(WorkloadSpec(name="trace", arrival="trace", trace=case["trace"],
-                             requests=10**9).validate("bench"))
-began = time.perf_counter()
-result = serve(reqs, regions, ServeOptions.of(program.fabric, program.model))
-print(json.dumps({"seconds": time.perf_counter() - began, "tables_seconds": tables_s,
-                  "requests": len(reqs), "output_tokens": int(result.tokens.sum()),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
-    "azure2023_conv.csv"
-
-
-def run_serve(args) -> dict:
-    trace = Path(args.trace) if args.trace else DEFAULT_TRACE
-    if not trace.exists():
-        raise UserError(f"no trace at {trace}: give one with --trace")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    case = {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 4, "trace": str(trace),
-            "cache_dir": str(Path(base) / "wse-emu")}
-    # The first run builds and caches the stage tables; the measured one reads them back.
-    _child(SERVE_CHILD, case)
-    measured = _child(SERVE_CHILD, case)
-    goal = 30.0
-    return {"benchmark": "serve", "case": {k: v for k, v in case.items() if k != "cache_dir"},
-            **measured, "goal": {"seconds": goal, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
-            "goal_met": measured["seconds"] < goal
-            and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
-
-
 VIZ_CHILD = r"""
 import json, resource, sys, tempfile, time
 from pathlib import Path
@@ -263,18 +213,20 @@ def run_functional(repeat: int) -> dict:
 
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("bench", help=summary)
-    p.add_argument("target", choices=["compile", "sim", "serve", "viz", "functional", "kernels"],
-                   help="what to benchmark")
-    p.add_argument("--trace", help="serve: the conversation trace CSV (default: the project's "
-                   "shared traces folder beside the repository)")
+    p.add_argument("target", choices=["compile", "sim", "serve", "experiment", "viz",
+                                       "functional", "kernels"], help="what to benchmark")
+    p.add_argument("--trace", help="serve and experiment: the conversation trace CSV (default: "
+                   "the project's shared traces folder beside the repository)")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")
     p.add_argument("--json", action="store_true", help="accepted for symmetry; output is JSON")
     p.set_defaults(func=run, always_json=True)
 
 
 def run(args) -> dict:
-    if args.target == "serve":
-        return run_serve(args)
+    if args.target in ("serve", "experiment"):
+        from wse_emu.cli.bench_serving import run_experiment, run_serve
+
+        return run_serve(args) if args.target == "serve" else run_experiment(args)
     if args.target == "sim":
         return run_sim(max(1, args.repeat))
     if args.target == "viz":

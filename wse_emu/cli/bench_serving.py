@@ -1,0 +1,148 @@
+"""``wse-emu bench serve`` and ``wse-emu bench experiment``: what serving costs.
+
+``serve`` times the serving loop on the 19,366-request conversation trace, Llama-3.1-8B on one
+WSE-3, its stage tables cached (the first child process times and caches them; the measured
+one reads them back), for every colocated policy. ``experiment`` runs the README's one-wafer
+chat-trace experiment at one TPOT target with three draws as the command line does, first
+with no stage table cached (a fresh cache folder), then again with them cached, and reports
+each run's wall time and the largest resident memory of any of its processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from wse_emu.errors import UserError
+
+SERVE_CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+from compiler.mapper import compile_model
+from compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.model import load_model
+from wse_emu.runtime.pools import wafer_pools
+from wse_emu.runtime.serve import ServeOptions, serve
+from wse_emu.runtime.workload import WorkloadSpec, generate
+case = json.loads(sys.argv[1])
+program = compile_model(load_model(case["model"]),
+                        ClusterSpec(load_fabric(case["fabric"]), case["systems"]),
+                        CompileOptions())
+began = time.perf_counter()
+pools = wafer_pools(program, Path(case["cache_dir"]))
+tables_s = time.perf_counter() - began
+reqs = generate(WorkloadSpec(name="trace", arrival="trace", trace=case["trace"],
+                             requests=10**9).validate("bench"))
+policies = {}
+for policy in case["policies"]:
+    options = ServeOptions.of(program.fabric, program.model, policy=policy)
+    serve(reqs, pools, options)  # the loop loaded from numba's cache (or compiled) and warm
+    times = []
+    for _ in range(case["repeat"]):
+        began = time.perf_counter()
+        result = serve(reqs, pools, options)
+        times.append(time.perf_counter() - began)
+    policies[policy] = {"seconds": min(times), "seconds_all": times,
+                        "output_tokens": int(result.tokens.sum())}
+print(json.dumps({"policies": policies, "tables_seconds": tables_s, "requests": len(reqs),
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
+    "azure2023_conv.csv"
+SERVE_GOAL_S = 0.5  # the whole trace served, once its tables are cached
+EXPERIMENT_GOALS_S = {"cold": 15 * 60.0, "cached": 5 * 60.0}
+PEAK_MEMORY_GOAL_MIB = 4096
+
+
+def _trace(args) -> Path:
+    trace = Path(args.trace) if args.trace else DEFAULT_TRACE
+    if not trace.exists():
+        raise UserError(f"no trace at {trace}: give one with --trace")
+    return trace
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "wse-emu"
+
+
+def run_serve(args) -> dict:
+    from wse_emu.runtime.policies import POLICIES
+
+    case = {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 1,
+            "trace": str(_trace(args)), "cache_dir": str(_cache_dir()),
+            "policies": list(POLICIES), "repeat": max(1, args.repeat)}
+    _child(SERVE_CHILD, {**case, "policies": case["policies"][:1], "repeat": 1})
+    measured = _child(SERVE_CHILD, case)
+    headline = measured["policies"][case["policies"][0]]["seconds"]
+    return {"benchmark": "serve",
+            "case": {k: v for k, v in case.items() if k not in ("cache_dir", "repeat")},
+            "what": "wall time of serve() on the whole trace (the compiled loop, with its "
+                    "state made and its result read back), the fastest of --repeat runs",
+            "seconds": headline, **measured,
+            "goal": {"seconds": SERVE_GOAL_S, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
+            "goal_met": headline < SERVE_GOAL_S
+            and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
+
+
+def experiment_command(trace: Path, cache_dir: Path) -> list[str]:
+    """The README's one-wafer chat-trace experiment at one target, three draws."""
+    return [sys.executable, "-m", "wse_emu.cli.main", "--quiet", "experiment", "disagg",
+            "llama-3.1-8b", "--fabric", "wse3", "--trace", str(trace), "--ttft-slo", "1",
+            "--tpot-slo", "0.005", "--seeds", "3", "--cache-dir", str(cache_dir), "--json"]
+
+
+def run_experiment(args) -> dict:
+    trace = _trace(args)
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="wse-emu-bench-") as fresh:
+        for kind in ("cold", "cached"):
+            runs[kind] = _timed(experiment_command(trace, Path(fresh)))
+    report = runs["cached"].pop("report")
+    runs["cold"].pop("report")
+    comparison = report.get("comparison", {})
+    return {"benchmark": "experiment", "command": " ".join(experiment_command(
+                trace, Path("CACHE"))[2:]).replace("wse_emu.cli.main", "wse-emu"),
+            "runs": runs, "goodput_ratio": comparison.get("goodput_ratio"),
+            "over_replicates": report.get("over_replicates", {}).get("goodput_ratio"),
+            "goal": {**{f"{k}_seconds": v for k, v in EXPERIMENT_GOALS_S.items()},
+                     "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
+            "goal_met": all(runs[k]["seconds"] < EXPERIMENT_GOALS_S[k]
+                            and runs[k]["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB for k in runs)}
+
+
+# Runs a command and reports its wall time and the largest resident memory of any process of
+# its tree (each worker was waited for by its own parent, so it counts): a bound on each
+# process, not their sum. A process of its own, so that one run's peak is not another's.
+TIMED_CHILD = r"""
+import json, resource, subprocess, sys, time
+began = time.perf_counter()
+proc = subprocess.run(json.loads(sys.argv[1]), capture_output=True, text=True, check=False)
+print(json.dumps({"seconds": time.perf_counter() - began, "returncode": proc.returncode,
+                  "stderr": proc.stderr[-2000:], "stdout": proc.stdout,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                  / 1024}))
+"""
+
+
+def _timed(command: list[str]) -> dict:
+    """``command`` (its JSON report on stdout) run to its end: its wall time, the largest
+    resident memory of its processes, and its report."""
+    run = _child(TIMED_CHILD, command)
+    if run["returncode"] != 0:
+        raise RuntimeError(f"benchmark command failed:\n{run['stderr']}")
+    return {"seconds": run["seconds"], "peak_rss_mib": run["peak_rss_mib"],
+            "report": json.loads(run["stdout"])}
+
+
+def _child(script: str, payload) -> dict:
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(payload)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark case {payload} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
