@@ -184,7 +184,7 @@ def _line(st, t, a, dest):
                                            - st.lines[dest + j * k + e]) if j < yn - 1 else 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _cell(st, t, a, b):
     """Where table ``t`` is read at (``a``, ``b``): the line at ``a`` (made when first needed)
     and its steps, at the interval of axis1 holding ``b``; the position in that interval; and
@@ -298,7 +298,7 @@ def _make_room(st, r, tokens, spare) -> bool:
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _release(st, r, i, held, cached, now) -> None:
     """Request ``i`` leaves region ``r``: its ``held`` KV tokens are freed, ``cached`` of them
     kept for the session's next call."""
@@ -351,10 +351,12 @@ def batch_size(st, r, limit) -> int:
     micro-batches as the pipeline has stages, at most ``limit``."""
     decoding = st.rq_len[r] + st.in_flight[r]
     stages = st.stages[r]
-    return max(1, min(limit, (decoding + stages - 1) // stages))
+    if decoding <= stages:  # the common case, without a division
+        return 1
+    return min(limit, (decoding + stages - 1) // stages)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def admit(st, r, i, now) -> bool:
     """Admit request ``i``, at the head of region ``r``'s queue, if its KV fits (giving up
     cached KV if need be) and the running cap allows, timing its wait otherwise. Its prompt
@@ -408,7 +410,7 @@ def _note(st, r, d, p, label) -> None:
     st.ev_n[r] = n + st.stages[r]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pass(st, r, enter, d, p, label) -> float:
     """Put a micro-batch through region ``r``: a decode step read at cell ``d`` of its decode
     table and a prefill read at cell ``p`` of its prefill table (either may be ``NO_CELL``).
@@ -470,7 +472,7 @@ def _pass(st, r, enter, d, p, label) -> float:
     return t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def send(st, r, now, sequences, i, tokens) -> None:
     """Start one micro-batch on region ``r``: a decode step of the next ``sequences`` ready
     sequences (0: none) and ``tokens`` of admitted prompt ``i``'s next tokens (-1: none)."""
@@ -533,7 +535,7 @@ def send(st, r, now, sequences, i, tokens) -> None:
             _schedule(st, done, PREFILLED, i, r, 0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def send_decode(st, r, now, limit) -> bool:
     """A decode micro-batch of the ready sequences, at most ``limit``, if any."""
     if st.rq_len[r] == 0 or st.dtab[r] < 0:
