@@ -230,13 +230,6 @@ def _workload(workload, trace, rate, requests) -> WorkloadSpec:
         positive("rate", rate)
     if requests is not None:
         whole("requests", requests, 1)
-    if isinstance(workload, WorkloadSpec):
-        spec = replace(workload)
-        if rate is not None:
-            spec.rate = rate
-        if requests is not None:
-            spec.requests = requests
-        return spec.validate(f"workload {spec.name}")
     return workload_spec(workload, trace, rate, requests)
 
 

@@ -54,7 +54,8 @@ _FIELDS = {
     "ctx": np.int64, "since": np.float64,  # a ready sequence's context and since when
     "nxt": np.int64,  # the next sequence in its region's ready or in-flight list
     "pnext": np.int64,  # the next prompt in its region's queue
-    "hnext": np.int64, "hsrc": np.int64,  # the next finished prompt waiting for a handoff
+    "hnext": np.int64, "hsrc": np.int64,  # a finished prompt's next in the handoff queue,
+    # and the region it waits in
     # per region
     "role": np.int64, "cap": np.int64, "system": np.int64, "stages": np.int64,
     "rank": np.int64, "ptab": np.int64, "dtab": np.int64, "maxrun": np.int64,
@@ -91,7 +92,9 @@ _FIELDS = {
     "ev_stage": np.int64, "ev_start": np.float64, "ev_end": np.float64, "ev_label": np.int64,
     # the events one handled event schedules (four numbers a row), counters, parameters
     "out_t": np.float64, "out_d": np.int64,
-    "counts": np.int64,  # gaps, trace entries, events scheduled, handoff head/tail/length
+    # the finished prompts waiting for a handoff, in order (one queue)
+    "hq_head": np.int64, "hq_tail": np.int64, "hq_len": np.int64,
+    "counts": np.int64,  # gaps, trace entries, events scheduled
     "params": np.int64,  # caching (0/1), timeline events kept, regions, the rows' widths
     "fparams": np.float64,  # KV bytes per token, when the handoff at the queue's head
     # began waiting (NaN: it is not waiting)
@@ -100,7 +103,7 @@ _FIELDS = {
 _MATRICES = ("free", "starts", "c_call", "c_tok", "c_prev", "c_next", "link_free", "ev_stage",
              "ev_start", "ev_end", "ev_label", "out_d")
 # counts[...], params[...], fparams[...]
-GAPS, TRACE, OUT, H_HEAD, H_TAIL, H_LEN = range(6)
+GAPS, TRACE, OUT = range(3)
 CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS = range(6)
 KV_BYTES, HEAD_BLOCKED = range(2)
 # The field that carries this file's digest into the state's type (see the module's notes).
@@ -547,47 +550,32 @@ def send_decode(st, r, now, limit) -> bool:
 # --- the loop's own bookkeeping --------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def _make_ready(st, r, i, context, now) -> None:
-    st.ctx[i] = context
-    st.since[i] = now
-    st.nxt[i] = -1
-    if st.rq_len[r] > 0:
-        st.nxt[st.rq_tail[r]] = i
+def _enqueue(link, head, tail, length, q, i) -> None:
+    """Append ``i`` to queue ``q`` of a set of queues kept as linked lists: ``link[i]`` the
+    next in line, ``head[q]``, ``tail[q]``, ``length[q]`` each queue's ends and length."""
+    link[i] = -1
+    if length[q] > 0:
+        link[tail[q]] = i
     else:
-        st.rq_head[r] = i
-    st.rq_tail[r] = i
-    st.rq_len[r] += 1
+        head[q] = i
+    tail[q] = i
+    length[q] += 1
 
 
 @njit(cache=True, inline="always")
-def _queue_prompt(st, r, i) -> None:
-    st.pnext[i] = -1
-    if st.pq_len[r] > 0:
-        st.pnext[st.pq_tail[r]] = i
-    else:
-        st.pq_head[r] = i
-    st.pq_tail[r] = i
-    st.pq_len[r] += 1
-
-
-@njit(cache=True)
-def _queue_handoff(st, i, src) -> None:
-    st.hnext[i] = -1
-    st.hsrc[i] = src
-    if st.counts[H_LEN] > 0:
-        st.hnext[st.counts[H_TAIL]] = i
-    else:
-        st.counts[H_HEAD] = i
-    st.counts[H_TAIL] = i
-    st.counts[H_LEN] += 1
+def _make_ready(st, r, i, context, now) -> None:
+    """Sequence ``i`` waits on region ``r`` to send its next token, at ``context``."""
+    st.ctx[i] = context
+    st.since[i] = now
+    _enqueue(st.nxt, st.rq_head, st.rq_tail, st.rq_len, r, i)
 
 
 @njit(cache=True)
 def _start_handoffs(st, now) -> None:
     """Finished prompts, in order, move to the decode region with room for their whole KV
     that holds the least, over the links their transfer needs, one transfer after another."""
-    while st.counts[H_LEN] > 0:
-        i = st.counts[H_HEAD]
+    while st.hq_len[0] > 0:
+        i = st.hq_head[0]
         src = st.hsrc[i]
         best = -1
         for q in range(st.params[REGIONS]):
@@ -605,8 +593,8 @@ def _start_handoffs(st, now) -> None:
         if not np.isnan(st.fparams[HEAD_BLOCKED]):
             st.kv_blocked[src] += now - st.fparams[HEAD_BLOCKED]
             st.fparams[HEAD_BLOCKED] = np.nan
-        st.counts[H_HEAD] = st.hnext[i]
-        st.counts[H_LEN] -= 1
+        st.hq_head[0] = st.hnext[i]
+        st.hq_len[0] -= 1
         hold(st, best, st.need[i], now)
         st.running[best] += 1
         sender, receiver = st.system[src], st.system[best]
@@ -746,7 +734,7 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
                         _schedule(st, now + st.think[nxt], ARRIVE, nxt, 0, 0)
                 else:
                     _make_ready(st, r, i, st.ctx[i] + 1, now)
-            if st.counts[H_LEN] > 0:
+            if st.hq_len[0] > 0:
                 _start_handoffs(st, now)  # KV room may have been freed
             kick = r
         elif kind == ARRIVE:
@@ -774,7 +762,7 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
                     if lq < lh or (lq == lh and (fq < fh or (fq == fh
                                                             and st.rank[q] < st.rank[home]))):
                         home = q
-            _queue_prompt(st, home, i)
+            _enqueue(st.pnext, st.pq_head, st.pq_tail, st.pq_len, home, i)
             kick = home
         elif kind == DISPATCH_EVENT:
             r = a
@@ -811,7 +799,8 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
                 st.where[i] = r
                 kick = r
             else:  # its KV moves to a decode region once one has room
-                _queue_handoff(st, i, r)
+                st.hsrc[i] = r
+                _enqueue(st.hnext, st.hq_head, st.hq_tail, st.hq_len, 0, i)
                 _start_handoffs(st, now)
         else:  # JOINED: the transfer is done
             i, q, src = a, b, c

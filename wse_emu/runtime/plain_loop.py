@@ -469,3 +469,21 @@ class Simulation:
             return False
         self.send(r, now, min(self.batch_size(r, limit), len(r.queues.ready)), -1, 0)
         return True
+
+
+def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -> tuple:
+    """Serve on this loop: the fields of ``serve.LoopOutput``. ``policies``: each role's
+    policy; ``caching``: whether the prefix cache is kept."""
+    regions = [RegionState(k, p, policies[p.role], options.timeline_events)
+               for k, p in enumerate(pools)]
+    sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching)
+    sim.run()
+    gaps = np.array(sim.gaps, dtype=np.float64).reshape(-1, 2)
+    per_region = [(r.counters, r.kv.used, r.kv.trace, r.pipeline.events) for r in regions]
+    stats = [{"busy_prefill": c.busy_prefill, "busy_decode": c.busy_decode,
+              "decoded": c.decoded, "stall": c.stall, "work": c.work,
+              "kv_blocked": c.kv_blocked, "reused": c.reused, "kv_used": used,
+              "trace": trace, "events": events}
+             for c, used, trace, events in per_region]
+    return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,
+            gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats)

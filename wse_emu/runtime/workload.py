@@ -151,15 +151,17 @@ def workload_from_dict(data: dict, source: str) -> WorkloadSpec:
     return build_dataclass(WorkloadSpec, data, source, skip=("version",)).validate(source)
 
 
-def workload_spec(workload: str | None = None, trace: str | Path | None = None,
-                  rate: float | None = None, requests: int | None = None) -> WorkloadSpec:
-    """A workload preset or YAML, or the replay of a trace CSV; ``rate`` overrides a preset's
-    rate, or speeds a trace up; ``requests`` keeps the first so many (sessions)."""
+def workload_spec(workload: "str | WorkloadSpec | None" = None,
+                  trace: str | Path | None = None, rate: float | None = None,
+                  requests: int | None = None) -> WorkloadSpec:
+    """A workload (a preset, a YAML or a WorkloadSpec, copied), or the replay of a trace CSV;
+    ``rate`` overrides a preset's rate, or speeds a trace up; ``requests`` keeps the first so
+    many (sessions)."""
     if trace:
         return WorkloadSpec(name=Path(trace).stem, arrival="trace", trace=str(trace),
                             requests=requests or 10**9,
                             rate_scale=rate or 1.0).validate(f"trace {trace}")
-    spec = load_workload(workload)
+    spec = replace(workload) if isinstance(workload, WorkloadSpec) else load_workload(workload)
     if rate is not None:
         spec.rate = rate
     if requests is not None:
