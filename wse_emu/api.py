@@ -20,7 +20,7 @@ from pathlib import Path
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from compiler.partition import disaggregated_splits, wafers_needed
-from wse_emu.checks import is_number, positive, short_repr, whole
+from wse_emu.checks import is_number, one_of, positive, short_repr, whole
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.model import ModelSpec, formats_text, load_model, stored_as
@@ -41,7 +41,13 @@ from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pools import wafer_pools
 from wse_emu.runtime.sensitivity import parse_vary
-from wse_emu.runtime.serve import ServeOptions, ServeResult, kv_shortfall, setting_names
+from wse_emu.runtime.serve import (
+    LOOPS,
+    ServeOptions,
+    ServeResult,
+    kv_shortfall,
+    setting_names,
+)
 from wse_emu.runtime.serve import serve as serve_requests
 from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout
@@ -121,6 +127,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     command line prints (with the targets, the attainment)."""
     spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
                          tpot_s=tpot_s, **options)
+    one_of("loop", loop, LOOPS)
     settings = ServeOptions.of(program.fabric, program.model, **options)
     reqs = generate_requests(spec)
     short = kv_shortfall(reqs, program.regions)

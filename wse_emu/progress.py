@@ -26,6 +26,7 @@ class _Reporter:
         self.printed = self.started  # when the last plain line went out
         self.shown = ""  # the status line on the terminal, if any
         self.latest = ""  # the latest status, for the heartbeat
+        self.last_line = ""  # the status the last plain line showed
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
@@ -45,14 +46,14 @@ class _Reporter:
     def _line(self, text: str, again: bool = False) -> None:
         now = time.monotonic()
         if now - self.printed >= PERIOD_S:
-            note = " (still at it)" if again else ""
-            print(f"[{duration(now - self.started)}] {text}{note}", file=sys.stderr,
-                  flush=True)
+            note = " (still at it)" if again and text == self.last_line else ""
+            print(f"[{clock(now - self.started)}] {text}{note}", file=sys.stderr, flush=True)
             self.printed = now
+            self.last_line = text
 
     def beat(self) -> None:
-        """Every second: the latest status again, if no line went out for ``PERIOD_S``."""
-        while not self.stop.wait(1.0):
+        """The latest status again whenever no line went out for ``PERIOD_S``."""
+        while not self.stop.wait(min(1.0, PERIOD_S / 2) or 0.05):
             if self.silent or not self.latest or sys.stderr.isatty():
                 continue
             with self.lock:
@@ -109,6 +110,13 @@ class Phase:
         filled = int(round(share * BAR))
         status(f"{self.label} [{'#' * filled}{'.' * (BAR - filled)}] {self.count}/{self.total}"
                f", about {duration(left)} left")
+
+
+def clock(seconds: float) -> str:
+    """Time elapsed, as a log line starts: ``42 s``, ``9 min 03 s``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
 
 
 def duration(seconds: float) -> str:

@@ -62,9 +62,9 @@ def check_values(name: str, knob_info: KnobInfo, values) -> tuple:
     """A search space's values of one knob: one or more, each valid, duplicates dropped."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise UserError(f"`{name}` must be a sequence of values, got {short_repr(values)}")
-    values = tuple(dict.fromkeys(values))
+    values = tuple(values)
     if not values:
         raise UserError(f"`{name}` needs at least one value")
     for value in values:
         check_value(name, knob_info, value)
-    return values
+    return tuple(dict.fromkeys(values))
