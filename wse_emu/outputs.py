@@ -132,7 +132,7 @@ def write_serve_outputs(directory: Path, result, requests, data: dict,
         w = csv.writer(fh)
         w.writerow(["region", "time_s", "kv_tokens"])
         for name, trace in result.kv_traces.items():
-            w.writerows([name, t / result.clock_hz, k] for t, k in trace)
+            w.writerows([name, t / result.clock_hz, int(k)] for t, k in trace.tolist())
 
 
 def save_logits(path: str, logits: np.ndarray) -> None:

@@ -4,10 +4,11 @@ the plain loop in ``plain_loop.py``, on arrays instead of objects.
 Everything the loop changes lives in one state of arrays (a region's queues as linked lists
 through per-request arrays, its prefix cache as a least-recently-used list over sessions, the
 stage tables packed end to end). ``LoopArrays`` holds them on the Python side; the compiled
-code sees one ``LoopState`` structure of their data pointers, passed by reference. (A tuple of
-a hundred arrays would be copied into every call, and a structure of arrays would count a
-reference at every read.) Two-dimensional arrays are read row-major: row ``r`` of ``free``
-starts at ``r * params[WIDTH]``.
+code sees a ``LoopState``: a pointer to a structure of their data pointers, made on the loop's
+stack. (A tuple of a hundred arrays would be copied into every call, a structure of arrays
+would count a reference at every read, and one counted by reference at every call.)
+Two-dimensional arrays are read row-major: row ``r`` of ``free`` starts at
+``r * params[WIDTH]``.
 
 A policy's compiled dispatch is a function of (state, region, now, knobs) with the signature
 ``DISPATCH``, handed to the loop as a first-class function, so that the loop never names a
@@ -31,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 from numba import njit, typeof, types
-from numba.core.extending import intrinsic
-from numba.experimental import structref
+from numba.core import cgutils
+from numba.core.extending import intrinsic, lower_getattr_generic, models, register_model
+from numba.core.typing.templates import AttributeTemplate, infer_getattr
 
 # Region roles and event kinds, as the arrays hold them.
 MIXED, PREFILL, DECODE = 0, 1, 2
@@ -76,6 +78,7 @@ _FIELDS = {
     "lz_p0": np.int64, "lz_p1": np.int64, "lz_pf": np.float64, "lz_pc": np.int64,
     # per region and stage (row width params[WIDTH])
     "free": np.float64, "starts": np.float64,
+    "times": np.float64,  # the stages' times of the micro-batch going through (scratch)
     # per region and session: the prefix cache (call -1: nothing cached; params[SESSIONS])
     "c_call": np.int64, "c_tok": np.int64, "c_prev": np.int64, "c_next": np.int64,
     # the stage tables, packed: axes, grids (axis0 x axis1 x vector), lines kept by axis0
@@ -92,6 +95,8 @@ _FIELDS = {
     "ev_stage": np.int64, "ev_start": np.float64, "ev_end": np.float64, "ev_label": np.int64,
     # the events one handled event schedules (four numbers a row), counters, parameters
     "out_t": np.float64, "out_d": np.int64,
+    # the event heap: times, sequence numbers, and four numbers an event (params[HEAP] room)
+    "ht": np.float64, "hs": np.int64, "hd": np.int64,
     # the finished prompts waiting for a handoff, in order (one queue)
     "hq_head": np.int64, "hq_tail": np.int64, "hq_len": np.int64,
     "counts": np.int64,  # gaps, trace entries, events scheduled
@@ -104,7 +109,7 @@ _MATRICES = ("free", "starts", "c_call", "c_tok", "c_prev", "c_next", "link_free
              "ev_start", "ev_end", "ev_label", "out_d")
 # counts[...], params[...], fparams[...]
 GAPS, TRACE, OUT = range(3)
-CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS = range(6)
+CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP = range(7)
 KV_BYTES, HEAD_BLOCKED = range(2)
 # The field that carries this file's digest into the state's type (see the module's notes).
 _DIGEST = "source_" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
@@ -119,37 +124,62 @@ def new_state(shapes: dict) -> LoopArrays:
                       np.zeros(1, dtype=np.int64))
 
 
-@structref.register
-class LoopStateType(types.StructRef):
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+class LoopStateType(types.Type):
+    """The compiled code's handle on a ``LoopArrays``: a pointer to a structure of their data
+    pointers, read by field name (``st.free``). A plain pointer, so that no reference is
+    counted when it is passed to a policy's dispatch (a structure counted by reference was
+    a sixth of the loop's time). Its name carries this file's digest (the module's notes)."""
+
+    def __init__(self):
+        super().__init__(name="LoopState_" + _DIGEST)
 
 
-class LoopState(structref.StructRefProxy):
-    """The compiled code's view of a ``LoopArrays``: their data pointers."""
-
-
-structref.define_proxy(LoopState, LoopStateType, list(LoopArrays._fields))
 ARRAYS = typeof(new_state({}))
-STATE = LoopStateType([(name, types.CPointer(typeof(value).dtype)) for name, value in
-                       new_state({})._asdict().items()])
+_POINTERS = types.Tuple([types.CPointer(t.dtype) for t in ARRAYS.types])
+_FIELD_INDEX = {name: k for k, name in enumerate(LoopArrays._fields)}
+STATE = LoopStateType()
+
+
+@register_model(LoopStateType)
+class _LoopStateModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, dmm.lookup(_POINTERS).get_value_type().as_pointer())
+
+
+@infer_getattr
+class _LoopStateFields(AttributeTemplate):
+    key = LoopStateType
+
+    def generic_resolve(self, typ, attr):
+        if attr in _FIELD_INDEX:
+            return _POINTERS.types[_FIELD_INDEX[attr]]
+        return None
+
+
+@lower_getattr_generic(LoopStateType)
+def _field(context, builder, typ, value, attr):
+    return builder.load(cgutils.gep_inbounds(builder, value, 0, _FIELD_INDEX[attr]))
+
+
+@intrinsic
+def _state_of(typingctx, arrays):
+    """The state's handle on ``arrays``: their data pointers, on the caller's stack (so only
+    while the caller runs, and ``arrays`` must outlive it)."""
+    def codegen(context, builder, signature, args):
+        data = [context.make_array(t)(context, builder, builder.extract_value(args[0], k)).data
+                for k, t in enumerate(arrays.types)]
+        pointers = context.make_tuple(builder, _POINTERS, data)
+        slot = cgutils.alloca_once(builder, pointers.type)
+        builder.store(pointers, slot)
+        return slot
+    return STATE(arrays), codegen
+
+
 KNOBS = types.int64[::1]
 # A policy's compiled dispatch: start the next micro-batch on region r at ``now`` if there is
 # one, saying whether it did.
 DISPATCH = types.boolean(STATE, types.int64, types.float64, KNOBS)
 DISPATCH_FUNCTION = types.FunctionType(DISPATCH)
-
-
-@intrinsic
-def _pointers(typingctx, arrays):
-    """The data pointers of a tuple of arrays (which must outlive their use)."""
-    result = types.Tuple([types.CPointer(t.dtype) for t in arrays.types])
-
-    def codegen(context, builder, signature, args):
-        data = [context.make_array(t)(context, builder, builder.extract_value(args[0], k)).data
-                for k, t in enumerate(arrays.types)]
-        return context.make_tuple(builder, result, data)
-    return result(arrays), codegen
 
 
 # --- interpolation of the stage tables (as StageTable.vector does it) -----------------------
@@ -446,29 +476,40 @@ def _pass(st, r, enter, d, p, label) -> float:
     # Stage by stage (the recurrence of ``flowshop.advance``), the lone micro-batch ahead of
     # it, if there is one, worked out alongside (as ``plain_loop.Pipeline.work_out``: the
     # recurrence on an idle pipeline, its last stage keeping the closed form's time).
-    lone = st.lz_on[r] != 0
-    ld = (st.lz_d0[r], st.lz_d1[r], st.lz_df[r], st.lz_dc[r] != 0)
-    lp = (st.lz_p0[r], st.lz_p1[r], st.lz_pf[r], st.lz_pc[r] != 0)
-    lone_hop = _stage(lines, ld, lp, stages) / max(stages - 1, 1) if lone else 0.0
     free, starts = st.free, st.starts
     t = enter
-    ahead = st.lz_enter[r]
-    last = free[w + stages - 1]
-    for s in range(stages):
-        if s:
-            t += hop
-        if lone:
+    if st.lz_on[r] == 0:
+        # The stages' times first, so that the recurrence's chain of additions and maxima
+        # is all that is left in its loop.
+        times = st.times
+        for s in range(stages):
+            times[s] = _stage(lines, d, p, s)
+        for s in range(stages):
             if s:
+                t += hop
+            f = free[w + s]
+            if f > t:
+                t = f
+            starts[w + s] = t
+            t += times[s]
+            free[w + s] = t
+    else:
+        ld = (st.lz_d0[r], st.lz_d1[r], st.lz_df[r], st.lz_dc[r] != 0)
+        lp = (st.lz_p0[r], st.lz_p1[r], st.lz_pf[r], st.lz_pc[r] != 0)
+        lone_hop = _stage(lines, ld, lp, stages) / max(stages - 1, 1)
+        ahead = st.lz_enter[r]
+        last = free[w + stages - 1]
+        for s in range(stages):
+            if s:
+                t += hop
                 ahead += lone_hop
             ahead += _stage(lines, ld, lp, s)
             f = ahead if s < stages - 1 else last
-        else:
-            f = free[w + s]
-        if f > t:
-            t = f
-        starts[w + s] = t
-        t += _stage(lines, d, p, s)
-        free[w + s] = t
+            if f > t:
+                t = f
+            starts[w + s] = t
+            t += _stage(lines, d, p, s)
+            free[w + s] = t
     st.lz_on[r] = 0
     if st.ev_n[r] < st.params[MAX_EVENTS]:
         _note(st, r, d, p, label)
@@ -632,10 +673,10 @@ def _push(ht, hs, hd, n, t, s, kind, a, b, c) -> None:
             break
         ht[k], hs[k] = ht[parent], hs[parent]
         for f in range(4):
-            hd[k, f] = hd[parent, f]
+            hd[4 * k + f] = hd[4 * parent + f]
         k = parent
     ht[k], hs[k] = t, s
-    hd[k, 0], hd[k, 1], hd[k, 2], hd[k, 3] = kind, a, b, c
+    hd[4 * k], hd[4 * k + 1], hd[4 * k + 2], hd[4 * k + 3] = kind, a, b, c
 
 
 @njit(cache=True, inline="always")
@@ -643,7 +684,7 @@ def _pop(ht, hs, hd, n) -> None:
     """Remove the first of ``n`` events (the caller has read it)."""
     n -= 1
     t, s = ht[n], hs[n]
-    d0, d1, d2, d3 = hd[n, 0], hd[n, 1], hd[n, 2], hd[n, 3]
+    d0, d1, d2, d3 = hd[4 * n], hd[4 * n + 1], hd[4 * n + 2], hd[4 * n + 3]
     k = 0
     while True:
         child = 2 * k + 1
@@ -655,22 +696,10 @@ def _pop(ht, hs, hd, n) -> None:
             break
         ht[k], hs[k] = ht[child], hs[child]
         for f in range(4):
-            hd[k, f] = hd[child, f]
+            hd[4 * k + f] = hd[4 * child + f]
         k = child
     ht[k], hs[k] = t, s
-    hd[k, 0], hd[k, 1], hd[k, 2], hd[k, 3] = d0, d1, d2, d3
-
-
-@njit(cache=True)
-def _grown(ht, hs, hd, cap):
-    """The heap's arrays at twice the room."""
-    t2 = np.empty(2 * cap)
-    s2 = np.empty(2 * cap, dtype=np.int64)
-    d2 = np.empty((2 * cap, 4), dtype=np.int64)
-    t2[:cap] = ht
-    s2[:cap] = hs
-    d2[:cap] = hd
-    return t2, s2, d2, 2 * cap
+    hd[4 * k], hd[4 * k + 1], hd[4 * k + 2], hd[4 * k + 3] = d0, d1, d2, d3
 
 
 # --- the loop ---------------------------------------------------------------------------------
@@ -679,12 +708,10 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
     """Serve every request; returns the number of events handled. ``mixed``, ``prefill``,
     ``decode``: each role's dispatch, with its knobs ``k_...``; ``arr_t``, ``arr_s``,
     ``arr_i``: the first calls' arrival times, sequence numbers and requests, in order of
-    (time, sequence number)."""
-    st = LoopState(*_pointers(arrays))
-    cap = 64
-    ht = np.empty(cap)
-    hs = np.empty(cap, dtype=np.int64)
-    hd = np.empty((cap, 4), dtype=np.int64)
+    (time, sequence number). Returns -1 if the heap ran out of room (``params[HEAP]``)."""
+    st = _state_of(arrays)
+    ht, hs, hd = st.ht, st.hs, st.hd
+    cap = st.params[HEAP]
     n = 0
     seq = len(arr_t)  # the first calls took the numbers before
     ap = 0
@@ -702,7 +729,7 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
             now, kind, a, b, c = arr_t[ap], ARRIVE, arr_i[ap], 0, 0
             ap += 1
         elif n > 0:
-            now, kind, a, b, c = ht[0], hd[0, 0], hd[0, 1], hd[0, 2], hd[0, 3]
+            now, kind, a, b, c = ht[0], hd[0], hd[1], hd[2], hd[3]
             _pop(ht, hs, hd, n)
             n -= 1
         else:
@@ -821,7 +848,7 @@ def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, a
             continue
         for e in range(st.counts[OUT]):
             if n == cap:
-                ht, hs, hd, cap = _grown(ht, hs, hd, cap)
+                return -1
             _push(ht, hs, hd, n, st.out_t[e], seq, st.out_d[4 * e], st.out_d[4 * e + 1],
                   st.out_d[4 * e + 2], st.out_d[4 * e + 3])
             n += 1

@@ -5,6 +5,8 @@ arrivals sorted into the stream the loop merges with its heap."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from wse_emu.runtime import compiled_loop as cl
@@ -15,17 +17,25 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                    caching: bool) -> tuple:
     """Serve on the compiled loop: the fields of ``serve.LoopOutput``. ``policies``: each
     role's policy; ``caching``: whether the prefix cache is kept."""
-    st, arrivals = _state(requests, pools, options, policies, caching)
     dispatch = tuple(policies[role].compiled_dispatch() for role in ("mixed", "prefill",
                                                                       "decode"))
     knobs = tuple(policies[role].packed() for role in ("mixed", "prefill", "decode"))
-    cl.run_loop(st, dispatch, knobs, *arrivals)
+    # Each request has at most one event due at a time, and each region its dispatches: room
+    # for twice the requests is more than enough in practice; should it not be, the loop
+    # says so and runs again, on a fresh state with twice the room.
+    heap = 2 * len(requests) + 64
+    while True:
+        st, arrivals = _state(requests, pools, options, policies, caching, heap)
+        began = time.perf_counter()
+        handled = cl.run_loop(st, dispatch, knobs, *arrivals)
+        loop_s = time.perf_counter() - began
+        if handled >= 0:
+            break
+        heap *= 2
     names = [p.name for p in pools]
-    traces = [[] for _ in pools]
-    for r, t, k in zip(st.tr_reg[:st.counts[cl.TRACE]].tolist(),
-                       st.tr_t[:st.counts[cl.TRACE]].tolist(),
-                       st.tr_k[:st.counts[cl.TRACE]].tolist()):
-        traces[r].append((t, k))
+    held = st.counts[cl.TRACE]
+    trace = np.column_stack((st.tr_t[:held], st.tr_k[:held].astype(np.float64)))
+    owner = st.tr_reg[:held]
     stats = []
     for r in range(len(pools)):
         events = [(s, a, b, cl.LABELS[label]) for s, a, b, label in zip(
@@ -36,16 +46,19 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                       "decoded": int(st.decoded[r]), "stall": float(st.stall[r]),
                       "work": float(st.work[r]), "kv_blocked": float(st.kv_blocked[r]),
                       "reused": int(st.reused[r]), "kv_used": int(st.kv_used[r]),
-                      "trace": traces[r], "events": events})
+                      "trace": trace[owner == r] if len(pools) > 1 else trace,
+                      "events": events})
     where = [names[w] if w >= 0 else "" for w in st.where.tolist()]
     g = st.counts[cl.GAPS]
     return (st.arrival, st.first, st.finish, st.made.copy(), where,
-            st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(), stats)
+            st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(), stats, loop_s)
 
 
-def _state(requests: Requests, pools: list, options, policies: dict, caching: bool):
-    """The compiled loop's state for these requests and pools, and the first calls' arrival
-    stream (times, sequence numbers, requests) in order."""
+def _state(requests: Requests, pools: list, options, policies: dict, caching: bool,
+           heap: int):
+    """The compiled loop's state for these requests and pools, with room for ``heap`` events
+    in its heap, and the first calls' arrival stream (times, sequence numbers, requests) in
+    order."""
     n, regions = len(requests), len(pools)
     sessions, session = np.unique(requests.session, return_inverse=True)
     stages = [p.stages for p in pools]
@@ -64,12 +77,13 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         "rq_len", "fq_head", "fq_tail", "c_head", "c_tail", "ev_n", "lz_on", "lz_enter",
         "lz_d0", "lz_d1", "lz_df", "lz_dc", "lz_p0", "lz_p1", "lz_pf", "lz_pc")})
     shapes.update({"free": (regions, max(stages)), "starts": (regions, max(stages)),
+                   "times": max(stages),
                    "link_free": (len(systems), 3),
                    "gap_req": max(int((requests.output_tokens - 1).sum()), 1),
                    "gap_cyc": max(int((requests.output_tokens - 1).sum()), 1),
                    "tr_reg": 4 * n + 4, "tr_t": 4 * n + 4, "tr_k": 4 * n + 4,
-                   "out_t": 2 * n + 16, "out_d": (2 * n + 16, 4), "counts": 3, "params": 6,
-                   "fparams": 2})
+                   "out_t": 2 * n + 16, "out_d": (2 * n + 16, 4), "counts": 3, "params": 7,
+                   "fparams": 2, "ht": heap, "hs": heap, "hd": 4 * heap})
     for name in ("c_call", "c_tok", "c_prev", "c_next"):
         shapes[name] = (regions, len(sessions) if caching else 1)
     for name in ("ev_stage", "ev_start", "ev_end", "ev_label"):
@@ -114,6 +128,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     st.params[cl.WIDTH] = st.free.shape[1]
     st.params[cl.SESSIONS] = st.c_call.shape[1]
     st.params[cl.EVENTS] = st.ev_stage.shape[1]
+    st.params[cl.HEAP] = heap
     st.fparams[cl.KV_BYTES] = options.kv_bytes_per_token
     st.fparams[cl.HEAD_BLOCKED] = np.nan
     first = np.flatnonzero(~np.isnan(requests.arrival_s))

@@ -11,6 +11,7 @@ bit (``tests/test_serve_twin.py``); ``serve(..., loop="plain")`` runs this one.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -477,13 +478,15 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
     regions = [RegionState(k, p, policies[p.role], options.timeline_events)
                for k, p in enumerate(pools)]
     sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching)
+    began = time.perf_counter()
     sim.run()
+    loop_s = time.perf_counter() - began
     gaps = np.array(sim.gaps, dtype=np.float64).reshape(-1, 2)
     per_region = [(r.counters, r.kv.used, r.kv.trace, r.pipeline.events) for r in regions]
     stats = [{"busy_prefill": c.busy_prefill, "busy_decode": c.busy_decode,
               "decoded": c.decoded, "stall": c.stall, "work": c.work,
               "kv_blocked": c.kv_blocked, "reused": c.reused, "kv_used": used,
-              "trace": trace, "events": events}
+              "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
              for c, used, trace, events in per_region]
     return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,
-            gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats)
+            gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats, loop_s)

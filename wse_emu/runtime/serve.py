@@ -110,12 +110,13 @@ class ServeResult:
     clock_hz: float
     regions: dict = field(default_factory=dict)  # name -> utilization and KV occupancy
     timeline: dict = field(default_factory=dict)  # Chrome trace (when asked for)
-    kv_traces: dict = field(default_factory=dict)  # pool -> [(cycle, KV tokens held)]
+    kv_traces: dict = field(default_factory=dict)  # pool -> rows of (cycle, KV tokens held)
     # Every token after a request's first: its request and the cycles since the token before.
     gap_request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     gap_cycles: np.ndarray = field(default_factory=lambda: np.zeros(0))
     requests: Requests | None = None  # what was served
     workload: str = ""  # its name
+    loop_s: float = 0.0  # wall seconds of the event loop itself (not part of the results)
 
     def ttft_s(self) -> np.ndarray:
         return (self.first_token - self.arrival) / self.clock_hz
@@ -203,11 +204,12 @@ class LoopOutput(NamedTuple):
     gap_request: np.ndarray
     gap_cycles: np.ndarray
     stats: list  # per pool: busy_prefill, busy_decode, decoded, stall, work, kv_blocked,
-    # reused, kv_used, trace [(cycle, KV tokens)], events [(stage, start, end, label)]
+    # reused, kv_used, trace (rows of cycle, KV tokens), events [(stage, start, end, label)]
+    loop_s: float  # wall seconds of the event loop itself
 
 
 def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeResult:
-    arrival, first, finish, made, where, gap_request, gap_cycles, stats = out
+    arrival, first, finish, made, where, gap_request, gap_cycles, stats, loop_s = out
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
     for p, s in zip(pools, stats):
@@ -228,20 +230,19 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
             "decode_tokens": s["decoded"], "decode_stall_s": s["stall"] / clock,
             "decode_work_s": s["work"] / clock, "kv_blocked_s": s["kv_blocked"] / clock,
             "prefix_reused_tokens": s["reused"], "kv_capacity_tokens": p.kv_capacity_tokens,
-            "kv_peak_tokens": max((k for _, k in trace), default=0),
+            "kv_peak_tokens": int(trace[:, 1].max()) if len(trace) else 0,
             "kv_mean_tokens": _mean_kv(trace, start, end)}
     timeline = _chrome_trace(pools, stats, clock) if options.timeline_events else {}
     return ServeResult(arrival, first, finish, made, where, clock, regions, timeline,
                        {p.name: s["trace"] for p, s in zip(pools, stats)},
-                       gap_request, gap_cycles, requests)
+                       gap_request, gap_cycles, requests, loop_s=loop_s)
 
 
-def _mean_kv(trace: list, start: float, end: float) -> float:
+def _mean_kv(trace: np.ndarray, start: float, end: float) -> float:
     """Time-weighted KV tokens held between ``start`` and ``end``."""
-    if not trace:
+    if not len(trace):
         return 0.0
-    times = [t for t, _ in trace] + [end]
-    held = sum(k * (t1 - t0) for (t0, k), t1 in zip(trace, times[1:]))
+    held = float(np.dot(trace[:, 1], np.diff(trace[:, 0], append=end)))
     return held / max(end - start, 1.0)
 
 
