@@ -12,7 +12,7 @@ from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import ModelSpec
-from wse_emu.runtime import policies
+from wse_emu.runtime import compiled_loop, compiled_state, policies
 from wse_emu.runtime.compiled_loop import admit, next_prompt, ready, remaining, send, send_decode
 from wse_emu.runtime.pools import WaferRegion
 from wse_emu.runtime.serve import ServeOptions, serve
@@ -78,6 +78,8 @@ def assert_twins(requests, pools, options):
         assert np.array_equal(getattr(plain, name), getattr(compiled, name)), name
     assert plain.region == compiled.region
     assert plain.regions == compiled.regions  # utilization, stall, KV peaks and means
+    assert plain.kv_traces.keys() == compiled.kv_traces.keys()
+    assert all(np.array_equal(plain.kv_traces[k], compiled.kv_traces[k]) for k in plain.kv_traces)
     assert np.array_equal(compiled.tokens, requests.output_tokens)
     return compiled
 
@@ -135,6 +137,23 @@ def test_requests_arriving_at_once_keep_their_order_on_both_loops(colocated, spl
     burst.arrival_s[:] = 0.0
     assert_twins(burst, pools_of(colocated, cache), replace(OPTIONS, policy="interleaved"))
     assert_twins(burst, pools_of(split, cache), OPTIONS)
+
+
+def test_a_heap_that_fills_is_run_again_with_more_room(colocated, cache, monkeypatch):
+    requests = chat(20000.0)
+    pools = pools_of(colocated, cache)
+    roomy = serve(requests, pools, OPTIONS)
+    runs, original = [], compiled_loop.run_loop
+
+    def run_loop(*args):
+        runs.append(original(*args))
+        return runs[-1]
+    monkeypatch.setattr(compiled_state, "heap_room", lambda requests: 1)
+    monkeypatch.setattr(compiled_loop, "run_loop", run_loop)
+    cramped = serve(requests, pools, OPTIONS)
+    assert runs[0] == -1 and runs[-1] > 0  # it filled, then had room
+    for name in ("first_token", "finish", "gap_cycles"):
+        assert np.array_equal(getattr(roomy, name), getattr(cramped, name)), name
 
 
 class DecodeFirst(policies.Policy):

@@ -20,10 +20,7 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
     dispatch = tuple(policies[role].compiled_dispatch() for role in ("mixed", "prefill",
                                                                       "decode"))
     knobs = tuple(policies[role].packed() for role in ("mixed", "prefill", "decode"))
-    # Each request has at most one event due at a time, and each region its dispatches: room
-    # for twice the requests is more than enough in practice; should it not be, the loop
-    # says so and runs again, on a fresh state with twice the room.
-    heap = 2 * len(requests) + 64
+    heap = heap_room(len(requests))
     while True:
         st, arrivals = _state(requests, pools, options, policies, caching, heap)
         began = time.perf_counter()
@@ -52,6 +49,13 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
     g = st.counts[cl.GAPS]
     return (st.arrival, st.first, st.finish, st.made.copy(), where,
             st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(), stats, loop_s)
+
+
+def heap_room(requests: int) -> int:
+    """Events the heap has room for at first. Each request has at most one event due at a
+    time, and each region its dispatches: twice the requests is more than enough in practice;
+    should it not be, the loop says so and runs again, on a fresh state with twice the room."""
+    return 2 * requests + 64
 
 
 def _state(requests: Requests, pools: list, options, policies: dict, caching: bool,
