@@ -94,3 +94,50 @@ def test_grids_are_named_and_bound_the_micro_batches():
     with pytest.raises(UserError, match="`prefill_tile` must be between 1 and 256"):
         check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "quick")
     check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "full")
+
+
+def _damaged(path, how):
+    data = path.read_bytes()
+    if how == "truncated":  # a crash or a full disk while it was written
+        path.write_bytes(data[:len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "edited":  # one stored time changed, the digest left as it was
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+        arrays["cycles"] = arrays["cycles"].copy()
+        arrays["cycles"].flat[0] += 1.0
+        with path.open("wb") as fh:
+            np.savez(fh, **arrays)
+    elif how == "reshaped":  # whole and self-consistent, but not the table its name says
+        from wse_emu.runtime.tables import StageTable
+        table = StageTable.from_npz(path)
+        StageTable(table.phase, table.axis0, table.axis1[:1], table.cycles[:, :, :1],
+                   table.transfers[:, :1]).to_npz(path)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "edited", "reshaped"])
+def test_a_damaged_cache_entry_is_reported_and_timed_again(program, tmp_path, capsys, how):
+    first = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
+    (path,) = tmp_path.iterdir()
+    _damaged(path, how)
+    capsys.readouterr()
+    again = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("wse-emu: warning: the cached stage table")
+    assert path.name in err and "timing it again" in err
+    assert np.array_equal(first.cycles, again.cycles)
+    # ... and replaced: read back quietly the next time.
+    build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
+    assert capsys.readouterr().err == ""
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_an_entry_is_written_whole_or_not_at_all(program, tmp_path, monkeypatch):
+    """A failure while writing (a full disk) leaves no entry and no partial file behind."""
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(OSError):
+        build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -86,6 +86,14 @@ def status(text: str) -> None:
     _REPORTER.status(text)
 
 
+def warn(text: str) -> None:
+    """One line that something went wrong and was dealt with (shown even with ``--quiet``):
+    the status line, if any, is taken off first."""
+    with _REPORTER.lock:
+        _REPORTER.done()
+        print(f"wse-emu: warning: {text}", file=sys.stderr, flush=True)
+
+
 def clear() -> None:
     """Before printing results: take the status line off the terminal (and stop repeating
     the latest status)."""

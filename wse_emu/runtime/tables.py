@@ -5,7 +5,8 @@ Serving a long trace asks for thousands of stage times; simulating each directly
 hours. Stage time grows smoothly with tokens, batch and context, so a table over a grid,
 interpolated bilinearly, stays within a few percent of direct simulation (tested). Tables are
 cached on disk under a key made from the program, the region, the engine and the grid, so a
-second run with the same program reads them back.
+second run with the same program reads them back; an entry is written whole or not at all,
+with a digest of its contents, and one that is damaged is reported, timed again and replaced.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.layer import MicroBatch
 from wse_emu.program import WaferProgram
-from wse_emu.progress import Phase
+from wse_emu.progress import Phase, warn
 from wse_emu.runner import run_region
 from wse_emu.runtime.workers import gathered
 
@@ -144,14 +146,77 @@ class StageTable:
                 self._lines[a] = found
         return found
 
+    def arrays(self) -> dict:
+        return {"phase": np.asarray(self.phase), "axis0": np.asarray(self.axis0),
+                "axis1": np.asarray(self.axis1), "cycles": np.asarray(self.cycles),
+                "transfers": np.asarray(self.transfers)}
+
     def to_npz(self, path: Path) -> None:
-        np.savez(path, phase=self.phase, axis0=self.axis0, axis1=self.axis1, cycles=self.cycles,
-                 transfers=self.transfers)
+        """Written under a temporary name, then renamed (a crash or a full disk leaves no
+        half-written table under ``path``), with a digest of its contents."""
+        arrays = self.arrays()
+        partial = path.with_name(path.name + ".partial")
+        try:
+            with open(partial, "wb") as fh:
+                np.savez(fh, digest=np.asarray(_digest_of(arrays)), **arrays)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def from_npz(cls, path: Path) -> "StageTable":
-        with np.load(path) as z:
-            return cls(str(z["phase"]), z["axis0"], z["axis1"], z["cycles"], z["transfers"])
+        """The table stored at ``path``; ValueError saying what is wrong if it cannot be read
+        or its contents do not match their digest."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {name: z[name] for name in TABLE_ARRAYS}
+                # Entries written before digests were kept have none; they were written whole
+                # (under a temporary name, then renamed) and are checked for shape only.
+                digest = str(z["digest"]) if "digest" in z.files else None
+        except KeyError as exc:
+            raise ValueError(f"it has no {exc}") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"it cannot be read ({exc.__class__.__name__}: {exc})") from None
+        if digest is not None and digest != _digest_of(arrays):
+            raise ValueError("its contents do not match the digest written with them")
+        return cls(str(arrays["phase"]), arrays["axis0"], arrays["axis1"], arrays["cycles"],
+                   arrays["transfers"])
+
+
+TABLE_ARRAYS = ("phase", "axis0", "axis1", "cycles", "transfers")
+
+
+def _digest_of(arrays: dict) -> str:
+    """A digest of a table's arrays: their names, dtypes, shapes and bytes."""
+    digest = hashlib.sha256()
+    for name in TABLE_ARRAYS:
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def _cached(path: Path, phase: str, stages: int, a0, a1) -> "StageTable | None":
+    """The table cached at ``path`` if it is there, whole, and of the shape asked for; else
+    None, with a warning if something was there (it is timed again and overwritten)."""
+    if not path.exists():
+        return None
+    try:
+        table = StageTable.from_npz(path)
+        if table.phase != phase or not np.array_equal(table.axis0, a0) \
+                or not np.array_equal(table.axis1, a1):
+            raise ValueError("it is of another phase or grid than its name says")
+        if table.cycles.shape != (stages, len(a0), len(a1)) \
+                or table.transfers.shape != (len(a0), len(a1)):
+            raise ValueError(f"its cycles are shaped {table.cycles.shape}, not "
+                             f"{(stages, len(a0), len(a1))}")
+        if not (np.isfinite(table.cycles).all() and (table.cycles >= 0).all()
+                and np.isfinite(table.transfers).all() and (table.transfers >= 0).all()):
+            raise ValueError("it holds times that are negative or not numbers")
+    except ValueError as exc:
+        warn(f"the cached stage table {path} is unusable ({exc}): timing it again")
+        return None
+    return table
 
 
 def _position(x: list, a: float) -> tuple[int, float]:
@@ -233,13 +298,14 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
     this machine's cores."""
     if axes is None:
         axes = default_axes(phase)
+    a0, a1 = (np.asarray(a, dtype=np.int64) for a in axes)
+    stages = len(program.region(region).stage_ids)
     path = None
     if cache_dir is not None:
         path = table_path(program, region, phase, cache_dir, engine, axes)
-        if path.exists():
-            return StageTable.from_npz(path)
-    a0, a1 = (np.asarray(a, dtype=np.int64) for a in axes)
-    stages = len(program.region(region).stage_ids)
+        table = _cached(path, phase, stages, a0, a1)
+        if table is not None:
+            return table
     cycles = np.zeros((stages, len(a0), len(a1)), dtype=np.float64)
     transfers = np.zeros((len(a0), len(a1)), dtype=np.float64)
     points = [(i, j) for i in range(len(a0)) for j in range(len(a1))]
@@ -259,9 +325,7 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
     table = StageTable(phase, a0, a1, cycles, transfers)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        table.to_npz(tmp)
-        tmp.replace(path)
+        table.to_npz(path)
     return table
 
 
