@@ -15,7 +15,7 @@ from wse_emu.cli.compile_cmd import (
 )
 from wse_emu.cli.knob_args import add_space_args, space_settings
 from wse_emu.fmt import seconds, si, table
-from wse_emu.program import check_run_dir, write_run_dir
+from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
 from wse_emu.runtime.comparison import TUNING_REQUESTS, Space
@@ -89,14 +89,12 @@ def add_parser(sub, summary: str) -> None:
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     d.add_argument("--json", action="store_true")
-    d.set_defaults(func=run)
+    d.set_defaults(func=run, writes_run_dir=True)
 
 
 def run(args):
     space = Space(**space_settings(args), prefix_cache=args.prefix_cache,
                   window_s=args.window_s, grid=args.grid)
-    if args.output:
-        check_run_dir(args.output)  # before any work
     model = model_from_args(args)
     data = api.experiment(
         model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,

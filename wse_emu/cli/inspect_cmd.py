@@ -41,7 +41,7 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--viz", action="store_true",
                    help="draw the run directory (the roofline, report.html) at the end")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes_run_dir=True)
 
 
 def run(args) -> dict | str:

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "viz", False) and not args.output:
             raise UserError("--viz draws the run directory: give one with -o")
+        if getattr(args, "writes_run_dir", False) and args.output:
+            from wse_emu.program import check_run_dir
+            check_run_dir(args.output)  # before any work, not after it
         result = args.func(args)
         if getattr(args, "viz", False):
             result = _with_figures(result, args.output)

@@ -33,7 +33,7 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, writes_run_dir=True)
 
 
 def run(args):
