@@ -525,9 +525,9 @@ def test_every_command_refuses_an_unusable_run_dir_before_any_work(tmp_path, mon
                                                                       command):
     """A folder that is not empty is refused up front: nothing is compiled or simulated (a
     compile of Llama-3.1-8B took 16 s before the folder was refused)."""
-    from wse_emu.cli.main import main
     import compiler.mapper
     import wse_emu.model
+    from wse_emu.cli.main import main
 
     def no_work(*args, **kwargs):
         raise AssertionError("work began before the run directory was checked")
