@@ -1,8 +1,11 @@
 """Fabric and model presets load with their documented values; bad files fail clearly."""
 
+import subprocess
+import sys
+
 import pytest
 
-from wse_emu.configfile import preset_names
+from wse_emu.configfile import preset_names, read_yaml_mapping
 from wse_emu.errors import ConfigError
 from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
 from wse_emu.layer import ops_by_name
@@ -91,3 +94,35 @@ def test_unknown_names_list_the_choices():
 def test_cluster_needs_a_system():
     with pytest.raises(ConfigError):
         ClusterSpec(load_fabric("wse3"), 0)
+
+
+BOMB = "".join(f"{name}: &{name} [{', '.join([prev] * 10)}]\n" for name, prev in zip(
+    "abcdefgh", ['"x"', "*a", "*b", "*c", "*d", "*e", "*f", "*g"]))
+
+
+@pytest.mark.parametrize("text, needle", [
+    (BOMB + "name: *h\n", "aliases expand to more than 100,000 values"),  # 10**8 values
+    ("name: " + "[" * 70 + "1" + "]" * 70 + "\n", "nested more than 64 deep"),
+    ("name: " + "[" * 5000 + "1" + "]" * 5000 + "\n", "malformed YAML"),
+])
+def test_yaml_bombs_are_refused_before_any_value_is_built(tmp_path, text, needle):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        read_yaml_mapping(path)
+
+
+def test_yaml_aliases_within_bounds_read_as_before(tmp_path):
+    path = tmp_path / "aliased.yaml"
+    path.write_text("base: &base {a: 1, b: [1, 2]}\nother: *base\n")
+    assert read_yaml_mapping(path) == {"base": {"a": 1, "b": [1, 2]},
+                                       "other": {"a": 1, "b": [1, 2]}}
+
+
+def test_cli_yaml_bomb_is_one_line(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB + "name: *h\n")
+    proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "inspect", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "aliases expand" in proc.stderr

@@ -45,11 +45,57 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
 
 
+# What a configuration may expand to once its aliases are followed: far beyond any real one,
+# far below what an alias bomb (a few lines that expand to billions of values) asks for.
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+def _expanded(node, depth: int, seen: dict, path: Path) -> tuple[int, int]:
+    """The values and the nesting ``node`` stands for with its aliases followed (each node is
+    measured once, so this is quick whatever they expand to); ConfigError past the bounds."""
+    if id(node) not in seen:
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{path}: malformed YAML (nested more than {MAX_YAML_DEPTH} deep)")
+        if isinstance(node, yaml.MappingNode):
+            children = [c for pair in node.value for c in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = []
+        values, height = 1, 0
+        for child in children:
+            n, h = _expanded(child, depth + 1, seen, path)
+            values, height = values + n, max(height, h + 1)
+        seen[id(node)] = (values, height)
+    values, height = seen[id(node)]
+    if values > MAX_YAML_VALUES:
+        raise ConfigError(f"{path}: its aliases expand to more than {MAX_YAML_VALUES:,} values")
+    if depth + height > MAX_YAML_DEPTH:
+        raise ConfigError(f"{path}: malformed YAML (nested more than {MAX_YAML_DEPTH} deep)")
+    return values, height
+
+
+def _bounded_load(text: str, path: Path):
+    """``yaml.safe_load``, once the document's size with its aliases followed is known to be
+    within bounds (before any value is built, used or printed)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded(node, 0, {}, path)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
-    """Read a YAML file that must hold a mapping; malformed files raise ConfigError."""
+    """Read a YAML file that must hold a mapping; malformed files, and files whose aliases
+    expand beyond any real configuration, raise ConfigError."""
     text = read_text(path)
     try:
-        data = yaml.safe_load(text)
+        data = _bounded_load(text, path)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
