@@ -124,3 +124,70 @@ def test_a_sweep_shows_the_metric_it_names(tmp_path, capsys):
         r = row["result"]
         assert r["replicas"] == 4
         assert r["tokens_per_s_cluster"] == pytest.approx(4 * r["tokens_per_s_pipelined"])
+
+
+@pytest.mark.parametrize("axes, message", [
+    ("{contxt: [64, 128]}", "a run point does not take 'contxt' (it takes model, fabric,"),
+    ("{fabric.clock_ghz: [1.0, 2.0]}", "the fabric has no field 'clock_ghz' (its fields:"),
+    ("{workload: [chat]}", "a run point does not take 'workload'"),
+])
+def test_a_setting_no_point_takes_is_refused_before_the_first_point(tmp_path, capsys, axes,
+                                                                     message):
+    text = SWEEP.split("axes:")[0] + f"axes: {axes}\n"
+    out = tmp_path / "o"
+    assert main(["sweep", str(write(tmp_path, text)), "-o", str(out), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()  # nothing run, nothing written
+
+
+def test_an_enormous_sweep_is_refused_unless_allowed(tmp_path, capsys):
+    axes = "axes: {batch: [%s], context: [%s]}\n" % (
+        ", ".join(map(str, range(1, 201))), ", ".join(map(str, range(1, 201))))
+    sweep = write(tmp_path, SWEEP.split("axes:")[0] + axes)
+    assert main(["sweep", str(sweep), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "has 40,000 points (200 x 200), more than 10,000: give --max-points" in err
+    assert main(["sweep", str(sweep), "-o", str(tmp_path / "o"), "--max-points", "0"]) == 2
+    assert "--max-points must be at least 1" in capsys.readouterr().err
+
+
+def test_a_folder_that_cannot_be_made_is_refused_up_front(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["sweep", str(write(tmp_path)), "-o", str(blocker / "o"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_resumed_sweep_runs_failed_points_again_and_keys_files_by_content(tmp_path, capsys):
+    fabric = tmp_path / "fabric.yaml"
+    preset = Path(__file__).resolve().parent.parent / "programs" / "fabrics" / "mesh16.yaml"
+    fabric.write_text(preset.read_text())
+    text = SWEEP.replace("fabric: mesh16", f"fabric: {fabric}").split("axes:")[0] + \
+        "axes: {context: [64]}\n"
+    sweep, out = write(tmp_path, text), tmp_path / "o"
+    argv = ["sweep", str(sweep), "-o", str(out), "--workers", "1", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["rows"][0]["result"]["step_seconds"]
+    assert main(argv) == 0  # nothing changed: read back, not run
+    assert len(read_rows(out)) == 1
+    capsys.readouterr()
+    # The fabric file edited in place (a faster clock): the old row is stale, the point runs.
+    fabric.write_text(_with_clock(preset.read_text(), 2.2e9))  # twice the preset's 1.1 GHz
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)["rows"][0]["result"]["step_seconds"]
+    assert again == pytest.approx(first / 2)
+    # A failed row is run again on resume (here: it is written as if it had failed).
+    rows = read_rows(out)
+    (out / RESULTS).write_text(json.dumps({**rows[-1], "error": "killed", "result": None})
+                               + "\n")
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "error" not in data["rows"][0] and data["rows"][0]["result"]["step_seconds"] == again
+
+
+def _with_clock(text: str, clock_hz: float) -> str:
+    lines = [f"clock_hz: {clock_hz:.1f}" if line.startswith("clock_hz:") else line
+             for line in text.splitlines()]
+    return "\n".join(lines) + "\n"

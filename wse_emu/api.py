@@ -14,7 +14,7 @@ line and exits with 2).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from compiler.mapper import compile_model
@@ -265,6 +265,24 @@ POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engin
                             *(name for name in setting_names() if name != "timeline_events"))}
 
 
+def check_sweep(spec) -> None:
+    """Every setting a sweep's points take (a SweepSpec's base and axes), checked by name
+    before the first point runs: a name no point takes would fail at every point."""
+    allowed = CLUSTER_SETTINGS + POINT_SETTINGS[spec.point]
+    fabric_fields = sorted(f.name for f in fields(FabricSpec) if f.name != "name")
+    for name in [*spec.base, *spec.axes]:
+        if not isinstance(name, str):
+            raise UserError(f"sweep {spec.name}: setting {short_repr(name)} is not a name")
+        if name.startswith("fabric."):
+            if name.split(".", 1)[1] not in fabric_fields:
+                raise UserError(f"sweep {spec.name}: the fabric has no field "
+                                f"{name.split('.', 1)[1]!r} (its fields: "
+                                f"{', '.join(fabric_fields)})")
+        elif name not in allowed:
+            raise UserError(f"sweep {spec.name}: a {spec.point} point does not take {name!r} "
+                            f"(it takes {', '.join(allowed)}, and fabric.FIELD)")
+
+
 def evaluate_point(point: str, config: dict) -> dict:
     """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
     describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
@@ -292,7 +310,8 @@ def evaluate_point(point: str, config: dict) -> dict:
     if point == "run":
         step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),
                    context=config.get("context", 4096), tokens=config.get("tokens", 4096),
-                   tiles=config.get("tiles", 1), engine=config.get("engine", "fast"))
+                   tiles=config.get("tiles", DEFAULT_PREFILL_TILES),
+                   engine=config.get("engine", "fast"))
         # The cluster's regions for this phase are replicas of the region timed, each with
         # its own pipeline; the compiler cuts them from the wafer evenly, so they differ by at
         # most one row or column of PEs, and each is counted at the timed one's rate.

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wse_emu.api import evaluate_point
+from wse_emu.api import check_sweep, evaluate_point
 from wse_emu.errors import UserError
 from wse_emu.fmt import table
 from wse_emu.progress import Phase
-from wse_emu.runtime.sweep import RESULTS, load_sweep, run_sweep
+from wse_emu.runtime.sweep import (
+    MAX_POINTS,
+    RESULTS,
+    check_size,
+    claim_directory,
+    load_sweep,
+    run_sweep,
+)
 from wse_emu.runtime.workers import point_pool
 
 
@@ -22,6 +29,8 @@ def add_parser(sub, summary: str) -> None:
     where.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
     where.add_argument("--workers", type=int, default=0,
                        help="local worker processes (default: one per core; 1: no cluster)")
+    p.add_argument("--max-points", type=int, default=None, dest="max_points",
+                   help=f"allow a sweep of more than {MAX_POINTS:,} points")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
@@ -30,8 +39,14 @@ def run(args):
     spec = load_sweep(args.sweep)
     if args.workers < 0:
         raise UserError(f"--workers must be at least 0, got {args.workers}")
+    if args.max_points is not None and args.max_points < 1:
+        raise UserError(f"--max-points must be at least 1, got {args.max_points}")
+    # Everything the points need checked, and the folder claimed, before the first one runs.
+    check_size(spec, args.max_points)
+    check_sweep(spec)
     out = Path(args.output or spec.name)
-    total = len(spec.points())
+    claim_directory(spec, out)
+    total = spec.size()
     bar = Phase(f"sweep {spec.name}", total)
     with point_pool(args.scheduler, args.workers) as pool:
         rows = run_sweep(spec, out, pool, evaluate_point, lambda done, _: bar.update(done))

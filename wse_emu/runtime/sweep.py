@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wse_emu.configfile import read_yaml_mapping
+from wse_emu.configfile import preset_dir, read_yaml_mapping
 from wse_emu.errors import ConfigError, UserError
 
 POINTS = ("run", "serve")  # what a point measures: one simulated step, or a serving run
@@ -34,6 +35,9 @@ METRICS = {
               "slo_attainment": "share of requests meeting both targets"},
 }
 RESULTS = "results.jsonl"
+MAX_POINTS = 10_000  # a sweep of more points is refused unless its --max-points allows them
+# Settings that name a file (or a preset's): a point is keyed by what the file holds.
+FILE_SETTINGS = {"model": "models", "fabric": "fabrics", "workload": "workloads"}
 
 
 def headline(point: str, metric: str = "") -> tuple[str, str]:
@@ -56,6 +60,10 @@ class SweepSpec:
     def headline(self) -> tuple[str, str]:
         """(result key, label) of the number a row shows and a figure draws."""
         return headline(self.point, self.metric)
+
+    def size(self) -> int:
+        """How many points: the product of the axes' lengths."""
+        return math.prod(len(values) for values in self.axes.values())
 
     def points(self) -> list[dict]:
         """Every combination of the axes' values over the base, the last axis fastest."""
@@ -98,9 +106,53 @@ def load_sweep(path: Path | str) -> SweepSpec:
 
 
 def point_key(point: str, config: dict) -> str:
-    """The hash a point's row is known by: of its kind and its resolved configuration."""
-    text = json.dumps({"point": point, "config": config}, sort_keys=True, default=str)
+    """The hash a point's row is known by: of its kind and its resolved configuration, a
+    model, fabric or workload file by what it holds (a file edited since is another point; the
+    same file under another path is the same point)."""
+    resolved = {k: _content(FILE_SETTINGS[k], v) if k in FILE_SETTINGS else v
+                for k, v in config.items()}
+    text = json.dumps({"point": point, "config": resolved}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _content(kind: str, value):
+    """``value`` as a point's key sees it: a file's (or a preset's) contents' digest."""
+    if not isinstance(value, str):
+        return value
+    for path in (Path(value), preset_dir(kind) / f"{value}.yaml"):
+        try:
+            if path.is_file():
+                return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        except OSError:
+            continue
+    return value
+
+
+def check_size(spec: SweepSpec, max_points: int | None) -> None:
+    """Refuse a sweep of more points than ``max_points`` (by default ``MAX_POINTS``)."""
+    limit = MAX_POINTS if max_points is None else max_points
+    if spec.size() > limit:
+        sizes = " x ".join(str(len(v)) for v in spec.axes.values())
+        raise UserError(f"sweep {spec.name} has {spec.size():,} points ({sizes}), more than "
+                        f"{limit:,}: give `max_points` to allow them")
+
+
+def claim_directory(spec: SweepSpec, directory: Path) -> None:
+    """Create the sweep's directory (or find it there, holding this sweep's results), before
+    any point runs."""
+    marker = directory / SPEC
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if marker.exists():
+            if json.loads(marker.read_text()) != spec.to_json():
+                raise UserError(f"{directory} holds another sweep's results: choose another -o")
+        else:
+            marker.write_text(json.dumps(spec.to_json(), indent=1))
+    except OSError as exc:
+        raise UserError(f"cannot use {directory} for the sweep's results: "
+                        f"{exc.strerror or exc}") from None
+    except ValueError:
+        raise UserError(f"{marker} is damaged: choose another -o") from None
 
 
 def read_rows(directory: Path) -> list[dict]:
@@ -109,11 +161,13 @@ def read_rows(directory: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             continue
+        if isinstance(row, dict) and isinstance(row.get("key"), str):
+            rows.append(row)
     return rows
 
 
@@ -132,17 +186,11 @@ def _open_results(directory: Path):
 def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None) -> list[dict]:
     """Run the points of ``spec`` not yet in ``directory`` on ``pool`` (``pool.imap``):
     ``evaluate(point, config)`` returns a point's result dict or raises. Returns every row, in
-    the order of the sweep's points."""
-    directory.mkdir(parents=True, exist_ok=True)
-    marker = directory / SPEC
-    if marker.exists():
-        if json.loads(marker.read_text()) != spec.to_json():
-            raise UserError(f"{directory} holds another sweep's results: choose another -o")
-    else:
-        marker.write_text(json.dumps(spec.to_json(), indent=1))
+    the order of the sweep's points. A point whose row holds an error is run again."""
+    claim_directory(spec, directory)
     configs = spec.points()
     keys = [point_key(spec.point, c) for c in configs]
-    done = {row["key"] for row in read_rows(directory)}
+    done = {row["key"] for row in read_rows(directory) if "error" not in row}
     pending = [(spec.point, c) for k, c in zip(keys, configs) if k not in done]
     total, finished = len(configs), len(configs) - len(pending)
     with _open_results(directory) as out:
