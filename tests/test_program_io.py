@@ -51,3 +51,53 @@ def test_run_dir_is_atomic(tmp_path):
     with pytest.raises(UserError, match="exists and is not empty"):
         write_run_dir(target, lambda tmp: None)
     assert (target / "ok.txt").exists()
+
+
+def _edit_json(directory, change):
+    data = json.loads((directory / "program.json").read_text())
+    change(data)
+    (directory / "program.json").write_text(json.dumps(data))
+
+
+def _edit_array(directory):
+    with np.load(directory / "program.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    name = next(k for k in arrays if k != "format_version" and arrays[k].size)
+    arrays[name] = arrays[name].copy()
+    arrays[name].flat[0] += 1
+    np.savez_compressed(directory / "program.npz", **arrays)
+
+
+def _truncate_npz(directory):
+    data = (directory / "program.npz").read_bytes()
+    (directory / "program.npz").write_bytes(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (_truncate_npz, "program.npz is missing or unreadable; recompile"),
+    (_edit_array, "changed since it was compiled"),
+    (lambda d: _edit_json(d, lambda data: data["model"].update(hidden_size=96)),
+     "changed since it was compiled"),
+    (lambda d: _edit_json(d, lambda data: data["stages"][0].pop("rect")),
+     "changed since it was compiled"),
+    # Without its digest (as programs written before digests were kept), a broken structure
+    # is still one line, never a traceback.
+    (lambda d: _edit_json(d, lambda data: (data.pop("digest"), data["stages"][0].pop("rect"))),
+     "damaged"),
+    (lambda d: _edit_json(d, lambda data: (data.pop("digest"),
+                                           data["regions"][0].update(parts=[[1, 2]]))),
+     "damaged"),
+])
+def test_a_damaged_or_edited_run_directory_is_refused_in_one_line(tiny_8x8, tmp_path, damage,
+                                                                  needle):
+    tiny_8x8.save(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(UserError, match=needle) as info:
+        WaferProgram.load(tmp_path)
+    assert "recompile" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_program_written_without_a_digest_still_loads(tiny_8x8, tmp_path):
+    tiny_8x8.save(tmp_path)
+    _edit_json(tmp_path, lambda data: data.pop("digest"))
+    assert WaferProgram.load(tmp_path).model == tiny_8x8.model

@@ -9,10 +9,12 @@ instruction lists: engines expand patterns into per-PE work themselves.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -257,11 +259,14 @@ class WaferProgram:
         }
 
     def save(self, directory: str | Path) -> None:
-        """Write program.json and program.npz into ``directory`` (created if needed)."""
+        """Write program.json and program.npz into ``directory`` (created if needed), with a
+        digest of both in program.json, so that a file damaged or edited since is refused."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        data = json.loads(json.dumps(self.to_json(), default=_json_default))
+        data["digest"] = _digest_of(data, self.arrays)
         with open(directory / "program.json", "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(), fh, indent=1, default=_json_default)
+            json.dump(data, fh, indent=1)
         np.savez_compressed(directory / "program.npz", format_version=np.int32(FORMAT_VERSION),
                             **self.arrays)
 
@@ -283,14 +288,27 @@ class WaferProgram:
                 "recompile it"
             )
         try:
-            with np.load(directory / "program.npz") as npz:
+            with np.load(directory / "program.npz", allow_pickle=False) as npz:
                 arrays = {k: npz[k] for k in npz.files if k != "format_version"}
                 version = int(npz["format_version"])
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile):
             raise UserError(
                 f"{directory}: program.npz is missing or unreadable; recompile") from None
         if version != FORMAT_VERSION:
             raise UserError(f"{directory}: program.npz is version {version}; recompile")
+        # Programs written before digests were kept have none; every later one must match.
+        if "digest" in data and data.get("digest") != _digest_of(data, arrays):
+            raise UserError(f"{directory}: program.json or program.npz changed since it was "
+                            "compiled (they no longer match the digest written then); "
+                            "recompile")
+        try:
+            return cls._from_data(data, arrays, path)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            what = f"missing {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
+            raise UserError(f"{path}: damaged ({what[:120]}); recompile") from None
+
+    @classmethod
+    def _from_data(cls, data: dict, arrays: dict, path: Path) -> "WaferProgram":
 
         def build(cls_, item):
             kwargs = {}
@@ -317,6 +335,19 @@ class WaferProgram:
             arrays=arrays,
             summary=data.get("summary", {}),
         )
+
+
+def _digest_of(data: dict, arrays: dict) -> str:
+    """A digest of a program's JSON (all but the digest itself) and of its arrays (names,
+    dtypes, shapes and bytes)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps({k: v for k, v in data.items() if k != "digest"},
+                             sort_keys=True).encode())
+    for name in sorted(arrays):
+        value = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
 
 
 def _json_default(value):
