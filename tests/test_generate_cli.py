@@ -246,7 +246,7 @@ def test_missing_tensor_is_named(tmp_path):
     (["--prompt-ids", "1", "--prefill-tile", "0"], "prefill tile must be at least 1"),
     (["--prompt-ids", "99999999999999999999"], "outside the vocabulary"),
     (["--prompt-ids", "1", "--weights-seed", "-1"], "--weights-seed must be at least 0"),
-    (["--prompt-ids", "1,2", "--max-new-tokens", "600"], "max_position_embeddings"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", "17000"], "max_position_embeddings"),
     (["--prompt-ids", ",".join(["1"] * 130), "--prefill-tile", "1"], "raise --prefill-tile"),
 ], ids=["not-an-int", "past-vocab", "negative", "empty", "zero-tokens", "not-npy",
         "no-tokenizer", "zero-tile", "past-int64", "negative-seed", "past-positions",

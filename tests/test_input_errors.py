@@ -15,6 +15,7 @@ import sys
 import typing
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -525,16 +526,83 @@ def test_every_command_refuses_an_unusable_run_dir_before_any_work(tmp_path, mon
                                                                       command):
     """A folder that is not empty is refused up front: nothing is compiled or simulated (a
     compile of Llama-3.1-8B took 16 s before the folder was refused)."""
-    import compiler.mapper
+    import importlib
+
+    import wse_emu.hf_config
     import wse_emu.model
+    import wse_emu.program
+    from wse_emu.cli.commands import COMMANDS
     from wse_emu.cli.main import main
 
     def no_work(*args, **kwargs):
         raise AssertionError("work began before the run directory was checked")
-    monkeypatch.setattr(compiler.mapper, "compile_model", no_work)
-    monkeypatch.setattr(wse_emu.model, "load_model", no_work)
+    # Every command's work begins by reading its model. The command's modules are imported
+    # first, so that none binds the stand-in by name and keeps it after this test.
+    importlib.import_module(COMMANDS[command[0]][0])
+    monkeypatch.setattr(wse_emu.model, "model_from_dict", no_work)
     full = tmp_path / "full"
     full.mkdir()
     (full / "kept.txt").write_text("x")
     assert main(["--quiet", *command, "-o", str(full)]) == 2
     assert [p.name for p in full.iterdir()] == ["kept.txt"]
+
+
+# --- Positions: a context or a request past the model's max_position_embeddings -----------
+
+def short_model(tmp_path: Path, positions: int = 512) -> Path:
+    """The tiny preset with only ``positions`` positions."""
+    data = yaml.safe_load((preset_dir("models") / "tiny.yaml").read_text())
+    data.update(name="short", max_position_embeddings=positions)
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("command,needle", [
+    (["run", "MODEL", "--fabric", "mesh16", "--context", "4000"],
+     "a decode step at --context 4000 needs 4,000 positions; short has 512"),
+    (["run", "MODEL", "--fabric", "mesh16", "--phase", "prefill", "--tokens", "513"],
+     "a prompt of --tokens 513 needs 513 positions"),
+    (["run", "MODEL", "--fabric", "mesh16", "--plan", "disaggregated", "--phase", "handoff",
+      "--tokens", "600"], "a prompt of --tokens 600 needs 600 positions"),
+    (["inspect", "MODEL", "--context", "4000"], "needs 4,000 positions"),
+    (["serve", "MODEL", "--fabric", "mesh16", "--workload", "chat", "--requests", "100"],
+     "of 100 requests run past short's 512 positions (max_position_embeddings)"),
+    (["experiment", "disagg", "MODEL", "--fabric", "mesh16", "--workload", "chat",
+      "--requests", "20", "--ttft-slo", "1", "--tpot-slo", "0.01"],
+     "requests run past short's 512 positions"),
+    (["generate", "MODEL", "--fabric", "mesh16", "--prompt-ids", "1,2",
+      "--max-new-tokens", "600"], "601 positions; short has 512"),
+], ids=["run-decode", "run-prefill", "run-handoff", "inspect", "serve", "experiment",
+        "generate"])
+def test_every_command_refuses_positions_past_the_model(tmp_path, command, needle):
+    """A context the model's rotary embedding was never defined for is refused by name, in
+    seconds, before any step is timed (``serve tiny`` once served 81 of 100 prompts longer
+    than its 512 positions without a word)."""
+    model = short_model(tmp_path)
+    proc = run_cli(*[str(model) if a == "MODEL" else a for a in command], cwd=tmp_path)
+    assert_one_line_error(proc, needle, "max_position_embeddings")
+
+
+def test_the_last_position_is_allowed(tmp_path):
+    """The bound is inclusive: a decode attending over all 512 positions, a 512-token prompt,
+    and requests whose last decode step feeds position 511, all run."""
+    from wse_emu import api
+    from wse_emu.runtime.serve import position_shortfall
+    from wse_emu.runtime.workload import Requests
+
+    model = load_model(str(short_model(tmp_path)))
+    program = compile_model(model, ClusterSpec(load_fabric("mesh16")), CompileOptions())
+    assert api.run(program, "decode", context=512).step_seconds > 0
+    assert api.run(program, "prefill", tokens=512).step_seconds > 0
+    with pytest.raises(UserError, match="`context=513`"):
+        api.run(program, "decode", context=513)
+
+    def requests(prompt, output):
+        n = len(prompt)
+        return Requests(np.zeros(n), np.asarray(prompt), np.asarray(output), np.arange(n),
+                        np.zeros(n, int), np.zeros(n))
+    assert position_shortfall(requests([500, 1], [13, 512]), model) is None
+    message = position_shortfall(requests([500, 1, 600], [14, 1, 1]), model)
+    assert message.startswith("2 of 3 requests run past short's 512 positions")
+    assert "the longest, 600 prompt and 1 output tokens, needs 600" in message

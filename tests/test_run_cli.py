@@ -74,7 +74,7 @@ def test_kv_handoff_on_the_wafer_and_between_systems():
     (["run", "llama-3.1-8b", "--engine", "cycle"], "use --engine fast"),
     (["run", "tiny", "--fabric", "mesh8", "--phase", "prefill", "--tokens", "300",
       "--tiles", "1000"], "--tiles must be at most 128"),
-    (["run", "tiny", "--fabric", "mesh8", "--context", "100000"], "do not fit the KV cache"),
+    (["run", "tiny", "--fabric", "mesh8", "--context", "10000"], "do not fit the KV cache"),
     (["run", "llama-3.1-8b", "--plan", "disaggregated", "--phase", "handoff",
       "--region-name", "decode0"], "starts from a prefill region"),
     (["noc", "--seed", "-1"], "--seed must be at least 0"),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
         "[1.0e+9, 1.5e+9, 2.0e+9]", "[1.0e+9]"))
     assert main(["sweep", str(sweep), "-o", str(tmp_path / "out"), "--workers", "1"]) == 0
     out = capsys.readouterr().out
-    assert "1 failed" in out and "do not fit the KV cache" in out
+    assert "1 failed" in out and "needs 100,000,000 positions" in out
     rows = read_rows(tmp_path / "out")
     assert len(rows) == 2 and sum("error" in r for r in rows) == 1
     # Drawn: the points that ran, against the axis that varies; the failure said.
@@ -191,3 +192,30 @@ def _with_clock(text: str, clock_hz: float) -> str:
     lines = [f"clock_hz: {clock_hz:.1f}" if line.startswith("clock_hz:") else line
              for line in text.splitlines()]
     return "\n".join(lines) + "\n"
+
+
+def test_the_library_checks_a_sweep_as_the_command_does(tmp_path):
+    """``api.sweep`` (not only ``wse-emu sweep``) refuses an unknown setting, a sweep past
+    its size limit and bad counts, by parameter name, before a point runs or a folder is
+    made."""
+    from wse_emu import api
+    from wse_emu.errors import UserError
+    from wse_emu.runtime.sweep import SweepSpec
+
+    def spec(**axes):
+        return SweepSpec("lib", "run", {"model": "tiny", "fabric": "mesh8"}, axes)
+    out = tmp_path / "out"
+    cases = [(spec(contxt=[1, 2]), {}, "a run point does not take 'contxt'"),
+             (spec(**{"fabric.clock": [1e9]}), {}, "the fabric has no field 'clock'"),
+             (spec(batch=list(range(1, 101)), context=list(range(1, 102))), {},
+              "10,100 points (100 x 101), more than 10,000: give `max_points`"),
+             (spec(batch=[1, 2, 3]), {"max_points": 2}, "more than 2"),
+             (spec(batch=[1]), {"max_points": 0}, "`max_points` must be"),
+             (spec(batch=[1]), {"workers": -1}, "`workers` must be")]
+    for sweep, options, message in cases:
+        with pytest.raises(UserError, match=re.escape(message)):
+            api.sweep(sweep, out, **options)
+        assert not out.exists()
+    folder, rows = api.sweep(spec(batch=[1, 2], context=[64]), out, workers=1)
+    assert folder == out and [r["config"]["batch"] for r in rows] == [1, 2]
+    assert all("result" in r for r in rows)

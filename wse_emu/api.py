@@ -23,7 +23,8 @@ from compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.checks import is_number, one_of, positive, short_repr, whole
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
-from wse_emu.model import ModelSpec, formats_text, load_model, stored_as
+from wse_emu.layer import MicroBatch
+from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
 from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
@@ -46,9 +47,11 @@ from wse_emu.runtime.serve import (
     ServeOptions,
     ServeResult,
     kv_shortfall,
+    position_shortfall,
     setting_names,
 )
 from wse_emu.runtime.serve import serve as serve_requests
+from wse_emu.runtime.sweep import SweepSpec, check_size, claim_directory, load_sweep, run_sweep
 from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout
 from wse_emu.runtime.workers import point_pool
@@ -56,7 +59,7 @@ from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "generate",
-           "draw", "Space", "Targets", "default_cache_dir"]
+           "sweep", "draw", "Space", "Targets", "default_cache_dir"]
 
 
 def default_cache_dir(given: Path | str | None = None) -> Path:
@@ -95,9 +98,25 @@ def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context
     """Simulate one step of ``phase`` on a region of ``program`` (by default the first that
     serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
     ``tiles`` tiles (4 by default, as ``wse-emu run``)."""
-    name, step = step_for(program, phase, region, batch=batch, context=context, tokens=tokens,
-                          tiles=tiles)
+    name, step = step_of(program, phase, region, batch=batch, context=context, tokens=tokens,
+                         tiles=tiles)
     return run_region(program, name, step, engine)
+
+
+def step_of(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
+            context: int = 4096, tokens: int = 4096,
+            tiles: int = DEFAULT_PREFILL_TILES) -> tuple[str, MicroBatch]:
+    """``runner.step_for``'s region and step, refused by name if it runs past the model's
+    positions: a decode at ``context`` attends over that many (its own token's included),
+    a prefill of ``tokens`` fills as many."""
+    if phase == "decode":
+        check_positions(program.model, whole("context", context, 1),
+                        f"a decode step at `context={context}`")
+    elif phase == "prefill":
+        check_positions(program.model, whole("tokens", tokens, 1),
+                        f"a prompt of `tokens={tokens}`")
+    return step_for(program, phase, region, batch=batch, context=context, tokens=tokens,
+                    tiles=tiles)
 
 
 def check_serving(workload: WorkloadSpec | str | None = None, *,
@@ -130,7 +149,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     one_of("loop", loop, LOOPS)
     settings = ServeOptions.of(program.fabric, program.model, **options)
     reqs = generate_requests(spec)
-    short = kv_shortfall(reqs, program.regions)
+    short = position_shortfall(reqs, program.model) or kv_shortfall(reqs, program.regions)
     if short:  # found before any table is timed
         raise UserError(short)
     pools = wafer_pools(program, default_cache_dir(cache_dir))
@@ -283,6 +302,27 @@ def check_sweep(spec) -> None:
                             f"(it takes {', '.join(allowed)}, and fabric.FIELD)")
 
 
+def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
+          scheduler: str | None = None, workers: int = 0, max_points: int | None = None,
+          progress=None) -> tuple[Path, list[dict]]:
+    """Every point of a sweep (a SweepSpec or its YAML) not yet in ``output`` (by default a
+    folder named after the sweep), on a dask cluster (``scheduler``, or ``workers`` local
+    processes as ``experiment`` takes them); ``progress(done, total)`` after each point.
+    Before the first point: every setting checked by name (``check_sweep``), the size against
+    ``max_points`` (by default ``MAX_POINTS``), and the folder created or refused. Returns
+    the folder and every row, in the order of the sweep's points."""
+    spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
+    whole("workers", workers, 0)
+    if max_points is not None:
+        whole("max_points", max_points, 1)
+    check_size(spec, max_points)
+    check_sweep(spec)
+    out = Path(output if output is not None else spec.name)
+    claim_directory(spec, out)
+    with point_pool(scheduler, workers) as pool:
+        return out, run_sweep(spec, out, pool, evaluate_point, progress, max_points)
+
+
 def evaluate_point(point: str, config: dict) -> dict:
     """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
     describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
@@ -362,6 +402,9 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "
                         f"{cluster.systems} system(s) leave no prefill/decode split to compare: "
                         f"it needs {2 * span} systems or more")
+    short = next(filter(None, (position_shortfall(r, model) for r in probes)), None)
+    if short:  # the same on every layout, so refused before any is compiled
+        raise UserError(short)
     plans, skipped = [], []
     for n in sorted(set(copies) | {1}):
         name = f"{n} cop{'y' if n == 1 else 'ies'}"

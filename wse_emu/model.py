@@ -28,7 +28,7 @@ from wse_emu.configfile import (
     require,
     shown,
 )
-from wse_emu.errors import ConfigError
+from wse_emu.errors import ConfigError, UserError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mixtral",
             "qwen3_moe", "gpt_oss")
@@ -309,6 +309,15 @@ def formats_text(model: ModelSpec) -> str:
     return ", ".join(f"{what} in {fmt}" for what, fmt in (
         ("matrices", model.weight_format), ("experts", model.expert_weight_format))
         if fmt != "native")
+
+
+def check_positions(model: ModelSpec, positions: int, what: str) -> None:
+    """Refuse, by name, ``what`` (a step, a request) that needs more token positions than
+    the model was trained for: its rotary embedding is not defined there, so a time or a
+    token computed beyond them would be a number for a model that does not exist."""
+    if positions > model.max_position_embeddings:
+        raise UserError(f"{what} needs {positions:,} positions; {model.name} has "
+                        f"{model.max_position_embeddings:,} (max_position_embeddings)")
 
 
 def native(model: ModelSpec) -> ModelSpec:

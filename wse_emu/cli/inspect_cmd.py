@@ -17,7 +17,7 @@ from wse_emu.cli.compile_cmd import (
 from wse_emu.errors import UserError
 from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch
-from wse_emu.model import formats_text, native
+from wse_emu.model import check_positions, formats_text, native
 from wse_emu.program import write_run_dir
 from wse_emu.routing import load_summary, routing_for
 
@@ -50,6 +50,10 @@ def run(args) -> dict | str:
     for name in ("tokens", "batch", "context"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.phase == "decode":
+        check_positions(model, args.context, f"a decode step at --context {args.context}")
+    else:
+        check_positions(model, args.tokens, f"a prompt of --tokens {args.tokens}")
     work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
     routing = routing_for(model, args.routing, args.routing_seed)
     loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)

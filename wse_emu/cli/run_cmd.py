@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 
 from compiler.bounds import stage_bounds
+from wse_emu.api import step_of
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import MicroBatch, attention_tile_of
+from wse_emu.model import check_positions
 from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
@@ -23,7 +25,6 @@ from wse_emu.runner import (
     handoff_for,
     kv_handoff,
     run_region,
-    step_for,
 )
 
 
@@ -87,11 +88,12 @@ def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
 
 
 def make_step(args, program: WaferProgram, region: str) -> MicroBatch:
-    return step_for(program, args.phase, region, batch=args.batch, context=args.context,
-                    tokens=args.tokens, tiles=args.tiles)[1]
+    return step_of(program, args.phase, region, batch=args.batch, context=args.context,
+                   tokens=args.tokens, tiles=args.tiles)[1]
 
 
 def run_handoff(args, program: WaferProgram):
+    check_positions(program.model, args.tokens, f"a prompt of --tokens {args.tokens}")
     src, dst = handoff_for(program, args.run_region, args.tokens)
     h: HandoffRun = kv_handoff(program, src, dst, args.tokens)
     data = {"model": program.model.name, "prefill_region": h.prefill_region,

@@ -3,21 +3,10 @@ resumable (see ``wse_emu.runtime.sweep``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from wse_emu.api import check_sweep, evaluate_point
-from wse_emu.errors import UserError
+from wse_emu.api import sweep
 from wse_emu.fmt import table
 from wse_emu.progress import Phase
-from wse_emu.runtime.sweep import (
-    MAX_POINTS,
-    RESULTS,
-    check_size,
-    claim_directory,
-    load_sweep,
-    run_sweep,
-)
-from wse_emu.runtime.workers import point_pool
+from wse_emu.runtime.sweep import MAX_POINTS, RESULTS, load_sweep
 
 
 def add_parser(sub, summary: str) -> None:
@@ -37,19 +26,10 @@ def add_parser(sub, summary: str) -> None:
 
 def run(args):
     spec = load_sweep(args.sweep)
-    if args.workers < 0:
-        raise UserError(f"--workers must be at least 0, got {args.workers}")
-    if args.max_points is not None and args.max_points < 1:
-        raise UserError(f"--max-points must be at least 1, got {args.max_points}")
-    # Everything the points need checked, and the folder claimed, before the first one runs.
-    check_size(spec, args.max_points)
-    check_sweep(spec)
-    out = Path(args.output or spec.name)
-    claim_directory(spec, out)
+    bar = Phase(f"sweep {spec.name}", spec.size())
+    out, rows = sweep(spec, args.output, scheduler=args.scheduler, workers=args.workers,
+                      max_points=args.max_points, progress=lambda done, _: bar.update(done))
     total = spec.size()
-    bar = Phase(f"sweep {spec.name}", total)
-    with point_pool(args.scheduler, args.workers) as pool:
-        rows = run_sweep(spec, out, pool, evaluate_point, lambda done, _: bar.update(done))
     if args.json:
         return {"sweep": spec.to_json(), "directory": str(out), "rows": rows}
     key, label = spec.headline()

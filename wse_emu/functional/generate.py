@@ -17,6 +17,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.region import FunctionalRegion, check_token_ids
+from wse_emu.model import check_positions
 from wse_emu.program import WaferProgram
 from wse_emu.splits import even_split
 
@@ -91,6 +92,8 @@ class Generator:
             raise UserError(f"region {self.prefill.name} caches {self.prefill.capacity:,} "
                             f"tokens of one sequence; the prompt has {prompt_tokens:,}")
         total = prompt_tokens + max_new_tokens - 1  # the last token is never fed back
+        check_positions(self.program.model, total, f"{prompt_tokens:,} prompt tokens and "
+                        f"{max_new_tokens:,} new ones")
         if total > self.decode.capacity:
             raise UserError(f"region {self.decode.name} caches {self.decode.capacity:,} tokens "
                             f"of one sequence; {prompt_tokens:,} prompt tokens and "

@@ -169,6 +169,21 @@ def kv_shortfall(requests: Requests, regions: list) -> str | None:
     return None
 
 
+def position_shortfall(requests: Requests, model) -> str | None:
+    """Why some request runs past ``model``'s positions, or None. A request's last decode
+    step feeds its second-to-last output token, so it needs prompt + output - 1 positions
+    (as ``generate`` counts them)."""
+    needs = requests.prompt_tokens + requests.output_tokens - 1
+    over = np.flatnonzero(needs > model.max_position_embeddings)
+    if not len(over):
+        return None
+    i = int(over[np.argmax(needs[over])])
+    return (f"{len(over):,} of {len(requests):,} requests run past {model.name}'s "
+            f"{model.max_position_embeddings:,} positions (max_position_embeddings); the "
+            f"longest, {int(requests.prompt_tokens[i]):,} prompt and "
+            f"{int(requests.output_tokens[i]):,} output tokens, needs {int(needs[i]):,}")
+
+
 def serve(requests: Requests, pools: list, options, loop: str = "compiled") -> ServeResult:
     """Serve ``requests`` on ``pools`` with ``options`` (a ServeOptions), on the compiled loop
     or its plain twin (``loop="plain"``)."""

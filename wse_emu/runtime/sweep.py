@@ -183,10 +183,13 @@ def _open_results(directory: Path):
     return open(path, "a")
 
 
-def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None) -> list[dict]:
+def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None,
+              max_points: int | None = None) -> list[dict]:
     """Run the points of ``spec`` not yet in ``directory`` on ``pool`` (``pool.imap``):
     ``evaluate(point, config)`` returns a point's result dict or raises. Returns every row, in
-    the order of the sweep's points. A point whose row holds an error is run again."""
+    the order of the sweep's points. A point whose row holds an error is run again. (The
+    settings are ``evaluate``'s to check: ``wse_emu.api.sweep`` checks them before this.)"""
+    check_size(spec, max_points)
     claim_directory(spec, directory)
     configs = spec.points()
     keys = [point_key(spec.point, c) for c in configs]
