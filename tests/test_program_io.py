@@ -101,3 +101,89 @@ def test_a_program_written_without_a_digest_still_loads(tiny_8x8, tmp_path):
     tiny_8x8.save(tmp_path)
     _edit_json(tmp_path, lambda data: data.pop("digest"))
     assert WaferProgram.load(tmp_path).model == tiny_8x8.model
+
+
+def _undigested(change):
+    """An edit to a program written without a digest: the schema alone must catch it."""
+    def damage(directory):
+        _edit_json(directory, lambda data: (data.pop("digest"), change(data)))
+    return damage
+
+
+def _reshaped_array(directory):
+    _edit_json(directory, lambda data: data.pop("digest"))
+    with np.load(directory / "program.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["stage_id"] = arrays["stage_id"][:, :-1]
+    np.savez_compressed(directory / "program.npz", **arrays)
+
+
+def _set(path, value):
+    """A change setting ``data[path...] = value``."""
+    def change(data):
+        *head, last = path
+        for key in head:
+            data = data[key]
+        data[last] = value
+    return change
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (_undigested(_set(["systems"], "1")), "systems must be a whole number"),
+    (_undigested(_set(["stages"], {})), "stages must be a list"),
+    (_undigested(_set(["stages", 0, "rect"], [0, 0, 0, 4])),
+     "stages[0].rect must be a rectangle [system, x, y, w, h]"),
+    (_undigested(_set(["stages", 0, "rect"], [0, 6, 0, 4, 8])),
+     "stages[0].rect 4x8 at (6,0) is off the 8 x 8 wafer"),
+    (_undigested(_set(["stages", 0, "rect"], [3, 0, 0, 4, 8])),
+     "stages[0].rect system 3 is not one of the program's 1"),
+    (_undigested(_set(["stages", 0, "layers"], [0, 9])),
+     "stages[0].layers [0, 9] is not a range of tiny's 2 layers"),
+    (_undigested(_set(["stages", 0, "strip_axis"], "z")), "stages[0].strip_axis 'z' is not"),
+    (_undigested(_set(["stages", 0, "id"], 5)), "stages[0].id is 5"),
+    (_undigested(_set(["stages", 0, "kernel_ids"], [0, 10_000])),
+     "stages[0].kernel_ids 10000 points past"),
+    (_undigested(_set(["stages", 0, "kv_slots"], True)), "stages[0].kv_slots must be a whole"),
+    (_undigested(_set(["stages", 0, "colour"], 1)), "stages[0] has unknown field(s) 'colour'"),
+    (_undigested(lambda data: data["stages"][0].pop("layers")), "stages[0] has no 'layers'"),
+    (_undigested(_set(["regions", 0, "role"], "train")), "regions[0].role 'train' is not"),
+    (_undigested(_set(["regions", 0, "stage_ids"], [0, 0])), "stage 0 is also in"),
+    (_undigested(_set(["regions", 0, "stage_ids"], [])), "belongs to no region"),
+    (_undigested(_set(["kernels", 0, "kind"], "fft")), "kernels[0].kind 'fft' is not one of"),
+    (_undigested(_set(["kernels", 0, "stage"], -1)), "kernels[0].stage -1 points past"),
+    (_undigested(_set(["kernels", 0, "matrix"], [64, 0])),
+     "kernels[0].matrix must be two counts of at least 1"),
+    (_undigested(_set(["kernels", 0, "weight_ref"], 99_999)), "kernels[0].weight_ref 99999"),
+    (_undigested(_set(["kernels", 0, "pattern"], {"decode": 3})),
+     "kernels[0].pattern must be dict[str, str]"),
+    (_undigested(_set(["routes", 0, "color"], 99)), "routes[0].color 99 is not one of"),
+    (_undigested(_set(["routes", 0, "dst"], [-2])), "routes[0].dst -2 points past"),
+    (_reshaped_array, "program.npz: stage_id is int32 (1, 7, 8); the program's wafers need "
+                      "integers (1, 8, 8)"),
+])
+def test_a_program_breaking_its_schema_is_refused_by_name(tiny_8x8, tmp_path, damage, needle):
+    """A program.json the engines could not take (a field missing or mistyped, a rectangle
+    off the wafer, an id pointing nowhere, an array of the wrong shape) names the item and
+    what is wrong, in one line, even when no digest was written to catch the edit."""
+    tiny_8x8.save(tmp_path)
+    damage(tmp_path)
+    with pytest.raises(UserError) as info:
+        WaferProgram.load(tmp_path)
+    message = str(info.value)
+    assert needle in message and "damaged" in message and message.endswith("recompile")
+    assert "\n" not in message
+
+
+def test_every_compiled_layout_passes_the_schema(tmp_path):
+    """The checks hold for what the compiler writes: colocated, disaggregated within a wafer
+    and across two, and a mixture of experts with its tied head."""
+    from wse_emu import api
+
+    for i, (model, fabric, systems, options) in enumerate([
+            ("tiny", "mesh16", 1, {}), ("tiny", "mesh16", 1, {"plan": "disaggregated"}),
+            ("tiny", "mesh8", 2, {"plan": "disaggregated", "prefill_systems": 1}),
+            ("gpt-oss-20b", "wse3", 1, {})]):
+        program = api.compile(model, fabric, systems, **options)
+        program.save(tmp_path / str(i))
+        assert WaferProgram.load(tmp_path / str(i)).summary == json.loads(
+            json.dumps(program.summary))

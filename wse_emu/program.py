@@ -24,6 +24,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.fabric import FabricSpec, fabric_from_dict
 from wse_emu.model import ModelSpec, model_from_dict
+from wse_emu.program_check import check_program
 
 FORMAT = "wse-emu-program"
 FORMAT_VERSION = 2  # 2: KV cache by columns and rows (kernels.kvlayout), reduction tree levels
@@ -323,11 +324,16 @@ class WaferProgram:
                 kwargs[f.name] = value
             return cls_(**kwargs)
 
+        fabric = fabric_from_dict(data["fabric"], str(path))
+        model = model_from_dict(data["model"], str(path))
+        check_program(data, fabric, model, arrays, {"regions": Region, "stages": Stage,
+                                                    "kernels": Kernel, "routes": Route},
+                      SRAM_CATEGORIES)
         return cls(
-            fabric=fabric_from_dict(data["fabric"], str(path)),
+            fabric=fabric,
             systems=int(data["systems"]),
-            model=model_from_dict(data["model"], str(path)),
-            options=data["options"],
+            model=model,
+            options=data.get("options", {}),
             regions=[build(Region, r) for r in data["regions"]],
             stages=[build(Stage, s) for s in data["stages"]],
             kernels=[build(Kernel, k) for k in data["kernels"]],
