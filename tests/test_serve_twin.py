@@ -192,3 +192,22 @@ def test_a_new_policy_is_one_class(colocated, cache, monkeypatch):
     priority = serve(chat(20000.0), pools_of(colocated, cache), OPTIONS)
     # Decode never waits behind a prompt here, so tokens come faster than with prefill first.
     assert np.percentile(first.tpot_s(), 90) < np.percentile(priority.tpot_s(), 90)
+
+
+@pytest.mark.parametrize("policy", sorted(policies.POLICIES))
+def test_a_region_has_one_dispatch_due_at_a_time(colocated, split, cache, monkeypatch, policy):
+    """Under overload, the events the loop handles grow with the tokens served, not faster:
+    a region kicked while its dispatch is already due gets no second one (copies of it once
+    piled up to 3,000 events a request, and filled the heap again and again)."""
+    requests = chat(1e6, requests=3000)
+    handled, original = [], compiled_loop.run_loop
+
+    def run_loop(*args):
+        handled.append(original(*args))
+        return handled[-1]
+    monkeypatch.setattr(compiled_loop, "run_loop", run_loop)
+    for program in (colocated, split):
+        handled.clear()
+        serve(requests, pools_of(program, cache), replace(OPTIONS, policy=policy))
+        assert len(handled) == 1 and 0 < handled[0]  # no rerun for want of heap room
+        assert handled[0] < 3 * (len(requests) + int(requests.output_tokens.sum()))

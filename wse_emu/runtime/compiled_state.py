@@ -77,7 +77,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         "role", "cap", "system", "stages", "rank", "ptab", "dtab", "maxrun", "fabric_rate",
         "link_rate", "kv_used", "running", "cached", "reused", "decoded", "in_flight",
         "turns", "busy_prefill", "busy_decode", "stall", "work", "kv_blocked",
-        "blocked_since", "busy_until", "pq_head", "pq_tail", "pq_len", "rq_head", "rq_tail",
+        "blocked_since", "dispatching", "pq_head", "pq_tail", "pq_len", "rq_head", "rq_tail",
         "rq_len", "fq_head", "fq_tail", "c_head", "c_tail", "ev_n", "lz_on", "lz_enter",
         "lz_d0", "lz_d1", "lz_df", "lz_dc", "lz_p0", "lz_p1", "lz_pf", "lz_pc")})
     shapes.update({"free": (regions, max(stages)), "starts": (regions, max(stages)),

@@ -33,7 +33,7 @@ class Pipeline:
         self.free = np.zeros(stages)
         self.starts = np.zeros(stages)
         self.lazy = None  # (enter, vector) of a lone micro-batch not yet worked out by stage
-        self.busy_until = 0.0  # a dispatch is due then (0: none)
+        self.dispatching = False  # the region's one Dispatch is in the heap
         self.events: list = []  # (stage, start, end, label) for the timeline
         self.max_events = max_events
 
@@ -192,15 +192,16 @@ class Dispatch(Event):
 
     def handle(self, sim, now):
         r = self.region
+        r.pipeline.dispatching = False
         if now < r.pipeline.free[0]:
+            r.pipeline.dispatching = True
             sim.schedule(r.pipeline.free[0], self)
             return
         went = r.policy.dispatch(sim, r, now)
         if went and (r.queues.prompts or r.queues.ready):  # more once stage 0 frees
-            r.pipeline.busy_until = r.pipeline.free[0]
+            r.pipeline.dispatching = True
             sim.schedule(r.pipeline.free[0], Dispatch(r))
-        else:  # nothing waits: the next arrival or returning sequence kicks it
-            r.pipeline.busy_until = 0.0
+        # else nothing waits: the next arrival or returning sequence kicks it
 
 
 class Decoded(Event):
@@ -327,7 +328,10 @@ class Simulation:
     # --- the loop's own bookkeeping
 
     def kick(self, r: RegionState, now: float) -> None:
-        if r.pipeline.busy_until <= now:
+        """A dispatch of ``r`` once its stage 0 is free, unless one is in the heap already
+        (copies would only wait again, and pile up under load)."""
+        if not r.pipeline.dispatching:
+            r.pipeline.dispatching = True
             self.schedule(max(now, r.pipeline.free[0]), Dispatch(r))
 
     def holds(self, r: RegionState, i: int) -> int:
