@@ -155,10 +155,14 @@ class StageTable:
         """Written under a temporary name, then renamed (a crash or a full disk leaves no
         half-written table under ``path``), with a digest of its contents."""
         arrays = self.arrays()
-        partial = path.with_name(path.name + ".partial")
+        # Named for this process, so that two workers timing the same table never write
+        # into one file; a writer killed midway leaves only its own ``.partial``, never read.
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as fh:
                 np.savez(fh, digest=np.asarray(_digest_of(arrays)), **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())  # on disk before it takes the name
             os.replace(partial, path)
         finally:
             partial.unlink(missing_ok=True)
