@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from wse_emu.configfile import preset_names, read_yaml_mapping
+from wse_emu.configfile import preset_dir, preset_names, read_yaml_mapping
 from wse_emu.errors import ConfigError
 from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
 from wse_emu.layer import ops_by_name
@@ -126,3 +126,30 @@ def test_cli_yaml_bomb_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "aliases expand" in proc.stderr
+
+
+@pytest.mark.parametrize("kind, text", [
+    ("model", "version: 1\nname: m\n" + "k" * 5000 + ": 1\n"),
+    ("model", (preset_dir("models") / "tiny.yaml").read_text().replace(
+        "hidden_size: 64", "hidden_size: '" + "6" * 5000 + "'")),
+    ("model", (preset_dir("models") / "tiny.yaml").read_text().replace(
+        "family: llama", "family: " + "x" * 5000)),
+    ("fabric", (preset_dir("fabrics") / "mesh8.yaml").read_text() + "z" * 5000 + ": 1\n"),
+    ("sweep", "version: 1\nname: s\npoint: run\n" + "q" * 5000 + ": 1\naxes: {a: [1]}\n"),
+    ("sweep", "version: 1\nname: s\npoint: run\nbase: {model: tiny}\naxes: {"
+     + "b" * 5000 + ": [1]}\n"),
+    ("sweep", "version: 1\nname: s\npoint: run\nbase: {model: tiny}\naxes: {fabric."
+     + "c" * 5000 + ": [1]}\n"),
+])
+def test_error_messages_quote_long_values_cut_short(tmp_path, kind, text):
+    """A message quotes what it was given, but a 5,000-character key or value is cut, so the
+    one line stays a line (an unknown key was once printed whole)."""
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(text)
+    command = {"model": ["inspect", str(path)],
+               "fabric": ["inspect", "tiny", "--fabric", str(path)],
+               "sweep": ["sweep", str(path), "-o", str(tmp_path / "out"), "--workers", "1"]}
+    proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *command[kind]],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[:300]
+    assert len(proc.stderr) < 400 + len(str(path)), proc.stderr[:400]

@@ -79,7 +79,7 @@ def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
     ("version: 1\nname: x\npoint: fly\naxes: {a: [1]}\n", "'point' must be one of"),
     ("version: 1\nname: x\npoint: run\naxes: {}\n", "'axes' must map"),
     ("version: 1\nname: x\npoint: run\naxes: {a: 3}\n", "axis 'a' must be a non-empty list"),
-    ("version: 1\nname: x\npoint: run\nsteps: 3\naxes: {a: [1]}\n", "unknown field(s) steps"),
+    ("version: 1\nname: x\npoint: run\nsteps: 3\naxes: {a: [1]}\n", "unknown field(s) 'steps'"),
     ("version: 1\nname: x\npoint: run\nmetric: goodput_requests_per_s\naxes: {a: [1]}\n",
      "'metric' of a run point must be one of"),
 ])

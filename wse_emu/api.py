@@ -295,11 +295,11 @@ def check_sweep(spec) -> None:
         if name.startswith("fabric."):
             if name.split(".", 1)[1] not in fabric_fields:
                 raise UserError(f"sweep {spec.name}: the fabric has no field "
-                                f"{name.split('.', 1)[1]!r} (its fields: "
+                                f"{short_repr(name.split('.', 1)[1])} (its fields: "
                                 f"{', '.join(fabric_fields)})")
         elif name not in allowed:
-            raise UserError(f"sweep {spec.name}: a {spec.point} point does not take {name!r} "
-                            f"(it takes {', '.join(allowed)}, and fabric.FIELD)")
+            raise UserError(f"sweep {spec.name}: a {spec.point} point does not take "
+                            f"{short_repr(name)} (it takes {', '.join(allowed)}, and fabric.FIELD)")
 
 
 def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,

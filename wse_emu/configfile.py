@@ -118,7 +118,7 @@ def build_dataclass(cls: type, data: dict[str, Any], source: str, skip: tuple[st
     unknown = sorted(str(k) for k in set(data) - set(fields) - set(skip))
     if unknown:
         raise ConfigError(
-            f"{source}: unknown field '{unknown[0]}' (allowed: {', '.join(sorted(fields))})"
+            f"{source}: unknown field {shown(unknown[0])} (allowed: {', '.join(sorted(fields))})"
         )
     values = {}
     for name, field in fields.items():

@@ -17,6 +17,7 @@ from wse_emu.configfile import (
     check_version,
     load_named,
     require,
+    shown,
 )
 from wse_emu.errors import ConfigError
 
@@ -88,7 +89,7 @@ class FabricSpec:
             value = getattr(self, f.name)
             if isinstance(value, float):
                 require(math.isfinite(value), source,
-                        f"field '{f.name}' must be a finite number, got {value!r}")
+                        f"field '{f.name}' must be a finite number, got {shown(value)}")
         positive = [
             "width", "height", "sram_bytes_per_pe", "clock_hz", "fp16_flops_per_cycle",
             "fp32_flops_per_cycle", "sram_read_bytes_per_cycle", "sram_write_bytes_per_cycle",

@@ -186,7 +186,7 @@ def _check_fields(where: str, item: Any, cls) -> None:
     _expect(isinstance(item, dict), where, "must be a mapping")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(item) - set(known))
-    _expect(not unknown, where, f"has unknown field(s) {', '.join(map(repr, unknown[:3]))}")
+    _expect(not unknown, where, f"has unknown field(s) {', '.join(map(short_repr, unknown[:3]))}")
     for name, f in known.items():
         if name not in item:
             required = f.default is MISSING and f.default_factory is MISSING

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wse_emu.configfile import preset_dir, read_yaml_mapping
+from wse_emu.configfile import preset_dir, read_yaml_mapping, shown
 from wse_emu.errors import ConfigError, UserError
 
 POINTS = ("run", "serve")  # what a point measures: one simulated step, or a serving run
@@ -84,7 +84,7 @@ def load_sweep(path: Path | str) -> SweepSpec:
     data = read_yaml_mapping(Path(path))
     unknown = sorted(set(data) - {"version", "name", "point", "base", "axes", "metric"})
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(map(shown, unknown[:3]))}")
     if data.get("version") != 1:
         raise ConfigError(f"{where}: 'version' must be 1")
     point = data.get("point")
