@@ -187,3 +187,28 @@ def test_every_compiled_layout_passes_the_schema(tmp_path):
         program.save(tmp_path / str(i))
         assert WaferProgram.load(tmp_path / str(i)).summary == json.loads(
             json.dumps(program.summary))
+
+
+@pytest.mark.parametrize("damage", [
+    _truncate_npz, _edit_array,
+    _undigested(_set(["stages", 0, "rect"], [0, 6, 0, 4, 8])),
+    _undigested(lambda data: data["kernels"][0].pop("rect")),
+])
+@pytest.mark.parametrize("command", [["run", "RUN"], ["run", "RUN", "--phase", "prefill"],
+                                     ["viz", "RUN"]])
+def test_a_command_given_a_damaged_run_directory_says_so_in_one_line(tiny_8x8, tmp_path,
+                                                                     damage, command):
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    tiny_8x8.save(run_dir)
+    damage(run_dir)
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main",
+                           *[str(run_dir) if a == "RUN" else a for a in command]],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("wse-emu: error:") and "recompile" in proc.stderr
+    assert time.perf_counter() - began < 30  # refused on reading, before any work
