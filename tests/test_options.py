@@ -58,7 +58,8 @@ def test_serving_options_are_checked_before_any_work(program, settings, name, tm
 @pytest.mark.parametrize("settings, name", [
     ({"phase": "both"}, "phase"), ({"batch": 0}, "batch"), ({"context": -5}, "context"),
     ({"tokens": 2.5}, "tokens"), ({"tiles": 0}, "tiles"), ({"tiles": 1000}, "tiles"),
-    ({"engine": "exact"}, "engine"), ({"batch": 64, "context": 10**6}, "batch"),
+    ({"engine": "exact"}, "engine"), ({"batch": 64, "context": 10**4}, "batch"),
+    ({"context": 10**6}, "context"), ({"phase": "prefill", "tokens": 10**6}, "tokens"),
 ])
 def test_a_step_is_checked_by_name(program, settings, name):
     with pytest.raises(UserError, match=f"`{name}"):
