@@ -349,11 +349,17 @@ def _digest_of(data: dict, arrays: dict) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps({k: v for k, v in data.items() if k != "digest"},
                              sort_keys=True).encode())
-    for name in sorted(arrays):
+    hash_arrays(digest, arrays, sorted(arrays))
+    return digest.hexdigest()
+
+
+def hash_arrays(digest, arrays: dict, names) -> None:
+    """Feed ``digest`` (a hashlib object) each of ``names``' arrays: its name, dtype, shape and
+    bytes, in that order (shared with the stage-table cache's entries)."""
+    for name in names:
         value = np.ascontiguousarray(arrays[name])
         digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
         digest.update(value.tobytes())
-    return digest.hexdigest()
 
 
 def _json_default(value):

@@ -25,7 +25,7 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.layer import MicroBatch
-from wse_emu.program import WaferProgram
+from wse_emu.program import WaferProgram, hash_arrays
 from wse_emu.progress import Phase, warn
 from wse_emu.runner import run_region
 from wse_emu.runtime.workers import gathered
@@ -193,10 +193,7 @@ TABLE_ARRAYS = ("phase", "axis0", "axis1", "cycles", "transfers")
 def _digest_of(arrays: dict) -> str:
     """A digest of a table's arrays: their names, dtypes, shapes and bytes."""
     digest = hashlib.sha256()
-    for name in TABLE_ARRAYS:
-        value = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
-        digest.update(value.tobytes())
+    hash_arrays(digest, arrays, TABLE_ARRAYS)
     return digest.hexdigest()
 
 
