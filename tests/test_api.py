@@ -35,7 +35,7 @@ def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
     assert metrics["requests"] == len(result.tokens) == 40
     assert metrics["slo_attainment"] == 1.0
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
-                  max_running=(0,), batch_limit=(64,), window_s=0.0)
+                  max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
     data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
                           space=space, cache_dir=tmp_path, workers=1)
     assert {c["plan"] for c in data["final"]} == {"colocated", "disaggregated"}

@@ -41,7 +41,7 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
                         output={"kind": "fixed", "value": 4}).validate("test")
     seen = {}
 
-    def one(pool, draws, targets, cluster, transform=None):
+    def one(pool, draws, targets, cluster, transform=None, scale=None):
         seen[cluster.systems] = len(draws[0])
         raise UserError("enough: the draws were seen")
 

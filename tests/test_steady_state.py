@@ -146,6 +146,7 @@ def _points(rate_met: float, tokens_per_request: float):
     def run(jobs):
         return [Point(f, f <= rate_met, {
             "goodput_requests_per_s": 0.5 * f, "output_tokens_per_s": tokens_per_request * f,
+            "window_output_tokens_per_s": tokens_per_request * f,
             "slo_attainment": 0.95 if f <= rate_met else 0.5, "ttft_growth_s": 0.0,
             "ttft_s": {"p90": 0.5}, "tpot_s": {"p90": 0.5}, "decode_stall_per_token_s": 0.0,
             "decode_work_per_token_s": 0.5, "prefill_utilization": 0.5,

@@ -104,7 +104,59 @@ def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
     return save_figure(fig, path, formats)
 
 
+def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Left: each plan's points (output tokens/s per system against the per-user speed at least
+    90% of requests reached), its Pareto frontier joined, intervals over draws as bars, the
+    headline's per-user speed marked. Right: the capacity ratio at each rung's target speed."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=DPI)
+    for n, plan in enumerate(("colocated", "disaggregated")):
+        style = {"color": OKABE_ITO[n], "marker": "s" if n else "o"}
+        points = [r["plans"][plan] for r in data["rungs"] if r["plans"][plan]["reached"]]
+        x = [p["user_tokens_per_s"]["p90"] for p in points]
+        y = [p["tokens_per_s_per_system"] for p in points]
+        err = [p.get("tokens_per_s_per_system_interval", {}).get("half_width", 0.0)
+               for p in points]
+        ax.errorbar(x, y, yerr=err, linestyle="none", alpha=0.5, capsize=2, markersize=4,
+                    **style)
+        front = data["frontier"][plan]
+        ax.plot([p["user_tokens_per_s"]["p90"] for p in front],
+                [p["tokens_per_s_per_system"] for p in front], linewidth=1.4,
+                label=f"{plan} frontier", **style)
+    head = data.get("headline")
+    if head:
+        vendor = " (the vendor's speed)" if head.get("vendor") else ""
+        for a in (ax, bx):
+            a.axvline(head["user_speed"], color="black", linestyle=":", linewidth=1.2,
+                      label=f"{head['user_speed']:,.0f} tokens/s per user{vendor}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("output tokens/s per user (reached by 90% of requests)")
+    ax.set_ylabel("output tokens/s per system (steady window)")
+    rows = [r for r in data["rungs"] if isinstance(r["capacity_ratio"].get("ratio"), float)]
+    bx.errorbar([r["user_speed"] for r in rows], [r["capacity_ratio"]["ratio"] for r in rows],
+                yerr=[r["capacity_ratio"]["interval"].get("half_width", 0.0) for r in rows],
+                color=OKABE_ITO[2], marker="o", capsize=3, linewidth=1.4,
+                label="disaggregated / colocated capacity")
+    bx.axhline(1.0, color="grey", linestyle="--", linewidth=1.0, label="break-even")
+    bx.set_xscale("log")
+    bx.set_xlabel("per-user speed target, output tokens/s (p90 TPOT = 1 / speed)")
+    bx.set_ylabel("ratio of output tokens/s per system")
+    for a in (ax, bx):
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=8, framealpha=0.9)
+    fig.suptitle(f"{data['model']} on {data['cluster']}, {data['workload']}: throughput against "
+                 "per-user speed", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path, formats)
+
+
 def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
+    if data.get("rungs"):
+        return [(frontier(data, out / "frontier", formats)[0],
+                 "Left: each plan's output tokens/s per system against the per-user speed "
+                 "90% of its requests reached, one point per rung (bars: 95% intervals over "
+                 "draws), its frontier joined; right: the ratio at each rung's target speed. "
+                 "The dotted line is the headline's per-user speed.")]
     if data.get("sensitivity"):
         return [(sensitivity(data, out / "sensitivity", formats)[0],
                  f"The disaggregated/colocated goodput ratio at each value of {data['vary']} "

@@ -75,7 +75,12 @@ def _config(run) -> list[tuple[str, object]]:
                  ("points", f"{len(w['rows'])} done, {sum('error' in r for r in w['rows'])} "
                             "failed")]
     e = run.experiment
-    if e and "sensitivity" in e:
+    if e and "rungs" in e:
+        speeds = ", ".join(f"{r['user_speed']:,.0f}" for r in e["rungs"])
+        rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
+                 ("targets", f"p90 TTFT <= {e['ttft_p90_s']} s; p90 TPOT <= 1 / speed at "
+                             f"speeds {speeds} tokens/s per user")]
+    elif e and "sensitivity" in e:
         rows += [("model", e["model"]), ("fabric", e["fabric"]), ("workload", e["workload"]),
                  ("varied", f"{e['vary']} ({e['description']}): "
                             + ", ".join(f"{r['value']:g}" for r in e["sensitivity"]))]
@@ -109,6 +114,14 @@ def _metrics(run) -> list[tuple[str, object]]:
     # The experiment: each plan's best as compared (every configuration tuned, before the
     # confirming runs existed).
     e = run.experiment
+    head = e.get("headline")
+    if head:
+        ratio = head["capacity_ratio"].get("ratio")
+        shown = ratio if isinstance(ratio, str) else ("-" if ratio is None else f"{ratio:.2f}x")
+        rows.append((f"capacity at {head['user_speed']:,.0f} tokens/s per user",
+                     ", ".join(f"{p} {si(v, 'tok/s')} per system"
+                               for p, v in head["capacity_per_system"].items())
+                     + f"; disaggregated / colocated {shown}"))
     for c in e.get("final") or e.get("configurations", []):
         rows.append((c["configuration"],
                      f"goodput (highest rate met) {c.get('max_rate_per_system', 0):.3g} "

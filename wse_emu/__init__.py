@@ -10,7 +10,8 @@ on first use, so that importing ``wse_emu`` stays quick.
 
 __version__ = "0.1.0"
 
-_API = ("load_model", "load_fabric", "compile", "run", "serve", "experiment", "generate",
+_API = ("load_model", "load_fabric", "compile", "run", "serve", "experiment", "frontier",
+        "generate",
         "sweep", "draw")
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
+
 from compiler.mapper import compile_model
 from compiler.options import CompileOptions
 from compiler.partition import disaggregated_splits, wafers_needed
@@ -29,6 +31,7 @@ from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
 from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
+from wse_emu.runtime import frontier as frontier_mod
 from wse_emu.runtime.comparison import (
     Space,
     describe_draws,
@@ -38,10 +41,10 @@ from wse_emu.runtime.comparison import (
     vary_experiment,
     workload_draws,
 )
-from wse_emu.runtime.experiment import Targets
+from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.metrics import run_metrics
 from wse_emu.runtime.pools import wafer_pools
-from wse_emu.runtime.sensitivity import parse_vary
+from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
 from wse_emu.runtime.serve import (
     LOOPS,
     ServeOptions,
@@ -53,13 +56,13 @@ from wse_emu.runtime.serve import (
 from wse_emu.runtime.serve import serve as serve_requests
 from wse_emu.runtime.sweep import SweepSpec, check_size, claim_directory, load_sweep, run_sweep
 from wse_emu.runtime.tables import check_in_grid
-from wse_emu.runtime.tuning import Layout
+from wse_emu.runtime.tuning import Layout, serve_choice
 from wse_emu.runtime.workers import point_pool
 from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
-__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "generate",
-           "sweep", "draw", "Space", "Targets", "default_cache_dir"]
+__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "frontier",
+           "generate", "sweep", "draw", "Space", "Targets", "default_cache_dir"]
 
 
 def default_cache_dir(given: Path | str | None = None) -> Path:
@@ -191,60 +194,165 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     ``routing`` and ``attention_tile`` (batch tiling on attention) apply to both plans alike.
     Every argument is checked before any work."""
     targets = Targets(ttft_s, tpot_s, attainment)
-    space = Space() if space is None else space
-    if not isinstance(space, Space):
-        raise UserError(f"`space` must be a Space, got {short_repr(space)}")
-    whole("seeds", seeds, 1)
-    whole("workers", workers, 0)
-    whole("systems", systems, 1)
-    if not is_number(tolerance) or not 0 < tolerance < 1:
-        raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
-    if price_per_system_hour is not None:
-        positive("price_per_system_hour", price_per_system_hour)
-    if requests is not None and whole("requests", requests, 1) < 2:
-        raise UserError(f"`requests` must be at least 2 (a rate needs two arrivals), got "
-                        f"{requests}")
-    whole("attention_tile", attention_tile, 0)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
-    model = _model(model)
-    if not isinstance(routing, Routing):
-        raise UserError(f"`routing` must be a Routing, got {short_repr(routing)}")
-    if not model.is_moe and routing != Routing():
-        raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
-    cluster = ClusterSpec(_fabric(fabric), systems)
-    spec = _workload(workload, trace, None, requests)
-    if requests is None:
-        spec.requests = tuning_requests(spec, systems)
-    draws = workload_draws(spec, seeds)
-    cache = default_cache_dir(cache_dir)
-
-    def draws_for(n_systems: int) -> list:
-        """The tuning runs' requests for ``n_systems`` systems (the base draws if the same)."""
-        n = tuning_requests(spec, n_systems)
-        return draws if n == spec.requests else workload_draws(replace(spec, requests=n),
-                                                                seeds)
-
-    def one(pool, draws, targets, cluster, transform=lambda r: r):
-        data, configs = disagg_experiment(
-            model, cluster, spec.name, draws[0], targets, pool,
-            lambda probes: build_layouts(model, cluster, probes, cache, space.copies,
-                                         progress, grid=space.grid, routing=routing,
-                                         attention_tile=attention_tile, pool=pool),
-            space, tolerance, progress, draws[1:], price_per_system_hour,
-            longer_draws(spec, seeds, transform))
-        if len(draws) > 1:
-            data["over_replicates"]["draws"] = describe_draws(spec, data)
-        # How both plans' steps were timed, beside their results.
-        data["routing"] = routing.describe() if model.is_moe else None
-        data["attention_tile"] = attention_tile or None
-        data["stored_formats"] = formats_text(model) or None
-        return data, configs
-
+    setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
+                   price_per_system_hour, workers, cache_dir, progress, routing, attention_tile)
     with point_pool(scheduler, workers) as pool:
+        one = setup.runner(RunBook(pool, serve_choice))
         if variation is None:
-            return one(pool, draws, targets, cluster)[0]
-        return vary_experiment(variation, one, pool, draws, targets, cluster,
-                               None if requests is not None else draws_for)
+            return one(pool, setup.draws, targets, setup.cluster)[0]
+        return vary_experiment(variation, one, pool, setup.draws, targets, setup.cluster,
+                               None if requests is not None else setup.draws_for)
+
+
+class _Setup:
+    """What ``experiment`` and ``frontier`` share: their arguments checked, before any work,
+    the workload's draws, and ``runner(book)``, which runs one experiment."""
+
+    def __init__(self, model, workload, trace, fabric, systems, space, requests, seeds,
+                 tolerance, price_per_system_hour, workers, cache_dir, progress, routing,
+                 attention_tile):
+        space = Space() if space is None else space
+        if not isinstance(space, Space):
+            raise UserError(f"`space` must be a Space, got {short_repr(space)}")
+        whole("seeds", seeds, 1)
+        whole("workers", workers, 0)
+        whole("systems", systems, 1)
+        if not is_number(tolerance) or not 0 < tolerance < 1:
+            raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
+        if price_per_system_hour is not None:
+            positive("price_per_system_hour", price_per_system_hour)
+        if requests is not None and whole("requests", requests, 1) < 2:
+            raise UserError(f"`requests` must be at least 2 (a rate needs two arrivals), got "
+                            f"{requests}")
+        whole("attention_tile", attention_tile, 0)
+        model = _model(model)
+        if not isinstance(routing, Routing):
+            raise UserError(f"`routing` must be a Routing, got {short_repr(routing)}")
+        if not model.is_moe and routing != Routing():
+            raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
+        self.cluster = ClusterSpec(_fabric(fabric), systems)
+        spec = _workload(workload, trace, None, requests)
+        if requests is None:
+            spec.requests = tuning_requests(spec, systems)
+        self.draws = workload_draws(spec, seeds)
+        self.model, self.spec, self.space, self.seeds = model, spec, space, seeds
+        self.tolerance, self.price, self.progress = tolerance, price_per_system_hour, progress
+        self.routing, self.attention_tile = routing, attention_tile
+        self.cache = default_cache_dir(cache_dir)
+        self._layouts: dict = {}
+
+    def draws_for(self, n_systems: int) -> list:
+        """The tuning runs' requests for ``n_systems`` systems (the base draws if the same)."""
+        n = tuning_requests(self.spec, n_systems)
+        return self.draws if n == self.spec.requests else workload_draws(
+            replace(self.spec, requests=n), self.seeds)
+
+    def layouts(self, pool, cluster: ClusterSpec, probes: list) -> tuple[dict, list]:
+        """``build_layouts`` for ``cluster``, built once (a frontier asks on every rung); the
+        ``probes`` are checked against the model's positions every time."""
+        key = cluster.systems
+        short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
+        if short:
+            raise UserError(short)
+        if key not in self._layouts:
+            self._layouts[key] = build_layouts(
+                self.model, cluster, probes, self.cache, self.space.copies, self.progress,
+                grid=self.space.grid, routing=self.routing,
+                attention_tile=self.attention_tile, pool=pool,
+                layers_per_stage=self.space.layers_per_stage)
+        return self._layouts[key]
+
+    def runner(self, book: RunBook):
+        """``one(pool, draws, targets, cluster, transform, scale)``: the experiment's report
+        and configurations, its serving runs kept in ``book``."""
+        model, spec, space = self.model, self.spec, self.space
+
+        def one(pool, draws, targets, cluster, transform=lambda r: r, scale=StepScale()):
+            def layouts_for(probes):
+                layouts, skipped = self.layouts(pool, cluster, probes)
+                return scale.layouts(layouts), skipped
+            data, configs = disagg_experiment(
+                model, cluster, spec.name, draws[0], targets, pool, layouts_for,
+                space, self.tolerance, self.progress, draws[1:], self.price,
+                longer_draws(spec, self.seeds, transform), book=book)
+            if len(draws) > 1:
+                data["over_replicates"]["draws"] = describe_draws(spec, data)
+            # How both plans' steps were timed, beside their results.
+            data["routing"] = self.routing.describe() if model.is_moe else None
+            data["attention_tile"] = self.attention_tile or None
+            data["stored_formats"] = formats_text(model) or None
+            data["step_scale"] = scale.describe() or None
+            return data, configs
+        return one
+
+
+def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+             trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
+             user_speeds=None, user_speed: float | None = None,
+             step_scales=(0.7, 1.3), fabric: FabricSpec | str = "wse3", systems: int = 1,
+             space: Space | None = None, requests: int | None = None, seeds: int = 1,
+             tolerance: float = 0.05, scheduler: str | None = None, workers: int = 0,
+             cache_dir: Path | str | None = None, progress=None, routing: Routing = Routing(),
+             attention_tile: int = 0) -> dict:
+    """Each plan's frontier of output tokens/s per system against tokens/s per user, and the
+    high-speed token capacity of both at ``user_speed`` (by default the model's published
+    vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier --json``
+    prints. Every rung of the ladder (``user_speeds``, tokens/s per user; by default from a
+    little slower than a lone sequence's decode step to 50) is ``experiment`` at a p90 TPOT
+    target of 1/speed, the same tuning for both plans; the rungs share their serving runs.
+    ``step_scales``: factors on the prefill and on the decode step times (each alone, the
+    hardware unchanged) at which the headline is read again, to show how far it leans on the
+    model's error (empty: not read). The other arguments are ``experiment``'s."""
+    Targets(ttft_s, 1.0, attainment)  # checked before any work
+    if user_speeds is not None:
+        user_speeds = frontier_mod.check_speeds(user_speeds)
+    if user_speed is not None:
+        positive("user_speed", user_speed)
+    scales = tuple(step_scales)
+    for f in scales:
+        positive("step_scales", f)
+    setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
+                   None, workers, cache_dir, progress, routing, attention_tile)
+    vendor = frontier_mod.vendor_speed(setup.model.name)
+    speed = user_speed if user_speed is not None else (vendor.tokens_per_s if vendor else None)
+    with point_pool(scheduler, workers) as pool:
+        book = RunBook(pool, serve_choice)
+        one = setup.runner(book)
+        layouts, _ = setup.layouts(pool, setup.cluster, setup.draws)
+        unit = next(lay for (plan, _), lay in layouts.items() if plan == "colocated")
+        floor = decode_step_s(unit.regions, setup.draws[0], setup.cluster.fabric.clock_hz)
+        ladder = user_speeds or tuple(frontier_mod.speed_ladder(floor, speed))
+        if speed is not None and not any(np.isclose(speed, s) for s in ladder):
+            ladder = tuple(sorted((*ladder, speed), reverse=True))
+        rungs = []
+        for k, s in enumerate(ladder):
+            if progress:
+                progress(f"rung {k + 1} of {len(ladder)}: {s:,.0f} tokens/s per user "
+                         f"(p90 TPOT <= {1e3 / s:.3g} ms)")
+            data, _ = one(pool, setup.draws, Targets(ttft_s, 1.0 / s, attainment),
+                          setup.cluster)
+            rungs.append((s, data))
+        leaning = []
+        if speed is not None:
+            for phase in ("prefill", "decode"):
+                for f in scales:
+                    if progress:
+                        progress(f"the headline with {phase} step times x{f:g}")
+                    scale = StepScale(**{phase: f})
+                    data, _ = one(pool, setup.draws, Targets(ttft_s, 1.0 / speed, attainment),
+                                  setup.cluster, scale=scale)
+                    leaning.append({"phase": phase, "factor": f,
+                                    **frontier_mod.rung_row(speed, data)})
+    rows = [frontier_mod.rung_row(s, d) for s, d in rungs]
+    first = rungs[0][1]
+    return {"model": setup.model.name, "cluster": first["cluster"],
+            "workload": setup.spec.name, "requests_per_run": first["requests_per_run"],
+            "seeds": seeds, "ttft_p90_s": ttft_s, "attainment": attainment,
+            "stage_grid": setup.space.grid, "lone_decode_step_s": floor,
+            "rungs": rows, **frontier_mod.summarize(rows, vendor, speed),
+            "step_time_leaning": leaning,
+            "experiments": {f"{s:g}": d for s, d in rungs}}
 
 
 def _workload(workload, trace, rate, requests) -> WorkloadSpec:
@@ -387,14 +495,20 @@ def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
                   copies=(1,), progress=None, splits: list[dict] | None = None,
                   grid: str = "full", routing: Routing = Routing(),
-                  attention_tile: int = 0, pool=None) -> tuple[dict, list[str]]:
+                  attention_tile: int = 0, pool=None,
+                  layers_per_stage="own") -> tuple[dict, list[str]]:
     """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
     (side by side in column bands), and disaggregated at each of ``splits`` (by default every
-    split ``disaggregated_splits`` proposes). A layout that does not compile, or whose regions
-    cannot hold the KV cache of the longest request of any of ``probes`` (every set of
-    requests the experiment may serve), is skipped, with why (colocated with one copy must
-    compile). Stage tables are timed over ``grid``'s shapes, on ``pool``'s workers if it is
-    a cluster's. Returns (plan, name) -> Layout, and the skipped."""
+    split ``disaggregated_splits`` proposes), each at the compiler's own pipeline depth and at
+    the other depths (layers per stage) ``layers_per_stage`` asks for: "own", none; "matched",
+    every depth some layout came to by itself, so that both plans get the same choice; or
+    numbers. A layout that does not compile is
+    skipped, with why (colocated with one copy at its own depth must compile). A layout whose
+    regions cannot hold some request stays: serving refuses that request, which then misses its
+    targets, so which layouts are tried does not depend on how long the runs are. ``probes``
+    (every set of requests the experiment may serve) are checked against the model's
+    positions. Stage tables are timed over ``grid``'s shapes, on ``pool``'s workers if it is a
+    cluster's. Returns (plan, name) -> Layout, and the skipped."""
     fabric = cluster.fabric
     splits = disaggregated_splits(model, cluster) if splits is None else splits
     span = wafers_needed(model, fabric)
@@ -405,6 +519,52 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     short = next(filter(None, (position_shortfall(r, model) for r in probes)), None)
     if short:  # the same on every layout, so refused before any is compiled
         raise UserError(short)
+    plans, skipped = _layout_plans(model, fabric, span, copies, splits)
+
+    def compiled(plan, name, split, depth):
+        try:
+            return compile_model(model, cluster, CompileOptions(
+                plan=plan, routing=routing.spec(), routing_seed=routing.seed,
+                attention_tile=attention_tile, layers_per_stage=depth, **split))
+        except CompileError as exc:
+            if plan == "colocated" and not split and depth is None:
+                raise
+            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
+            return None
+
+    programs = {}  # (plan, name) -> program, at the compiler's own depth first
+    for plan, name, split in plans:
+        if progress:
+            progress(f"compiling {plan} {name}")
+        program = compiled(plan, name, split, None)
+        if program is not None:
+            programs[(plan, name)] = program
+    own = {key: _layers_per_stage(p) for key, p in programs.items()}
+    depths = {"own": [], "matched": sorted(set(own.values()))}.get(layers_per_stage,
+                                                                    layers_per_stage)
+    for plan, name, split in plans:
+        for depth in depths:
+            if (plan, name) in programs and depth != own[(plan, name)]:
+                deeper = f"{name} at {depth} layer{'s' if depth > 1 else ''}/stage"
+                if progress:
+                    progress(f"compiling {plan} {deeper}")
+                program = compiled(plan, deeper, split, depth)
+                if program is not None:
+                    programs[(plan, deeper)] = program
+    layouts = {}
+    for (plan, name), program in programs.items():
+        if progress:
+            progress(f"timing {plan} {name}")
+        layouts[(plan, name)] = Layout(plan, name, wafer_pools(program, cache, grid=grid,
+                                                               pool=pool))
+    if not any(plan == "disaggregated" for plan, _ in layouts):
+        raise UserError("no disaggregated split compiles: " + "; ".join(skipped))
+    return layouts, skipped
+
+
+def _layout_plans(model: ModelSpec, fabric: FabricSpec, span: int, copies,
+                  splits: list[dict]) -> tuple[list, list[str]]:
+    """(plan, name, compile options) of every layout, and those no wafer can take."""
     plans, skipped = [], []
     for n in sorted(set(copies) | {1}):
         name = f"{n} cop{'y' if n == 1 else 'ies'}"
@@ -424,26 +584,9 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
             n = split["prefill_systems"]
             name = f"{n} prefill system{'s' if n > 1 else ''}"
         plans.append(("disaggregated", name, split))
-    layouts = {}
-    for plan, name, split in plans:
-        if progress:
-            progress(f"compiling and timing {plan} {name}")
-        try:
-            program = compile_model(model, cluster, CompileOptions(
-                plan=plan, routing=routing.spec(), routing_seed=routing.seed,
-                attention_tile=attention_tile, **split))
-        except CompileError as exc:
-            if plan == "colocated" and not split:
-                raise
-            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
-            continue
-        short = next(filter(None, (kv_shortfall(r, program.regions) for r in probes)), None)
-        if short:
-            skipped.append(f"{plan} {name}: {short}")
-            continue
-        layouts[(plan, name)] = Layout(plan, name, wafer_pools(program, cache, grid=grid,
-                                                               pool=pool))
-    if not any(plan == "disaggregated" for plan, _ in layouts):
-        raise UserError("no disaggregated split holds the longest request's KV cache: "
-                        + "; ".join(skipped))
-    return layouts, skipped
+    return plans, skipped
+
+
+def _layers_per_stage(program) -> int:
+    """The most layers any stage of ``program`` holds: its pipeline's depth, as compiled."""
+    return max(s.layers[1] - s.layers[0] for s in program.stages)

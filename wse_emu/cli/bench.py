@@ -213,9 +213,11 @@ def run_functional(repeat: int) -> dict:
 
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("bench", help=summary)
-    p.add_argument("target", choices=["compile", "sim", "serve", "experiment", "viz",
-                                       "functional", "kernels"], help="what to benchmark")
-    p.add_argument("--trace", help="serve and experiment: the conversation trace CSV (default: "
+    p.add_argument("target", choices=["compile", "sim", "serve", "experiment", "frontier",
+                                       "viz", "functional", "kernels"],
+                   help="what to benchmark")
+    p.add_argument("--trace", help="serve, experiment and frontier: the conversation trace CSV "
+                   "(default: "
                    "the project's shared traces folder beside the repository)")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")
     p.add_argument("--json", action="store_true", help="accepted for symmetry; output is JSON")
@@ -223,10 +225,11 @@ def add_parser(sub, summary: str) -> None:
 
 
 def run(args) -> dict:
-    if args.target in ("serve", "experiment"):
-        from wse_emu.cli.bench_serving import run_experiment, run_serve
+    if args.target in ("serve", "experiment", "frontier"):
+        from wse_emu.cli.bench_serving import run_experiment, run_frontier, run_serve
 
-        return run_serve(args) if args.target == "serve" else run_experiment(args)
+        return {"serve": run_serve, "experiment": run_experiment,
+                "frontier": run_frontier}[args.target](args)
     if args.target == "sim":
         return run_sim(max(1, args.repeat))
     if args.target == "viz":

@@ -14,6 +14,7 @@ from wse_emu.cli.compile_cmd import (
     model_from_args,
 )
 from wse_emu.cli.knob_args import add_space_args, space_settings
+from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
@@ -30,6 +31,36 @@ def add_parser(sub, summary: str) -> None:
     kinds.required = True
     d = kinds.add_parser("disagg", help="colocated versus disaggregated prefill and decode, at "
                          "the highest rate that meets the latency targets")
+    _add_common(d)
+    d.add_argument("--tpot-slo", dest="tpot_s", type=float, required=True,
+                   help="p90 time-per-output-token target, seconds (the token speed every "
+                        "configuration must reach)")
+    d.add_argument("--price-per-system-hour", type=float,
+                   help="price of one system for an hour (any currency): adds the cost per "
+                   "million output tokens at each plan's best (no default: none is published)")
+    d.add_argument("--vary", metavar="NAME=V1,V2,...",
+                   help="repeat the experiment at each value of one input and report how the "
+                   "ratio moves: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
+    d.set_defaults(func=run, writes_run_dir=True)
+    f = kinds.add_parser("frontier", help="each plan's output tokens/s per system against "
+                         "tokens/s per user, and the ratio at the vendor's token speed")
+    _add_common(f)
+    f.add_argument("--user-speeds", metavar="S1,S2,...",
+                   help="per-user speeds to aim at, output tokens/s (each a p90 TPOT target "
+                   "of 1/S; default: a ladder from a little slower than a lone sequence's "
+                   "decode step to 50, with --user-speed among them)")
+    f.add_argument("--user-speed", type=float,
+                   help="where to read the headline, output tokens/s per user (default: the "
+                   "model's published vendor speed, programs/vendor_speeds.yaml)")
+    f.add_argument("--step-scales", default="0.7,1.3", metavar="F1,F2|none",
+                   help="read the headline again with the prefill, then the decode, step "
+                   "times times each factor, the hardware unchanged (default 0.7,1.3; none: "
+                   "not)")
+    f.set_defaults(func=run_frontier, writes_run_dir=True)
+
+
+def _add_common(d) -> None:
+    """The arguments both experiments take."""
     d.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
     add_fabric_args(d)
     add_format_args(d)
@@ -42,9 +73,6 @@ def add_parser(sub, summary: str) -> None:
                    f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
     d.add_argument("--ttft-slo", dest="ttft_s", type=float, required=True,
                    help="p90 time-to-first-token target, seconds")
-    d.add_argument("--tpot-slo", dest="tpot_s", type=float, required=True,
-                   help="p90 time-per-output-token target, seconds (the token speed every "
-                        "configuration must reach)")
     d.add_argument("--attainment", type=float, default=0.9,
                    help="share of requests that must meet both targets (default 0.9)")
     space = Space()
@@ -60,12 +88,6 @@ def add_parser(sub, summary: str) -> None:
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
                    "2 or more, the mean and 95%% interval of every goodput and of the ratio")
-    d.add_argument("--price-per-system-hour", type=float,
-                   help="price of one system for an hour (any currency): adds the cost per "
-                   "million output tokens at each plan's best (no default: none is published)")
-    d.add_argument("--vary", metavar="NAME=V1,V2,...",
-                   help="repeat the experiment at each value of one input and report how the "
-                   "ratio moves: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
@@ -89,12 +111,113 @@ def add_parser(sub, summary: str) -> None:
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     d.add_argument("--json", action="store_true")
-    d.set_defaults(func=run, writes_run_dir=True)
+
+
+def _space(args) -> Space:
+    return Space(**space_settings(args), prefix_cache=args.prefix_cache,
+                 window_s=args.window_s, grid=args.grid)
+
+
+def _written(args, data: dict, text: str):
+    """Writes the run directory if asked; the JSON, or the text, to print."""
+    if args.output:
+        write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
+            json.dumps(data, indent=1)))
+    if args.json:
+        return data
+    return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
+
+
+def run_frontier(args):
+    model = model_from_args(args)
+    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
+    scales = () if args.step_scales.strip() == "none" else _floats(args.step_scales,
+                                                                    "step_scales")
+    data = api.frontier(
+        model, args.workload, trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment,
+        user_speeds=speeds, user_speed=args.user_speed, step_scales=scales,
+        fabric=fabric_from_args(args), systems=args.systems, space=_space(args),
+        requests=args.requests, seeds=args.seeds, tolerance=args.tolerance,
+        scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
+        progress=status, routing=routing_for(model, args.routing, args.routing_seed),
+        attention_tile=args.attention_tile)
+    return _written(args, data, render_frontier(data) if not args.json else "")
+
+
+def _floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"`{name}` must be comma-separated numbers, got {text!r}") from None
+
+
+def _ratio_text(capacity: dict) -> str:
+    ratio = capacity.get("ratio")
+    if ratio == "unbounded":
+        return "unbounded (colocated reaches it at no rate)"
+    if ratio is None:
+        return "-" if not capacity.get("unbounded_draws") else \
+            f"unbounded on {capacity['unbounded_draws']} of {capacity['draws']} draws"
+    iv = capacity.get("interval") or {}
+    if "half_width" in iv:
+        return f"{ratio:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
+    return f"{ratio:.2f}x"
+
+
+def render_frontier(data: dict) -> str:
+    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']}: output "
+            f"tokens/s per system against tokens/s per user; p90 TTFT <= "
+            f"{seconds(data['ttft_p90_s'])}, each rung's p90 TPOT <= 1 / its speed, >= "
+            f"{data['attainment']:.0%} of requests meeting both; tuning runs of "
+            f"{data['requests_per_run']:,} requests, {data['seeds']} draw(s)"
+            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
+            + f"; a lone sequence's decode step {seconds(data['lone_decode_step_s'])}")
+    rows = []
+    for r in data["rungs"]:
+        cells = [f"{r['user_speed']:,.0f}", seconds(r["tpot_target_s"])]
+        for plan in ("colocated", "disaggregated"):
+            pt = r["plans"][plan]
+            if not pt["reached"]:
+                cells += ["0 (not reached)", "-", "-"]
+                continue
+            iv = pt.get("tokens_per_s_per_system_interval") or {}
+            tok = si(pt["tokens_per_s_per_system"]) + (
+                f" ({si(iv['low'])} to {si(iv['high'])})" if "half_width" in iv else "")
+            u = pt["user_tokens_per_s"]
+            cells += [tok, f"{u['p50']:,.0f} / {u['p90']:,.0f} / {u['mean']:,.0f}",
+                      pt["configuration"].split(", ", 1)[1]]
+        g = r["goodput_ratio"]
+        cells += [_ratio_text(r["capacity_ratio"]), "-" if g is None else f"{g:.2f}x"]
+        rows.append(cells)
+    lines = [head, "", table(
+        ["tok/s/user target", "p90 TPOT", "colocated tok/s/system",
+         "colocated tok/s/user p50/p90/mean", "colocated best", "disaggregated tok/s/system",
+         "disaggregated tok/s/user p50/p90/mean", "disaggregated best",
+         "capacity ratio", "goodput ratio"], rows, "rrrrlrrlrr")]
+    fastest = data["fastest_reached"]
+    lines += ["", "Fastest per-user speed reached (p90): " + ", ".join(
+        f"{plan} {v:,.0f} tokens/s" for plan, v in fastest.items())]
+    h = data.get("headline")
+    if h:
+        cap = h["capacity_per_system"]
+        src = f" (the vendor's: {h['vendor']['source']})" if h.get("vendor") else ""
+        lines += ["", f"High-speed token capacity at {h['user_speed']:,.0f} tokens/s per user"
+                  f"{src}: colocated {si(cap['colocated'])} tok/s per system, disaggregated "
+                  f"{si(cap['disaggregated'])}; disaggregated / colocated "
+                  f"{_ratio_text(h['capacity_ratio'])}"
+                  + ("" if h["goodput_ratio"] is None else
+                     f"; DistServe goodput ratio at the same target {h['goodput_ratio']:.2f}x")
+                  + "."]
+        lines += [f"  - {why}" for why in h["why"].values() if why]
+    if data.get("step_time_leaning"):
+        lines += ["", "The headline with step times scaled (the hardware unchanged):"]
+        lines += [f"  - {r['phase']} x{r['factor']:g}: {_ratio_text(r['capacity_ratio'])}"
+                  for r in data["step_time_leaning"]]
+    return "\n".join(lines)
 
 
 def run(args):
-    space = Space(**space_settings(args), prefix_cache=args.prefix_cache,
-                  window_s=args.window_s, grid=args.grid)
+    space = _space(args)
     model = model_from_args(args)
     data = api.experiment(
         model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
@@ -104,13 +227,9 @@ def run(args):
         scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
         progress=status, routing=routing_for(model, args.routing, args.routing_seed),
         attention_tile=args.attention_tile)
-    if args.output:
-        write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
-            json.dumps(data, indent=1)))
     if args.json:
-        return data
-    text = render(data) if args.vary is None else render_sensitivity(data)
-    return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
+        return _written(args, data, "")
+    return _written(args, data, render(data) if args.vary is None else render_sensitivity(data))
 
 
 def render_sensitivity(data: dict) -> str:

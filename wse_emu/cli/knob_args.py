@@ -7,6 +7,7 @@ checked where they are used (``ServeOptions``, ``Space``); here they are only re
 from __future__ import annotations
 
 from wse_emu.errors import UserError
+from wse_emu.runtime.comparison import DEPTH_RULES
 from wse_emu.runtime.knobs import info
 from wse_emu.runtime.policies import POLICIES, knob_fields
 from wse_emu.runtime.serve import ServeOptions
@@ -47,6 +48,10 @@ def add_space_args(p, copies: tuple) -> None:
                        help="copies of the model per wafer, colocated (side by side in column "
                             f"bands; a model on one wafer only; default "
                             f"{','.join(map(str, copies))})")
+    group.add_argument("--layers-per-stage", default="matched", metavar="matched|own|L1,L2",
+                       help="pipeline depths (layers per stage) to try every layout of both "
+                            "plans at: matched (default), every depth some layout comes to by "
+                            "itself; own, each layout at its own; or these, besides its own")
     for f in knob_fields():
         tune = ",".join(map(str, info(f).tune))
         group.add_argument(flag(f.name), default=tune, help=f"{info(f).help} (default {tune})")
@@ -56,6 +61,8 @@ def space_settings(args) -> dict:
     """The values to try the flags of ``add_space_args`` give, by parameter name."""
     return {"policy": tuple(v.strip() for v in args.policy.split(",") if v.strip()),
             "copies": _ints(args.copies, "copies"),
+            "layers_per_stage": (args.layers_per_stage if args.layers_per_stage in DEPTH_RULES
+                                 else _ints(args.layers_per_stage, "layers_per_stage")),
             **{f.name: _ints(getattr(args, f.name), f.name) for f in knob_fields()}}
 
 

@@ -18,6 +18,7 @@ from wse_emu.runtime.ceiling import ceiling_rate
 from wse_emu.runtime.experiment import (
     Config,
     Outcome,
+    RunBook,
     Search,
     Targets,
     compare,
@@ -31,7 +32,7 @@ from wse_emu.runtime.policies import POLICIES, SPLIT_POLICY, knob_fields, policy
 from wse_emu.runtime.sensitivity import VARIABLES, Variation, apply, decode_step_s
 from wse_emu.runtime.serve import ServeOptions
 from wse_emu.runtime.tables import check_in_grid, grid_axes
-from wse_emu.runtime.tuning import Choice, Knob, config_of, evaluate_choice, tune
+from wse_emu.runtime.tuning import Choice, Knob, config_of, serve_choice, tune
 from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
 
 # The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
@@ -45,16 +46,23 @@ def confirm_cap(requests: Requests) -> int:
     return max(1, MAX_CONFIRM_REQUESTS * requests.sessions() // max(1, len(requests)))
 
 
+DEPTH_RULES = ("matched", "own")  # besides numbers: see ``Space``
+
+
 @dataclass(frozen=True)
 class _SpaceBase:
-    """What the experiment tunes: the copies of the model per wafer and the colocated
-    policies to try, and (generated from the policies' knob dataclasses) the values to try of
-    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
-    confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
-    stage tables' grid ("full", or "quick": fewer shapes, for a first look). Every value is
-    checked here, by name."""
+    """What the experiment tunes: the copies of the model per wafer, the pipeline depths
+    (layers per stage) to try every layout at ("matched": each layout of both plans at every
+    depth some layout comes to by itself, so that neither plan has a depth the other lacks;
+    "own": each at its own; or numbers, tried besides each layout's own), the colocated
+    policies to try, and (generated from
+    the policies' knob dataclasses) the values to try of every knob (a single value fixes it);
+    whether agentic calls reuse cached KV; how long the confirming runs' steady windows must be
+    (emulated seconds; 0: no confirming runs); and the stage tables' grid ("full", or "quick":
+    fewer shapes, for a first look). Every value is checked here, by name."""
 
     copies: tuple = (1, 2, 4)
+    layers_per_stage: tuple | str = "matched"
     policy: tuple = tuple(POLICIES)
     prefix_cache: bool = True
     window_s: float = 120.0
@@ -64,6 +72,10 @@ class _SpaceBase:
         grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
         copies = check_values("copies", KnobInfo("copies", "", 1, ()), self.copies)
         object.__setattr__(self, "copies", copies)
+        if self.layers_per_stage not in DEPTH_RULES:
+            depths = check_values("layers_per_stage", KnobInfo("layers_per_stage", "", 1, ()),
+                                  self.layers_per_stage)
+            object.__setattr__(self, "layers_per_stage", depths)
         if isinstance(self.policy, str) or not hasattr(self.policy, "__iter__") \
                 or not self.policy:
             raise UserError(f"`policy` must be one or more of {', '.join(POLICIES)}, got "
@@ -79,16 +91,17 @@ class _SpaceBase:
         at_least_zero("window_s", self.window_s)
 
     def knobs(self, splits: list[str], copies: list[str]) -> dict:
-        """Per plan, its knobs in the order they are tuned: colocated, its policy and copies
-        per wafer, then every knob some policy tried reads; disaggregated, its split, then the
-        knobs of the policy a split's regions serve with."""
+        """Per plan, its knobs in the order they are tuned: colocated, its policy and layout
+        (copies per wafer and pipeline depth), then every knob some policy tried reads;
+        disaggregated, its layout (split and depth), then the knobs of the policy a split's
+        regions serve with."""
         colocated = {name for p in self.policy for name in POLICIES[p].knob_names()}
         split = set(SPLIT_POLICY.knob_names())
         tuned = [(info(f).label, f.name, getattr(self, f.name)) for f in knob_fields()]
         return {"colocated": [Knob("policy", "policy", self.policy),
-                              Knob("copies per wafer", "layout", tuple(copies))]
+                              Knob("layout", "layout", tuple(copies))]
                 + [Knob(*k) for k in tuned if k[1] in colocated],
-                "disaggregated": [Knob("split", "layout", tuple(splits))]
+                "disaggregated": [Knob("layout", "layout", tuple(splits))]
                 + [Knob(*k) for k in tuned if k[1] in split]}
 
     def initial(self, plan: str, layout: str):
@@ -112,7 +125,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, layouts_for,
                       space=None, tolerance: float = 0.05, progress=None,
                       more_draws: list[Requests] = (), price: float | None = None,
-                      longer=None) -> tuple[dict, dict]:
+                      longer=None, book: RunBook | None = None) -> tuple[dict, dict]:
     """Lay the plans out, tune each plan on ``pool`` and compare: the JSON-able report, and
     every configuration searched (label -> Config). ``layouts_for(probes)``: the layouts whose
     KV holds every request of ``probes`` ((plan, name) -> Layout) and why the others were
@@ -121,7 +134,8 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     ``more_draws`` (independent draws of the same workload) the tuned configurations are
     searched again on each (the knobs are tuned on the first draw only), and the report adds
     every draw's answer and the mean and 95% interval over all of them. ``space``: a Space
-    (by default, every knob's default values)."""
+    (by default, every knob's default values). ``book``: where serving runs are kept (a
+    frontier shares one across its targets; by default a new one)."""
     space = Space() if space is None else space
     draws = [requests, *more_draws]
     # Every request any run may serve must fit a layout's KV, the confirming runs' included.
@@ -141,7 +155,9 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     knobs = space.knobs(names["disaggregated"], names["colocated"])
     initial = {plan: space.initial(plan, names[plan][0]) for plan in names if names[plan]}
     economy = (cluster.systems, fabric.system_power_w, price)
-    run_points = pool.bind(evaluate_choice, (layouts, base, requests, targets))
+    book = RunBook(pool, serve_choice) if book is None else book
+    run_points = book.run_points((layouts, base), requests, targets)
+
     def ceiling_of(config) -> float:  # as a factor of the requests' own rate
         return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
     searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
@@ -152,7 +168,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     data["tuning"] = [_step(s, searches, cluster.systems) for s in steps]
     data["points"] = {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
                       for s in searches.values()}
-    finals = [final(tuned, layouts, base, d, r, targets, pool, space, tolerance, progress,
+    finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,
                     economy, searches, longer) for r, d in enumerate(draws)]
     data.update(finals[0])
     if more_draws:
@@ -164,7 +180,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
 
 
 def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, draw: int,
-          targets: Targets, pool, space: Space, tolerance: float, progress, economy,
+          targets: Targets, book: RunBook, space: Space, tolerance: float, progress, economy,
           tuning: dict, longer=None) -> dict:
     """Each plan's tuned configuration on one draw: searched again on runs long enough for a
     steady window of ``space.window_s`` at the rates found (the confirming runs: sized by the
@@ -186,7 +202,7 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
                 runs = longer(draw, n)
             else:
                 runs = requests
-            searches = _search_again(tuned, layouts, base, runs, targets, pool, guess,
+            searches = _search_again(tuned, layouts, base, runs, targets, book, guess,
                                      tolerance, progress)
             reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
                        if s.best is not None]
@@ -205,9 +221,10 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
 
 
 def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests,
-                  targets: Targets, pool, guess: dict, tolerance: float, progress) -> dict:
+                  targets: Targets, book: RunBook, guess: dict, tolerance: float,
+                  progress) -> dict:
     """The tuned configurations' rate searches on ``runs``, started near ``guess``."""
-    run_points = pool.bind(evaluate_choice, (layouts, base, runs, targets))
+    run_points = book.run_points((layouts, base), runs, targets)
     searches = {}
     for c in tuned.values():
         config = config_of(c, layouts, base)
@@ -245,6 +262,8 @@ def _point(p) -> dict:
             "slo_attainment": m["slo_attainment"],
             "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
             "pace": m["pace"], "output_tokens_per_s": m["output_tokens_per_s"],
+            "window_output_tokens_per_s": m["window_output_tokens_per_s"],
+            "user_tokens_per_s": m["user_tokens_per_s"], "refused": m["refused"],
             "goodput_requests_per_s": m["goodput_requests_per_s"]}
 
 
@@ -275,6 +294,8 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
                     "goodput_requests_per_s": r.goodput,
                     "output_tokens_per_s": r.tokens_per_s,
                     "output_tokens_per_s_per_system": r.tokens_per_s / systems,
+                    "window_output_tokens_per_s_per_system": r.window_tokens_per_s / systems,
+                    "user_tokens_per_s": m["user_tokens_per_s"], "refused": m["refused"],
                     "window_requests": m["window_requests"], "window_s": m["window_s"],
                     "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
                     "pace": m["pace"], "ttft_p90_s": m["ttft_s"]["p90"],
@@ -298,7 +319,9 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
 
 def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
                     cluster: ClusterSpec, draws_for=None) -> dict:
-    """``one(pool, draws, targets, cluster)`` at every value of ``variation``: each value's
+    """``one(pool, draws, targets, cluster, transform, scale)`` at every value of
+    ``variation`` (``transform``: the value applied to a confirming run's requests;
+    ``scale``: the value's ``StepScale`` on the stage tables): each value's
     full report, and a row per value with the best of each plan, their ratio and the TPOT
     target in decode steps. A value the experiment cannot run (too few systems for a split)
     keeps its row, with why. ``draws_for(systems)``, if given, draws the tuning runs' requests
@@ -310,13 +333,14 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
         if draws_for is not None:
             base = draws_for(apply(variation, value, draws[0], targets, cluster.systems)[2])
         varied = [apply(variation, value, d, targets, cluster.systems) for d in base]
-        v_targets, systems = varied[0][1], varied[0][2]
+        v_targets, systems, scale = varied[0][1], varied[0][2], varied[0][3]
         row = {"value": value, "tpot_s": v_targets.tpot_s, "systems": systems}
         try:
             data, configs = one(pool, [v[0] for v in varied], v_targets,
                                 ClusterSpec(cluster.fabric, systems),
                                 lambda requests, value=value: apply(
-                                    variation, value, requests, targets, cluster.systems)[0])
+                                    variation, value, requests, targets, cluster.systems)[0],
+                                scale)
         except UserError as exc:
             rows.append({**row, "error": str(exc)})
             continue

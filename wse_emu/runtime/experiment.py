@@ -19,14 +19,14 @@ for KV room.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 
 import numpy as np
 
 from wse_emu.checks import positive
 from wse_emu.errors import UserError
 from wse_emu.progress import duration
-from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.metrics import judged_window, on_target, run_metrics
 from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
@@ -99,13 +99,76 @@ class Point:
     metrics: dict
 
 
-def evaluate(config: Config, requests: Requests, factor: float, targets: Targets) -> Point:
-    """Serve ``requests`` arriving ``factor`` times as fast as generated."""
+@dataclass
+class Run:
+    """One serving run at one rate, before any target judges it: its metrics that no target
+    decides, and what the targets are checked on (per request, its TTFT and TPOT and whether
+    it is in the steady window). One run serves every target of a frontier's ladder."""
+
+    rate: float
+    metrics: dict
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    window: np.ndarray
+    span_s: float
+
+
+def serve_run(config: Config, requests: Requests, factor: float) -> Run:
+    """Serve ``requests`` arriving ``factor`` times as fast as generated. A request no region
+    of the configuration can hold is refused, and misses every target."""
     reqs = requests.faster(factor)
-    result = serve(reqs, config.regions, config.options)
-    metrics = run_metrics(result, reqs, targets.ttft_s, targets.tpot_s, steady=True)
+    result = serve(reqs, config.regions, config.options, refuse=True)
+    metrics = run_metrics(result, reqs, None, None, steady=True)
     metrics.update(_pressure(result.regions, metrics["duration_s"]))
-    return Point(requests.offered_rate() * factor, targets.met(metrics), metrics)
+    return Run(requests.offered_rate() * factor, metrics, result.ttft_s(), result.tpot_s(),
+               judged_window(result, reqs).mask, metrics["duration_s"])
+
+
+def judge(run: Run, targets: Targets) -> Point:
+    """The run against ``targets``: its metrics with the attainment and goodput they decide."""
+    metrics = {**run.metrics, **on_target(run.ttft_s, run.tpot_s, run.window, run.span_s,
+                                          targets.ttft_s, targets.tpot_s)}
+    return Point(run.rate, targets.met(metrics), metrics)
+
+
+def evaluate(config: Config, requests: Requests, factor: float, targets: Targets) -> Point:
+    """Serve ``requests`` arriving ``factor`` times as fast as generated, judged on
+    ``targets``."""
+    return judge(serve_run(config, requests, factor), targets)
+
+
+class RunBook:
+    """The serving runs of an experiment, kept by what they served (the requests, the layouts
+    and options, the configuration and the rate): judged against another target, a run is not
+    served again. ``run_points`` gives what ``run_searches`` calls."""
+
+    def __init__(self, pool, serve_job):
+        self.pool, self.serve_job = pool, serve_job  # serve_job(*shared, *job) -> Run
+        self.runs: dict = {}
+        self.bound: dict = {}  # shared key -> (shared, bound function); keeps shared alive
+
+    def run_points(self, shared: tuple, requests: Requests, targets: Targets):
+        """``run_points(jobs, done=None)``: each job (a configuration and a factor) judged on
+        ``targets``, served as ``serve_job(*shared, requests, *job)`` unless served before."""
+        # Options (dataclasses) by value, so that every target's experiment shares them;
+        # layouts by identity (``bound`` keeps them alive).
+        key = (tuple(repr(x) if is_dataclass(x) else id(x) for x in shared), requests.digest())
+        if key not in self.bound:
+            self.bound[key] = ((shared, requests),
+                               self.pool.bind(self.serve_job, (*shared, requests)))
+        serve_jobs = self.bound[key][1]
+
+        def run_points(jobs, done=None):
+            todo = [job for job in dict.fromkeys(jobs) if (key, job) not in self.runs]
+            known = len(jobs) - len(todo)
+            if todo:
+                counted = None if done is None else (lambda count: done(known + count))
+                for job, run in zip(todo, serve_jobs(todo, done=counted)):
+                    self.runs[(key, job)] = run
+            elif done is not None and jobs:
+                done(len(jobs))
+            return [judge(self.runs[(key, job)], targets) for job in jobs]
+        return run_points
 
 
 def _pressure(regions: dict, duration_s: float) -> dict:
@@ -227,6 +290,12 @@ class Outcome:
     def tokens_per_s(self) -> float:
         return self.best.metrics["output_tokens_per_s"] if self.best else 0.0
 
+    @property
+    def window_tokens_per_s(self) -> float:
+        """Output tokens/s at the best rate over its steady window (the filling and the drain
+        left out): what the configuration sustains."""
+        return self.best.metrics["window_output_tokens_per_s"] if self.best else 0.0
+
     def limit(self, targets: Targets) -> str:
         """What broke at the first failed rate, in a few words."""
         if self.failed is None:
@@ -276,8 +345,13 @@ def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> dict:
                                           "disaggregated": dis.max_rate / systems}
         summary["tokens_per_s_per_system"] = {"colocated": col.tokens_per_s / systems,
                                               "disaggregated": dis.tokens_per_s / systems}
+        summary["window_tokens_per_s_per_system"] = {
+            "colocated": col.window_tokens_per_s / systems,
+            "disaggregated": dis.window_tokens_per_s / systems}
         summary["goodput_ratio"] = _ratio(dis.max_rate, col.max_rate)
         summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
+        summary["window_tokens_per_s_ratio"] = _ratio(dis.window_tokens_per_s,
+                                                      col.window_tokens_per_s)
         summary["on_target_per_makespan_ratio"] = _ratio(dis.goodput, col.goodput)
         summary["split"] = dis.knob
         # A configuration that met every rate tried has no ceiling found: its rate is a floor.
@@ -338,13 +412,17 @@ def over_replicates(reports: list[dict]) -> dict:
                          [c.get("max_rate_per_system", 0.0) for c in mine],
                          upper=[c.get("failed_rate_per_system") for c in mine]),
                      "output_tokens_per_s_per_system": interval(
-                         c.get("output_tokens_per_s_per_system", 0.0) for c in mine)})
+                         c.get("output_tokens_per_s_per_system", 0.0) for c in mine),
+                     "window_output_tokens_per_s_per_system": interval(
+                         c.get("window_output_tokens_per_s_per_system", 0.0) for c in mine)})
     return {"replicates": len(reports), "configurations": rows,
             "goodput_ratio": interval([r["comparison"].get("goodput_ratio") for r in reports],
                                       [_ratio_bound(r, low=True) for r in reports],
                                       [_ratio_bound(r, low=False) for r in reports]),
             "tokens_per_s_ratio": interval(r["comparison"].get("tokens_per_s_ratio")
-                                           for r in reports)}
+                                           for r in reports),
+            "window_tokens_per_s_ratio": interval(
+                r["comparison"].get("window_tokens_per_s_ratio") for r in reports)}
 
 
 def _ratio_bound(report: dict, low: bool) -> float | None:

@@ -21,6 +21,8 @@ short to judge (``too_short``): its numbers count every call, and it meets no ta
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from wse_emu.runtime.serve import ServeResult
@@ -82,22 +84,94 @@ def pace(arrival_s: np.ndarray, first_token_s: np.ndarray) -> float:
 
 
 def percentiles(values: np.ndarray) -> dict[str, float]:
-    return {f"p{q}": float(np.percentile(values, q)) for q in (50, 90, 99)}
+    """p50, p90 and p99; infinite (a refused request's times) where the rank falls on an
+    infinite value (numpy would interpolate to NaN)."""
+    values = np.asarray(values, dtype=float)
+    out = {}
+    infinite = np.isinf(values)
+    for q in (50, 90, 99):
+        if infinite.any() and np.isinf(np.sort(values)[int(np.ceil((len(values) - 1) * q / 100))]):
+            out[f"p{q}"] = float("inf")
+        else:
+            out[f"p{q}"] = float(np.percentile(values, q))
+    return out
 
 
-def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
-                tpot_slo_s: float | None, steady: bool = False) -> dict:
-    ttft, tpot = res.ttft_s(), res.tpot_s()
-    e2e = (res.finish - res.arrival) / res.clock_hz
-    span = (res.finish.max() - res.arrival.min()) / res.clock_hz
-    ok = np.ones(len(ttft), dtype=bool)
+def user_speeds(tpot_s: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+    """Output tokens/s per user (1 / TPOT) of the requests with more than one output token (a
+    refused request's is 0): at the median TPOT (``p50``), at the p90 TPOT (``p90``: the speed
+    at least 90% of users reach, so that a p90 TPOT target of 1/S reads as a p90 speed of S),
+    and the mean over users, against which vendors quote their speeds."""
+    tpot = tpot_s[tokens > 1]
+    if not len(tpot):
+        return {"p50": 0.0, "p90": 0.0, "mean": 0.0}
+    q = percentiles(tpot)
+    with np.errstate(divide="ignore"):
+        speed = 1.0 / tpot
+    return {"p50": 1.0 / q["p50"] if q["p50"] > 0 else float("inf"),
+            "p90": 1.0 / q["p90"] if q["p90"] > 0 else float("inf"),
+            "mean": float(np.mean(speed[np.isfinite(speed)])) if np.isfinite(speed).any()
+            else 0.0}
+
+
+def token_times(res: ServeResult) -> np.ndarray:
+    """The cycle every output token came out at: each request's first, then each gap's."""
+    served = res.served() & (res.tokens > 0)
+    order = np.argsort(res.gap_request, kind="stable")  # a request's gaps, in order
+    gaps = res.gap_cycles[order]
+    owner = res.gap_request[order]
+    # Cumulative gaps within each request, from its first token.
+    total = np.cumsum(gaps)
+    start = np.searchsorted(owner, owner, side="left")
+    before = np.where(start > 0, total[np.maximum(start - 1, 0)], 0.0)
+    later = res.first_token[owner] + total - before
+    return np.concatenate([res.first_token[served], later])
+
+
+def window_tokens_per_s(res: ServeResult, begin: float, end: float) -> float:
+    """Output tokens per second that came out between cycles ``begin`` and ``end`` (the steady
+    window's first and last arrival): the rate sustained, the filling and the drain left out."""
+    if end <= begin:
+        return 0.0
+    times = token_times(res)
+    inside = np.count_nonzero((times >= begin) & (times <= end))
+    return float(inside / ((end - begin) / res.clock_hz))
+
+
+def on_target(ttft_s: np.ndarray, tpot_s: np.ndarray, window: np.ndarray, span_s: float,
+              ttft_slo_s: float | None, tpot_slo_s: float | None) -> dict:
+    """The metrics a run's targets decide: the share of the window's requests meeting both
+    (``slo_attainment``) and the requests meeting both per second of the whole run's makespan,
+    the drain included (``goodput_requests_per_s``)."""
+    ok = np.ones(len(ttft_s), dtype=bool)
     if ttft_slo_s is not None:
-        ok &= ttft <= ttft_slo_s
+        ok &= ttft_s <= ttft_slo_s
     if tpot_slo_s is not None:
-        ok &= tpot <= tpot_slo_s
-    first = reqs.call == 0  # open-loop arrivals: plain requests and sessions' first calls
+        ok &= tpot_s <= tpot_slo_s
+    return {"slo_attainment": float(ok[window].mean()),
+            "goodput_requests_per_s": float(ok.sum() / span_s) if span_s > 0 else 0.0}
+
+
+class _Window(NamedTuple):
+    """The requests a run is judged on, and the sessions they belong to."""
+
+    mask: np.ndarray  # the requests counted
+    too_short: bool  # no session started after the warm-up (every call counted, none met)
+    first: np.ndarray  # open-loop arrivals: plain requests and sessions' first calls
+    index: np.ndarray  # each request's session, 0 to sessions - 1
+    closed_loop: bool  # sessions of several calls
+    start: np.ndarray | None  # per session, its first arrival and last finish (cycles)
+    end: np.ndarray | None
+
+
+def judged_window(res: ServeResult, reqs: Requests, steady: bool = True) -> _Window:
+    """The requests ``run_metrics`` counts: with ``steady``, its steady window (for agent
+    sessions, of sessions started once a session's length has passed); else every one."""
+    n = len(res.finish)
+    first = reqs.call == 0
     sessions, index = np.unique(reqs.session, return_inverse=True)
-    closed_loop = len(sessions) < len(reqs)  # sessions of several calls
+    closed_loop = len(sessions) < len(reqs)
+    start = end = None
     if closed_loop:
         start = np.full(len(sessions), np.iinfo(np.int64).max, dtype=np.int64)
         np.minimum.at(start, index, res.arrival)
@@ -110,11 +184,21 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
         # only after that.
         warm_until = int(start.min() + np.median(end - start))
     window = session_window(res.arrival, reqs.session, first, warm_until) if steady \
-        else np.ones(len(ttft), dtype=bool)
+        else np.ones(n, dtype=bool)
     too_short = steady and not window.any()
     if too_short:  # no session started after the warm-up: judged on every call, and not met
-        window = np.ones(len(ttft), dtype=bool)
+        window = np.ones(n, dtype=bool)
+    return _Window(window, too_short, first, index, closed_loop, start, end)
+
+
+def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
+                tpot_slo_s: float | None, steady: bool = False) -> dict:
+    ttft, tpot = res.ttft_s(), res.tpot_s()
+    e2e = np.where(res.served(), (res.finish - res.arrival) / res.clock_hz, np.inf)
+    span = (res.finish.max() - res.arrival.min()) / res.clock_hz
+    window, too_short, first, index, closed_loop, start, end = judged_window(res, reqs, steady)
     gaps = res.itl_s(window)
+    served = res.served()
     out = {
         "requests": len(ttft),
         "duration_s": float(span),
@@ -126,28 +210,36 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
         "itl_s": percentiles(gaps if len(gaps) else np.zeros(1)),
         "output_tokens_per_s": float(res.tokens.sum() / span) if span > 0 else 0.0,
         "requests_per_s": float(len(ttft) / span) if span > 0 else 0.0,
-        "slo_attainment": float(ok[window].mean()),
-        # Requests that met both targets over the whole run's makespan (drain included).
-        "goodput_requests_per_s": float(ok.sum() / span) if span > 0 else 0.0,
+        **on_target(ttft, tpot, window, span, ttft_slo_s, tpot_slo_s),
+        "user_tokens_per_s": user_speeds(tpot[window], res.tokens[window]),
+        "refused": int((~served).sum()),
     }
     if steady:
         opening = window & first
         arrived = res.arrival[opening] / res.clock_hz
-        trend = ttft_trend(arrived, ttft[opening])
-        served = res.first_token[opening] / res.clock_hz
+        # The queue's trend, from the requests served (a refused one has no first token).
+        kept = opening & served
+        if not kept.any():
+            kept = opening
+        trend = ttft_trend(res.arrival[kept] / res.clock_hz, np.nan_to_num(ttft[kept]))
         out.update({"window_requests": int(window.sum()),
                     "window_s": float(arrived.max() - arrived.min()),
+                    "window_output_tokens_per_s": window_tokens_per_s(
+                        res, float(res.arrival[opening].min()), float(res.arrival[opening].max())),
                     "ttft_by_fifth_s": trend,
                     "ttft_growth_s": trend[-1] - trend[0],
-                    "ttft_slope": ttft_slope(arrived, ttft[opening]),
-                    "pace": pace(arrived, served), "too_short": too_short})
+                    "ttft_slope": ttft_slope(res.arrival[kept] / res.clock_hz,
+                                             np.nan_to_num(ttft[kept])),
+                    "pace": pace(res.arrival[kept] / res.clock_hz,
+                                 res.first_token[kept] / res.clock_hz),
+                    "too_short": too_short})
     if closed_loop:
         out["session_s"] = percentiles((end - start) / res.clock_hz)
         if steady:
             # Sessions must also finish at the pace they start: later sessions stretched by a
             # load that keeps growing spread their ends over more time.
-            inside = np.zeros(len(sessions), dtype=bool)
-            inside[index[window & first]] = True
+            inside = np.zeros(len(start), dtype=bool)
+            inside[index[window & first & served]] = True
             out["session_pace"] = pace(start[inside] / res.clock_hz, end[inside] / res.clock_hz)
             out["pace"] = max(out["pace"], out["session_pace"])
     return out

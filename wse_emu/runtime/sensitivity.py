@@ -22,7 +22,38 @@ VARIABLES = {
     "systems": "systems (wafers) in the cluster",
     "prompt-scale": "every prompt's length times this factor",
     "output-scale": "every output's length times this factor",
+    "prefill-time": "every prefill step's time times this factor (the hardware unchanged)",
+    "decode-time": "every decode step's time times this factor (the hardware unchanged)",
 }
+
+
+@dataclass(frozen=True)
+class StepScale:
+    """Factors on the stage tables' prefill and decode times: how far an answer leans on the
+    model's error in each (1: as simulated)."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+    def __bool__(self) -> bool:
+        return (self.prefill, self.decode) != (1.0, 1.0)
+
+    def describe(self) -> str:
+        return ", ".join(f"{phase} step times x{f:g}" for phase, f in
+                         (("prefill", self.prefill), ("decode", self.decode)) if f != 1.0)
+
+    def layouts(self, layouts: dict) -> dict:
+        """``layouts`` ((plan, name) -> Layout) with their pools' tables scaled."""
+        if not self:
+            return layouts
+        return {key: replace(layout, regions=[self.pool(r) for r in layout.regions])
+                for key, layout in layouts.items()}
+
+    def pool(self, region):
+        return replace(region, **{phase: getattr(region, phase).scaled(factor)
+                                  for phase, factor in (("prefill", self.prefill),
+                                                        ("decode", self.decode))
+                                  if getattr(region, phase) is not None and factor != 1.0})
 
 
 @dataclass(frozen=True)
@@ -60,15 +91,20 @@ def scaled(requests: Requests, prompt: float = 1.0, output: float = 1.0) -> Requ
 
 
 def apply(variation: Variation, value: float, requests: Requests, targets: Targets,
-          systems: int) -> tuple[Requests, Targets, int]:
+          systems: int) -> tuple[Requests, Targets, int, StepScale]:
     """The experiment's inputs at one value of the variable."""
+    same = (requests, targets, systems, StepScale())
     if variation.name == "tpot":
-        return requests, replace(targets, tpot_s=value), systems
+        return requests, replace(targets, tpot_s=value), systems, StepScale()
     if variation.name == "systems":
-        return requests, targets, int(value)
+        return requests, targets, int(value), StepScale()
     if variation.name == "prompt-scale":
-        return scaled(requests, prompt=value), targets, systems
-    return scaled(requests, output=value), targets, systems
+        return scaled(requests, prompt=value), targets, systems, StepScale()
+    if variation.name == "output-scale":
+        return scaled(requests, output=value), targets, systems, StepScale()
+    if variation.name == "prefill-time":
+        return (*same[:3], StepScale(prefill=value))
+    return (*same[:3], StepScale(decode=value))
 
 
 def decode_step_s(regions, requests: Requests, clock_hz: float) -> float:

@@ -115,15 +115,27 @@ class ServeResult:
     gap_request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     gap_cycles: np.ndarray = field(default_factory=lambda: np.zeros(0))
     requests: Requests | None = None  # what was served
+    # Requests no pool could ever hold (``serve(..., refuse=True)``): never served, their
+    # times infinite, so that they count against every target.
+    refused: np.ndarray | None = None
     workload: str = ""  # its name
     loop_s: float = 0.0  # wall seconds of the event loop itself (not part of the results)
 
     def ttft_s(self) -> np.ndarray:
-        return (self.first_token - self.arrival) / self.clock_hz
+        return self._refusing((self.first_token - self.arrival) / self.clock_hz)
 
     def tpot_s(self) -> np.ndarray:
         gen = np.maximum(self.tokens - 1, 1)
-        return (self.finish - self.first_token) / gen / self.clock_hz
+        return self._refusing((self.finish - self.first_token) / gen / self.clock_hz)
+
+    def served(self) -> np.ndarray:
+        """The requests that were served (all but the refused)."""
+        return np.ones(len(self.finish), dtype=bool) if self.refused is None else ~self.refused
+
+    def _refusing(self, seconds: np.ndarray) -> np.ndarray:
+        if self.refused is not None and self.refused.any():
+            seconds = np.where(self.refused, np.inf, seconds)
+        return seconds
 
     def itl_s(self, requests: np.ndarray | None = None) -> np.ndarray:
         """Inter-token latencies (every gap between a request's consecutive tokens), of the
@@ -169,6 +181,20 @@ def kv_shortfall(requests: Requests, regions: list) -> str | None:
     return None
 
 
+def holdable(requests: Requests, regions: list) -> np.ndarray:
+    """Per request, whether a region of every role it needs could ever hold its KV (as
+    ``kv_shortfall`` asks of the longest); a session only if all its calls can, since its later
+    calls follow the earlier ones."""
+    total = requests.prompt_tokens + requests.output_tokens
+    ok = np.ones(len(requests), dtype=bool)
+    for role, need in (("mixed", total), ("prefill", requests.prompt_tokens),
+                       ("decode", total)):
+        room = [r.kv_capacity_tokens for r in regions if r.role == role]
+        if room:
+            ok &= need <= max(room)
+    return ~np.isin(requests.session, requests.session[~ok])
+
+
 def position_shortfall(requests: Requests, model) -> str | None:
     """Why some request runs past ``model``'s positions, or None. A request's last decode
     step feeds its second-to-last output token, so it needs prompt + output - 1 positions
@@ -184,9 +210,11 @@ def position_shortfall(requests: Requests, model) -> str | None:
             f"{int(requests.output_tokens[i]):,} output tokens, needs {int(needs[i]):,}")
 
 
-def serve(requests: Requests, pools: list, options, loop: str = "compiled") -> ServeResult:
+def serve(requests: Requests, pools: list, options, loop: str = "compiled",
+          refuse: bool = False) -> ServeResult:
     """Serve ``requests`` on ``pools`` with ``options`` (a ServeOptions), on the compiled loop
-    or its plain twin (``loop="plain"``)."""
+    or its plain twin (``loop="plain"``). A request no pool could ever hold is an error, or,
+    with ``refuse``, refused: never served, with its session (``ServeResult.refused``)."""
     if not isinstance(options, ServeOptions):
         raise UserError(f"`options` must be a ServeOptions, got {short_repr(options)}")
     one_of("loop", loop, LOOPS)
@@ -197,13 +225,44 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled") -> S
         raise UserError("serving needs regions for both prefill and decode")
     check_micro_batches(pools, options)
     short = kv_shortfall(requests, pools)
-    if short:
+    if short and not refuse:
         raise UserError(short)
+    if short:
+        return _refusing(requests, pools, options, loop)
     caching = bool(options.prefix_cache) and len(np.unique(requests.session)) < len(requests)
     policies = options.policies()
     run = serve_plain if loop == "plain" else serve_compiled
     return _result(requests, pools, options,
                    LoopOutput(*run(requests, pools, options, policies, caching)))
+
+
+def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResult:
+    """``serve`` of the requests some pool can hold, with the others refused: arriving with
+    their session's first call, answered never (their times infinite, no tokens)."""
+    keep = holdable(requests, pools)
+    start = requests.arrival_s[requests.call == 0]
+    first_of = dict(zip(requests.session[requests.call == 0].tolist(), start.tolist()))
+    arrival = np.array([first_of[s] for s in requests.session.tolist()]) * options.clock_hz
+    n = len(requests)
+    out = ServeResult(arrival.copy(), arrival.copy(), arrival.copy(), np.zeros(n, dtype=np.int64),
+                      [""] * n, options.clock_hz, requests=requests, refused=~keep)
+    if not keep.any():
+        return out
+    inner = serve(_subset(requests, keep), pools, options, loop)
+    index = np.flatnonzero(keep)
+    for name in ("arrival", "first_token", "finish"):
+        getattr(out, name)[index] = getattr(inner, name)
+    out.tokens[index] = inner.tokens
+    for k, i in enumerate(index):
+        out.region[i] = inner.region[k]
+    out.regions, out.kv_traces, out.timeline = inner.regions, inner.kv_traces, inner.timeline
+    out.gap_request, out.gap_cycles = index[inner.gap_request], inner.gap_cycles
+    out.loop_s = inner.loop_s
+    return out
+
+
+def _subset(requests: Requests, keep: np.ndarray) -> Requests:
+    return Requests(*(getattr(requests, f.name)[keep] for f in dataclasses.fields(Requests)))
 
 
 class LoopOutput(NamedTuple):

@@ -83,6 +83,12 @@ class StageTable:
         self._lines: dict = {}  # a -> the grid interpolated along axis0 at a, and its steps
         self._vectors: dict = {}  # (a, b) -> vector: serving asks for the same shapes again
 
+    def scaled(self, factor: float) -> "StageTable":
+        """The same table with every time ``factor`` times as long (the stages' and the
+        transfers' alike): a step time off by that much, the hardware left as it is."""
+        return StageTable(self.phase, self.axis0, self.axis1, self.cycles * factor,
+                          self.transfers * factor)
+
     def __getstate__(self) -> dict:
         """The table without its caches: they can be large, and a pool may pickle the table
         while this process is still adding to them."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass, replace
 
-from wse_emu.runtime.experiment import Config, Point, Search, Targets, evaluate, run_searches
+from wse_emu.runtime.experiment import Config, Run, Search, run_searches, serve_run
 from wse_emu.runtime.knobs import info
 from wse_emu.runtime.policies import POLICIES, SPLIT_POLICY, knob_fields
 from wse_emu.runtime.serve import ServeOptions
@@ -94,11 +94,11 @@ def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
     return Config(choice.plan, choice.knob, layout.regions, options)
 
 
-def evaluate_choice(layouts: dict, base: ServeOptions, requests: Requests, targets: Targets,
-                    choice, factor: float) -> Point:
-    """``evaluate`` of one (choice, factor) job, the form ``pool`` runs: the layouts (the
+def serve_choice(layouts: dict, base: ServeOptions, requests: Requests, choice,
+                 factor: float) -> Run:
+    """``serve_run`` of one (choice, factor) job, the form ``pool`` runs: the layouts (the
     large part) go to each worker once."""
-    return evaluate(config_of(choice, layouts, base), requests, factor, targets)
+    return serve_run(config_of(choice, layouts, base), requests, factor)
 
 
 @dataclass

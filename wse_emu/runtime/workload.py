@@ -10,6 +10,8 @@ Everything is drawn from one seeded generator: the same spec and seed give the s
 from __future__ import annotations
 
 import csv
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,15 @@ class Requests:
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
+
+    def digest(self) -> str:
+        """A digest of every column: equal requests, equal digests."""
+        h = hashlib.sha256()
+        for f in dataclasses.fields(self):
+            column = np.ascontiguousarray(getattr(self, f.name))
+            h.update(f"{f.name}:{column.dtype}:{column.shape}".encode())
+            h.update(column.tobytes())
+        return h.hexdigest()
 
     def faster(self, factor: float) -> "Requests":
         """The same requests arriving ``factor`` times as fast (the same draws, so a rate

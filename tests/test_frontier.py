@@ -1,0 +1,244 @@
+"""The frontier (``experiment frontier``): every point it reports meets its targets, a speed no
+configuration reaches gives a capacity of 0 and no ratio, the frontier never gains throughput
+as the per-user speed rises, more draws narrow the ratio's interval; and what it rests on:
+requests no region holds are refused and counted as missed, both plans are tried at the same
+pipeline depths, step times scale without touching the hardware, throughput is counted over
+the steady window."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wse_emu import api
+from wse_emu.cli.main import main
+from wse_emu.runtime.comparison import Space
+from wse_emu.runtime.frontier import capacity_ratio, pareto, speed_ladder, vendor_speed
+from wse_emu.runtime.metrics import percentiles, run_metrics, token_times, user_speeds
+from wse_emu.runtime.sensitivity import StepScale
+from wse_emu.runtime.serve import ServeOptions, serve
+from wse_emu.runtime.workload import Requests
+
+SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
+QUICK = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
+              max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
+
+
+def tiny_frontier(tmp_path, **settings):
+    defaults = dict(ttft_s=0.05, fabric="mesh16", space=QUICK, cache_dir=tmp_path / "cache",
+                    workers=1, step_scales=())
+    return api.frontier("tiny", str(SMALL_CHAT), **{**defaults, **settings})
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    return tiny_frontier(tmp_path_factory.mktemp("frontier"), user_speed=20_000, seeds=2)
+
+
+def test_every_point_reached_meets_its_targets(ladder):
+    assert len(ladder["rungs"]) >= 3
+    for r in ladder["rungs"]:
+        data = ladder["experiments"][f"{r['user_speed']:g}"]
+        rows = {c["configuration"]: c for c in data["final"]}
+        for plan, point in r["plans"].items():
+            if not point["reached"]:
+                continue
+            row = rows[point["configuration"]]
+            assert row["tpot_p90_s"] <= r["tpot_target_s"]
+            assert row["ttft_p90_s"] <= ladder["ttft_p90_s"]
+            assert row["slo_attainment"] >= ladder["attainment"]
+            # 90% of requests at or above the speed.
+            assert point["user_tokens_per_s"]["p90"] >= r["user_speed"]
+            assert point["tokens_per_s_per_system"] > 0
+
+
+def test_the_frontier_never_gains_throughput_as_speed_rises(ladder):
+    for plan, front in ladder["frontier"].items():
+        assert front, plan
+        speeds = [p["user_tokens_per_s"]["p90"] for p in front]
+        tokens = [p["tokens_per_s_per_system"] for p in front]
+        assert speeds == sorted(speeds, reverse=True)
+        assert tokens == sorted(tokens)  # fastest first: throughput only grows as speed falls
+
+
+def test_the_headline_is_read_at_the_speed_asked_for(ladder):
+    head = ladder["headline"]
+    assert head["user_speed"] == 20_000
+    rung = next(r for r in ladder["rungs"] if r["user_speed"] == 20_000)
+    assert head["capacity_per_system"]["colocated"] == \
+        rung["plans"]["colocated"]["tokens_per_s_per_system"]
+    assert head["capacity_ratio"] == rung["capacity_ratio"]
+
+
+def test_a_speed_no_configuration_reaches_has_no_capacity_and_no_ratio(tmp_path, ladder):
+    # Twice as fast as a lone sequence's decode step: no batch, no policy gets there.
+    too_fast = 2.0 / ladder["lone_decode_step_s"]
+    data = tiny_frontier(tmp_path, user_speeds=[too_fast], user_speed=too_fast)
+    head = data["headline"]
+    assert head["capacity_per_system"] == {"colocated": 0.0, "disaggregated": 0.0}
+    assert head["capacity_ratio"]["ratio"] is None
+    assert head["capacity_ratio"]["neither_draws"] == 1
+    assert data["fastest_reached"] == {"colocated": 0.0, "disaggregated": 0.0}
+    assert data["frontier"] == {"colocated": [], "disaggregated": []}
+
+
+def test_a_ratio_over_a_colocated_zero_is_unbounded_not_a_number():
+    def row(name, rate):
+        return {"configuration": name, "max_rate_per_system": rate,
+                "window_output_tokens_per_s_per_system": 10.0 * rate}
+
+    def draw(col, dis):
+        return {"configurations": [row("c", col), row("d", dis)],
+                "comparison": {"colocated": "c", "disaggregated": "d"}}
+    report = {"final": draw(0, 3)["configurations"], "comparison": draw(0, 3)["comparison"],
+              "replicates": [draw(0, 3), draw(0, 2)]}
+    assert capacity_ratio(report)["ratio"] == "unbounded"
+    report["replicates"] = [draw(1, 3), draw(0, 2)]
+    mixed = capacity_ratio(report)
+    assert mixed["ratio"] is None and mixed["unbounded_draws"] == 1
+    report["replicates"] = [draw(1, 3), draw(2, 2)]
+    assert capacity_ratio(report)["ratio"] == pytest.approx(2.0)
+
+
+def test_more_draws_narrow_the_ratios_interval(tmp_path):
+    widths = []
+    for seeds in (2, 4):
+        data = tiny_frontier(tmp_path, user_speeds=[20_000], user_speed=20_000, seeds=seeds)
+        iv = data["headline"]["capacity_ratio"]["interval"]
+        assert iv["n"] == seeds
+        widths.append(iv["half_width"])
+    assert widths[1] < widths[0]
+
+
+@given(st.lists(st.tuples(st.floats(1, 1e5), st.floats(0, 1e6)), max_size=30))
+def test_pareto_points_dominate_every_other(points):
+    pts = [{"reached": True, "user_tokens_per_s": {"p90": s}, "tokens_per_s_per_system": t}
+           for s, t in points]
+    front = pareto(pts)
+    for p in pts:  # every point is matched or beaten on both axes by one on the frontier
+        assert any(f["user_tokens_per_s"]["p90"] >= p["user_tokens_per_s"]["p90"]
+                   and f["tokens_per_s_per_system"] >= p["tokens_per_s_per_system"]
+                   for f in front)
+    tokens = [f["tokens_per_s_per_system"] for f in front]
+    assert tokens == sorted(tokens)
+
+
+def test_the_ladder_runs_from_near_the_floor_to_20_ms_with_the_vendor_speed_on_it():
+    speeds = speed_ladder(0.0003, 1800)
+    assert speeds == sorted(speeds, reverse=True)
+    assert 1800 in speeds
+    assert speeds[0] < 1 / 0.0003 and speeds[0] == pytest.approx(1 / 0.00033, rel=1e-6)
+    assert speeds[-1] == pytest.approx(50)
+    assert 1e6 not in speed_ladder(0.0003, 1e6)  # faster than a lone step: not a rung
+
+
+def test_vendor_speeds_have_sources():
+    speed = vendor_speed("llama-3.1-8b")
+    assert speed.tokens_per_s == 1800 and "2024-08-27" in speed.source
+    assert vendor_speed("tiny") is None
+
+
+def test_percentiles_of_refused_requests_are_infinite_not_nan():
+    p = percentiles(np.array([1.0, 2.0, 3.0, np.inf]))
+    assert p["p50"] == 2.5 and p["p90"] == np.inf and p["p99"] == np.inf
+    assert percentiles(np.arange(10.0)) == {f"p{q}": float(np.percentile(np.arange(10.0), q))
+                                            for q in (50, 90, 99)}
+
+
+def test_user_speeds_read_as_a_p90_target_does():
+    tpot = np.array([0.001] * 9 + [0.01])
+    speeds = user_speeds(tpot, np.full(10, 5))
+    assert speeds["p50"] == pytest.approx(1000)
+    assert speeds["p90"] == pytest.approx(1 / np.percentile(tpot, 90))
+    assert speeds["mean"] == pytest.approx((9 * 1000 + 100) / 10)
+
+
+@pytest.fixture(scope="module")
+def tiny_split(tmp_path_factory):
+    program = api.compile("tiny", "mesh16", plan="disaggregated")
+    from wse_emu.runtime.pools import wafer_pools
+    return program, wafer_pools(program, tmp_path_factory.mktemp("tables"), grid="quick")
+
+
+def _requests(prompts, outputs, gap=0.01):
+    n = len(prompts)
+    return Requests(np.arange(n) * gap, np.asarray(prompts), np.asarray(outputs),
+                    np.arange(n), np.zeros(n, dtype=np.int64), np.zeros(n))
+
+
+def test_a_request_no_region_holds_is_refused_and_misses_its_targets(tiny_split):
+    program, pools = tiny_split
+    room = max(p.kv_capacity_tokens for p in pools)
+    reqs = _requests([64] * 9 + [room + 10], [8] * 10)
+    options = ServeOptions.of(program.fabric, program.model, batch_limit=8)
+    with pytest.raises(Exception, match="KV cache"):
+        serve(reqs, pools, options)
+    res = serve(reqs, pools, options, refuse=True)
+    assert res.refused.tolist() == [False] * 9 + [True]
+    assert res.tokens[-1] == 0 and np.isinf(res.ttft_s()[-1]) and np.isinf(res.tpot_s()[-1])
+    m = run_metrics(res, reqs, 10.0, 10.0)
+    assert m["refused"] == 1 and m["slo_attainment"] == pytest.approx(0.9)
+    assert m["ttft_s"]["p99"] == np.inf
+    alone = serve(_requests([64] * 9, [8] * 9), pools, options)
+    assert np.array_equal(res.finish[:9], alone.finish)  # the others served as without it
+
+
+def test_window_throughput_counts_the_tokens_inside_the_window(tiny_split):
+    program, pools = tiny_split
+    reqs = _requests([64] * 30, [16] * 30, gap=0.0005)
+    res = serve(reqs, pools, ServeOptions.of(program.fabric, program.model, batch_limit=8))
+    times = token_times(res)
+    assert len(times) == res.tokens.sum()
+    assert times.min() >= res.first_token.min() and times.max() == pytest.approx(res.finish.max())
+    m = run_metrics(res, reqs, None, None, steady=True)
+    assert 0 < m["window_output_tokens_per_s"]
+
+
+def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):
+    program, pools = tiny_split
+    scaled = StepScale(prefill=1.3).pool(pools[0])
+    assert np.allclose(scaled.prefill.cycles, 1.3 * pools[0].prefill.cycles)
+    assert scaled.kv_capacity_tokens == pools[0].kv_capacity_tokens
+    assert scaled.link_bytes_per_cycle == pools[0].link_bytes_per_cycle
+    decode = next(p for p in pools if p.role == "decode")
+    assert StepScale(prefill=1.3).pool(decode).decode is decode.decode
+    assert not StepScale() and StepScale(decode=0.7).describe() == "decode step times x0.7"
+
+
+def test_both_plans_are_tried_at_the_same_pipeline_depths(tmp_path):
+    data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
+                          space=replace(QUICK, layers_per_stage="matched"),
+                          cache_dir=tmp_path, workers=1)
+    layouts = {t["value"] for s in data["tuning"] if s["knob"] == "layout" for t in s["tried"]}
+    deeper = {name for name in layouts if "/stage" in name}
+    assert any(name.startswith("1 copy") for name in deeper) or \
+        any(name.startswith("share") for name in deeper)
+    # Each plan has the layouts at the other's depth: one name per depth the layouts came to.
+    own = {name for name in layouts if "/stage" not in name}
+    assert len(deeper) == len(own)
+
+
+def test_frontier_command_writes_json_and_figure_and_refuses_bad_speeds(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["experiment", "frontier", "tiny", "--fabric", "mesh16", "--workload",
+            str(SMALL_CHAT), "--ttft-slo", "0.05", "--token-budget", "64", "--copies", "1",
+            "--prefill-tile", "64", "--interleave", "1", "--max-running", "0",
+            "--batch-limit", "64", "--window-s", "0", "--layers-per-stage", "own",
+            "--workers", "1", "--cache-dir", str(tmp_path / "cache"), "--user-speeds",
+            "40000,5000", "--user-speed", "5000", "--step-scales", "1.3", "-o", str(out),
+            "--viz", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["user_speed"] for r in data["rungs"]] == [40000, 5000]
+    assert [(r["phase"], r["factor"]) for r in data["step_time_leaning"]] == \
+        [("prefill", 1.3), ("decode", 1.3)]
+    assert (out / "experiment.json").exists() and (out / "figures" / "frontier.png").exists()
+    assert "frontier" in (out / "report.html").read_text()
+    bad = [a if a != "40000,5000" else "fast,5000" for a in args]
+    assert main(bad[:-4] + ["--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--user-speeds" in err[0]
