@@ -55,9 +55,8 @@ class _SpaceBase:
     (layers per stage) to try every layout at ("matched": each layout of both plans at every
     depth some layout comes to by itself, so that neither plan has a depth the other lacks;
     "own": each at its own; or numbers, tried besides each layout's own), the colocated
-    policies to try, and (generated from
-    the policies' knob dataclasses) the values to try of every knob (a single value fixes it);
-    whether agentic calls reuse cached KV; how long the confirming runs' steady windows must be
+    policies to try, and (generated from the policies' knob dataclasses) the values to try of
+    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the confirming runs' steady windows must be
     (emulated seconds; 0: no confirming runs); and the stage tables' grid ("full", or "quick":
     fewer shapes, for a first look). Every value is checked here, by name."""
 
@@ -127,9 +126,10 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None, book: RunBook | None = None) -> tuple[dict, dict]:
     """Lay the plans out, tune each plan on ``pool`` and compare: the JSON-able report, and
-    every configuration searched (label -> Config). ``layouts_for(probes)``: the layouts whose
-    KV holds every request of ``probes`` ((plan, name) -> Layout) and why the others were
-    skipped (``wse_emu.api.build_layouts`` compiles them). ``longer(draw, n)``: draw ``draw`` (0 for
+    every configuration searched (label -> Config). ``layouts_for(probes)``: the layouts
+    ((plan, name) -> Layout) and why the others were skipped (``wse_emu.api.build_layouts``
+    compiles them); ``probes`` are every set of requests a run may serve, for it to check
+    against the model's positions. ``longer(draw, n)``: draw ``draw`` (0 for
     ``requests``) of the workload with ``n`` requests, for the confirming runs. With
     ``more_draws`` (independent draws of the same workload) the tuned configurations are
     searched again on each (the knobs are tuned on the first draw only), and the report adds
@@ -138,7 +138,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     frontier shares one across its targets; by default a new one)."""
     space = Space() if space is None else space
     draws = [requests, *more_draws]
-    # Every request any run may serve must fit a layout's KV, the confirming runs' included.
+    # Every request any run may serve, the confirming runs' included.
     probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
                       if longer is not None and space.window_s > 0 else [])
     layouts, skipped = layouts_for(probes)
