@@ -30,7 +30,7 @@ TARGETS = ["--ttft-slo", "1", "--tpot-slo", "0.01"]
 COMMANDS = {
     "serve": ["serve", "tiny", "--fabric", "mesh16", *TARGETS],
     "experiment": ["experiment", "disagg", "tiny", "--fabric", "mesh16", *TARGETS,
-                   "--workers", "1", "--copies", "1"],
+                   "--workers", "1", "--copies", "1", "--layers-per-stage", "own"],
 }
 KILLS = 3
 

@@ -309,6 +309,9 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
         user_speeds = frontier_mod.check_speeds(user_speeds)
     if user_speed is not None:
         positive("user_speed", user_speed)
+    if isinstance(step_scales, (str, bytes)) or not hasattr(step_scales, "__iter__"):
+        raise UserError(f"`step_scales` must be a sequence of factors, got "
+                        f"{short_repr(step_scales)}")
     scales = tuple(step_scales)
     for f in scales:
         positive("step_scales", f)

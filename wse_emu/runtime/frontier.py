@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from wse_emu.checks import short_repr
 from wse_emu.errors import UserError
 from wse_emu.runtime.experiment import interval
 
@@ -64,9 +65,14 @@ def speed_ladder(floor_s: float, vendor: float | None = None, rungs: int = RUNGS
 
 
 def check_speeds(speeds) -> tuple[float, ...]:
+    """Per-user speeds given by hand: positive numbers, fastest first, each once."""
+    if isinstance(speeds, (str, bytes)) or not hasattr(speeds, "__iter__"):
+        raise UserError(f"`user_speeds` must be a sequence of tokens/s, got "
+                        f"{short_repr(speeds)}")
     values = tuple(speeds)
     if not values or any(not isinstance(v, (int, float)) or not v > 0 for v in values):
-        raise UserError(f"`user_speeds` must be one or more positive tokens/s, got {values!r}")
+        raise UserError(f"`user_speeds` must be one or more positive tokens/s, got "
+                        f"{short_repr(values)}")
     return tuple(sorted(set(float(v) for v in values), reverse=True))
 
 
