@@ -252,10 +252,11 @@ class _Setup:
         """``build_layouts`` for ``cluster``, built once (a frontier asks on every rung); the
         ``probes`` are checked against the model's positions every time."""
         key = cluster.systems
-        short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
-        if short:
-            raise UserError(short)
-        if key not in self._layouts:
+        if key in self._layouts:  # (``build_layouts`` checks them the first time)
+            short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
+            if short:
+                raise UserError(short)
+        else:
             self._layouts[key] = build_layouts(
                 self.model, cluster, probes, self.cache, self.space.copies, self.progress,
                 grid=self.space.grid, routing=self.routing,
@@ -543,8 +544,9 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         if program is not None:
             programs[(plan, name)] = program
     own = {key: _layers_per_stage(p) for key, p in programs.items()}
-    depths = {"own": [], "matched": sorted(set(own.values()))}.get(layers_per_stage,
-                                                                    layers_per_stage)
+    depths = {"own": [], "matched": sorted(set(own.values()))}.get(layers_per_stage)
+    if depths is None:  # numbers, checked as ``Space`` checks them
+        depths = Space(layers_per_stage=layers_per_stage).layers_per_stage
     for plan, name, split in plans:
         for depth in depths:
             if (plan, name) in programs and depth != own[(plan, name)]:

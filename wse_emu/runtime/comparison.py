@@ -56,9 +56,10 @@ class _SpaceBase:
     depth some layout comes to by itself, so that neither plan has a depth the other lacks;
     "own": each at its own; or numbers, tried besides each layout's own), the colocated
     policies to try, and (generated from the policies' knob dataclasses) the values to try of
-    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the confirming runs' steady windows must be
-    (emulated seconds; 0: no confirming runs); and the stage tables' grid ("full", or "quick":
-    fewer shapes, for a first look). Every value is checked here, by name."""
+    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
+    confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
+    stage tables' grid ("full", or "quick": fewer shapes, for a first look). Every value is
+    checked here, by name."""
 
     copies: tuple = (1, 2, 4)
     layers_per_stage: tuple | str = "matched"

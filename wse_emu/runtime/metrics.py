@@ -87,10 +87,10 @@ def percentiles(values: np.ndarray) -> dict[str, float]:
     """p50, p90 and p99; infinite (a refused request's times) where the rank falls on an
     infinite value (numpy would interpolate to NaN)."""
     values = np.asarray(values, dtype=float)
+    ranked = np.sort(values) if np.isinf(values).any() else None
     out = {}
-    infinite = np.isinf(values)
     for q in (50, 90, 99):
-        if infinite.any() and np.isinf(np.sort(values)[int(np.ceil((len(values) - 1) * q / 100))]):
+        if ranked is not None and np.isinf(ranked[int(np.ceil((len(values) - 1) * q / 100))]):
             out[f"p{q}"] = float("inf")
         else:
             out[f"p{q}"] = float(np.percentile(values, q))

@@ -93,18 +93,18 @@ def scaled(requests: Requests, prompt: float = 1.0, output: float = 1.0) -> Requ
 def apply(variation: Variation, value: float, requests: Requests, targets: Targets,
           systems: int) -> tuple[Requests, Targets, int, StepScale]:
     """The experiment's inputs at one value of the variable."""
-    same = (requests, targets, systems, StepScale())
-    if variation.name == "tpot":
-        return requests, replace(targets, tpot_s=value), systems, StepScale()
-    if variation.name == "systems":
-        return requests, targets, int(value), StepScale()
-    if variation.name == "prompt-scale":
-        return scaled(requests, prompt=value), targets, systems, StepScale()
-    if variation.name == "output-scale":
-        return scaled(requests, output=value), targets, systems, StepScale()
-    if variation.name == "prefill-time":
-        return (*same[:3], StepScale(prefill=value))
-    return (*same[:3], StepScale(decode=value))
+    name = variation.name
+    if name == "tpot":
+        targets = replace(targets, tpot_s=value)
+    elif name == "systems":
+        systems = int(value)
+    elif name == "prompt-scale":
+        requests = scaled(requests, prompt=value)
+    elif name == "output-scale":
+        requests = scaled(requests, output=value)
+    scale = {"prefill-time": StepScale(prefill=value),
+             "decode-time": StepScale(decode=value)}.get(name, StepScale())
+    return requests, targets, systems, scale
 
 
 def decode_step_s(regions, requests: Requests, clock_hz: float) -> float:
