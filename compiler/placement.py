@@ -153,13 +153,16 @@ class StageScorer:
                         np.abs(src - dst))
         bytes_hops = float((self.nbytes * hops).sum())
         # Cuts between columns c-1 and c, at every place a load can change.
-        cand = {float(start[n]) for n in order} | {float(start[n] + self.extents[n]) for n in order}
-        cand |= {math.floor(v) + 1 for v in np.concatenate([src, dst]) if not math.isnan(v)}
-        cuts = np.array(sorted(c for c in cand if 0 < c < length), dtype=float)
+        ends = np.concatenate([src, dst])
+        edges = np.array([start[n] for n in order], dtype=float)
+        cand = np.unique(np.concatenate([edges, edges + [self.extents[n] for n in order],
+                                         np.floor(ends[~np.isnan(ends)]) + 1]))
+        cuts = cand[(cand > 0) & (cand < length)]
         if cuts.size == 0:
             return bytes_hops, 0.0
-        lo = np.minimum(np.nan_to_num(src, nan=np.inf), np.nan_to_num(dst, nan=np.inf))
-        hi = np.maximum(np.nan_to_num(src, nan=-np.inf), np.nan_to_num(dst, nan=-np.inf))
+        # Only a point-to-point transfer's span is used below (a stage-wide one is replaced by
+        # ``far``), and it has both ends, so NaN needs no stand-in here.
+        lo, hi = np.fmin(src, dst), np.fmax(src, dst)
         crossing = ((lo[:, None] < cuts[None, :]) & (cuts[None, :] <= hi[:, None])).astype(float)
         # A stage-wide end: the share of the stage on the far side of the cut from the point.
         far = np.where(point[:, None] < cuts[None, :], (length - cuts[None, :]) / length,
