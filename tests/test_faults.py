@@ -52,7 +52,7 @@ def finish(proc: subprocess.Popen) -> tuple[str, str]:
 def assert_whole(cache: Path, out: Path) -> None:
     """Every table under the name the cache reads is whole, and the run directory is absent
     or complete (it takes its name only once written)."""
-    for entry in cache.glob("stage-table-*.npz"):
+    for entry in [*cache.glob("stage-table-*.npz"), *cache.glob("stage-times-*.npz")]:
         StageTable.from_npz(entry)  # raises if damaged or not matching its digest
     if out.exists():
         for path in out.glob("*.json"):

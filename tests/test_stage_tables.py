@@ -57,17 +57,50 @@ def test_interpolation_within_five_percent_of_direct_simulation(program, phase, 
             assert table.stage_cycles(a, b) == pytest.approx(direct(program, step), rel=0.05)
 
 
+def entries(cache, kind="stage-table"):
+    """The cache's entries of one kind: ``stage-table`` (a region's), ``stage-times`` (a
+    stage's, shared by every region holding a stage like it)."""
+    return sorted(cache.glob(f"{kind}-*.npz"))
+
+
 def test_tables_are_cached_by_program(program, tmp_path):
     first = build_table(program, "mixed0", "decode", axes=DECODE_AXES, cache_dir=tmp_path)
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1
+    assert len(entries(tmp_path)) == 1
+    stages = entries(tmp_path, "stage-times")
+    assert 1 <= len(stages) <= len(first.cycles)
     again = build_table(program, "mixed0", "decode", axes=DECODE_AXES, cache_dir=tmp_path)
     assert np.array_equal(first.cycles, again.cycles)
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len(list(tmp_path.iterdir())) == 1 + len(stages)
     other = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
                           CompileOptions(region=(64, 64), seed=3))
     build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len(entries(tmp_path)) == 2
+
+
+def test_a_stage_timed_for_one_program_is_not_timed_again_for_another(program, tmp_path,
+                                                                      monkeypatch):
+    """Stages alike in shape and kernels take the same time in any program: another program
+    with the same stages (here: other reference workloads for its stored bounds) reads their
+    times back, and works out only the transfers between its stages."""
+    import wse_emu.runtime.tables as tables
+
+    first = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)),
+                        cache_dir=tmp_path)
+    other = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
+                          CompileOptions(region=(64, 64), bound_decode_context=1024))
+    assert other.to_json() != program.to_json()
+
+    def timed(*args):
+        raise AssertionError("a stage was simulated")
+    monkeypatch.setattr(tables, "simulate_stage", timed)
+    again = build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)),
+                        cache_dir=tmp_path)
+    assert np.array_equal(first.cycles, again.cycles)
+    assert np.array_equal(first.transfers, again.transfers)
+    assert len(entries(tmp_path)) == 2  # a region entry each
+    # Over another grid, the stages are timed.
+    with pytest.raises(AssertionError, match="a stage was simulated"):
+        build_table(other, "mixed0", "decode", axes=((1, 4), (64, 128)), cache_dir=tmp_path)
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
@@ -116,11 +149,16 @@ def _damaged(path, how):
                    table.transfers[:, :1]).to_npz(path)
 
 
+@pytest.mark.parametrize("kind", ["stage-table", "stage-times"])
 @pytest.mark.parametrize("how", ["truncated", "empty", "edited", "reshaped"])
-def test_a_damaged_cache_entry_is_reported_and_timed_again(program, tmp_path, capsys, how):
+def test_a_damaged_cache_entry_is_reported_and_timed_again(program, tmp_path, capsys, how,
+                                                           kind):
     first = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
-    (path,) = tmp_path.iterdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    path = entries(tmp_path, kind)[0]
     _damaged(path, how)
+    if kind == "stage-times":  # a stage's entry is read when its region's is not there
+        entries(tmp_path)[0].unlink()
     capsys.readouterr()
     again = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
     warning, *others = capsys.readouterr().err.splitlines()
@@ -130,10 +168,11 @@ def test_a_damaged_cache_entry_is_reported_and_timed_again(program, tmp_path, ca
     assert all(line.startswith("[") and "timing the decode stage table" in line
                for line in others)
     assert np.array_equal(first.cycles, again.cycles)
+    assert np.array_equal(first.transfers, again.transfers)
     # ... and replaced: read back quietly the next time.
     build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
     assert capsys.readouterr().err == ""
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left
 
 
 def test_an_entry_is_written_whole_or_not_at_all(program, tmp_path, monkeypatch):

@@ -233,6 +233,24 @@ def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine
                                  base.links, base.kernels, base.kernel_busy, base.tasks,
                                  base.messages, reused_from=base.stage))
     simulated = len(done)
+    transfers, extra = region_transfers(program, stages, step, engine)
+    tiles = len(step.tiles())
+    if tiles > 1:
+        periods = [(r.cycles - r.first_tile_cycles) / (tiles - 1) for r in runs]
+        step_cycles = sum(r.first_tile_cycles for r in runs) + sum(transfers) \
+            + (tiles - 1) * max(periods)
+    else:
+        step_cycles = float(sum(r.cycles for r in runs) + sum(transfers))
+    return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
+                     program.fabric.clock_hz, step.new_tokens,
+                     time.perf_counter() - began, simulated, extra)
+
+
+def region_transfers(program: WaferProgram, stages: list[Stage], step: MicroBatch,
+                     engine: str = "fast") -> tuple[list, dict]:
+    """The cycles of a step's first tile from each stage of a pipeline to the next (the
+    first entry: what comes before the first stage, nothing unless the embeddings are tied),
+    and, with tied embeddings, the lookup's own cycles and its trip to the first stage."""
     tile = step.tiles()[0].new_tokens
     transfers = [0] + [transfer_cycles(program, a, b, tile)
                        for a, b in zip(stages, stages[1:])]
@@ -246,16 +264,7 @@ def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine
         extra["embedding_transfer_cycles"] = transfer_cycles(program, stages[-1], stages[0],
                                                              tile)
         transfers[0] = extra["embedding_cycles"] + extra["embedding_transfer_cycles"]
-    tiles = len(step.tiles())
-    if tiles > 1:
-        periods = [(r.cycles - r.first_tile_cycles) / (tiles - 1) for r in runs]
-        step_cycles = sum(r.first_tile_cycles for r in runs) + sum(transfers) \
-            + (tiles - 1) * max(periods)
-    else:
-        step_cycles = float(sum(r.cycles for r in runs) + sum(transfers))
-    return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
-                     program.fabric.clock_hz, step.new_tokens,
-                     time.perf_counter() - began, simulated, extra)
+    return transfers, extra
 
 
 @dataclass

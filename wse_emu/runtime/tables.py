@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.layer import MicroBatch
+from wse_emu.layer import MicroBatch, attention_tile_of
 from wse_emu.program import WaferProgram, hash_arrays
 from wse_emu.progress import Phase, warn
-from wse_emu.runner import run_region
+from wse_emu.runner import region_transfers, signature, simulate_stage
 from wse_emu.runtime.workers import gathered
 
 DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64)
@@ -285,51 +285,114 @@ def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
     return Path(cache_dir) / f"stage-table-{_key(program, region, phase, engine, axes)}.npz"
 
 
-def time_shape(program: WaferProgram, region: str, phase: str, engine: str, x: int,
-               y: int) -> tuple[list, float]:
-    """One grid point of a table: every stage's cycles and the transfers between them, for a
-    decode of ``x`` sequences at context ``y`` or a prefill tile of ``x`` tokens after ``y``
-    (each shape's stages one after another: shapes are what runs in parallel)."""
-    step = (MicroBatch("decode", batch=x, context=y) if phase == "decode"
+def _step(phase: str, x: int, y: int) -> MicroBatch:
+    """A decode of ``x`` sequences at context ``y``, or a prefill tile of ``x`` tokens after
+    ``y`` already cached."""
+    return (MicroBatch("decode", batch=x, context=y) if phase == "decode"
             else MicroBatch("prefill", tokens=x, prefix=y))
-    run = run_region(program, region, step, engine, threads=1)
-    return [s.cycles for s in run.stages], float(sum(run.transfers))
+
+
+def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stage: int, x: int,
+               y: int) -> float:
+    """One grid point of a table: the cycles of stage ``stage`` (an id) for shape (x, y), or,
+    for ``stage`` -1, the cycles between the region's stages in all."""
+    step = _step(phase, x, y)
+    if stage >= 0:
+        return float(simulate_stage(program, program.stages[stage], step, engine).cycles)
+    stages = [program.stages[i] for i in program.region(region).stage_ids]
+    return float(sum(region_transfers(program, stages, step, engine)[0]))
+
+
+def stage_content(program: WaferProgram, stage) -> str:
+    """What a stage's time depends on, and nothing of where it sits: its shape, its kernels
+    (placed relative to it), its layers' attention windows, the model, the fabric and the
+    compile options that change how a step runs. Two stages alike in all of it take the same
+    time in any program, so their tables are timed once (a colocated layout and a split
+    often share stages of one shape)."""
+    r = stage.rect
+    kernels = []
+    for k in program.stage_kernels(stage):
+        fields = {f: getattr(k, f) for f in ("name", "kind", "pattern", "layers", "ops",
+                                            "matrix", "grid", "k_axis", "length",
+                                            "weight_bytes", "root", "trees")}
+        fields["ref"] = k.weight_ref is None
+        fields["rect"] = [k.rect.x - r.x, k.rect.y - r.y, k.rect.w, k.rect.h]
+        kernels.append(fields)
+    options = program.options
+    return json.dumps({
+        "shape": [r.w, r.h], "strip_axis": stage.strip_axis, "layers": stage.num_layers,
+        "embedding": stage.has_embedding, "head": stage.has_head, "part": stage.part,
+        "windows": [program.model.window(i) for i in range(*stage.layers)],
+        "kernels": kernels, "model": program.model.to_dict(),
+        "fabric": program.fabric.to_dict(),
+        "routing": [str(options.get("routing", "uniform")), options.get("routing_seed", 0)],
+        "attention_tile": attention_tile_of(options)}, sort_keys=True, default=str)
+
+
+def stage_table_path(program: WaferProgram, stage, phase: str, cache_dir: Path, engine: str,
+                     axes: tuple) -> Path:
+    """Where one stage's times over ``axes`` are cached under ``cache_dir``."""
+    digest = hashlib.sha256()
+    digest.update(_timing_digest().encode())
+    digest.update(stage_content(program, stage).encode())
+    digest.update(json.dumps([phase, engine, [list(map(int, a)) for a in axes]]).encode())
+    return Path(cache_dir) / f"stage-times-{digest.hexdigest()[:24]}.npz"
 
 
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
                 axes: tuple | None = None, cache_dir: Path | None = None,
                 progress=None, pool=None) -> StageTable:
-    """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there.
-    ``progress(done, total)`` hears of each shape timed (by default, a progress bar). The
-    shapes are timed on ``pool``'s workers when it is a cluster's (``pool.remote``), else on
-    this machine's cores."""
+    """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there; a
+    stage whose times some other region's table already holds (``stage_content``) is not
+    timed again. ``progress(done, total)`` hears of each stage and shape timed (by default,
+    a progress bar). They are timed on ``pool``'s workers when it is a cluster's
+    (``pool.remote``), else on this machine's cores."""
     if axes is None:
         axes = default_axes(phase)
     a0, a1 = (np.asarray(a, dtype=np.int64) for a in axes)
-    stages = len(program.region(region).stage_ids)
+    stages = [program.stages[i] for i in program.region(region).stage_ids]
     path = None
     if cache_dir is not None:
         path = table_path(program, region, phase, cache_dir, engine, axes)
-        table = _cached(path, phase, stages, a0, a1)
+        table = _cached(path, phase, len(stages), a0, a1)
         if table is not None:
             return table
-    cycles = np.zeros((stages, len(a0), len(a1)), dtype=np.float64)
-    transfers = np.zeros((len(a0), len(a1)), dtype=np.float64)
-    points = [(i, j) for i in range(len(a0)) for j in range(len(a1))]
+    # Stages alike (``signature``, as ``run_region`` has it) are timed once.
+    keys = [signature(program, stage) for stage in stages]
+    first_of = {}
+    for key, stage in zip(keys, stages):
+        first_of.setdefault(key, stage)
+    times: dict[int, np.ndarray] = {}  # stage id -> (len(a0), len(a1)) cycles
+    paths: dict[int, Path] = {}
+    if cache_dir is not None:
+        for stage in first_of.values():
+            paths[stage.id] = stage_table_path(program, stage, phase, cache_dir, engine, axes)
+            known = _cached(paths[stage.id], phase, 1, a0, a1)
+            if known is not None:
+                times[stage.id] = known.cycles[0]
+    # Largest stages first, so that the longest (the LM head's) do not start last; then the
+    # transfers between stages (stage -1: closed forms, unless the embeddings are tied).
+    todo = sorted((s for s in first_of.values() if s.id not in times),
+                  key=lambda s: -s.rect.w * s.rect.h)
+    shapes = [(int(x), int(y)) for x in a0 for y in a1]
+    jobs = [(stage, x, y) for stage in [*(s.id for s in todo), -1] for x, y in shapes]
     if progress is None:
-        bar = Phase(f"timing the {phase} stage table of region {region}", len(points))
+        bar = Phase(f"timing the {phase} stage table of region {region}", len(jobs))
         progress = lambda done, total: bar.update(done)  # noqa: E731
-    jobs = [(int(a0[i]), int(a1[j])) for i, j in points]
     if pool is not None and getattr(pool, "remote", False):
         run = pool.bind(time_shape, (program, region, phase, engine))
         timed = run(jobs, done=lambda n: progress(n, len(jobs)))
     else:
         timed = _on_threads(program, region, phase, engine, jobs,
                             lambda n: progress(n, len(jobs)))
-    for (i, j), (stage_cycles, between) in zip(points, timed):
-        cycles[:, i, j] = stage_cycles
-        transfers[i, j] = between
-    table = StageTable(phase, a0, a1, cycles, transfers)
+    grids = np.asarray(timed, dtype=np.float64).reshape(len(todo) + 1, len(a0), len(a1))
+    for stage, grid in zip(todo, grids):
+        times[stage.id] = grid
+        if stage.id in paths:
+            paths[stage.id].parent.mkdir(parents=True, exist_ok=True)
+            StageTable(phase, a0, a1, grid[None], np.zeros_like(grid)).to_npz(paths[stage.id])
+    cycles = np.stack([times[first_of[key].id] for key in keys])
+    table = StageTable(phase, a0, a1, cycles, grids[-1])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         table.to_npz(path)
@@ -337,10 +400,8 @@ def build_table(program: WaferProgram, region: str, phase: str, engine: str = "f
 
 
 def _on_threads(program, region, phase, engine, jobs: list, done) -> list:
-    """``time_shape`` of every (x, y) job on parallel threads, results in job order. Each
-    shape's stages run one after another, so the cores stay busy to the end (timing one
-    shape's stages in parallel would wait on its largest stage, the LM head's); the engine
-    releases the GIL, and the results do not depend on the order."""
+    """``time_shape`` of every (stage, x, y) job on parallel threads, results in job order
+    (the engine releases the GIL, and the results do not depend on the order)."""
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as threads:
-        return gathered([threads.submit(time_shape, program, region, phase, engine, x, y)
-                         for x, y in jobs], as_completed, done)
+        return gathered([threads.submit(time_shape, program, region, phase, engine, *job)
+                         for job in jobs], as_completed, done)
