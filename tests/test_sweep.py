@@ -13,7 +13,6 @@ import pytest
 
 from wse_emu.cli.main import main
 from wse_emu.runtime.sweep import RESULTS, read_rows
-from wse_emu.runtime.workers import dask_available
 
 SWEEP = """version: 1
 name: tiny-sweep
@@ -31,7 +30,6 @@ def write(tmp_path, text=SWEEP) -> Path:
     return path
 
 
-@pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
 def test_a_killed_sweep_resumes_without_running_a_point_twice(tmp_path, capsys):
     sweep, out = write(tmp_path), tmp_path / "out"
     command = [sys.executable, "-m", "wse_emu.cli.main", "sweep", str(sweep), "-o", str(out),
@@ -43,7 +41,7 @@ def test_a_killed_sweep_resumes_without_running_a_point_twice(tmp_path, capsys):
         while len(read_rows(out)) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the command and its dask workers
+        os.killpg(proc.pid, signal.SIGKILL)  # the command and its workers
         proc.wait()
     before = read_rows(out)
     assert 3 <= len(before) < 24, "the sweep finished before it could be killed"

@@ -418,8 +418,8 @@ def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
           scheduler: str | None = None, workers: int = 0, max_points: int | None = None,
           progress=None) -> tuple[Path, list[dict]]:
     """Every point of a sweep (a SweepSpec or its YAML) not yet in ``output`` (by default a
-    folder named after the sweep), on a dask cluster (``scheduler``, or ``workers`` local
-    processes as ``experiment`` takes them); ``progress(done, total)`` after each point.
+    folder named after the sweep), on ``workers`` local processes as ``experiment`` takes
+    them, or on a dask cluster (``scheduler``); ``progress(done, total)`` after each point.
     Before the first point: every setting checked by name (``check_sweep``), the size against
     ``max_points`` (by default ``MAX_POINTS``), and the folder created or refused. Returns
     the folder and every row, in the order of the sweep's points."""

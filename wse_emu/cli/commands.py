@@ -21,7 +21,7 @@ COMMANDS = {
     "generate": ("wse_emu.cli.generate_cmd",
                 "greedy generation computed through the compiled tiles"),
     "sweep": ("wse_emu.cli.sweep_cmd",
-              "every combination of a sweep's axes on a dask cluster, resumable"),
+              "every combination of a sweep's axes in parallel, resumable"),
     "noc": ("wse_emu.cli.noc_cmd",
            "latency and accepted throughput under synthetic traffic"),
     "viz": ("wse_emu.cli.viz_cmd",

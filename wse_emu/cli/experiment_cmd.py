@@ -91,9 +91,10 @@ def _add_common(d) -> None:
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
+    where.add_argument("--scheduler",
+                       help="dask scheduler address (default: local worker processes)")
     where.add_argument("--workers", type=int, default=0,
-                       help="local worker processes (default: one per core; 1: no cluster)")
+                       help="local worker processes (default: one per core; 1: none, run here)")
     d.add_argument("--cache-dir", help="where stage-time tables are kept")
     d.add_argument("--grid", default=space.grid, metavar="full|quick",
                    help="stage tables' micro-batch shapes: full (55 per region), or quick (21, "

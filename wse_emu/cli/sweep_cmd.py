@@ -1,5 +1,5 @@
-"""``wse-emu sweep SWEEP.yaml``: every combination of a sweep's axes, on a dask cluster,
-resumable (see ``wse_emu.runtime.sweep``)."""
+"""``wse-emu sweep SWEEP.yaml``: every combination of a sweep's axes, on worker processes or
+a dask cluster, resumable (see ``wse_emu.runtime.sweep``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("-o", "--output", help="directory of the results (default: the sweep's "
                    "name); a sweep stopped midway resumes there")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--scheduler", help="dask scheduler address (default: a local cluster)")
+    where.add_argument("--scheduler",
+                       help="dask scheduler address (default: local worker processes)")
     where.add_argument("--workers", type=int, default=0,
-                       help="local worker processes (default: one per core; 1: no cluster)")
+                       help="local worker processes (default: one per core; 1: none, run here)")
     p.add_argument("--max-points", type=int, default=None, dest="max_points",
                    help=f"allow a sweep of more than {MAX_POINTS:,} points")
     p.add_argument("--json", action="store_true")

@@ -1,13 +1,16 @@
-"""Running independent jobs (serving runs, sweep points, stage-table shapes) in parallel, with
-dask.distributed.
+"""Running independent jobs (serving runs, sweep points, stage-table shapes) in parallel: on
+this machine's worker processes, or on a dask.distributed cluster given by its scheduler's
+address.
 
 A serving run holds the interpreter for its setup and its metrics, so threads would share one
-core; a local cluster of worker processes (one thread each) uses them all, and a scheduler
-address reaches a real cluster, whose workers then also time the stage tables (``remote``).
-Without dask installed, local jobs run on worker processes of the standard library instead
-(or, with one worker, one after another in this process): the results are the same. Every
-pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``, which calls ``done(count)``
-as each job finishes, so that progress never waits for a whole round.
+core; worker processes (one per core, started fresh) use them all. Locally they are the
+standard library's: a frontier's thousands of short serving runs (about 80 ms each) finished in
+0.6x the time they took on a local dask cluster, whose scheduler shares the cores and the
+parent's interpreter with the work. A scheduler address reaches a real cluster, whose workers
+then also time the stage tables (``remote``). With one worker, jobs run one after another in
+this process. The results are the same on every pool. Every pool's ``bind(function, shared)``
+gives ``run(jobs, done=None)``, which calls ``done(count)`` as each job finishes, so that
+progress never waits for a whole round.
 """
 
 from __future__ import annotations
@@ -116,9 +119,12 @@ def gathered(futures: list, completed, done) -> list:
 
 
 class _Dask:
-    def __init__(self, client, remote: bool):
+    """Runs jobs on a dask.distributed cluster's workers."""
+
+    remote = True  # a cluster's: its workers time stage tables too
+
+    def __init__(self, client):
         self.client = client
-        self.remote = remote  # a cluster's: its workers time stage tables too
 
     def bind(self, function, shared: tuple):
         """``run(jobs, done=None)``: ``function(*shared, *job)`` for every job on the
@@ -150,39 +156,26 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
     ``workers``: local worker processes (0: one per core; 1: no cluster, run here). Connects
     at once, so that a bad scheduler address fails before any work."""
     workers = workers or os.cpu_count() or 1
-    if scheduler is None and workers == 1:
-        yield _Here()
-        return
-    if scheduler is None and not dask_available():
-        pool = _Processes(workers)
+    if scheduler is None:
+        pool = _Here() if workers == 1 else _Processes(workers)
         try:
             yield pool
         finally:
-            pool.close()
+            if isinstance(pool, _Processes):
+                pool.close()
         return
     if not dask_available():
         raise UserError("`scheduler` needs dask.distributed: pip install -e '.[sweep]'")
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client
 
     # The scheduler and nannies log their life story at INFO; keep the output ours.
     logging.getLogger("distributed").setLevel(logging.ERROR)
-    cluster = None
     try:
-        if scheduler is None:
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0", silence_logs=logging.ERROR)
-            client = Client(cluster)
-        else:
-            client = Client(scheduler, timeout="5s")
+        client = Client(scheduler, timeout="5s")
     except (OSError, ValueError, TypeError) as exc:  # unreachable, or a malformed address
-        if cluster is not None:
-            cluster.close()
-        what = f"reach the dask scheduler {scheduler}" if scheduler else \
-            "start a local dask cluster"
-        raise UserError(f"cannot {what}: {' '.join(str(exc).split())}") from None
+        raise UserError(f"cannot reach the dask scheduler {scheduler}: "
+                        f"{' '.join(str(exc).split())}") from None
     try:
-        yield _Dask(client, remote=scheduler is not None)
+        yield _Dask(client)
     finally:
         client.close()
-        if cluster is not None:
-            cluster.close()
