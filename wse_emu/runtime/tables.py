@@ -5,7 +5,9 @@ Serving a long trace asks for thousands of stage times; simulating each directly
 hours. Stage time grows smoothly with tokens, batch and context, so a table over a grid,
 interpolated bilinearly, stays within a few percent of direct simulation (tested). Tables are
 cached on disk under a key made from the program, the region, the engine and the grid, so a
-second run with the same program reads them back; an entry is written whole or not at all,
+second run with the same program reads them back; each stage's times are cached too, under a
+key made from what they depend on (``stage_content``), so a stage alike to one timed for
+another program is read back, not timed again. An entry is written whole or not at all,
 with a digest of its contents, and one that is damaged is reported, timed again and replaced.
 """
 
@@ -252,11 +254,13 @@ def _timing_digest() -> str:
     return hashlib.sha256(_timing_sources()).hexdigest()
 
 
-def _key(program: WaferProgram, region: str, phase: str, engine: str, axes) -> str:
+def _key(what: str, where: list, phase: str, engine: str, axes) -> str:
+    """A cache key: the timing code, ``what`` is timed (a program, or a stage's content),
+    ``where`` in it (a region, or nothing), the phase, the engine and the grid."""
     digest = hashlib.sha256()
     digest.update(_timing_digest().encode())
-    digest.update(json.dumps(program.to_json(), sort_keys=True, default=str).encode())
-    digest.update(json.dumps([region, phase, engine, [list(map(int, a)) for a in axes]]).encode())
+    digest.update(what.encode())
+    digest.update(json.dumps([*where, phase, engine, [list(map(int, a)) for a in axes]]).encode())
     return digest.hexdigest()[:24]
 
 
@@ -282,7 +286,8 @@ def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
                engine: str = "fast", axes: tuple | None = None) -> Path:
     """Where the table of ``region`` for ``phase`` is cached under ``cache_dir``."""
     axes = default_axes(phase) if axes is None else axes
-    return Path(cache_dir) / f"stage-table-{_key(program, region, phase, engine, axes)}.npz"
+    what = json.dumps(program.to_json(), sort_keys=True, default=str)
+    return Path(cache_dir) / f"stage-table-{_key(what, [region], phase, engine, axes)}.npz"
 
 
 def _step(phase: str, x: int, y: int) -> MicroBatch:
@@ -332,11 +337,8 @@ def stage_content(program: WaferProgram, stage) -> str:
 def stage_table_path(program: WaferProgram, stage, phase: str, cache_dir: Path, engine: str,
                      axes: tuple) -> Path:
     """Where one stage's times over ``axes`` are cached under ``cache_dir``."""
-    digest = hashlib.sha256()
-    digest.update(_timing_digest().encode())
-    digest.update(stage_content(program, stage).encode())
-    digest.update(json.dumps([phase, engine, [list(map(int, a)) for a in axes]]).encode())
-    return Path(cache_dir) / f"stage-times-{digest.hexdigest()[:24]}.npz"
+    key = _key(stage_content(program, stage), [], phase, engine, axes)
+    return Path(cache_dir) / f"stage-times-{key}.npz"
 
 
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
