@@ -43,7 +43,7 @@ from wse_emu.runtime.comparison import (
 )
 from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.metrics import run_metrics
-from wse_emu.runtime.pools import wafer_pools
+from wse_emu.runtime.pools import wafer_pools, wafer_pools_of
 from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
 from wse_emu.runtime.serve import (
     LOOPS,
@@ -57,7 +57,7 @@ from wse_emu.runtime.serve import serve as serve_requests
 from wse_emu.runtime.sweep import SweepSpec, check_size, claim_directory, load_sweep, run_sweep
 from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout, serve_choice
-from wse_emu.runtime.workers import point_pool
+from wse_emu.runtime.workers import HERE, point_pool
 from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
@@ -511,8 +511,9 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     regions cannot hold some request stays: serving refuses that request, which then misses its
     targets, so which layouts are tried does not depend on how long the runs are. ``probes``
     (every set of requests the experiment may serve) are checked against the model's
-    positions. Stage tables are timed over ``grid``'s shapes, on ``pool``'s workers if it is a
-    cluster's. Returns (plan, name) -> Layout, and the skipped."""
+    positions. Layouts are compiled, and their stage tables timed over ``grid``'s shapes, on
+    ``pool``'s workers (in this process without one). Returns (plan, name) -> Layout, and the
+    skipped."""
     fabric = cluster.fabric
     splits = disaggregated_splits(model, cluster) if splits is None else splits
     span = wafers_needed(model, fabric)
@@ -525,46 +526,54 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         raise UserError(short)
     plans, skipped = _layout_plans(model, fabric, span, copies, splits)
 
-    def compiled(plan, name, split, depth):
-        try:
-            return compile_model(model, cluster, CompileOptions(
-                plan=plan, routing=routing.spec(), routing_seed=routing.seed,
-                attention_tile=attention_tile, layers_per_stage=depth, **split))
-        except CompileError as exc:
-            if plan == "colocated" and not split and depth is None:
-                raise
-            skipped.append(f"{plan} {name}: {' '.join(str(exc).split())}")
-            return None
-
-    programs = {}  # (plan, name) -> program, at the compiler's own depth first
-    for plan, name, split in plans:
+    def compile_all(batch: list) -> dict:
+        """(plan, name) -> program of every (plan, name, split, depth) in ``batch`` that
+        compiles, compiled on ``pool``'s workers; the others skipped, with why (colocated
+        with one copy at its own depth must compile)."""
         if progress:
-            progress(f"compiling {plan} {name}")
-        program = compiled(plan, name, split, None)
-        if program is not None:
-            programs[(plan, name)] = program
+            progress(f"compiling {len(batch)} layout{'s' if len(batch) > 1 else ''}")
+        jobs = [(CompileOptions(plan=plan, routing=routing.spec(), routing_seed=routing.seed,
+                                attention_tile=attention_tile, layers_per_stage=depth,
+                                **split),) for plan, _, split, depth in batch]
+        run = (pool or HERE).bind(compile_or_why, (model, cluster))
+        out = {}
+        for (plan, name, split, depth), (program, why) in zip(batch, run(jobs)):
+            if program is not None:
+                out[(plan, name)] = program
+            elif plan == "colocated" and not split and depth is None:
+                raise CompileError(why)
+            else:
+                skipped.append(f"{plan} {name}: {' '.join(why.split())}")
+        return out
+
+    # At the compiler's own depth first, then at the other depths asked for.
+    programs = compile_all([(plan, name, split, None) for plan, name, split in plans])
     own = {key: _layers_per_stage(p) for key, p in programs.items()}
     depths = {"own": [], "matched": sorted(set(own.values()))}.get(layers_per_stage)
     if depths is None:  # numbers, checked as ``Space`` checks them
         depths = Space(layers_per_stage=layers_per_stage).layers_per_stage
-    for plan, name, split in plans:
-        for depth in depths:
-            if (plan, name) in programs and depth != own[(plan, name)]:
-                deeper = f"{name} at {depth} layer{'s' if depth > 1 else ''}/stage"
-                if progress:
-                    progress(f"compiling {plan} {deeper}")
-                program = compiled(plan, deeper, split, depth)
-                if program is not None:
-                    programs[(plan, deeper)] = program
-    layouts = {}
-    for (plan, name), program in programs.items():
-        if progress:
-            progress(f"timing {plan} {name}")
-        layouts[(plan, name)] = Layout(plan, name, wafer_pools(program, cache, grid=grid,
-                                                               pool=pool))
+    deeper = [(plan, f"{name} at {depth} layer{'s' if depth > 1 else ''}/stage", split, depth)
+              for plan, name, split in plans for depth in depths
+              if (plan, name) in programs and depth != own[(plan, name)]]
+    if deeper:
+        programs.update(compile_all(deeper))
+    # Every layout's tables at once, so that stages alike across layouts are timed once and
+    # no core waits for one layout's last shape.
+    pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool)
+    layouts = {(plan, name): Layout(plan, name, regions)
+               for (plan, name), regions in zip(programs, pools)}
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split compiles: " + "; ".join(skipped))
     return layouts, skipped
+
+
+def compile_or_why(model: ModelSpec, cluster: ClusterSpec,
+                   options: CompileOptions) -> tuple[WaferProgram | None, str | None]:
+    """The program, or None and why it does not compile (a job for a worker pool)."""
+    try:
+        return compile_model(model, cluster, options), None
+    except CompileError as exc:
+        return None, str(exc)
 
 
 def _layout_plans(model: ModelSpec, fabric: FabricSpec, span: int, copies,

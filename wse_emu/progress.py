@@ -102,10 +102,19 @@ def clear() -> None:
 
 
 class Phase:
-    """Work of ``total`` steps, shown with a bar, the count and the time left."""
+    """Work of ``total`` steps, shown with a bar, the count and the time left. With
+    ``weights`` (one per step, in the order they tend to finish) the bar and the time left
+    follow the steps' weights done, not their count: steps that differ in size (the largest
+    first) would otherwise make the first estimates far too long."""
 
-    def __init__(self, label: str, total: int):
+    def __init__(self, label: str, total: int, weights=None):
         self.label, self.total, self.count = label, max(total, 1), 0
+        self.done_weight = None
+        if weights is not None:
+            cumulative = [0.0]
+            for w in weights:
+                cumulative.append(cumulative[-1] + float(w))
+            self.done_weight = [c / (cumulative[-1] or 1.0) for c in cumulative]
         self.started = time.monotonic()
         status(f"{label}...")
 
@@ -113,6 +122,8 @@ class Phase:
         """One more step done, or ``count`` in all."""
         self.count = self.count + 1 if count is None else count
         share = min(self.count / self.total, 1.0)
+        if self.done_weight is not None:
+            share = self.done_weight[min(self.count, len(self.done_weight) - 1)]
         elapsed = time.monotonic() - self.started
         left = elapsed * (1 - share) / share if share > 0 else 0.0
         filled = int(round(share * BAR))

@@ -256,7 +256,7 @@ def _experiment(model, cluster, cache: Path) -> tuple[dict, dict]:
         exp, chosen = disagg_experiment(
             model, cluster, WORKLOAD["name"], requests, TARGETS, pool,
             lambda probes: build_layouts(model, cluster, probes, cache, SPACE.copies, status,
-                                         _splits(model, cluster), SPACE.grid),
+                                         _splits(model, cluster), SPACE.grid, pool=pool),
             SPACE, progress=status,
             longer=lambda draw, n: generate(workload_from_dict(
                 {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},

@@ -54,7 +54,9 @@ class GraphBuilder:
 
     def send(self, sender, src, dst, wavelets, targets, mode: int = 0, vc: int = 0) -> None:
         """Messages sent when ``sender`` tasks complete. ``targets``: for unicast one task per
-        message (or -1); for a line, an array (messages, points) of tasks fed at each point."""
+        message (or -1); for a line, the tasks fed at each point of each message's path, the
+        messages one after another (as an array (messages, points) when their paths are of
+        one length)."""
         src = np.atleast_1d(np.asarray(src, dtype=np.int64)).ravel()
         n = len(src)
         if n == 0:
@@ -64,7 +66,10 @@ class GraphBuilder:
         sender = np.broadcast_to(np.asarray(sender, dtype=np.int64), (n,)).copy()
         targets = np.asarray(targets, dtype=np.int64)
         if mode == LINE:
-            targets = targets.reshape(n, -1)
+            points = (np.abs(dst % self.width - src % self.width)
+                      + np.abs(dst // self.width - src // self.width))
+            if targets.size != np.maximum(points, 1).sum():
+                raise ValueError("a line message needs a target for every point of its path")
         else:
             targets = np.broadcast_to(targets, (n,)).reshape(n, 1)
         self._msgs.append((sender, src, dst, length.copy(), mode, vc, targets.ravel().copy()))

@@ -44,34 +44,35 @@ class CostModel:
 
 
 def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready: np.ndarray,
-                   wave: np.ndarray, kind: int, cycles_at=None,
-                   targets: np.ndarray | None = None) -> np.ndarray:
+                   wave: np.ndarray, kind: int, targets: np.ndarray | None = None) -> np.ndarray:
     """Each line's data, ready at task ``ready[i]`` on PE ``lines[i, source[i]]``, reaches every
     other PE of the line by line multicasts toward both ends. Returns a task per (line, pos)
-    (shape of ``lines``): at the source the ready task itself, elsewhere a receive task of
-    ``cycles_at`` (default 0) cycles. With ``targets`` (tasks shaped like ``lines``) the data
-    feeds those tasks directly instead, and ``targets`` is returned."""
+    (shape of ``lines``): at the source the ready task itself, elsewhere a receive task. With
+    ``targets`` (tasks shaped like ``lines``) the data feeds those tasks directly instead, and
+    ``targets`` is returned."""
     n_lines, length = lines.shape
     rows = np.arange(n_lines)
     if targets is not None:
         g.then(ready, targets[rows, source])
-        feed = targets
     out = np.empty(lines.shape, dtype=np.int64)
     out[rows, source] = ready
-    cyc = 0 if cycles_at is None else cycles_at
     for direction in (-1, 1):
-        # Lines grouped by how many PEs lie beyond the source in this direction.
+        # One multicast per line with PEs beyond its source in this direction, the lines in
+        # order of how many (then of index), each reaching its PEs nearest first: the order
+        # the engines break ties in, whatever the lines' lengths.
         beyond = (source if direction < 0 else length - 1 - source)
-        for hops in np.unique(beyond[beyond > 0]):
-            sel = rows[beyond == hops]
-            pos = source[sel][:, None] + direction * np.arange(1, hops + 1)[None, :]
-            if targets is not None:
-                recv = feed[sel[:, None], pos]
-            else:
-                recv = g.tasks(lines[sel[:, None], pos], cyc, kind).reshape(len(sel), hops)
-            out[sel[:, None], pos] = recv
-            g.send(ready[sel], lines[sel, source[sel]], lines[sel, pos[:, -1]], wave[sel], recv,
-                   LINE, VC_BCAST)
+        has = rows[beyond > 0]
+        if not len(has):
+            continue
+        order = has[np.argsort(beyond[has], kind="stable")]
+        hops = beyond[order]
+        line = np.repeat(order, hops)  # per delivery point: its line, and its step out
+        step = np.arange(len(line)) - np.repeat(np.cumsum(hops) - hops, hops) + 1
+        pos = source[line] + direction * step
+        recv = targets[line, pos] if targets is not None else g.tasks(lines[line, pos], 0, kind)
+        out[line, pos] = recv
+        g.send(ready[order], lines[order, source[order]],
+               lines[order, source[order] + direction * hops], wave[order], recv, LINE, VC_BCAST)
     return targets if targets is not None else out
 
 

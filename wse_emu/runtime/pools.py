@@ -20,7 +20,7 @@ from typing import Protocol
 
 from wse_emu.program import WaferProgram
 from wse_emu.runner import signature
-from wse_emu.runtime.tables import StageTable, build_table, grid_axes
+from wse_emu.runtime.tables import StageTable, TableAsk, build_tables, grid_axes
 
 ROLES = ("mixed", "prefill", "decode")
 PHASES = {"mixed": ("prefill", "decode"), "prefill": ("prefill",), "decode": ("decode",)}
@@ -68,19 +68,36 @@ class WaferRegion:
 
 def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full",
                 pool=None) -> list[WaferRegion]:
-    """One pair of tables per distinct region (replicas of one shape and role share them),
-    over the micro-batch shapes of ``grid`` ("full", or "quick" for a first look); with
-    ``pool`` (a worker pool, ``workers.point_pool``) the shapes are timed on its workers."""
-    shared: dict[tuple, dict] = {}
+    """``wafer_pools_of`` one program."""
+    return wafer_pools_of([program], cache, grid, pool)[0]
+
+
+def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full",
+                   pool=None) -> list[list[WaferRegion]]:
+    """Each program's regions as pools: one pair of tables per distinct region (replicas of
+    one shape and role share them), over the micro-batch shapes of ``grid`` ("full", or
+    "quick" for a first look), every program's timed together (``build_tables``) so that
+    stages alike across them are timed once; with ``pool`` (a worker pool,
+    ``workers.point_pool``) on its workers."""
+    asks, where = [], []  # per program, per region: the asks' indices by phase
+    for program in programs:
+        shared: dict[tuple, dict] = {}
+        per_region = []
+        for r in program.regions:
+            key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
+            if key not in shared:
+                shared[key] = {}
+                for ph in PHASES[r.role]:
+                    shared[key][ph] = len(asks)
+                    asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph)))
+            per_region.append(shared[key])
+        where.append(per_region)
+    tables = build_tables(asks, cache_dir=cache, pool=pool)
     out = []
-    for r in program.regions:
-        key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
-        if key not in shared:
-            shared[key] = {ph: build_table(program, r.name, ph, axes=grid_axes(grid, ph),
-                                           cache_dir=cache, pool=pool)
-                           for ph in PHASES[r.role]}
-        t = shared[key]
-        out.append(WaferRegion(r.name, r.role, r.kv_capacity_tokens, t.get("prefill"),
-                               t.get("decode"), system=r.parts[0].system)
-                   .for_fabric(program.fabric))
+    for program, per_region in zip(programs, where):
+        out.append([WaferRegion(r.name, r.role, r.kv_capacity_tokens,
+                                tables[t["prefill"]] if "prefill" in t else None,
+                                tables[t["decode"]] if "decode" in t else None,
+                                system=r.parts[0].system).for_fabric(program.fabric)
+                    for r, t in zip(program.regions, per_region)])
     return out

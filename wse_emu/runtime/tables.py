@@ -13,9 +13,11 @@ with a digest of its contents, and one that is damaged is reported, timed again 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import zipfile
 from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -337,73 +339,171 @@ def stage_content(program: WaferProgram, stage) -> str:
 def stage_table_path(program: WaferProgram, stage, phase: str, cache_dir: Path, engine: str,
                      axes: tuple) -> Path:
     """Where one stage's times over ``axes`` are cached under ``cache_dir``."""
-    key = _key(stage_content(program, stage), [], phase, engine, axes)
-    return Path(cache_dir) / f"stage-times-{key}.npz"
+    return Path(cache_dir) / f"stage-times-{_stage_key(program, stage, phase, engine, axes)}.npz"
+
+
+def _stage_key(program: WaferProgram, stage, phase: str, engine: str, axes: tuple) -> str:
+    return _key(stage_content(program, stage), [], phase, engine, axes)
+
+
+@dataclass(frozen=True)
+class TableAsk:
+    """A stage table wanted: of ``region`` of ``program`` for ``phase``, over ``axes``."""
+
+    program: WaferProgram
+    region: str
+    phase: str
+    axes: tuple
+
+
+@dataclass
+class _Assembly:
+    """A table not in the cache yet: where it goes, and which timed stage each stage takes."""
+
+    path: Path | None
+    a0: np.ndarray
+    a1: np.ndarray
+    stage_keys: list  # per stage of the region, the content key of its times
+    transfers: int  # index of its transfers' first job
 
 
 def build_table(program: WaferProgram, region: str, phase: str, engine: str = "fast",
                 axes: tuple | None = None, cache_dir: Path | None = None,
                 progress=None, pool=None) -> StageTable:
-    """The table of ``region`` for ``phase``, read from ``cache_dir`` when it is there; a
-    stage whose times some other region's table already holds (``stage_content``) is not
-    timed again. ``progress(done, total)`` hears of each stage and shape timed (by default,
-    a progress bar). They are timed on ``pool``'s workers when it is a cluster's
-    (``pool.remote``), else on this machine's cores."""
-    if axes is None:
-        axes = default_axes(phase)
-    a0, a1 = (np.asarray(a, dtype=np.int64) for a in axes)
-    stages = [program.stages[i] for i in program.region(region).stage_ids]
-    path = None
-    if cache_dir is not None:
-        path = table_path(program, region, phase, cache_dir, engine, axes)
-        table = _cached(path, phase, len(stages), a0, a1)
-        if table is not None:
-            return table
-    # Stages alike (``signature``, as ``run_region`` has it) are timed once.
-    keys = [signature(program, stage) for stage in stages]
-    first_of = {}
-    for key, stage in zip(keys, stages):
-        first_of.setdefault(key, stage)
-    times: dict[int, np.ndarray] = {}  # stage id -> (len(a0), len(a1)) cycles
-    paths: dict[int, Path] = {}
-    if cache_dir is not None:
-        for stage in first_of.values():
-            paths[stage.id] = stage_table_path(program, stage, phase, cache_dir, engine, axes)
-            known = _cached(paths[stage.id], phase, 1, a0, a1)
-            if known is not None:
-                times[stage.id] = known.cycles[0]
-    # Largest stages first, so that the longest (the LM head's) do not start last; then the
-    # transfers between stages (stage -1: closed forms, unless the embeddings are tied).
-    todo = sorted((s for s in first_of.values() if s.id not in times),
-                  key=lambda s: -s.rect.w * s.rect.h)
-    shapes = [(int(x), int(y)) for x in a0 for y in a1]
-    jobs = [(stage, x, y) for stage in [*(s.id for s in todo), -1] for x, y in shapes]
+    """The table of ``region`` for ``phase`` (``build_tables`` of one)."""
+    axes = default_axes(phase) if axes is None else axes
+    return build_tables([TableAsk(program, region, phase, axes)], engine, cache_dir, progress,
+                        pool)[0]
+
+
+def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | None = None,
+                 progress=None, pool=None) -> list[StageTable]:
+    """Every table asked for, read from ``cache_dir`` when it is there. Stages alike
+    (``stage_content``), in one region or in any of the programs, are timed once, and a stage
+    whose times the cache holds is not timed again. What is left is timed as one batch of
+    jobs, a stage at one shape each, longest first: on ``pool``'s workers (worker processes,
+    or a cluster's), else on this machine's threads, so that no core waits for one table's
+    last shape while another table has work. ``progress(done, total)`` hears of each job (by
+    default, a progress bar)."""
+    out: list = [None] * len(asks)
+    times: dict[str, np.ndarray] = {}  # stage content key -> (len(a0), len(a1)) cycles
+    todo: dict[str, tuple] = {}  # content key -> (program, stage, phase, a0, a1, path)
+    pending: dict[int, _Assembly] = {}
+    jobs: list[tuple] = []
+    blobs = _Blobs()
+    for i, ask in enumerate(asks):
+        program, phase = ask.program, ask.phase
+        a0, a1 = (np.asarray(a, dtype=np.int64) for a in ask.axes)
+        stages = [program.stages[s] for s in program.region(ask.region).stage_ids]
+        path = None
+        if cache_dir is not None:
+            path = table_path(program, ask.region, phase, cache_dir, engine, ask.axes)
+            table = _cached(path, phase, len(stages), a0, a1)
+            if table is not None:
+                out[i] = table
+                continue
+        # Stages alike (``signature``, as ``run_region`` has it) take the first one's times.
+        first_of: dict[tuple, str] = {}
+        stage_keys = []
+        for stage in stages:
+            sig = signature(program, stage)
+            if sig not in first_of:
+                key = _stage_key(program, stage, phase, engine, ask.axes)
+                first_of[sig] = key
+                if key not in times and key not in todo:
+                    known = None
+                    spath = None
+                    if cache_dir is not None:
+                        spath = Path(cache_dir) / f"stage-times-{key}.npz"
+                        known = _cached(spath, phase, 1, a0, a1)
+                    if known is not None:
+                        times[key] = known.cycles[0]
+                    else:
+                        todo[key] = (program, stage, phase, a0, a1, spath)
+            stage_keys.append(first_of[sig])
+        # The transfers between the region's stages (stage -1: closed forms, unless the
+        # embeddings are tied), at every shape.
+        pending[i] = _Assembly(path, a0, a1, stage_keys, len(jobs))
+        jobs += [(*blobs.of(program), ask.region, phase, engine, -1, int(x), int(y))
+                 for x in a0 for y in a1]
+    first_stage_job = len(jobs)
+    # Longest first: a stage's time grows with its PEs (its tasks and messages).
+    order = sorted(todo, key=lambda k: -todo[k][1].rect.w * todo[k][1].rect.h)
+    weights = []
+    for key in order:
+        program, stage, phase, a0, a1, _ = todo[key]
+        jobs += [(*blobs.of(program), "", phase, engine, stage.id, int(x), int(y))
+                 for x in a0 for y in a1]
+        weights += [stage.rect.w * stage.rect.h] * (len(a0) * len(a1))
+    if not jobs:
+        return out
     if progress is None:
-        bar = Phase(f"timing the {phase} stage table of region {region}", len(jobs))
+        what = f"{len(todo)} stage{'s' if len(todo) != 1 else ''}"
+        bar = Phase(f"timing the stage tables ({what} at every shape)", len(jobs),
+                    weights + [0] * first_stage_job)
         progress = lambda done, total: bar.update(done)  # noqa: E731
-    if pool is not None and getattr(pool, "remote", False):
-        run = pool.bind(time_shape, (program, region, phase, engine))
-        timed = run(jobs, done=lambda n: progress(n, len(jobs)))
+    # Submitted stage jobs first (longest first), the cheap transfers last.
+    ordered = jobs[first_stage_job:] + jobs[:first_stage_job]
+    if pool is not None and pool.parallel:
+        timed = pool.bind(time_blob, ())(ordered, done=lambda n: progress(n, len(jobs)))
     else:
-        timed = _on_threads(program, region, phase, engine, jobs,
-                            lambda n: progress(n, len(jobs)))
-    grids = np.asarray(timed, dtype=np.float64).reshape(len(todo) + 1, len(a0), len(a1))
-    for stage, grid in zip(todo, grids):
-        times[stage.id] = grid
-        if stage.id in paths:
-            paths[stage.id].parent.mkdir(parents=True, exist_ok=True)
-            StageTable(phase, a0, a1, grid[None], np.zeros_like(grid)).to_npz(paths[stage.id])
-    cycles = np.stack([times[first_of[key].id] for key in keys])
-    table = StageTable(phase, a0, a1, cycles, grids[-1])
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table.to_npz(path)
-    return table
+        timed = _on_threads(ordered, lambda n: progress(n, len(jobs)))
+    timed = timed[len(jobs) - first_stage_job:] + timed[:len(jobs) - first_stage_job]
+    at = first_stage_job
+    for key in order:
+        program, stage, phase, a0, a1, spath = todo[key]
+        grid = np.asarray(timed[at:at + len(a0) * len(a1)], dtype=np.float64).reshape(
+            len(a0), len(a1))
+        at += len(a0) * len(a1)
+        times[key] = grid
+        if spath is not None:
+            spath.parent.mkdir(parents=True, exist_ok=True)
+            StageTable(phase, a0, a1, grid[None], np.zeros_like(grid)).to_npz(spath)
+    for i, job in pending.items():
+        n = len(job.a0) * len(job.a1)
+        transfers = np.asarray(timed[job.transfers:job.transfers + n],
+                               dtype=np.float64).reshape(len(job.a0), len(job.a1))
+        cycles = np.stack([times[key] for key in job.stage_keys])
+        out[i] = StageTable(asks[i].phase, job.a0, job.a1, cycles, transfers)
+        if job.path is not None:
+            job.path.parent.mkdir(parents=True, exist_ok=True)
+            out[i].to_npz(job.path)
+    return out
 
 
-def _on_threads(program, region, phase, engine, jobs: list, done) -> list:
-    """``time_shape`` of every (stage, x, y) job on parallel threads, results in job order
-    (the engine releases the GIL, and the results do not depend on the order)."""
+class _Blobs:
+    """Each program once as a pickle, without what timing never reads (its per-PE arrays,
+    routes and summary), and a digest to know it by: a job carries these bytes, and a worker
+    unpickles them once (``time_blob``)."""
+
+    def __init__(self):
+        self.made: dict[int, tuple[str, bytes]] = {}
+
+    def of(self, program: WaferProgram) -> tuple[str, bytes]:
+        if id(program) not in self.made:
+            light = dataclasses.replace(program, arrays={}, routes=[], summary={})
+            blob = pickle.dumps(light, protocol=pickle.HIGHEST_PROTOCOL)
+            self.made[id(program)] = (hashlib.sha256(blob).hexdigest(), blob)
+        return self.made[id(program)]
+
+
+_PROGRAMS: dict[str, WaferProgram] = {}  # in a worker: the programs it has unpickled, by digest
+_PROGRAMS_KEPT = 16
+
+
+def time_blob(digest: str, blob: bytes, region: str, phase: str, engine: str, stage: int,
+              x: int, y: int) -> float:
+    """``time_shape`` of a program given as ``_Blobs`` made it."""
+    program = _PROGRAMS.get(digest)
+    if program is None:
+        if len(_PROGRAMS) >= _PROGRAMS_KEPT:
+            _PROGRAMS.clear()
+        program = _PROGRAMS[digest] = pickle.loads(blob)
+    return time_shape(program, region, phase, engine, stage, x, y)
+
+
+def _on_threads(jobs: list, done) -> list:
+    """``time_blob`` of every job on parallel threads, results in job order (the engine
+    releases the GIL, and the results do not depend on the order)."""
     with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as threads:
-        return gathered([threads.submit(time_shape, program, region, phase, engine, *job)
-                         for job in jobs], as_completed, done)
+        return gathered([threads.submit(time_blob, *job) for job in jobs], as_completed, done)

@@ -7,9 +7,10 @@ core; worker processes (one per core, started fresh) use them all. Locally they 
 library's, not a local dask cluster, whose scheduler shares the cores and the parent's
 interpreter with the work: the 8B frontier, its stage tables cached (thousands of serving runs
 of about 80 ms each), took 128 s on them and 215 s on a local dask cluster (one run of each). A
-scheduler address reaches a real cluster, whose workers then also time the stage tables
-(``remote``). With one worker, jobs run one after another in this process. The results are the
-same on every pool. Every pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``,
+scheduler address reaches a real cluster. Stage-table shapes are timed on the pool's workers
+too (``parallel``): building a shape's task graph holds the interpreter, so threads would leave
+a core idle. With one worker, serving runs go one after another in this process (and table
+shapes on its threads, the engine releasing the GIL). The results are the same on every pool. Every pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``,
 which calls ``done(count)`` as each job finishes, so that progress never waits for a whole
 round.
 """
@@ -38,7 +39,7 @@ def dask_available() -> bool:
 class _Here:
     """Runs jobs in this process, one after another."""
 
-    remote = False
+    parallel = False
 
     def bind(self, function, shared: tuple):
         def run(jobs, done=None):
@@ -61,7 +62,7 @@ class _Processes:
     """Runs jobs on local worker processes (started fresh, not forked: the parent may hold
     threads)."""
 
-    remote = False
+    parallel = True
 
     def __init__(self, workers: int):
         self.executor = ProcessPoolExecutor(workers,
@@ -94,6 +95,9 @@ class _Processes:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
 
+HERE = _Here()  # jobs in this process, one after another (for a caller given no pool)
+
+
 _BOUND: dict = {}  # in a worker process: token -> (function, shared) of the latest binding
 
 
@@ -122,7 +126,7 @@ def gathered(futures: list, completed, done) -> list:
 class _Dask:
     """Runs jobs on a dask.distributed cluster's workers."""
 
-    remote = True  # a cluster's: its workers time stage tables too
+    parallel = True
 
     def __init__(self, client):
         self.client = client
