@@ -7,11 +7,11 @@ import logging
 
 import numpy as np
 
-from compiler.options import CompileOptions
-from compiler.partition import RegionPlan, partition, wafers_needed
-from compiler.routing import color_masks, popcount
-from compiler.template import NoLayout, RegionTemplate, build_template
-from compiler.tiling import ownership_check
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import RegionPlan, partition, wafers_needed
+from wse_emu.compiler.routing import color_masks, popcount
+from wse_emu.compiler.template import NoLayout, RegionTemplate, build_template
+from wse_emu.compiler.tiling import ownership_check
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from compiler.geometry import even_split, grid_shape
-from compiler.options import CompileOptions
+from wse_emu.compiler.geometry import even_split, grid_shape
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec
 from wse_emu.model import WEIGHT_FORMATS, ModelSpec, formats_text, stored_as

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.stages import StageSpec, home_strip
+from wse_emu.compiler.stages import StageSpec, home_strip
 from wse_emu import layer as ly
 from wse_emu.model import ModelSpec
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler import placement as pl
-from compiler.bounds import kernel_bound, stage_bound
-from compiler.geometry import even_split
-from compiler.options import CompileOptions
-from compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
-from compiler.stages import (
+from wse_emu.compiler import placement as pl
+from wse_emu.compiler.bounds import kernel_bound, stage_bound
+from wse_emu.compiler.geometry import even_split
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
+from wse_emu.compiler.stages import (
     StageSpec,
     allocate_areas,
     home_strip,
@@ -28,7 +28,7 @@ from compiler.stages import (
     strip_extents,
     strip_min_extent,
 )
-from compiler.tiling import block_bytes, vector_bytes
+from wse_emu.compiler.tiling import block_bytes, vector_bytes
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import FabricSpec

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from compiler.geometry import even_split
+from wse_emu.compiler.geometry import even_split
 
 
 def block_bytes(k: int, n: int, cols: int, rows: int, layers: int,

@@ -11,8 +11,8 @@ os.environ["NUMBA_CACHE_DIR"] = str(Path(os.environ.get("NUMBA_CACHE_DIR",
                                                         ROOT / ".numba_cache")).resolve())
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-from compiler.mapper import compile_model  # noqa: E402
-from compiler.options import CompileOptions  # noqa: E402
+from wse_emu.compiler.mapper import compile_model  # noqa: E402
+from wse_emu.compiler.options import CompileOptions  # noqa: E402
 from wse_emu.fabric import ClusterSpec, load_fabric  # noqa: E402
 from wse_emu.model import load_model  # noqa: E402
 

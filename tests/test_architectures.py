@@ -16,10 +16,10 @@ import pytest
 from reference_forward import ReferenceModel
 from test_functional import follows_reference
 
-from compiler.intensity import analyze
-from compiler.mapper import compile_model
-from compiler.opgraph import build_op_graph
-from compiler.options import CompileOptions
+from wse_emu.compiler.intensity import analyze
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.opgraph import build_op_graph
+from wse_emu.compiler.options import CompileOptions
 from wse_emu import layer as ly
 from wse_emu.cli.main import main
 from wse_emu.fabric import ClusterSpec, load_fabric

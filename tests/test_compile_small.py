@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from compiler.geometry import even_split
-from compiler.routing import popcount
+from wse_emu.compiler.geometry import even_split
+from wse_emu.compiler.routing import popcount
 from wse_emu.kernels import kvlayout
 
 
@@ -123,7 +123,7 @@ def test_verify_catches_a_broken_program(tiny_8x8):
 
     import pytest
 
-    from compiler.mapper import verify
+    from wse_emu.compiler.mapper import verify
 
     verify(tiny_8x8)
     broken = copy.deepcopy(tiny_8x8)
@@ -142,7 +142,7 @@ def test_color_check_catches_a_clash(tiny_8x8):
 
     import pytest
 
-    from compiler.routing import check_colors
+    from wse_emu.compiler.routing import check_colors
 
     routes = copy.deepcopy(tiny_8x8.routes)
     check_colors(routes)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from reference_forward import ReferenceModel, rope_frequencies
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator, prompt_tiles

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
-from compiler.partition import (
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import (
     DEFAULT_PREFILL_SHARE,
     _min_part_width,
     _share_fits,

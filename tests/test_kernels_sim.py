@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from compiler.bounds import kernel_bound
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.bounds import kernel_bound
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.engines import cycle, fast
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import kernel_graph, stage_graph

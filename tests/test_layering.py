@@ -9,14 +9,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def package_of(module: str) -> str:
+    """The package a module belongs to: its top-level name, or for ours, its folder
+    (``wse_emu.compiler``, ``wse_emu.visualize``, ...; the core is ``wse_emu``)."""
+    parts = module.split(".")
+    if parts[0] == "wse_emu" and len(parts) > 1 and parts[1] in FOLDERS:
+        return f"wse_emu.{parts[1]}"
+    return parts[0]
+
+
+FOLDERS = ("compiler", "visualize", "programs")  # installed under wse_emu, kept beside it
+
+
 def imported(path: Path) -> set[str]:
-    """Top-level packages a module imports, wherever in the module the import stands."""
+    """Packages a module imports, wherever in the module the import stands."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(package_of(alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
+            names.add(package_of(node.module))
     return names
 
 
@@ -27,8 +39,8 @@ def modules(package: str, skip: tuple = ()) -> list[Path]:
 
 # The command line and the Python API wire the packages together; nothing else in wse_emu may.
 @pytest.mark.parametrize("package,skip,forbidden", [
-    ("wse_emu", ("cli", "api.py"), {"compiler", "visualize"}),
-    ("compiler", (), {"visualize"}),
+    ("wse_emu", ("cli", "api.py"), {"wse_emu.compiler", "wse_emu.visualize"}),
+    ("compiler", (), {"wse_emu.visualize"}),
 ])
 def test_no_import_points_back_up(package, skip, forbidden):
     offenders = {str(p.relative_to(ROOT)): sorted(imported(p) & forbidden)
@@ -38,8 +50,24 @@ def test_no_import_points_back_up(package, skip, forbidden):
 
 def test_the_check_sees_an_offending_import(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from compiler.mapper import compile_model\n")
-    assert "compiler" in imported(bad)
+    bad.write_text("def f():\n    from wse_emu.compiler.mapper import compile_model\n")
+    assert "wse_emu.compiler" in imported(bad)
+
+
+def test_nothing_installs_a_generic_top_level_name():
+    """The compiler, the figures and the presets keep their folders but are installed as
+    ``wse_emu.compiler``, ``wse_emu.visualize`` and ``wse_emu.programs``: a user's own
+    ``compiler`` or ``programs`` package never collides with ours."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert all(p == "wse_emu" or p.startswith("wse_emu.") for p in config["packages"])
+    assert config["package-dir"] == {f"wse_emu.{f}": f for f in FOLDERS}
+    for path in [*ROOT.glob("*/**/*.py")]:
+        if ".git" in path.parts or "build" in path.parts:
+            continue
+        generic = {n for n in imported(path) if n in FOLDERS}
+        assert not generic, f"{path.relative_to(ROOT)} imports {generic} by a generic name"
 
 
 def test_only_the_command_line_imports_the_command_line():

@@ -100,7 +100,7 @@ def test_dense_family_with_experts_is_refused():
 
 
 def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
-    from compiler.mapper import compile_model
+    from wse_emu.compiler.mapper import compile_model
     from wse_emu.cli.compile_cmd import render
 
     model = load_model("gpt-oss-120b")  # 65.2 GB as stored: two WSE-3
@@ -132,7 +132,7 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
 
 
 def test_qwen3_235b_compiles_onto_the_13_wse3_that_hold_it_by_sram():
-    from compiler.mapper import compile_model
+    from wse_emu.compiler.mapper import compile_model
 
     model = load_model("qwen3-235b-a22b")  # 470 GB in bfloat16: 13 WSE-3 by SRAM
     with pytest.raises(CompileError, match="needs 470 GB of weights.*`systems=13` or more"):
@@ -153,7 +153,7 @@ def test_qwen3_235b_compiles_onto_the_13_wse3_that_hold_it_by_sram():
 @pytest.mark.parametrize("name,gib,wafers", [("gpt-oss-20b", 12.8, 1), ("gpt-oss-120b", 60.8, 2)])
 def test_mxfp4_experts_size_gpt_oss_as_its_published_checkpoints(name, gib, wafers):
     # The model card's checkpoint sizes: experts in MXFP4, everything else in bfloat16.
-    from compiler.partition import wafers_needed
+    from wse_emu.compiler.partition import wafers_needed
 
     m = load_model(name)
     assert m.expert_weight_format == "mxfp4" and m.quantized
@@ -176,10 +176,10 @@ def test_weight_formats_size_matrices_and_leave_norms_and_biases_alone():
 
 
 def test_quantized_weights_take_their_format_in_sram_and_dequantize_per_use():
-    from compiler.mapper import compile_model
+    from wse_emu.compiler.mapper import compile_model
 
     tiny = load_model("tiny")
-    from compiler.options import CompileOptions
+    from wse_emu.compiler.options import CompileOptions
 
     cluster, one = ClusterSpec(load_fabric("mesh16"), 1), CompileOptions(region=(16, 16))
     native = compile_model(tiny, cluster, one)
@@ -203,7 +203,7 @@ def test_unknown_weight_format_is_refused_by_name():
 
 
 def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, capsys):
-    from visualize.roofline import op_points
+    from wse_emu.visualize.roofline import op_points
     from wse_emu.cli.main import main
 
     out = tmp_path / "oss"
@@ -219,8 +219,8 @@ def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, caps
 
 
 def test_attention_sinks_are_owned_by_the_attention_kernel():
-    from compiler.mapper import compile_model
-    from compiler.options import CompileOptions
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.compiler.options import CompileOptions
 
     sinks = dataclasses.replace(load_model("tiny"), attention_sinks=True)
     program = compile_model(sinks, ClusterSpec(load_fabric("mesh16"), 1),
@@ -230,7 +230,7 @@ def test_attention_sinks_are_owned_by_the_attention_kernel():
 
 
 def test_roofline_of_an_inspected_step_draws_that_step():
-    from visualize.roofline import op_points, phases
+    from wse_emu.visualize.roofline import op_points, phases
 
     step = MicroBatch("decode", batch=64, context=1024)
     assert dict((p, w) for p, w, _, _ in phases(step))["decode"] == step

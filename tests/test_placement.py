@@ -2,8 +2,8 @@
 
 import pytest
 
-from compiler import placement as pl
-from compiler.geometry import even_split, grid_shape, proportional_split
+from wse_emu.compiler import placement as pl
+from wse_emu.compiler.geometry import even_split, grid_shape, proportional_split
 
 
 def test_scorer_point_to_point_by_hand():

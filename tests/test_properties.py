@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from compiler.mapper import compile_model, verify
-from compiler.options import CompileOptions
-from compiler.partition import wafers_needed
-from compiler.routing import popcount
+from wse_emu.compiler.mapper import compile_model, verify
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import wafers_needed
+from wse_emu.compiler.routing import popcount
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.model import ModelSpec
@@ -267,7 +267,7 @@ def test_save_and_load_round_trip(model, fab, n_systems, options):
 # --- regressions found by the properties above ------------------------------------------
 
 def test_split_layers_gives_every_wafer_a_layer():
-    from compiler.stages import split_layers
+    from wse_emu.compiler.stages import split_layers
 
     # One byte per layer, three wafers of one byte, a one-byte head on the last wafer:
     # (0, 2), (2, 3), (3, 4) fills the fullest wafer to 2, as does the answer with an empty

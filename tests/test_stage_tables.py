@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch

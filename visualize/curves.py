@@ -8,7 +8,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 
 
 def _style(label: str, n: int) -> dict:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from visualize import wafer
-from visualize.curves import draw_experiment
-from visualize.draw import map_figure, regions_figure
-from visualize.roofline import roofline_figure
-from visualize.rundir import RunDir
-from visualize.serving import draw_serving
-from visualize.sweep import sweep_figure
+from wse_emu.visualize import wafer
+from wse_emu.visualize.curves import draw_experiment
+from wse_emu.visualize.draw import map_figure, regions_figure
+from wse_emu.visualize.roofline import roofline_figure
+from wse_emu.visualize.rundir import RunDir
+from wse_emu.visualize.serving import draw_serving
+from wse_emu.visualize.sweep import sweep_figure
 from wse_emu.layer import MicroBatch
 
 KINDS = ("maps", "roofline", "serving", "experiment", "sweep")

@@ -9,9 +9,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from compiler.intensity import analyze
-from compiler.opgraph import build_op_graph
-from visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.compiler.intensity import analyze
+from wse_emu.compiler.opgraph import build_op_graph
+from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.fabric import FabricSpec
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec

@@ -8,9 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from visualize.figures import draw_all
-from visualize.report import write_report
-from visualize.rundir import load_run
+from wse_emu.visualize.figures import draw_all
+from wse_emu.visualize.report import write_report
+from wse_emu.visualize.rundir import load_run
 from wse_emu.fmt import seconds, si
 
 CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.errors import UserError
 
 PREFILL, DECODE, MIXED = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6]

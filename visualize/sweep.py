@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from visualize.draw import DPI, plt, quantity_cmap, save_figure
+from wse_emu.visualize.draw import DPI, plt, quantity_cmap, save_figure
 from wse_emu.fmt import si
 from wse_emu.runtime.sweep import headline
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
-from compiler.partition import disaggregated_splits, wafers_needed
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.checks import is_number, one_of, positive, short_repr, whole
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
@@ -491,7 +491,7 @@ def evaluate_point(point: str, config: dict) -> dict:
 
 def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:
     """Draw a run directory's figures and report.html; returns the report's path."""
-    from visualize.rundraw import draw_run
+    from wse_emu.visualize.rundraw import draw_run
 
     return draw_run(Path(run_dir), what)
 

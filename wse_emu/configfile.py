@@ -22,7 +22,7 @@ CONFIG_VERSION = 1
 
 def preset_dir(kind: str) -> Path:
     """The folder of shipped presets of one kind ('fabrics' or 'models')."""
-    return Path(str(resources.files("programs"))) / kind
+    return Path(str(resources.files("wse_emu.programs"))) / kind
 
 
 def preset_names(kind: str) -> list[str]:

@@ -21,8 +21,8 @@ COMPILE_CASES = [
 
 CHILD = r"""
 import json, resource, sys, time
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 case = json.loads(sys.argv[1])
@@ -58,8 +58,8 @@ if case["kind"] == "noc":
     out = {"seconds": best, "cycles": res.cycles, "offered_rate": rate,
            "router_cycles_per_s": res.cycles * k * k / best}
 else:
-    from compiler.mapper import compile_model
-    from compiler.options import CompileOptions
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.compiler.options import CompileOptions
     from wse_emu.fabric import ClusterSpec, load_fabric
     from wse_emu.layer import MicroBatch
     from wse_emu.model import load_model
@@ -128,7 +128,7 @@ VIZ_CHILD = r"""
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from wse_emu.cli.main import main
-from visualize.rundraw import draw_run
+from wse_emu.visualize.rundraw import draw_run
 case = json.loads(sys.argv[1])
 with tempfile.TemporaryDirectory() as tmp:
     run_dir = Path(tmp) / "run"
@@ -158,8 +158,8 @@ def run_viz(repeat: int) -> dict:
 
 FUNCTIONAL_CHILD = r"""
 import dataclasses, json, resource, sys, time
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.model import load_model

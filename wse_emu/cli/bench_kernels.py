@@ -20,9 +20,9 @@ import dataclasses
 
 import numpy as np
 
-from compiler.bounds import kernel_bound
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.bounds import kernel_bound
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric

@@ -22,8 +22,8 @@ from wse_emu.errors import UserError
 SERVE_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.pools import wafer_pools

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions, parse_region
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions, parse_region
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.fmt import gb, seconds, si, table

@@ -18,13 +18,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.bounds import stage_bounds
-from compiler.mapper import compile_model
-from compiler.options import CompileOptions
-from compiler.partition import disaggregated_splits
-from visualize.report import write_report
-from visualize.rundraw import draw_run
-from visualize.serving import read_requests, tpot_side_by_side
+from wse_emu.compiler.bounds import stage_bounds
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import disaggregated_splits
+from wse_emu.visualize.report import write_report
+from wse_emu.visualize.rundraw import draw_run
+from wse_emu.visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.api import build_layouts, default_cache_dir
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment

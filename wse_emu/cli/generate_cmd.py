@@ -103,7 +103,7 @@ def run(args):
         raise UserError(f"--weights-seed must be at least 0, got {args.weights_seed}")
     if args.dump_logits and Path(args.dump_logits).suffix != ".npy":
         raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
-    from compiler.mapper import compile_model
+    from wse_emu.compiler.mapper import compile_model
 
     model, weights, source = model_and_weights(args.model, args.weights_seed)
     model = model_from_args(args, model)

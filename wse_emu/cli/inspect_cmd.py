@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 
-from compiler.intensity import analyze
-from compiler.opgraph import build_op_graph
-from compiler.partition import wafers_needed
+from wse_emu.compiler.intensity import analyze
+from wse_emu.compiler.opgraph import build_op_graph
+from wse_emu.compiler.partition import wafers_needed
 from wse_emu.cli.compile_cmd import (
     add_fabric_args,
     add_format_args,

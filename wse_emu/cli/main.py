@@ -131,7 +131,7 @@ def _with_figures(result, output: str):
     """Draw the run directory just written, and say where the report is."""
     from pathlib import Path
 
-    from visualize.rundraw import draw_run
+    from wse_emu.visualize.rundraw import draw_run
 
     report = draw_run(Path(output), ("maps", "roofline", "serving", "experiment"))
     if isinstance(result, dict):

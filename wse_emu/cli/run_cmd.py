@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.bounds import stage_bounds
+from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.api import step_of
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.errors import UserError

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from visualize.rundraw import draw_run
+from wse_emu.visualize.rundraw import draw_run
 from wse_emu.errors import UserError
 
 FORMATS = ("png", "svg")
 
 
 def add_parser(sub, summary: str) -> None:
-    from visualize.figures import KINDS
+    from wse_emu.visualize.figures import KINDS
 
     p = sub.add_parser("viz", help=summary)
     p.add_argument("run_dir", help="a directory written by compile, run, serve or experiment "
@@ -25,7 +25,7 @@ def add_parser(sub, summary: str) -> None:
 
 
 def run(args):
-    from visualize.figures import KINDS
+    from wse_emu.visualize.figures import KINDS
 
     what = tuple(w.strip() for w in args.what.split(",") if w.strip())
     unknown = [w for w in what if w not in KINDS]

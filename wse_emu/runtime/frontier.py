@@ -28,7 +28,7 @@ from wse_emu.checks import short_repr
 from wse_emu.errors import UserError
 from wse_emu.runtime.experiment import interval
 
-VENDOR_SPEEDS = Path(str(resources.files("programs"))) / "vendor_speeds.yaml"
+VENDOR_SPEEDS = Path(str(resources.files("wse_emu.programs"))) / "vendor_speeds.yaml"
 SLOWEST_TPOT_S = 0.02  # the ladder's slow end: 50 tokens/s per user
 RUNGS = 8  # rungs between the fastest a lone sequence allows and the slow end
 FLOOR_MARGIN = 1.1  # the fastest rung's TPOT target: this many lone decode steps
