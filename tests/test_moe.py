@@ -101,6 +101,7 @@ def test_dense_family_with_experts_is_refused():
 
 def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
     from wse_emu.compiler.mapper import compile_model
+
     from wse_emu.cli.compile_cmd import render
 
     model = load_model("gpt-oss-120b")  # 65.2 GB as stored: two WSE-3
@@ -204,6 +205,7 @@ def test_unknown_weight_format_is_refused_by_name():
 
 def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, capsys):
     from wse_emu.visualize.roofline import op_points
+
     from wse_emu.cli.main import main
 
     out = tmp_path / "oss"

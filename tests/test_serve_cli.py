@@ -73,6 +73,7 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
 def test_wafer_pools_know_their_wafer(tmp_path):
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.compiler.options import CompileOptions
+
     from wse_emu.fabric import ClusterSpec, load_fabric
     from wse_emu.model import load_model
     from wse_emu.runtime.pools import wafer_pools

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.checks import is_number, one_of, positive, short_repr, whole
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
-from wse_emu.checks import is_number, one_of, positive, short_repr, whole
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch

@@ -20,10 +20,10 @@ import dataclasses
 
 import numpy as np
 
+from wse_emu import layer as ly
 from wse_emu.compiler.bounds import kernel_bound
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.kernels.primitives import CostModel

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 
-from wse_emu.compiler.intensity import analyze
-from wse_emu.compiler.opgraph import build_op_graph
-from wse_emu.compiler.partition import wafers_needed
 from wse_emu.cli.compile_cmd import (
     add_fabric_args,
     add_format_args,
     fabric_from_args,
     model_from_args,
 )
+from wse_emu.compiler.intensity import analyze
+from wse_emu.compiler.opgraph import build_op_graph
+from wse_emu.compiler.partition import wafers_needed
 from wse_emu.errors import UserError
 from wse_emu.fmt import si, table
 from wse_emu.layer import MicroBatch

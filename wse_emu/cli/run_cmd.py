@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.api import step_of
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
+from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import MicroBatch, attention_tile_of

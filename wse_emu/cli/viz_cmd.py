@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wse_emu.visualize.rundraw import draw_run
 from wse_emu.errors import UserError
+from wse_emu.visualize.rundraw import draw_run
 
 FORMATS = ("png", "svg")
 

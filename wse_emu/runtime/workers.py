@@ -10,9 +10,9 @@ of about 80 ms each), took 128 s on them and 215 s on a local dask cluster (one 
 scheduler address reaches a real cluster. Stage-table shapes are timed on the pool's workers
 too (``parallel``): building a shape's task graph holds the interpreter, so threads would leave
 a core idle. With one worker, serving runs go one after another in this process (and table
-shapes on its threads, the engine releasing the GIL). The results are the same on every pool. Every pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``,
-which calls ``done(count)`` as each job finishes, so that progress never waits for a whole
-round.
+shapes on its threads, the engine releasing the GIL). The results are the same on every pool.
+Every pool's ``bind(function, shared)`` gives ``run(jobs, done=None)``, which calls
+``done(count)`` as each job finishes, so that progress never waits for a whole round.
 """
 
 from __future__ import annotations
