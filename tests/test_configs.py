@@ -7,7 +7,13 @@ import pytest
 
 from wse_emu.configfile import preset_dir, preset_names, read_yaml_mapping
 from wse_emu.errors import ConfigError
-from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
+from wse_emu.fabric import (
+    DEFAULT_QUEUE_WAVELETS,
+    DEFAULT_VIRTUAL_CHANNELS,
+    ClusterSpec,
+    load_fabric,
+    with_overrides,
+)
 from wse_emu.layer import ops_by_name
 from wse_emu.model import load_model
 
@@ -39,6 +45,65 @@ def test_uncertain_values_are_parameters():
     slower = with_overrides(wse3, clock_hz=850e6, hop_latency_cycles=2)
     assert slower.clock_hz == 850e6 and slower.hop_latency_cycles == 2
     assert slower.width == wse3.width
+
+
+def test_router_fields_are_set_in_every_preset_with_a_comment():
+    """virtual_channels and queue_wavelets are stated in every preset (the engines' former
+    constants, 4 and 8), each under a comment citing HARDWARE.md or calling it an
+    assumption."""
+    assert (DEFAULT_VIRTUAL_CHANNELS, DEFAULT_QUEUE_WAVELETS) == (4, 8)
+    for name in preset_names("fabrics"):
+        text = (preset_dir("fabrics") / f"{name}.yaml").read_text()
+        data = read_yaml_mapping(preset_dir("fabrics") / f"{name}.yaml")
+        assert (data["virtual_channels"], data["queue_wavelets"]) == (4, 8), name
+        lines = text.splitlines()
+        for field in ("virtual_channels", "queue_wavelets"):
+            at = next(i for i, line in enumerate(lines) if line.startswith(f"{field}:"))
+            first = at
+            while first > 0 and lines[first - 1].startswith("#"):
+                first -= 1
+            comment = " ".join(lines[first:at])
+            assert "HARDWARE.md 'Router buffers'" in comment and "assumption" in comment, name
+
+
+def test_a_fabric_file_without_the_router_fields_takes_the_defaults(tmp_path):
+    text = (preset_dir("fabrics") / "mesh8.yaml").read_text()
+    kept = [line for line in text.splitlines()
+            if not line.startswith(("virtual_channels:", "queue_wavelets:"))]
+    path = tmp_path / "old.yaml"
+    path.write_text("\n".join(kept) + "\n")
+    old = load_fabric(path)
+    assert (old.virtual_channels, old.queue_wavelets) == (4, 8)
+    assert old == load_fabric("mesh8")
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("virtual_channels", 0, "must be between 1 and 32"),
+    ("virtual_channels", 33, "must be between 1 and 32"),
+    ("virtual_channels", -4, "must be between 1 and 32"),
+    ("queue_wavelets", 0, "must be between 1 and 1024"),
+    ("queue_wavelets", 1025, "must be between 1 and 1024"),
+    ("queue_wavelets", "8", "must be an integer"),
+    ("virtual_channels", 2.5, "must be an integer"),
+])
+def test_router_fields_out_of_range_are_refused_by_name(tmp_path, field, value, allowed):
+    text = (preset_dir("fabrics") / "mesh8.yaml").read_text()
+    path = tmp_path / "routers.yaml"
+    shown_value = f"'{value}'" if isinstance(value, str) else value
+    path.write_text("\n".join(f"{field}: {shown_value}" if line.startswith(f"{field}:")
+                              else line for line in text.splitlines()) + "\n")
+    with pytest.raises(ConfigError, match=f"routers.yaml: field '{field}' {allowed}"):
+        load_fabric(path)
+    if not isinstance(value, (str, float)):
+        with pytest.raises(ConfigError, match=f"'{field}' {allowed}, got {value}"):
+            with_overrides(load_fabric("mesh8"), **{field: value})
+
+
+def test_router_fields_at_the_ends_of_their_ranges_load():
+    mesh8 = load_fabric("mesh8")
+    for vcs, depth in ((1, 1), (32, 1024)):
+        spec = with_overrides(mesh8, virtual_channels=vcs, queue_wavelets=depth)
+        assert (spec.virtual_channels, spec.queue_wavelets) == (vcs, depth)
 
 
 @pytest.mark.parametrize("name,params", [

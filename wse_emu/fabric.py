@@ -1,7 +1,8 @@
 """FabricSpec: the emulated wafer's parameters, and the cluster of identical wafers.
 
 Every number comes from a preset in ``programs/fabrics/`` that cites ``HARDWARE.md``; uncertain
-values (clock, hop and ramp latency, reserved runtime memory) are fields, never constants in code.
+values (clock, hop and ramp latency, reserved runtime memory, the router's virtual channels and
+queue depth) are fields, never constants in code.
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from wse_emu.configfile import (
     require,
     shown,
 )
+from wse_emu.engines.messages import MAX_VCS
 from wse_emu.errors import ConfigError
 
 # Sane upper limits: a typo must not ask for an emulated cluster of hundreds of GiB.
 MAX_SIDE = 4096
 MAX_SYSTEMS = 64
 MAX_CLUSTER_PES = 64 * 755 * 1170  # per-PE plans of 64 wse3 systems fit a 24 GiB machine
+MAX_QUEUE_WAVELETS = 1024
+# The router model's defaults, for fabric files (and programs saved) before they were fields.
+DEFAULT_VIRTUAL_CHANNELS = 4
+DEFAULT_QUEUE_WAVELETS = 8
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,13 @@ class FabricSpec:
     colors_total: int
     colors_reserved: int
     offwafer_bytes_per_s: float
+    # The engines' router model (not published; assumptions of the model). The cycle engine
+    # gives every router input port one queue of ``queue_wavelets`` wavelets per virtual
+    # channel; a message of color class c waits in queue ``c % virtual_channels``. The fast
+    # engine has no virtual channels: a blocked message holds the links behind it, less what
+    # ``queue_wavelets`` per router absorb.
+    virtual_channels: int = DEFAULT_VIRTUAL_CHANNELS
+    queue_wavelets: int = DEFAULT_QUEUE_WAVELETS
     host_transfer_overhead_s: float = 0.0
     # Wall power of one whole system, for energy per token; 0 where no figure is cited.
     system_power_w: float = 0.0
@@ -110,6 +123,10 @@ class FabricSpec:
         require(self.colors_reserved < self.colors_total, source,
                 "field 'colors_reserved' must be below 'colors_total'")
         require(self.colors_total <= 32, source, "field 'colors_total' must be <= 32")
+        for name, most in (("virtual_channels", MAX_VCS), ("queue_wavelets", MAX_QUEUE_WAVELETS)):
+            value = getattr(self, name)
+            require(1 <= value <= most, source,
+                    f"field '{name}' must be between 1 and {most}, got {shown(value)}")
         return self
 
 

@@ -20,6 +20,10 @@ LINE = 1
 NORTH, EAST, SOUTH, WEST, RAMP = 0, 1, 2, 3, 4
 PORTS = 5
 
+# Virtual channels the cycle engine can model: it names a queue's color with five bits and
+# keeps a router port's non-empty colors as one 32-bit mask.
+MAX_VCS = 32
+
 
 @dataclass
 class Messages:
@@ -30,7 +34,7 @@ class Messages:
     dst: np.ndarray
     length: np.ndarray  # wavelets
     mode: np.ndarray  # UNICAST or LINE
-    vc: np.ndarray
+    vc: np.ndarray  # color class; the cycle engine queues it on virtual channel vc % vcs
 
     def __len__(self) -> int:
         return len(self.src)
