@@ -115,3 +115,84 @@ def test_saturation_within_75_to_100_percent_of_the_bound(k, pattern):
     assert not stable(run_noc(k, pattern, 1.2 * bound))
     rate, _ = find_saturation(k, pattern)
     assert 0.75 * bound <= rate <= bound, rate / bound
+
+
+# --- the router model's fields: virtual channels and queue depth ----------------------------
+
+@pytest.mark.parametrize("queue", [1, 2, 3, 8])
+@pytest.mark.parametrize("length", [1, 2, 5, 10])
+def test_a_shallow_queue_passes_its_wavelets_one_credit_loop_at_a_time(queue, length):
+    """One message, 5 hops, hop 1, ramp 2. A queue's credit comes back the cycle after its
+    wavelet moves on, so a queue behind a d-cycle wire passes ``queue`` wavelets per d + 1
+    cycles. The PE's ramp (d = 2) allows ``queue`` per 3 cycles, the links (d = 1) ``queue``
+    per 2, never the tighter: wavelet i is injected at 3 * (i // queue) + i % queue below a
+    queue of 3, at i from 3 on, and lands 5 + 2 * 2 cycles later."""
+    hops, ramp = 5, 2
+    res = cycle.run(8, 8, 1, queue, 1, ramp, Messages.build([0], [0], [hops], [length]), 1000,
+                    True)
+    last = length - 1
+    injected = last if queue > ramp else (ramp + 1) * (last // queue) + last % queue
+    assert res.t_done[0] == injected + hops + 2 * ramp
+    assert res.violation_cycle == -1
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 10, 20])
+def test_classes_on_one_virtual_channel_share_its_credit_loop(length):
+    """Two messages of ``length`` wavelets, PE 0 and PE 1 to PE 2 of a 3 x 1 row, share the
+    link 1 -> 2; queues of one wavelet, hop 1 and ramp 1, so every queue passes one wavelet
+    per 2 cycles. On virtual channels of their own each runs as if alone: it lands
+    hops + 2 * ramp + 2 * (length - 1) cycles after it starts. On one channel the link
+    passes one wavelet of either per 2 cycles, at cycles 1, 3, ..., 4 * length - 1, and the
+    last lands hop + ramp = 2 cycles later."""
+    for vcs, expected in ((2, [2 + 2 + 2 * (length - 1), 1 + 2 + 2 * (length - 1)]),
+                          (1, None)):
+        msgs = Messages.build([0, 0], [0, 1], [2, 2], [length, length], 0,
+                              np.array([0, 1]) % vcs)
+        res = cycle.run(3, 1, vcs, 1, 1, 1, msgs, 1000, True)
+        assert res.link_wavelets[1, 1] == 2 * length and res.violation_cycle == -1
+        if expected:
+            assert list(res.t_done) == expected
+        else:
+            assert res.t_done.max() == 4 * length + 1
+        twin = cycle_twin(3, 1, vcs, 1, 1, 1, msgs, 1000)
+        assert np.array_equal(res.t_done, twin[2])
+
+
+def test_fewer_virtual_channels_and_shallower_queues_slow_contended_traffic():
+    """Hotspot traffic under overload on a 6 x 6 mesh: one virtual channel of one-wavelet
+    queues takes far longer to deliver it than the defaults. (Between nearby settings the
+    order is not strict: round-robin arbitration under overload can finish a case a cycle or
+    two sooner with shallower queues.)"""
+    base = generate("hotspot", 6, 0.5, 200, 3, 4, seed=0)
+    times = {}
+    for vcs, depth in ((1, 1), (4, 1), (1, 8), (4, 8)):
+        msgs = Messages.build(base.t_ready, base.src, base.dst, base.length, 0, base.vc % vcs)
+        res = cycle.run(6, 6, vcs, depth, 1, 2, msgs, 100_000, True)
+        assert (res.t_done >= 0).all() and res.violation_cycle == -1
+        times[vcs, depth] = int(res.t_done.max())
+    assert times[1, 1] > 1.2 * times[4, 8]
+    assert times[1, 1] >= times[4, 1] > times[4, 8]
+    assert times[1, 1] > times[1, 8]
+
+
+@pytest.mark.parametrize("vcs", [1, 32])
+def test_the_ends_of_the_virtual_channel_range_match_the_python_twin(vcs):
+    """32 channels fill the per-port color masks (int32: sign bits to mind)."""
+    rng = np.random.default_rng(5)
+    count = 80
+    msgs = Messages.build(np.sort(rng.integers(0, 30, count)), rng.integers(0, 12, count),
+                          rng.integers(0, 12, count), rng.integers(1, 5, count),
+                          rng.integers(0, 2, count), rng.integers(0, vcs, count))
+    res = cycle.run(4, 3, vcs, 2, 1, 2, msgs, 10_000, True)
+    cycles, t_first, t_done, _, _, _, _ = cycle_twin(4, 3, vcs, 2, 1, 2, msgs, 10_000)
+    assert res.cycles == cycles and res.violation_cycle == -1
+    assert np.array_equal(res.t_first, t_first) and np.array_equal(res.t_done, t_done)
+
+
+def test_router_queues_beyond_the_memory_limit_are_refused():
+    msgs = Messages.build([0], [0], [1], [1])
+    with pytest.raises(ValueError, match="GiB of router queues"):
+        cycle.run(128, 128, 32, 1024, 1, 2, msgs, 10)
+    with pytest.raises(ValueError, match="1 to 32 virtual channels"):
+        cycle.run(2, 2, 33, 8, 1, 2, Messages.build([0], [0], [1], [1], vc=32), 10)
+

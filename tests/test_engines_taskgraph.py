@@ -1,5 +1,7 @@
 """Both engines on task graphs: against their Python twins, and against each other."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,3 +100,45 @@ def test_priorities_beyond_the_packed_range_are_refused():
     b.task(0, 5, priority=256)
     with pytest.raises(ValueError, match="priorities"):
         b.build()
+
+
+@pytest.mark.parametrize("queue", [1, 2, 4, 8, 16, 37, 38, 64])
+def test_fast_engine_frees_the_links_behind_a_blocked_message_by_its_queues(queue):
+    """A 4 x 1 row, hop 1, ramp 2. B (40 wavelets, PE 2 -> 3, from cycle 0) takes link 2 -> 3
+    over cycles 2..41; A (20 wavelets, PE 0 -> 3, from cycle 1) takes link 0 -> 1 at 3 and
+    1 -> 2 at 4, then waits for 2 -> 3 until 42 and holds it to 62. As a wormhole, A holds
+    1 -> 2 until its wavelets behind the hold-up fit the queue ahead: to 62 - hop - queue.
+    C (10 wavelets, PE 1 -> 2, from cycle 2) needs 1 -> 2 from cycle 4 on: it starts at
+    max(4 + 20, 61 - queue) and lands hop + ramp + 9 cycles later."""
+    b = Builder(4, 1)
+    got = [b.task(3, 0), b.task(3, 0), b.task(2, 0)]
+    b.send(None, 2, 3, 40, got[0], t_ready=0)
+    b.send(None, 0, 3, 20, got[1], t_ready=1)
+    b.send(None, 1, 2, 10, got[2], t_ready=2)
+    g = b.build()
+    res = fast.run(g, 1, 2, queue)
+    assert list(res.point_done) == [3 + 2 + 39, 43 + 2 + 19, max(24, 61 - queue) + 1 + 2 + 9]
+    assert list(res.point_done) == fast_twin(g, 1, 2, queue)[2]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("queue", [1, 3])
+def test_fast_engine_matches_its_twin_with_other_queue_depths(seed, queue):
+    g = random_graph(seed + 20)
+    res = fast.run(g, 1, 2, queue)
+    start, end, point_done = fast_twin(g, 1, 2, queue)
+    assert list(res.task_start) == start and list(res.task_end) == end
+    assert list(res.point_done) == point_done
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("vcs, queue", [(1, 1), (3, 2), (32, 5)])
+def test_cycle_engine_matches_its_twin_with_other_router_fields(seed, vcs, queue):
+    g = random_graph(seed + 30)
+    res = cycle.run_graph(g, vcs, queue, 1, 2, 20_000, check=True)
+    # The engine puts color class c on channel c % vcs; the twin takes the channels as given.
+    on_channels = dataclasses.replace(g.msgs, vc=g.msgs.vc % vcs)
+    _, _, t_done, _, _, start, end = cycle_twin(g.width, g.height, vcs, queue, 1, 2,
+                                                on_channels, 20_000, graph=g)
+    assert list(res.task_start) == start and list(res.task_end) == end
+    assert np.array_equal(res.t_done, t_done) and res.violation_cycle == -1

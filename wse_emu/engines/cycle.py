@@ -6,6 +6,13 @@ the physical link, which carries one wavelet per cycle per direction. A wavelet 
 when the queue it goes to has room (credits, returned one cycle after the wavelet moves on), so
 none is ever dropped. A link delivers after ``hop`` cycles, a ramp after ``ramp`` cycles.
 
+The hardware has 24 routable colors (HARDWARE.md); the engine models ``vcs`` virtual channels
+(at most ``MAX_VCS``, the fabric's ``virtual_channels``), and a message of color class ``c``
+(``Messages.vc``) waits in queue ``c % vcs`` at every port it crosses. The kernels send four
+classes (``kernels.primitives``: broadcasts, the two alternating levels of a reduction tree,
+transfers), so with four or more virtual channels each class has queues of its own and more
+change nothing; with fewer, classes share queues and a blocked one can hold up another.
+
 One cycle, in order: wavelets reach PEs (feeding the tasks that wait for them); tasks start and
 finish (as in ``taskgraph``; finished ones queue their messages to send), and external messages
 whose time has come queue too; wavelets arrive from links and ramps; every router moves at most
@@ -40,29 +47,71 @@ from wse_emu.engines.cores import (
     push,
     ready_key,
 )
-from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
+from wse_emu.engines.messages import LINE, MAX_VCS, PORTS, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
+
+# The router queues' memory (bytes) beyond which a run is refused: a typo in the queue depth
+# must not ask for tens of GiB.
+MAX_QUEUE_BYTES = 2 << 30
 
 
 @dataclass
 class CycleResult:
+    """What the cycle engine measured. Cycles count from 0; -1 marks what never happened
+    before the run ended."""
+
     cycles: int  # cycles simulated
-    task_start: np.ndarray
-    task_end: np.ndarray
-    t_first: np.ndarray  # per message: cycle its first wavelet was injected (-1: never)
-    t_done: np.ndarray  # per message: cycle its last wavelet reached its last point (-1: not)
-    point_done: np.ndarray  # per delivery point: cycle it had all wavelets (-1: not yet)
-    point_base: np.ndarray  # per message: index of its first delivery point
-    link_wavelets: np.ndarray  # (routers, 4): wavelets sent per output direction N, E, S, W
-    injected: int
-    delivered: int
+    task_start: np.ndarray  # int64 (tasks,): cycle each task started (-1: never)
+    task_end: np.ndarray  # int64 (tasks,): cycle each task finished (-1: not)
+    t_first: np.ndarray  # int64 (messages,): cycle its first wavelet was injected (-1: never)
+    t_done: np.ndarray  # int64 (messages,): cycle its last wavelet reached its last point
+    point_done: np.ndarray  # int64 (points,): cycle the delivery point had all wavelets
+    point_base: np.ndarray  # int64 (messages,): index of each message's first delivery point
+    link_wavelets: np.ndarray  # int64 (routers, 4): wavelets sent per direction N, E, S, W
+    injected: int  # wavelets injected by PEs
+    delivered: int  # wavelets delivered to PEs (a line multicast's copies each count)
     in_flight_cycles: int  # sum over cycles of wavelets in flight (for Little's law)
     violation_cycle: int  # first cycle where injected + copies != delivered + in flight
 
 
+def queue_bytes(width: int, height: int, vcs: int, queue_wavelets: int) -> int:
+    """Bytes of the router queues the cycle engine allocates for a mesh: per router, five
+    input ports of ``vcs`` queues of ``queue_wavelets`` 8-byte entries, with 12 bytes of
+    head, length and credit per queue."""
+    return width * height * PORTS * vcs * (8 * queue_wavelets + 12)
+
+
 def run(width: int, height: int, vcs: int, queue_wavelets: int, hop: int, ramp: int,
         messages: Messages, max_cycles: int, check: bool = False) -> CycleResult:
-    """Simulate ``messages`` (sorted by ``t_ready``) until all are delivered or ``max_cycles``."""
+    """Simulate traffic alone (no tasks) on the cycle engine.
+
+    Parameters
+    ----------
+    width, height : int
+        The mesh, in PEs.
+    vcs : int
+        Virtual channels per router port, 1..MAX_VCS (``FabricSpec.virtual_channels``).
+    queue_wavelets : int
+        Wavelets each virtual channel's queue holds, >= 1 (``FabricSpec.queue_wavelets``).
+    hop : int
+        Cycles for a wavelet to cross one link, >= 1 (``FabricSpec.hop_latency_cycles``).
+    ramp : int
+        Cycles between a PE's core and its router, each way, >= 1
+        (``FabricSpec.ramp_latency_cycles``).
+    messages : Messages
+        The traffic, every message external (``t_ready`` >= 0, sorted), on virtual channels
+        ``0..vcs - 1`` (checked here, with the endpoints).
+    max_cycles : int
+        Cycles after which the run stops, delivered or not.
+    check : bool
+        Check every cycle that wavelets are conserved (injected + multicast copies =
+        delivered + in flight); the first cycle where not is ``violation_cycle``. Slower.
+
+    Returns
+    -------
+    CycleResult
+        Per-message and per-point cycles, link counts and the conservation check.
+    """
     messages.validate(width, height, vcs)
     empty = np.zeros(0, dtype=np.int64)
     graph = TaskGraph(width, height, empty, empty, empty, empty, np.zeros(1, np.int64), empty,
@@ -73,11 +122,54 @@ def run(width: int, height: int, vcs: int, queue_wavelets: int, hop: int, ramp: 
 
 def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: int,
               max_cycles: int, check: bool = False) -> CycleResult:
-    """Execute a task graph; messages use virtual channel ``vc % vcs``."""
+    """Execute a task graph on the cycle engine, wavelet by wavelet.
+
+    Parameters
+    ----------
+    graph : TaskGraph
+        Tasks, their messages and the delivery points they feed, on a
+        ``graph.width`` x ``graph.height`` mesh (see ``taskgraph``). Its packed ranges are
+        checked (priorities 0..255, fewer than 2**32 tasks and delivery points).
+    vcs : int
+        Virtual channels per router port, 1..MAX_VCS (``FabricSpec.virtual_channels``): a
+        message of color class ``c`` (``graph.msgs.vc``, >= 0) waits in queue ``c % vcs``.
+    queue_wavelets : int
+        Wavelets each virtual channel's queue holds, >= 1 (``FabricSpec.queue_wavelets``);
+        with ``vcs`` it sets the queues' memory, refused beyond ``MAX_QUEUE_BYTES``.
+    hop : int
+        Cycles for a wavelet to cross one link, >= 1 (``FabricSpec.hop_latency_cycles``).
+    ramp : int
+        Cycles between a PE's core and its router, each way, >= 1
+        (``FabricSpec.ramp_latency_cycles``).
+    max_cycles : int
+        Cycles after which the run stops, finished or not (unfinished tasks end at -1).
+    check : bool
+        Check every cycle that wavelets are conserved; the first cycle where not is
+        ``violation_cycle`` (-1: none). Slower.
+
+    Returns
+    -------
+    CycleResult
+        Per-task, per-message and per-point cycles, link counts and the conservation check.
+
+    Raises
+    ------
+    ValueError
+        For a latency below one cycle, virtual channels or a queue depth out of range, or
+        queues beyond ``MAX_QUEUE_BYTES``.
+    """
     if hop < 1 or ramp < 1:
         raise ValueError("the cycle engine needs hop and ramp latency of at least one cycle")
-    if vcs > MAX_VCS:
-        raise ValueError(f"the cycle engine models at most {MAX_VCS} colors, got {vcs}")
+    if not 1 <= vcs <= MAX_VCS:
+        raise ValueError(f"the cycle engine models 1 to {MAX_VCS} virtual channels, got {vcs}")
+    if queue_wavelets < 1:
+        raise ValueError(f"queues must hold at least one wavelet, got {queue_wavelets}")
+    need = queue_bytes(graph.width, graph.height, vcs, queue_wavelets)
+    if need > MAX_QUEUE_BYTES:
+        raise ValueError(
+            f"{vcs} virtual channels of {queue_wavelets} wavelets on {graph.width} x "
+            f"{graph.height} PEs need {need / 2**30:.1f} GiB of router queues; the cycle "
+            f"engine allows {MAX_QUEUE_BYTES / 2**30:.0f} GiB")
     graph.check_ranges()
     msgs = graph.msgs
     base = graph.point_base()
@@ -97,7 +189,21 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
 
 @njit(cache=True)
 def _xy_port(x, y, dx, dy):
-    """Dimension-ordered routing: x first, then y; RAMP at the destination."""
+    """Dimension-ordered routing: x first, then y; RAMP at the destination.
+
+    Parameters
+    ----------
+    x, y : int
+        The router's position.
+    dx, dy : int
+        The wavelet's destination.
+
+    Returns
+    -------
+    int
+        The output port: EAST (1) or WEST (3) while x differs, then SOUTH (2, y grows) or
+        NORTH (0), and RAMP (4) at the destination.
+    """
     if dx > x:
         return 1  # EAST
     if dx < x:
@@ -111,7 +217,28 @@ def _xy_port(x, y, dx, dy):
 
 @njit(cache=True)
 def _queue_send(m, src, pe_head, pe_tail, nxt, senders, n_senders):
-    """Message ``m`` joins the end of its PE's send queue; returns the number of senders."""
+    """Message ``m`` joins the end of its PE's send queue (a linked list of messages).
+
+    Parameters
+    ----------
+    m : int
+        The message id.
+    src : int64 array, shape (messages,)
+        Source PE of each message.
+    pe_head, pe_tail : int64 array, shape (routers,)
+        First and last message of each PE's send queue (-1: empty).
+    nxt : int64 array, shape (messages,)
+        The message after each in its send queue (-1: last).
+    senders : int64 array, shape (routers,)
+        The PEs with a non-empty send queue, in its first ``n_senders`` entries.
+    n_senders : int
+        How many.
+
+    Returns
+    -------
+    int
+        The new number of senders.
+    """
     s = src[m]
     if pe_tail[s] < 0:
         pe_head[s] = m
@@ -130,17 +257,21 @@ _MSG_MASK = (1 << 32) - 1
 
 @njit(cache=True)
 def _pack(m, dx, dy, line):
+    """One queued wavelet as an int64: message id ``m`` (below 2**32) in bits 0-31, its
+    destination ``dx`` in bits 32-46 and ``dy`` in bits 47-61, ``line`` (1: a line multicast)
+    in bit 62."""
     return m | (dx << 32) | (dy << 47) | (line << 62)
 
 
 # A queue (router, input port, color) named by one int64, so that a wavelet on a link or a
-# credit on its way back is one list entry. Five bits of color: at most 32 colors, which the
-# per-port color masks below allow anyway.
-MAX_VCS = 32
+# credit on its way back is one list entry. Five bits of color: at most MAX_VCS = 32 colors,
+# which the per-port color masks below allow anyway.
 
 
 @njit(cache=True)
 def _queue_id(r, p, v):
+    """The int64 naming queue (router ``r``, input port ``p`` in 0..4, color ``v`` in 0..31):
+    ``r << 8 | p << 5 | v``."""
     return (r << 8) | (p << 5) | v
 
 
@@ -158,7 +289,8 @@ _POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
 
 @intrinsic
 def _lowest_bit(typingctx, word):
-    """Index of the lowest set bit of a non-zero int64 (one instruction: LLVM's cttz)."""
+    """Index of the lowest set bit of a non-zero int64 (one instruction: LLVM's cttz); a
+    Numba intrinsic: ``word`` (int64, not 0) -> int64 in 0..63."""
     def codegen(context, builder, signature, args):
         return builder.cttz(args[0], cgutils.true_bit)  # true: zero never asked
     return types.int64(types.int64), codegen
@@ -167,7 +299,23 @@ def _lowest_bit(typingctx, word):
 @njit(cache=True)
 def _rotate(mask, first, size):
     """Bit i of the result is bit ``(first + i) % size`` of the ``size``-bit ``mask``: taking
-    set bits lowest first visits them round-robin from ``first``, with no modulo per try."""
+    set bits lowest first visits them round-robin from ``first``, with no modulo per try.
+
+    Parameters
+    ----------
+    mask : int
+        A bit mask of ``size`` bits (higher bits are ignored: a 32-bit mask read from an
+        int32 array arrives sign-extended).
+    first : int
+        The bit to visit first, 0..size - 1.
+    size : int
+        Bits in the mask: PORTS for input ports, ``vcs`` for colors (at most 32).
+
+    Returns
+    -------
+    int
+        The rotated mask, ``size`` bits.
+    """
     full = (1 << size) - 1
     mask &= full  # a 32-color mask read from int32 arrives sign-extended
     return ((mask >> first) | (mask << (size - first))) & full
@@ -175,7 +323,28 @@ def _rotate(mask, first, size):
 
 @njit(cache=True)
 def _enqueue(r, p, v, e, qcap, qbuf, qinfo, rinfo, active):
-    """Wavelet ``e`` joins queue (port ``p``, color ``v``) of router ``r``."""
+    """Wavelet ``e`` joins queue (port ``p``, color ``v``) of router ``r``, which has room
+    (its sender held a credit).
+
+    Parameters
+    ----------
+    r, p, v : int
+        Router, input port (0..4) and color (0..vcs - 1).
+    e : int
+        The packed wavelet (``_pack``).
+    qcap : int
+        Wavelets one queue holds.
+    qbuf : int64 array, shape (routers, PORTS, vcs, qcap)
+        The queues' ring buffers of packed wavelets (``_pack``).
+    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
+        Per queue: index of its head in ``qbuf``, and its length.
+    rinfo : int32 array, shape (routers, _RINFO)
+        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
+        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
+        arbitration start port, per port the color to try first, x and y.
+    active : int64 array, shape (ceil(routers / 64),)
+        Bit set of the routers with queued wavelets; ``r``'s bit is set.
+    """
     pos = qinfo[r, p, v, 0] + qinfo[r, p, v, 1]
     if pos >= qcap:
         pos -= qcap
@@ -190,7 +359,23 @@ def _enqueue(r, p, v, e, qcap, qbuf, qinfo, rinfo, active):
 @njit(cache=True)
 def _dequeue(r, p, v, vcs, qcap, qinfo, rinfo):
     """The head wavelet of queue (port ``p``, color ``v``) of router ``r`` leaves, and the
-    port's color pointer moves past ``v``."""
+    port's color pointer moves past ``v``.
+
+    Parameters
+    ----------
+    r, p, v : int
+        Router, input port (0..4) and color (0..vcs - 1); the queue is not empty.
+    vcs : int
+        Virtual channels per port.
+    qcap : int
+        Wavelets one queue holds.
+    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
+        Per queue: index of its head in ``qbuf``, and its length.
+    rinfo : int32 array, shape (routers, _RINFO)
+        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
+        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
+        arbitration start port, per port the color to try first, x and y.
+    """
     h = qinfo[r, p, v, 0] + 1
     qinfo[r, p, v, 0] = 0 if h == qcap else h
     qinfo[r, p, v, 1] -= 1
@@ -210,8 +395,64 @@ def _switch_router(r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, 
     """Router ``r`` moves at most one wavelet per input port and one per output port: input
     ports round-robin from ``(t + r) % 5``, colors round-robin per port. A moved wavelet joins
     the link list (``link_q``, ``link_e``) and/or the ramp-out list (``out_r``, ``out_m``), the
-    slot it frees the credit list ``ret``. Returns the three lists' lengths, the wavelets moved
-    and the line copies made."""
+    slot it frees the credit list ``ret``.
+
+    A wavelet at the head of its queue is granted when its output port is not taken this
+    cycle and, for a link, the next router's queue of its color has a credit; a line
+    multicast passing through also needs the ramp out (its tap) free.
+
+    Parameters
+    ----------
+    r : int
+        The router.
+    t_port : int
+        The cycle modulo PORTS (input ports are tried from ``(t_port + r) % PORTS``).
+    vcs : int
+        Virtual channels per port.
+    qcap : int
+        Wavelets one queue holds.
+    rinfo : int32 array, shape (routers, _RINFO)
+        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
+        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
+        arbitration start port, per port the color to try first, x and y.
+    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
+        Per queue: index of its head in ``qbuf``, and its length.
+    qbuf : int64 array, shape (routers, PORTS, vcs, qcap)
+        The queues' ring buffers of packed wavelets (``_pack``).
+    cred : int32 array, shape (routers, PORTS, vcs)
+        Credits: free slots in the queue each output (0..3: the neighbour's facing input
+        port; RAMP: this router's injection queue) may still fill.
+    links : int64 array, shape (routers, 4)
+        Wavelets sent per router and direction N, E, S, W.
+    step : int64 array, shape (4,)
+        Router index offset of the neighbour in each direction.
+    opposite : int64 array, shape (4,)
+        The input port a wavelet sent in each direction arrives on.
+    link_q, link_e : int64 array, shape (4 * routers,)
+        Wavelets put on links this cycle: the queue each joins (``_queue_id``) and the
+        wavelet, in the first ``n_link`` entries.
+    n_link : int
+        Entries of the link list in use.
+    out_r, out_m : int64 array, shape (routers,)
+        Wavelets put on ramps out this cycle: the router and the message id, in the first
+        ``n_out`` entries.
+    n_out : int
+        Entries of the ramp-out list in use.
+    ret : int64 array, shape (PORTS * routers,)
+        Queues freed of a wavelet this cycle, whose feeder gets a credit back at its end,
+        in the first ``n_ret`` entries.
+    n_ret : int
+        Entries of the credit list in use.
+
+    Returns
+    -------
+    n_link, n_out, n_ret : int
+        The three lists' new lengths.
+    moved : int
+        Wavelets that left a queue.
+    copies : int
+        Extra copies made by line multicasts (a wavelet both passed on and delivered).
+    """
     rx = rinfo[r, _X]
     ry = rinfo[r, _Y]
     used = 0  # bit mask of output ports taken this cycle
@@ -275,8 +516,26 @@ def _switch(active, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, op
             link_q, link_e, out_r, out_m, ret):
     """Every router with queued wavelets switches; emptied ones leave the ``active`` bit set.
     Routers are taken in index order from the bit set, so their state is walked forwards in
-    memory rather than at random. Returns the link list's length, the ramp-out list's, the
-    credits to return, the wavelets moved and the line copies made."""
+    memory rather than at random.
+
+    Parameters
+    ----------
+    active : int64 array, shape (ceil(routers / 64),)
+        Bit set of the routers with queued wavelets.
+    t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite
+        As in ``_switch_router``.
+    link_q, link_e, out_r, out_m, ret : int64 array
+        The link, ramp-out and credit lists of ``_switch_router``, filled from empty.
+
+    Returns
+    -------
+    n_link, n_out, n_ret : int
+        The lengths of the link list, the ramp-out list and the credit list.
+    moved : int
+        Wavelets that left a queue.
+    copies : int
+        Extra copies made by line multicasts.
+    """
     n_link = 0
     n_out = 0
     n_ret = 0
@@ -302,6 +561,74 @@ def _switch(active, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, op
 def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mode, vc,
               point_base, external, task_pe, task_priority, task_cycles, task_need, out_ptr,
               out_msg, succ_ptr, succ_task, msg_target, max_cycles, check):
+    """The cycle engine's driver: simulate cycle by cycle (the six phases of the module's
+    docstring) until every message is delivered and every task done, or ``max_cycles``.
+
+    Parameters
+    ----------
+    width, height : int
+        The mesh, in PEs (one router each); PE ``p`` sits at x = p % width, y = p // width.
+    vcs : int
+        Virtual channels per router port, 1..MAX_VCS.
+    qcap : int
+        Wavelets each virtual channel's queue holds, >= 1.
+    hop : int
+        Cycles to cross one link, >= 1.
+    ramp : int
+        Cycles between a core and its router, each way, >= 1.
+    t_ready : int64 array, shape (messages,)
+        Cycle an external message may start, or -1 for one a task sends.
+    src, dst : int64 array, shape (messages,)
+        Source and destination PE of each message.
+    length : int64 array, shape (messages,)
+        Wavelets (32 bits each) of each message, >= 1.
+    mode : int64 array, shape (messages,)
+        UNICAST or LINE (a multicast delivered at every router after its source).
+    vc : int64 array, shape (messages,)
+        Virtual channel of each message, 0..vcs - 1 (its color class modulo ``vcs``).
+    point_base : int64 array, shape (messages + 1,)
+        Index of each message's first delivery point.
+    external : int64 array, shape (external messages,)
+        Ids of the messages with ``t_ready`` >= 0, in order of ``t_ready``.
+    task_pe, task_priority, task_cycles, task_need : int64 array, shape (tasks,)
+        Each task's PE, priority (0..255, lower first), core cycles and inputs awaited
+        (copied, not written).
+    out_ptr : int64 array, shape (tasks + 1,)
+        CSR offsets of each task's messages in ``out_msg``.
+    out_msg : int64 array, shape (sent,)
+        Message ids each task sends when done, in order.
+    succ_ptr : int64 array, shape (tasks + 1,)
+        CSR offsets of each task's successors in ``succ_task``.
+    succ_task : int64 array, shape (edges,)
+        Successor task ids.
+    msg_target : int64 array, shape (points,)
+        The task each delivery point feeds, or -1.
+    max_cycles : int
+        Cycles after which the run stops.
+    check : bool
+        Recount the wavelets in flight every cycle and note the first cycle they disagree.
+
+    Returns
+    -------
+    t : int
+        Cycles simulated.
+    start_t, end_t : int64 array, shape (tasks,)
+        Start and end cycle of each task (-1: not).
+    t_first : int64 array, shape (messages,)
+        Cycle each message's first wavelet was injected (-1: never).
+    t_done : int64 array, shape (messages,)
+        Cycle its last delivery point had every wavelet (-1: not).
+    point_done : int64 array, shape (points,)
+        Cycle each delivery point had every wavelet (-1: not).
+    links : int64 array, shape (routers, 4)
+        Wavelets sent per router and direction N, E, S, W.
+    injected, delivered : int
+        Wavelets injected by PEs and delivered to them.
+    occupancy : int
+        Sum over cycles of the wavelets in flight.
+    violation : int
+        First cycle the conservation check failed (-1: never, or not checked).
+    """
     n = width * height
     m_count = len(src)
     opposite = np.array([2, 3, 0, 1], dtype=np.int64)
