@@ -1,11 +1,14 @@
 """The cycle engine against closed forms (VALIDATION.md) and against its plain-Python twin."""
 
+import json
+
 import numpy as np
 import pytest
 
 from wse_emu.engines import cycle
 from wse_emu.engines.messages import LINE, Messages
 from wse_emu.engines.reference import cycle_twin
+from wse_emu.fabric import load_fabric, with_overrides
 from wse_emu.noc import (
     find_saturation,
     generate,
@@ -196,3 +199,38 @@ def test_router_queues_beyond_the_memory_limit_are_refused():
     with pytest.raises(ValueError, match="1 to 32 virtual channels"):
         cycle.run(2, 2, 33, 8, 1, 2, Messages.build([0], [0], [1], [1], vc=32), 10)
 
+
+def test_noc_runs_on_the_fabric_routers():
+    """A study takes its virtual channels, queue depth and latencies from the fabric: by
+    default the wse3 preset's, the former constants (4 channels of 8 wavelets, hop 1, ramp 2)."""
+    wse3 = load_fabric("wse3")
+    kw = dict(warmup=200, window=1500, drain=1500)
+    default = run_noc(6, "hotspot", 0.3, **kw)
+    assert default == run_noc(6, "hotspot", 0.3, fabric=wse3, **kw)
+    msgs = generate("hotspot", 6, 0.3, 1700, 1, 4, 0)
+    res = cycle.run(6, 6, 4, 8, 1, 2, msgs, 3200)
+    assert default.cycles == res.cycles
+    narrow = run_noc(6, "hotspot", 0.3,
+                     fabric=with_overrides(wse3, virtual_channels=1, queue_wavelets=1), **kw)
+    assert narrow.latency_mean > default.latency_mean
+
+
+def test_noc_command_reads_the_fabric_and_its_options_override_it(capsys):
+    from wse_emu.cli.main import main
+
+    args = ["noc", "--mesh", "4", "--rate", "0.3", "--window", "600", "--drain", "600",
+            "--warmup", "100", "--json"]
+
+    def run(*extra):
+        assert main([*args, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    default = run()
+    assert (default["virtual_channels"], default["queue_wavelets"]) == (4, 8)
+    assert run("--vcs", "4", "--queue", "8")["runs"] == default["runs"]
+    narrow = run("--set", "virtual_channels=1", "--set", "queue_wavelets=1")
+    assert (narrow["virtual_channels"], narrow["queue_wavelets"]) == (1, 1)
+    assert narrow["runs"][0]["latency_mean"] > default["runs"][0]["latency_mean"]
+    assert run("--vcs", "1", "--queue", "1")["runs"] == narrow["runs"]
+    assert main(["noc", "--set", "virtual_channels=40"]) == 2
+    assert "virtual_channels' must be between 1 and 32" in capsys.readouterr().err

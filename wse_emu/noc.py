@@ -5,6 +5,9 @@ process per PE per cycle) to destinations chosen by a pattern. The run warms up,
 window, then drains: accepted throughput is wavelets delivered during the window per PE per
 cycle; latency is from a packet's creation (so source queueing counts) to its last wavelet's
 arrival, averaged over packets created in the window.
+
+The routers and links are a fabric's: its virtual channels, queue depth, hop and ramp latency
+(the packets take the virtual channels in turn); its mesh size is not used, the mesh is k x k.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import numpy as np
 from wse_emu.engines import cycle
 from wse_emu.engines.messages import Messages
 from wse_emu.errors import UserError
+from wse_emu.fabric import FabricSpec, load_fabric
+
+DEFAULT_FABRIC = "wse3"  # the fabric whose routers a study uses unless given one
 
 PATTERNS = ("uniform", "transpose", "bitcomp", "hotspot")
 
@@ -91,12 +97,16 @@ class NocResult:
         return asdict(self)
 
 
-def run_noc(k: int, pattern: str, rate: float, *, packet_wavelets: int = 1, vcs: int = 4,
-            queue_wavelets: int = 8, hop: int = 1, ramp: int = 2, warmup: int = 1000,
-            window: int = 4000, drain: int = 4000, seed: int = 0,
-            check: bool = False) -> NocResult:
+def run_noc(k: int, pattern: str, rate: float, *, fabric: FabricSpec | None = None,
+            packet_wavelets: int = 1, warmup: int = 1000, window: int = 4000, drain: int = 4000,
+            seed: int = 0, check: bool = False) -> NocResult:
+    """One measured run of ``pattern`` traffic at ``rate`` wavelets per PE per cycle on a
+    k x k mesh with the routers of ``fabric`` (default: the ``DEFAULT_FABRIC`` preset)."""
+    fabric = load_fabric(DEFAULT_FABRIC) if fabric is None else fabric
+    vcs, hop, ramp = fabric.virtual_channels, fabric.hop_latency_cycles, fabric.ramp_latency_cycles
     msgs = generate(pattern, k, rate, warmup + window, packet_wavelets, vcs, seed)
-    res = cycle.run(k, k, vcs, queue_wavelets, hop, ramp, msgs, warmup + window + drain, check)
+    res = cycle.run(k, k, vcs, fabric.queue_wavelets, hop, ramp, msgs, warmup + window + drain,
+                    check)
     measured = (msgs.t_ready >= warmup) & (msgs.t_ready < warmup + window)
     done = measured & (res.t_done >= 0)
     latency = (res.t_done - msgs.t_ready)[done]

@@ -101,15 +101,23 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
 
 
 def execute(graph, fabric, engine: str):
-    """(task start, task end, message done, link wavelets) of a graph on an engine."""
+    """(task start, task end, message done, link wavelets) of a graph on an engine, with the
+    fabric's latencies, virtual channels and queue depth."""
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
     if engine == "fast":
-        res = fast.run(graph, hop, ramp)
+        res = fast.run(graph, hop, ramp, fabric.queue_wavelets)
         return res.task_start, res.task_end, res.msg_done, res.link_wavelets
     if graph.width * graph.height > CYCLE_ENGINE_MAX_PES:
         raise UserError(f"the cycle engine runs stages of up to {CYCLE_ENGINE_MAX_PES:,} PEs;"
                         f" this stage has {graph.width * graph.height:,}: use `engine=fast`")
-    res = cycle.run_graph(graph, 4, 8, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
+    vcs, depth = fabric.virtual_channels, fabric.queue_wavelets
+    if cycle.queue_bytes(graph.width, graph.height, vcs, depth) > cycle.MAX_QUEUE_BYTES:
+        raise UserError(f"the cycle engine's router queues for this stage ({vcs} "
+                        f"`virtual_channels` of {depth} `queue_wavelets` on "
+                        f"{graph.width * graph.height:,} PEs) exceed "
+                        f"{cycle.MAX_QUEUE_BYTES / 2**30:.0f} GiB: lower them or use "
+                        "`engine=fast`")
+    res = cycle.run_graph(graph, vcs, depth, max(hop, 1), max(ramp, 1), CYCLE_ENGINE_MAX_CYCLES)
     if (res.task_end < 0).any():
         raise UserError(f"the cycle engine stopped at {CYCLE_ENGINE_MAX_CYCLES:,} cycles "
                         "before the stage finished: use `engine=fast`")
@@ -349,7 +357,8 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
         receivers = g.tasks(dst, 0, 0)
         g.send(senders, src, dst, wavelets(share, 1), receivers, UNICAST, 3)
     graph = g.build()
-    res = fast.run(graph, fabric.hop_latency_cycles, fabric.ramp_latency_cycles)
+    res = fast.run(graph, fabric.hop_latency_cycles, fabric.ramp_latency_cycles,
+                   fabric.queue_wavelets)
     links = np.zeros((program.systems, fabric.height, fabric.width, 4), dtype=np.int64)
     links[system] = res.link_wavelets.reshape(fabric.height, fabric.width, 4)
     cycles = int(max(res.task_end.max(), res.msg_done.max()))
