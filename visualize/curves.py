@@ -8,7 +8,16 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from wse_emu.fmt import seconds, with_unit
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.visualize.style import (
+    axis_numbers,
+    log_axis,
+    percent_formatter,
+    ratio_formatter,
+    seconds_formatter,
+    styled,
+)
 
 
 def _style(label: str, n: int) -> dict:
@@ -20,41 +29,41 @@ def _style(label: str, n: int) -> dict:
             "label": label}
 
 
-
+@styled
 def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
     """Each configuration's search points as output tokens/s against p90 TPOT; the TPOT target
     is the 'same token speed' line, and the best of each plan within it is annotated."""
-    target = data["targets"]["tpot_p90_s"] * 1e3
+    target = data["targets"]["tpot_p90_s"]
     fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
     for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
-        ax.plot([p["tpot_p90_s"] * 1e3 for p in pts], [p["output_tokens_per_s"] for p in pts],
+        ax.plot([p["tpot_p90_s"] for p in pts], [p["output_tokens_per_s"] for p in pts],
                 **_style(label, n))
     ax.axvline(target, color="black", linestyle=":", linewidth=1.2,
-               label=f"TPOT target {target:.3g} ms")
+               label=f"TPOT target {seconds(target)}")
     cmp_ = data["comparison"]
     best = {c["configuration"]: c for c in data.get("final", data["configurations"])}
     if cmp_.get("goodput_ratio"):
         for plan in ("colocated", "disaggregated"):
             c = best[cmp_[plan]]
-            ax.annotate(f"best {plan}: {c['output_tokens_per_s']:.3g} tok/s",
-                        (c["tpot_p90_s"] * 1e3, c["output_tokens_per_s"]),
-                        textcoords="offset points", xytext=(8, -12 if plan == "colocated" else 8),
-                        fontsize=8, arrowprops={"arrowstyle": "-", "color": "grey"})
+            ax.annotate(f"best {plan}: {with_unit(c['output_tokens_per_s'], 'tok/s')}",
+                        (c["tpot_p90_s"], c["output_tokens_per_s"]),
+                        textcoords="offset points", xytext=(8, -14 if plan == "colocated" else 8),
+                        arrowprops={"arrowstyle": "-", "color": "grey"})
         ax.set_title(f"{data['model']} on {data['cluster']}, {data['workload']}: "
-                     f"{cmp_['goodput_ratio']:.2f}x goodput (max rate met) disaggregated at the "
-                     "same TPOT target",
-                     fontsize=10)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("p90 TPOT (ms)")
+                     f"{cmp_['goodput_ratio']:.2f}x goodput (max rate met)\ndisaggregated at "
+                     "the same TPOT target")
+    log_axis(ax, "x", seconds_formatter())
+    log_axis(ax, "y")
+    ax.set_xlabel("p90 TPOT")
     ax.set_ylabel("output tokens/s")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="best", framealpha=0.9)
+    ax.legend(loc="best", framealpha=0.9)
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
 
+@styled
 def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=DPI)
     for n, (label, points) in enumerate(_points(data).items()):
@@ -63,17 +72,19 @@ def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
                 **_style(label, n))
     ax.axhline(data["targets"]["attainment"], color="black", linestyle=":", linewidth=1.2,
                label="attainment required")
-    ax.set_xscale("log")
+    log_axis(ax, "x")
     ax.set_ylim(-0.02, 1.02)
+    axis_numbers(ax.yaxis, percent_formatter())
     ax.set_xlabel("request rate (requests per s; sessions per s for agentic workloads)")
-    ax.set_ylabel("share of requests meeting both targets")
-    ax.set_title("SLO attainment against request rate", fontsize=10)
+    ax.set_ylabel("requests meeting both targets")
+    ax.set_title("SLO attainment against request rate")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    ax.legend(loc="lower left", framealpha=0.9)
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
 
+@styled
 def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
     """The ratio of the plans' goodputs at each value of the varied input (with its 95%
     interval when the experiment ran several draws); for the TPOT target, the x axis counts
@@ -91,24 +102,27 @@ def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
                 label="disaggregated / colocated goodput" + (" (95% interval)" if err else ""))
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="break-even")
     if tpot:
-        ax.set_xscale("log")
+        log_axis(ax, "x")
         ax.set_xlabel("p90 TPOT target, in decode steps of one sequence alone")
     else:
+        axis_numbers(ax.xaxis)
         ax.set_xlabel(f"{data['vary']}: {data['description']}")
+    axis_numbers(ax.yaxis, ratio_formatter())
     ax.set_ylabel("goodput ratio (highest rate met)")
     ax.set_title(f"{data['model']} on {data['fabric']}, {data['workload']}: where "
-                 "disaggregation pays", fontsize=10)
+                 "disaggregation pays")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, framealpha=0.9)
+    ax.legend(framealpha=0.9)
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
 
+@styled
 def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
     """Left: each plan's points (output tokens/s per system against the per-user speed at least
     90% of requests reached), its Pareto frontier joined, intervals over draws as bars, the
     headline's per-user speed marked. Right: the capacity ratio at each rung's target speed."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4), dpi=DPI)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5), dpi=DPI)
     for n, plan in enumerate(("colocated", "disaggregated")):
         style = {"color": OKABE_ITO[n], "marker": "s" if n else "o"}
         points = [r["plans"][plan] for r in data["rungs"] if r["plans"][plan]["reached"]]
@@ -128,8 +142,8 @@ def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
         for a in (ax, bx):
             a.axvline(head["user_speed"], color="black", linestyle=":", linewidth=1.2,
                       label=f"{head['user_speed']:,.0f} tokens/s per user{vendor}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
     ax.set_xlabel("output tokens/s per user (reached by 90% of requests)")
     ax.set_ylabel("output tokens/s per system (steady window)")
     rows = [r for r in data["rungs"] if isinstance(r["capacity_ratio"].get("ratio"), float)]
@@ -138,14 +152,15 @@ def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
                 color=OKABE_ITO[2], marker="o", capsize=3, linewidth=1.4,
                 label="disaggregated / colocated capacity")
     bx.axhline(1.0, color="grey", linestyle="--", linewidth=1.0, label="break-even")
-    bx.set_xscale("log")
-    bx.set_xlabel("per-user speed target, output tokens/s (p90 TPOT = 1 / speed)")
+    log_axis(bx, "x")
+    axis_numbers(bx.yaxis, ratio_formatter())
+    bx.set_xlabel("per-user speed target, output tokens/s\n(p90 TPOT = 1 / speed)")
     bx.set_ylabel("ratio of output tokens/s per system")
     for a in (ax, bx):
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=8, framealpha=0.9)
+        a.legend(framealpha=0.9)
     fig.suptitle(f"{data['model']} on {data['cluster']}, {data['workload']}: throughput against "
-                 "per-user speed", fontsize=10)
+                 "per-user speed")
     fig.tight_layout()
     return save_figure(fig, path, formats)
 

@@ -1,8 +1,9 @@
 """Drawing per-PE arrays as figures, exactly: whole-number pixel scaling, no resampling.
 
 Colour maps are chosen to read in grey and for colour-blind readers: ``cividis`` for quantities
-(lightness rises with the value), the Okabe-Ito palette for categories. PEs a map says nothing
-about are light grey.
+(lightness rises with the value), the Okabe-Ito palette for categories and for numbered levels
+such as pipeline stages (cycled, no two neighbours alike: a continuous scale makes stage 12 and
+stage 13 nearly the same colour). PEs a map says nothing about are light grey.
 """
 
 from __future__ import annotations
@@ -20,12 +21,23 @@ from matplotlib.colors import ListedColormap, Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from wse_emu.visualize.style import (  # noqa: E402
+    LABEL_ROOM_PT,
+    SMALL_PT,
+    distinct_colours,
+    number_formatter,
+    styled,
+)
+
 DPI = 100
 MIN_SIDE_PX = 480  # small meshes are scaled up so that a map is at least this big
-MARGIN = {"left": 70, "right": 130, "top": 50, "bottom": 45}  # pixels around the map
+# Pixels around the map: room for 10 pt tick labels, the colour bar and its labels.
+MARGIN = {"left": 80, "right": 160, "top": 50, "bottom": 55}
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
              "#000000")
 MISSING = "#d9d9d9"
+# Levels (stages) take the categories' colours without black, which outlines and labels use.
+LEVEL_PALETTE = OKABE_ITO[:-1]
 
 
 def save_figure(fig, path: Path, formats=("png",)) -> list[Path]:
@@ -59,14 +71,17 @@ def pixels(array: np.ndarray, cmap, vmin: float, vmax: float) -> np.ndarray:
     return cmap(norm(np.ma.masked_invalid(array)), bytes=True)
 
 
+@styled
 def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("png",),
                cmap=None, vmin: float | None = None, vmax: float | None = None,
                outlines=(), categories: tuple | None = None,
-               levels: int | None = None) -> list[Path]:
+               levels: int | None = None, names=(), ticks=None) -> list[Path]:
     """Draw ``array`` (height x width) with a colour bar (or a legend of ``categories``, or
-    ``levels`` discrete colours for the integers 0 .. levels - 1, such as pipeline stages) and
-    region outlines ``(x, y, w, h, label)``; write ``path`` in every format and the exact
-    one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
+    ``levels`` distinct colours for the integers 0 .. levels - 1, such as pipeline stages, no two
+    touching levels alike) and region outlines ``(x, y, w, h, label)``; ``names``
+    ``(x, y, w, h, text)`` are written inside their rectangles where they fit; ``ticks`` formats
+    a quantity's colour bar (``fmt.number`` by default). Writes ``path`` in every format and the
+    exact one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
     height, width = array.shape
     finite = array[np.isfinite(array)]
     if vmin is None:
@@ -76,7 +91,7 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
     if categories is not None:
         cmap, vmin, vmax = category_cmap(len(categories)), -0.5, len(categories) - 0.5
     elif levels is not None:
-        cmap, vmin, vmax = quantity_cmap().resampled(levels), -0.5, levels - 0.5
+        cmap, vmin, vmax = level_cmap(array, levels), -0.5, levels - 0.5
     cmap = cmap or quantity_cmap()
     image = pixels(array, cmap, vmin, vmax)
     k = scale_for(height, width)
@@ -88,25 +103,18 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
                        width * k / DPI / fig_w, height * k / DPI / fig_h])
     # extent in PE units; the image has exactly as many pixels as the axes.
     ax.imshow(big, interpolation="nearest", extent=(0, width, height, 0), aspect="auto")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     ax.set_xlabel("PE column")
     ax.set_ylabel("PE row")
+    _name_rectangles(ax, names, k, image)
     for x, y, w, h, text in outlines:
         ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="#cc0000", linewidth=1.2))
-        ax.text(x + 1, y + 1, text, color="white", fontsize=7, va="top",
+        ax.text(x + 1, y + 1, text, color="white", fontsize=SMALL_PT, va="top",
                 bbox={"facecolor": "black", "alpha": 0.6, "pad": 1, "linewidth": 0})
     cax = fig.add_axes([(MARGIN["left"] + width * k + 15) / DPI / fig_w,
                         MARGIN["bottom"] / DPI / fig_h, 12 / DPI / fig_w,
                         height * k / DPI / fig_h])
-    mappable = plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap)
-    bar = fig.colorbar(mappable, cax=cax)
-    if categories is not None:
-        bar.set_ticks(range(len(categories)))
-        bar.set_ticklabels(categories)
-    elif levels is not None:
-        bar.ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    bar.set_label(label, fontsize=8)
-    bar.ax.tick_params(labelsize=7)
+    _colour_bar(fig, cax, cmap, vmin, vmax, label, categories, levels, ticks)
     written = save_figure(fig, path, formats)
     raw = path.with_suffix(".pixels.png")
     plt.imsave(raw, image)
@@ -114,9 +122,48 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
     return written
 
 
+def level_cmap(array: np.ndarray, levels: int) -> ListedColormap:
+    """One colour per level 0 .. levels - 1 of ``array``, from the categories' palette cycled,
+    no two consecutive or touching levels alike (``style.distinct_colours``)."""
+    colours = distinct_colours(array, LEVEL_PALETTE, levels)
+    return ListedColormap(colours).with_extremes(bad=MISSING)
+
+
+def _colour_bar(fig, cax, cmap, vmin, vmax, label, categories, levels, ticks) -> None:
+    """A colour bar: one swatch per category or level, named (levels thinned to the labels the
+    bar has room for), or a quantity's scale with its ticks written as ``ticks`` does."""
+    bar = fig.colorbar(plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap), cax=cax)
+    if categories is not None:
+        bar.set_ticks(range(len(categories)))
+        bar.set_ticklabels(categories)
+    elif levels is not None:
+        room = max(2, int(cax.bbox.height * 72 / DPI // LABEL_ROOM_PT["y"]))
+        marks = MaxNLocator(nbins=room, integer=True, min_n_ticks=1).tick_values(0, levels - 1)
+        bar.set_ticks(marks[(marks >= 0) & (marks <= levels - 1)])
+        bar.ax.yaxis.set_major_formatter(number_formatter())
+    else:
+        bar.ax.yaxis.set_major_formatter(ticks or number_formatter())
+    bar.ax.minorticks_off()
+    bar.set_label(label)
+
+
+def _name_rectangles(ax, names, k: int, image: np.ndarray) -> None:
+    """Write each ``(x, y, w, h, text)`` at its rectangle's centre if the text fits inside, in
+    black or white, whichever reads on the colour there."""
+    for x, y, w, h, text in names:
+        if w * k < 9 * len(text) + 6 or h * k < 18:
+            continue
+        r, g, b = image[min(y + h // 2, image.shape[0] - 1),
+                        min(x + w // 2, image.shape[1] - 1), :3] / 255
+        light = 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=SMALL_PT,
+                color="black" if light else "white")
+
+
+@styled
 def regions_figure(array: np.ndarray, title: str, label: str, path: Path, parts,
                    formats=("png",), cmap=None, vmin: float | None = None,
-                   vmax: float | None = None) -> list[Path]:
+                   vmax: float | None = None, ticks=None) -> list[Path]:
     """``array`` cropped to each region part ``(x, y, w, h, label)``, side by side on one colour
     scale, every crop scaled by the same whole factor (no resampling)."""
     crops = [(array[y:y + h, x:x + w], text) for x, y, w, h, text in parts]
@@ -125,7 +172,7 @@ def regions_figure(array: np.ndarray, title: str, label: str, path: Path, parts,
     vmax = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)
     cmap = cmap or quantity_cmap()
     k = scale_for(max(c.shape[0] for c, _ in crops), sum(c.shape[1] for c, _ in crops))
-    gap = 60
+    gap = 70
     width_px = sum(c.shape[1] * k for c, _ in crops) + gap * (len(crops) - 1)
     height_px = max(c.shape[0] * k for c, _ in crops)
     fig_w = (width_px + MARGIN["left"] + MARGIN["right"]) / DPI
@@ -138,14 +185,11 @@ def regions_figure(array: np.ndarray, title: str, label: str, path: Path, parts,
                            w * k / DPI / fig_w, h * k / DPI / fig_h])
         image = np.repeat(np.repeat(pixels(crop, cmap, vmin, vmax), k, axis=0), k, axis=1)
         ax.imshow(image, interpolation="nearest", extent=(0, w, h, 0), aspect="auto")
-        ax.set_title(text, fontsize=9)
-        ax.set_xlabel("PE column in region", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set_title(text, fontsize=SMALL_PT + 1)
+        ax.set_xlabel("PE column in region")
         left += w * k + gap
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title)
     cax = fig.add_axes([(left - gap + 15) / DPI / fig_w, MARGIN["bottom"] / DPI / fig_h,
                         12 / DPI / fig_w, height_px / DPI / fig_h])
-    bar = fig.colorbar(plt.cm.ScalarMappable(Normalize(vmin, vmax), cmap), cax=cax)
-    bar.set_label(label, fontsize=8)
-    bar.ax.tick_params(labelsize=7)
+    _colour_bar(fig, cax, cmap, vmin, vmax, label, None, None, ticks)
     return save_figure(fig, path, formats)

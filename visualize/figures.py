@@ -9,14 +9,16 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.fmt import number
+from wse_emu.layer import MicroBatch
 from wse_emu.visualize import wafer
 from wse_emu.visualize.curves import draw_experiment
 from wse_emu.visualize.draw import map_figure, regions_figure
 from wse_emu.visualize.roofline import roofline_figure
 from wse_emu.visualize.rundir import RunDir
 from wse_emu.visualize.serving import draw_serving
+from wse_emu.visualize.style import percent_formatter
 from wse_emu.visualize.sweep import sweep_figure
-from wse_emu.layer import MicroBatch
 
 KINDS = ("maps", "roofline", "serving", "experiment", "sweep")
 
@@ -57,7 +59,8 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
                     array, title, label, extra = maps[name]
                     files = regions_figure(array, f"{title}, region by region", label,
                                            out / f"regions_{name}", parts, formats,
-                                           vmin=extra.get("vmin"), vmax=extra.get("vmax"))
+                                           vmin=extra.get("vmin"), vmax=extra.get("vmax"),
+                                           ticks=extra.get("ticks"))
                     figures.append((files[0], f"{title} of each role's region, side by side "
                                               "on one colour scale."))
     if "roofline" in what:
@@ -98,7 +101,8 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
     maps = {
         "placement": (wafer.placement(p, system), "Pipeline stages",
                       "stage position in its region's pipeline",
-                      {"levels": max(len(r.stage_ids) for r in p.regions)}),
+                      {"levels": max(len(r.stage_ids) for r in p.regions),
+                       "names": wafer.stage_names(p, system)}),
         "kernels": (wafer.kernel_kinds(p, system), "Kernel kinds", "kernel kind",
                     {"categories": wafer.KERNEL_KINDS}),
         "colors": (wafer.colors(p, system), "Route colors", "colors configured per router", {}),
@@ -108,7 +112,7 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
     for category, array in sram.items():
         if category == "total_share":
             maps["sram_total"] = (array, "SRAM occupancy", "share of the PE's SRAM",
-                                  {"vmin": 0.0, "vmax": 1.0})
+                                  {"vmin": 0.0, "vmax": 1.0, "ticks": percent_formatter()})
         else:
             maps[f"sram_{category}"] = (array, f"SRAM: {category.replace('_', ' ')}",
                                         "bytes per PE", {"vmin": 0.0, "vmax": limit})
@@ -116,7 +120,7 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
         busy = wafer.compute_utilization(p, run.counters, run.results, system)
         top = utilization_scale(busy)
         maps["compute"] = (busy, "Compute utilization",
-                           f"busy cycles / stage cycles (scale 0 to {top:g})",
+                           f"busy cycles / stage cycles (scale 0 to {number(top)})",
                            {"vmin": 0.0, "vmax": top})
     if run.results and "link_wavelets_nesw" in run.counters and "stages" in run.results:
         links = wafer.link_utilization(p, run.counters, run.results, system)
@@ -124,7 +128,7 @@ def _maps(run: RunDir, system: int) -> dict[str, tuple]:
             title = "Link utilization, busiest direction" if d == "max" else \
                 f"Link utilization, {d} links"
             top = utilization_scale(array)
-            maps[f"links_{d}"] = (array, title, f"wavelets per cycle (scale 0 to {top:g})",
+            maps[f"links_{d}"] = (array, title, f"wavelets per cycle (scale 0 to {number(top)})",
                                   {"vmin": 0.0, "vmax": top})
     return maps
 

@@ -7,6 +7,8 @@ import base64
 import html
 from pathlib import Path
 
+from wse_emu.fmt import number
+
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
@@ -25,9 +27,13 @@ def _table(rows: list[tuple[str, object]]) -> str:
 
 
 def _fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    """A value as the command line writes it: counts with thousands separators, other numbers
+    as ``fmt.number`` ('37.5 k', never '3.747e+04')."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return number(value)
 
 
 def _image(path: Path) -> str:

@@ -11,10 +11,12 @@ import numpy as np
 
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph
-from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.fabric import FabricSpec
+from wse_emu.fmt import number, si
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
+from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.visualize.style import log_axis, log_ticks, styled
 
 PHASES = (("prefill", MicroBatch("prefill", tokens=4096), "o", OKABE_ITO[5]),
           ("decode", MicroBatch("decode", batch=1, context=4096), "s", OKABE_ITO[4]))
@@ -38,6 +40,7 @@ def op_points(model: ModelSpec, fabric: FabricSpec,
     return out
 
 
+@styled
 def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path, formats=("png",),
                     step: MicroBatch | None = None) -> list[Path]:
     """The roofline with the ops of a prefill of 4096 tokens and of a decode of batch 1 at
@@ -49,10 +52,10 @@ def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path, formats=("
     every = [i for pts in points.values() for _, i in pts]
     x = np.logspace(np.log10(min(every + [ridge]) / 4), np.log10(max(every + [ridge]) * 4), 200)
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=DPI)
-    ax.loglog(x, np.minimum(peak, x * bandwidth), color="black", linewidth=2,
-              label=f"one PE: {peak / 1e9:.3g} GFLOP/s FP16, {bandwidth / 1e9:.3g} GB/s SRAM")
+    ax.plot(x, np.minimum(peak, x * bandwidth), color="black", linewidth=2,
+            label=f"one PE: {si(peak, 'FLOP/s')} FP16, {si(bandwidth, 'B/s')} SRAM")
     ax.axvline(ridge, color="grey", linestyle=":", linewidth=1)
-    ax.text(ridge, peak * 1.15, f"ridge {ridge:.2g} FLOP/B", ha="center", fontsize=8)
+    ax.text(ridge, peak * 1.15, f"ridge {number(ridge, 2)} FLOP/B", ha="center")
     for phase, work, marker, color in phases(step):
         xs = np.array([i for _, i in points[phase]])
         ys = np.minimum(peak, xs * bandwidth)
@@ -61,12 +64,16 @@ def roofline_figure(model: ModelSpec, fabric: FabricSpec, path: Path, formats=("
                    label=f"{phase} ops ({work.describe()})")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("attainable FLOP/s per PE")
-    wafer = ax.secondary_yaxis("right", functions=(lambda y: y * fabric.pes / 1e15,
-                                                   lambda y: y * 1e15 / fabric.pes))
-    wafer.set_ylabel(f"whole wafer ({fabric.pes:,} PEs), PFLOP/s")
-    ax.set_title(f"{model.name} on {fabric.name}: where each op of a layer sits", fontsize=10)
+    log_axis(ax, "x")
+    log_axis(ax, "y")
     ax.set_ylim(top=peak * 2)
-    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    # The wafer's axis is the PE's times the PEs: the same decades, relabelled.
+    wafer = ax.secondary_yaxis("right", functions=(lambda y: y * fabric.pes,
+                                                   lambda y: y / fabric.pes))
+    log_ticks(wafer.yaxis)
+    wafer.set_ylabel(f"whole wafer ({fabric.pes:,} PEs), FLOP/s")
+    ax.set_title(f"{model.name} on {fabric.name}: where each op of a layer sits")
+    ax.legend(loc="lower right", framealpha=0.9)
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, formats)

@@ -8,10 +8,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from wse_emu.fmt import number, seconds, si, with_unit
 from wse_emu.visualize.figures import draw_all
 from wse_emu.visualize.report import write_report
 from wse_emu.visualize.rundir import load_run
-from wse_emu.fmt import seconds, si
 
 CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption
 
@@ -78,18 +78,18 @@ def _config(run) -> list[tuple[str, object]]:
     if e and "rungs" in e:
         speeds = ", ".join(f"{r['user_speed']:,.0f}" for r in e["rungs"])
         rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
-                 ("targets", f"p90 TTFT <= {e['ttft_p90_s']} s; p90 TPOT <= 1 / speed at "
-                             f"speeds {speeds} tokens/s per user")]
+                 ("targets", f"p90 TTFT <= {seconds(e['ttft_p90_s'])}; p90 TPOT <= 1 / speed "
+                             f"at speeds {speeds} tokens/s per user")]
     elif e and "sensitivity" in e:
         rows += [("model", e["model"]), ("fabric", e["fabric"]), ("workload", e["workload"]),
                  ("varied", f"{e['vary']} ({e['description']}): "
-                            + ", ".join(f"{r['value']:g}" for r in e["sensitivity"]))]
+                            + ", ".join(number(r["value"], 6) for r in e["sensitivity"]))]
     elif e:
         rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
                  ("requests per run", e["requests_per_run"]),
-                 ("targets", f"p90 TTFT <= {e['targets']['ttft_p90_s']} s, p90 TPOT <= "
-                             f"{e['targets']['tpot_p90_s']} s, attainment >= "
-                             f"{e['targets']['attainment']}")]
+                 ("targets", f"p90 TTFT <= {seconds(e['targets']['ttft_p90_s'])}, p90 TPOT "
+                             f"<= {seconds(e['targets']['tpot_p90_s'])}, >= "
+                             f"{e['targets']['attainment']:.0%} of requests meeting both")]
     if run.inspect:
         i = run.inspect
         rows += [("model", i["model"]), ("fabric", i["fabric"]),
@@ -106,8 +106,10 @@ def _metrics(run) -> list[tuple[str, object]]:
     r = run.results
     shown = {"step_cycles": ("step", lambda v: f"{v:,.0f} cycles"),
              "step_seconds": ("step time", seconds),
-             "tokens_per_s_alone": ("tokens/s, one micro-batch alone", lambda v: si(v, "tok/s")),
-             "tokens_per_s_pipelined": ("tokens/s, pipeline full", lambda v: si(v, "tok/s")),
+             "tokens_per_s_alone": ("tokens/s, one micro-batch alone",
+                                    lambda v: with_unit(v, "tok/s")),
+             "tokens_per_s_pipelined": ("tokens/s, pipeline full",
+                                        lambda v: with_unit(v, "tok/s")),
              "compute_utilization": ("compute utilization", lambda v: f"{v:.1%}"),
              "link_utilization": ("link utilization", lambda v: f"{v:.1%}")}
     rows = [(label, fmt(r[key])) for key, (label, fmt) in shown.items() if key in r]
@@ -119,12 +121,12 @@ def _metrics(run) -> list[tuple[str, object]]:
         ratio = head["capacity_ratio"].get("ratio")
         shown = ratio if isinstance(ratio, str) else ("-" if ratio is None else f"{ratio:.2f}x")
         rows.append((f"capacity at {head['user_speed']:,.0f} tokens/s per user",
-                     ", ".join(f"{p} {si(v, 'tok/s')} per system"
+                     ", ".join(f"{p} {with_unit(v, 'tok/s')} per system"
                                for p, v in head["capacity_per_system"].items())
                      + f"; disaggregated / colocated {shown}"))
     for c in e.get("final") or e.get("configurations", []):
         rows.append((c["configuration"],
-                     f"goodput (highest rate met) {c.get('max_rate_per_system', 0):.3g} "
+                     f"goodput (highest rate met) {number(c.get('max_rate_per_system', 0))} "
                      f"requests/s per system; next rate fails on {c['limited_by']}"))
     for v in e.get("sensitivity", []):
         if "error" in v:
@@ -133,7 +135,7 @@ def _metrics(run) -> list[tuple[str, object]]:
             text = "no colocated configuration met the targets"
         else:
             text = f"disaggregated / colocated goodput {v['goodput_ratio']:.2f}x"
-        rows.append((f"{e['vary']} = {v['value']:g}", text))
+        rows.append((f"{e['vary']} = {number(v['value'], 6)}", text))
     cmp_ = e.get("comparison", {})
     if cmp_.get("goodput_ratio") is not None:
         rows.append(("disaggregated / colocated goodput (highest rate met)",
@@ -144,17 +146,17 @@ def _metrics(run) -> list[tuple[str, object]]:
         rows += [("parameters", f"{si(i['params']['total'])}, {si(i['params']['active'])} "
                                 "used per token"),
                  ("weights as stored", si(i["params"]["stored_bytes"], "B")),
-                 ("whole step", f"{si(i['total']['flops'])}FLOP, "
+                 ("whole step", f"{si(i['total']['flops'], 'FLOP')}, "
                                 f"{si(i['total']['bytes'], 'B')} moved, "
-                                f"{i['total']['intensity']:.3g} FLOP/B")]
+                                f"{number(i['total']['intensity'])} FLOP/B")]
     m = run.metrics
     for key, label, fmt in (("requests", "requests", lambda v: f"{v:,}"),
                             ("output_tokens_per_s", "output tokens/s", si),
-                            ("requests_per_s", "requests/s", lambda v: f"{v:.3g}"),
+                            ("requests_per_s", "requests/s", number),
                             ("slo_attainment", "requests meeting both targets",
                              lambda v: f"{v:.1%}"),
                             ("goodput_requests_per_s", "on target per second of the run",
-                             lambda v: f"{v:.3g}")):
+                             number)):
         if key in m:
             rows.append((label, fmt(m[key])))
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "inter-token latency"),

@@ -10,9 +10,19 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.errors import UserError
+from wse_emu.fmt import duration, seconds
+from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
+from wse_emu.visualize.style import (
+    SMALL_PT,
+    axis_numbers,
+    log_axis,
+    percent_formatter,
+    seconds_formatter,
+    styled,
+)
 
 PREFILL, DECODE, MIXED = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6]
 WINDOW_BATCHES = 150  # micro-batches through stage 0 shown in the pipeline window
@@ -44,23 +54,23 @@ def _columns(path: Path, rows: list[dict], names) -> dict[str, np.ndarray]:
         raise UserError(f"{path}: a value that is not a number") from None
 
 
-
+@styled
 def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=DPI)
     for ax, key, name in ((axes[0], "ttft_s", "TTFT"), (axes[1], "tpot_s", "TPOT")):
-        values = np.sort(requests[key]) * 1e3
+        values = np.sort(requests[key])
         ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post",
                 color="black")
         target = targets.get(key)
         if target:
-            ax.axvline(target * 1e3, color=PREFILL, linestyle="--", label=f"target "
-                       f"{target * 1e3:.3g} ms")
-            ax.legend(fontsize=8, loc="lower right")
+            ax.axvline(target, color=PREFILL, linestyle="--", label=f"target {seconds(target)}")
+            ax.legend(loc="lower right")
         ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{name} (ms)")
-        ax.set_ylabel("share of requests")
-        ax.set_title(f"{name}: cumulative distribution", fontsize=10)
+        log_axis(ax, "x", seconds_formatter())
+        axis_numbers(ax.yaxis, percent_formatter())
+        ax.set_xlabel(name)
+        ax.set_ylabel("requests")
+        ax.set_title(f"{name}: cumulative distribution")
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, formats)
@@ -68,38 +78,40 @@ def latency_cdfs(requests: dict, targets: dict, path: Path, formats=("png",)) ->
 
 def _tpot_panel(ax, requests: dict, targets: dict, low: float, point_label: str) -> None:
     """Each request's TPOT at the time of its first token, prompt arrivals as ticks at
-    ``low`` (ms), and the TPOT target, on a log scale."""
+    ``low`` (seconds), and the TPOT target, on a log scale."""
     first = requests["arrival_s"] + requests["ttft_s"]
-    ax.scatter(first, requests["tpot_s"] * 1e3, s=6, color=DECODE, alpha=0.6,
-               label=point_label)
-    ax.set_yscale("log")
+    ax.scatter(first, requests["tpot_s"], s=6, color=DECODE, alpha=0.6, label=point_label)
     ax.plot(requests["arrival_s"], np.full(len(first), low), "|", color=PREFILL, markersize=8,
             label="prompt arrivals")
     if targets.get("tpot_s"):
-        ax.axhline(targets["tpot_s"] * 1e3, color="black", linestyle="--", linewidth=1,
-                   label="TPOT target")
-    ax.set_xlabel("time (s)")
+        ax.axhline(targets["tpot_s"], color="black", linestyle="--", linewidth=1,
+                   label=f"TPOT target {seconds(targets['tpot_s'])}")
+    log_axis(ax, "y", seconds_formatter())
+    axis_numbers(ax.xaxis, seconds_formatter())
+    ax.set_xlabel("time")
     ax.grid(True, alpha=0.3)
 
 
 def _tick_level(runs) -> float:
-    """Where the arrival ticks go: half the lowest TPOT drawn, in ms."""
-    return max(min(float(np.min(r["tpot_s"])) for r in runs) * 1e3 * 0.5, 1e-3)
+    """Where the arrival ticks go: half the lowest TPOT drawn (seconds)."""
+    return max(min(float(np.min(r["tpot_s"])) for r in runs) * 0.5, 1e-6)
 
 
+@styled
 def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
     """Each request's TPOT at the time of its first token; prompt arrivals as ticks below:
     where prefill shares the pipeline, TPOT rises where the ticks crowd."""
     fig, ax = plt.subplots(figsize=(9, 3.6), dpi=DPI)
     _tpot_panel(ax, requests, targets, _tick_level([requests]),
                 "a request's TPOT (at its first token)")
-    ax.set_ylabel("TPOT (ms)")
-    ax.set_title("TPOT over time, with prompt arrivals", fontsize=10)
-    ax.legend(fontsize=8, loc="upper right", framealpha=0.9)
+    ax.set_ylabel("TPOT")
+    ax.set_title("TPOT over time, with prompt arrivals")
+    ax.legend(loc="upper right", framealpha=0.9)
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
 
+@styled
 def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
     """Stages x time for every region, over a window of ``WINDOW_BATCHES`` micro-batches from
     the middle of the run: prefill tiles, decode micro-batches and mixed ones coloured apart."""
@@ -123,23 +135,26 @@ def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
             if e["ts"] + e["dur"] < a or e["ts"] > b:
                 continue
             color = MIXED if "+" in e["name"] else PREFILL if e["name"] == "prefill" else DECODE
-            bars.setdefault((e["tid"], color), []).append(((e["ts"] - a) / 1e3, e["dur"] / 1e3))
+            bars.setdefault((e["tid"], color), []).append(((e["ts"] - a) / 1e6, e["dur"] / 1e6))
         for (stage, color), spans in bars.items():
             ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=color, linewidth=0)
-        ax.set_xlim(0, (b - a) / 1e3)
+        ax.set_xlim(0, (b - a) / 1e6)
         ax.set_ylim(stages - 0.5, -0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+        axis_numbers(ax.xaxis, seconds_formatter())
         ax.set_ylabel("stage")
         shown = sum(1 for t in firsts if a <= t <= b)
-        ax.set_title(f"{names.get(pid, pid)}: {shown} micro-batches from {a / 1e6:.3g} s",
-                     fontsize=9)
-    axes[-1, 0].set_xlabel("time in the window (ms)")
+        ax.set_title(f"{names.get(pid, pid)}: {shown} micro-batches from {duration(a / 1e6)}",
+                     fontsize=SMALL_PT + 1)
+    axes[-1, 0].set_xlabel("time in the window")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (PREFILL, DECODE, MIXED)]
     fig.legend(handles, ["prefill tile", "decode micro-batch", "decode + prefill chunk"],
-               loc="upper right", fontsize=8, ncol=3)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+               loc="upper right", ncol=3)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     return save_figure(fig, path, formats)
 
 
+@styled
 def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",)) -> list[Path]:
     rows = _read_csv(path_csv)
     values = _columns(path_csv, rows, ("time_s", "kv_tokens"))
@@ -153,10 +168,12 @@ def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",))
         ax.step(t, k / cap, where="post", color=OKABE_ITO[n % len(OKABE_ITO)], label=name,
                 linewidth=1)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("time (s)")
-    ax.set_ylabel("KV cache held / capacity")
-    ax.set_title("KV occupancy over time", fontsize=10)
-    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    axis_numbers(ax.xaxis, seconds_formatter())
+    axis_numbers(ax.yaxis, percent_formatter())
+    ax.set_xlabel("time")
+    ax.set_ylabel("KV cache held, of capacity")
+    ax.set_title("KV occupancy over time")
+    ax.legend(loc="upper right", ncol=2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path, formats)
@@ -189,6 +206,7 @@ def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> 
     return figures
 
 
+@styled
 def tpot_side_by_side(runs: dict, targets: dict, path: Path, formats=("png",)) -> list[Path]:
     """TPOT over time for several runs of the same requests (label -> requests), one panel each
     on shared axes: where prefill shares the pipeline, decode slows as prompts arrive."""
@@ -197,8 +215,8 @@ def tpot_side_by_side(runs: dict, targets: dict, path: Path, formats=("png",)) -
     low = _tick_level(runs.values())
     for ax, (label, requests) in zip(axes[0], runs.items()):
         _tpot_panel(ax, requests, targets, low, "a request's TPOT")
-        ax.set_title(label, fontsize=10)
-    axes[0, 0].set_ylabel("TPOT (ms)")
-    axes[0, 0].legend(fontsize=8, loc="upper left", framealpha=0.9)
+        ax.set_title(label)
+    axes[0, 0].set_ylabel("TPOT")
+    axes[0, 0].legend(loc="upper left", framealpha=0.9)
     fig.tight_layout()
     return save_figure(fig, path, formats)

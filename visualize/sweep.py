@@ -7,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.visualize.draw import DPI, plt, quantity_cmap, save_figure
-from wse_emu.fmt import si
+from wse_emu.fmt import number, si
 from wse_emu.runtime.sweep import headline
+from wse_emu.visualize.draw import DPI, plt, quantity_cmap, save_figure
+from wse_emu.visualize.style import SMALL_PT, number_formatter, styled
 
 
+@styled
 def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
     key, label = headline(sweep["point"], sweep.get("metric", ""))
     axes = list(sweep["axes"])
@@ -31,12 +33,12 @@ def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, 
         for j, row in enumerate(grid):
             for i, v in enumerate(row):
                 if np.isfinite(v):
-                    ax.text(i, j, si(v), ha="center", va="center", fontsize=8,
+                    ax.text(i, j, number(v), ha="center", va="center", fontsize=SMALL_PT,
                             color="white" if v < np.nanmean(grid) else "black")
         ax.set_xlabel(axes[0])
         ax.set_ylabel(axes[1])
         bar = fig.colorbar(image, ax=ax, label=label)
-        bar.ax.yaxis.set_major_formatter(lambda v, _: si(v))
+        bar.ax.yaxis.set_major_formatter(number_formatter())
     else:
         fig, ax = plt.subplots(figsize=(7.5, 4.4), dpi=DPI)
         first, rest = axes[0], axes[1:]
@@ -49,13 +51,13 @@ def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, 
                 ax.plot([_position(x, xs) for x, _ in pts], [v for _, v in pts], marker="o",
                         label=name)
         ax.set_xticks(range(len(xs)) if not _numeric(xs) else xs, [_tick(x) for x in xs])
-        ax.yaxis.set_major_formatter(lambda v, _: si(v))
+        ax.yaxis.set_major_formatter(number_formatter())
         ax.set_xlabel(first)
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         if rest:
-            ax.legend(fontsize=7)
-    ax.set_title(f"sweep {sweep['name']}{note}", fontsize=10)
+            ax.legend()
+    ax.set_title(f"sweep {sweep['name']}{note}")
     fig.tight_layout()
     files = save_figure(fig, path, formats)
     return [(files[0], f"Sweep {sweep['name']}: {label} against "
@@ -71,10 +73,13 @@ def _value(v):
 
 
 def _tick(x) -> str:
-    """An axis value as the command line writes numbers (1.1 G, 49152, 0.46, 8)."""
+    """An axis value as the command line writes numbers (1.1 G, 49152, 0.46, 8): exact below
+    a million (a sweep's values are often whole sizes such as bytes of SRAM)."""
     if not isinstance(x, float):
         return str(x)
-    return si(x) if abs(x) >= 1e6 else f"{x:g}"
+    if abs(x) >= 1e6:
+        return si(x)
+    return f"{x:g}" if x == 0 or abs(x) >= 1e-4 else number(x)
 
 
 def _numeric(xs) -> bool:

@@ -27,6 +27,13 @@ def placement(program: WaferProgram, system: int = 0) -> np.ndarray:
     return out
 
 
+def stage_names(program: WaferProgram, system: int = 0) -> list[tuple]:
+    """(x, y, w, h, stage position) of every stage on ``system``: the numbers written on the
+    stage map, where a colour alone (the palette repeats) does not say which stage it is."""
+    return [(s.rect.x, s.rect.y, s.rect.w, s.rect.h, str(s.index)) for s in program.stages
+            if s.rect.system == system]
+
+
 def kernel_kinds(program: WaferProgram, system: int = 0) -> np.ndarray:
     """Each PE's kernel kind, as an index into ``KERNEL_KINDS`` (NaN: no kernel)."""
     out = _blank(program)
