@@ -18,20 +18,17 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from wse_emu.compiler.bounds import stage_bounds
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
-from wse_emu.compiler.partition import disaggregated_splits
-from wse_emu.visualize.report import write_report
-from wse_emu.visualize.rundraw import draw_run
-from wse_emu.visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.api import build_layouts, default_cache_dir
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.main import in_flags
+from wse_emu.compiler.bounds import stage_bounds
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.partition import disaggregated_splits
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.fmt import seconds, si, table
+from wse_emu.fmt import narrow_table, number, seconds, si
 from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.timing import generation_time
 from wse_emu.layer import MicroBatch
@@ -51,6 +48,9 @@ from wse_emu.runtime.serve import serve
 from wse_emu.runtime.tables import grid_axes, table_path
 from wse_emu.runtime.workers import point_pool
 from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.visualize.report import write_report
+from wse_emu.visualize.rundraw import draw_run
+from wse_emu.visualize.serving import read_requests, tpot_side_by_side
 from wse_emu.weights import random_weights
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -161,7 +161,7 @@ def run(args):
     f = FUNCTIONAL
     show(f"Computed through the tiles (wse-emu generate): {f['model']} with random "
          f"weights, {'x'.join(map(str, f['region']))} regions of {f['fabric']}, prompt "
-         f"{','.join(map(str, f['prompt']))}\n" + table(
+         f"{','.join(map(str, f['prompt']))}\n" + narrow_table(
              ["plan", "regions", "generated ids", "first token", "then per token"],
              [[g["plan"], g["regions"], ",".join(map(str, g["generated_ids"])),
                seconds(g["first_token_s"]), seconds(g["per_token_s"])]
@@ -184,8 +184,8 @@ def _compiled(programs: dict) -> str:
                          seconds(r["bounds"]["decode"]["pipeline_latency_s"])])
     parts = [render(p) for p in programs.values()]
     parts.append("Colocated versus disaggregated on the same wafer (compiler's lower bounds)\n"
-                 + table(["plan", "region", "PEs", "stages", "KV tokens", "prefill latency",
-                          "decode latency"], rows, "llrrrrr"))
+                 + narrow_table(["plan", "region", "PEs", "stages", "KV tokens",
+                                 "prefill latency", "decode latency"], rows, "llrrrrr"))
     return "\n\n".join(parts)
 
 
@@ -196,7 +196,7 @@ def _decode_steps(programs: dict, runs: dict) -> str:
         sim.append([plan, run_.region, seconds(run_.step_seconds),
                     seconds(bound["pipeline_latency_s"]), si(run_.latency_tokens_per_s()),
                     si(run_.tokens_per_s()), f"{run_.compute_utilization():.1%}"])
-    return "One decode step (batch 1, context 4096) on the fast engine\n" + table(
+    return "One decode step (batch 1, context 4096) on the fast engine\n" + narrow_table(
         ["plan", "region", "step", "bound", "tok/s alone", "tok/s pipelined", "compute util"],
         sim, "llrrrrr")
 
@@ -270,7 +270,7 @@ def _experiment(model, cluster, cache: Path) -> tuple[dict, dict]:
         for label in (cmp_["colocated"], cmp_["disaggregated"]):
             config = chosen[label]
             options = replace(config.options, timeline_events=TIMELINE_EVENTS)
-            side[f"{label} at {rate:.3g}/s"] = (serve(faster, config.regions, options), faster)
+            side[f"{label} at {number(rate)}/s"] = (serve(faster, config.regions, options), faster)
     return exp, side
 
 
@@ -310,7 +310,8 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
         config = [("model", DEFAULT_MODEL), ("fabric", f"1 x {DEFAULT_FABRIC}"),
                   ("decode step", "batch 1, context 4096"),
                   ("experiment workload", f"{WORKLOAD['name']}, {WORKLOAD['requests']} requests"),
-                  ("targets", f"p90 TTFT <= {TARGETS.ttft_s} s, p90 TPOT <= {TARGETS.tpot_s} s")]
+                  ("targets", f"p90 TTFT <= {seconds(TARGETS.ttft_s)}, p90 TPOT <= "
+                              f"{seconds(TARGETS.tpot_s)}")]
         cmp_ = exp["comparison"]
         metrics = [(f"{plan} decode step", seconds(r.step_seconds)) for plan, r in runs.items()]
         if cmp_.get("goodput_ratio") is not None:

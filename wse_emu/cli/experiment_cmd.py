@@ -15,7 +15,7 @@ from wse_emu.cli.compile_cmd import (
 )
 from wse_emu.cli.knob_args import add_space_args, space_settings
 from wse_emu.errors import UserError
-from wse_emu.fmt import seconds, si, table
+from wse_emu.fmt import duration, narrow_table, number, seconds
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
@@ -173,28 +173,10 @@ def render_frontier(data: dict) -> str:
             f"{data['requests_per_run']:,} requests, {data['seeds']} draw(s)"
             + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
             + f"; a lone sequence's decode step {seconds(data['lone_decode_step_s'])}")
-    rows = []
-    for r in data["rungs"]:
-        cells = [f"{r['user_speed']:,.0f}", seconds(r["tpot_target_s"])]
-        for plan in ("colocated", "disaggregated"):
-            pt = r["plans"][plan]
-            if not pt["reached"]:
-                cells += ["0 (not reached)", "-", "-"]
-                continue
-            iv = pt.get("tokens_per_s_per_system_interval") or {}
-            tok = si(pt["tokens_per_s_per_system"]) + (
-                f" ({si(iv['low'])} to {si(iv['high'])})" if "half_width" in iv else "")
-            u = pt["user_tokens_per_s"]
-            cells += [tok, f"{u['p50']:,.0f} / {u['p90']:,.0f} / {u['mean']:,.0f}",
-                      pt["configuration"].split(", ", 1)[1]]
-        g = r["goodput_ratio"]
-        cells += [_ratio_text(r["capacity_ratio"]), "-" if g is None else f"{g:.2f}x"]
-        rows.append(cells)
-    lines = [head, "", table(
-        ["tok/s/user target", "p90 TPOT", "colocated tok/s/system",
-         "colocated tok/s/user p50/p90/mean", "colocated best", "disaggregated tok/s/system",
-         "disaggregated tok/s/user p50/p90/mean", "disaggregated best",
-         "capacity ratio", "goodput ratio"], rows, "rrrrlrrlrr")]
+    lines = [head, "", render_rungs(data["rungs"])]
+    for plan in ("colocated", "disaggregated"):
+        lines += ["", f"How {plan} serving reached each rung:", "",
+                  render_plan_rungs(data["rungs"], plan)]
     fastest = data["fastest_reached"]
     lines += ["", "Fastest per-user speed reached (p90): " + ", ".join(
         f"{plan} {v:,.0f} tokens/s" for plan, v in fastest.items())]
@@ -203,8 +185,8 @@ def render_frontier(data: dict) -> str:
         cap = h["capacity_per_system"]
         src = f" (the vendor's: {h['vendor']['source']})" if h.get("vendor") else ""
         lines += ["", f"High-speed token capacity at {h['user_speed']:,.0f} tokens/s per user"
-                  f"{src}: colocated {si(cap['colocated'])} tok/s per system, disaggregated "
-                  f"{si(cap['disaggregated'])}; disaggregated / colocated "
+                  f"{src}: colocated {number(cap['colocated'])} tok/s per system, disaggregated "
+                  f"{number(cap['disaggregated'])}; disaggregated / colocated "
                   f"{_ratio_text(h['capacity_ratio'])}"
                   + ("" if h["goodput_ratio"] is None else
                      f"; DistServe goodput ratio at the same target {h['goodput_ratio']:.2f}x")
@@ -215,6 +197,45 @@ def render_frontier(data: dict) -> str:
         lines += [f"  - {r['phase']} x{r['factor']:g}: {_ratio_text(r['capacity_ratio'])}"
                   for r in data["step_time_leaning"]]
     return "\n".join(lines)
+
+
+def render_rungs(rungs: list[dict]) -> str:
+    """Each rung's target, both plans' output tokens/s per system and their ratios."""
+    rows = []
+    for r in rungs:
+        g = r["goodput_ratio"]
+        rows.append([f"{r['user_speed']:,.0f} ({seconds(r['tpot_target_s'])})"]
+                    + [_tokens_per_system(r["plans"][plan])
+                       for plan in ("colocated", "disaggregated")]
+                    + [_ratio_text(r["capacity_ratio"]), "-" if g is None else f"{g:.2f}x"])
+    return narrow_table(["tok/s/user target (p90 TPOT)", "colocated tok/s/system",
+                         "disaggregated tok/s/system", "capacity ratio", "goodput ratio"],
+                        rows, "rrrrr")
+
+
+def render_plan_rungs(rungs: list[dict], plan: str) -> str:
+    """One plan at each rung: the per-user speeds its requests reached and its best
+    configuration."""
+    rows = []
+    for r in rungs:
+        pt = r["plans"][plan]
+        if not pt["reached"]:
+            rows.append([f"{r['user_speed']:,.0f}", "-", "-"])
+            continue
+        u = pt["user_tokens_per_s"]
+        rows.append([f"{r['user_speed']:,.0f}",
+                     f"{u['p50']:,.0f} / {u['p90']:,.0f} / {u['mean']:,.0f}",
+                     pt["configuration"].split(", ", 1)[1]])
+    return narrow_table(["tok/s/user target", f"{plan} tok/s/user p50/p90/mean",
+                         f"{plan} best"], rows, "rrl")
+
+
+def _tokens_per_system(point: dict) -> str:
+    if not point["reached"]:
+        return "0 (not reached)"
+    iv = point.get("tokens_per_s_per_system_interval") or {}
+    return number(point["tokens_per_s_per_system"]) + (
+        f" ({number(iv['low'])} to {number(iv['high'])})" if "half_width" in iv else "")
 
 
 def run(args):
@@ -234,10 +255,12 @@ def run(args):
 
 
 def render_sensitivity(data: dict) -> str:
-    rows = []
+    rows, best = [], []
     for r in data["sensitivity"]:
+        value = number(r["value"], 6)
         if "error" in r:
-            rows.append([f"{r['value']:g}", "-", "-", "-", "-", "-", r["error"]])
+            rows.append([value, "-", "-", "-", "-", "-"])
+            best.append([value, r["error"]])
             continue
         rate = r["max_rate_per_system"] or {}
         ratio = r["goodput_ratio"]
@@ -246,15 +269,16 @@ def render_sensitivity(data: dict) -> str:
             shown = f"{iv['mean']:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
         else:
             shown = "-" if ratio is None else f"{ratio:.2f}x"
-        rows.append([f"{r['value']:g}", seconds(r["tpot_s"]), f"{r['tpot_in_decode_steps']:.3g}",
-                     f"{rate.get('colocated', 0):.3g}", f"{rate.get('disaggregated', 0):.3g}",
-                     shown, f"{r['colocated'] or '-'} / {r['disaggregated'] or '-'}"])
+        rows.append([value, seconds(r["tpot_s"]), number(r["tpot_in_decode_steps"]),
+                     number(rate.get("colocated", 0)), number(rate.get("disaggregated", 0)), shown])
+        # One line per plan: the two labels side by side would not fit beside the numbers.
+        best += [[value, f"{r['colocated'] or '-'} /"], ["", r["disaggregated"] or "-"]]
     head = (f"{data['model']} on {data['fabric']}, workload {data['workload']}: the experiment "
             f"at each value of {data['vary']} ({data['description']})")
-    return "\n".join([head, "", table(
+    return "\n".join([head, "", narrow_table(
         ["value", "TPOT target", "TPOT / decode step", "colocated goodput/s/system",
-         "disaggregated goodput/s/system", "disaggregated / colocated", "best configurations"],
-        rows, "rrrrrrl")])
+         "disaggregated goodput/s/system", "disaggregated / colocated"], rows, "rrrrrr"),
+        "", narrow_table(["value", "best configurations"], best, "rl")])
 
 
 def render(data: dict) -> str:
@@ -277,8 +301,8 @@ def render(data: dict) -> str:
     lines += [f"skipped {s}" for s in data["skipped"]]
     windows = [c["window_s"] for c in data["final"] if "window_s" in c]
     runs = (f"searched again on runs of {data['final_requests_per_run']:,} requests"
-            + (f" (steady windows of {min(windows):.3g} to {max(windows):.3g} s emulated at "
-               "the rates found)" if windows else "")
+            + (f" (steady windows of {duration(min(windows))} to {duration(max(windows))} "
+               "emulated at the rates found)" if windows else "")
             if data.get("confirmed") else "as tuned")
     lines += ["", f"Each plan's best, {runs}:", "", render_rows(data["final"])]
     cmp_ = data["comparison"]
@@ -310,8 +334,8 @@ def render(data: dict) -> str:
             c = best[cmp_[plan]]
             energy = c.get("energy_per_output_token_j")
             lines.append(f"  - {c['configuration']}: "
-                         + (f"{energy:.3g} J per output token, " if energy else "")
-                         + f"{c['cost_per_million_output_tokens']:.3g} per million output "
+                         + (f"{number(energy)} J per output token, " if energy else "")
+                         + f"{number(c['cost_per_million_output_tokens'])} per million output "
                            "tokens")
     if "over_replicates" in data:
         lines += [""] + render_replicates(data["over_replicates"])
@@ -323,13 +347,13 @@ def render_tuning(steps: list[dict]) -> str:
     kept, and the plan's goodput before and after."""
     rows = []
     for st in steps:
-        tried = ", ".join(f"{_value(st['knob'], t['value'])} {t['max_rate_per_system']:.3g}"
+        tried = ", ".join(f"{_value(st['knob'], t['value'])} {number(t['max_rate_per_system'])}"
                           for t in st["tried"])
-        before = "-" if st["before_per_system"] is None else f"{st['before_per_system']:.3g}"
+        before = "-" if st["before_per_system"] is None else number(st["before_per_system"])
         rows.append([st["plan"], st["knob"], tried, _value(st["knob"], st["chosen_value"]),
-                     f"{before} -> {st['after_per_system']:.3g}"])
-    return table(["plan", "knob", "values tried: goodput/s/system", "kept", "goodput/s/system"],
-                 rows, "lllll")
+                     f"{before} -> {number(st['after_per_system'])}"])
+    return narrow_table(["plan", "knob", "values tried: goodput/s/system", "kept",
+                         "goodput/s/system"], rows, "lllll")
 
 
 def _value(knob: str, value) -> str:
@@ -340,29 +364,42 @@ def _value(knob: str, value) -> str:
     return str(value).replace("-", " ")
 
 
+ROW_COLUMNS = 2  # configurations side by side in one table of ``render_rows``
+
+
 def render_rows(configurations: list[dict]) -> str:
+    """Each configuration's results, one column per configuration and one row per metric (a
+    row per configuration would be some 260 columns wide), two configurations to a table."""
     energy = any("energy_per_output_token_j" in c for c in configurations)
-    rows = []
-    for c in configurations:
-        # Per system, as the goodput beside it (reports from before it was kept: one system).
-        ceiling = c.get("ceiling_rate_per_system", c.get("ceiling_rate_per_s"))
-        if "goodput_requests_per_s" not in c:
-            rows.append([c["configuration"], "0", f"0 of {ceiling:.3g}" if ceiling else "-"]
-                        + ["-"] * (9 + energy) + [c["limited_by"]])
-            continue
-        rows.append([c["configuration"], f"{c['max_rate_per_system']:.3g}",
-                     f"{c['share_of_ceiling']:.0%} of {ceiling:.3g}" if ceiling else "-",
-                     si(c["output_tokens_per_s_per_system"])]
-                    + ([f"{c['energy_per_output_token_j']:.3g}"] if energy else [])
-                    + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]),
-                       seconds(c["itl_p90_s"]), seconds(c["decode_stall_per_token_s"]),
-                       f"{c['prefill_utilization']:.0%}", f"{c['decode_utilization']:.0%}",
-                       f"{c['goodput_requests_per_s']:.3g}", c["limited_by"]])
-    return table(["configuration", "goodput/s/system", "vs ceiling/s/system", "tok/s/system"]
-                 + (["J/token"] if energy else [])
-                 + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy",
-                    "decode busy", "on-target/s (makespan)", "next rate fails on"],
-                 rows, "lrrr" + "r" * energy + "rrrrrrrl")
+    names = (["goodput/s/system", "vs ceiling/s/system", "tok/s/system"]
+             + (["J/token"] if energy else [])
+             + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy", "decode busy",
+                "on-target/s (makespan)", "next rate fails on"])
+    tables = []
+    for n in range(0, len(configurations), ROW_COLUMNS):
+        group = configurations[n:n + ROW_COLUMNS]
+        columns = [_metrics_of(c, energy) for c in group]
+        rows = [[name] + [column[i] for column in columns] for i, name in enumerate(names)]
+        tables.append(narrow_table(["configuration"] + [c["configuration"] for c in group], rows,
+                                   "l" * (1 + len(group))))
+    return "\n\n".join(tables)
+
+
+def _metrics_of(c: dict, energy: bool) -> list[str]:
+    """One configuration's column of ``render_rows``, in the order of its rows."""
+    # Per system, as the goodput beside it (reports from before it was kept: one system).
+    ceiling = c.get("ceiling_rate_per_system", c.get("ceiling_rate_per_s"))
+    if "goodput_requests_per_s" not in c:
+        return (["0", f"0 of {number(ceiling)}" if ceiling else "-"] + ["-"] * (9 + energy)
+                + [c["limited_by"]])
+    return ([number(c["max_rate_per_system"]),
+             f"{c['share_of_ceiling']:.0%} of {number(ceiling)}" if ceiling else "-",
+             number(c["output_tokens_per_s_per_system"])]
+            + ([number(c["energy_per_output_token_j"])] if energy else [])
+            + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]), seconds(c["itl_p90_s"]),
+               seconds(c["decode_stall_per_token_s"]), f"{c['prefill_utilization']:.0%}",
+               f"{c['decode_utilization']:.0%}", number(c["goodput_requests_per_s"]),
+               c["limited_by"]])
 
 
 def _interval(iv: dict, fmt) -> str:
@@ -375,14 +412,14 @@ def _interval(iv: dict, fmt) -> str:
 
 def render_replicates(over: dict) -> list[str]:
     """The mean and 95% interval over the draws, per configuration and of the ratio."""
-    rows = [[c["configuration"], _interval(c["max_rate_per_system"], lambda v: f"{v:.3g}"),
-             _interval(c["output_tokens_per_s_per_system"], si)]
+    rows = [[c["configuration"], _interval(c["max_rate_per_system"], number),
+             _interval(c["output_tokens_per_s_per_system"], number)]
             for c in over["configurations"]]
     ratio = over["goodput_ratio"]
     lines = [f"Over {over['replicates']} independent draws of the workload "
              f"({over.get('draws', 'each searched alone')}): mean (95% interval; for "
              "goodputs and their ratio, widened to the rate search's step)", "",
-             table(["configuration", "goodput/s/system", "tok/s/system"], rows, "lrr")]
+             narrow_table(["configuration", "goodput/s/system", "tok/s/system"], rows, "lrr")]
     if ratio["mean"] is not None:
         lines += ["", "Disaggregated / colocated goodput: "
                   + _interval(ratio, lambda v: f"{v:.2f}x")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from wse_emu import api
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.cli.knob_args import add_serving_args, serving_settings
-from wse_emu.fmt import seconds, si, table
+from wse_emu.fmt import narrow_table, number, seconds, si
 from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
 from wse_emu.program import write_run_dir
 
@@ -65,14 +65,15 @@ def run(args):
     lines = [f"{data['model']} on {data['cluster']}, {data['plan']}: workload {spec_name}, "
              f"{metrics['requests']:,} requests over {seconds(metrics['duration_s'])}",
              f"  output tokens/s      {si(metrics['output_tokens_per_s'])}",
-             f"  requests/s           {metrics['requests_per_s']:.3g}",
+             f"  requests/s           {number(metrics['requests_per_s'])}",
              f"  SLO attainment       {metrics['slo_attainment']:.1%} (goodput "
-             f"{metrics['goodput_requests_per_s']:.3g} requests/s)", "",
-             table(["latency", "p50", "p90", "p99"], rows)]
+             f"{number(metrics['goodput_requests_per_s'])} requests/s)", "",
+             narrow_table(["latency", "p50", "p90", "p99"], rows)]
     regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
              f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]
             for name, r in list(result.regions.items())[:SHOWN_REGIONS]]
-    lines += ["", table(["region", "role", "stage utilization", "KV tokens at peak"], regs)]
+    lines += ["", narrow_table(["region", "role", "stage utilization", "KV tokens at peak"],
+                               regs)]
     hidden = len(result.regions) - SHOWN_REGIONS
     if hidden > 0:
         lines.append(f"... and {hidden} more region{'s' if hidden > 1 else ''} (every region is "
