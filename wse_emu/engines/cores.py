@@ -7,8 +7,8 @@ otherwise the task waits in its PE's queue until a DISPATCH, due when the PE fre
 
 The helpers are inlined into the engines' loops: as calls, each would pay for passing (and
 reference counting) its many arrays, a large share of a step's time. They take the arrays one
-by one rather than bundled, and each documents every one of them. The names recur across the
-module with one meaning each:
+by one, as measured for speed (bundling them into named tuples would change the compiled code),
+and each documents every one of them. The names recur across the module with one meaning each:
 
 - the event heap: ``ht`` (cycle of each entry) and ``hk`` (its key: event kind in the bits
   from ``ID_BITS`` up, below them an id whose meaning depends on the kind), int64 arrays of
