@@ -31,9 +31,9 @@ from wse_emu.kernels.experts import RoutedAxis, deliver_route, expert_matrix, la
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
+    VC_TRANSFER,
     CostModel,
     line_broadcast,
-    VC_TRANSFER,
     line_reduce,
     overlaps,
     transfer,
