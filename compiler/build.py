@@ -46,6 +46,7 @@ class RegionTemplate:
 
 
 MATRIX_PATTERNS = {"decode": "gemv_tree", "prefill": "gemm_stream"}
+EXPERT_PATTERNS = {"decode": "expert_runs", "prefill": "expert_runs"}
 GATHER_PATTERNS = {"decode": "row_gather", "prefill": "row_gather"}
 EDGE = {("x", True): "east", ("x", False): "west", ("y", True): "south", ("y", False): "north"}
 
@@ -152,7 +153,8 @@ class _Builder:
                         # a packed format's blocks round up to whole bytes
                         weight_bytes=int(w.sum()) + vec_bytes,
                         root=EDGE[(k_axis, high)],
-                        pattern=GATHER_PATTERNS if kind == "gather" else MATRIX_PATTERNS)
+                        pattern=GATHER_PATTERNS if kind == "gather"
+                        else EXPERT_PATTERNS if strip.experts else MATRIX_PATTERNS)
         # Inputs stream through a small FIFO (each arriving element triggers an update of the
         # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
         # gather holds its output row slices and the token ids.

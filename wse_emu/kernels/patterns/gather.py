@@ -1,0 +1,56 @@
+"""The embedding lookup (``row_gather``): the PEs holding the tokens' rows send their slices to
+where the residual stream starts.
+
+An untied table splits the vocabulary along its strip and the hidden size across it, so a
+token's row lies on one line across the strip: its column's PEs read their slices and send
+them to the root edge. A tied table is the LM head's, which splits the vocabulary across
+instead: a token's row then runs along the strip, and its slices stay on one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse_emu import layer as ly
+from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.primitives import wavelets
+from wse_emu.splits import even_split
+
+
+class RowGather(Pattern):
+    kind = "gather"
+    name = "row_gather"
+
+    def expand(self, sg, tile: Tile, st, tied: bool) -> np.ndarray:
+        """The lookup for ``tile``'s tokens; returns the tasks holding the rows: on the root
+        edge (untied), or on the line the row runs along (tied, hidden split along it)."""
+        kind = sg.kind["embedding"]
+        t, d = tile.step.new_tokens, sg.d
+        e, s = st.pe.shape
+        if not tied:
+            # Tokens spread evenly over the columns of the vocabulary.
+            per_col = even_split(t, min(t, e))
+            cols = (np.arange(len(per_col)) * e) // len(per_col)
+            rows_bytes = np.repeat(per_col, s) * np.tile(st.n_sizes, len(cols)) * d
+            lookups = sg.work(st.pe[cols].ravel(), ly.Work(0, rows_bytes, rows_bytes),
+                              "embedding")
+            lookups = lookups.reshape(len(cols), s)
+            roots = sg.g.tasks(st.edge, 0, kind)
+            for i, a in enumerate(cols):
+                if a == st.root:
+                    sg.g.then(lookups[i], roots)
+                else:
+                    sg.g.send(lookups[i], st.pe[a], st.edge,
+                              wavelets(per_col[i] * st.n_sizes, d), roots, 0, 1)
+            return roots
+        # Tied: K (hidden) runs along the strip: the token's row is one line across a.
+        line = sg.entry_pes(st)
+        return sg.work(line, ly.Work(0, t * st.k_sizes * d, t * st.k_sizes * d), "embedding")
+
+    def alone(self, sg, kernel, tile: Tile) -> None:
+        tied = kernel.weight_ref is not None
+        table = sg.program.kernels[kernel.weight_ref] if tied else kernel
+        self.expand(sg, tile, sg.strip(table), tied)
+
+
+register(RowGather())

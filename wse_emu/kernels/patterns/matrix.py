@@ -1,0 +1,150 @@
+"""Dense matrix strips: a decode's GEMV reduced by trees (``gemv_tree``) and a prefill's GEMM
+streaming its token tiles (``gemm_stream``).
+
+The weights stay where the compiler put them: K split along the strip, N across it, so each
+line across the strip owns an input segment and each PE a block. The input reaches every PE
+of its line (each piece a producer PE holds goes to the line's nearest PE and is multicast
+along the line from there), every PE multiplies its block for every token, and the partial
+sums meet at the root edge by the kernel's tree along the strip. A GEMV cuts each PE's output
+columns into pieces, so that the tree reduces one piece while the next is multiplied
+(MeshGEMV's overlap); a GEMM keeps whole blocks, since its token tiles already overlap one
+tile's reduction with the next tile's multiply.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse_emu import layer as ly
+from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.primitives import (
+    SLICE_TOKENS,
+    VC_TRANSFER,
+    line_broadcast,
+    line_reduce,
+    overlaps,
+    wavelets,
+)
+from wse_emu.splits import even_split
+
+# A decode multiply is cut by output columns into up to MAX_CHUNKS pieces of at least
+# MIN_CHUNK_CYCLES each: enough to hide most of the reduction without swamping the PE with
+# tasks.
+MAX_CHUNKS, MIN_CHUNK_CYCLES = 4, 128
+
+
+class DenseStrip(Pattern):
+    """A weight-stationary matrix product on a strip of PEs, its sums reduced along it."""
+
+    kind = "matrix"
+    chunked = False  # whether a PE's output columns are cut into pieces (a GEMV's overlap)
+
+    def chunks(self, sg, st, tokens: int) -> int:
+        """Pieces of each PE's output columns the multiply is cut into: as many as keep a
+        piece's multiply above ``MIN_CHUNK_CYCLES``, at most ``MAX_CHUNKS`` (one without
+        the GEMV's overlap, or on a strip one PE long)."""
+        if not self.chunked or st.pe.shape[0] == 1:
+            return 1
+        w = ly.matrix_work(int(st.k_sizes.max()), int(st.n_sizes.max()), tokens, sg.d)
+        whole = int(sg.cost.cycles(w.flops, w.reads, w.writes))
+        return max(1, min(MAX_CHUNKS, int(st.n_sizes.min()), whole // MIN_CHUNK_CYCLES))
+
+    def expand(self, sg, tile: Tile, st, entry_ready: np.ndarray | None = None,
+               pieces: tuple | None = None) -> np.ndarray:
+        """The product for ``tile``; returns the task per b at which the root edge holds the
+        outputs. The input comes either whole to each line's entry PE (``entry_ready``) or
+        as ``pieces`` (PEs, sizes, ready tasks) of a vector spread over a producer's line,
+        each piece sent to the nearest PE of every line that needs it and multicast along
+        that line from there (no PE collects a whole segment before passing it on)."""
+        k, kind = st.kernel, sg.kind[st.kernel.name]
+        t, d = sg.step_tokens(k.name, tile), sg.d
+        e, s = st.pe.shape
+        ka = st.k_sizes[:, None]
+        chunks = self.chunks(sg, st, t)
+        n_parts = np.stack([even_split(int(n), chunks) for n in st.n_sizes])  # (s, chunks)
+        # The multiply runs as a chain of tasks of at most SLICE_TOKENS tokens each, so that
+        # a PE can take up other kernels' short tasks between slices (as its microthreads
+        # do); a GEMV's chain goes piece of output columns by piece.
+        slices = -(-t // SLICE_TOKENS)
+        per = np.diff((np.arange(slices + 1) * t) // slices)
+        first = compute = None
+        piece_done = []
+        for c in range(chunks):
+            head, compute = sg.chain(st.pe, [ly.matrix_work(
+                ka, n_parts[None, :, c], n_tok, d, sg.stored(k.name)) for n_tok in per],
+                k.name, after=compute)
+            first = head if first is None else first
+            piece_done.append(compute.reshape(e, s))
+        first = first.reshape(e, s)
+        if pieces is not None:
+            self.spread(sg, tile, st, *pieces, first)
+        elif s > 1:
+            line_broadcast(sg.g, st.pe, sg.entries(st), entry_ready,
+                           wavelets(st.k_sizes * t, d), kind, targets=first)
+        else:
+            sg.g.then(entry_ready, first[:, 0])
+        rows = np.ascontiguousarray(st.pe.T)  # (s, e): along the strip for each b
+        totals = [line_reduce(sg.g, rows, np.full(s, st.root), done.T,
+                              wavelets(n_parts[:, c] * t, d),
+                              sg.cost.add(n_parts[:, c] * t, d), kind,
+                              levels=k.trees.get("reduce", 2))
+                  for c, done in enumerate(piece_done)]
+        if chunks == 1:
+            total = totals[0]
+        else:
+            total = sg.g.tasks(st.edge, 0, kind)  # every piece summed at the root
+            for piece in totals:
+                sg.g.then(piece, total)
+        op = sg.ops.get(k.name)
+        if op is None or not op.bias:
+            return total
+        # The bias is added where the sums collect.
+        biased = sg.work(st.edge, ly.bias_work(st.n_sizes, t, d), k.name)
+        sg.g.then(total, biased)
+        return biased
+
+    @staticmethod
+    def spread(sg, tile: Tile, st, src_pes: np.ndarray, src_sizes: np.ndarray,
+               src_ready: np.ndarray, targets: np.ndarray) -> None:
+        """Each overlap of a source piece with a line's input segment goes to the line's PE
+        nearest the source, which multicasts it along the line into ``targets`` ((e, s)
+        tasks that wait for the whole segment)."""
+        kind, t = sg.kind[st.kernel.name], sg.step_tokens(st.kernel.name, tile)
+        si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
+        values = (hi - lo) * t
+        w = sg.g.width
+        sx, sy = src_pes[si] % w, src_pes[si] // w
+        cand = st.pe[line]  # (overlaps, s)
+        dist = np.abs(cand % w - sx[:, None]) + np.abs(cand // w - sy[:, None])
+        land = np.argmin(dist, axis=1)
+        land_pe = cand[np.arange(len(line)), land]
+        local = land_pe == src_pes[si]
+        arrived = np.empty(len(line), dtype=np.int64)
+        arrived[local] = src_ready[si[local]]
+        remote = np.flatnonzero(~local)
+        if len(remote):
+            arrived[remote] = sg.g.tasks(land_pe[remote], 0, kind)
+            sg.g.send(src_ready[si[remote]], src_pes[si[remote]], land_pe[remote],
+                      wavelets(values[remote], sg.d), arrived[remote], 0, VC_TRANSFER)
+        if st.pe.shape[1] > 1:
+            line_broadcast(sg.g, cand, land, arrived, wavelets(values, sg.d), kind,
+                           targets=targets[line])
+        else:
+            sg.g.then(arrived, targets[line, 0])
+
+    def alone(self, sg, kernel, tile: Tile) -> None:
+        st = sg.strip(kernel)
+        self.expand(sg, tile, st, sg.g.tasks(sg.entry_pes(st), 0, sg.kind[kernel.name]))
+
+
+class GemvTree(DenseStrip):
+    name = "gemv_tree"
+    chunked = True
+
+
+class GemmStream(DenseStrip):
+    name = "gemm_stream"
+
+
+register(GemvTree())
+register(GemmStream())

@@ -1,0 +1,112 @@
+"""Kernels on a line of PEs: norms (``norm``) and elementwise ops (``elementwise``).
+
+A vector op runs where its operands already are: on the root edge line of a strip (the
+residual stream on the home line, q and k on theirs), each PE working on its segment of the
+vector for every token, or on an expert strip's runs for the routed tokens only. A norm sums
+the squares of its segment, all-reduces the sums along the line (per head's PEs for a
+per-head norm, Qwen3's and Gemma-3's q/k norms) by the kernel's tree and a broadcast back,
+then scales its segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse_emu import layer as ly
+from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
+from wse_emu.splits import even_split
+
+
+def line_pes(sg, kernel) -> np.ndarray:
+    """The PEs of a line kernel's rectangle, in stage coordinates."""
+    r, st = kernel.rect, sg.stage.rect
+    xs, ys = np.meshgrid(np.arange(r.x, r.x1) - st.x, np.arange(r.y, r.y1) - st.y)
+    return sg.g.pe(xs.ravel(), ys.ravel())
+
+
+def vector_tasks(sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
+                 sizes: np.ndarray, cost: ly.PerElement | None = None, counted: bool = True,
+                 axis=None) -> np.ndarray:
+    """An elementwise op on a line: reads its operands, writes one result per element (on an
+    expert axis, ``axis``, per routed token's element)."""
+    t = sg.step_tokens(name, tile)
+    cost = cost or ly.ELEMENTWISE[sg.ops[name].kind]
+    elements = sizes * t if axis is None else axis.split(sizes)
+    tasks = sg.work(pes, ly.elementwise_work(cost, elements, sg.d), name, counted)
+    for ready in inputs:
+        sg.g.then(ready, tasks)
+    return tasks
+
+
+class Elementwise(Pattern):
+    kind = "elementwise"
+    name = "elementwise"
+
+    def expand(self, sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
+               sizes: np.ndarray, axis=None) -> np.ndarray:
+        return vector_tasks(sg, tile, name, pes, inputs, sizes, axis=axis)
+
+    def alone(self, sg, kernel, tile: Tile) -> None:
+        pes = line_pes(sg, kernel)
+        kind = sg.kind[kernel.name]
+        inputs = [sg.g.tasks(pes, 0, kind) for _ in sg.ops[kernel.name].inputs]
+        self.expand(sg, tile, kernel.name, pes, inputs, even_split(kernel.length, len(pes)))
+
+
+class LineNorm(Pattern):
+    kind = "norm"
+    name = "norm"
+
+    def expand(self, sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
+               sizes: np.ndarray, axis=None) -> np.ndarray:
+        """RMSNorm on a line: local sums of squares, an all-reduce along the line (per head's
+        PEs for a per-head norm), scaling. (A norm of routed values is not modelled: its
+        ``axis`` must be None.)"""
+        (ready,) = inputs
+        kind, d = sg.kind[name], sg.d
+        t = sg.step_tokens(name, tile)
+        seg = sizes * t
+        squares = sg.work(pes, ly.elementwise_work(ly.NORM_SQUARES, seg, d), name)
+        sg.g.then(ready, squares)
+        groups = self.groups(sg, name, len(pes))
+        got = squares.copy()
+        for size in sorted({len(gr) for gr in groups} - {1}):
+            lines = pes[np.stack([gr for gr in groups if len(gr) == size])]
+            ready_lines = squares[np.stack([gr for gr in groups if len(gr) == size])]
+            n_lines = len(lines)
+            one = np.full(n_lines, t)
+            total = line_reduce(sg.g, lines, np.zeros(n_lines, np.int64), ready_lines,
+                                wavelets(one, ly.SUM_BYTES), sg.cost.add(one, ly.SUM_BYTES),
+                                kind, levels=sg.kernels[name].trees.get("reduce", 2))
+            back = line_broadcast(sg.g, lines, np.zeros(n_lines, np.int64), total,
+                                  wavelets(one, ly.SUM_BYTES), kind)
+            for gr, tasks in zip([gr for gr in groups if len(gr) == size], back):
+                got[gr] = tasks
+        scale = sg.work(pes, ly.elementwise_work(ly.NORM_SCALE, seg, d), name)
+        sg.g.then(got, scale)
+        sg.g.then(squares, scale)
+        return scale
+
+    @staticmethod
+    def groups(sg, name: str, n: int) -> list[np.ndarray]:
+        """PEs of a norm's line whose sums of squares meet: the whole line, or for a norm
+        over each head's features, the PEs holding one head (one each when a PE holds whole
+        heads)."""
+        op = sg.ops[name]
+        if op.kind != ly.HEAD_RMSNORM:
+            return [np.arange(n)]
+        heads = op.length // sg.model.head_dim
+        if n <= heads:
+            return [np.array([p]) for p in range(n)]
+        owner = (np.arange(n) * heads) // n
+        return [np.flatnonzero(owner == h) for h in range(heads)]
+
+    def alone(self, sg, kernel, tile: Tile) -> None:
+        pes = line_pes(sg, kernel)
+        self.expand(sg, tile, kernel.name, pes, [sg.g.tasks(pes, 0, sg.kind[kernel.name])],
+                    even_split(kernel.length, len(pes)))
+
+
+register(Elementwise())
+register(LineNorm())
