@@ -55,7 +55,12 @@ class Pattern:
     kind: str = ""
     name: str = ""
 
-    def bound(self, kernel, model, fabric, mb: MicroBatch, layers=None, part=None) -> dict:
+    def bound(self, kernel, ops: list, model, fabric, mb: MicroBatch,
+              layers: range | None = None, part: tuple[int, int] | None = None) -> dict:
+        """Lower bound on one execution of ``kernel`` (running ``ops``, its ops of the layer
+        description) for one layer of step ``mb`` (the cheapest of ``layers``, the model
+        layers it serves, where they differ; ``part``: the experts of a split layer its
+        stage holds): ``kernels.bounds.result``."""
         raise NotImplementedError
 
     def alone(self, sg, kernel, tile: Tile) -> None:

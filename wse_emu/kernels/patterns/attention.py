@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
 from wse_emu.splits import even_split
@@ -26,6 +27,27 @@ class KVSpread(Pattern):
         """(PEs of the line across the stage at o_proj's column, sizes, ready tasks): where
         the attention leaves its output for o_proj."""
         return attention(sg, tile, q_ready, q_edge, k_ready, k_edge, o_strip)
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        d = model.dtype_bytes
+        t = ly.op_tokens(ops[0], mb)
+        pes = kernel.rect.area
+        candidates = []
+        for layer in (layers if layers is not None and len(layers) else [None]):
+            total = ly.ZERO
+            for op in ops:
+                total = total + ly.op_cost(op, model, mb, layer)
+            candidates.append(total)
+        cost = min(candidates, key=lambda c: c.flops)
+        # The KV cache is spread evenly over the stage; queries reach every PE and partial
+        # results (softmax max and sum, weighted values) are reduced across it.
+        radius = ceil_div(kernel.rect.w - 1, 2) + ceil_div(kernel.rect.h - 1, 2)
+        path = 2 * fabric.hop_latency_cycles * radius + 2 * fabric.ramp_latency_cycles
+        q_in = t * model.q_size * d / pes
+        return result(fabric, cost.flops / (pes * fabric.flops_per_cycle(d)),
+                      max(cost.read_bytes / (pes * fabric.sram_read_bytes_per_cycle),
+                          cost.write_bytes / (pes * fabric.sram_write_bytes_per_cycle)),
+                      q_in / fabric.link_bytes_per_cycle, path)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         kind = sg.kind[kernel.name]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import port_cycles, result
 from wse_emu.kernels.experts import (
     RoutedAxis,
     deliver_route,
@@ -43,6 +44,23 @@ class ExpertRuns(Pattern):
                route_at: tuple[int, int]):
         """(the PEs holding the strip's outputs, their sizes, their final tasks)."""
         return expert_matrix(sg, tile, st, op, axis, pieces, route_at)
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        """Whatever the routing: the step's token-expert pairs share the strip's PEs at best
+        evenly (a split layer's part: the pairs no routing can send elsewhere, a token's
+        choices beyond the experts held in the other part); where each expert's sums stay
+        its own (gate, up), they still cross the expert's run of columns."""
+        op = ops[0]
+        t, d = ly.op_tokens(op, mb), model.dtype_bytes
+        k, n = op.matrix
+        kp, np_ = kernel.grid
+        pairs = t * max(0, op.top_k - (op.total_experts - op.experts))
+        work = ly.routed_matrix_work(pairs * k * n / (kp * np_), 0, 0, d)
+        compute, sram = port_cycles(work, fabric, fabric.flops_per_cycle(d))
+        hops = 0 if op.experts_summed else max(0, kp // op.experts - 1)
+        path = fabric.hop_latency_cycles * hops + (2 * fabric.ramp_latency_cycles if hops
+                                                   else 0)
+        return result(fabric, compute, sram, 0, path)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         """Alone, without a router to say which tokens go where, the strip is timed as a

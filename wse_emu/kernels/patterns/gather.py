@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import wavelets
 from wse_emu.splits import even_split
@@ -46,6 +47,15 @@ class RowGather(Pattern):
         # Tied: K (hidden) runs along the strip: the token's row is one line across a.
         line = sg.entry_pes(st)
         return sg.work(line, ly.Work(0, t * st.k_sizes * d, t * st.k_sizes * d), "embedding")
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        # A token's row may sit in the root's own column: only writing the gathered slices
+        # is certain.
+        t, d = ly.op_tokens(ops[0], mb), model.dtype_bytes
+        k, n = kernel.matrix
+        kp, np_ = kernel.grid
+        seg = ceil_div(n, np_) if kernel.weight_ref is None else ceil_div(k, kp)
+        return result(fabric, 0, t * seg * d / fabric.sram_write_bytes_per_cycle, 0, 0)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         tied = kernel.weight_ref is not None

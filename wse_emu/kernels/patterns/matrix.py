@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
@@ -131,6 +132,37 @@ class DenseStrip(Pattern):
                            targets=targets[line])
         else:
             sg.g.then(arrived, targets[line, 0])
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        first = ops[0]
+        d = model.dtype_bytes
+        fpc = fabric.flops_per_cycle(d)
+        hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
+        t = ly.op_tokens(first, mb)
+        k, n = kernel.matrix
+        kp, np_ = kernel.grid
+        kc, nr = ceil_div(k, kp), ceil_div(n, np_)
+        work = ly.matrix_work(kc, nr, t, d)
+        if first.bias:
+            work = work + ly.bias_work(nr, t, d)  # on the root edge, after the reduction
+        compute, sram = port_cycles(work, fabric, fpc)
+        # Inputs enter a line across the strip at one PE and must reach its farthest PE (at
+        # least half the line away); partial sums travel the strip to its root edge. Some PE
+        # takes a whole input segment, or a whole partial sum, in through its ramp.
+        hops = ceil_div(np_ - 1, 2) + (kp - 1)
+        path = hop * hops + (2 * ramp if hops else 0)
+        # Every tree ends with the root adding a partial sum it has just received: at least
+        # one wavelet's worth of values (a schedule may cut the outputs finely).
+        last = min(t * nr, max(1, 4 // d))
+        add_last = port_cycles(ly.Work(last, 2 * last * d, last * d), fabric, fpc)[1] \
+            if kp > 1 else 0.0
+        path += add_last
+        # The root multiplies its whole block for a token (after that token's first input
+        # value arrives) before that token's last output can exist.
+        drain = max(port_cycles(ly.matrix_work(kc, nr, 1, d), fabric, fpc)) + add_last
+        ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / \
+            fabric.link_bytes_per_cycle
+        return result(fabric, compute, sram, ramp_in, path, drain)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         st = sg.strip(kernel)

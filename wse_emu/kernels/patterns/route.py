@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import line_reduce, wavelets
 
@@ -33,6 +34,17 @@ class TopK(Pattern):
         chosen = sg.work(pes[:1], ly.Work(0, 0, t * k * (d + ly.TOKEN_ID_BYTES)), op.kernel)
         sg.g.then(met, chosen)
         return pes[0], chosen[0]
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        # Each PE scores its share of the experts' logits; the candidates meet on the line.
+        pes = kernel.rect.area
+        cost = ly.op_cost(ops[0], model, mb)
+        compute = cost.flops / (pes * fabric.flops_per_cycle(model.dtype_bytes))
+        radius = ceil_div(pes - 1, 2)
+        path = 2 * fabric.hop_latency_cycles * radius \
+            + (2 * fabric.ramp_latency_cycles if pes > 1 else 0)
+        sram = cost.act_in_bytes / (pes * fabric.sram_read_bytes_per_cycle)
+        return result(fabric, compute, sram, 0, path, whole_input=True)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         raise ValueError(f"no pattern for kernel kind {kernel.kind!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
 from wse_emu.splits import even_split
@@ -46,6 +47,27 @@ class Elementwise(Pattern):
     def expand(self, sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
                sizes: np.ndarray, axis=None) -> np.ndarray:
         return vector_tasks(sg, tile, name, pes, inputs, sizes, axis=axis)
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        first = ops[0]
+        t, d = ly.op_tokens(first, mb), model.dtype_bytes
+        fpc = fabric.flops_per_cycle(d)
+        site = ly.kernel_ops(model, part).get(first.site)  # the strip the op runs on
+        if site and site[0].kind == ly.EXPERT_GEMM:
+            # Where an expert strip's runs leave their outputs: only the routed tokens'
+            # values are worked on, which the strip's PEs share at best evenly (a split
+            # layer's part: only the pairs no routing can send to the other part's experts).
+            held = site[0]
+            pairs = max(0, held.top_k - (held.total_experts - held.experts)) / held.top_k
+            compute, sram = port_cycles(ly.elementwise_work(
+                ly.ELEMENTWISE[first.kind], t * first.length * pairs / kernel.rect.area, d),
+                fabric, fpc)
+            return result(fabric, compute, sram, 0, 0)
+        # Elementwise ops work where their operands already are.
+        seg = ceil_div(kernel.length, kernel.rect.area)
+        compute, sram = port_cycles(ly.elementwise_work(ly.ELEMENTWISE[first.kind], t * seg,
+                                                        d), fabric, fpc)
+        return result(fabric, compute, sram, 0, 0)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         pes = line_pes(sg, kernel)
@@ -101,6 +123,24 @@ class LineNorm(Pattern):
             return [np.array([p]) for p in range(n)]
         owner = (np.arange(n) * heads) // n
         return [np.flatnonzero(owner == h) for h in range(heads)]
+
+    def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
+        first = ops[0]
+        t, d = ly.op_tokens(first, mb), model.dtype_bytes
+        pes = kernel.rect.area
+        seg = ceil_div(kernel.length, pes)
+        work = ly.elementwise_work(ly.NORM_SQUARES, t * seg, d) + ly.elementwise_work(
+            ly.NORM_SCALE, t * seg, d)
+        compute, sram = port_cycles(work, fabric, fabric.flops_per_cycle(d))
+        # The sum of squares meets somewhere on the line and returns: at least the line's
+        # radius each way. A norm over the whole vector needs all of it first; a per-head
+        # norm only its head.
+        radius = ceil_div(pes - 1, 2)
+        path = 2 * fabric.hop_latency_cycles * radius \
+            + (2 * fabric.ramp_latency_cycles if pes > 1 else 0)
+        return result(fabric, compute, sram,
+                      t * ly.SUM_BYTES / fabric.link_bytes_per_cycle if pes > 1 else 0, path,
+                      whole_input=first.kind != ly.HEAD_RMSNORM)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         pes = line_pes(sg, kernel)
