@@ -15,20 +15,17 @@ import numpy as np
 
 from wse_emu import layer as ly
 from wse_emu.compiler import placement as pl
-from wse_emu.compiler.geometry import even_split
 from wse_emu.compiler.kvplan import kv_plan
 from wse_emu.compiler.layout import StageLayout
 from wse_emu.compiler.region_report import placement_report, region_bounds
 from wse_emu.compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
 from wse_emu.compiler.stages import home_strip
-from wse_emu.compiler.tiling import block_bytes, vector_bytes
-from wse_emu.kernels import kvlayout
+from wse_emu.errors import CompileError
+from wse_emu.kernels import patterns
+from wse_emu.kernels.patterns.vector import Site
 from wse_emu.kernels.primitives import CostModel
 from wse_emu.kernels.trees import MAX_LEVELS, choose_levels
-from wse_emu.model import ModelSpec
 from wse_emu.program import Kernel, Rect, Route, Stage
-
-INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
 
 
 @dataclass
@@ -45,10 +42,6 @@ class RegionTemplate:
     bounds: dict
 
 
-MATRIX_PATTERNS = {"decode": "gemv_tree", "prefill": "gemm_stream"}
-EXPERT_PATTERNS = {"decode": "expert_runs", "prefill": "expert_runs"}
-GATHER_PATTERNS = {"decode": "row_gather", "prefill": "row_gather"}
-EDGE = {("x", True): "east", ("x", False): "west", ("y", True): "south", ("y", False): "north"}
 
 
 def _strip_rects(lay: StageLayout) -> dict[str, tuple[Rect, Rect]]:
@@ -133,70 +126,6 @@ class _Builder:
             self.edge_route("offwafer_out", name + ":out", src, bytes_per_token=nbytes, **kw)
             self.edge_route("offwafer_in", name + ":in", dst, bytes_per_token=nbytes, **kw)
 
-    def matrix_kernel(self, stage, lay, strip, body, edge, high) -> Kernel:
-        d = self.d
-        e, short = lay.extents[strip.name], lay.short
-        kind = "gather" if strip.name == "embedding" else "matrix"
-        vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
-                        if n.endswith("_bias"))
-        matrix = strip.shape(short)
-        # K splits along the strip (``a``) and N across it (``b``); a transposed strip splits
-        # K across the stage and N along the strip, its sums meeting at one side.
-        flip = lay.transposed(strip.name)
-        k_parts, n_parts = (short, e) if flip else (e, short)
-        k_axis = ("y" if lay.axis == "x" else "x") if flip else lay.axis
-        w = block_bytes(*matrix, k_parts, n_parts, strip.layers,
-                        strip.bytes_per_weight)  # (n_parts, k_parts)
-        k = self.kernel(stage, strip.name, kind, body, layers=strip.layers,
-                        ops=[strip.name], matrix=list(matrix), grid=[k_parts, n_parts],
-                        k_axis=k_axis,
-                        # a packed format's blocks round up to whole bytes
-                        weight_bytes=int(w.sum()) + vec_bytes,
-                        root=EDGE[(k_axis, high)],
-                        pattern=GATHER_PATTERNS if kind == "gather"
-                        else EXPERT_PATTERNS if strip.experts else MATRIX_PATTERNS)
-        # Inputs stream through a small FIFO (each arriving element triggers an update of the
-        # PE's partial sums), so the buffer holds the partial sums of buffer_tokens tokens; a
-        # gather holds its output row slices and the token ids.
-        out_seg = even_split(matrix[1], n_parts)[:, None] * np.ones((1, k_parts), np.int64)
-        per_token = out_seg * d + (ly.TOKEN_ID_BYTES if kind == "gather" else 0)
-        # An expert strip's PE keeps one token's partial sums: it works for a token only
-        # when the token routes to its experts, one such token after another.
-        tokens = 1 if strip.spread_vectors else self.options.buffer_tokens
-        act = per_token * tokens + INPUT_FIFO_BYTES
-        if k_axis == "y":  # arrays are (y, x): K parts along y
-            w, act = w.T, act.T
-        self.add("weights", body, w)
-        self.add("activations", body, act)
-        for name, length in strip.vectors.items():
-            if not name.endswith("_bias"):
-                continue
-            per_pe = vector_bytes(length, n_parts, strip.vector_layers[name], d)
-            if strip.spread_vectors:
-                # Each row's values split along the strip; the root takes them in with the
-                # partial sums.
-                rows = even_split(length, short)
-                grid = np.stack([even_split(int(r), e) for r in rows]) \
-                    * (strip.vector_layers[name] * d)  # (short, e)
-                self.add("weights", body, grid.T if lay.axis == "y" else grid)
-            else:
-                self.add("weights", edge, self.line(edge, per_pe))
-        # The kernel's internal collectives: inputs broadcast across the strip, partial sums
-        # reduced along it by a tree of as many levels as the cost model finds fastest for a
-        # decode token (one color per level).
-        self.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
-        if kind == "matrix":
-            # Gate's and up's experts reduce on their own runs of columns.
-            per_run = strip.k // matrix[0]  # gate's and up's experts sharing a run
-            length = k_parts if not strip.experts or strip.experts_summed else \
-                min(e, -(-e // (strip.experts // per_run)) + 1)
-            k.trees["reduce"] = self.tree_levels(length, -(-matrix[1] // n_parts))
-        levels = 0 if k_parts == 1 else k.trees.get("reduce", 0)
-        for level in range(levels):
-            self.route("reduce", f"{strip.name}.reduce{level + 1}", body, src=k.id, dst=[k.id],
-                       stage=stage.id)
-        return k
-
     def tree_levels(self, length: int, values: int, value_bytes: int | None = None) -> int:
         """Levels of a reduce of ``values`` numbers along ``length`` PEs."""
         nbytes = value_bytes or self.d
@@ -208,30 +137,28 @@ class _Builder:
     def line(self, edge: Rect, values: np.ndarray) -> np.ndarray:
         return values[:, None] if edge.w == 1 else values[None, :]
 
-    def vector_kernel(self, stage, name, kind, edge: Rect, length: int, layers: int,
-                      weights: bool, ops: list[str], buffers: int = 1) -> Kernel:
-        """A kernel on a line; ``buffers``: vectors of ``length`` it keeps per buffered
-        token (0: it works in place)."""
-        d = self.d
-        pes = edge.area
-        k = self.kernel(stage, name, kind, edge, layers=layers, ops=ops, length=length,
-                        weight_bytes=length * layers * d if weights else 0,
-                        pattern={"decode": kind, "prefill": kind})
-        if weights:
-            self.add("weights", edge, self.line(edge, vector_bytes(length, pes, layers, d)))
-        if buffers:
-            seg = even_split(length, pes) * (self.options.buffer_tokens * d * buffers)
-            self.add("activations", edge, self.line(edge, seg))
-        if kind == "norm":
-            k.trees["reduce"] = self.tree_levels(pes, 1, ly.SUM_BYTES)
-            self.line_reduce(k, stage)
-        if kind == "route":
-            # Each PE's best k candidates (weight and expert id) meet along the line.
-            top_k = self.model.experts_per_token
-            k.trees["reduce"] = self.tree_levels(pes, top_k, self.d + ly.TOKEN_ID_BYTES)
-            self.line_reduce(k, stage)
-        return k
+    # patterns ----------------------------------------------------------------------------
+    def pattern_name(self, role: str, phase: str) -> str:
+        """The pattern a kernel of ``role`` (a kernel kind; ``experts`` for an expert strip)
+        runs in ``phase``, as the compile options choose it (``CompileOptions.patterns``)."""
+        return self.options.pattern_names()[role][phase]
 
+    def strip_entry(self, strip) -> tuple[patterns.Pattern, dict]:
+        """The registry entry that plans a strip's kernel, and its pattern per phase."""
+        role = "gather" if strip.name == "embedding" else "experts" if strip.experts \
+            else "matrix"
+        kind = "matrix" if role == "experts" else role
+        return self.entry(kind, {ph: self.pattern_name(role, ph) for ph in ly.PHASES})
+
+    def entry(self, kind: str, names: dict) -> tuple[patterns.Pattern, dict]:
+        """The entry that plans a kernel running pattern ``names[phase]`` in each phase: its
+        SRAM is planned once, so its phases' patterns must plan it alike."""
+        chosen = {ph: patterns.get(kind, name) for ph, name in names.items()}
+        plans = {type(p).plan for p in chosen.values()}
+        if len(plans) > 1:
+            raise CompileError(f"{kind} patterns {' and '.join(names.values())} plan a "
+                               "kernel's SRAM differently; one kernel cannot run both")
+        return chosen["decode"], names
 
 def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> RegionTemplate:
     b = _Builder(model, fabric, part_shapes, options, max_levels)
@@ -253,7 +180,9 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
         ks: dict[str, Kernel] = {}
         for name in lay.order:
             body, edge = rects[name]
-            ks[name] = b.matrix_kernel(stage, lay, strips[name], body, edge, lay.roots[name])
+            entry, names = b.strip_entry(strips[name])
+            ks[name] = entry.plan(b, stage, lay, strips[name], body, edge, lay.roots[name],
+                                  names)
         home = home_strip(spec).name
         home_edge = rects[home][1]
         homes.append(home_edge)
@@ -263,40 +192,13 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
 
         def vector_kernels(ops: list[ly.Op], layers: int) -> None:
             for op in ops:
-                if op.kernel_kind not in ("norm", "elementwise", "route"):
+                kind = op.kernel_kind
+                if kind not in ("norm", "elementwise", "route"):
                     continue
-                edge = edge_of(op.site)
-                if op.kernel_kind == "route":  # on the router's edge, over its E logits
-                    ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
-                                                    strips[op.site].n, layers, False,
-                                                    [op.name])
-                    continue
-                if op.site in strips and strips[op.site].experts:
-                    # Where an expert strip's experts leave their outputs, each on the root
-                    # end of its run of columns: the kernel spans the strip. It works in
-                    # place on the strip's sums (its buffers hold them); what arrives from
-                    # another strip (the gate's values beside up's) streams through a FIFO.
-                    body = rects[op.site][0]
-                    spec_strip = strips[op.site]
-                    ks[op.kernel] = b.vector_kernel(
-                        stage, op.kernel, op.kernel_kind, body, spec_strip.n *
-                        spec_strip.experts, layers, False, [op.name], buffers=0)
-                    b.add("activations", body, INPUT_FIFO_BYTES)
-                    continue
-                if op.kind == ly.HEAD_RMSNORM:
-                    # One head's scale, owned once along the line; each PE keeps a copy of
-                    # the entries its segment of the heads uses, as a buffer.
-                    ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
-                                                    op.length, layers, False, [op.name])
-                    ks[op.kernel].weight_bytes = op.weight_params * layers * d
-                    b.add("weights", edge, b.line(edge, vector_bytes(
-                        op.weight_params, edge.area, layers, d)))
-                    b.add("activations", edge, b.line(edge, even_split(
-                        op.length, edge.area) * layers * d))
-                    continue
-                ks[op.kernel] = b.vector_kernel(stage, op.kernel, op.kernel_kind, edge,
-                                                op.length, layers, op.weight_params > 0,
-                                                [op.name])
+                site = Site(edge_of(op.site), *((rects[op.site][0], strips[op.site])
+                                                if op.site in strips else ()))
+                entry, _ = b.entry(kind, {ph: b.pattern_name(kind, ph) for ph in ly.PHASES})
+                ks[op.kernel] = entry.plan(b, stage, op, layers, site)
 
         n = spec.num_layers
         if spec.has_embedding:
@@ -305,7 +207,9 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
             for op in ly.part_ops(model, spec.experts):
                 if op.kernel_kind == "attention":
                     if "attention" not in ks:
-                        ks["attention"] = _attention_kernel(b, stage, lay, model, d)
+                        entry, _ = b.entry("attention", {ph: b.pattern_name("attention", ph)
+                                                         for ph in ly.PHASES})
+                        ks["attention"] = entry.plan(b, stage, lay)
                     continue
                 vector_kernels([op], n)
         if spec.has_head:
@@ -340,7 +244,7 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
         gather = b.kernel(b.stages[-1], "embedding", "gather", head.rect, layers=1,
                           ops=["embedding"], matrix=list(head.matrix), grid=list(head.grid),
                           k_axis=head.k_axis, weight_ref=head.id, root=head.root,
-                          pattern=GATHER_PATTERNS)
+                          pattern={ph: b.pattern_name("gather", ph) for ph in ly.PHASES})
         first["embedding"] = gather
         b.connect("embedding->stage0", gather.rect, homes[0], h * d, stage=0)
     b.edge_route("io_in", "tokens->embedding", first["embedding"].rect, bytes_per_token=4,
@@ -364,50 +268,6 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
         weight_bytes=sum(k.weight_bytes for k in b.kernels), colors_used=colors, bounds={})
     template.bounds = region_bounds(template, named, homes, model, fabric, options)
     return template
-
-
-def _attention_kernel(b: "_Builder", stage: Stage, lay: StageLayout, model: ModelSpec,
-                      d: int) -> Kernel:
-    ops = [op for op in ly.layer_ops(model) if op.kernel == "attention"]
-    att = b.kernel(stage, "attention", "attention", lay.rect, ops=[op.name for op in ops],
-                   pattern={"decode": "attention_kv_spread", "prefill": "attention_kv_spread"})
-    sinks = sum(op.weight_params for op in ops)  # gpt-oss: a logit per query head
-    if sinks:
-        # Owned once, a head's sink on the first PE of the stage's line that takes its
-        # softmax.
-        att.weight_bytes = sinks * stage.num_layers * d
-        b.add("weights", Rect(lay.rect.system, lay.rect.x, lay.rect.y, lay.rect.w, 1)
-              if lay.axis == "x" else Rect(lay.rect.system, lay.rect.x, lay.rect.y, 1,
-                                           lay.rect.h),
-              _sink_split(sinks, lay.long, stage.num_layers * d, lay.axis))
-    # Attention works one query head at a time on each PE: its query, its output
-    # accumulator, and the softmax running max and sum in FP32.
-    b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
-    # Its trees, sized for a decode token at the bound's context: partial scores of a head
-    # over the head's rows, partial outputs (a row's features of the group's query heads,
-    # with their max and sum) along the long side.
-    features = int(kvlayout.row_features(model.kv_size, lay.short).max())
-    heads_per_row = max(1, -(-model.num_kv_heads // lay.short))
-    rows_per_head = max(1, lay.short // model.num_kv_heads)
-    scores = model.group_size * heads_per_row * -(-b.options.bound_decode_context // lay.long)
-    att.trees["across"] = b.tree_levels(rows_per_head, scores)
-    att.trees["along"] = b.tree_levels(
-        lay.long, model.group_size * (features + 2 * heads_per_row))
-    # One color per level; the two trees run one after the other on crossing axes, so they
-    # share their colors, the routes switched between the axes at run time (as WaferLLM's
-    # WSE-3 code reconfigures one set of colors per axis).
-    levels = max(att.trees["along"] if lay.long > 1 else 0,
-                 att.trees["across"] if rows_per_head > 1 else 0)
-    for level in range(levels):
-        b.route("reduce", f"attention.reduce{level + 1}", lay.rect, src=att.id, dst=[att.id],
-                stage=stage.id)
-    return att
-
-
-def _sink_split(sinks: int, long: int, bytes_each: int, axis: str) -> np.ndarray:
-    """The sinks spread evenly over the stage's first line along its long side."""
-    per_pe = even_split(sinks, long) * bytes_each
-    return per_pe[None, :] if axis == "x" else per_pe[:, None]
 
 
 def rects_edge(k: Kernel) -> Rect:

@@ -13,15 +13,61 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels import kvlayout
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
+from wse_emu.program import Rect
 from wse_emu.splits import even_split
 
 
 class KVSpread(Pattern):
     kind = "attention"
     name = "attention_kv_spread"
+
+    def plan(self, b, stage, lay):
+        """The kernel over the whole stage (``lay``: its layout), with gpt-oss's sinks, its
+        working buffers and its trees; the KV cache takes what the stage's PEs have left
+        once every kernel is planned (``compiler.kvplan``)."""
+        model, d = b.model, b.d
+        ops = [op for op in ly.layer_ops(model) if op.kernel == "attention"]
+        att = b.kernel(stage, "attention", "attention", lay.rect, ops=[op.name for op in ops],
+                       pattern={phase: b.pattern_name("attention", phase)
+                                for phase in ly.PHASES})
+        sinks = sum(op.weight_params for op in ops)  # gpt-oss: a logit per query head
+        if sinks:
+            # Owned once, a head's sink on the first PE of the stage's line that takes its
+            # softmax: spread evenly over the stage's first line along its long side.
+            r = lay.rect
+            first_line = Rect(r.system, r.x, r.y, r.w, 1) if lay.axis == "x" \
+                else Rect(r.system, r.x, r.y, 1, r.h)
+            per_pe = even_split(sinks, lay.long) * (stage.num_layers * d)
+            att.weight_bytes = sinks * stage.num_layers * d
+            b.add("weights", first_line, per_pe[None, :] if lay.axis == "x"
+                  else per_pe[:, None])
+        # Attention works one query head at a time on each PE: its query, its output
+        # accumulator, and the softmax running max and sum in FP32.
+        b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
+        # Its trees, sized for a decode token at the bound's context: partial scores of a
+        # head over the head's rows, partial outputs (a row's features of the group's query
+        # heads, with their max and sum) along the long side.
+        features = int(kvlayout.row_features(model.kv_size, lay.short).max())
+        heads_per_row = max(1, -(-model.num_kv_heads // lay.short))
+        rows_per_head = max(1, lay.short // model.num_kv_heads)
+        scores = model.group_size * heads_per_row * \
+            -(-b.options.bound_decode_context // lay.long)
+        att.trees["across"] = b.tree_levels(rows_per_head, scores)
+        att.trees["along"] = b.tree_levels(
+            lay.long, model.group_size * (features + 2 * heads_per_row))
+        # One color per level; the two trees run one after the other on crossing axes, so
+        # they share their colors, the routes switched between the axes at run time (as
+        # WaferLLM's WSE-3 code reconfigures one set of colors per axis).
+        levels = max(att.trees["along"] if lay.long > 1 else 0,
+                     att.trees["across"] if rows_per_head > 1 else 0)
+        for level in range(levels):
+            b.route("reduce", f"attention.reduce{level + 1}", lay.rect, src=att.id,
+                    dst=[att.id], stage=stage.id)
+        return att
 
     def expand(self, sg, tile: Tile, q_ready, q_edge, k_ready, k_edge, o_strip) -> tuple:
         """(PEs of the line across the stage at o_proj's column, sizes, ready tasks): where

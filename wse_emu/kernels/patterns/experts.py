@@ -26,6 +26,7 @@ from wse_emu.kernels.experts import (
     run_root,
 )
 from wse_emu.kernels.patterns import Pattern, Tile, get, register
+from wse_emu.kernels.patterns.matrix import plan_reduce, plan_strip
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
     VC_TRANSFER,
@@ -39,6 +40,19 @@ from wse_emu.kernels.primitives import (
 class ExpertRuns(Pattern):
     kind = "matrix"
     name = "expert_runs"
+
+    def plan(self, b, stage, lay, strip, body, edge, high: bool, names: dict):
+        """The strip (``matrix.plan_strip``); a PE keeps one token's partial sums, since it
+        works for a token only when the token routes to its experts, one such token after
+        another; gate's and up's sums meet on their own runs of columns (each run and the
+        column it may share with the next), down's along the whole strip."""
+        k = plan_strip(b, stage, lay, strip, body, edge, high, self.kind, names, 1)
+        e = lay.extents[strip.name]
+        per_run = strip.k // k.matrix[0]  # gate's and up's experts sharing a run
+        length = k.grid[0] if strip.experts_summed else \
+            min(e, -(-e // (strip.experts // per_run)) + 1)
+        plan_reduce(b, stage, k, strip, length)
+        return k
 
     def expand(self, sg, tile: Tile, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
                route_at: tuple[int, int]):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.blocks import block_bytes, vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.primitives import (
@@ -28,10 +29,76 @@ from wse_emu.kernels.primitives import (
 )
 from wse_emu.splits import even_split
 
+INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
+# The edge where a strip's sums collect, by the axis K splits along and whether it is the high
+# end of it.
+EDGE = {("x", True): "east", ("x", False): "west", ("y", True): "south", ("y", False): "north"}
+
 # A decode multiply is cut by output columns into up to MAX_CHUNKS pieces of at least
 # MIN_CHUNK_CYCLES each: enough to hide most of the reduction without swamping the PE with
 # tasks.
 MAX_CHUNKS, MIN_CHUNK_CYCLES = 4, 128
+
+
+def plan_strip(b, stage, lay, strip, body, edge, high: bool, kind: str, names: dict,
+               buffer_tokens: int, token_bytes: int = 0):
+    """A strip's kernel on ``body`` (its sums collecting on ``edge``, the high end of its
+    axis if ``high``) with its weights, buffers and bias vectors per PE and the route of its
+    input broadcast: what every strip pattern plans alike. ``names``: its pattern per phase;
+    ``buffer_tokens``: tokens of partial sums each PE keeps; ``token_bytes``: bytes more per
+    buffered token (a gather's token ids). ``b`` is the compiler's region builder."""
+    d = b.d
+    e, short = lay.extents[strip.name], lay.short
+    vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
+                    if n.endswith("_bias"))
+    matrix = strip.shape(short)
+    # K splits along the strip (``a``) and N across it (``b``); a transposed strip splits K
+    # across the stage and N along the strip, its sums meeting at one side.
+    flip = lay.transposed(strip.name)
+    k_parts, n_parts = (short, e) if flip else (e, short)
+    k_axis = ("y" if lay.axis == "x" else "x") if flip else lay.axis
+    w = block_bytes(*matrix, k_parts, n_parts, strip.layers,
+                    strip.bytes_per_weight)  # (n_parts, k_parts)
+    k = b.kernel(stage, strip.name, kind, body, layers=strip.layers, ops=[strip.name],
+                 matrix=list(matrix), grid=[k_parts, n_parts], k_axis=k_axis,
+                 # a packed format's blocks round up to whole bytes
+                 weight_bytes=int(w.sum()) + vec_bytes, root=EDGE[(k_axis, high)],
+                 pattern=dict(names))
+    # Inputs stream through a small FIFO (each arriving element triggers an update of the
+    # PE's partial sums), so the buffer holds the partial sums of ``buffer_tokens`` tokens.
+    out_seg = even_split(matrix[1], n_parts)[:, None] * np.ones((1, k_parts), np.int64)
+    act = (out_seg * d + token_bytes) * buffer_tokens + INPUT_FIFO_BYTES
+    if k_axis == "y":  # arrays are (y, x): K parts along y
+        w, act = w.T, act.T
+    b.add("weights", body, w)
+    b.add("activations", body, act)
+    for name, length in strip.vectors.items():
+        if not name.endswith("_bias"):
+            continue
+        per_pe = vector_bytes(length, n_parts, strip.vector_layers[name], d)
+        if strip.spread_vectors:
+            # Each row's values split along the strip; the root takes them in with the
+            # partial sums.
+            rows = even_split(length, short)
+            grid = np.stack([even_split(int(r), e) for r in rows]) \
+                * (strip.vector_layers[name] * d)  # (short, e)
+            b.add("weights", body, grid.T if lay.axis == "y" else grid)
+        else:
+            b.add("weights", edge, b.line(edge, per_pe))
+    # The kernel's internal collectives: inputs broadcast across the strip.
+    b.route("broadcast", f"{strip.name}.bcast", body, src=k.id, dst=[k.id], stage=stage.id)
+    return k
+
+
+def plan_reduce(b, stage, k, strip, length: int) -> None:
+    """Partial sums reduced along ``length`` PEs of the strip by a tree of as many levels as
+    the cost model finds fastest for a decode token, one color (route) per level."""
+    k_parts, n_parts = k.grid
+    k.trees["reduce"] = b.tree_levels(length, -(-k.matrix[1] // n_parts))
+    levels = 0 if k_parts == 1 else k.trees["reduce"]
+    for level in range(levels):
+        b.route("reduce", f"{strip.name}.reduce{level + 1}", k.rect, src=k.id, dst=[k.id],
+                stage=stage.id)
 
 
 class DenseStrip(Pattern):
@@ -39,6 +106,14 @@ class DenseStrip(Pattern):
 
     kind = "matrix"
     chunked = False  # whether a PE's output columns are cut into pieces (a GEMV's overlap)
+
+    def plan(self, b, stage, lay, strip, body, edge, high: bool, names: dict):
+        """The kernel, its SRAM and its routes (``plan_strip``), its sums reduced along the
+        whole strip."""
+        k = plan_strip(b, stage, lay, strip, body, edge, high, self.kind, names,
+                       b.options.buffer_tokens)
+        plan_reduce(b, stage, k, strip, k.grid[0])
+        return k
 
     def chunks(self, sg, st, tokens: int) -> int:
         """Pieces of each PE's output columns the multiply is cut into: as many as keep a

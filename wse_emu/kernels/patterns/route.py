@@ -8,12 +8,22 @@ import numpy as np
 from wse_emu import layer as ly
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.vector import Site, plan_line
 from wse_emu.kernels.primitives import line_reduce, wavelets
 
 
 class TopK(Pattern):
     kind = "route"
     name = "route"
+
+    def plan(self, b, stage, op: ly.Op, layers: int, site: Site):
+        """On the router's edge line, over its E logits; each PE's best k candidates (weight
+        and expert id) meet along the line by a tree."""
+        k = plan_line(b, stage, op, site.edge, site.strip.n, layers, False)
+        k.trees["reduce"] = b.tree_levels(site.edge.area, op.length,
+                                          b.d + ly.TOKEN_ID_BYTES)
+        b.line_reduce(k, stage)
+        return k
 
     def expand(self, sg, tile: Tile, op: ly.Op, pes: np.ndarray, ready: np.ndarray,
                sizes: np.ndarray) -> tuple[int, int]:

@@ -10,13 +10,46 @@ then scales its segment.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.kernels.blocks import vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.matrix import INPUT_FIFO_BYTES
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
 from wse_emu.splits import even_split
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the compiler puts a line kernel: the edge line it runs on and, when that is a
+    strip's, the strip's body and its description (``compiler.stages.StripSpec``)."""
+
+    edge: object  # Rect
+    body: object = None  # Rect, or None
+    strip: object = None  # StripSpec, or None
+
+
+def plan_line(b, stage, op: ly.Op, rect, length: int, layers: int, weights: bool,
+              buffers: int = 1):
+    """A line kernel on ``rect`` running ``op``, over vectors of ``length`` per token: its
+    weights (a vector of ``length`` per layer, owned once along the line) if ``weights``,
+    and ``buffers`` vectors per buffered token (0: it works in place). ``b`` is the
+    compiler's region builder."""
+    d, pes = b.d, rect.area
+    kind = op.kernel_kind
+    k = b.kernel(stage, op.kernel, kind, rect, layers=layers, ops=[op.name], length=length,
+                 weight_bytes=length * layers * d if weights else 0,
+                 pattern={phase: b.pattern_name(kind, phase) for phase in ly.PHASES})
+    if weights:
+        b.add("weights", rect, b.line(rect, vector_bytes(length, pes, layers, d)))
+    if buffers:
+        seg = even_split(length, pes) * (b.options.buffer_tokens * d * buffers)
+        b.add("activations", rect, b.line(rect, seg))
+    return k
 
 
 def line_pes(sg, kernel) -> np.ndarray:
@@ -43,6 +76,18 @@ def vector_tasks(sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.nda
 class Elementwise(Pattern):
     kind = "elementwise"
     name = "elementwise"
+
+    def plan(self, b, stage, op: ly.Op, layers: int, site: Site):
+        if site.strip is not None and site.strip.experts:
+            # Where an expert strip's experts leave their outputs, each on the root end of its
+            # run of columns: the kernel spans the strip. It works in place on the strip's
+            # sums (its buffers hold them); what arrives from another strip (the gate's values
+            # beside up's) streams through a FIFO.
+            k = plan_line(b, stage, op, site.body, site.strip.n * site.strip.experts, layers,
+                          False, buffers=0)
+            b.add("activations", site.body, INPUT_FIFO_BYTES)
+            return k
+        return plan_line(b, stage, op, site.edge, op.length, layers, op.weight_params > 0)
 
     def expand(self, sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
                sizes: np.ndarray, axis=None) -> np.ndarray:
@@ -79,6 +124,24 @@ class Elementwise(Pattern):
 class LineNorm(Pattern):
     kind = "norm"
     name = "norm"
+
+    def plan(self, b, stage, op: ly.Op, layers: int, site: Site):
+        edge, d = site.edge, b.d
+        if op.kind == ly.HEAD_RMSNORM:
+            # One head's scale, owned once along the line; each PE keeps a copy of the
+            # entries its segment of the heads uses, as a buffer.
+            k = plan_line(b, stage, op, edge, op.length, layers, False)
+            k.weight_bytes = op.weight_params * layers * d
+            b.add("weights", edge, b.line(edge, vector_bytes(op.weight_params, edge.area,
+                                                             layers, d)))
+            b.add("activations", edge, b.line(edge, even_split(op.length, edge.area)
+                                              * layers * d))
+        else:
+            k = plan_line(b, stage, op, edge, op.length, layers, op.weight_params > 0)
+        # The sums of squares meet along the line by a tree, and return.
+        k.trees["reduce"] = b.tree_levels(edge.area, 1, ly.SUM_BYTES)
+        b.line_reduce(k, stage)
+        return k
 
     def expand(self, sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.ndarray],
                sizes: np.ndarray, axis=None) -> np.ndarray:
