@@ -66,6 +66,16 @@ class Pattern:
     def alone(self, sg, kernel, tile: Tile) -> None:
         raise NotImplementedError
 
+    def load(self, fs, kernel, op, weights, layers: range) -> None:
+        """The functional engine's part: the kernel's weights (of ``op``, in ``layers``) as
+        its PEs hold them, kept on ``fs`` (a ``functional.region.FunctionalStage``); nothing
+        by default (a kernel without weights)."""
+
+    def compute(self, fs, op, index: int, *inputs):
+        """What ``op`` computes on this kernel in layer ``index`` of the stage, from its
+        inputs' values (tokens x features)."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<pattern {self.kind}/{self.name}>"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.kvstore import StageKV
 from wse_emu.kernels import kvlayout
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
@@ -94,6 +95,26 @@ class KVSpread(Pattern):
                       max(cost.read_bytes / (pes * fabric.sram_read_bytes_per_cycle),
                           cost.write_bytes / (pes * fabric.sram_write_bytes_per_cycle)),
                       q_in / fabric.link_bytes_per_cycle, path)
+
+    def load(self, fs, kernel, op, weights, layers) -> None:
+        """The stage's KV slots, and gpt-oss's sinks (a logit per query head) per layer."""
+        fs.kv = StageKV(fs.program, fs.stage, fs.numerics)
+        sink_ops = [o for o in fs.layer_table if o.kind == ly.SOFTMAX and o.weight_params]
+        fs.sinks = [weights[fs.tensor_of(sink_ops[0], i)] for i in layers] if sink_ops \
+            else None
+
+    def compute(self, fs, op, index, *inputs):
+        """K and V appended to the PEs' slots; attention of the queries over them, with the
+        softmax and the weighted sum flash-style where the keys are."""
+        hd = fs.model.head_dim
+        if op.kind == ly.KV_APPEND:
+            k, v = inputs
+            t = len(k)
+            fs.kv.append(index, k.reshape(t, -1, hd), v.reshape(t, -1, hd), fs.positions)
+            return None
+        q = inputs[0]
+        sinks = None if fs.sinks is None else fs.sinks[index]
+        return fs.kv.attend(index, q.reshape(len(q), -1, hd), fs.positions, sinks)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         kind = sg.kind[kernel.name]

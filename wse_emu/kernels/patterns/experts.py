@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import port_cycles, result
 from wse_emu.kernels.experts import (
     RoutedAxis,
@@ -76,6 +77,43 @@ class ExpertRuns(Pattern):
                                                    else 0)
         return result(fabric, compute, sram, 0, path)
 
+    def load(self, fs, kernel, op, weights, layers) -> None:
+        """Each layer's experts as the strip holds them (``weights.expert_strips``): down's
+        inputs in their strip order; gate's and up's biases on their experts' roots."""
+        strips = fs.expert_strips(weights, layers)
+        if op.experts_summed:  # down's inputs in their strip order
+            runs = op.experts // fs.per_run
+            fs.down_order = down_order(runs, fs.per_run * op.matrix[0], kernel.grid[1])
+            fs.down_bias = [st.get("experts_down.bias") for st in strips]
+        order = fs.down_order if op.experts_summed else slice(None)
+        fs.matrices[kernel.name] = MatrixTiles.build(
+            kernel, [st[kernel.name][order] for st in strips], fs.numerics)
+        if op.bias and not op.experts_summed:  # (E x m,) on the experts' roots
+            fs.expert_bias[kernel.name] = [fs.numerics.round(st[kernel.name + ".bias"])
+                                           for st in strips]
+
+    def compute(self, fs, op, index, x, route=None):
+        """Gate and up: each expert's run of columns multiplies the hidden vector and its
+        partial sums meet on the run; only a token's own experts' outputs are kept (the PEs
+        of the others skip the token, as the timed pattern has them). Down: the routed
+        activations, already weighted by the router and taken in the strip's order, sum over
+        the experts in the strip's reduction; each token's experts' biases join, weighted the
+        same way, where the sums collect."""
+        tiles = fs.matrices[op.name]
+        if not op.experts_summed:
+            out = tiles.multiply_per_run(index, x, op.experts // fs.per_run, fs.numerics)
+            if op.name in fs.expert_bias:
+                out = fs.numerics.round(out + fs.expert_bias[op.name][index])
+            return np.where(routed_columns(fs, route[0]), out, np.float32(0))
+        out = tiles.multiply(index, x[:, fs.down_order], fs.numerics)
+        bias = fs.down_bias[index] if fs.down_bias else None
+        if bias is not None:
+            chosen, weights = fs.routed
+            mine = (chosen >= fs.held[0]) & (chosen < fs.held[1])  # this part's experts
+            out = fs.numerics.round(out + np.einsum("tk,tkh->th", np.where(mine, weights, 0),
+                                                    bias[chosen]))
+        return out
+
     def alone(self, sg, kernel, tile: Tile) -> None:
         """Alone, without a router to say which tokens go where, the strip is timed as a
         dense strip of the same blocks would be: every token at every expert, more than any
@@ -85,6 +123,15 @@ class ExpertRuns(Pattern):
 
 
 register(ExpertRuns())
+
+
+def routed_columns(fs, chosen: np.ndarray) -> np.ndarray:
+    """(tokens, E x m): whether each column of the expert axis (the stage's experts') belongs
+    to a token's expert."""
+    e, m = fs.model.num_experts, fs.model.moe_intermediate_size
+    hit = np.zeros((len(chosen), e), bool)
+    np.put_along_axis(hit, chosen, True, axis=-1)
+    return np.repeat(hit[:, slice(*fs.held)], m, axis=1)
 
 
 def gather_into_lines(sg, st, src_pes: np.ndarray, src_sizes: np.ndarray,

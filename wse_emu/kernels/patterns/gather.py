@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
 from wse_emu.kernels.patterns.matrix import plan_strip
@@ -63,6 +64,12 @@ class RowGather(Pattern):
         kp, np_ = kernel.grid
         seg = ceil_div(n, np_) if kernel.weight_ref is None else ceil_div(k, kp)
         return result(fabric, 0, t * seg * d / fabric.sram_write_bytes_per_cycle, 0, 0)
+
+    def load(self, fs, kernel, op, weights, layers) -> None:
+        """An untied table as its strip's PEs hold it (a tied one is the LM head's)."""
+        if kernel.weight_ref is None:
+            fs.matrices[kernel.name] = MatrixTiles.build(
+                kernel, fs.matrices_of(op, weights, layers), fs.numerics)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         tied = kernel.weight_ref is not None

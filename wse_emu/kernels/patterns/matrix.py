@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.blocks import block_bytes, vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
@@ -238,6 +239,15 @@ class DenseStrip(Pattern):
         ramp_in = t * max(kc if np_ > 1 else 0, nr if kp > 1 else 0) * d / \
             fabric.link_bytes_per_cycle
         return result(fabric, compute, sram, ramp_in, path, drain)
+
+    def load(self, fs, kernel, op, weights, layers) -> None:
+        fs.matrices[kernel.name] = MatrixTiles.build(
+            kernel, fs.matrices_of(op, weights, layers), fs.numerics,
+            fs.bias_of(op, kernel, weights, layers))
+
+    def compute(self, fs, op, index, x):
+        """Every PE multiplies its block; the partial sums meet along the kernel's trees."""
+        return fs.matrices[op.name].multiply(index, x, fs.numerics)
 
     def alone(self, sg, kernel, tile: Tile) -> None:
         st = sg.strip(kernel)

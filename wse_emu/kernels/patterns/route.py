@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.ops import softmax
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
-from wse_emu.kernels.patterns.vector import Site, plan_line
+from wse_emu.kernels.patterns.vector import Site, line_pes, plan_line
 from wse_emu.kernels.primitives import line_reduce, wavelets
+from wse_emu.splits import even_split
 
 
 class TopK(Pattern):
@@ -56,8 +58,32 @@ class TopK(Pattern):
         sram = cost.act_in_bytes / (pes * fabric.sram_read_bytes_per_cycle)
         return result(fabric, compute, sram, 0, path, whole_input=True)
 
+    def compute(self, fs, op, index, logits):
+        """Each token's k experts and their weights, from the router's logits on its line:
+        the PEs' best candidates meet by the tree, ties going to the lower expert, as a
+        stable sort orders them. Mixtral and Qwen3 take the softmax over every expert first
+        (its max and sum all-reduced along the line) and renormalize the k chosen weights
+        where the model does; gpt-oss takes the softmax of the k chosen logits. The choices
+        stay on ``fs`` for the experts' strips."""
+        model = fs.model
+        k = model.experts_per_token
+        if model.family == "gpt_oss":
+            chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+            fs.routed = chosen, softmax(np.take_along_axis(logits, chosen, axis=-1))
+            return fs.routed
+        probs = softmax(logits)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(probs, chosen, axis=-1)
+        if model.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        fs.routed = chosen, fs.numerics.round(weights)  # down's biases are weighted too
+        return fs.routed
+
     def alone(self, sg, kernel, tile: Tile) -> None:
-        raise ValueError(f"no pattern for kernel kind {kernel.kind!r}")
+        pes = line_pes(sg, kernel)
+        op = sg.ops[kernel.name]
+        self.expand(sg, tile, op, pes, sg.g.tasks(pes, 0, sg.kind[kernel.name]),
+                    even_split(kernel.length, len(pes)))
 
 
 register(TopK())

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from wse_emu import layer as ly
+from wse_emu.functional.ops import SWIGLU_ALPHA, gelu_tanh, rotary, silu
+from wse_emu.functional.tiles import VectorTiles
+from wse_emu.functional.trees import tree_reduce
 from wse_emu.kernels.blocks import vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
 from wse_emu.kernels.patterns import Pattern, Tile, register
@@ -73,9 +76,46 @@ def vector_tasks(sg, tile: Tile, name: str, pes: np.ndarray, inputs: list[np.nda
     return tasks
 
 
+def swiglu_clamped(model, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's SwiGLU: the gate clamped above, the up value on both sides, at the model's
+    limit; (up + 1) * gate * sigmoid(1.702 gate). An expert no token routed to has a zero
+    gate, and stays zero."""
+    limit = np.float32(model.swiglu_limit)
+    gate = np.minimum(gate, limit)
+    up = np.clip(up, -limit, limit)
+    glu = gate * (np.float32(0.5) * (np.float32(1) + np.tanh(np.float32(0.5) * SWIGLU_ALPHA
+                                                              * gate)))
+    return (up + 1) * glu
+
+
+def combine(fs, act: np.ndarray, route) -> np.ndarray:
+    """Each routed activation times its token's router weight for that expert."""
+    chosen, weights = route
+    e, m = fs.model.num_experts, fs.model.moe_intermediate_size
+    per_expert = np.zeros((len(chosen), e), np.float32)
+    np.put_along_axis(per_expert, chosen, weights, axis=-1)
+    return act * np.repeat(per_expert[:, slice(*fs.held)], m, axis=1)
+
+
+# What each elementwise op computes, from its inputs' values (its layer: ``index`` of the
+# stage, for the rotary embedding's frequencies).
+ELEMENTWISE_COMPUTE = {
+    ly.ADD: lambda fs, op, index, a, b: a + b,
+    ly.SILU_MUL: lambda fs, op, index, gate, up: silu(gate) * up,
+    ly.GELU_MUL: lambda fs, op, index, gate, up: gelu_tanh(gate) * up,
+    ly.SWIGLU_CLAMPED: lambda fs, op, index, gate, up: swiglu_clamped(fs.model, gate, up),
+    ly.COMBINE: lambda fs, op, index, act, route: combine(fs, act, route),
+    ly.ROPE: lambda fs, op, index, x: rotary(x, fs.positions, fs.model,
+                                             fs.stage.layers[0] + index),
+}
+
+
 class Elementwise(Pattern):
     kind = "elementwise"
     name = "elementwise"
+
+    def compute(self, fs, op, index, *inputs):
+        return ELEMENTWISE_COMPUTE[op.kind](fs, op, index, *inputs)
 
     def plan(self, b, stage, op: ly.Op, layers: int, site: Site):
         if site.strip is not None and site.strip.experts:
@@ -124,6 +164,15 @@ class Elementwise(Pattern):
 class LineNorm(Pattern):
     kind = "norm"
     name = "norm"
+
+    def load(self, fs, kernel, op, weights, layers) -> None:
+        fs.vectors[kernel.name] = VectorTiles.build(fs.norm_weights_of(op, weights, layers),
+                                                    kernel.rect.area, fs.numerics)
+
+    def compute(self, fs, op, index, x):
+        if op.kind == ly.HEAD_RMSNORM:
+            return head_norm(fs, op, index, x)
+        return norm(fs, op.name, index, x)
 
     def plan(self, b, stage, op: ly.Op, layers: int, site: Site):
         edge, d = site.edge, b.d
@@ -209,6 +258,46 @@ class LineNorm(Pattern):
         pes = line_pes(sg, kernel)
         self.expand(sg, tile, kernel.name, pes, [sg.g.tasks(pes, 0, sg.kind[kernel.name])],
                     even_split(kernel.length, len(pes)))
+
+
+def norm(fs, name: str, layer: int, x: np.ndarray) -> np.ndarray:
+    """RMSNorm: each PE of the line sums the squares of its segment, the sums meet at the
+    line's first PE by the tree and return, and each PE scales its own segment."""
+    tiles = fs.vectors[name]
+    bounds = np.concatenate([[0], np.cumsum(tiles.sizes)])
+    squares = np.stack([np.sum(x[:, a:b] * x[:, a:b], axis=1)
+                        for a, b in zip(bounds[:-1], bounds[1:])])  # (pes, t)
+    total = tree_reduce(squares, 0, np.add, levels=fs.kernels[name].trees.get("reduce", 2))
+    inv_rms = 1.0 / np.sqrt(total / x.shape[1] + np.float32(fs.model.rms_norm_eps))
+    return fs.numerics.round(x * inv_rms.astype(np.float32)[:, None] * _scale(
+        fs.model, tiles.vector(layer)))
+
+
+def _scale(model, weight: np.ndarray) -> np.ndarray:
+    """A norm's weights as applied: Gemma scales by (offset + w)."""
+    offset = model.norm_weight_offset
+    return weight + np.float32(offset) if offset else weight
+
+
+def head_norm(fs, op: ly.Op, layer: int, x: np.ndarray) -> np.ndarray:
+    """RMSNorm of each head's features: each PE sums the squares of its segment per head it
+    holds, the sums of a head meet by the tree over the PEs that hold it, and each PE scales
+    its own segment."""
+    tiles = fs.vectors[op.name]
+    hd = fs.model.head_dim
+    t, width = x.shape
+    heads = width // hd
+    bounds = np.concatenate([[0], np.cumsum(tiles.sizes)])
+    head_of = np.arange(width) // hd
+    squares = np.zeros((len(tiles.sizes), t, heads), np.float32)
+    for p, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for h in np.unique(head_of[a:b]):
+            cols = np.arange(a, b)[head_of[a:b] == h]
+            squares[p, :, h] = np.sum(x[:, cols] * x[:, cols], axis=1)
+    total = tree_reduce(squares, 0, np.add)  # (t, heads)
+    inv_rms = 1.0 / np.sqrt(total / hd + np.float32(fs.model.rms_norm_eps))
+    per_element = np.repeat(inv_rms.astype(np.float32), hd, axis=1)
+    return x * per_element * _scale(fs.model, tiles.vector(layer))
 
 
 register(Elementwise())
