@@ -7,12 +7,14 @@ import logging
 
 import numpy as np
 
+from wse_emu import layer as ly
+from wse_emu.compiler.build import RegionTemplate
+from wse_emu.compiler.layout import NoLayout
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import RegionPlan, partition, wafers_needed
 from wse_emu.compiler.routing import color_masks, popcount
-from wse_emu.compiler.template import NoLayout, RegionTemplate, build_template
+from wse_emu.compiler.template import build_template
 from wse_emu.compiler.tiling import ownership_check
-from wse_emu import layer as ly
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec, formats_text, native

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from wse_emu.errors import UserError
+from wse_emu.kernels import patterns
 from wse_emu.layer import attention_tile_of
 from wse_emu.routing import routing_of
 
@@ -44,6 +45,9 @@ class CompileOptions:
     # tiles of this many, one after another, and the MLP or the experts take them together
     # (0: the whole micro-batch at once). It changes how a step runs, not the mapping.
     attention_tile: int = 0
+    # The kernel patterns dense matrix strips run (``kernels.patterns``): in decode, then in
+    # prefill. Every other kernel runs its kind's one pattern.
+    matrix_patterns: tuple[str, str] = ("gemv_tree", "gemm_stream")
 
     def __post_init__(self):
         if self.plan not in PLANS:
@@ -69,13 +73,30 @@ class CompileOptions:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         routing_of(self)  # a bad routing fails here, by name
         attention_tile_of(self)  # a negative tile fails here, by name
+        if (not isinstance(self.matrix_patterns, (tuple, list)) or len(self.matrix_patterns) != 2
+                or not all(isinstance(n, str) for n in self.matrix_patterns)):
+            raise UserError("`matrix_patterns` must be two pattern names (decode, prefill), got "
+                            f"{self.matrix_patterns!r}")
+        for name in self.matrix_patterns:
+            patterns.get("matrix", name)  # an unknown pattern fails here, by name
         if self.anneal_steps < 0:
             raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["region"] = list(self.region) if self.region else None
+        out["matrix_patterns"] = list(self.matrix_patterns)
         return out
+
+    def pattern_names(self) -> dict[str, dict[str, str]]:
+        """Per kernel role (its kind; ``experts`` for an expert strip), the pattern it runs
+        in each phase."""
+        decode, prefill = self.matrix_patterns
+        one = {role: {"decode": name, "prefill": name} for role, name in (
+            ("gather", "row_gather"), ("experts", "expert_runs"), ("norm", "norm"),
+            ("elementwise", "elementwise"), ("route", "route"),
+            ("attention", "attention_kv_spread"))}
+        return {"matrix": {"decode": decode, "prefill": prefill}, **one}
 
 
 def parse_region(text: str) -> tuple[int, int]:

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wse_emu.compiler.stages import StageSpec, home_strip
 from wse_emu import layer as ly
+from wse_emu.compiler.stages import StageSpec, home_strip
 from wse_emu.model import ModelSpec
+from wse_emu.program import Rect
+
+if TYPE_CHECKING:
+    from wse_emu.compiler.layout import StageLayout
 
 STAGE = "@stage"  # the attention kernel, spread over the whole stage
 ENTRY = "@entry"  # where the previous stage's output arrives
@@ -216,3 +221,51 @@ def anneal(scorer: StageScorer, order: list[str], roots: dict[str, bool], steps:
 
 def mirror(order: list[str], roots: dict[str, bool]) -> tuple[list[str], dict[str, bool]]:
     return list(reversed(order)), {k: not v for k, v in roots.items()}
+
+
+# --- every stage of a region -----------------------------------------------------------
+
+def _ends(lay: StageLayout, prev: Rect | None, nxt: Rect | None) -> tuple[float, float]:
+    """Where the previous stage's output arrives and the next stage's input leaves, projected
+    on this stage's long side (the middle when there is no neighbour on the wafer)."""
+    def project(other: Rect | None) -> float:
+        if other is None:
+            return (lay.long - 1) / 2
+        cx, cy = other.center()
+        u = cx - lay.rect.x if lay.axis == "x" else cy - lay.rect.y
+        return float(min(max(u, 0), lay.long - 1))
+    return project(prev), project(nxt)
+
+
+def _scorer(lay: StageLayout, model, prev, nxt) -> StageScorer:
+    entry, exit_ = _ends(lay, prev, nxt)
+    return StageScorer([s.name for s in lay.spec.strips], lay.extents, lay.short,
+                          stage_transfers(lay.spec, model), entry, exit_)
+
+
+def arrange(layouts: list[list[StageLayout]], model, options) -> None:
+    canonical: dict[tuple, tuple[list[str], dict[str, bool], bool]] = {}
+    for part in layouts:
+        for i, lay in enumerate(part):
+            prev = part[i - 1].rect if i > 0 else None
+            nxt = part[i + 1].rect if i + 1 < len(part) else None
+            scorer = _scorer(lay, model, prev, nxt)
+            forward = scorer.entry <= scorer.exit
+            base_o, base_r = baseline_arrangement(lay.spec)
+            if not forward:
+                base_o, base_r = mirror(base_o, base_r)
+            order, roots = base_o, base_r
+            if options.optimize_placement:
+                kind = (tuple(s.name for s in lay.spec.strips), lay.spec.num_layers,
+                        lay.spec.experts is not None)
+                if kind not in canonical:
+                    o, r = anneal(scorer, base_o, base_r, options.anneal_steps, options.seed)
+                    canonical[kind] = (o, r, forward)
+                o, r, fwd = canonical[kind]
+                if fwd != forward:
+                    o, r = mirror(o, r)
+                if scorer.objective(o, r) < scorer.objective(base_o, base_r):
+                    order, roots = o, r
+            lay.order, lay.roots = order, roots
+            lay.baseline = (base_o, base_r)
+            lay.scorer = scorer

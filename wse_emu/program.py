@@ -27,7 +27,9 @@ from wse_emu.model import ModelSpec, model_from_dict
 from wse_emu.program_check import check_program
 
 FORMAT = "wse-emu-program"
-FORMAT_VERSION = 2  # 2: KV cache by columns and rows (kernels.kvlayout), reduction tree levels
+# 2: KV cache by columns and rows (kernels.kvlayout), reduction tree levels; 3: expert strips
+# run a pattern of their own (``expert_runs``), looked up in ``kernels.patterns``.
+FORMAT_VERSION = 3
 
 # Per-PE SRAM categories, in the order reports list them.
 SRAM_CATEGORIES = ("weights", "kv_cache", "activations", "reserved")

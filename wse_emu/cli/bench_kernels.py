@@ -26,6 +26,7 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
+from wse_emu.kernels import patterns
 from wse_emu.kernels.primitives import CostModel
 from wse_emu.kernels.stage import StageGraph, kernel_graph
 from wse_emu.kernels.trees import branching, choose_levels, tree_cycles
@@ -91,7 +92,7 @@ def gemv_closed_form(fabric: FabricSpec, side: int, k: int, levels: int, chunks:
 def gemv_chunks(program: WaferProgram, stage: Stage, kernel: Kernel, step: MicroBatch) -> int:
     """The pieces of output columns the timed pattern cuts the GEMV into."""
     sg = StageGraph(program, stage, step)
-    return sg.out_chunks(sg.strip(kernel), step.new_tokens)
+    return patterns.of(kernel, step.phase).chunks(sg, sg.strip(kernel), step.new_tokens)
 
 
 def gemv_cases(fabric_name: str) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The routed MLP's kernel patterns: the router's top-k, the expert strips, and how the
-tokens a step routes to each expert reach them.
+"""The routed MLP's geometry and traffic: which tokens a step routes to each expert, where an
+expert strip keeps its experts, and how each token's choices reach the PEs that need them (the
+router's and the expert strips' patterns are ``kernels.patterns.route`` and ``.experts``).
 
 An expert strip holds the E experts of a projection one after another along the strip
 (``ly.Op.strip_matrix``): gate and up in runs of columns, each run a few experts (one, or as many
@@ -17,11 +18,8 @@ import numpy as np
 
 from wse_emu import layer as ly
 from wse_emu.kernels.primitives import (
-    SLICE_TOKENS,
     VC_TRANSFER,
     line_broadcast,
-    line_reduce,
-    overlaps,
     wavelets,
 )
 from wse_emu.routing import routing_of
@@ -77,33 +75,13 @@ def layer_loads(program, model, layer: int, tokens: int, offset: int) -> np.ndar
                                              tokens, layer, offset)
 
 
-def route(sg, op: ly.Op, pes: np.ndarray, ready: np.ndarray, sizes: np.ndarray):
-    """The router's top-k on its edge line, where the logits are: each PE scores its share
-    of the experts (the softmax's terms and k passes of comparisons), the PEs' best k
-    candidates meet at the line's first PE by the tree, which writes each token's k weights
-    and expert ids. Returns (that PE, its final task)."""
-    d, t, k = sg.d, sg.step_tokens(op.name), op.length
-    kind = sg.kind[op.kernel]
-    scored = sg.work(pes, ly.Work(t * sizes * (ly.SOFTMAX_FLOPS + k), t * sizes * d, 0),
-                     op.kernel)
-    sg.g.then(ready, scored)
-    message = np.array([t * k])
-    met = line_reduce(sg.g, pes[None, :], np.array([0]), scored[None, :],
-                      wavelets(message, d + ly.TOKEN_ID_BYTES),
-                      sg.cost.add(message, d + ly.TOKEN_ID_BYTES), kind,
-                      levels=sg.kernels[op.kernel].trees.get("reduce", 2))
-    chosen = sg.work(pes[:1], ly.Work(0, 0, t * k * (d + ly.TOKEN_ID_BYTES)), op.kernel)
-    sg.g.then(met, chosen)
-    return pes[0], chosen[0]
-
-
-def deliver_route(sg, src_pe: int, src_ready: int, lines: np.ndarray, targets: np.ndarray,
-                  kernel: str) -> None:
+def deliver_route(sg, tile, src_pe: int, src_ready: int, lines: np.ndarray,
+                  targets: np.ndarray, kernel: str) -> None:
     """Each token's k weights and expert ids, from the router's PE to every PE of ``lines``
     (n lines of L PEs, side by side), into ``targets`` (tasks shaped like ``lines``): one
     message to the PE nearest the source, multicast from there across the lines (along the
     n positions at that PE's place in the line) and then along every line."""
-    t, k = sg.step.new_tokens, sg.model.experts_per_token
+    t, k = tile.step.new_tokens, sg.model.experts_per_token
     kind = sg.kind[kernel]
     w = sg.g.width
     size = int(wavelets(np.array([t * k]), sg.d + ly.TOKEN_ID_BYTES)[0])
@@ -148,160 +126,3 @@ def input_share(k_sizes: np.ndarray, runs: int, k_each: int) -> np.ndarray:
     lo = np.arange(runs) * k_each
     return np.clip(np.minimum(bounds[1:, None], lo[None, :] + k_each)
                    - np.maximum(bounds[:-1, None], lo[None, :]), 0, None)
-
-
-def gather_into_lines(sg, st, src_pes: np.ndarray, src_sizes: np.ndarray,
-                      src_ready: np.ndarray, targets: np.ndarray, axis: RoutedAxis) -> None:
-    """An expert strip's input: each line across the strip collects the routed values of its
-    input segment at its entry PE, from however many source pieces hold them, and multicasts
-    the segment along the line into ``targets`` ((e, s) tasks). A piece first crosses to the
-    line's PE nearest its source (straight across the lines, so the pieces bound for many
-    lines spread over parallel lanes instead of crowding the source's own line), then runs
-    along the line to the entry. A line no routed token needs gets nothing (the routing,
-    which every PE receives, tells it not to wait)."""
-    kind = sg.kind[st.kernel.name]
-    e, s = st.pe.shape
-    si, line, lo, hi = overlaps(src_sizes, st.k_sizes)
-    values = axis.values(lo, hi)
-    keep = values > 0
-    si, line, values = si[keep], line[keep], values[keep]
-    at = sg.entries(st)
-    land = st.pe[np.arange(e), at]
-    got = sg.g.tasks(land, 0, kind)
-    w = sg.g.width
-    # Per source piece's task and line: the line's PE nearest the source relays what the
-    # line needs of it (a source PE's pieces of several runs travel together).
-    src, ready = src_pes[si], src_ready[si]
-    cand = st.pe[line]  # (overlaps, s)
-    dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
-    relay_pe = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
-    key = ready * (w * sg.g.height) + relay_pe
-    pair, first, which = np.unique(key, return_index=True, return_inverse=True)
-    sent = np.bincount(which, weights=values, minlength=len(pair)).astype(np.int64)
-    p_src, p_ready, p_relay, p_line = src[first], ready[first], relay_pe[first], line[first]
-    relay = sg.g.tasks(p_relay, 0, kind)
-    here = p_src == p_relay
-    sg.g.then(p_ready[here], relay[here])
-    sg.g.send(p_ready[~here], p_src[~here], p_relay[~here], wavelets(sent[~here], sg.d),
-              relay[~here], 0, VC_TRANSFER)
-    local = p_relay == land[p_line]
-    sg.g.then(relay[local], got[p_line[local]])
-    sg.g.send(relay[~local], p_relay[~local], land[p_line[~local]],
-              wavelets(sent[~local], sg.d), got[p_line[~local]], 0, VC_TRANSFER)
-    fed = np.flatnonzero(np.bincount(line, minlength=e))
-    per_line = np.bincount(line, weights=values, minlength=e).astype(np.int64)
-    if s > 1:
-        line_broadcast(sg.g, st.pe[fed], at[fed], got[fed], wavelets(per_line[fed], sg.d), kind,
-                       targets=targets[fed])
-    else:
-        sg.g.then(got[fed], targets[fed, 0])
-
-
-def expert_matrix(sg, st, op: ly.Op, axis: RoutedAxis, pieces: tuple,
-                  route_at: tuple[int, int]):
-    """An expert strip for the step's routed tokens; returns (the PEs holding its outputs,
-    their sizes, their final tasks).
-
-    Its experts lie one after another along the strip, each on a run of columns. Gate and
-    up: every token's hidden vector goes to its experts' runs (each line across the strip
-    takes the piece its columns hold); each PE multiplies for the tokens routed to the
-    experts its block holds; an expert's partial sums meet on its run, at the end nearer
-    the strip's root, where its m outputs lie across the strip's rows. Down: the routed
-    activations arrive on the lines holding their experts; the partial sums, summing over
-    the experts too, meet at the strip's root edge."""
-    k, kind = st.kernel, sg.kind[st.kernel.name]
-    d = sg.d
-    e, s = st.pe.shape
-    t = sg.step_tokens(op.name)
-    loads = axis.loads
-    if op.experts_summed:
-        # Down's inputs in their strip order (``down_order``): each line a few rows' slices
-        # of every run of up's experts.
-        m = op.matrix[0]
-        per_run = sg.kernels["experts_up"].matrix[1] // m
-        runs = op.experts // per_run
-        down_axis = RoutedAxis(loads, m, down_order(runs, per_run * m, s))
-        per_line = down_axis.split(st.k_sizes).astype(np.float64)
-        inputs = per_line[:, None] * np.ones((1, s))
-        macs = inputs * st.n_sizes[None, :]
-        # Partial sums: one per output for each token the line works for.
-        outputs = down_axis.tokens_touching(st.k_sizes, t)[:, None] * st.n_sizes[None, :]
-    else:
-        # Runs of ``per_run`` experts, their outputs side by side across the strip's rows.
-        h = op.matrix[0]
-        runs = k.matrix[0] // h
-        per_run = op.experts // runs
-        share = input_share(st.k_sizes, runs, h)  # (e, runs): inputs of a run per line
-        run_loads = loads.reshape(runs, per_run).sum(axis=1)
-        # Per run and row across: the routed token-outputs the row's PEs compute.
-        row_values = np.stack([RoutedAxis(loads[r * per_run:(r + 1) * per_run],
-                                          op.matrix[1]).split(st.n_sizes)
-                               for r in range(runs)])  # (runs, s)
-        macs = (share @ row_values).astype(np.float64)
-        inputs = (share @ run_loads).astype(np.float64)[:, None] * np.ones((1, s))
-        outputs = ((share > 0) @ row_values).astype(np.float64)
-    # A prefill's multiply runs as a chain of slices of the tokens, as a dense strip's does.
-    slices = -(-t // SLICE_TOKENS) if sg.step.phase == "prefill" else 1
-    slice_work = ly.routed_matrix_work(macs / slices, inputs / slices, outputs / slices, d,
-                                       sg.stored(k.name))
-    first, done = sg.chain(st.pe, [slice_work] * slices, k.name)
-    first, done = first.reshape(e, s), done.reshape(e, s)
-    src_pes, src_sizes, src_ready = pieces
-    if op.experts_summed:
-        # The routed activations, run by run of up's experts, taken in down's order.
-        take = (np.arange(runs)[None, :] * s + np.arange(s)[:, None]).ravel()
-        gather_into_lines(sg, st, src_pes[take], src_sizes[take], src_ready[take], first,
-                          down_axis)
-    else:
-        # Every run reads the whole hidden vector: the source, once per run along K, each
-        # piece for the tokens routed to the run's experts.
-        gather_into_lines(sg, st, np.tile(src_pes, runs), np.tile(src_sizes, runs),
-                          np.tile(src_ready, runs), first, RoutedAxis(run_loads, h))
-    deliver_route(sg, *route_at, st.pe, first, k.name)
-    if op.experts_summed:
-        rows = np.ascontiguousarray(st.pe.T)
-        reduced = st.n_sizes * t  # every token's weighted sum over its experts
-        total = line_reduce(sg.g, rows, np.full(s, st.root), done.T, wavelets(reduced, d),
-                            sg.cost.add(reduced, d), kind, levels=k.trees.get("reduce", 2))
-        out_pes, out_sizes = st.edge, st.n_sizes
-        if op.bias:  # each pair's expert bias, weighted by the router, where the sums collect
-            biased = sg.work(st.edge, ly.bias_work(1, st.n_sizes * t * op.top_k, d), k.name)
-            sg.g.then(total, biased)
-            total = biased
-        return out_pes, out_sizes, total
-    out_pes, ready = _reduce_per_run(sg, st, done, row_values, kind)
-    out_sizes = np.tile(st.n_sizes, runs)  # the experts' outputs, in expert order
-    if op.bias:  # each expert's bias on its routed tokens' outputs
-        biased = sg.work(out_pes, ly.bias_work(1, row_values.ravel(), d), k.name)
-        sg.g.then(ready, biased)
-        ready = biased
-    return out_pes, out_sizes, ready
-
-
-def _reduce_per_run(sg, st, done: np.ndarray, row_values: np.ndarray, kind: int):
-    """Each run's partial sums, on each row across the strip, along the run's columns to
-    its root end; a row without routed outputs skips it. Returns (per run and row, the PE
-    holding the sums and its final task)."""
-    e, s = st.pe.shape
-    runs = run_columns(st.k_sizes, len(row_values), st.kernel.matrix[0] // len(row_values))
-    out_pes = np.empty(len(runs) * s, dtype=np.int64)
-    ready = np.empty(len(runs) * s, dtype=np.int64)
-    by_length: dict[int, list[tuple[int, int]]] = {}
-    for r, run in enumerate(runs):
-        root = run[run_root(run, st.root)]
-        out_pes[r * s:(r + 1) * s] = st.pe[root]
-        ready[r * s:(r + 1) * s] = done[root]
-        routed_rows = np.flatnonzero(row_values[r])
-        if len(run) > 1 and len(routed_rows):
-            by_length.setdefault(len(run), []).extend((r, int(b)) for b in routed_rows)
-    levels = st.kernel.trees.get("reduce", 2)
-    for length, chosen in by_length.items():
-        lines = np.stack([st.pe[runs[r], b] for r, b in chosen])  # (lines, length)
-        ready_lines = np.stack([done[runs[r], b] for r, b in chosen])
-        values = np.array([row_values[r, b] for r, b in chosen])
-        roots = np.full(len(lines), run_root(np.arange(length), st.root))
-        total = line_reduce(sg.g, lines, roots, ready_lines, wavelets(values, sg.d),
-                            sg.cost.add(values, sg.d), kind, levels=levels)
-        for (r, b), task in zip(chosen, total):
-            ready[r * s + b] = task
-    return out_pes, ready

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from wse_emu.engines.messages import LINE, Messages
@@ -21,6 +23,16 @@ class GraphBuilder:
     @property
     def n_tasks(self) -> int:
         return self._n_tasks
+
+    @contextmanager
+    def prioritized(self, priority: int):
+        """Tasks added inside the block get ``priority`` (an earlier tile's work goes first
+        on every PE); the previous priority is restored after it."""
+        before, self.priority = self.priority, priority
+        try:
+            yield
+        finally:
+            self.priority = before
 
     def pe(self, x, y) -> np.ndarray:
         return np.asarray(y, dtype=np.int64) * self.width + np.asarray(x, dtype=np.int64)

@@ -245,7 +245,7 @@ def _timing_sources() -> bytes:
     engines, the runner, the experts' routing): a cached table is reused only while all of it
     is unchanged."""
     root = Path(__file__).resolve().parent.parent
-    files = sorted([*(root / "kernels").glob("*.py"), *(root / "engines").glob("*.py"),
+    files = sorted([*(root / "kernels").rglob("*.py"), *(root / "engines").glob("*.py"),
                     root / "layer.py", root / "runner.py", root / "routing.py"])
     return b"".join(f.read_bytes() for f in files)
 
