@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from reference_forward import ReferenceModel
 from test_functional import follows_reference
+
+from wse_emu import layer as ly
+from wse_emu.cli.main import main
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
-
-from wse_emu import layer as ly
-from wse_emu.cli.main import main
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.hf_config import hf_config, hf_config_v5

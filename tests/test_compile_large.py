@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.routing import popcount
-
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model

@@ -1,9 +1,9 @@
 """A two-layer model on an 8x8 mesh, pinned exactly and checked by hand."""
 
 import numpy as np
+
 from wse_emu.compiler.geometry import even_split
 from wse_emu.compiler.routing import popcount
-
 from wse_emu.kernels import kvlayout
 
 
@@ -122,6 +122,7 @@ def test_verify_catches_a_broken_program(tiny_8x8):
     import copy
 
     import pytest
+
     from wse_emu.compiler.mapper import verify
 
     verify(tiny_8x8)
@@ -140,6 +141,7 @@ def test_color_check_catches_a_clash(tiny_8x8):
     import copy
 
     import pytest
+
     from wse_emu.compiler.routing import check_colors
 
     routes = copy.deepcopy(tiny_8x8.routes)

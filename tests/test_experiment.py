@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from experiment_args import search_all
+
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.experiment import (

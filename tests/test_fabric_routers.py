@@ -6,10 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
 
 from wse_emu import runner
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel, rope_frequencies
+
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator, prompt_tiles

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import (
@@ -29,7 +30,6 @@ from wse_emu.compiler.partition import (
     wafer_weight_capacity,
     wafers_needed,
 )
-
 from wse_emu.configfile import _coerce, preset_dir, preset_names
 from wse_emu.errors import CompileError, ConfigError, UserError
 from wse_emu.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides

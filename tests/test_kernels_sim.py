@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+
 from wse_emu.compiler.bounds import kernel_bound
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-
 from wse_emu.engines import cycle, fast
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import kernel_graph, stage_graph

@@ -100,9 +100,8 @@ def test_dense_family_with_experts_is_refused():
 
 
 def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
-    from wse_emu.compiler.mapper import compile_model
-
     from wse_emu.cli.compile_cmd import render
+    from wse_emu.compiler.mapper import compile_model
 
     model = load_model("gpt-oss-120b")  # 65.2 GB as stored: two WSE-3
     with pytest.raises(CompileError, match="needs 65 GB of weights.*`systems=2` or more"):
@@ -204,9 +203,8 @@ def test_unknown_weight_format_is_refused_by_name():
 
 
 def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, capsys):
-    from wse_emu.visualize.roofline import op_points
-
     from wse_emu.cli.main import main
+    from wse_emu.visualize.roofline import op_points
 
     out = tmp_path / "oss"
     assert main(["inspect", "gpt-oss-20b", "-o", str(out), "--viz"]) == 0

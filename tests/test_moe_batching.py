@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 from test_moe_timing import SPECS, compiled
-from wse_emu.compiler.bounds import stage_bounds
-from wse_emu.compiler.stages import StripSpec
 
 from wse_emu.cli.main import main
+from wse_emu.compiler.bounds import stage_bounds
+from wse_emu.compiler.stages import StripSpec
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.stage import stage_graph
 from wse_emu.layer import MicroBatch

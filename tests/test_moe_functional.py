@@ -12,10 +12,10 @@ import pytest
 from reference_forward import ReferenceModel
 from test_functional import follows_reference
 from test_moe_timing import SPECS
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
 
 from wse_emu import layer as ly
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint

@@ -10,11 +10,11 @@ import json
 
 import pytest
 from test_architectures import tasks_do_the_graphs_flops
+
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
-
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch

@@ -1,6 +1,7 @@
 """Placement inside a stage: the scorer against hand counts, and the optimizer's guarantees."""
 
 import pytest
+
 from wse_emu.compiler import placement as pl
 from wse_emu.compiler.geometry import even_split, grid_shape, proportional_split
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
+
 from wse_emu.compiler.mapper import compile_model, verify
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import wafers_needed
 from wse_emu.compiler.routing import popcount
-
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.model import ModelSpec

@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
 
 from wse_emu.cli.main import main
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model

@@ -14,12 +14,12 @@ from reference_forward import ReferenceModel
 from test_functional import follows_reference
 from test_moe_functional import PROMPT, _routed
 from test_moe_timing import SPECS
+
+from wse_emu import layer as ly
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
-
-from wse_emu import layer as ly
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.kernels.stage import StageGraph

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch

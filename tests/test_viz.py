@@ -8,11 +8,11 @@ import matplotlib.image as mpimg
 import numpy as np
 import pytest
 
+from wse_emu.cli.main import main
+from wse_emu.program import WaferProgram
 from wse_emu.visualize.check_report import find_browser, inspect, screenshot
 from wse_emu.visualize.draw import MARGIN, pixels, quantity_cmap, scale_for
 from wse_emu.visualize.figures import utilization_scale
-from wse_emu.cli.main import main
-from wse_emu.program import WaferProgram
 
 
 @pytest.fixture(scope="module")
