@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from wse_emu.cli.main import main
-from wse_emu.fmt import WIDTH, duration, narrow_table, number, seconds, table
+from wse_emu.fmt import WIDTH, duration, narrow_table, number, seconds, si, table
 from wse_emu.visualize import wafer
 from wse_emu.visualize.draw import DPI, LEVEL_PALETTE, level_cmap, map_figure, save_figure
 from wse_emu.visualize.style import (
@@ -108,6 +108,18 @@ def _touching_pes(levels: np.ndarray):
 def test_numbers_never_take_exponent_form(value):
     assert not EXPONENT.search(number(value))
     assert not EXPONENT.search(duration(abs(value) / 1e12))
+
+
+@given(st.floats(min_value=-1e17, max_value=1e17, allow_nan=False))
+def test_si_never_takes_exponent_form_below_its_largest_prefix(value):
+    assert "e+" not in si(value) and "e+" not in si(value, "B")
+
+
+def test_si_takes_the_next_prefix_where_a_value_rounds_up_to_it():
+    assert [si(v) for v in (999.5, 999_999, 999.5e9, -999.6)] == ["1 k", "1 M", "1 T", "-1 k"]
+    # Everything else as it was: small numbers kept, three digits, a unit joined to the prefix.
+    assert [si(v, "B") for v in (999.4, 999, 1234, 12, 0.5, 2**40)] == \
+        ["999 B", "999 B", "1.23 kB", "12 B", "0.5 B", "1.1 TB"]
 
 
 def test_numbers_read_as_the_command_line_writes_them():

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 
 def si(value: float, unit: str = "", digits: int = 3) -> str:
-    """1234567 -> '1.23 M'; keeps small numbers as they are."""
+    """1234567 -> '1.23 M'; keeps small numbers as they are. A value that rounds up to the
+    next prefix takes it (999.5 -> '1 k', 999,999 -> '1 M'; never '1e+03' or '1e+03 k')."""
+    text = _si(value, unit, digits)
+    if "e+" in text:  # 1000 of a prefix once rounded: written with the next one
+        rounded = float(f"{value:.{digits}g}")
+        if rounded != value:
+            return _si(rounded, unit, digits)
+    return text
+
+
+def _si(value: float, unit: str, digits: int) -> str:
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
             return f"{value / factor:.{digits}g} {prefix}{unit}"
@@ -46,9 +56,9 @@ WIDTH = 100  # columns every printed table fits in: a terminal's, without wrappi
 
 
 def number(value: float, digits: int = 3) -> str:
-    """``si`` for a number of any size, never in exponent form: a value that rounds up to the
-    next prefix takes it (999.7 -> '1 k', where ``si`` writes '1e+03'); below 0.0001, where
-    ``si`` would write '1e-05', decimals ('0.00001')."""
+    """``si`` for a number of any size, never in exponent form: below 0.0001, where ``si``
+    would write '1e-05', decimals ('0.00001'); beyond the largest prefix, the value rounded
+    first."""
     if value == 0 or abs(value) >= 1e-4:
         text = si(value, digits=digits)
         return si(float(f"{value:.{digits}g}"), digits=digits) if "e" in text else text
