@@ -84,3 +84,12 @@ def test_only_the_command_line_imports_the_command_line():
                 if any(n.startswith("wse_emu.cli") for n in [module, *names]):
                     offenders.append(str(path.relative_to(ROOT)))
     assert not offenders
+
+
+def test_the_compile_options_a_program_keeps_live_in_the_core():
+    """The program format keeps its CompileOptions, so they are defined in the core; the
+    compiler's users import the same class from ``wse_emu.compiler.options``."""
+    from wse_emu.compile_options import CompileOptions
+    from wse_emu.compiler.options import CompileOptions as compilers
+
+    assert compilers is CompileOptions and CompileOptions.__module__ == "wse_emu.compile_options"

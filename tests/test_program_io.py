@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from wse_emu.compile_options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram, write_run_dir
 
@@ -19,6 +20,27 @@ def test_round_trip(tiny_8x8, tmp_path):
     assert [s.rect for s in loaded.stages] == [s.rect for s in tiny_8x8.stages]
     for key, value in tiny_8x8.arrays.items():
         assert np.array_equal(loaded.arrays[key], value)
+
+
+def test_options_are_reloaded_as_the_dataclass_in_the_same_json(tiny_8x8, tmp_path):
+    """A program keeps its CompileOptions, writes them as their ``to_dict`` form (which its
+    digest and the stage tables' keys are taken over) and reads them back as CompileOptions."""
+    assert isinstance(tiny_8x8.options, CompileOptions)
+    tiny_8x8.save(tmp_path)
+    written = json.loads((tmp_path / "program.json").read_text())["options"]
+    assert written == tiny_8x8.options.to_dict() == json.loads(json.dumps(written))
+    loaded = WaferProgram.load(tmp_path)
+    assert isinstance(loaded.options, CompileOptions) and loaded.options == tiny_8x8.options
+    assert CompileOptions.from_json(written) == tiny_8x8.options
+
+
+def test_options_a_program_was_written_without_take_their_defaults(tiny_8x8, tmp_path):
+    tiny_8x8.save(tmp_path)
+    _edit_json(tmp_path, lambda data: (data.pop("digest"), data["options"].pop("attention_tile"),
+                                       data["options"].pop("matrix_patterns")))
+    options = WaferProgram.load(tmp_path).options
+    assert options.attention_tile == 0 and options.matrix_patterns == ("gemv_tree", "gemm_stream")
+    assert options.region == tiny_8x8.options.region
 
 
 def test_version_mismatch_is_refused(tiny_8x8, tmp_path):
@@ -157,6 +179,12 @@ def _set(path, value):
     (_undigested(_set(["kernels", 0, "pattern"], {"decode": 3})),
      "kernels[0].pattern must be dict[str, str]"),
     (_undigested(_set(["routes", 0, "color"], 99)), "routes[0].color 99 is not one of"),
+    (_undigested(_set(["options", "colour"], 1)), "options has unknown field(s) 'colour'"),
+    (_undigested(_set(["options", "seed"], "0")), "options.seed must be a whole number"),
+    (_undigested(_set(["options", "region"], [8])),
+     "options.region must be two whole numbers or null"),
+    (_undigested(_set(["options", "plan"], "both")), "options: `plan` must be one of"),
+    (_undigested(_set(["options"], [])), "options must be a mapping"),
     (_undigested(_set(["routes", 0, "dst"], [-2])), "routes[0].dst -2 points past"),
     (_reshaped_array, "program.npz: stage_id is int32 (1, 7, 8); the program's wafers need "
                       "integers (1, 8, 8)"),

@@ -63,7 +63,7 @@ def _config(run) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [("run directory", run.path.name), ("kind", run.kind)]
     if p is not None:
         rows += [("model", p.model.name), ("fabric", p.fabric.name), ("systems", p.systems),
-                 ("plan", p.options.get("plan")),
+                 ("plan", p.options.plan),
                  ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
                                        f"{len(r.stage_ids)} stages)" for r in p.regions))]
     if run.sweep:

@@ -41,10 +41,9 @@ PHASES = ("prefill", "decode")
 # --- the micro-batch ------------------------------------------------------------------------
 
 def attention_tile_of(options) -> int:
-    """Sequences per attention tile of a program's decode steps, from its compile options (or
-    their stored dict; a program compiled before the option has none): 0 for none."""
-    get = options.get if isinstance(options, dict) else lambda k, v: getattr(options, k)
-    size = int(get("attention_tile", 0) or 0)
+    """Sequences per attention tile of a program's decode steps, from its compile options
+    (``CompileOptions``): 0 for none."""
+    size = int(options.attention_tile or 0)
     if size < 0:
         raise UserError(f"`attention_tile` must be 0 (off) or more, got {size}")
     return size

@@ -47,9 +47,9 @@ def step_summary(program: WaferProgram, run: RegionRun, bounds: dict) -> dict:
     b = run.bottleneck
     compiled_bounds = program.summary.get("bounds", {}).get(run.region, {}).get(run.step.phase)
     opts = program.options
-    same = (run.step.phase == "prefill" and run.step.tokens == opts["bound_prefill_tokens"]) or (
-        run.step.phase == "decode" and run.step.batch == opts["bound_decode_batch"]
-        and run.step.context == opts["bound_decode_context"])
+    same = (run.step.phase == "prefill" and run.step.tokens == opts.bound_prefill_tokens) or (
+        run.step.phase == "decode" and run.step.batch == opts.bound_decode_batch
+        and run.step.context == opts.bound_decode_context)
     if not same:
         compiled_bounds = None  # the compiler's bounds are for another workload
     return {

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from wse_emu.compile_options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.fabric import FabricSpec, fabric_from_dict
 from wse_emu.model import ModelSpec, model_from_dict
@@ -200,13 +201,19 @@ class WaferProgram:
     fabric: FabricSpec
     systems: int
     model: ModelSpec
-    options: dict[str, Any]
+    options: CompileOptions  # what it was compiled with (program.json: their ``to_dict``)
     regions: list[Region]
     stages: list[Stage]
     kernels: list[Kernel]
     routes: list[Route]
     arrays: dict[str, np.ndarray]  # name -> (systems, height, width)
     summary: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Options handed over in their JSON form (as the compiler's mapper does) are kept as
+        # CompileOptions all the same.
+        if isinstance(self.options, dict):
+            self.options = CompileOptions.from_json(self.options)
 
     # --- lookups --------------------------------------------------------------------------
     def region(self, name: str) -> Region:
@@ -253,7 +260,7 @@ class WaferProgram:
             "fabric": self.fabric.to_dict(),
             "systems": self.systems,
             "model": self.model.to_dict(),
-            "options": self.options,
+            "options": self.options.to_dict(),
             "summary": self.summary,
             "regions": [dump(r) for r in self.regions],
             "stages": [dump(s) for s in self.stages],
@@ -335,7 +342,7 @@ class WaferProgram:
             fabric=fabric,
             systems=int(data["systems"]),
             model=model,
-            options=data.get("options", {}),
+            options=CompileOptions.from_json(data.get("options", {})),
             regions=[build(Region, r) for r in data["regions"]],
             stages=[build(Stage, s) for s in data["stages"]],
             kernels=[build(Kernel, k) for k in data["kernels"]],

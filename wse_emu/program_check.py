@@ -40,7 +40,7 @@ def check_program(data: dict, fabric: FabricSpec, model: ModelSpec, arrays: dict
         listed = data.get(name)
         _expect(isinstance(listed, list), name, "must be a list")
         for i, item in enumerate(listed):
-            _check_fields(f"{name}[{i}]", item, cls)
+            check_fields(f"{name}[{i}]", item, cls)
         items[name] = listed
     wafer = Wafer(systems, fabric.width, fabric.height)
     regions, stages, kernels, routes = (items[k] for k in ("regions", "stages", "kernels",
@@ -182,7 +182,10 @@ def _check_arrays(arrays: dict, n_stages: int, wafer: Wafer,
 
 # --- fields, by the dataclasses' annotations ---------------------------------------------------
 
-def _check_fields(where: str, item: Any, cls) -> None:
+def check_fields(where: str, item: Any, cls) -> None:
+    """``item``, a mapping read back from a file, holds the fields of dataclass ``cls``: none
+    it does not know, every one without a default, each of its annotated type; else
+    ``ValueError`` naming ``where`` and the field."""
     _expect(isinstance(item, dict), where, "must be a mapping")
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(item) - set(known))
@@ -198,6 +201,14 @@ def _check_fields(where: str, item: Any, cls) -> None:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pair_of(test):
+    return lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(map(test, v))
 
 
 def _is_rect(value) -> bool:
@@ -224,11 +235,17 @@ _TYPES = {
     "list[int] | None": _or_none(_list_of(_is_int)), "int | None": _or_none(_is_int),
     "dict[str, str]": _dict_of(lambda v: isinstance(v, str)),
     "dict[str, int]": _dict_of(_is_int), "dict[str, Any]": _dict_of(lambda v: True),
+    "float": _is_float, "float | None": _or_none(_is_float),
+    "tuple[int, int] | None": _or_none(_pair_of(_is_int)),
+    "tuple[str, str]": _pair_of(lambda v: isinstance(v, str)),
 }
 _WORDS = {"int": "a whole number", "str": "a string", "bool": "true or false",
           "Rect": "a rectangle [system, x, y, w, h]", "list[Rect]": "a list of rectangles",
           "list[int]": "a list of whole numbers", "int | None": "a whole number or null",
-          "list[int] | None": "a list of whole numbers or null"}
+          "list[int] | None": "a list of whole numbers or null", "float": "a number",
+          "float | None": "a number or null",
+          "tuple[int, int] | None": "two whole numbers or null",
+          "tuple[str, str]": "two strings"}
 
 
 def _of_type(value, annotation: str) -> bool:

@@ -92,10 +92,9 @@ def routing_for(model, text: str, seed: int = 0) -> Routing:
 
 
 def routing_of(options) -> Routing:
-    """The routing a program's timed steps draw, from its compile options (or their stored
-    dict; a program compiled before routing was an option draws uniformly)."""
-    get = options.get if isinstance(options, dict) else lambda k, v: getattr(options, k)
-    return parse_routing(get("routing", "uniform"), get("routing_seed", 0))
+    """The routing a program's timed steps draw, from its compile options
+    (``CompileOptions``)."""
+    return parse_routing(options.routing, options.routing_seed)
 
 
 def load_summary(routing: Routing, experts: int, top_k: int, tokens: int) -> dict:

@@ -65,7 +65,7 @@ def gemv_program(fabric: FabricSpec, side: int, k: int) -> tuple[WaferProgram, S
     stage = Stage(id=0, region="bench", index=0, rect=rect, layers=[0, 1], has_embedding=False,
                   has_head=False, strip_axis="x", kernel_ids=[0])
     program = WaferProgram(fabric=dataclasses.replace(fabric, width=side, height=side),
-                           systems=1, model=model, options={},
+                           systems=1, model=model, options=CompileOptions(),
                            regions=[Region("bench", "decode", 0, [rect], [0])], stages=[stage],
                            kernels=[kernel], routes=[], arrays={})
     return program, stage, kernel

@@ -118,7 +118,7 @@ def run(args):
     if args.output:
         resolved = {"command": "compile", "model": program.model.to_dict(),
                     "fabric": program.fabric.to_dict(), "systems": program.systems,
-                    "options": program.options}
+                    "options": program.options.to_dict()}
 
         def write(tmp: Path) -> None:
             program.save(tmp)
@@ -176,9 +176,9 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
     shown = rows if len(rows) <= 8 else rows[:4] + [["..."] + [""] * 8] + rows[-2:]
     lines.append(table(["region", "role", "PEs", "stages", "KV tokens", "prefill latency",
                         "prefill tok/s", "decode latency", "decode tok/s"], shown, "llrrrrrrr"))
-    lines.append(f"  bounds: prefill of {program.options['bound_prefill_tokens']} tokens; decode "
-                 f"of batch {program.options['bound_decode_batch']} at context "
-                 f"{program.options['bound_decode_context']}; latency = lower bound on one "
+    lines.append(f"  bounds: prefill of {program.options.bound_prefill_tokens} tokens; decode "
+                 f"of batch {program.options.bound_decode_batch} at context "
+                 f"{program.options.bound_decode_context}; latency = lower bound on one "
                  "micro-batch through the pipeline, tok/s = upper bound with the pipeline full")
     lines += ["", "Placement (per decode token, all stages of a region)"]
     prow = []

@@ -128,7 +128,7 @@ def run(args):
         save_logits(args.dump_logits, result.logits)
     data = {
         "model": model.name, "weights": source, "fabric": program.fabric.name,
-        "systems": program.systems, "plan": program.options["plan"], "dtype": args.dtype,
+        "systems": program.systems, "plan": program.options.plan, "dtype": args.dtype,
         "prefill_region": result.prefill_region, "decode_region": result.decode_region,
         "prompt_ids": result.prompt_ids, "generated_ids": result.generated_ids,
         "functional_wall_s": wall,

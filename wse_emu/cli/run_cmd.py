@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
-from wse_emu.layer import MicroBatch, attention_tile_of
+from wse_emu.layer import MicroBatch
 from wse_emu.model import check_positions
 from wse_emu.outputs import step_summary, write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
@@ -77,9 +78,9 @@ def with_step_options(program: WaferProgram, args) -> WaferProgram:
     if routing_for(program.model, args.routing, args.routing_seed) != Routing():
         changed.update(routing=args.routing, routing_seed=args.routing_seed)
     if args.attention_tile is not None:
-        changed["attention_tile"] = attention_tile_of({"attention_tile": args.attention_tile})
-    if changed:
-        program.options = {**program.options, **changed}
+        changed["attention_tile"] = args.attention_tile
+    if changed:  # checked as the options check them, by name
+        program.options = replace(program.options, **changed)
     return program
 
 

@@ -50,7 +50,7 @@ def run(args):
     reqs, spec_name = result.requests, result.workload
     fabric = program.fabric
     data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
-            "plan": program.options["plan"], "policy": args.policy, "workload": spec_name,
+            "plan": program.options.plan, "policy": args.policy, "workload": spec_name,
             "targets": {"ttft_s": args.ttft_s, "tpot_s": args.tpot_s},
             **metrics, "regions": result.regions}
     if args.output:

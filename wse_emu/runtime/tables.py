@@ -332,7 +332,7 @@ def stage_content(program: WaferProgram, stage) -> str:
         "windows": [program.model.window(i) for i in range(*stage.layers)],
         "kernels": kernels, "model": program.model.to_dict(),
         "fabric": program.fabric.to_dict(),
-        "routing": [str(options.get("routing", "uniform")), options.get("routing_seed", 0)],
+        "routing": [str(options.routing), options.routing_seed],
         "attention_tile": attention_tile_of(options)}, sort_keys=True, default=str)
 
 
