@@ -1,6 +1,7 @@
 """The Python API: the README's example runs, and each function returns what its command
 prints."""
 
+import json
 import re
 from pathlib import Path
 
@@ -8,7 +9,9 @@ import pytest
 
 import wse_emu
 from wse_emu import api
+from wse_emu.cli.main import main
 from wse_emu.errors import UserError
+from wse_emu.fmt import seconds
 from wse_emu.runtime.comparison import Space
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -26,6 +29,43 @@ def test_the_functions_are_reachable_from_the_package():
     assert wse_emu.compile is api.compile and wse_emu.serve is api.serve
     with pytest.raises(AttributeError):
         wse_emu.no_such_function  # noqa: B018
+
+
+def _printed_json(capsys, *argv) -> dict:
+    assert main(["--quiet", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_step_is_what_run_prints_and_shows_itself_in_a_line(capsys):
+    program = api.compile("tiny", "mesh16", region=(8, 8))
+    step = api.run(program, "decode", batch=2, context=64)
+    printed = _printed_json(capsys, "run", "tiny", "--fabric", "mesh16", "--region", "8x8",
+                            "--batch", "2", "--context", "64")
+    data = step.to_json()
+    assert data.pop("wall_seconds") > 0 and printed.pop("wall_seconds") > 0
+    assert data == printed and all(s["kernel_bound_cycles_each"] for s in data["stages"])
+    # A notebook shows the step in one short line (never its per-PE arrays), numbers as the
+    # command line writes them.
+    shown = repr(step)
+    assert shown.startswith("RegionRun(region='mixed0', decode of batch 2 at context 64, "
+                            f"{len(step.stages)} stages, {seconds(step.step_seconds)}/step, ")
+    assert "\n" not in shown and len(shown) < 250 and "array" not in shown
+    assert not re.search(r"\de[+-]\d", shown)
+    stage = repr(step.stages[0])
+    assert stage.startswith(f"StageRun(stage=0, {step.stages[0].cycles:,} cycles, ")
+    assert "\n" not in stage and len(stage) < 120
+    assert step.stages[1].to_json().items() <= {**data["stages"][1]}.items()
+
+
+def test_a_handoff_is_what_run_prints(capsys):
+    from wse_emu.runner import handoff_for, kv_handoff
+
+    program = api.compile("tiny", "mesh16", plan="disaggregated")
+    handoff = kv_handoff(program, *handoff_for(program, None, 64), 64)
+    assert handoff.to_json() == _printed_json(capsys, "run", "tiny", "--fabric", "mesh16",
+                                              "--plan", "disaggregated", "--phase", "handoff",
+                                              "--tokens", "64")
+    assert repr(handoff).startswith("HandoffRun('prefill0' -> 'decode0', KV of 64 tokens")
 
 
 def test_serve_and_experiment_return_what_the_commands_print(tmp_path):

@@ -13,12 +13,10 @@ import pytest
 from test_moe_timing import SPECS, compiled
 
 from wse_emu.cli.main import main
-from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.stages import StripSpec
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.stage import stage_graph
 from wse_emu.layer import MicroBatch
-from wse_emu.outputs import step_summary
 from wse_emu.runner import run_region, simulate_stage
 
 DECODE = MicroBatch("decode", batch=8, context=40)
@@ -106,7 +104,8 @@ def test_expert_starvation_shows_in_the_steps_summary(one_stage):
     busy = {}
     for batch in (1, 8):
         run = run_region(one_stage, region, MicroBatch("decode", batch=batch, context=40))
-        experts = step_summary(one_stage, run, stage_bounds(one_stage, run))["experts"]
+        experts = run.experts()
+        assert run.to_json()["experts"] == experts
         busy[batch] = experts["expert_pe_utilization"]
         assert experts["experts"] == 8 and 1 <= experts["active_experts"] <= 8
         assert experts["busiest_tokens"] <= batch

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from wse_emu.checks import is_number, one_of, positive, short_repr, whole
+from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
@@ -27,7 +28,6 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
-from wse_emu.outputs import experts_summary
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
 from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
@@ -100,10 +100,13 @@ def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context
         engine: str = "fast") -> RegionRun:
     """Simulate one step of ``phase`` on a region of ``program`` (by default the first that
     serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
-    ``tiles`` tiles (4 by default, as ``wse-emu run``)."""
+    ``tiles`` tiles (4 by default, as ``wse-emu run``). Its ``to_json()`` is what
+    ``wse-emu run --json`` prints, the kernels' lower bounds included."""
     name, step = step_of(program, phase, region, batch=batch, context=context, tokens=tokens,
                          tiles=tiles)
-    return run_region(program, name, step, engine)
+    result = run_region(program, name, step, engine)
+    result.bounds = stage_bounds(program, result)
+    return result
 
 
 def step_of(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
@@ -475,8 +478,7 @@ def evaluate_point(point: str, config: dict) -> dict:
                "tokens_per_s_cluster": replicas * step.tokens_per_s(),
                "compute_utilization": step.compute_utilization()}
         if program.model.is_moe:
-            out["expert_pe_utilization"] = experts_summary(program, step)[
-                "expert_pe_utilization"]
+            out["expert_pe_utilization"] = step.experts()["expert_pe_utilization"]
         return out
     if "workload" not in config:
         raise UserError("a serve point needs a workload")

@@ -23,10 +23,12 @@ from wse_emu import layer as ly
 from wse_emu.checks import one_of, short_repr, whole
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
+from wse_emu.fmt import seconds, with_unit
 from wse_emu.kernels.primitives import wavelets
 from wse_emu.kernels.stage import kernel_graph, stage_graph
 from wse_emu.layer import MicroBatch
 from wse_emu.program import Stage, WaferProgram
+from wse_emu.routing import load_summary, routing_of
 from wse_emu.splits import even_split
 
 CYCLE_ENGINE_MAX_PES = 128 * 128
@@ -35,6 +37,8 @@ CYCLE_ENGINE_MAX_CYCLES = 20_000_000
 
 @dataclass
 class StageRun:
+    """One stage's part of a simulated step: its cycles, and where they went."""
+
     stage: int
     cycles: int  # all tiles through the stage
     first_tile_cycles: int
@@ -46,9 +50,41 @@ class StageRun:
     messages: int
     reused_from: int | None = None
 
+    def compute_utilization(self) -> float:
+        """Core cycles its PEs computed, of their cycles in the stage."""
+        return float(self.busy.sum()) / (self.busy.size * self.cycles) if self.cycles else 0
+
+    def link_utilization(self) -> float:
+        """Wavelets its links carried, of what they could carry in the stage."""
+        return float(self.links.sum()) / (self.links.size * self.cycles) if self.cycles else 0
+
+    def to_json(self) -> dict:
+        """Its numbers as ``wse-emu run --json`` lists them (``RegionRun.to_json`` adds the
+        layers it holds, seconds and its kernels' bounds): the per-PE counters are not in
+        it (``outputs.write_step_outputs`` keeps them in counters.npz)."""
+        return {"stage": self.stage, "cycles": self.cycles,
+                "first_tile_cycles": self.first_tile_cycles,
+                "compute_utilization": self.compute_utilization(),
+                "link_utilization": self.link_utilization(),
+                "kernel_cycles": {n: span[1] - span[0] for n, span in self.kernels.items()},
+                "kernel_busy_cycles": self.kernel_busy, "tasks": self.tasks,
+                "messages": self.messages, "reused_from": self.reused_from}
+
+    def __repr__(self) -> str:
+        h, w = self.busy.shape
+        timed = "" if self.reused_from is None else f", timed as stage {self.reused_from}"
+        return (f"StageRun(stage={self.stage}, {self.cycles:,} cycles, {w} x {h} PEs, "
+                f"{len(self.kernels)} kernels, compute {self.compute_utilization():.1%}{timed})")
+
 
 @dataclass
 class RegionRun:
+    """One prefill or decode step simulated on one region of a program, stage by stage.
+
+    ``to_json()`` is what ``wse-emu run --json`` prints and keeps in results.json; the
+    per-PE counters of each stage stay in ``stages`` (``StageRun.busy``, ``StageRun.links``).
+    """
+
     region: str
     engine: str
     step: MicroBatch
@@ -60,6 +96,10 @@ class RegionRun:
     wall_seconds: float
     simulated: int  # stages actually simulated (the rest reused)
     extra: dict = field(default_factory=dict)
+    program: WaferProgram | None = field(default=None, compare=False)  # what was run
+    # Per stage id, each kernel's lower bound in cycles (``compiler.bounds.stage_bounds``:
+    # the command line and ``api.run`` give them; the core cannot compute them).
+    bounds: dict | None = field(default=None, compare=False)
 
     @property
     def step_seconds(self) -> float:
@@ -86,6 +126,111 @@ class RegionRun:
         sent = sum(float(s.links.sum()) for s in self.stages)
         capacity = sum(s.links.size * s.cycles for s in self.stages)
         return sent / capacity if capacity else 0.0
+
+    def describe(self) -> str:
+        """'decode of batch 1 at context 4096', 'prefill of 4096 tokens in 4 tiles', with the
+        attention tiles a decode step ran in."""
+        step = self.step
+        if step.phase == "prefill":
+            return f"prefill of {step.tokens} tokens in {len(step.tiles())} tiles"
+        tile = self.attention_tile()
+        return step.describe() + (f", attention in tiles of {tile}" if tile else "")
+
+    def attention_tile(self) -> int | None:
+        """Sequences per attention tile of a decode step run with batch tiling on attention."""
+        if self.program is None:
+            return None
+        size = ly.attention_tile_of(self.program.options)
+        return size if len(self.step.attention_tiles(size)) > 1 else None
+
+    def experts(self) -> dict | None:
+        """How busy a mixture of experts' experts are in the step: the drawn loads of one
+        layer (every expert resident, only the routed ones working; ``routing.load_summary``)
+        and the share of the step's cycles the expert strips' PEs compute (None for a dense
+        model)."""
+        program = self._program()
+        model = program.model
+        if not model.is_moe:
+            return None
+        loads = load_summary(routing_of(program.options), model.num_experts,
+                             model.experts_per_token, self.step.tiles()[0].new_tokens)
+        experts = {op.name for op in ly.layer_ops(model) if op.kind == ly.EXPERT_GEMM}
+        busy = capacity = 0.0
+        for sr in self.stages:
+            stage = program.stages[sr.stage]
+            for k in program.stage_kernels(stage):
+                if k.name in experts:
+                    r, st = k.rect, stage.rect
+                    busy += float(sr.busy[r.y - st.y:r.y1 - st.y, r.x - st.x:r.x1 - st.x].sum())
+                    capacity += r.area * sr.cycles
+        return {**loads, "expert_pe_utilization": busy / capacity if capacity else 0.0}
+
+    def compiled_bounds(self) -> dict | None:
+        """The bounds the compiler stored for this region and phase (its summary's), when the
+        step is the workload they were taken at."""
+        program = self._program()
+        opts, step = program.options, self.step
+        same = (step.phase == "prefill" and step.tokens == opts.bound_prefill_tokens) or (
+            step.phase == "decode" and step.batch == opts.bound_decode_batch
+            and step.context == opts.bound_decode_context)
+        if not same:
+            return None  # the compiler's bounds are for another workload
+        return program.summary.get("bounds", {}).get(self.region, {}).get(step.phase)
+
+    def to_json(self) -> dict:
+        """What ``wse-emu run --json`` prints and keeps in results.json: the step, its stages
+        (with the layers each holds and, beside its kernels, their lower ``bounds``), the
+        utilization, and for a mixture of experts its expert loads."""
+        program = self._program()
+        b = self.bottleneck
+        stages = []
+        for sr in self.stages:
+            stage, own = program.stages[sr.stage], sr.to_json()
+            stages.append({
+                "stage": sr.stage, "layers": stage.layers, "experts": stage.experts,
+                "holds": stage.describe_layers(), "cycles": sr.cycles,
+                "seconds": sr.cycles / self.clock_hz,
+                **{k: own[k] for k in ("first_tile_cycles", "compute_utilization",
+                                       "link_utilization", "kernel_cycles",
+                                       "kernel_busy_cycles")},
+                # One layer, one token tile.
+                "kernel_bound_cycles_each": None if self.bounds is None
+                else self.bounds[sr.stage],
+                **{k: own[k] for k in ("tasks", "messages", "reused_from")}})
+        return {
+            "model": program.model.name,
+            "cluster": f"{program.systems} x {program.fabric.name}",
+            "region": self.region, "engine": self.engine,
+            "routing": routing_of(program.options).describe() if program.model.is_moe
+            else None,
+            "step": {"phase": self.step.phase, "tokens": self.step.tokens,
+                     "batch": self.step.batch, "context": self.step.context,
+                     "tiles": len(self.step.tiles()), "attention_tile": self.attention_tile()},
+            "experts": self.experts(),
+            "step_cycles": self.step_cycles, "step_seconds": self.step_seconds,
+            "tokens_per_s_alone": self.latency_tokens_per_s(),
+            "tokens_per_s_pipelined": self.tokens_per_s(),
+            "bottleneck_stage": self.stages[b].stage, "bottleneck_cycles": self.stages[b].cycles,
+            "compiled_bounds": self.compiled_bounds(),
+            "compute_utilization": self.compute_utilization(),
+            "link_utilization": self.link_utilization(),
+            "transfer_cycles": self.transfers,
+            "stages": stages, "stages_simulated": self.simulated,
+            "wall_seconds": self.wall_seconds,
+        }
+
+    def _program(self) -> WaferProgram:
+        if self.program is None:
+            raise ValueError("this RegionRun does not say which program it ran on "
+                             "(run_region sets RegionRun.program)")
+        return self.program
+
+    def __repr__(self) -> str:
+        return (f"RegionRun(region={self.region!r}, {self.describe()}, {len(self.stages)} "
+                f"stages, {seconds(self.step_seconds)}/step, "
+                f"{with_unit(self.latency_tokens_per_s(), 'tok/s')} alone, "
+                f"{with_unit(self.tokens_per_s(), 'tok/s')} pipelined, bottleneck stage "
+                f"{self.stages[self.bottleneck].stage}, {self.engine} engine)")
 
 
 def signature(program: WaferProgram, stage: Stage) -> tuple:
@@ -251,7 +396,7 @@ def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine
         step_cycles = float(sum(r.cycles for r in runs) + sum(transfers))
     return RegionRun(region_name, engine, step, runs, transfers, float(step_cycles),
                      program.fabric.clock_hz, step.new_tokens,
-                     time.perf_counter() - began, simulated, extra)
+                     time.perf_counter() - began, simulated, extra, program=program)
 
 
 def region_transfers(program: WaferProgram, stages: list[Stage], step: MicroBatch,
@@ -277,6 +422,8 @@ def region_transfers(program: WaferProgram, stages: list[Stage], step: MicroBatc
 
 @dataclass
 class HandoffRun:
+    """A prompt's KV cache moved from a prefill region to a decode region."""
+
     prefill_region: str
     decode_region: str
     tokens: int
@@ -286,10 +433,26 @@ class HandoffRun:
     offwafer: bool
     messages: int
     links: np.ndarray | None  # (systems, h, w, 4) wavelets, for an on-wafer handoff
+    model: str = ""  # the model whose KV it is
 
     @property
     def seconds(self) -> float:
         return self.cycles / self.clock_hz
+
+    def to_json(self) -> dict:
+        """What ``wse-emu run --phase handoff --json`` prints and keeps in results.json (the
+        per-link counts stay in counters.npz)."""
+        return {"model": self.model, "prefill_region": self.prefill_region,
+                "decode_region": self.decode_region, "tokens": self.tokens,
+                "kv_bytes": self.kv_bytes, "cycles": self.cycles, "seconds": self.seconds,
+                "bytes_per_s": self.kv_bytes / self.seconds, "offwafer": self.offwafer,
+                "messages": self.messages}
+
+    def __repr__(self) -> str:
+        route = "off-wafer" if self.offwafer else "on-wafer"
+        return (f"HandoffRun({self.prefill_region!r} -> {self.decode_region!r}, KV of "
+                f"{self.tokens:,} tokens, {self.kv_bytes / 1e6:.1f} MB {route}, "
+                f"{self.cycles:,} cycles = {seconds(self.seconds)})")
 
 
 def handoff_for(program: WaferProgram, region: str | None, tokens: int) -> tuple[str, str]:
@@ -331,7 +494,7 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
         cycles = int(np.ceil(total / fabric.offwafer_bytes_per_cycle())) \
             + 2 * fabric.ramp_latency_cycles
         return HandoffRun(prefill_region, decode_region, tokens, cycles, fabric.clock_hz, total,
-                          True, 0, None)
+                          True, 0, None, model.name)
     system = next(iter(src_systems))
     g = GraphBuilder(fabric.width, fabric.height)
     for i in src_region.stage_ids:
@@ -363,4 +526,4 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
     links[system] = res.link_wavelets.reshape(fabric.height, fabric.width, 4)
     cycles = int(max(res.task_end.max(), res.msg_done.max()))
     return HandoffRun(prefill_region, decode_region, tokens, cycles, fabric.clock_hz, total,
-                      False, len(graph.msgs), links)
+                      False, len(graph.msgs), links, model.name)

@@ -35,7 +35,6 @@ from wse_emu.layer import MicroBatch
 from wse_emu.model import load_model
 from wse_emu.outputs import (
     TIMELINE_EVENTS,
-    step_summary,
     write_serve_outputs,
     write_step_outputs,
 )
@@ -141,6 +140,7 @@ def run(args):
     for plan, region in (("colocated", "mixed0"), ("disaggregated", "decode0")):
         began = time.process_time()  # every thread's: the stages run on several
         runs[plan] = run_region(programs[plan], region, DECODE)
+        runs[plan].bounds = stage_bounds(programs[plan], runs[plan])
         cpu[plan] = time.process_time() - began
     show(_decode_steps(programs, runs))
     cache = default_cache_dir(args.cache_dir)
@@ -285,8 +285,7 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
         for plan, r in runs.items():
             sub = staging / f"{plan}-decode"
             sub.mkdir()
-            write_step_outputs(sub, programs[plan], r,
-                               step_summary(programs[plan], r, stage_bounds(programs[plan], r)))
+            write_step_outputs(sub, programs[plan], r)
             draw_run(sub, ("maps", "roofline"))
         (staging / "experiment").mkdir()
         (staging / "experiment" / "experiment.json").write_text(json.dumps(exp, indent=1))

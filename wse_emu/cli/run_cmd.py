@@ -16,13 +16,14 @@ from wse_emu.errors import UserError
 from wse_emu.fmt import seconds, si, table
 from wse_emu.layer import MicroBatch
 from wse_emu.model import check_positions
-from wse_emu.outputs import step_summary, write_step_outputs
+from wse_emu.outputs import write_step_outputs
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.progress import Phase
-from wse_emu.routing import Routing, routing_for
+from wse_emu.routing import Routing, routing_for, routing_of
 from wse_emu.runner import (
     DEFAULT_PREFILL_TILES,
     HandoffRun,
+    RegionRun,
     handoff_for,
     kv_handoff,
     run_region,
@@ -97,23 +98,20 @@ def run_handoff(args, program: WaferProgram):
     check_positions(program.model, args.tokens, f"a prompt of --tokens {args.tokens}")
     src, dst = handoff_for(program, args.run_region, args.tokens)
     h: HandoffRun = kv_handoff(program, src, dst, args.tokens)
-    data = {"model": program.model.name, "prefill_region": h.prefill_region,
-            "decode_region": h.decode_region, "tokens": h.tokens, "kv_bytes": h.kv_bytes,
-            "cycles": h.cycles, "seconds": h.seconds, "bytes_per_s": h.kv_bytes / h.seconds,
-            "offwafer": h.offwafer, "messages": h.messages}
     if args.output:
         def write(tmp: Path) -> None:
             program.save(tmp)  # so that the run directory alone can be drawn
-            (tmp / "results.json").write_text(json.dumps(data, indent=1))
+            (tmp / "results.json").write_text(json.dumps(h.to_json(), indent=1))
             if h.links is not None:
                 np.savez_compressed(tmp / "counters.npz", link_wavelets_nesw=h.links)
         write_run_dir(args.output, write)
     if args.json:
-        return data
+        return h.to_json()
     route = "the off-wafer link" if h.offwafer else "the wafer's fabric"
-    return (f"{data['model']}: KV cache of a {h.tokens}-token prompt, {h.kv_bytes / 1e6:.1f} MB, "
+    return (f"{h.model}: KV cache of a {h.tokens}-token prompt, {h.kv_bytes / 1e6:.1f} MB, "
             f"from {h.prefill_region} to {h.decode_region} over {route}\n"
-            f"  {h.cycles:,} cycles = {seconds(h.seconds)} ({si(data['bytes_per_s'], 'B/s')})")
+            f"  {h.cycles:,} cycles = {seconds(h.seconds)} "
+            f"({si(h.kv_bytes / h.seconds, 'B/s')})")
 
 
 def run(args):
@@ -133,54 +131,53 @@ def run(args):
         bar.update(done)
     result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
                         progress=progress)
-    data = step_summary(program, result, stage_bounds(program, result))
+    result.bounds = stage_bounds(program, result)
     if args.output:
-        write_run_dir(args.output, lambda tmp: write_step_outputs(tmp, program, result, data))
+        write_run_dir(args.output, lambda tmp: write_step_outputs(tmp, program, result))
     if args.json:
-        return data
-    return render(data, args.output)
+        return result.to_json()
+    return render(result, args.output)
 
 
-def render(d: dict, output: str | None) -> str:
-    st = d["step"]
-    what = (f"prefill of {st['tokens']} tokens in {st['tiles']} tiles" if st["phase"] == "prefill"
-            else f"decode of batch {st['batch']} at context {st['context']}")
-    if st.get("attention_tile"):
-        what += f", attention in tiles of {st['attention_tile']}"
+def render(run: RegionRun, output: str | None) -> str:
+    program = run.program
+    routing = routing_of(program.options).describe() if program.model.is_moe else None
+    slowest = run.stages[run.bottleneck]
     lines = [
-        f"{d['model']} on {d['cluster']}, region {d['region']}: {what}, {d['engine']} engine"
-        + (f", {d['routing']}" if d.get("routing") else ""),
-        f"  step                 {d['step_cycles']:,.0f} cycles = {seconds(d['step_seconds'])}",
-        f"  tokens/s             {si(d['tokens_per_s_alone'])} for one micro-batch alone, "
-        f"{si(d['tokens_per_s_pipelined'])} with the pipeline full",
-        f"  bottleneck           stage {d['bottleneck_stage']}: {d['bottleneck_cycles']:,} cycles",
-        f"  utilization          compute {d['compute_utilization']:.1%}, links "
-        f"{d['link_utilization']:.1%}",
-        f"  simulated            {d['stages_simulated']} distinct stage shapes of "
-        f"{len(d['stages'])} (the others repeat one of them)",
+        f"{program.model.name} on {program.systems} x {program.fabric.name}, region "
+        f"{run.region}: {run.describe()}, {run.engine} engine"
+        + (f", {routing}" if routing else ""),
+        f"  step                 {run.step_cycles:,.0f} cycles = {seconds(run.step_seconds)}",
+        f"  tokens/s             {si(run.latency_tokens_per_s())} for one micro-batch alone, "
+        f"{si(run.tokens_per_s())} with the pipeline full",
+        f"  bottleneck           stage {slowest.stage}: {slowest.cycles:,} cycles",
+        f"  utilization          compute {run.compute_utilization():.1%}, links "
+        f"{run.link_utilization():.1%}",
+        f"  simulated            {run.simulated} distinct stage shapes of "
+        f"{len(run.stages)} (the others repeat one of them)",
     ]
-    ex = d.get("experts")
+    ex = run.experts()
     if ex:
         lines.append(f"  experts              {ex['active_experts']} of {ex['experts']} receive "
                      f"tokens in a layer (busiest {ex['busiest_tokens']}, mean "
                      f"{ex['mean_tokens_per_active_expert']:.1f}); expert PEs compute "
                      f"{ex['expert_pe_utilization']:.1%} of the step")
-    cb = d.get("compiled_bounds")
+    cb = run.compiled_bounds()
     if cb:
         lines.append(f"  compiler's bounds    {cb['workload']}: pipeline latency >= "
                      f"{seconds(cb['pipeline_latency_s'])}, slowest stage >= "
                      f"{cb['bottleneck_cycles']:,.0f} cycles")
     rows = []
-    stages = d["stages"]
+    stages = run.stages
     shown = stages if len(stages) <= 8 else stages[:3] + [None] + stages[-3:]
     for s in shown:
         if s is None:
             rows.append(["..."] + [""] * 5)
             continue
-        slowest = max(s["kernel_busy_cycles"], key=s["kernel_busy_cycles"].get)
-        rows.append([s["stage"], s["holds"], f"{s['cycles']:,}",
-                     f"{s['compute_utilization']:.1%}", slowest,
-                     "" if s["reused_from"] is None else f"= stage {s['reused_from']}"])
+        busiest = max(s.kernel_busy, key=s.kernel_busy.get)
+        rows.append([s.stage, program.stages[s.stage].describe_layers(), f"{s.cycles:,}",
+                     f"{s.compute_utilization():.1%}", busiest,
+                     "" if s.reused_from is None else f"= stage {s.reused_from}"])
     lines += ["", table(["stage", "layers", "cycles", "compute util", "busiest kernel",
                          "timed as"], rows, "lrrrll")]
     if output:
