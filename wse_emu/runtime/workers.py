@@ -137,7 +137,8 @@ class _Dask:
         worker once."""
         from dask.distributed import as_completed as completed
 
-        handles = self.client.scatter(list(shared), broadcast=True)
+        # dask refuses to scatter nothing, and a job with nothing shared needs no handles.
+        handles = self.client.scatter(list(shared), broadcast=True) if shared else []
 
         def run(jobs, done=None):
             futures = [self.client.submit(function, *handles, *job, pure=False) for job in jobs]
