@@ -70,6 +70,22 @@ def test_nothing_installs_a_generic_top_level_name():
         assert not generic, f"{path.relative_to(ROOT)} imports {generic} by a generic name"
 
 
+def test_every_package_folder_is_installed():
+    """setuptools installs only the packages it is told of; a folder left out imports from a
+    checkout (the editable install) but not from a built wheel."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    where = {folder: name for name, folder in config["package-dir"].items()}
+    found = set()
+    for init in [*ROOT.glob("wse_emu/**/__init__.py"), *(p for f in FOLDERS
+                                                      for p in ROOT.glob(f"{f}/**/__init__.py"))]:
+        parts = init.parent.relative_to(ROOT).parts
+        top = where.get(parts[0], parts[0])
+        found.add(".".join([top, *parts[1:]]))
+    assert found == set(config["packages"])
+
+
 def test_only_the_command_line_imports_the_command_line():
     """wse_emu/cli holds argument parsing and printing only: the library, the API and the
     figures never reach into it (what they share, formatting and run directories, lives in
