@@ -12,7 +12,7 @@ from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
 from wse_emu.fmt import seconds
-from wse_emu.runtime.comparison import Space
+from wse_emu.runtime.comparison import ExperimentReport, Space
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"
@@ -72,14 +72,20 @@ def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
     program = api.compile("tiny", "mesh16", region=(8, 8))
     result, metrics = api.serve(program, str(SMALL_CHAT), cache_dir=tmp_path, ttft_s=1.0,
                                 tpot_s=1.0)
-    assert metrics["requests"] == len(result.tokens) == 40
-    assert metrics["slo_attainment"] == 1.0
+    assert metrics.requests == len(result.tokens) == 40
+    assert metrics.slo_attainment == 1.0
+    assert repr(metrics).startswith("RunMetrics(40 requests over ")
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
                   max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
     data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
                           space=space, cache_dir=tmp_path, workers=1)
-    assert {c["plan"] for c in data["final"]} == {"colocated", "disaggregated"}
-    assert data["comparison"]["goodput_ratio"] > 0
+    assert {c.plan for c in data.final} == {"colocated", "disaggregated"}
+    assert data.comparison.goodput_ratio > 0
+    assert repr(data).startswith("ExperimentReport(tiny on 1 x mesh16, workload ")
+    # Its JSON is what the command prints, and reads back as the same report.
+    written = json.loads(json.dumps(data.to_json()))
+    assert ExperimentReport.from_json(written) == data
+    assert ExperimentReport.from_json(written).to_json() == written
     with pytest.raises(UserError, match="systems"):
         api.experiment("llama-3.1-70b", str(SMALL_CHAT), ttft_s=1, tpot_s=0.01, space=space,
                        workers=1,

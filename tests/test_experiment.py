@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from experiment_args import search_all
+from experiment_args import made_up_point, search_all
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
@@ -13,8 +13,10 @@ from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.experiment import (
     Config,
+    Outcome,
     Point,
     Targets,
+    compare,
     evaluate,
     outcomes,
 )
@@ -57,15 +59,34 @@ def test_the_search_brackets_the_highest_rate_met():
     """With a made-up configuration that meets its targets up to factor 2.7, the search ends
     with the met factor within the tolerance below 2.7 and the failed one above it."""
     def run_points(jobs):
-        return [Point(f, f <= 2.7, {}) for _, f in jobs]
+        return [Point(f, f <= 2.7, None) for _, f in jobs]
     configs = [Config("colocated", "made up", [], ServeOptions.of(WSE3, SMALL))]
     (search,) = search_all(configs, run_points, tolerance=0.02)
     assert 2.7 / 1.02 <= search.best <= 2.7 < search.failed <= search.best * 1.02
 
 
+def test_why_a_configuration_stopped_reads_its_numbers_as_the_command_line_writes_them():
+    """The sentence on what stopped a configuration writes rates with SI prefixes and times
+    in their unit (never 5.18e+03/s or 0.0276 ms)."""
+    met = made_up_point(2500.0, True)
+    failed = made_up_point(5180.0, False, tpot_p90_s=2.76e-5, pace=1.23,
+                           decode_work_per_token_s=6.69e-6, decode_stall_per_token_s=4.1e-6,
+                           prefill_utilization=0.34, decode_utilization=0.04)
+    outcome = Outcome("colocated, made up", "colocated", "made up", met, failed)
+    targets = Targets(ttft_s=1.0, tpot_s=1e-5)
+    assert compare([outcome, replace(outcome, plan="disaggregated")], targets).reasons[0] == (
+        "colocated, made up: at 5.18 k/s it missed p90 TPOT and a growing queue (first tokens "
+        "spread over 1.23x the span of arrivals); p90 TPOT 27.6 us against 6.69 us of decode "
+        "work per token: tokens waited behind prefill and other micro-batches (4.1 us per "
+        "token on average); prefill stages 34% busy, decode stages 4%")
+    rising = replace(failed, metrics=replace(failed.metrics, pace=1.0, ttft_slope=123.4))
+    assert "(TTFT rising 120 s per s of arrivals)" in replace(outcome, failed=rising).limit(
+        targets)
+
+
 def test_the_search_gives_up_at_its_floor():
     configs = [Config("colocated", "never", [], ServeOptions.of(WSE3, SMALL))]
-    (search,) = search_all(configs, lambda jobs: [Point(f, False, {}) for _, f in jobs])
+    (search,) = search_all(configs, lambda jobs: [Point(f, False, None) for _, f in jobs])
     assert search.best is None and outcomes([search])[0].goodput == 0.0
 
 
@@ -116,6 +137,7 @@ def test_results_barely_move_with_a_finer_table_grid(programs, tmp_path_factory)
     coarse, fine = answers
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         for q in ("p50", "p90"):
-            assert coarse[key][q] == pytest.approx(fine[key][q], rel=0.05), (key, q)
-    assert coarse["output_tokens_per_s"] == pytest.approx(fine["output_tokens_per_s"], rel=0.05)
-    assert np.isfinite(coarse["tpot_s"]["p99"])
+            assert getattr(getattr(coarse, key), q) == \
+                pytest.approx(getattr(getattr(fine, key), q), rel=0.05), (key, q)
+    assert coarse.output_tokens_per_s == pytest.approx(fine.output_tokens_per_s, rel=0.05)
+    assert np.isfinite(coarse.tpot_s.p99)

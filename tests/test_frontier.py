@@ -16,9 +16,24 @@ from hypothesis import strategies as st
 
 from wse_emu import api
 from wse_emu.cli.main import main
-from wse_emu.runtime.comparison import Space
-from wse_emu.runtime.frontier import capacity_ratio, pareto, speed_ladder, vendor_speed
-from wse_emu.runtime.metrics import percentiles, run_metrics, token_times, user_speeds
+from wse_emu.runtime.comparison import ExperimentReport, Space
+from wse_emu.runtime.experiment import Comparison, ConfigRow, Replicate, Targets
+from wse_emu.runtime.frontier import (
+    FrontierPoint,
+    FrontierReport,
+    capacity_ratio,
+    pareto,
+    report_from_json,
+    speed_ladder,
+    vendor_speed,
+)
+from wse_emu.runtime.metrics import (
+    UserSpeeds,
+    percentiles,
+    run_metrics,
+    token_times,
+    user_speeds,
+)
 from wse_emu.runtime.sensitivity import StepScale
 from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
@@ -40,75 +55,91 @@ def ladder(tmp_path_factory):
 
 
 def test_every_point_reached_meets_its_targets(ladder):
-    assert len(ladder["rungs"]) >= 3
-    for r in ladder["rungs"]:
-        data = ladder["experiments"][f"{r['user_speed']:g}"]
-        rows = {c["configuration"]: c for c in data["final"]}
-        for plan, point in r["plans"].items():
-            if not point["reached"]:
+    assert len(ladder.rungs) >= 3
+    for r in ladder.rungs:
+        rows = ladder.experiments[f"{r.user_speed:g}"].rows()
+        for plan, point in r.plans.items():
+            if not point.reached:
                 continue
-            row = rows[point["configuration"]]
-            assert row["tpot_p90_s"] <= r["tpot_target_s"]
-            assert row["ttft_p90_s"] <= ladder["ttft_p90_s"]
-            assert row["slo_attainment"] >= ladder["attainment"]
+            row = rows[point.configuration]
+            assert row.tpot_p90_s <= r.tpot_target_s
+            assert row.ttft_p90_s <= ladder.ttft_p90_s
+            assert row.slo_attainment >= ladder.attainment
             # 90% of requests at or above the speed.
-            assert point["user_tokens_per_s"]["p90"] >= r["user_speed"]
-            assert point["tokens_per_s_per_system"] > 0
+            assert point.user_tokens_per_s.p90 >= r.user_speed
+            assert point.tokens_per_s_per_system > 0
 
 
 def test_the_frontier_never_gains_throughput_as_speed_rises(ladder):
-    for plan, front in ladder["frontier"].items():
+    for plan, front in ladder.frontier.items():
         assert front, plan
-        speeds = [p["user_tokens_per_s"]["p90"] for p in front]
-        tokens = [p["tokens_per_s_per_system"] for p in front]
+        speeds = [p.user_tokens_per_s.p90 for p in front]
+        tokens = [p.tokens_per_s_per_system for p in front]
         assert speeds == sorted(speeds, reverse=True)
         assert tokens == sorted(tokens)  # fastest first: throughput only grows as speed falls
 
 
 def test_the_headline_is_read_at_the_speed_asked_for(ladder):
-    head = ladder["headline"]
-    assert head["user_speed"] == 20_000
-    rung = next(r for r in ladder["rungs"] if r["user_speed"] == 20_000)
-    assert head["capacity_per_system"]["colocated"] == \
-        rung["plans"]["colocated"]["tokens_per_s_per_system"]
-    assert head["capacity_ratio"] == rung["capacity_ratio"]
+    head = ladder.headline
+    assert head.user_speed == 20_000
+    rung = next(r for r in ladder.rungs if r.user_speed == 20_000)
+    assert head.capacity_per_system["colocated"] == \
+        rung.plans["colocated"].tokens_per_s_per_system
+    assert head.capacity_ratio == rung.capacity_ratio
+
+
+def test_the_report_reads_back_from_its_json_as_it_was(ladder):
+    """experiment.json holds ``to_json()``; read back, it is the same report, and its JSON
+    the same JSON."""
+    data = json.loads(json.dumps(ladder.to_json()))
+    again = report_from_json(data)
+    assert isinstance(again, FrontierReport) and again.to_json() == data
+    assert again.rungs[0].plans["colocated"] == ladder.rungs[0].plans["colocated"]
+    speed = f"{ladder.rungs[0].user_speed:g}"
+    assert again.experiments[speed].comparison == ladder.experiments[speed].comparison
+    assert again.experiments[speed].final == ladder.experiments[speed].final
+    # Shown in a notebook, a row and a point are their fields, not dictionaries.
+    assert repr(ladder.rungs[0].plans["colocated"]).startswith("FrontierPoint(plan='colocated'")
 
 
 def test_a_speed_no_configuration_reaches_has_no_capacity_and_no_ratio(tmp_path, ladder):
     # Twice as fast as a lone sequence's decode step: no batch, no policy gets there.
-    too_fast = 2.0 / ladder["lone_decode_step_s"]
+    too_fast = 2.0 / ladder.lone_decode_step_s
     data = tiny_frontier(tmp_path, user_speeds=[too_fast], user_speed=too_fast)
-    head = data["headline"]
-    assert head["capacity_per_system"] == {"colocated": 0.0, "disaggregated": 0.0}
-    assert head["capacity_ratio"]["ratio"] is None
-    assert head["capacity_ratio"]["neither_draws"] == 1
-    assert data["fastest_reached"] == {"colocated": 0.0, "disaggregated": 0.0}
-    assert data["frontier"] == {"colocated": [], "disaggregated": []}
+    head = data.headline
+    assert head.capacity_per_system == {"colocated": 0.0, "disaggregated": 0.0}
+    assert head.capacity_ratio.ratio is None
+    assert head.capacity_ratio.neither_draws == 1
+    assert data.fastest_reached == {"colocated": 0.0, "disaggregated": 0.0}
+    assert data.frontier == {"colocated": [], "disaggregated": []}
 
 
 def test_a_ratio_over_a_colocated_zero_is_unbounded_not_a_number():
     def row(name, rate):
-        return {"configuration": name, "max_rate_per_system": rate,
-                "window_output_tokens_per_s_per_system": 10.0 * rate}
+        return ConfigRow(name, "", "", 1, "", max_rate_per_system=rate,
+                         window_output_tokens_per_s_per_system=10.0 * rate)
 
     def draw(col, dis):
-        return {"configurations": [row("c", col), row("d", dis)],
-                "comparison": {"colocated": "c", "disaggregated": "d"}}
-    report = {"final": draw(0, 3)["configurations"], "comparison": draw(0, 3)["comparison"],
-              "replicates": [draw(0, 3), draw(0, 2)]}
-    assert capacity_ratio(report)["ratio"] == "unbounded"
-    report["replicates"] = [draw(1, 3), draw(0, 2)]
+        return Replicate([row("c", col), row("d", dis)], Comparison("c", "d"))
+    first = draw(0, 3)
+    report = ExperimentReport("m", "1 x f", "w", 10, Targets(1.0, 1.0), True, "full", [], 0.0,
+                              [], [], {}, first.configurations, 10, False, {},
+                              first.comparison, replicates=[draw(0, 3), draw(0, 2)])
+    assert capacity_ratio(report).ratio == "unbounded"
+    report.replicates = [draw(1, 3), draw(0, 2)]
     mixed = capacity_ratio(report)
-    assert mixed["ratio"] is None and mixed["unbounded_draws"] == 1
-    report["replicates"] = [draw(1, 3), draw(2, 2)]
-    assert capacity_ratio(report)["ratio"] == pytest.approx(2.0)
+    assert mixed.ratio is None and mixed.unbounded_draws == 1
+    report.replicates = [draw(1, 3), draw(2, 2)]
+    assert capacity_ratio(report).ratio == pytest.approx(2.0)
+    report.replicates = None  # one draw: the report's own rows
+    assert capacity_ratio(report).ratio == "unbounded"
 
 
 def test_more_draws_narrow_the_ratios_interval(tmp_path):
     widths = []
     for seeds in (2, 4):
         data = tiny_frontier(tmp_path, user_speeds=[20_000], user_speed=20_000, seeds=seeds)
-        iv = data["headline"]["capacity_ratio"]["interval"]
+        iv = data.headline.capacity_ratio.interval
         assert iv["n"] == seeds
         widths.append(iv["half_width"])
     assert widths[1] < widths[0]
@@ -116,14 +147,14 @@ def test_more_draws_narrow_the_ratios_interval(tmp_path):
 
 @given(st.lists(st.tuples(st.floats(1, 1e5), st.floats(0, 1e6)), max_size=30))
 def test_pareto_points_dominate_every_other(points):
-    pts = [{"reached": True, "user_tokens_per_s": {"p90": s}, "tokens_per_s_per_system": t}
+    pts = [FrontierPoint("colocated", "c", True, t, 0.0, UserSpeeds(s, s, s), None, None, None)
            for s, t in points]
     front = pareto(pts)
     for p in pts:  # every point is matched or beaten on both axes by one on the frontier
-        assert any(f["user_tokens_per_s"]["p90"] >= p["user_tokens_per_s"]["p90"]
-                   and f["tokens_per_s_per_system"] >= p["tokens_per_s_per_system"]
+        assert any(f.user_tokens_per_s.p90 >= p.user_tokens_per_s.p90
+                   and f.tokens_per_s_per_system >= p.tokens_per_s_per_system
                    for f in front)
-    tokens = [f["tokens_per_s_per_system"] for f in front]
+    tokens = [f.tokens_per_s_per_system for f in front]
     assert tokens == sorted(tokens)
 
 
@@ -144,17 +175,17 @@ def test_vendor_speeds_have_sources():
 
 def test_percentiles_of_refused_requests_are_infinite_not_nan():
     p = percentiles(np.array([1.0, 2.0, 3.0, np.inf]))
-    assert p["p50"] == 2.5 and p["p90"] == np.inf and p["p99"] == np.inf
-    assert percentiles(np.arange(10.0)) == {f"p{q}": float(np.percentile(np.arange(10.0), q))
-                                            for q in (50, 90, 99)}
+    assert p.p50 == 2.5 and p.p90 == np.inf and p.p99 == np.inf
+    assert percentiles(np.arange(10.0)).to_json() == {
+        f"p{q}": float(np.percentile(np.arange(10.0), q)) for q in (50, 90, 99)}
 
 
 def test_user_speeds_read_as_a_p90_target_does():
     tpot = np.array([0.001] * 9 + [0.01])
     speeds = user_speeds(tpot, np.full(10, 5))
-    assert speeds["p50"] == pytest.approx(1000)
-    assert speeds["p90"] == pytest.approx(1 / np.percentile(tpot, 90))
-    assert speeds["mean"] == pytest.approx((9 * 1000 + 100) / 10)
+    assert speeds.p50 == pytest.approx(1000)
+    assert speeds.p90 == pytest.approx(1 / np.percentile(tpot, 90))
+    assert speeds.mean == pytest.approx((9 * 1000 + 100) / 10)
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +212,8 @@ def test_a_request_no_region_holds_is_refused_and_misses_its_targets(tiny_split)
     assert res.refused.tolist() == [False] * 9 + [True]
     assert res.tokens[-1] == 0 and np.isinf(res.ttft_s()[-1]) and np.isinf(res.tpot_s()[-1])
     m = run_metrics(res, reqs, 10.0, 10.0)
-    assert m["refused"] == 1 and m["slo_attainment"] == pytest.approx(0.9)
-    assert m["ttft_s"]["p99"] == np.inf
+    assert m.refused == 1 and m.slo_attainment == pytest.approx(0.9)
+    assert m.ttft_s.p99 == np.inf
     alone = serve(_requests([64] * 9, [8] * 9), pools, options)
     assert np.array_equal(res.finish[:9], alone.finish)  # the others served as without it
 
@@ -195,7 +226,7 @@ def test_window_throughput_counts_the_tokens_inside_the_window(tiny_split):
     assert len(times) == res.tokens.sum()
     assert times.min() >= res.first_token.min() and times.max() == pytest.approx(res.finish.max())
     m = run_metrics(res, reqs, None, None, steady=True)
-    assert 0 < m["window_output_tokens_per_s"]
+    assert 0 < m.window_output_tokens_per_s
 
 
 def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):
@@ -213,7 +244,7 @@ def test_both_plans_are_tried_at_the_same_pipeline_depths(tmp_path):
     data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
                           space=replace(QUICK, layers_per_stage="matched"),
                           cache_dir=tmp_path, workers=1)
-    layouts = {t["value"] for s in data["tuning"] if s["knob"] == "layout" for t in s["tried"]}
+    layouts = {t["value"] for s in data.tuning if s["knob"] == "layout" for t in s["tried"]}
     deeper = {name for name in layouts if "/stage" in name}
     assert any(name.startswith("1 copy") for name in deeper) or \
         any(name.startswith("share") for name in deeper)

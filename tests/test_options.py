@@ -137,7 +137,7 @@ def test_a_search_brackets_from_the_ceiling_and_stops_within_the_tolerance():
 
     def run_points(jobs, done=None):
         runs.extend(jobs)
-        return [Point(f, f <= 0.37 * ceiling, {}) for _, f in jobs]
+        return [Point(f, f <= 0.37 * ceiling, None) for _, f in jobs]
     search = Search(config=None, ceiling=ceiling)
     assert search.proposals(3, 0.05) == [10.0, 20.0, 40.0]
     run_searches({0: search}, run_points, tolerance=0.05)

@@ -11,7 +11,13 @@ from experiment_args import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
-from wse_emu.runtime.experiment import interval, over_replicates
+from wse_emu.runtime.experiment import (
+    Comparison,
+    ConfigRow,
+    Replicate,
+    interval,
+    over_replicates,
+)
 from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
 
 SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
@@ -42,12 +48,13 @@ def test_the_ratio_is_bracketed_by_both_searches():
     """A draw where colocated met 10/s and failed at 10.5/s and disaggregated met 8/s and
     failed at 8.4/s: its ratio lies between 8/10.5 and 8.4/10."""
     def draw():
-        return {"comparison": {"colocated": "c", "disaggregated": "d", "goodput_ratio": 0.8},
-                "configurations": [
-                    {"configuration": "c", "max_rate_per_system": 10.0,
-                     "failed_rate_per_system": 10.5, "output_tokens_per_s_per_system": 1.0},
-                    {"configuration": "d", "max_rate_per_system": 8.0,
-                     "failed_rate_per_system": 8.4, "output_tokens_per_s_per_system": 1.0}]}
+        return Replicate([ConfigRow("c", "colocated", "", 1, "", max_rate_per_system=10.0,
+                                    failed_rate_per_system=10.5,
+                                    output_tokens_per_s_per_system=1.0),
+                          ConfigRow("d", "disaggregated", "", 1, "", max_rate_per_system=8.0,
+                                    failed_rate_per_system=8.4,
+                                    output_tokens_per_s_per_system=1.0)],
+                         Comparison("c", "d", goodput_ratio=0.8))
     ratio = over_replicates([draw(), draw()])["goodput_ratio"]
     assert ratio["mean"] == pytest.approx(0.8)
     assert ratio["low"] == pytest.approx(8 / 10.5) and ratio["high"] == pytest.approx(0.84)

@@ -50,7 +50,10 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
                            Targets(1.0, 0.01), cluster,
                            lambda systems: [generate(replace(spec, requests=10 * systems))])
     assert seen == {1: 10, 3: 30}
-    assert [r["error"] for r in data["sensitivity"]] == ["enough: the draws were seen"] * 2
+    assert [r.error for r in data.sensitivity] == ["enough: the draws were seen"] * 2
+    assert data.runs == [] and data.model is None
+    assert data.to_json()["sensitivity"][0] == {"value": 1, "tpot_s": 0.01, "systems": 1,
+                                                "error": "enough: the draws were seen"}
     seen.clear()
     vary_experiment(parse_vary("systems=1,3"), one, None, [generate(spec)], Targets(1.0, 0.01),
                     cluster)

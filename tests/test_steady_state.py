@@ -3,13 +3,12 @@ whatever its percentiles, and goodput is the highest rate met (DistServe's defin
 
 import numpy as np
 import pytest
-from experiment_args import search_all
+from experiment_args import made_up_point, search_all
 
 from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.experiment import (
     Config,
-    Point,
     Targets,
     compare,
     outcomes,
@@ -51,8 +50,8 @@ def test_a_growing_queue_fails_though_its_percentiles_pass():
     targets = Targets(ttft_s=1.0, tpot_s=0.005)
     growing = run_metrics(result(np.linspace(0.05, 0.7, 200)), requests(200), 1.0, 0.005,
                           steady=True)
-    assert growing["ttft_s"]["p90"] < 1.0 and growing["slo_attainment"] == 1.0
-    assert growing["ttft_slope"] > 0.05
+    assert growing.ttft_s.p90 < 1.0 and growing.slo_attainment == 1.0
+    assert growing.ttft_slope > 0.05
     assert not targets.stable(growing) and not targets.met(growing)
     rng = np.random.default_rng(0)
     # The same spread of TTFTs without a trend, over 40 s of arrivals.
@@ -68,7 +67,7 @@ def test_a_burst_arriving_at_once_is_not_steady():
     res.arrival[:] = 0
     res.first_token[:] = (np.linspace(0.3, 0.01, 100) * CLOCK).astype(np.int64)
     burst = run_metrics(res, requests(100), 1.0, 0.005, steady=True)
-    assert burst["pace"] == float("inf")
+    assert burst.pace == float("inf")
     assert not Targets(ttft_s=1.0, tpot_s=0.005).met(burst)
 
 
@@ -109,9 +108,9 @@ def test_a_burst_of_sessions_is_too_short_to_judge():
     targets = Targets(ttft_s=1.0, tpot_s=0.005)
     res, reqs = sessions_run(np.linspace(0, 0.006, 60), np.linspace(0.01, 0.6, 60))
     burst = run_metrics(res, reqs, 1.0, 0.005, steady=True)
-    assert burst["too_short"] and not targets.met(burst)
+    assert burst.too_short and not targets.met(burst)
     whole = run_metrics(res, reqs, 1.0, 0.005)  # every call counted, the percentiles pass
-    assert whole["ttft_s"]["p90"] < 1.0 and whole["slo_attainment"] == 1.0
+    assert whole.ttft_s.p90 < 1.0 and whole.slo_attainment == 1.0 and not whole.steady
 
 
 def test_sessions_are_judged_after_one_session_length_and_must_end_at_their_pace():
@@ -121,15 +120,15 @@ def test_sessions_are_judged_after_one_session_length_and_must_end_at_their_pace
     starts = np.linspace(0, 30, 60)
     res, reqs = sessions_run(starts, np.full(60, 0.1))
     steady = run_metrics(res, reqs, 1.0, 0.005, steady=True)
-    assert targets.met(steady) and steady["window_requests"] % 5 == 0
-    assert steady["session_pace"] == pytest.approx(1.0, abs=0.01)
+    assert targets.met(steady) and steady.window_requests % 5 == 0
+    assert steady.session_pace == pytest.approx(1.0, abs=0.01)
     # The same sessions with later calls waiting longer and longer (0.01 s up to 0.9 s): each
     # call's TTFT is within 1 s and the first calls keep pace, but sessions end over 12% more
     # time than they start over: the load is still growing.
     res, reqs = sessions_run(starts, np.full(60, 0.1), ttft_later_s=np.linspace(0.01, 0.9, 60))
     growing = run_metrics(res, reqs, 1.0, 0.005, steady=True)
-    assert growing["ttft_s"]["p90"] < 1.0 and growing["slo_attainment"] == 1.0
-    assert growing["session_pace"] > 1.1 and not targets.met(growing)
+    assert growing.ttft_s.p90 < 1.0 and growing.slo_attainment == 1.0
+    assert growing.session_pace > 1.1 and not targets.met(growing)
 
 
 def test_percentiles_count_only_the_window():
@@ -138,19 +137,18 @@ def test_percentiles_count_only_the_window():
     ttft[:10] = 5.0
     steady = run_metrics(result(ttft), requests(100), 1.0, 0.005, steady=True)
     whole = run_metrics(result(ttft), requests(100), 1.0, 0.005)
-    assert steady["slo_attainment"] == 1.0 and whole["slo_attainment"] == pytest.approx(0.9)
+    assert steady.slo_attainment == 1.0 and whole.slo_attainment == pytest.approx(0.9)
 
 
 def _points(rate_met: float, tokens_per_request: float):
     """A made-up configuration that meets its targets up to ``rate_met`` requests/s."""
     def run(jobs):
-        return [Point(f, f <= rate_met, {
-            "goodput_requests_per_s": 0.5 * f, "output_tokens_per_s": tokens_per_request * f,
-            "window_output_tokens_per_s": tokens_per_request * f,
-            "slo_attainment": 0.95 if f <= rate_met else 0.5, "ttft_growth_s": 0.0,
-            "ttft_s": {"p90": 0.5}, "tpot_s": {"p90": 0.5}, "decode_stall_per_token_s": 0.0,
-            "decode_work_per_token_s": 0.5, "prefill_utilization": 0.5,
-            "decode_utilization": 0.5, "kv_blocked_share": 0.0, "kv_peak_share": 0.5})
+        return [made_up_point(
+            f, f <= rate_met, goodput_requests_per_s=0.5 * f,
+            output_tokens_per_s=tokens_per_request * f,
+            window_output_tokens_per_s=tokens_per_request * f,
+            slo_attainment=0.95 if f <= rate_met else 0.5, decode_work_per_token_s=0.5,
+            prefill_utilization=0.5, decode_utilization=0.5, kv_peak_share=0.5)
             for _, f in jobs]
     return run
 
@@ -167,5 +165,5 @@ def test_goodput_is_the_highest_rate_met_per_system():
     for r, limit in zip(results, limits.values()):
         assert limit / 1.01 <= r.max_rate <= limit
     summary = compare(results, Targets(1.0, 1.0), systems=2)
-    assert summary["goodput_ratio"] == pytest.approx(results[1].max_rate / results[0].max_rate)
-    assert summary["max_rate_per_system"]["colocated"] == pytest.approx(results[0].max_rate / 2)
+    assert summary.goodput_ratio == pytest.approx(results[1].max_rate / results[0].max_rate)
+    assert summary.max_rate_per_system["colocated"] == pytest.approx(results[0].max_rate / 2)

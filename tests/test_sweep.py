@@ -50,7 +50,7 @@ def test_a_killed_sweep_resumes_without_running_a_point_twice(tmp_path, capsys):
     lines = (out / RESULTS).read_text().splitlines()
     keys = [json.loads(line)["key"] for line in lines]
     assert len(keys) == len(set(keys)) == 24  # every point once: none lost, none run twice
-    assert {r["key"] for r in before} <= set(keys)
+    assert {r.key for r in before} <= set(keys)
     assert len(data["rows"]) == 24 and all("result" in r for r in data["rows"])
     # The clock scales the step: twice the clock, half the time.
     steps = {(r["config"]["fabric.clock_hz"], r["config"]["context"]): r["result"]["step_seconds"]
@@ -66,7 +66,7 @@ def test_a_failing_point_keeps_its_error_and_the_others_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 failed" in out and "needs 100,000,000 positions" in out
     rows = read_rows(tmp_path / "out")
-    assert len(rows) == 2 and sum("error" in r for r in rows) == 1
+    assert len(rows) == 2 and sum(r.failed for r in rows) == 1
     # Drawn: the points that ran, against the axis that varies; the failure said.
     assert main(["viz", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "figures" / "sweep.png").stat().st_size > 10_000
@@ -120,7 +120,7 @@ def test_a_sweep_shows_the_metric_it_names(tmp_path, capsys):
     assert main(["sweep", str(write(tmp_path, text)), "-o", str(out), "--workers", "1"]) == 0
     assert "tokens/s of the cluster" in capsys.readouterr().out
     for row in read_rows(out):
-        r = row["result"]
+        r = row.result
         assert r["replicas"] == 4
         assert r["tokens_per_s_cluster"] == pytest.approx(4 * r["tokens_per_s_pipelined"])
 
@@ -179,8 +179,9 @@ def test_a_resumed_sweep_runs_failed_points_again_and_keys_files_by_content(tmp_
     assert again == pytest.approx(first / 2)
     # A failed row is run again on resume (here: it is written as if it had failed).
     rows = read_rows(out)
-    (out / RESULTS).write_text(json.dumps({**rows[-1], "error": "killed", "result": None})
-                               + "\n")
+    (out / RESULTS).write_text(json.dumps({**rows[-1].to_json(), "error": "killed",
+                                           "result": None}) + "\n")
+    assert read_rows(out)[0].failed
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert "error" not in data["rows"][0] and data["rows"][0]["result"]["step_seconds"] == again
@@ -215,5 +216,9 @@ def test_the_library_checks_a_sweep_as_the_command_does(tmp_path):
             api.sweep(sweep, out, **options)
         assert not out.exists()
     folder, rows = api.sweep(spec(batch=[1, 2], context=[64]), out, workers=1)
-    assert folder == out and [r["config"]["batch"] for r in rows] == [1, 2]
-    assert all("result" in r for r in rows)
+    assert folder == out and [r.config["batch"] for r in rows] == [1, 2]
+    assert all(r.result is not None and not r.failed for r in rows)
+    # Each row is the line results.jsonl holds, and reads back as the same row.
+    lines = [json.loads(line) for line in (out / RESULTS).read_text().splitlines()]
+    assert [r.to_json() for r in rows] == lines
+    assert read_rows(out) == rows

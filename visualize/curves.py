@@ -9,6 +9,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from wse_emu.fmt import seconds, with_unit
+from wse_emu.runtime.comparison import ExperimentReport, VaryReport
+from wse_emu.runtime.frontier import FrontierReport
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     axis_numbers,
@@ -30,10 +32,10 @@ def _style(label: str, n: int) -> dict:
 
 
 @styled
-def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
+def throughput_vs_tpot(data: ExperimentReport, path: Path, formats=("png",)) -> list[Path]:
     """Each configuration's search points as output tokens/s against p90 TPOT; the TPOT target
     is the 'same token speed' line, and the best of each plan within it is annotated."""
-    target = data["targets"]["tpot_p90_s"]
+    target = data.targets.tpot_s
     fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
     for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
@@ -41,17 +43,17 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
                 **_style(label, n))
     ax.axvline(target, color="black", linestyle=":", linewidth=1.2,
                label=f"TPOT target {seconds(target)}")
-    cmp_ = data["comparison"]
-    best = {c["configuration"]: c for c in data.get("final", data["configurations"])}
-    if cmp_.get("goodput_ratio"):
+    cmp_ = data.comparison
+    best = data.rows()
+    if cmp_.goodput_ratio:
         for plan in ("colocated", "disaggregated"):
-            c = best[cmp_[plan]]
-            ax.annotate(f"best {plan}: {with_unit(c['output_tokens_per_s'], 'tok/s')}",
-                        (c["tpot_p90_s"], c["output_tokens_per_s"]),
+            c = best[cmp_.best(plan)]
+            ax.annotate(f"best {plan}: {with_unit(c.output_tokens_per_s, 'tok/s')}",
+                        (c.tpot_p90_s, c.output_tokens_per_s),
                         textcoords="offset points", xytext=(8, -14 if plan == "colocated" else 8),
                         arrowprops={"arrowstyle": "-", "color": "grey"})
-        ax.set_title(f"{data['model']} on {data['cluster']}, {data['workload']}: "
-                     f"{cmp_['goodput_ratio']:.2f}x goodput (max rate met)\ndisaggregated at "
+        ax.set_title(f"{data.model} on {data.cluster}, {data.workload}: "
+                     f"{cmp_.goodput_ratio:.2f}x goodput (max rate met)\ndisaggregated at "
                      "the same TPOT target")
     log_axis(ax, "x", seconds_formatter())
     log_axis(ax, "y")
@@ -64,13 +66,13 @@ def throughput_vs_tpot(data: dict, path: Path, formats=("png",)) -> list[Path]:
 
 
 @styled
-def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
+def attainment_vs_rate(data: ExperimentReport, path: Path, formats=("png",)) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=DPI)
     for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
         ax.plot([p["rate_per_s"] for p in pts], [p["slo_attainment"] for p in pts],
                 **_style(label, n))
-    ax.axhline(data["targets"]["attainment"], color="black", linestyle=":", linewidth=1.2,
+    ax.axhline(data.targets.attainment, color="black", linestyle=":", linewidth=1.2,
                label="attainment required")
     log_axis(ax, "x")
     ax.set_ylim(-0.02, 1.02)
@@ -85,19 +87,19 @@ def attainment_vs_rate(data: dict, path: Path, formats=("png",)) -> list[Path]:
 
 
 @styled
-def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
+def sensitivity(data: VaryReport, path: Path, formats=("png",)) -> list[Path]:
     """The ratio of the plans' goodputs at each value of the varied input (with its 95%
     interval when the experiment ran several draws); for the TPOT target, the x axis counts
     decode steps of one sequence, so that any model and fabric read alike."""
-    rows = [r for r in data["sensitivity"] if r.get("goodput_ratio") is not None]
+    rows = [r for r in data.sensitivity if r.goodput_ratio is not None]
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=DPI)
-    tpot = data["vary"] == "tpot"
-    x = [r["tpot_in_decode_steps"] if tpot else r["value"] for r in rows]
-    y = [r["goodput_ratio"] for r in rows]
+    tpot = data.vary == "tpot"
+    x = [r.tpot_in_decode_steps if tpot else r.value for r in rows]
+    y = [r.goodput_ratio for r in rows]
     err = None
-    if rows and all("half_width" in r.get("goodput_ratio_interval", {}) for r in rows):
-        y = [r["goodput_ratio_interval"]["mean"] for r in rows]
-        err = [r["goodput_ratio_interval"]["half_width"] for r in rows]
+    if rows and all("half_width" in (r.goodput_ratio_interval or {}) for r in rows):
+        y = [r.goodput_ratio_interval["mean"] for r in rows]
+        err = [r.goodput_ratio_interval["half_width"] for r in rows]
     ax.errorbar(x, y, yerr=err, color=OKABE_ITO[0], marker="o", linewidth=1.4, capsize=3,
                 label="disaggregated / colocated goodput" + (" (95% interval)" if err else ""))
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="break-even")
@@ -106,10 +108,10 @@ def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
         ax.set_xlabel("p90 TPOT target, in decode steps of one sequence alone")
     else:
         axis_numbers(ax.xaxis)
-        ax.set_xlabel(f"{data['vary']}: {data['description']}")
+        ax.set_xlabel(f"{data.vary}: {data.description}")
     axis_numbers(ax.yaxis, ratio_formatter())
     ax.set_ylabel("goodput ratio (highest rate met)")
-    ax.set_title(f"{data['model']} on {data['fabric']}, {data['workload']}: where "
+    ax.set_title(f"{data.model} on {data.fabric}, {data.workload}: where "
                  "disaggregation pays")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(framealpha=0.9)
@@ -118,37 +120,37 @@ def sensitivity(data: dict, path: Path, formats=("png",)) -> list[Path]:
 
 
 @styled
-def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
+def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
     """Left: each plan's points (output tokens/s per system against the per-user speed at least
     90% of requests reached), its Pareto frontier joined, intervals over draws as bars, the
     headline's per-user speed marked. Right: the capacity ratio at each rung's target speed."""
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 5), dpi=DPI)
     for n, plan in enumerate(("colocated", "disaggregated")):
         style = {"color": OKABE_ITO[n], "marker": "s" if n else "o"}
-        points = [r["plans"][plan] for r in data["rungs"] if r["plans"][plan]["reached"]]
-        x = [p["user_tokens_per_s"]["p90"] for p in points]
-        y = [p["tokens_per_s_per_system"] for p in points]
-        err = [p.get("tokens_per_s_per_system_interval", {}).get("half_width", 0.0)
+        points = [r.plans[plan] for r in data.rungs if r.plans[plan].reached]
+        x = [p.user_tokens_per_s.p90 for p in points]
+        y = [p.tokens_per_s_per_system for p in points]
+        err = [(p.tokens_per_s_per_system_interval or {}).get("half_width", 0.0)
                for p in points]
         ax.errorbar(x, y, yerr=err, linestyle="none", alpha=0.5, capsize=2, markersize=4,
                     **style)
-        front = data["frontier"][plan]
-        ax.plot([p["user_tokens_per_s"]["p90"] for p in front],
-                [p["tokens_per_s_per_system"] for p in front], linewidth=1.4,
+        front = data.frontier[plan]
+        ax.plot([p.user_tokens_per_s.p90 for p in front],
+                [p.tokens_per_s_per_system for p in front], linewidth=1.4,
                 label=f"{plan} frontier", **style)
-    head = data.get("headline")
+    head = data.headline
     if head:
-        vendor = " (the vendor's speed)" if head.get("vendor") else ""
+        vendor = " (the vendor's speed)" if head.vendor else ""
         for a in (ax, bx):
-            a.axvline(head["user_speed"], color="black", linestyle=":", linewidth=1.2,
-                      label=f"{head['user_speed']:,.0f} tokens/s per user{vendor}")
+            a.axvline(head.user_speed, color="black", linestyle=":", linewidth=1.2,
+                      label=f"{head.user_speed:,.0f} tokens/s per user{vendor}")
     log_axis(ax, "x")
     log_axis(ax, "y")
     ax.set_xlabel("output tokens/s per user (reached by 90% of requests)")
     ax.set_ylabel("output tokens/s per system (steady window)")
-    rows = [r for r in data["rungs"] if isinstance(r["capacity_ratio"].get("ratio"), float)]
-    bx.errorbar([r["user_speed"] for r in rows], [r["capacity_ratio"]["ratio"] for r in rows],
-                yerr=[r["capacity_ratio"]["interval"].get("half_width", 0.0) for r in rows],
+    rows = [r for r in data.rungs if isinstance(r.capacity_ratio.ratio, float)]
+    bx.errorbar([r.user_speed for r in rows], [r.capacity_ratio.ratio for r in rows],
+                yerr=[r.capacity_ratio.interval.get("half_width", 0.0) for r in rows],
                 color=OKABE_ITO[2], marker="o", capsize=3, linewidth=1.4,
                 label="disaggregated / colocated capacity")
     bx.axhline(1.0, color="grey", linestyle="--", linewidth=1.0, label="break-even")
@@ -159,24 +161,29 @@ def frontier(data: dict, path: Path, formats=("png",)) -> list[Path]:
     for a in (ax, bx):
         a.grid(True, which="both", alpha=0.3)
         a.legend(framealpha=0.9)
-    fig.suptitle(f"{data['model']} on {data['cluster']}, {data['workload']}: throughput against "
+    fig.suptitle(f"{data.model} on {data.cluster}, {data.workload}: throughput against "
                  "per-user speed")
     fig.tight_layout()
     return save_figure(fig, path, formats)
 
 
-def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
-    if data.get("rungs"):
+def draw_experiment(data: ExperimentReport | VaryReport | FrontierReport, out: Path,
+                    formats=("png",)) -> list[tuple]:
+    if isinstance(data, FrontierReport):
+        if not data.rungs:
+            return []
         return [(frontier(data, out / "frontier", formats)[0],
                  "Left: each plan's output tokens/s per system against the per-user speed "
                  "90% of its requests reached, one point per rung (bars: 95% intervals over "
                  "draws), its frontier joined; right: the ratio at each rung's target speed. "
                  "The dotted line is the headline's per-user speed.")]
-    if data.get("sensitivity"):
+    if isinstance(data, VaryReport):
+        if not data.sensitivity:
+            return []
         return [(sensitivity(data, out / "sensitivity", formats)[0],
-                 f"The disaggregated/colocated goodput ratio at each value of {data['vary']} "
-                 f"({data['description']}); above the dotted line disaggregation pays.")]
-    if not data.get("points") or not any(data["points"].values()):
+                 f"The disaggregated/colocated goodput ratio at each value of {data.vary} "
+                 f"({data.description}); above the dotted line disaggregation pays.")]
+    if not any(data.points.values()):
         return []
     return [(throughput_vs_tpot(data, out / "throughput_vs_tpot", formats)[0],
              "Output throughput against p90 TPOT at every rate the search tried; the dotted "
@@ -185,7 +192,7 @@ def draw_experiment(data: dict, out: Path, formats=("png",)) -> list[tuple]:
              "Share of requests meeting both latency targets against request rate.")]
 
 
-def _points(data: dict) -> dict:
+def _points(data: ExperimentReport) -> dict:
     """The search points to draw: each plan's best searched on the confirming runs, or, before
     they existed or without them, every configuration tuned."""
-    return data.get("final_points") or data["points"]
+    return data.final_points or data.points

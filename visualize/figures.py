@@ -27,11 +27,11 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
              system: int = 0) -> list[tuple[Path, str]]:
     """Draw into ``out``; returns (main image, caption) for the report, in reading order."""
     figures: list[tuple[Path, str]] = []
-    if "experiment" in what and run.experiment:
+    if "experiment" in what and run.experiment is not None:
         figures += draw_experiment(run.experiment, out, formats)
-    if "sweep" in what and run.sweep:
-        figures += sweep_figure(run.sweep, out / "sweep", formats)
-    if "serving" in what and run.metrics:
+    if "sweep" in what and run.sweep is not None:
+        figures += sweep_figure(run.sweep, run.sweep_rows, out / "sweep", formats)
+    if "serving" in what and run.metrics is not None:
         figures += draw_serving(run.path, run.metrics, out, formats)
     program = run.program
     if program is None:

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 
 from wse_emu.fmt import number, seconds, si, with_unit
+from wse_emu.runtime.comparison import ExperimentReport, VaryReport
+from wse_emu.runtime.frontier import FrontierReport
 from wse_emu.visualize.figures import draw_all
 from wse_emu.visualize.report import write_report
 from wse_emu.visualize.rundir import load_run
@@ -51,11 +53,15 @@ def _title(run) -> str:
     p = run.program
     if p is not None:
         return f"wse-emu {run.kind}: {p.model.name} on {p.systems} x {p.fabric.name}"
-    if run.sweep:
-        return f"wse-emu sweep {run.sweep['name']}"
-    data = run.experiment or run.metrics or run.inspect
-    return (f"wse-emu {run.kind}: {data.get('model')} on "
-            f"{data.get('cluster') or data.get('fabric')}")
+    if run.sweep is not None:
+        return f"wse-emu sweep {run.sweep.name}"
+    if run.experiment is not None:
+        e = run.experiment
+        where = e.fabric if isinstance(e, VaryReport) else e.cluster
+        return f"wse-emu {run.kind}: {e.model} on {where}"
+    if run.metrics is not None:
+        return f"wse-emu {run.kind}: {run.metrics.model} on {run.metrics.cluster}"
+    return f"wse-emu {run.kind}: {run.inspect.get('model')} on {run.inspect.get('fabric')}"
 
 
 def _config(run) -> list[tuple[str, object]]:
@@ -66,30 +72,29 @@ def _config(run) -> list[tuple[str, object]]:
                  ("plan", p.options.plan),
                  ("regions", ", ".join(f"{r.name} ({r.role}, {r.pes:,} PEs, "
                                        f"{len(r.stage_ids)} stages)" for r in p.regions))]
-    if run.sweep:
-        w = run.sweep
-        rows += [("point", w["point"]), ("base", ", ".join(f"{k} {v}" for k, v in
-                                                           w["base"].items())),
+    if run.sweep is not None:
+        w, done = run.sweep, run.sweep_rows
+        rows += [("point", w.point), ("base", ", ".join(f"{k} {v}" for k, v in w.base.items())),
                  ("axes", "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in
-                                    w["axes"].items())),
-                 ("points", f"{len(w['rows'])} done, {sum('error' in r for r in w['rows'])} "
-                            "failed")]
+                                    w.axes.items())),
+                 ("points", f"{len(done)} done, {sum(r.failed for r in done)} failed")]
     e = run.experiment
-    if e and "rungs" in e:
-        speeds = ", ".join(f"{r['user_speed']:,.0f}" for r in e["rungs"])
-        rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
-                 ("targets", f"p90 TTFT <= {seconds(e['ttft_p90_s'])}; p90 TPOT <= 1 / speed "
+    if isinstance(e, FrontierReport):
+        speeds = ", ".join(f"{r.user_speed:,.0f}" for r in e.rungs)
+        rows += [("model", e.model), ("cluster", e.cluster), ("workload", e.workload),
+                 ("targets", f"p90 TTFT <= {seconds(e.ttft_p90_s)}; p90 TPOT <= 1 / speed "
                              f"at speeds {speeds} tokens/s per user")]
-    elif e and "sensitivity" in e:
-        rows += [("model", e["model"]), ("fabric", e["fabric"]), ("workload", e["workload"]),
-                 ("varied", f"{e['vary']} ({e['description']}): "
-                            + ", ".join(number(r["value"], 6) for r in e["sensitivity"]))]
-    elif e:
-        rows += [("model", e["model"]), ("cluster", e["cluster"]), ("workload", e["workload"]),
-                 ("requests per run", e["requests_per_run"]),
-                 ("targets", f"p90 TTFT <= {seconds(e['targets']['ttft_p90_s'])}, p90 TPOT "
-                             f"<= {seconds(e['targets']['tpot_p90_s'])}, >= "
-                             f"{e['targets']['attainment']:.0%} of requests meeting both")]
+    elif isinstance(e, VaryReport):
+        rows += [("model", e.model), ("fabric", e.fabric), ("workload", e.workload),
+                 ("varied", f"{e.vary} ({e.description}): "
+                            + ", ".join(number(r.value, 6) for r in e.sensitivity))]
+    elif e is not None:
+        t = e.targets
+        rows += [("model", e.model), ("cluster", e.cluster), ("workload", e.workload),
+                 ("requests per run", e.requests_per_run),
+                 ("targets", f"p90 TTFT <= {seconds(t.ttft_s)}, p90 TPOT "
+                             f"<= {seconds(t.tpot_s)}, >= "
+                             f"{t.attainment:.0%} of requests meeting both")]
     if run.inspect:
         i = run.inspect
         rows += [("model", i["model"]), ("fabric", i["fabric"]),
@@ -116,31 +121,32 @@ def _metrics(run) -> list[tuple[str, object]]:
     # The experiment: each plan's best as compared (every configuration tuned, before the
     # confirming runs existed).
     e = run.experiment
-    head = e.get("headline")
+    head = e.headline if isinstance(e, FrontierReport) else None
     if head:
-        ratio = head["capacity_ratio"].get("ratio")
+        ratio = head.capacity_ratio.ratio
         shown = ratio if isinstance(ratio, str) else ("-" if ratio is None else f"{ratio:.2f}x")
-        rows.append((f"capacity at {head['user_speed']:,.0f} tokens/s per user",
+        rows.append((f"capacity at {head.user_speed:,.0f} tokens/s per user",
                      ", ".join(f"{p} {with_unit(v, 'tok/s')} per system"
-                               for p, v in head["capacity_per_system"].items())
+                               for p, v in head.capacity_per_system.items())
                      + f"; disaggregated / colocated {shown}"))
-    for c in e.get("final") or e.get("configurations", []):
-        rows.append((c["configuration"],
-                     f"goodput (highest rate met) {number(c.get('max_rate_per_system', 0))} "
-                     f"requests/s per system; next rate fails on {c['limited_by']}"))
-    for v in e.get("sensitivity", []):
-        if "error" in v:
-            text = v["error"]
-        elif v["goodput_ratio"] is None:
-            text = "no colocated configuration met the targets"
-        else:
-            text = f"disaggregated / colocated goodput {v['goodput_ratio']:.2f}x"
-        rows.append((f"{e['vary']} = {number(v['value'], 6)}", text))
-    cmp_ = e.get("comparison", {})
-    if cmp_.get("goodput_ratio") is not None:
-        rows.append(("disaggregated / colocated goodput (highest rate met)",
-                     f"{cmp_['goodput_ratio']:.2f}x"))
-        rows += [("why", reason) for reason in cmp_.get("reasons", [])]
+    if isinstance(e, VaryReport):
+        for v in e.sensitivity:
+            if v.error is not None:
+                text = v.error
+            elif v.goodput_ratio is None:
+                text = "no colocated configuration met the targets"
+            else:
+                text = f"disaggregated / colocated goodput {v.goodput_ratio:.2f}x"
+            rows.append((f"{e.vary} = {number(v.value, 6)}", text))
+    if isinstance(e, ExperimentReport):
+        for c in e.rows().values():
+            rows.append((c.configuration,
+                         f"goodput (highest rate met) {number(c.max_rate_per_system)} "
+                         f"requests/s per system; next rate fails on {c.limited_by}"))
+        if e.comparison.goodput_ratio is not None:
+            rows.append(("disaggregated / colocated goodput (highest rate met)",
+                         f"{e.comparison.goodput_ratio:.2f}x"))
+            rows += [("why", reason) for reason in e.comparison.reasons]
     if run.inspect:
         i = run.inspect
         rows += [("parameters", f"{si(i['params']['total'])}, {si(i['params']['active'])} "
@@ -149,19 +155,14 @@ def _metrics(run) -> list[tuple[str, object]]:
                  ("whole step", f"{si(i['total']['flops'], 'FLOP')}, "
                                 f"{si(i['total']['bytes'], 'B')} moved, "
                                 f"{number(i['total']['intensity'])} FLOP/B")]
-    m = run.metrics
-    for key, label, fmt in (("requests", "requests", lambda v: f"{v:,}"),
-                            ("output_tokens_per_s", "output tokens/s", si),
-                            ("requests_per_s", "requests/s", number),
-                            ("slo_attainment", "requests meeting both targets",
-                             lambda v: f"{v:.1%}"),
-                            ("goodput_requests_per_s", "on target per second of the run",
-                             number)):
-        if key in m:
-            rows.append((label, fmt(m[key])))
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "inter-token latency"),
-                       ("e2e_s", "end to end")):
-        if key in m:
+    if run.metrics is not None:
+        m = run.metrics.metrics
+        rows += [("requests", f"{m.requests:,}"), ("output tokens/s", si(m.output_tokens_per_s)),
+                 ("requests/s", number(m.requests_per_s)),
+                 ("requests meeting both targets", f"{m.slo_attainment:.1%}"),
+                 ("on target per second of the run", number(m.goodput_requests_per_s))]
+        for times, label in ((m.ttft_s, "TTFT"), (m.tpot_s, "TPOT"),
+                             (m.itl_s, "inter-token latency"), (m.e2e_s, "end to end")):
             rows.append((f"{label} p50 / p90 / p99",
-                         " / ".join(seconds(m[key][q]) for q in ("p50", "p90", "p99"))))
+                         " / ".join(seconds(t) for t in (times.p50, times.p90, times.p99))))
     return rows

@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 
 from wse_emu.errors import UserError
 from wse_emu.fmt import duration, seconds
+from wse_emu.runtime.metrics import ServeReport
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     SMALL_PT,
@@ -179,10 +180,12 @@ def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",))
     return save_figure(fig, path, formats)
 
 
-def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> list[tuple]:
-    """Every serving figure of the run directory, with captions."""
+def draw_serving(run_path: Path, report: ServeReport, out: Path,
+                 formats=("png",)) -> list[tuple]:
+    """Every serving figure of the run directory (its metrics.json read as ``report``), with
+    captions."""
     requests = read_requests(run_path / "requests.csv")
-    targets = metrics.get("targets") or {}
+    targets = report.targets
     figures = [(latency_cdfs(requests, targets, out / "latency_cdfs", formats)[0],
                 "TTFT and TPOT distributions; the dotted line marks the 90th percentile."),
                (tpot_over_time(requests, targets, out / "tpot_over_time", formats)[0],
@@ -200,7 +203,7 @@ def draw_serving(run_path: Path, metrics: dict, out: Path, formats=("png",)) -> 
             figures.append((window, "A window of each region's pipeline: stages down, time "
                                     "across."))
     if (run_path / "kv_occupancy.csv").exists():
-        caps = {n: r["kv_capacity_tokens"] for n, r in metrics.get("regions", {}).items()}
+        caps = {n: r["kv_capacity_tokens"] for n, r in report.regions.items()}
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
                                      formats)[0], "KV cache held by each region over time."))
     return figures

@@ -8,19 +8,20 @@ from pathlib import Path
 import numpy as np
 
 from wse_emu.fmt import number, si
-from wse_emu.runtime.sweep import headline
+from wse_emu.runtime.sweep import SweepRow, SweepSpec
 from wse_emu.visualize.draw import DPI, plt, quantity_cmap, save_figure
 from wse_emu.visualize.style import SMALL_PT, number_formatter, styled
 
 
 @styled
-def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, str]]:
-    key, label = headline(sweep["point"], sweep.get("metric", ""))
-    axes = list(sweep["axes"])
-    values = {a: sweep["axes"][a] for a in axes}
-    result = {tuple(_value(r["config"][a]) for a in axes): r["result"][key]
-              for r in sweep["rows"] if "result" in r}
-    failed = sum("error" in r for r in sweep["rows"])
+def sweep_figure(sweep: SweepSpec, rows: list[SweepRow], path: Path,
+                 formats=("png",)) -> list[tuple[Path, str]]:
+    key, label = sweep.headline()
+    axes = list(sweep.axes)
+    values = {a: sweep.axes[a] for a in axes}
+    result = {tuple(_value(r.config[a]) for a in axes): r.result[key]
+              for r in rows if r.result is not None}
+    failed = sum(r.failed for r in rows)
     note = f" ({failed} point{'s' if failed != 1 else ''} failed)" if failed else ""
     if len(axes) == 2:
         xs, ys = ([_value(v) for v in values[a]] for a in axes)
@@ -57,10 +58,10 @@ def sweep_figure(sweep: dict, path: Path, formats=("png",)) -> list[tuple[Path, 
         ax.grid(True, alpha=0.3)
         if rest:
             ax.legend()
-    ax.set_title(f"sweep {sweep['name']}{note}")
+    ax.set_title(f"sweep {sweep.name}{note}")
     fig.tight_layout()
     files = save_figure(fig, path, formats)
-    return [(files[0], f"Sweep {sweep['name']}: {label} against "
+    return [(files[0], f"Sweep {sweep.name}: {label} against "
                        f"{' and '.join(axes[:2]) if len(axes) == 2 else axes[0]}{note}")]
 
 

@@ -26,6 +26,7 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.fmt import seconds
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
 from wse_emu.program import WaferProgram
@@ -33,7 +34,10 @@ from wse_emu.routing import Routing
 from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
 from wse_emu.runtime import frontier as frontier_mod
 from wse_emu.runtime.comparison import (
+    ExperimentReport,
     Space,
+    StepTiming,
+    VaryReport,
     describe_draws,
     disagg_experiment,
     longer_draws,
@@ -42,7 +46,7 @@ from wse_emu.runtime.comparison import (
     workload_draws,
 )
 from wse_emu.runtime.experiment import RunBook, Targets
-from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.metrics import RunMetrics, run_metrics
 from wse_emu.runtime.pools import wafer_pools, wafer_pools_of
 from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
 from wse_emu.runtime.serve import (
@@ -54,7 +58,14 @@ from wse_emu.runtime.serve import (
     setting_names,
 )
 from wse_emu.runtime.serve import serve as serve_requests
-from wse_emu.runtime.sweep import SweepSpec, check_size, claim_directory, load_sweep, run_sweep
+from wse_emu.runtime.sweep import (
+    SweepRow,
+    SweepSpec,
+    check_size,
+    claim_directory,
+    load_sweep,
+    run_sweep,
+)
 from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout, serve_choice
 from wse_emu.runtime.workers import HERE, point_pool
@@ -144,12 +155,12 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
           trace: Path | str | None = None, rate: float | None = None,
           requests: int | None = None, cache_dir: Path | str | None = None,
           ttft_s: float | None = None, tpot_s: float | None = None, loop: str = "compiled",
-          **options) -> tuple[ServeResult, dict]:
+          **options) -> tuple[ServeResult, RunMetrics]:
     """Serve a workload (a preset, a YAML or a WorkloadSpec; or the replay of a ``trace``
     CSV) on ``program``, ``rate`` and ``requests`` overriding the workload's; ``options`` are
     ``ServeOptions`` fields (policy, prefill_tile, batch_limit, ...). Everything is checked
     before any work (``check_serving``). Returns the per-request result and the metrics the
-    command line prints (with the targets, the attainment)."""
+    command line prints (with the targets, the attainment; ``RunMetrics.to_json()``)."""
     spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
                          tpot_s=tpot_s, **options)
     one_of("loop", loop, LOOPS)
@@ -185,7 +196,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
                tolerance: float = 0.05, vary: str | None = None,
                price_per_system_hour: float | None = None, scheduler: str | None = None,
                workers: int = 0, cache_dir: Path | str | None = None, progress=None,
-               routing: Routing = Routing(), attention_tile: int = 0) -> dict:
+               routing: Routing = Routing(),
+               attention_tile: int = 0) -> ExperimentReport | VaryReport:
     """Colocated against disaggregated serving of ``workload`` (or a ``trace`` CSV): both
     plans tuned over ``space``, each plan's best confirmed on long runs, over ``seeds`` draws;
     or, with ``vary`` (``NAME=V1,V2,...``), the same at each value of one input. The report
@@ -195,7 +207,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     none, run here; without dask they are started fresh, so a script calling this with
     ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard).
     ``routing`` and ``attention_tile`` (batch tiling on attention) apply to both plans alike.
-    Every argument is checked before any work."""
+    Every argument is checked before any work. The report's ``to_json()`` is what the
+    command prints with ``--json``."""
     targets = Targets(ttft_s, tpot_s, attainment)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
     setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
@@ -281,12 +294,11 @@ class _Setup:
                 space, self.tolerance, self.progress, draws[1:], self.price,
                 longer_draws(spec, self.seeds, transform), book=book)
             if len(draws) > 1:
-                data["over_replicates"]["draws"] = describe_draws(spec, data)
+                data.over_replicates["draws"] = describe_draws(spec, data)
             # How both plans' steps were timed, beside their results.
-            data["routing"] = self.routing.describe() if model.is_moe else None
-            data["attention_tile"] = self.attention_tile or None
-            data["stored_formats"] = formats_text(model) or None
-            data["step_scale"] = scale.describe() or None
+            data.timing = StepTiming(self.routing.describe() if model.is_moe else None,
+                                     self.attention_tile or None, formats_text(model) or None,
+                                     scale.describe() or None)
             return data, configs
         return one
 
@@ -298,7 +310,7 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
              space: Space | None = None, requests: int | None = None, seeds: int = 1,
              tolerance: float = 0.05, scheduler: str | None = None, workers: int = 0,
              cache_dir: Path | str | None = None, progress=None, routing: Routing = Routing(),
-             attention_tile: int = 0) -> dict:
+             attention_tile: int = 0) -> frontier_mod.FrontierReport:
     """Each plan's frontier of output tokens/s per system against tokens/s per user, and the
     high-speed token capacity of both at ``user_speed`` (by default the model's published
     vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier --json``
@@ -307,7 +319,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     target of 1/speed, the same tuning for both plans; the rungs share their serving runs.
     ``step_scales``: factors on the prefill and on the decode step times (each alone, the
     hardware unchanged) at which the headline is read again, to show how far it leans on the
-    model's error (empty: not read). The other arguments are ``experiment``'s."""
+    model's error (empty: not read). The other arguments are ``experiment``'s. The report's
+    ``to_json()`` is what the command prints with ``--json``."""
     Targets(ttft_s, 1.0, attainment)  # checked before any work
     if user_speeds is not None:
         user_speeds = frontier_mod.check_speeds(user_speeds)
@@ -336,7 +349,7 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
         for k, s in enumerate(ladder):
             if progress:
                 progress(f"rung {k + 1} of {len(ladder)}: {s:,.0f} tokens/s per user "
-                         f"(p90 TPOT <= {1e3 / s:.3g} ms)")
+                         f"(p90 TPOT <= {seconds(1.0 / s)})")
             data, _ = one(pool, setup.draws, Targets(ttft_s, 1.0 / s, attainment),
                           setup.cluster)
             rungs.append((s, data))
@@ -349,17 +362,15 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
                     scale = StepScale(**{phase: f})
                     data, _ = one(pool, setup.draws, Targets(ttft_s, 1.0 / speed, attainment),
                                   setup.cluster, scale=scale)
-                    leaning.append({"phase": phase, "factor": f,
-                                    **frontier_mod.rung_row(speed, data)})
+                    leaning.append(replace(frontier_mod.rung_row(speed, data), phase=phase,
+                                           factor=f))
     rows = [frontier_mod.rung_row(s, d) for s, d in rungs]
     first = rungs[0][1]
-    return {"model": setup.model.name, "cluster": first["cluster"],
-            "workload": setup.spec.name, "requests_per_run": first["requests_per_run"],
-            "seeds": seeds, "ttft_p90_s": ttft_s, "attainment": attainment,
-            "stage_grid": setup.space.grid, "lone_decode_step_s": floor,
-            "rungs": rows, **frontier_mod.summarize(rows, vendor, speed),
-            "step_time_leaning": leaning,
-            "experiments": {f"{s:g}": d for s, d in rungs}}
+    return frontier_mod.FrontierReport(
+        setup.model.name, first.cluster, setup.spec.name, first.requests_per_run, seeds,
+        ttft_s, attainment, setup.space.grid, floor, rows,
+        **frontier_mod.summarize(rows, vendor, speed), step_time_leaning=leaning,
+        experiments={f"{s:g}": d for s, d in rungs})
 
 
 def _workload(workload, trace, rate, requests) -> WorkloadSpec:
@@ -419,7 +430,7 @@ def check_sweep(spec) -> None:
 
 def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
           scheduler: str | None = None, workers: int = 0, max_points: int | None = None,
-          progress=None) -> tuple[Path, list[dict]]:
+          progress=None) -> tuple[Path, list[SweepRow]]:
     """Every point of a sweep (a SweepSpec or its YAML) not yet in ``output`` (by default a
     folder named after the sweep), on ``workers`` local processes as ``experiment`` takes
     them, or on a dask cluster (``scheduler``); ``progress(done, total)`` after each point.
@@ -486,9 +497,10 @@ def evaluate_point(point: str, config: dict) -> dict:
     _, metrics = serve(program, config["workload"], rate=config.get("rate"),
                        requests=config.get("requests"), cache_dir=config.get("cache_dir"),
                        ttft_s=config.get("ttft_s"), tpot_s=config.get("tpot_s"), **knobs)
-    return {k: metrics[k] for k in ("requests", "output_tokens_per_s", "requests_per_s",
-                                    "slo_attainment", "goodput_requests_per_s", "ttft_s",
-                                    "tpot_s", "itl_s")}
+    reported = metrics.to_json()  # as serve --json prints them
+    return {k: reported[k] for k in ("requests", "output_tokens_per_s", "requests_per_s",
+                                     "slo_attainment", "goodput_requests_per_s", "ttft_s",
+                                     "tpot_s", "itl_s")}
 
 
 def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:

@@ -16,7 +16,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.program import WaferProgram
 from wse_emu.runner import RegionRun
-from wse_emu.runtime.metrics import REQUEST_COLUMNS, request_rows
+from wse_emu.runtime.metrics import REQUEST_COLUMNS, ServeReport, request_rows
 from wse_emu.timeline import chrome_trace
 
 TIMELINE_EVENTS = 200_000  # stage events kept per region for a serving run's timeline.json
@@ -40,17 +40,17 @@ def write_step_outputs(directory: Path, program: WaferProgram, run: RegionRun) -
     (directory / "timeline.json").write_text(json.dumps(chrome_trace(program, run)))
 
 
-def write_serve_outputs(directory: Path, result, requests, data: dict,
+def write_serve_outputs(directory: Path, result, requests, report: ServeReport,
                         program: WaferProgram | None = None) -> None:
-    """requests.csv, metrics.json, timeline.json and kv_occupancy.csv (and the program, when
-    given, so that the directory alone can be drawn)."""
+    """requests.csv, metrics.json (``report.to_json()``), timeline.json and kv_occupancy.csv
+    (and the program, when given, so that the directory alone can be drawn)."""
     if program is not None:
         program.save(directory)
     with open(directory / "requests.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(REQUEST_COLUMNS)
         w.writerows(request_rows(result, requests))
-    (directory / "metrics.json").write_text(json.dumps(data, indent=1))
+    (directory / "metrics.json").write_text(json.dumps(report.to_json(), indent=1))
     (directory / "timeline.json").write_text(json.dumps(result.timeline))
     with open(directory / "kv_occupancy.csv", "w", newline="") as fh:
         w = csv.writer(fh)

@@ -40,9 +40,9 @@ from wse_emu.outputs import (
 )
 from wse_emu.progress import clear, status
 from wse_emu.runner import run_region
-from wse_emu.runtime.comparison import Space, disagg_experiment
+from wse_emu.runtime.comparison import ExperimentReport, Space, disagg_experiment
 from wse_emu.runtime.experiment import Targets
-from wse_emu.runtime.metrics import run_metrics
+from wse_emu.runtime.metrics import ServeReport, run_metrics
 from wse_emu.runtime.serve import serve
 from wse_emu.runtime.tables import grid_axes, table_path
 from wse_emu.runtime.workers import point_pool
@@ -156,7 +156,7 @@ def run(args):
                         "tokens_per_s_alone": r.latency_tokens_per_s(),
                         "tokens_per_s_pipelined": r.tokens_per_s()} for plan, r in runs.items()}
         return {"compile": {plan: p.summary for plan, p in programs.items()},
-                "decode_step": steps, "experiment": exp, "generate": generated,
+                "decode_step": steps, "experiment": exp.to_json(), "generate": generated,
                 "report": str(report)}
     f = FUNCTIONAL
     show(f"Computed through the tiles (wse-emu generate): {f['model']} with random "
@@ -261,20 +261,21 @@ def _experiment(model, cluster, cache: Path) -> tuple[dict, dict]:
             longer=lambda draw, n: generate(workload_from_dict(
                 {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},
                 "the demo's workload")))
-    best = {c["configuration"]: c for c in exp["final"]}
-    cmp_ = exp["comparison"]
+    best = exp.rows()
+    cmp_ = exp.comparison
     side = {}
-    if cmp_.get("colocated") and cmp_.get("disaggregated"):
-        rate = 2 * best[cmp_["colocated"]]["max_rate_per_s"] or WORKLOAD["rate"]
+    if cmp_.compared:
+        rate = 2 * best[cmp_.colocated].max_rate_per_s or WORKLOAD["rate"]
         faster = requests.faster(rate / requests.offered_rate())
-        for label in (cmp_["colocated"], cmp_["disaggregated"]):
+        for label in (cmp_.colocated, cmp_.disaggregated):
             config = chosen[label]
             options = replace(config.options, timeline_events=TIMELINE_EVENTS)
             side[f"{label} at {number(rate)}/s"] = (serve(faster, config.regions, options), faster)
     return exp, side
 
 
-def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) -> Path:
+def _write_runs(out: Path, programs: dict, runs: dict, exp: ExperimentReport,
+                side: dict) -> Path:
     """The decode steps and the experiment as run directories under ``out``, each drawn, and
     one report.html with the main figures; ``out`` is replaced only once all is written."""
     staging = out.parent / f".{out.name}.tmp"
@@ -288,17 +289,16 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
             write_step_outputs(sub, programs[plan], r)
             draw_run(sub, ("maps", "roofline"))
         (staging / "experiment").mkdir()
-        (staging / "experiment" / "experiment.json").write_text(json.dumps(exp, indent=1))
+        (staging / "experiment" / "experiment.json").write_text(json.dumps(exp.to_json(), indent=1))
         draw_run(staging / "experiment", ("experiment",))
         served = {}
         for n, (label, (result, reqs)) in enumerate(side.items()):
             sub = staging / ("colocated-serve", "disaggregated-serve")[n]
             sub.mkdir()
-            data = {"configuration": label, "targets": {"ttft_s": TARGETS.ttft_s,
-                                                        "tpot_s": TARGETS.tpot_s},
-                    **run_metrics(result, reqs, TARGETS.ttft_s, TARGETS.tpot_s),
-                    "regions": result.regions}
-            write_serve_outputs(sub, result, reqs, data)
+            report = ServeReport({"ttft_s": TARGETS.ttft_s, "tpot_s": TARGETS.tpot_s},
+                                 run_metrics(result, reqs, TARGETS.ttft_s, TARGETS.tpot_s),
+                                 result.regions, configuration=label)
+            write_serve_outputs(sub, result, reqs, report)
             draw_run(sub, ("serving",))
             served[label] = read_requests(sub / "requests.csv")
         if served:
@@ -311,11 +311,11 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: dict, side: dict) ->
                   ("experiment workload", f"{WORKLOAD['name']}, {WORKLOAD['requests']} requests"),
                   ("targets", f"p90 TTFT <= {seconds(TARGETS.ttft_s)}, p90 TPOT <= "
                               f"{seconds(TARGETS.tpot_s)}")]
-        cmp_ = exp["comparison"]
+        ratio = exp.comparison.goodput_ratio
         metrics = [(f"{plan} decode step", seconds(r.step_seconds)) for plan, r in runs.items()]
-        if cmp_.get("goodput_ratio") is not None:
+        if ratio is not None:
             metrics.append(("disaggregated / colocated goodput (highest rate met)",
-                            f"{cmp_['goodput_ratio']:.2f}x"))
+                            f"{ratio:.2f}x"))
         write_report(staging / "report.html", "wse-emu demo: Llama-3.1-8B on one WSE-3",
                      config, metrics, [(f, c) for f, c in figures if f.exists()])
         if out.is_dir():  # an earlier demo's (checked before any work)

@@ -19,8 +19,15 @@ from wse_emu.fmt import duration, narrow_table, number, seconds
 from wse_emu.program import write_run_dir
 from wse_emu.progress import status
 from wse_emu.routing import routing_for
-from wse_emu.runtime.comparison import TUNING_REQUESTS, Space
-from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE
+from wse_emu.runtime.comparison import (
+    TUNING_REQUESTS,
+    ExperimentReport,
+    Space,
+    StepTiming,
+    VaryReport,
+)
+from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE, ConfigRow
+from wse_emu.runtime.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.sensitivity import VARIABLES
 
@@ -119,8 +126,10 @@ def _space(args) -> Space:
                  window_s=args.window_s, grid=args.grid)
 
 
-def _written(args, data: dict, text: str):
-    """Writes the run directory if asked; the JSON, or the text, to print."""
+def _written(args, report, text: str):
+    """Writes the run directory if asked (the report's ``to_json()``); the JSON, or the
+    text, to print."""
+    data = report.to_json()
     if args.output:
         write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
             json.dumps(data, indent=1)))
@@ -152,89 +161,87 @@ def _floats(text: str, name: str) -> tuple[float, ...]:
         raise UserError(f"`{name}` must be comma-separated numbers, got {text!r}") from None
 
 
-def _ratio_text(capacity: dict) -> str:
-    ratio = capacity.get("ratio")
+def _ratio_text(capacity: CapacityRatio) -> str:
+    ratio = capacity.ratio
     if ratio == "unbounded":
         return "unbounded (colocated reaches it at no rate)"
     if ratio is None:
-        return "-" if not capacity.get("unbounded_draws") else \
-            f"unbounded on {capacity['unbounded_draws']} of {capacity['draws']} draws"
-    iv = capacity.get("interval") or {}
+        return "-" if not capacity.unbounded_draws else \
+            f"unbounded on {capacity.unbounded_draws} of {capacity.draws} draws"
+    iv = capacity.interval or {}
     if "half_width" in iv:
         return f"{ratio:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
     return f"{ratio:.2f}x"
 
 
-def render_frontier(data: dict) -> str:
-    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']}: output "
+def render_frontier(data: FrontierReport) -> str:
+    head = (f"{data.model} on {data.cluster}, workload {data.workload}: output "
             f"tokens/s per system against tokens/s per user; p90 TTFT <= "
-            f"{seconds(data['ttft_p90_s'])}, each rung's p90 TPOT <= 1 / its speed, >= "
-            f"{data['attainment']:.0%} of requests meeting both; tuning runs of "
-            f"{data['requests_per_run']:,} requests, {data['seeds']} draw(s)"
-            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
-            + f"; a lone sequence's decode step {seconds(data['lone_decode_step_s'])}")
-    lines = [head, "", render_rungs(data["rungs"])]
+            f"{seconds(data.ttft_p90_s)}, each rung's p90 TPOT <= 1 / its speed, >= "
+            f"{data.attainment:.0%} of requests meeting both; tuning runs of "
+            f"{data.requests_per_run:,} requests, {data.seeds} draw(s)"
+            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
+            + f"; a lone sequence's decode step {seconds(data.lone_decode_step_s)}")
+    lines = [head, "", render_rungs(data.rungs)]
     for plan in ("colocated", "disaggregated"):
         lines += ["", f"How {plan} serving reached each rung:", "",
-                  render_plan_rungs(data["rungs"], plan)]
-    fastest = data["fastest_reached"]
+                  render_plan_rungs(data.rungs, plan)]
     lines += ["", "Fastest per-user speed reached (p90): " + ", ".join(
-        f"{plan} {v:,.0f} tokens/s" for plan, v in fastest.items())]
-    h = data.get("headline")
+        f"{plan} {v:,.0f} tokens/s" for plan, v in data.fastest_reached.items())]
+    h = data.headline
     if h:
-        cap = h["capacity_per_system"]
-        src = f" (the vendor's: {h['vendor']['source']})" if h.get("vendor") else ""
-        lines += ["", f"High-speed token capacity at {h['user_speed']:,.0f} tokens/s per user"
+        cap = h.capacity_per_system
+        src = f" (the vendor's: {h.vendor.source})" if h.vendor else ""
+        lines += ["", f"High-speed token capacity at {h.user_speed:,.0f} tokens/s per user"
                   f"{src}: colocated {number(cap['colocated'])} tok/s per system, disaggregated "
                   f"{number(cap['disaggregated'])}; disaggregated / colocated "
-                  f"{_ratio_text(h['capacity_ratio'])}"
-                  + ("" if h["goodput_ratio"] is None else
-                     f"; DistServe goodput ratio at the same target {h['goodput_ratio']:.2f}x")
+                  f"{_ratio_text(h.capacity_ratio)}"
+                  + ("" if h.goodput_ratio is None else
+                     f"; DistServe goodput ratio at the same target {h.goodput_ratio:.2f}x")
                   + "."]
-        lines += [f"  - {why}" for why in h["why"].values() if why]
-    if data.get("step_time_leaning"):
+        lines += [f"  - {why}" for why in h.why.values() if why]
+    if data.step_time_leaning:
         lines += ["", "The headline with step times scaled (the hardware unchanged):"]
-        lines += [f"  - {r['phase']} x{r['factor']:g}: {_ratio_text(r['capacity_ratio'])}"
-                  for r in data["step_time_leaning"]]
+        lines += [f"  - {r.phase} x{r.factor:g}: {_ratio_text(r.capacity_ratio)}"
+                  for r in data.step_time_leaning]
     return "\n".join(lines)
 
 
-def render_rungs(rungs: list[dict]) -> str:
+def render_rungs(rungs: list[Rung]) -> str:
     """Each rung's target, both plans' output tokens/s per system and their ratios."""
     rows = []
     for r in rungs:
-        g = r["goodput_ratio"]
-        rows.append([f"{r['user_speed']:,.0f} ({seconds(r['tpot_target_s'])})"]
-                    + [_tokens_per_system(r["plans"][plan])
+        g = r.goodput_ratio
+        rows.append([f"{r.user_speed:,.0f} ({seconds(r.tpot_target_s)})"]
+                    + [_tokens_per_system(r.plans[plan])
                        for plan in ("colocated", "disaggregated")]
-                    + [_ratio_text(r["capacity_ratio"]), "-" if g is None else f"{g:.2f}x"])
+                    + [_ratio_text(r.capacity_ratio), "-" if g is None else f"{g:.2f}x"])
     return narrow_table(["tok/s/user target (p90 TPOT)", "colocated tok/s/system",
                          "disaggregated tok/s/system", "capacity ratio", "goodput ratio"],
                         rows, "rrrrr")
 
 
-def render_plan_rungs(rungs: list[dict], plan: str) -> str:
+def render_plan_rungs(rungs: list[Rung], plan: str) -> str:
     """One plan at each rung: the per-user speeds its requests reached and its best
     configuration."""
     rows = []
     for r in rungs:
-        pt = r["plans"][plan]
-        if not pt["reached"]:
-            rows.append([f"{r['user_speed']:,.0f}", "-", "-"])
+        pt = r.plans[plan]
+        if not pt.reached:
+            rows.append([f"{r.user_speed:,.0f}", "-", "-"])
             continue
-        u = pt["user_tokens_per_s"]
-        rows.append([f"{r['user_speed']:,.0f}",
-                     f"{u['p50']:,.0f} / {u['p90']:,.0f} / {u['mean']:,.0f}",
-                     pt["configuration"].split(", ", 1)[1]])
+        u = pt.user_tokens_per_s
+        rows.append([f"{r.user_speed:,.0f}", f"{u.p50:,.0f} / {u.p90:,.0f} / {u.mean:,.0f}",
+                     pt.configuration.split(", ", 1)[1]])
     return narrow_table(["tok/s/user target", f"{plan} tok/s/user p50/p90/mean",
                          f"{plan} best"], rows, "rrl")
 
 
-def _tokens_per_system(point: dict) -> str:
-    if not point["reached"]:
+def _tokens_per_system(point: FrontierPoint) -> str:
+    if not point.reached:
         return "0 (not reached)"
-    iv = point.get("tokens_per_s_per_system_interval") or {}
-    return number(point["tokens_per_s_per_system"]) + (
+    iv = point.tokens_per_s_per_system_interval or {}
+    return number(point.tokens_per_s_per_system) + (
         f" ({number(iv['low'])} to {number(iv['high'])})" if "half_width" in iv else "")
 
 
@@ -254,91 +261,90 @@ def run(args):
     return _written(args, data, render(data) if args.vary is None else render_sensitivity(data))
 
 
-def render_sensitivity(data: dict) -> str:
+def render_sensitivity(data: VaryReport) -> str:
     rows, best = [], []
-    for r in data["sensitivity"]:
-        value = number(r["value"], 6)
-        if "error" in r:
+    for r in data.sensitivity:
+        value = number(r.value, 6)
+        if r.error is not None:
             rows.append([value, "-", "-", "-", "-", "-"])
-            best.append([value, r["error"]])
+            best.append([value, r.error])
             continue
-        rate = r["max_rate_per_system"] or {}
-        ratio = r["goodput_ratio"]
-        if "goodput_ratio_interval" in r and "half_width" in r["goodput_ratio_interval"]:
-            iv = r["goodput_ratio_interval"]
+        rate = r.max_rate_per_system or {}
+        iv = r.goodput_ratio_interval or {}
+        if "half_width" in iv:
             shown = f"{iv['mean']:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
         else:
-            shown = "-" if ratio is None else f"{ratio:.2f}x"
-        rows.append([value, seconds(r["tpot_s"]), number(r["tpot_in_decode_steps"]),
+            shown = "-" if r.goodput_ratio is None else f"{r.goodput_ratio:.2f}x"
+        rows.append([value, seconds(r.tpot_s), number(r.tpot_in_decode_steps),
                      number(rate.get("colocated", 0)), number(rate.get("disaggregated", 0)), shown])
         # One line per plan: the two labels side by side would not fit beside the numbers.
-        best += [[value, f"{r['colocated'] or '-'} /"], ["", r["disaggregated"] or "-"]]
-    head = (f"{data['model']} on {data['fabric']}, workload {data['workload']}: the experiment "
-            f"at each value of {data['vary']} ({data['description']})")
+        best += [[value, f"{r.colocated or '-'} /"], ["", r.disaggregated or "-"]]
+    head = (f"{data.model} on {data.fabric}, workload {data.workload}: the experiment "
+            f"at each value of {data.vary} ({data.description})")
     return "\n".join([head, "", narrow_table(
         ["value", "TPOT target", "TPOT / decode step", "colocated goodput/s/system",
          "disaggregated goodput/s/system", "disaggregated / colocated"], rows, "rrrrrr"),
         "", narrow_table(["value", "best configurations"], best, "rl")])
 
 
-def render(data: dict) -> str:
-    t = data["targets"]
-    head = (f"{data['model']} on {data['cluster']}, workload {data['workload']}; targets: p90 "
-            f"TTFT <= {seconds(t['ttft_p90_s'])}, p90 TPOT <= {seconds(t['tpot_p90_s'])}, "
-            f">= {t['attainment']:.0%} of requests meeting both, counted from the "
+def render(data: ExperimentReport) -> str:
+    t, timing = data.targets, data.timing or StepTiming()
+    head = (f"{data.model} on {data.cluster}, workload {data.workload}; targets: p90 "
+            f"TTFT <= {seconds(t.ttft_s)}, p90 TPOT <= {seconds(t.tpot_s)}, "
+            f">= {t.attainment:.0%} of requests meeting both, counted from the "
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
             f"within {MAX_PACE:g}x the span they arrived in"
-            + ("" if data.get("prefix_cache", True) else "; no prefix cache")
-            + ("; stage tables on the quick grid" if data.get("stage_grid") == "quick" else "")
-            + (f"; {data['routing']}" if data.get("routing") else "")
-            + (f"; decode attention in tiles of {data['attention_tile']}"
-               if data.get("attention_tile") else "")
-            + (f"; {data['stored_formats']}" if data.get("stored_formats") else ""))
-    lines = [head, "", f"Tuning, knob by knob, on runs of {data['requests_per_run']:,} "
+            + ("" if data.prefix_cache else "; no prefix cache")
+            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
+            + (f"; {timing.routing}" if timing.routing else "")
+            + (f"; decode attention in tiles of {timing.attention_tile}"
+               if timing.attention_tile else "")
+            + (f"; {timing.stored_formats}" if timing.stored_formats else ""))
+    lines = [head, "", f"Tuning, knob by knob, on runs of {data.requests_per_run:,} "
              "requests: goodput (highest rate met) per system of each value tried", "",
-             render_tuning(data["tuning"])]
-    lines += [f"skipped {s}" for s in data["skipped"]]
-    windows = [c["window_s"] for c in data["final"] if "window_s" in c]
-    runs = (f"searched again on runs of {data['final_requests_per_run']:,} requests"
+             render_tuning(data.tuning)]
+    lines += [f"skipped {s}" for s in data.skipped]
+    windows = [c.window_s for c in data.final if c.window_s is not None]
+    runs = (f"searched again on runs of {data.final_requests_per_run:,} requests"
             + (f" (steady windows of {duration(min(windows))} to {duration(max(windows))} "
                "emulated at the rates found)" if windows else "")
-            if data.get("confirmed") else "as tuned")
-    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data["final"])]
-    cmp_ = data["comparison"]
-    if "goodput_ratio" not in cmp_:
-        missing = "colocated" if cmp_["colocated"] is None else "disaggregated"
+            if data.confirmed else "as tuned")
+    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data.final)]
+    cmp_ = data.comparison
+    if not cmp_.compared:
+        missing = "colocated" if cmp_.colocated is None else "disaggregated"
         return "\n".join(lines + ["", f"No comparison: every {missing} configuration was "
                                        "skipped."])
-    ratio, tokens = cmp_["goodput_ratio"], cmp_["tokens_per_s_ratio"]
+    ratio, tokens = cmp_.goodput_ratio, cmp_.tokens_per_s_ratio
     if ratio is not None:
         verdict = (f"{ratio:.2f}x the goodput (the highest rate with the targets met), "
                    f"{tokens:.2f}x the output tokens/s at that rate")
-    elif cmp_["max_rate_per_system"]["disaggregated"] > 0:
+    elif cmp_.max_rate_per_system["disaggregated"] > 0:
         verdict = "no colocated configuration met the targets at any rate tried"
     else:
         verdict = "neither plan met the targets at any rate tried"
-    if not all(cmp_["ceiling_found"].values()):
+    if not all(cmp_.ceiling_found.values()):
         verdict += (" (a best configuration met every rate tried, so its rate is only a floor: "
                     "more requests per run would load it further)")
-    colocated = cmp_["colocated"].split(", ", 1)[1]
-    lines += ["", f"Disaggregated ({cmp_['split']}) against the best colocated ({colocated}) "
+    colocated = cmp_.colocated.split(", ", 1)[1]
+    lines += ["", f"Disaggregated ({cmp_.split}) against the best colocated ({colocated}) "
               f"at the same TPOT target: {verdict}.", "Why:"]
-    lines += [f"  - {reason}" for reason in cmp_["reasons"]]
-    best = {c["configuration"]: c for c in data["final"]}
-    if any("cost_per_million_output_tokens" in c for c in best.values()):
+    lines += [f"  - {reason}" for reason in cmp_.reasons]
+    best = {c.configuration: c for c in data.final}
+    if any(c.cost_per_million_output_tokens is not None for c in best.values()):
         lines += ["", "At each plan's best rate (energy from the systems' wall power"
-                  + (f", {data['system_power_w']:g} W each" if data.get("system_power_w")
+                  + (f", {data.system_power_w:g} W each" if data.system_power_w
                      else ", not stated for this fabric") + "):"]
         for plan in ("colocated", "disaggregated"):
-            c = best[cmp_[plan]]
-            energy = c.get("energy_per_output_token_j")
-            lines.append(f"  - {c['configuration']}: "
+            c = best[cmp_.best(plan)]
+            energy = c.energy_per_output_token_j
+            lines.append(f"  - {c.configuration}: "
                          + (f"{number(energy)} J per output token, " if energy else "")
-                         + f"{number(c['cost_per_million_output_tokens'])} per million output "
+                         + f"{number(c.cost_per_million_output_tokens)} per million output "
                            "tokens")
-    if "over_replicates" in data:
-        lines += [""] + render_replicates(data["over_replicates"])
+    if data.over_replicates is not None:
+        lines += [""] + render_replicates(data.over_replicates)
     return "\n".join(lines)
 
 
@@ -367,10 +373,10 @@ def _value(knob: str, value) -> str:
 ROW_COLUMNS = 2  # configurations side by side in one table of ``render_rows``
 
 
-def render_rows(configurations: list[dict]) -> str:
+def render_rows(configurations: list[ConfigRow]) -> str:
     """Each configuration's results, one column per configuration and one row per metric (a
     row per configuration would be some 260 columns wide), two configurations to a table."""
-    energy = any("energy_per_output_token_j" in c for c in configurations)
+    energy = any(c.energy_per_output_token_j is not None for c in configurations)
     names = (["goodput/s/system", "vs ceiling/s/system", "tok/s/system"]
              + (["J/token"] if energy else [])
              + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy", "decode busy",
@@ -380,26 +386,27 @@ def render_rows(configurations: list[dict]) -> str:
         group = configurations[n:n + ROW_COLUMNS]
         columns = [_metrics_of(c, energy) for c in group]
         rows = [[name] + [column[i] for column in columns] for i, name in enumerate(names)]
-        tables.append(narrow_table(["configuration"] + [c["configuration"] for c in group], rows,
+        tables.append(narrow_table(["configuration"] + [c.configuration for c in group], rows,
                                    "l" * (1 + len(group))))
     return "\n\n".join(tables)
 
 
-def _metrics_of(c: dict, energy: bool) -> list[str]:
+def _metrics_of(c: ConfigRow, energy: bool) -> list[str]:
     """One configuration's column of ``render_rows``, in the order of its rows."""
     # Per system, as the goodput beside it (reports from before it was kept: one system).
-    ceiling = c.get("ceiling_rate_per_system", c.get("ceiling_rate_per_s"))
-    if "goodput_requests_per_s" not in c:
+    ceiling = c.ceiling_rate_per_system if c.ceiling_rate_per_system is not None \
+        else c.ceiling_rate_per_s
+    if not c.met_some_rate:
         return (["0", f"0 of {number(ceiling)}" if ceiling else "-"] + ["-"] * (9 + energy)
-                + [c["limited_by"]])
-    return ([number(c["max_rate_per_system"]),
-             f"{c['share_of_ceiling']:.0%} of {number(ceiling)}" if ceiling else "-",
-             number(c["output_tokens_per_s_per_system"])]
-            + ([number(c["energy_per_output_token_j"])] if energy else [])
-            + [seconds(c["ttft_p90_s"]), seconds(c["tpot_p90_s"]), seconds(c["itl_p90_s"]),
-               seconds(c["decode_stall_per_token_s"]), f"{c['prefill_utilization']:.0%}",
-               f"{c['decode_utilization']:.0%}", number(c["goodput_requests_per_s"]),
-               c["limited_by"]])
+                + [c.limited_by])
+    return ([number(c.max_rate_per_system),
+             f"{c.share_of_ceiling:.0%} of {number(ceiling)}" if ceiling else "-",
+             number(c.output_tokens_per_s_per_system)]
+            + ([number(c.energy_per_output_token_j)] if energy else [])
+            + [seconds(c.ttft_p90_s), seconds(c.tpot_p90_s), seconds(c.itl_p90_s),
+               seconds(c.decode_stall_per_token_s), f"{c.prefill_utilization:.0%}",
+               f"{c.decode_utilization:.0%}", number(c.goodput_requests_per_s),
+               c.limited_by])
 
 
 def _interval(iv: dict, fmt) -> str:

@@ -8,6 +8,7 @@ from wse_emu.cli.knob_args import add_serving_args, serving_settings
 from wse_emu.fmt import narrow_table, number, seconds, si
 from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
 from wse_emu.program import write_run_dir
+from wse_emu.runtime.metrics import ServeReport
 
 SHOWN_REGIONS = 8  # regions in the printed table
 
@@ -47,27 +48,26 @@ def run(args):
         program, args.workload, trace=args.trace, rate=args.rate, requests=args.requests,
         cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
         timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
-    reqs, spec_name = result.requests, result.workload
-    fabric = program.fabric
-    data = {"model": program.model.name, "cluster": f"{program.systems} x {fabric.name}",
-            "plan": program.options.plan, "policy": args.policy, "workload": spec_name,
-            "targets": {"ttft_s": args.ttft_s, "tpot_s": args.tpot_s},
-            **metrics, "regions": result.regions}
+    reqs = result.requests
+    report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
+                         result.regions, model=program.model.name,
+                         cluster=f"{program.systems} x {program.fabric.name}",
+                         plan=program.options.plan, policy=args.policy,
+                         workload=result.workload)
     if args.output:
-        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result, reqs, data,
+        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result, reqs, report,
                                                                    program))
     if args.json:
-        return data
-    rows = [[name, seconds(v["p50"]), seconds(v["p90"]), seconds(v["p99"])]
-            for name, v in (("TTFT", metrics["ttft_s"]), ("TPOT", metrics["tpot_s"]),
-                            ("inter-token", metrics["itl_s"]),
-                            ("end to end", metrics["e2e_s"]))]
-    lines = [f"{data['model']} on {data['cluster']}, {data['plan']}: workload {spec_name}, "
-             f"{metrics['requests']:,} requests over {seconds(metrics['duration_s'])}",
-             f"  output tokens/s      {si(metrics['output_tokens_per_s'])}",
-             f"  requests/s           {number(metrics['requests_per_s'])}",
-             f"  SLO attainment       {metrics['slo_attainment']:.1%} (goodput "
-             f"{number(metrics['goodput_requests_per_s'])} requests/s)", "",
+        return report.to_json()
+    rows = [[name, seconds(v.p50), seconds(v.p90), seconds(v.p99)]
+            for name, v in (("TTFT", metrics.ttft_s), ("TPOT", metrics.tpot_s),
+                            ("inter-token", metrics.itl_s), ("end to end", metrics.e2e_s))]
+    lines = [f"{report.model} on {report.cluster}, {report.plan}: workload {report.workload}, "
+             f"{metrics.requests:,} requests over {seconds(metrics.duration_s)}",
+             f"  output tokens/s      {si(metrics.output_tokens_per_s)}",
+             f"  requests/s           {number(metrics.requests_per_s)}",
+             f"  SLO attainment       {metrics.slo_attainment:.1%} (goodput "
+             f"{number(metrics.goodput_requests_per_s)} requests/s)", "",
              narrow_table(["latency", "p50", "p90", "p99"], rows)]
     regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
              f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]

@@ -32,12 +32,13 @@ def run(args):
                       max_points=args.max_points, progress=lambda done, _: bar.update(done))
     total = spec.size()
     if args.json:
-        return {"sweep": spec.to_json(), "directory": str(out), "rows": rows}
+        return {"sweep": spec.to_json(), "directory": str(out),
+                "rows": [r.to_json() for r in rows]}
     key, label = spec.headline()
     axes = list(spec.axes)
-    lines = [[*(str(r["config"].get(a)) for a in axes),
-              r["error"] if "error" in r else f"{r['result'][key]:.4g}"] for r in rows]
-    failed = sum("error" in r for r in rows)
+    lines = [[*(str(r.config.get(a)) for a in axes),
+              r.error if r.failed else f"{r.result[key]:.4g}"] for r in rows]
+    failed = sum(r.failed for r in rows)
     return "\n".join([f"sweep {spec.name}: {len(rows)} of {total} points in {out / RESULTS}"
                       + (f", {failed} failed" if failed else ""), "",
                       table(axes + [label], lines, "l" * len(axes) + "r")])

@@ -2,11 +2,12 @@
 plan tuned knob by knob (``tuning``), each plan's best searched again on runs whose steady
 window holds minutes (the confirming runs), the answer over independent draws of the workload,
 and how the answer moves with one input (``sensitivity``). ``wse-emu experiment disagg`` prints
-what this returns."""
+what this returns: an ``ExperimentReport`` (with ``--vary``, a ``VaryReport``), whose
+``to_json()`` is its ``--json`` and the run directory's experiment.json."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass, replace
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import numpy as np
 
@@ -16,8 +17,11 @@ from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.ceiling import ceiling_rate
 from wse_emu.runtime.experiment import (
+    Comparison,
     Config,
+    ConfigRow,
     Outcome,
+    Replicate,
     RunBook,
     Search,
     Targets,
@@ -121,13 +125,193 @@ Space = make_dataclass(
                                                  "__doc__": _SpaceBase.__doc__})
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """How both plans' steps were timed, beside their results (``wse_emu.api`` states it):
+    a mixture of experts' routing, batch tiling on attention, weights stored narrower than
+    the model's dtype, step times scaled (each None where it does not apply)."""
+
+    routing: str | None = None
+    attention_tile: int | None = None
+    stored_formats: str | None = None
+    step_scale: str | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class ExperimentReport:
+    """An experiment's report (``disagg_experiment``): what ran where, the targets, each
+    configuration tuned (``configurations``), every tuning step and search point, each plan's
+    best searched again (``final``), the comparison, and over several draws each draw's
+    answer and the mean and 95% interval of each. ``to_json()`` is ``experiment disagg
+    --json`` and experiment.json.
+
+    Typed to the rows people read (each configuration's row, the comparison, each draw's);
+    the tuning steps, the search points (``points``, ``final_points``: the curves' data) and
+    the statistics over draws (``over_replicates``: intervals whose keys depend on how many
+    draws there were and whether a bracket bounds them) stay in their JSON form."""
+
+    model: str
+    cluster: str
+    workload: str
+    requests_per_run: int
+    targets: Targets
+    prefix_cache: bool
+    stage_grid: str
+    skipped: list[str]
+    system_power_w: float
+    configurations: list[ConfigRow]
+    tuning: list[dict]  # per knob tuned: each value tried, its goodput, the value kept
+    points: dict[str, list[dict]]  # per configuration, every tuning run (``_point``)
+    final: list[ConfigRow]
+    final_requests_per_run: int
+    confirmed: bool  # each best searched again on runs with long steady windows
+    final_points: dict[str, list[dict]]
+    comparison: Comparison
+    replicates: list[Replicate] | None = None  # with several draws of the workload
+    over_replicates: dict | None = None
+    timing: StepTiming | None = None
+    value: float | None = None  # the varied input's value, in a VaryReport's runs
+
+    def rows(self) -> dict[str, ConfigRow]:
+        """Each plan's best searched again, by configuration (as tuned, in reports written
+        before the confirming runs existed)."""
+        return {c.configuration: c for c in self.final or self.configurations}
+
+    def draws(self) -> list[Replicate]:
+        """Every draw's answer (the one draw's, with one)."""
+        return self.replicates or [Replicate(self.final, self.comparison)]
+
+    def to_json(self) -> dict:
+        out = {} if self.value is None else {"value": self.value}
+        out.update({
+            "model": self.model, "cluster": self.cluster, "workload": self.workload,
+            "requests_per_run": self.requests_per_run, "targets": self.targets.to_json(),
+            "prefix_cache": self.prefix_cache, "stage_grid": self.stage_grid,
+            "skipped": self.skipped, "system_power_w": self.system_power_w,
+            "configurations": [c.to_json() for c in self.configurations],
+            "tuning": self.tuning, "points": self.points,
+            "final": [c.to_json() for c in self.final],
+            "final_requests_per_run": self.final_requests_per_run,
+            "confirmed": self.confirmed, "final_points": self.final_points,
+            "comparison": self.comparison.to_json()})
+        if self.replicates is not None:
+            out["replicates"] = [r.to_json() for r in self.replicates]
+        if self.over_replicates is not None:
+            out["over_replicates"] = self.over_replicates
+        if self.timing is not None:
+            out.update(self.timing.to_json())
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ExperimentReport":
+        """A report read back (experiment.json); the parts a report written before they
+        existed lacks are empty or None."""
+        timing = {f.name: data[f.name] for f in fields(StepTiming) if f.name in data}
+        return cls(
+            data["model"], data["cluster"], data["workload"], data["requests_per_run"],
+            Targets.from_json(data["targets"]), data.get("prefix_cache", True),
+            data.get("stage_grid", "full"), data.get("skipped", []),
+            data.get("system_power_w", 0.0),
+            [ConfigRow.from_json(c) for c in data["configurations"]], data.get("tuning", []),
+            data.get("points", {}), [ConfigRow.from_json(c) for c in data.get("final", [])],
+            data.get("final_requests_per_run", data["requests_per_run"]),
+            data.get("confirmed", False), data.get("final_points", {}),
+            Comparison.from_json(data["comparison"]),
+            [Replicate.from_json(r) for r in data["replicates"]]
+            if "replicates" in data else None, data.get("over_replicates"),
+            StepTiming(**timing) if timing else None, data.get("value"))
+
+    def __repr__(self) -> str:
+        cmp_ = self.comparison
+        ratio = "no comparison" if not cmp_.compared else (
+            "colocated met no rate" if cmp_.goodput_ratio is None
+            else f"disaggregated / colocated goodput {cmp_.goodput_ratio:.2f}x")
+        value = "" if self.value is None else f"at {self.value!r}, "
+        return (f"ExperimentReport({value}{self.model} on {self.cluster}, workload "
+                f"{self.workload}, {len(self.configurations)} configurations tuned, best "
+                f"{cmp_.colocated!r} and {cmp_.disaggregated!r}: {ratio})")
+
+
+@dataclass
+class SensitivityRow:
+    """The experiment at one value of the varied input: its TPOT target (in seconds and in
+    decode steps of one sequence alone), each plan's best, their goodputs per system and the
+    ratio; or, where it could not run, why (``error``)."""
+
+    value: float
+    tpot_s: float
+    systems: int
+    error: str | None = None
+    decode_step_s: float | None = None
+    tpot_in_decode_steps: float | None = None
+    colocated: str | None = None
+    disaggregated: str | None = None
+    max_rate_per_system: dict[str, float] | None = None  # by plan
+    goodput_ratio: float | None = None
+    goodput_ratio_interval: dict | None = None  # over several draws (``interval``)
+
+    def to_json(self) -> dict:
+        out = {"value": self.value, "tpot_s": self.tpot_s, "systems": self.systems}
+        if self.error is not None:
+            return {**out, "error": self.error}
+        out.update(decode_step_s=self.decode_step_s,
+                   tpot_in_decode_steps=self.tpot_in_decode_steps, colocated=self.colocated,
+                   disaggregated=self.disaggregated,
+                   max_rate_per_system=self.max_rate_per_system,
+                   goodput_ratio=self.goodput_ratio)
+        if self.goodput_ratio_interval is not None:
+            out["goodput_ratio_interval"] = self.goodput_ratio_interval
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SensitivityRow":
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class VaryReport:
+    """The experiment at every value of one input (``vary_experiment``): a row per value and
+    each value's full report. ``to_json()`` is ``experiment disagg --vary --json``."""
+
+    model: str | None
+    workload: str | None
+    fabric: str
+    vary: str
+    description: str
+    sensitivity: list[SensitivityRow]
+    runs: list[ExperimentReport]  # each with its ``value``
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "workload": self.workload, "fabric": self.fabric,
+                "vary": self.vary, "description": self.description,
+                "sensitivity": [r.to_json() for r in self.sensitivity],
+                "runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "VaryReport":
+        return cls(data.get("model"), data.get("workload"), data["fabric"], data["vary"],
+                   data["description"],
+                   [SensitivityRow.from_json(r) for r in data["sensitivity"]],
+                   [ExperimentReport.from_json(r) for r in data.get("runs", [])])
+
+    def __repr__(self) -> str:
+        ratios = ", ".join(f"{r.value!r}: " + ("-" if r.goodput_ratio is None
+                                               else f"{r.goodput_ratio:.2f}x")
+                           for r in self.sensitivity)
+        return (f"VaryReport({self.model} on {self.fabric}, workload {self.workload}, "
+                f"{self.vary} at {len(self.sensitivity)} values; goodput ratio {ratios})")
+
+
 def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
                       requests: Requests, targets: Targets, pool, layouts_for,
                       space=None, tolerance: float = 0.05, progress=None,
                       more_draws: list[Requests] = (), price: float | None = None,
                       longer=None, book: RunBook | None = None) -> tuple[dict, dict]:
-    """Lay the plans out, tune each plan on ``pool`` and compare: the JSON-able report, and
-    every configuration searched (label -> Config). ``layouts_for(probes)``: the layouts
+    """Lay the plans out, tune each plan on ``pool`` and compare: the report, and every
+    configuration searched (label -> Config). ``layouts_for(probes)``: the layouts
     ((plan, name) -> Layout) and why the others were skipped (``wse_emu.api.build_layouts``
     compiles them); ``probes`` are every set of requests a run may serve, for it to check
     against the model's positions. ``longer(draw, n)``: draw ``draw`` (0 for
@@ -145,12 +329,6 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     layouts, skipped = layouts_for(probes)
     fabric = cluster.fabric
     base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache)
-    data = {"model": model.name, "cluster": f"{cluster.systems} x {fabric.name}",
-            "workload": workload, "requests_per_run": len(requests),
-            "targets": {"ttft_p90_s": targets.ttft_s, "tpot_p90_s": targets.tpot_s,
-                        "attainment": targets.attainment},
-            "prefix_cache": space.prefix_cache, "stage_grid": space.grid, "skipped": skipped,
-            "system_power_w": fabric.system_power_w}
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}
     knobs = space.knobs(names["disaggregated"], names["colocated"])
@@ -163,26 +341,38 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
         return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
     searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
                                   tolerance, progress)
-    data["configurations"] = [_row(o, targets, len(s.points), *economy, requests, s.config)
-                              for o, s in zip(outcomes(list(searches.values())),
-                                              searches.values())]
-    data["tuning"] = [_step(s, searches, cluster.systems) for s in steps]
-    data["points"] = {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
-                      for s in searches.values()}
+    configurations = [_row(o, targets, len(s.points), *economy, requests, s.config)
+                      for o, s in zip(outcomes(list(searches.values())), searches.values())]
     finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,
                     economy, searches, longer) for r, d in enumerate(draws)]
-    data.update(finals[0])
-    if more_draws:
-        data["replicates"] = [{"configurations": f["final"], "comparison": f["comparison"],
-                               "requests_per_run": f["final_requests_per_run"]}
-                              for f in finals]
-        data["over_replicates"] = over_replicates(data["replicates"])
-    return data, {s.config.label: s.config for s in searches.values()}
+    replicates = [Replicate(f.final, f.comparison, f.final_requests_per_run)
+                  for f in finals] if more_draws else None
+    report = ExperimentReport(
+        model.name, f"{cluster.systems} x {fabric.name}", workload, len(requests), targets,
+        space.prefix_cache, space.grid, skipped, fabric.system_power_w, configurations,
+        [_step(s, searches, cluster.systems) for s in steps],
+        {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+         for s in searches.values()},
+        finals[0].final, finals[0].final_requests_per_run, finals[0].confirmed,
+        finals[0].final_points, finals[0].comparison, replicates,
+        over_replicates(replicates) if replicates else None)
+    return report, {s.config.label: s.config for s in searches.values()}
+
+
+@dataclass
+class Final:
+    """Each plan's tuned configuration searched again on one draw (``final``)."""
+
+    final: list[ConfigRow]
+    final_requests_per_run: int
+    confirmed: bool
+    final_points: dict[str, list[dict]]
+    comparison: Comparison
 
 
 def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, draw: int,
           targets: Targets, book: RunBook, space: Space, tolerance: float, progress, economy,
-          tuning: dict, longer=None) -> dict:
+          tuning: dict, longer=None) -> Final:
     """Each plan's tuned configuration on one draw: searched again on runs long enough for a
     steady window of ``space.window_s`` at the rates found (the confirming runs: sized by the
     rates tuning found, and lengthened while the rates they find leave the window short), or,
@@ -205,20 +395,17 @@ def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, dr
                 runs = requests
             searches = _search_again(tuned, layouts, base, runs, targets, book, guess,
                                      tolerance, progress)
-            reached = [s.points[s.best].metrics["window_s"] for s in searches.values()
+            reached = [s.points[s.best].metrics.window_s for s in searches.values()
                        if s.best is not None]
             longest = window <= 0 or runs.sessions() < n or n >= cap
             if longest or min(reached, default=window) >= 0.9 * window:
                 break
             guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}
     results = outcomes(list(searches.values()))
-    return {"final": [_row(o, targets, len(s.points), *economy, runs, s.config)
-                      for o, s in zip(results, searches.values())],
-            "final_requests_per_run": len(runs),
-            "confirmed": window > 0,
-            "final_points": {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
-                             for s in searches.values()},
-            "comparison": compare(results, targets, economy[0])}
+    return Final([_row(o, targets, len(s.points), *economy, runs, s.config)
+                  for o, s in zip(results, searches.values())], len(runs), window > 0,
+                 {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+                  for s in searches.values()}, compare(results, targets, economy[0]))
 
 
 def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests,
@@ -258,14 +445,14 @@ def _step(step, searches: dict, systems: int) -> dict:
 def _point(p) -> dict:
     """One serving run of the search, for curves: its rate and what it achieved."""
     m = p.metrics
-    return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m["ttft_s"]["p90"],
-            "tpot_p90_s": m["tpot_s"]["p90"], "itl_p90_s": m["itl_s"]["p90"],
-            "slo_attainment": m["slo_attainment"],
-            "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
-            "pace": m["pace"], "output_tokens_per_s": m["output_tokens_per_s"],
-            "window_output_tokens_per_s": m["window_output_tokens_per_s"],
-            "user_tokens_per_s": m["user_tokens_per_s"], "refused": m["refused"],
-            "goodput_requests_per_s": m["goodput_requests_per_s"]}
+    return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m.ttft_s.p90,
+            "tpot_p90_s": m.tpot_s.p90, "itl_p90_s": m.itl_s.p90,
+            "slo_attainment": m.slo_attainment,
+            "ttft_growth_s": m.ttft_growth_s, "ttft_slope": m.ttft_slope,
+            "pace": m.pace, "output_tokens_per_s": m.output_tokens_per_s,
+            "window_output_tokens_per_s": m.window_output_tokens_per_s,
+            "user_tokens_per_s": m.user_tokens_per_s.to_json(), "refused": m.refused,
+            "goodput_requests_per_s": m.goodput_requests_per_s}
 
 
 def economics(tokens_per_s: float, systems: int, power_w: float,
@@ -282,44 +469,37 @@ def economics(tokens_per_s: float, systems: int, power_w: float,
 
 def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: float = 0.0,
          price: float | None = None, requests: Requests | None = None,
-         config: Config | None = None) -> dict:
-    row = {"configuration": r.label, "plan": r.plan, "knob": r.knob, "runs": runs,
-           "limited_by": r.limit(targets)}
+         config: Config | None = None) -> ConfigRow:
+    row = ConfigRow(r.label, r.plan, r.knob, runs, r.limit(targets))
     if r.best is not None:
-        m = r.best.metrics
-        row.update({"max_rate_per_s": r.best.rate,
-                    "max_rate_per_system": r.best.rate / systems,
-                    # The search's bracket: the true highest rate lies below the next one.
-                    "failed_rate_per_system": (r.failed.rate / systems
-                                               if r.failed is not None else None),
-                    "goodput_requests_per_s": r.goodput,
-                    "output_tokens_per_s": r.tokens_per_s,
-                    "output_tokens_per_s_per_system": r.tokens_per_s / systems,
-                    "window_output_tokens_per_s_per_system": r.window_tokens_per_s / systems,
-                    "user_tokens_per_s": m["user_tokens_per_s"], "refused": m["refused"],
-                    "window_requests": m["window_requests"], "window_s": m["window_s"],
-                    "ttft_growth_s": m["ttft_growth_s"], "ttft_slope": m["ttft_slope"],
-                    "pace": m["pace"], "ttft_p90_s": m["ttft_s"]["p90"],
-                    "tpot_p90_s": m["tpot_s"]["p90"], "itl_p90_s": m["itl_s"]["p90"],
-                    "slo_attainment": m["slo_attainment"],
-                    "decode_stall_per_token_s": m["decode_stall_per_token_s"],
-                    "prefill_utilization": m["prefill_utilization"],
-                    "decode_utilization": m["decode_utilization"],
-                    "kv_peak_share": m["kv_peak_share"],
-                    **economics(r.tokens_per_s, systems, power_w, price)})
-    else:
-        row["max_rate_per_s"] = 0.0
-        row["max_rate_per_system"] = 0.0
+        m, p = r.best.metrics, r.best.pressure
+        row = replace(
+            row, max_rate_per_s=r.best.rate, max_rate_per_system=r.best.rate / systems,
+            # The search's bracket: the true highest rate lies below the next one.
+            failed_rate_per_system=(r.failed.rate / systems if r.failed is not None
+                                    else None),
+            goodput_requests_per_s=r.goodput, output_tokens_per_s=r.tokens_per_s,
+            output_tokens_per_s_per_system=r.tokens_per_s / systems,
+            window_output_tokens_per_s_per_system=r.window_tokens_per_s / systems,
+            user_tokens_per_s=m.user_tokens_per_s, refused=m.refused,
+            window_requests=m.window_requests, window_s=m.window_s,
+            ttft_growth_s=m.ttft_growth_s, ttft_slope=m.ttft_slope, pace=m.pace,
+            ttft_p90_s=m.ttft_s.p90, tpot_p90_s=m.tpot_s.p90, itl_p90_s=m.itl_s.p90,
+            slo_attainment=m.slo_attainment,
+            decode_stall_per_token_s=p.decode_stall_per_token_s,
+            prefill_utilization=p.prefill_utilization,
+            decode_utilization=p.decode_utilization, kv_peak_share=p.kv_peak_share,
+            **economics(r.tokens_per_s, systems, power_w, price))
     if config is not None and requests is not None:
         # At 100% busy stages: how close the configuration's best rate comes.
-        row["ceiling_rate_per_s"] = ceiling_rate(config.regions, config.options, requests)
-        row["ceiling_rate_per_system"] = row["ceiling_rate_per_s"] / systems
-        row["share_of_ceiling"] = row["max_rate_per_s"] / row["ceiling_rate_per_s"]
+        ceiling = ceiling_rate(config.regions, config.options, requests)
+        row = replace(row, ceiling_rate_per_s=ceiling, ceiling_rate_per_system=ceiling / systems,
+                      share_of_ceiling=row.max_rate_per_s / ceiling)
     return row
 
 
 def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
-                    cluster: ClusterSpec, draws_for=None) -> dict:
+                    cluster: ClusterSpec, draws_for=None) -> VaryReport:
     """``one(pool, draws, targets, cluster, transform, scale)`` at every value of
     ``variation`` (``transform``: the value applied to a confirming run's requests;
     ``scale``: the value's ``StepScale`` on the stage tables): each value's
@@ -335,7 +515,7 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
             base = draws_for(apply(variation, value, draws[0], targets, cluster.systems)[2])
         varied = [apply(variation, value, d, targets, cluster.systems) for d in base]
         v_targets, systems, scale = varied[0][1], varied[0][2], varied[0][3]
-        row = {"value": value, "tpot_s": v_targets.tpot_s, "systems": systems}
+        row = SensitivityRow(value, v_targets.tpot_s, systems)
         try:
             data, configs = one(pool, [v[0] for v in varied], v_targets,
                                 ClusterSpec(cluster.fabric, systems),
@@ -343,25 +523,23 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
                                     variation, value, requests, targets, cluster.systems)[0],
                                 scale)
         except UserError as exc:
-            rows.append({**row, "error": str(exc)})
+            rows.append(replace(row, error=str(exc)))
             continue
         # One sequence's decode step on a colocated region (any region, if none compiled).
         unit = next((c for c in configs.values() if c.plan == "colocated"),
                     next(iter(configs.values())))
         step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz)
-        cmp_ = data["comparison"]
-        row.update(decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
-                   colocated=cmp_.get("colocated"), disaggregated=cmp_.get("disaggregated"),
-                   max_rate_per_system=cmp_.get("max_rate_per_system"),
-                   goodput_ratio=cmp_.get("goodput_ratio"))
-        if "over_replicates" in data:
-            row["goodput_ratio_interval"] = data["over_replicates"]["goodput_ratio"]
-        rows.append(row)
-        runs.append({"value": value, **data})
-    first = runs[0] if runs else {}
-    return {"model": first.get("model"), "workload": first.get("workload"),
-            "fabric": cluster.fabric.name, "vary": variation.name,
-            "description": VARIABLES[variation.name], "sensitivity": rows, "runs": runs}
+        cmp_ = data.comparison
+        rows.append(replace(
+            row, decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
+            colocated=cmp_.colocated, disaggregated=cmp_.disaggregated,
+            max_rate_per_system=cmp_.max_rate_per_system, goodput_ratio=cmp_.goodput_ratio,
+            goodput_ratio_interval=None if data.over_replicates is None
+            else data.over_replicates["goodput_ratio"]))
+        runs.append(replace(data, value=value))
+    first = runs[0] if runs else None
+    return VaryReport(first and first.model, first and first.workload, cluster.fabric.name,
+                      variation.name, VARIABLES[variation.name], rows, runs)
 
 
 TUNING_REQUESTS = 1000  # per tuning run: enough to load a cluster, few for a search of many
@@ -400,10 +578,10 @@ def longer_draws(spec: WorkloadSpec, seeds: int, transform=lambda requests: requ
     return longer
 
 
-def describe_draws(spec: WorkloadSpec, data: dict) -> str:
+def describe_draws(spec: WorkloadSpec, data: ExperimentReport) -> str:
     """What the replicates of ``data`` (the report) were."""
-    sizes = sorted({r["requests_per_run"] for r in data["replicates"]})
+    sizes = sorted({r.requests_per_run for r in data.replicates})
     size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
     if spec.arrival == "trace":
         return f"windows of {size} requests of the trace, one after another"
-    return f"seeds {spec.seed} to {spec.seed + len(data['replicates']) - 1}"
+    return f"seeds {spec.seed} to {spec.seed + len(data.replicates) - 1}"

@@ -18,15 +18,18 @@ for KV room.
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 import numpy as np
 
 from wse_emu.checks import positive
 from wse_emu.errors import UserError
+from wse_emu.fmt import duration as time_text
+from wse_emu.fmt import number
 from wse_emu.progress import duration
-from wse_emu.runtime.metrics import judged_window, on_target, run_metrics
+from wse_emu.runtime.metrics import RunMetrics, UserSpeeds, judged_window, on_target, run_metrics
 from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
@@ -67,13 +70,24 @@ class Targets:
         if self.attainment > 1:
             raise UserError(f"`attainment` must be in (0, 1], got {self.attainment}")
 
-    def stable(self, metrics: dict) -> bool:
-        return (metrics.get("ttft_slope", 0.0) <= MAX_TTFT_SLOPE
-                and metrics.get("pace", 1.0) <= MAX_PACE and not metrics.get("too_short"))
+    def stable(self, metrics: RunMetrics) -> bool:
+        """Whether a run sustained its rate over its steady window (a run without one is)."""
+        slope = 0.0 if metrics.ttft_slope is None else metrics.ttft_slope
+        pace = 1.0 if metrics.pace is None else metrics.pace
+        return slope <= MAX_TTFT_SLOPE and pace <= MAX_PACE and not metrics.too_short
 
-    def met(self, metrics: dict) -> bool:
-        return (metrics["ttft_s"]["p90"] <= self.ttft_s and metrics["tpot_s"]["p90"] <= self.tpot_s
-                and metrics["slo_attainment"] >= self.attainment and self.stable(metrics))
+    def met(self, metrics: RunMetrics) -> bool:
+        return (metrics.ttft_s.p90 <= self.ttft_s and metrics.tpot_s.p90 <= self.tpot_s
+                and metrics.slo_attainment >= self.attainment and self.stable(metrics))
+
+    def to_json(self) -> dict:
+        """As an experiment's report states them."""
+        return {"ttft_p90_s": self.ttft_s, "tpot_p90_s": self.tpot_s,
+                "attainment": self.attainment}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Targets":
+        return cls(data["ttft_p90_s"], data["tpot_p90_s"], data["attainment"])
 
 
 @dataclass
@@ -90,23 +104,42 @@ class Config:
         return f"{self.plan}, {self.knob}"
 
 
+@dataclass(frozen=True)
+class Pressure:
+    """Where a run's time went (``_pressure``): prefill and decode stage utilization (mean
+    over the regions serving the phase), decode work and stall per output token, the KV
+    peak's share of capacity, and the largest share of the run a region's admission waited
+    for KV room."""
+
+    prefill_utilization: float
+    decode_utilization: float
+    decode_stall_per_token_s: float
+    decode_work_per_token_s: float
+    kv_peak_share: float
+    kv_blocked_share: float
+
+
 @dataclass
 class Point:
-    """One serving run at one rate (requests, or sessions, per second)."""
+    """One serving run at one rate (requests, or sessions, per second), judged: its metrics
+    (the attainment and goodput against the targets) and where its time went."""
 
     rate: float
     met: bool
-    metrics: dict
+    metrics: RunMetrics | None
+    pressure: Pressure | None = None
 
 
 @dataclass
 class Run:
     """One serving run at one rate, before any target judges it: its metrics that no target
-    decides, and what the targets are checked on (per request, its TTFT and TPOT and whether
-    it is in the steady window). One run serves every target of a frontier's ladder."""
+    decides, where its time went, and what the targets are checked on (per request, its TTFT
+    and TPOT and whether it is in the steady window). One run serves every target of a
+    frontier's ladder."""
 
     rate: float
-    metrics: dict
+    metrics: RunMetrics
+    pressure: Pressure
     ttft_s: np.ndarray
     tpot_s: np.ndarray
     window: np.ndarray
@@ -119,16 +152,16 @@ def serve_run(config: Config, requests: Requests, factor: float) -> Run:
     reqs = requests.faster(factor)
     result = serve(reqs, config.regions, config.options, refuse=True)
     metrics = run_metrics(result, reqs, None, None, steady=True)
-    metrics.update(_pressure(result.regions, metrics["duration_s"]))
-    return Run(requests.offered_rate() * factor, metrics, result.ttft_s(), result.tpot_s(),
-               judged_window(result, reqs).mask, metrics["duration_s"])
+    return Run(requests.offered_rate() * factor, metrics,
+               _pressure(result.regions, metrics.duration_s), result.ttft_s(), result.tpot_s(),
+               judged_window(result, reqs).mask, metrics.duration_s)
 
 
 def judge(run: Run, targets: Targets) -> Point:
     """The run against ``targets``: its metrics with the attainment and goodput they decide."""
-    metrics = {**run.metrics, **on_target(run.ttft_s, run.tpot_s, run.window, run.span_s,
-                                          targets.ttft_s, targets.tpot_s)}
-    return Point(run.rate, targets.met(metrics), metrics)
+    metrics = replace(run.metrics, **on_target(run.ttft_s, run.tpot_s, run.window, run.span_s,
+                                               targets.ttft_s, targets.tpot_s))
+    return Point(run.rate, targets.met(metrics), metrics, run.pressure)
 
 
 def evaluate(config: Config, requests: Requests, factor: float, targets: Targets) -> Point:
@@ -171,7 +204,7 @@ class RunBook:
         return run_points
 
 
-def _pressure(regions: dict, duration_s: float) -> dict:
+def _pressure(regions: dict, duration_s: float) -> Pressure:
     """Where the time went: prefill and decode stage utilization (mean over the regions that
     serve the phase), decode work and stall per output token, the KV peak share, and the
     largest share of the run any region's admission waited for KV room."""
@@ -182,13 +215,11 @@ def _pressure(regions: dict, duration_s: float) -> dict:
     work = sum(r["decode_work_s"] for r in regions.values())
     kv = [r["kv_peak_tokens"] / r["kv_capacity_tokens"] for r in regions.values()
           if r["role"] != "prefill"]
-    return {"prefill_utilization": float(np.mean(pre)), "decode_utilization": float(np.mean(dec)),
-            # Rounded to the nanosecond: the stall is a difference of large sums.
-            "decode_stall_per_token_s": max(round(stall / tokens, 9), 0.0) if tokens else 0.0,
-            "decode_work_per_token_s": work / tokens if tokens else 0.0,
-            "kv_peak_share": max(kv),
-            "kv_blocked_share": max(r["kv_blocked_s"] for r in regions.values())
-            / max(duration_s, 1e-12)}
+    return Pressure(float(np.mean(pre)), float(np.mean(dec)),
+                    # Rounded to the nanosecond: the stall is a difference of large sums.
+                    max(round(stall / tokens, 9), 0.0) if tokens else 0.0,
+                    work / tokens if tokens else 0.0, max(kv),
+                    max(r["kv_blocked_s"] for r in regions.values()) / max(duration_s, 1e-12))
 
 
 @dataclass
@@ -284,38 +315,38 @@ class Outcome:
     def goodput(self) -> float:
         """Requests that met both targets per second of the best run's makespan (the drain
         included): a secondary number."""
-        return self.best.metrics["goodput_requests_per_s"] if self.best else 0.0
+        return self.best.metrics.goodput_requests_per_s if self.best else 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.best.metrics["output_tokens_per_s"] if self.best else 0.0
+        return self.best.metrics.output_tokens_per_s if self.best else 0.0
 
     @property
     def window_tokens_per_s(self) -> float:
         """Output tokens/s at the best rate over its steady window (the filling and the drain
         left out): what the configuration sustains."""
-        return self.best.metrics["window_output_tokens_per_s"] if self.best else 0.0
+        return self.best.metrics.window_output_tokens_per_s if self.best else 0.0
 
     def limit(self, targets: Targets) -> str:
         """What broke at the first failed rate, in a few words."""
         if self.failed is None:
             return "met every rate tried (more requests per run would load it further)"
         m = self.failed.metrics
-        if m.get("too_short"):
+        if m.too_short:
             return ("a run too short to judge (every session started before a session's "
                     "length had passed: run more requests)")
-        broke = [name for name, key, target in (("p90 TTFT", "ttft_s", targets.ttft_s),
-                                                ("p90 TPOT", "tpot_s", targets.tpot_s))
-                 if m[key]["p90"] > target]
-        if m["slo_attainment"] < targets.attainment:
-            broke.append(f"attainment ({m['slo_attainment']:.1%} < {targets.attainment:.0%})")
+        broke = [name for name, p90, target in (("p90 TTFT", m.ttft_s.p90, targets.ttft_s),
+                                                ("p90 TPOT", m.tpot_s.p90, targets.tpot_s))
+                 if p90 > target]
+        if m.slo_attainment < targets.attainment:
+            broke.append(f"attainment ({m.slo_attainment:.1%} < {targets.attainment:.0%})")
         if not targets.stable(m):
-            if m["pace"] > MAX_PACE:
-                broke.append(f"a growing queue (first tokens spread over {m['pace']:.3g}x the "
+            if m.pace is not None and m.pace > MAX_PACE:
+                broke.append(f"a growing queue (first tokens spread over {_plain(m.pace)}x the "
                              "span of arrivals)")
             else:
-                broke.append(f"a growing queue (TTFT rising {m['ttft_slope']:.2g} s per s of "
-                             "arrivals)")
+                broke.append(f"a growing queue (TTFT rising {_plain(m.ttft_slope, 2)} s per s "
+                             "of arrivals)")
         return " and ".join(broke)
 
 
@@ -329,7 +360,151 @@ def outcomes(searches: list[Search]) -> list[Outcome]:
     return out
 
 
-def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> dict:
+# A configuration's numbers at its best rate, in the order its row reports them.
+AT_BEST = ("failed_rate_per_system", "goodput_requests_per_s", "output_tokens_per_s",
+           "output_tokens_per_s_per_system", "window_output_tokens_per_s_per_system",
+           "user_tokens_per_s", "refused", "window_requests", "window_s", "ttft_growth_s",
+           "ttft_slope", "pace", "ttft_p90_s", "tpot_p90_s", "itl_p90_s", "slo_attainment",
+           "decode_stall_per_token_s", "prefill_utilization", "decode_utilization",
+           "kv_peak_share")
+ECONOMICS = ("energy_per_output_token_j", "cost_per_million_output_tokens")
+CEILING = ("ceiling_rate_per_s", "ceiling_rate_per_system", "share_of_ceiling")
+
+
+@dataclass
+class ConfigRow:
+    """One configuration's row of an experiment's report: its highest rate meeting the
+    targets (goodput as DistServe defines it, per second and per system), what it achieved
+    at that rate, what broke at the next, and how close it came to its analytic ceiling.
+    The numbers at its best rate are None when it met its targets at no rate tried
+    (``met_some_rate``); energy and cost only where they can be stated; the ceiling only
+    where the configuration was at hand."""
+
+    configuration: str  # "colocated, 2 copies, interleaved 2:1, tile 16, batch 64"
+    plan: str
+    knob: str
+    runs: int  # serving runs its rate search took
+    limited_by: str  # what broke at the first rate it failed
+    max_rate_per_s: float = 0.0
+    max_rate_per_system: float = 0.0
+    failed_rate_per_system: float | None = None  # the search's bracket: it failed here
+    goodput_requests_per_s: float | None = None  # on target per second of the makespan
+    output_tokens_per_s: float | None = None
+    output_tokens_per_s_per_system: float | None = None
+    window_output_tokens_per_s_per_system: float | None = None
+    user_tokens_per_s: UserSpeeds | None = None
+    refused: int | None = None
+    window_requests: int | None = None
+    window_s: float | None = None
+    ttft_growth_s: float | None = None
+    ttft_slope: float | None = None
+    pace: float | None = None
+    ttft_p90_s: float | None = None
+    tpot_p90_s: float | None = None
+    itl_p90_s: float | None = None
+    slo_attainment: float | None = None
+    decode_stall_per_token_s: float | None = None
+    prefill_utilization: float | None = None
+    decode_utilization: float | None = None
+    kv_peak_share: float | None = None
+    energy_per_output_token_j: float | None = None
+    cost_per_million_output_tokens: float | None = None
+    ceiling_rate_per_s: float | None = None
+    ceiling_rate_per_system: float | None = None
+    share_of_ceiling: float | None = None
+
+    @property
+    def met_some_rate(self) -> bool:
+        """Whether the configuration met its targets at some rate tried."""
+        return self.goodput_requests_per_s is not None
+
+    def to_json(self) -> dict:
+        out = {"configuration": self.configuration, "plan": self.plan, "knob": self.knob,
+               "runs": self.runs, "limited_by": self.limited_by,
+               "max_rate_per_s": self.max_rate_per_s,
+               "max_rate_per_system": self.max_rate_per_system}
+        if self.met_some_rate:
+            out.update({name: getattr(self, name) for name in AT_BEST})
+            out["user_tokens_per_s"] = self.user_tokens_per_s.to_json()
+            out.update({name: getattr(self, name) for name in ECONOMICS
+                        if getattr(self, name) is not None})
+        if self.ceiling_rate_per_s is not None:
+            out.update({name: getattr(self, name) for name in CEILING})
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ConfigRow":
+        """A row read back from a report (a field a report written before it existed lacks
+        is None)."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if values.get("user_tokens_per_s") is not None:
+            values["user_tokens_per_s"] = UserSpeeds.from_json(values["user_tokens_per_s"])
+        return cls(**values)
+
+
+@dataclass
+class Comparison:
+    """The best of each plan (by its highest rate met, per system) and, when both plans have
+    one, their numbers side by side (per plan), the ratios disaggregated / colocated (None
+    where colocated met no rate), the split and why each stopped where it did."""
+
+    colocated: str | None  # the label of each plan's best configuration
+    disaggregated: str | None
+    max_rate_per_system: dict[str, float] | None = None
+    tokens_per_s_per_system: dict[str, float] | None = None
+    window_tokens_per_s_per_system: dict[str, float] | None = None
+    goodput_ratio: float | None = None
+    tokens_per_s_ratio: float | None = None
+    window_tokens_per_s_ratio: float | None = None
+    on_target_per_makespan_ratio: float | None = None
+    split: str | None = None
+    # A configuration that met every rate tried has no ceiling found: its rate is a floor.
+    ceiling_found: dict[str, bool] | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> bool:
+        """Whether both plans have a best configuration to compare."""
+        return self.colocated is not None and self.disaggregated is not None
+
+    def best(self, plan: str) -> str | None:
+        return self.colocated if plan == "colocated" else self.disaggregated
+
+    def to_json(self) -> dict:
+        out = {"colocated": self.colocated, "disaggregated": self.disaggregated}
+        if self.compared:
+            out.update({f.name: getattr(self, f.name) for f in fields(self)[2:]})
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Comparison":
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class Replicate:
+    """One independent draw of the workload's answer: its configurations' rows, the
+    comparison, and the requests per confirming run."""
+
+    configurations: list[ConfigRow]
+    comparison: Comparison
+    requests_per_run: int | None = None
+
+    def rows(self) -> dict[str, ConfigRow]:
+        return {c.configuration: c for c in self.configurations}
+
+    def to_json(self) -> dict:
+        return {"configurations": [c.to_json() for c in self.configurations],
+                "comparison": self.comparison.to_json(), "requests_per_run":
+                self.requests_per_run}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Replicate":
+        return cls([ConfigRow.from_json(c) for c in data["configurations"]],
+                   Comparison.from_json(data["comparison"]), data.get("requests_per_run"))
+
+
+def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> Comparison:
     """The best of each plan by its highest rate met (per system: both plans have the
     cluster's ``systems``), the ratio disaggregated/colocated, and why."""
     best = {}
@@ -338,27 +513,24 @@ def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> dict:
         if mine:
             best[plan] = max(mine, key=lambda r: (r.max_rate, r.tokens_per_s))
     col, dis = best.get("colocated"), best.get("disaggregated")
-    summary = {"colocated": col.label if col else None,
-               "disaggregated": dis.label if dis else None}
-    if col and dis:
-        summary["max_rate_per_system"] = {"colocated": col.max_rate / systems,
-                                          "disaggregated": dis.max_rate / systems}
-        summary["tokens_per_s_per_system"] = {"colocated": col.tokens_per_s / systems,
-                                              "disaggregated": dis.tokens_per_s / systems}
-        summary["window_tokens_per_s_per_system"] = {
-            "colocated": col.window_tokens_per_s / systems,
-            "disaggregated": dis.window_tokens_per_s / systems}
-        summary["goodput_ratio"] = _ratio(dis.max_rate, col.max_rate)
-        summary["tokens_per_s_ratio"] = _ratio(dis.tokens_per_s, col.tokens_per_s)
-        summary["window_tokens_per_s_ratio"] = _ratio(dis.window_tokens_per_s,
-                                                      col.window_tokens_per_s)
-        summary["on_target_per_makespan_ratio"] = _ratio(dis.goodput, col.goodput)
-        summary["split"] = dis.knob
-        # A configuration that met every rate tried has no ceiling found: its rate is a floor.
-        summary["ceiling_found"] = {"colocated": col.failed is not None,
-                                    "disaggregated": dis.failed is not None}
-        summary["reasons"] = [_reason(col, targets), _reason(dis, targets)]
-    return summary
+    if not (col and dis):
+        return Comparison(col.label if col else None, dis.label if dis else None)
+    return Comparison(
+        col.label, dis.label,
+        max_rate_per_system={"colocated": col.max_rate / systems,
+                             "disaggregated": dis.max_rate / systems},
+        tokens_per_s_per_system={"colocated": col.tokens_per_s / systems,
+                                 "disaggregated": dis.tokens_per_s / systems},
+        window_tokens_per_s_per_system={"colocated": col.window_tokens_per_s / systems,
+                                        "disaggregated": dis.window_tokens_per_s / systems},
+        goodput_ratio=_ratio(dis.max_rate, col.max_rate),
+        tokens_per_s_ratio=_ratio(dis.tokens_per_s, col.tokens_per_s),
+        window_tokens_per_s_ratio=_ratio(dis.window_tokens_per_s, col.window_tokens_per_s),
+        on_target_per_makespan_ratio=_ratio(dis.goodput, col.goodput),
+        split=dis.knob,
+        ceiling_found={"colocated": col.failed is not None,
+                       "disaggregated": dis.failed is not None},
+        reasons=[_reason(col, targets), _reason(dis, targets)])
 
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); between
@@ -395,50 +567,48 @@ def _half_width(v: np.ndarray) -> float:
     return float(t * v.std(ddof=1) / np.sqrt(len(v)))
 
 
-def over_replicates(reports: list[dict]) -> dict:
-    """Each configuration's goodput per system and the plans' ratios, over the replicates'
-    reports (``configurations`` and ``comparison`` as ``experiment`` makes them). Goodputs and
-    the goodput ratio are bracketed by the rate searches' steps (``interval``'s bounds)."""
+def over_replicates(replicates: list[Replicate]) -> dict:
+    """Each configuration's goodput per system and the plans' ratios, over the replicates
+    (every draw's configurations and comparison). Goodputs and the goodput ratio are
+    bracketed by the rate searches' steps (``interval``'s bounds)."""
     # Configurations searched on every draw (the tuned ones, when only the first was tuned).
-    labels = [c["configuration"] for c in reports[0]["configurations"]
-              if all(any(d["configuration"] == c["configuration"] for d in r["configurations"])
-                     for r in reports)]
+    labels = [c.configuration for c in replicates[0].configurations
+              if all(c.configuration in r.rows() for r in replicates)]
     rows = []
     for label in labels:
-        mine = [next(c for c in r["configurations"] if c["configuration"] == label)
-                for r in reports]
+        mine = [r.rows()[label] for r in replicates]
         rows.append({"configuration": label,
                      "max_rate_per_system": interval(
-                         [c.get("max_rate_per_system", 0.0) for c in mine],
-                         upper=[c.get("failed_rate_per_system") for c in mine]),
+                         [c.max_rate_per_system for c in mine],
+                         upper=[c.failed_rate_per_system for c in mine]),
                      "output_tokens_per_s_per_system": interval(
-                         c.get("output_tokens_per_s_per_system", 0.0) for c in mine),
+                         c.output_tokens_per_s_per_system or 0.0 for c in mine),
                      "window_output_tokens_per_s_per_system": interval(
-                         c.get("window_output_tokens_per_s_per_system", 0.0) for c in mine)})
-    return {"replicates": len(reports), "configurations": rows,
-            "goodput_ratio": interval([r["comparison"].get("goodput_ratio") for r in reports],
-                                      [_ratio_bound(r, low=True) for r in reports],
-                                      [_ratio_bound(r, low=False) for r in reports]),
-            "tokens_per_s_ratio": interval(r["comparison"].get("tokens_per_s_ratio")
-                                           for r in reports),
+                         c.window_output_tokens_per_s_per_system or 0.0 for c in mine)})
+    return {"replicates": len(replicates), "configurations": rows,
+            "goodput_ratio": interval([r.comparison.goodput_ratio for r in replicates],
+                                      [_ratio_bound(r, low=True) for r in replicates],
+                                      [_ratio_bound(r, low=False) for r in replicates]),
+            "tokens_per_s_ratio": interval(r.comparison.tokens_per_s_ratio
+                                           for r in replicates),
             "window_tokens_per_s_ratio": interval(
-                r["comparison"].get("window_tokens_per_s_ratio") for r in reports)}
+                r.comparison.window_tokens_per_s_ratio for r in replicates)}
 
 
-def _ratio_bound(report: dict, low: bool) -> float | None:
+def _ratio_bound(replicate: Replicate, low: bool) -> float | None:
     """The lowest (``low``) or highest goodput ratio a draw's rate brackets allow: one plan at
     its highest rate met, the other at the next rate that failed (None when that search found
     no failing rate)."""
-    cmp_ = report["comparison"]
-    if cmp_.get("goodput_ratio") is None:
+    cmp_ = replicate.comparison
+    if cmp_.goodput_ratio is None:
         return None
-    rows = {c["configuration"]: c for c in report["configurations"]}
-    col, dis = rows[cmp_["colocated"]], rows[cmp_["disaggregated"]]
+    rows = replicate.rows()
+    col, dis = rows[cmp_.colocated], rows[cmp_.disaggregated]
     if low:
-        failed = col.get("failed_rate_per_system")
-        return None if failed is None else _ratio(dis["max_rate_per_system"], failed)
-    failed = dis.get("failed_rate_per_system")
-    return None if failed is None else _ratio(failed, col["max_rate_per_system"])
+        failed = col.failed_rate_per_system
+        return None if failed is None else _ratio(dis.max_rate_per_system, failed)
+    failed = dis.failed_rate_per_system
+    return None if failed is None else _ratio(failed, col.max_rate_per_system)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -450,25 +620,25 @@ def _reason(r: Outcome, targets: Targets) -> str:
     """One sentence on what limits a configuration, from its first failed point's numbers."""
     if r.failed is None:
         return f"{r.label}: met its targets at every rate tried"
-    m = r.failed.metrics
-    rate = f"{r.failed.rate:.3g}/s"
-    parts = [f"{r.label}: at {rate} it missed {r.limit(targets)}"]
-    if m.get("too_short"):
+    m, p = r.failed.metrics, r.failed.pressure
+    parts = [f"{r.label}: at {_plain(r.failed.rate)}/s it missed {r.limit(targets)}"]
+    if m.too_short:
         return "; ".join(parts)
-    stall, work, tpot = (m["decode_stall_per_token_s"], m["decode_work_per_token_s"],
-                         m["tpot_s"]["p90"])
+    stall, work, tpot = p.decode_stall_per_token_s, p.decode_work_per_token_s, m.tpot_s.p90
     if work > 0 and tpot > 1.5 * work:
         behind = ("prefill and other micro-batches" if r.plan == "colocated"
                   else "other decode micro-batches")
-        parts.append(f"p90 TPOT {_ms(tpot)} against {_ms(work)} of decode work per token: "
-                     f"tokens waited behind {behind} ({_ms(stall)} per token on average)")
-    parts.append(f"prefill stages {m['prefill_utilization']:.0%} busy, decode stages "
-                 f"{m['decode_utilization']:.0%}")
-    if m["kv_blocked_share"] > 0.01:
-        parts.append(f"admission waited for KV room {m['kv_blocked_share']:.0%} of the time "
-                     f"(KV peak {m['kv_peak_share']:.0%} of capacity)")
+        parts.append(f"p90 TPOT {time_text(tpot)} against {time_text(work)} of decode work per "
+                     f"token: tokens waited behind {behind} ({time_text(stall)} per token on "
+                     "average)")
+    parts.append(f"prefill stages {p.prefill_utilization:.0%} busy, decode stages "
+                 f"{p.decode_utilization:.0%}")
+    if p.kv_blocked_share > 0.01:
+        parts.append(f"admission waited for KV room {p.kv_blocked_share:.0%} of the time "
+                     f"(KV peak {p.kv_peak_share:.0%} of capacity)")
     return "; ".join(parts)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
+def _plain(value: float, digits: int = 3) -> str:
+    """A number in a sentence, as ``fmt.number`` writes it (5.18 k, 0.046); 'inf' as is."""
+    return number(value, digits) if math.isfinite(value) else f"{value}"

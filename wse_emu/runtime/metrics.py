@@ -21,10 +21,12 @@ short to judge (``too_short``): its numbers count every call, and it meets no ta
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from wse_emu.fmt import duration, seconds, with_unit
 from wse_emu.runtime.serve import ServeResult
 from wse_emu.runtime.workload import Requests
 
@@ -83,35 +85,68 @@ def pace(arrival_s: np.ndarray, first_token_s: np.ndarray) -> float:
     return served / arrived
 
 
-def percentiles(values: np.ndarray) -> dict[str, float]:
+@dataclass(frozen=True)
+class Percentiles:
+    """The 50th, 90th and 99th percentiles of a run's times, in seconds."""
+
+    p50: float
+    p90: float
+    p99: float
+
+    def to_json(self) -> dict:
+        return {"p50": self.p50, "p90": self.p90, "p99": self.p99}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Percentiles":
+        return cls(data["p50"], data["p90"], data["p99"])
+
+
+@dataclass(frozen=True)
+class UserSpeeds:
+    """Output tokens/s per user (``user_speeds``): at the median TPOT, at the p90 TPOT, and
+    the mean over users."""
+
+    p50: float
+    p90: float
+    mean: float
+
+    def to_json(self) -> dict:
+        return {"p50": self.p50, "p90": self.p90, "mean": self.mean}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "UserSpeeds":
+        return cls(data["p50"], data["p90"], data["mean"])
+
+
+def percentiles(values: np.ndarray) -> Percentiles:
     """p50, p90 and p99; infinite (a refused request's times) where the rank falls on an
     infinite value (numpy would interpolate to NaN)."""
     values = np.asarray(values, dtype=float)
     ranked = np.sort(values) if np.isinf(values).any() else None
-    out = {}
+    out = []
     for q in (50, 90, 99):
         if ranked is not None and np.isinf(ranked[int(np.ceil((len(values) - 1) * q / 100))]):
-            out[f"p{q}"] = float("inf")
+            out.append(float("inf"))
         else:
-            out[f"p{q}"] = float(np.percentile(values, q))
-    return out
+            out.append(float(np.percentile(values, q)))
+    return Percentiles(*out)
 
 
-def user_speeds(tpot_s: np.ndarray, tokens: np.ndarray) -> dict[str, float]:
+def user_speeds(tpot_s: np.ndarray, tokens: np.ndarray) -> UserSpeeds:
     """Output tokens/s per user (1 / TPOT) of the requests with more than one output token (a
     refused request's is 0): at the median TPOT (``p50``), at the p90 TPOT (``p90``: the speed
     at least 90% of users reach, so that a p90 TPOT target of 1/S reads as a p90 speed of S),
     and the mean over users, against which vendors quote their speeds."""
     tpot = tpot_s[tokens > 1]
     if not len(tpot):
-        return {"p50": 0.0, "p90": 0.0, "mean": 0.0}
+        return UserSpeeds(0.0, 0.0, 0.0)
     q = percentiles(tpot)
     with np.errstate(divide="ignore"):
         speed = 1.0 / tpot
-    return {"p50": 1.0 / q["p50"] if q["p50"] > 0 else float("inf"),
-            "p90": 1.0 / q["p90"] if q["p90"] > 0 else float("inf"),
-            "mean": float(np.mean(speed[np.isfinite(speed)])) if np.isfinite(speed).any()
-            else 0.0}
+    return UserSpeeds(1.0 / q.p50 if q.p50 > 0 else float("inf"),
+                      1.0 / q.p90 if q.p90 > 0 else float("inf"),
+                      float(np.mean(speed[np.isfinite(speed)])) if np.isfinite(speed).any()
+                      else 0.0)
 
 
 def token_times(res: ServeResult) -> np.ndarray:
@@ -140,9 +175,9 @@ def window_tokens_per_s(res: ServeResult, begin: float, end: float) -> float:
 
 def on_target(ttft_s: np.ndarray, tpot_s: np.ndarray, window: np.ndarray, span_s: float,
               ttft_slo_s: float | None, tpot_slo_s: float | None) -> dict:
-    """The metrics a run's targets decide: the share of the window's requests meeting both
-    (``slo_attainment``) and the requests meeting both per second of the whole run's makespan,
-    the drain included (``goodput_requests_per_s``)."""
+    """The metrics a run's targets decide, by their ``RunMetrics`` names: the share of the
+    window's requests meeting both (``slo_attainment``) and the requests meeting both per
+    second of the whole run's makespan, the drain included (``goodput_requests_per_s``)."""
     ok = np.ones(len(ttft_s), dtype=bool)
     if ttft_slo_s is not None:
         ok &= ttft_s <= ttft_slo_s
@@ -150,6 +185,131 @@ def on_target(ttft_s: np.ndarray, tpot_s: np.ndarray, window: np.ndarray, span_s
         ok &= tpot_s <= tpot_slo_s
     return {"slo_attainment": float(ok[window].mean()),
             "goodput_requests_per_s": float(ok.sum() / span_s) if span_s > 0 else 0.0}
+
+
+# The steady window's numbers (``run_metrics(..., steady=True)``), in the order reported.
+STEADY = ("window_requests", "window_s", "window_output_tokens_per_s", "ttft_by_fifth_s",
+          "ttft_growth_s", "ttft_slope", "pace", "too_short")
+
+
+@dataclass
+class RunMetrics:
+    """A serving run's metrics (``run_metrics``): latency percentiles, throughput, the share
+    of requests meeting the targets; with a steady window, its numbers (None without one); for
+    agent sessions, the sessions' lengths and, with a window, their pace. ``to_json()`` is
+    what ``wse-emu serve --json`` prints of them (``ServeReport``)."""
+
+    requests: int
+    duration_s: float
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    e2e_s: Percentiles
+    itl_s: Percentiles  # every gap between consecutive tokens (TPOT is their mean per request)
+    output_tokens_per_s: float
+    requests_per_s: float
+    slo_attainment: float
+    goodput_requests_per_s: float
+    user_tokens_per_s: UserSpeeds
+    refused: int
+    # The steady window (``steady=True``): its requests, span, output rate, TTFT trend and
+    # pace, and whether the run was too short to judge.
+    window_requests: int | None = None
+    window_s: float | None = None
+    window_output_tokens_per_s: float | None = None
+    ttft_by_fifth_s: list[float] | None = None
+    ttft_growth_s: float | None = None
+    ttft_slope: float | None = None
+    pace: float | None = None
+    too_short: bool | None = None
+    # Agent sessions (several calls each): their lengths, and with a window their pace.
+    session_s: Percentiles | None = None
+    session_pace: float | None = None
+
+    @property
+    def steady(self) -> bool:
+        """Whether the run was judged over a steady window."""
+        return self.window_requests is not None
+
+    def to_json(self) -> dict:
+        out = {"requests": self.requests, "duration_s": self.duration_s,
+               "ttft_s": self.ttft_s.to_json(), "tpot_s": self.tpot_s.to_json(),
+               "e2e_s": self.e2e_s.to_json(), "itl_s": self.itl_s.to_json(),
+               "output_tokens_per_s": self.output_tokens_per_s,
+               "requests_per_s": self.requests_per_s, "slo_attainment": self.slo_attainment,
+               "goodput_requests_per_s": self.goodput_requests_per_s,
+               "user_tokens_per_s": self.user_tokens_per_s.to_json(), "refused": self.refused}
+        if self.steady:
+            out.update({name: getattr(self, name) for name in STEADY})
+        if self.session_s is not None:
+            out["session_s"] = self.session_s.to_json()
+        if self.session_pace is not None:
+            out["session_pace"] = self.session_pace
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunMetrics":
+        """The metrics of a report read back (a run directory's metrics.json: ``to_json``'s
+        keys; others beside them are ignored)."""
+        times = {name: Percentiles.from_json(data[name])
+                 for name in ("ttft_s", "tpot_s", "e2e_s", "itl_s")}
+        return cls(data["requests"], data["duration_s"], **times,
+                   output_tokens_per_s=data["output_tokens_per_s"],
+                   requests_per_s=data["requests_per_s"],
+                   slo_attainment=data["slo_attainment"],
+                   goodput_requests_per_s=data["goodput_requests_per_s"],
+                   user_tokens_per_s=UserSpeeds.from_json(data["user_tokens_per_s"]),
+                   refused=data["refused"], **{name: data.get(name) for name in STEADY},
+                   session_s=Percentiles.from_json(data["session_s"])
+                   if "session_s" in data else None, session_pace=data.get("session_pace"))
+
+    def __repr__(self) -> str:
+        return (f"RunMetrics({self.requests:,} requests over {seconds(self.duration_s)}, "
+                f"{with_unit(self.output_tokens_per_s, 'tok/s')}, p90 TTFT "
+                f"{_time(self.ttft_s.p90)}, p90 TPOT {_time(self.tpot_s.p90)}, "
+                f"{self.slo_attainment:.1%} on target"
+                + (f", {self.refused:,} refused" if self.refused else "") + ")")
+
+
+def _time(value: float) -> str:
+    """A time as ``fmt.duration`` writes it; 'inf' for a refused request's."""
+    return duration(value) if np.isfinite(value) else "inf"
+
+
+REPORT_HEAD = ("configuration", "model", "cluster", "plan", "policy", "workload")
+
+
+@dataclass
+class ServeReport:
+    """What ``wse-emu serve --json`` prints and keeps in a run directory's metrics.json: what
+    was served where (the demo's runs name their configuration instead), the targets, the
+    run's metrics and each region's numbers."""
+
+    targets: dict  # ttft_s and tpot_s, each None when not given
+    metrics: RunMetrics
+    # Per region (``ServeResult.regions``): role, utilization, KV capacity and peak, ... as
+    # the serving loops count them.
+    regions: dict
+    model: str | None = None
+    cluster: str | None = None
+    plan: str | None = None
+    policy: str | None = None
+    workload: str | None = None
+    configuration: str | None = None
+
+    def to_json(self) -> dict:
+        head = {name: getattr(self, name) for name in REPORT_HEAD
+                if getattr(self, name) is not None}
+        return {**head, "targets": self.targets, **self.metrics.to_json(),
+                "regions": self.regions}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ServeReport":
+        return cls(data.get("targets") or {}, RunMetrics.from_json(data),
+                   data.get("regions") or {}, **{name: data.get(name) for name in REPORT_HEAD})
+
+    def __repr__(self) -> str:
+        what = self.configuration or f"{self.model} on {self.cluster}, {self.plan}"
+        return f"ServeReport({what}, workload {self.workload}: {self.metrics!r})"
 
 
 class _Window(NamedTuple):
@@ -192,7 +352,9 @@ def judged_window(res: ServeResult, reqs: Requests, steady: bool = True) -> _Win
 
 
 def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
-                tpot_slo_s: float | None, steady: bool = False) -> dict:
+                tpot_slo_s: float | None, steady: bool = False) -> RunMetrics:
+    """The run's metrics, the attainment and goodput against the targets given (None: not
+    a target); with ``steady``, counted over the steady window (see the module)."""
     ttft, tpot = res.ttft_s(), res.tpot_s()
     e2e = np.where(res.served(), (res.finish - res.arrival) / res.clock_hz, np.inf)
     span = (res.finish.max() - res.arrival.min()) / res.clock_hz
@@ -242,7 +404,7 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
             inside[index[window & first & served]] = True
             out["session_pace"] = pace(start[inside] / res.clock_hz, end[inside] / res.clock_hz)
             out["pace"] = max(out["pace"], out["session_pace"])
-    return out
+    return RunMetrics(**out)
 
 
 def request_rows(res: ServeResult, reqs: Requests) -> list[list]:

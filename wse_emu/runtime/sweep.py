@@ -75,6 +75,44 @@ class SweepSpec:
         out = {"name": self.name, "point": self.point, "base": self.base, "axes": self.axes}
         return {**out, "metric": self.metric} if self.metric else out
 
+    @classmethod
+    def from_json(cls, data: dict) -> "SweepSpec":
+        """A sweep as ``to_json`` wrote it (a sweep directory's sweep.json)."""
+        if data.get("point") not in POINTS or not isinstance(data.get("axes"), dict):
+            raise ValueError("not a sweep wse-emu wrote (its point or its axes)")
+        return cls(str(data["name"]), data["point"], data.get("base") or {}, data["axes"],
+                   data.get("metric") or "")
+
+
+@dataclass
+class SweepRow:
+    """One point's row of results.jsonl: its key, kind and configuration, and either its
+    result (the numbers its command prints, by name: ``METRICS`` names the ones a sweep shows)
+    or the error it failed with."""
+
+    key: str
+    point: str
+    config: dict
+    result: dict | None = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_json(self) -> dict:
+        out = {"key": self.key, "point": self.point, "config": self.config}
+        if self.result is not None:
+            out["result"] = self.result
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SweepRow":
+        return cls(data["key"], str(data.get("point", "")), data.get("config") or {},
+                   data.get("result"), data.get("error"))
+
 
 def load_sweep(path: Path | str) -> SweepSpec:
     """A sweep YAML: ``version: 1``, ``name``, ``point`` (run or serve), ``base`` (a mapping),
@@ -155,8 +193,9 @@ def claim_directory(spec: SweepSpec, directory: Path) -> None:
         raise UserError(f"{marker} is damaged: choose another -o") from None
 
 
-def read_rows(directory: Path) -> list[dict]:
-    """The rows written so far (a last line cut short by a stop is left out)."""
+def read_rows(directory: Path) -> list[SweepRow]:
+    """The rows written so far (a last line cut short by a stop, or one that is not a row,
+    is left out)."""
     path = directory / RESULTS
     if not path.exists():
         return []
@@ -167,7 +206,7 @@ def read_rows(directory: Path) -> list[dict]:
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("key"), str):
-            rows.append(row)
+            rows.append(SweepRow.from_json(row))
     return rows
 
 
@@ -184,36 +223,37 @@ def _open_results(directory: Path):
 
 
 def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None,
-              max_points: int | None = None) -> list[dict]:
+              max_points: int | None = None) -> list[SweepRow]:
     """Run the points of ``spec`` not yet in ``directory`` on ``pool`` (``pool.imap``):
-    ``evaluate(point, config)`` returns a point's result dict or raises. Returns every row, in
-    the order of the sweep's points. A point whose row holds an error is run again. (The
-    settings are ``evaluate``'s to check: ``wse_emu.api.sweep`` checks them before this.)"""
+    ``evaluate(point, config)`` returns a point's result (its numbers by name) or raises.
+    Returns every row, in the order of the sweep's points. A point whose row holds an error is
+    run again. (The settings are ``evaluate``'s to check: ``wse_emu.api.sweep`` checks them
+    before this.)"""
     check_size(spec, max_points)
     claim_directory(spec, directory)
     configs = spec.points()
     keys = [point_key(spec.point, c) for c in configs]
-    done = {row["key"] for row in read_rows(directory) if "error" not in row}
+    done = {row.key for row in read_rows(directory) if not row.failed}
     pending = [(spec.point, c) for k, c in zip(keys, configs) if k not in done]
     total, finished = len(configs), len(configs) - len(pending)
     with _open_results(directory) as out:
         for row in pool.imap(evaluate_row, [(evaluate, p, c) for p, c in pending]):
-            out.write(json.dumps(row) + "\n")
+            out.write(json.dumps(row.to_json()) + "\n")
             out.flush()
             os.fsync(out.fileno())
             finished += 1
             if progress:
                 progress(finished, total)
-    by_key = {row["key"]: row for row in read_rows(directory)}
+    by_key = {row.key: row for row in read_rows(directory)}
     return [by_key[k] for k in keys if k in by_key]
 
 
-def evaluate_row(evaluate, point: str, config: dict) -> dict:
+def evaluate_row(evaluate, point: str, config: dict) -> SweepRow:
     """One point's row: its key, configuration and result, or the error it failed with."""
-    row = {"key": point_key(point, config), "point": point, "config": config}
+    row = SweepRow(point_key(point, config), point, config)
     try:
-        row["result"] = evaluate(point, config)
+        row.result = evaluate(point, config)
     except Exception as exc:  # noqa: BLE001 - one point's failure must not stop the others
         kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
-        row["error"] = kind + " ".join(str(exc).split())
+        row.error = kind + " ".join(str(exc).split())
     return row
