@@ -1,21 +1,19 @@
 """Reading Hugging Face ``config.json`` files through ``wse_emu.model.load_model``; writing them
 (``wse_emu.hf_config``).
 
-Two fixture folders, one model per folder as a downloaded snapshot has it:
-
-``tests/data/hf/`` holds the field values of the public configs of Llama-3.2-1B,
-Qwen2.5-7B-Instruct and Mistral-7B-v0.3, a GPT-2 config and a Mixtral-like one.
-
-``tests/fixtures/hf_configs/`` holds published config.json texts (JSON has no comments, so their
-provenance is here):
+One fixture folder, ``tests/fixtures/hf_configs/``, one model per folder as a downloaded
+snapshot has it. JSON has no comments, so their provenance is here:
 
 * verbatim: llama-3.1-8b (meta-llama/Llama-3.1-8B), qwen2.5-7b (Qwen/Qwen2.5-7B), qwen3-8b
   (Qwen/Qwen3-8B) and qwen3-30b-a3b (Qwen/Qwen3-30B-A3B), all four as the public repository
   citsjtu2020/LLM-Prof copies them in sglang/Model_Config.md (Qwen3-8B also agrees with
   several other public copies); gemma-3-1b-it (google/gemma-3-1b-it, the revision with
   transformers_version 4.52.4), as Liwink/gemma-jax quotes it in models/README.md;
-  mixtral-8x7b-v0.1 (mistralai/Mixtral-8x7B-v0.1), as several public copies agree;
-  mistral-7b-v0.3, copied from ``tests/data/hf``.
+  mixtral-8x7b-v0.1 (mistralai/Mixtral-8x7B-v0.1), as several public copies agree.
+* the field values of the public configs of Llama-3.2-1B (llama-3.2-1b),
+  Qwen2.5-7B-Instruct (qwen2.5-7b-instruct: the base model's architecture, a shorter
+  context) and Mistral-7B-v0.3 (mistral-7b-v0.3); a GPT-2 config (gpt2) and a Mixtral-like
+  one (mixtral-like), for refusals.
 * transcribed from public copies that quote the published file as a Python literal (key order
   and values kept, true/false/null restored): gemma-2-9b (google/gemma-2-9b),
   phi-3-mini-4k-instruct (microsoft/Phi-3-mini-4k-instruct), and phi-3.5-mini-instruct
@@ -42,9 +40,9 @@ from wse_emu.hf_config import HF_ARCHITECTURES, hf_config, hf_config_v5, model_f
 from wse_emu.layer import ops_by_name
 from wse_emu.model import ModelSpec, load_model
 
-HF_DIR = Path(__file__).parent / "data" / "hf"
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
-SUPPORTED = ["llama-3.2-1b", "qwen2.5-7b", "mistral-7b-v0.3"]
+HF_DIR = FIXTURES  # the configs read as a downloaded snapshot's folder
+SUPPORTED = ["llama-3.2-1b", "qwen2.5-7b-instruct", "mistral-7b-v0.3"]
 # Fixtures of every supported family, and the ones refused with what the refusal names.
 LOADABLE = ["llama-3.1-8b", "mistral-7b-v0.3", "qwen2.5-7b", "qwen3-8b", "gemma-2-9b",
             "gemma-3-1b-it", "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct",
@@ -121,14 +119,16 @@ def test_file_and_directory_give_the_same_model(name):
 
 # --- against the shipped presets ------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-7b"])
-def test_hf_config_matches_preset(name):
+@pytest.mark.parametrize("name, preset_name", [("llama-3.2-1b", "llama-3.2-1b"),
+                                               ("qwen2.5-7b-instruct", "qwen2.5-7b")])
+def test_hf_config_matches_preset(name, preset_name):
     hf = load_model(HF_DIR / name)
-    preset = load_model(name)
+    preset = load_model(preset_name)
     assert hf.params() == preset.params()
     assert hf.weight_bytes() == preset.weight_bytes()
     assert hf.kv_bytes_per_token() == preset.kv_bytes_per_token()
-    assert shape_fields(hf) == shape_fields(preset)
+    # The folder names the model; the preset may name it differently.
+    assert {**shape_fields(hf), "name": preset.name} == shape_fields(preset)
 
 
 def test_llama_3_2_1b_fields():
@@ -150,7 +150,7 @@ def test_llama_3_2_1b_fields():
 
 
 def test_qwen2_5_7b_fields():
-    m = load_model(HF_DIR / "qwen2.5-7b")
+    m = load_model(HF_DIR / "qwen2.5-7b-instruct")
     assert m.family == "qwen2"
     # Qwen2 has q/k/v biases although its config.json has no 'attention_bias' key.
     assert m.attention_bias is True
@@ -168,7 +168,7 @@ def test_qwen2_5_7b_fields():
 
 
 def test_qwen2_with_sliding_window_enabled_keeps_the_window(tmp_path):
-    config = json.loads(config_path("qwen2.5-7b").read_text())
+    config = json.loads(config_path("qwen2.5-7b-instruct").read_text())
     config["use_sliding_window"] = True
     config["sliding_window"] = 4096
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -36,7 +36,7 @@ from wse_emu.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
 
-HF_LLAMA = Path(__file__).parent / "data" / "hf" / "llama-3.2-1b" / "config.json"
+HF_LLAMA = Path(__file__).parent / "fixtures" / "hf_configs" / "llama-3.2-1b" / "config.json"
 TINY_YAML = preset_dir("models") / "tiny.yaml"
 MESH8_YAML = preset_dir("fabrics") / "mesh8.yaml"
 
