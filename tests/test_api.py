@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import SMALL_CHAT
 
 import wse_emu
 from wse_emu import api
@@ -15,7 +16,6 @@ from wse_emu.fmt import seconds
 from wse_emu.runtime.comparison import ExperimentReport, Space
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"
 
 
 def test_the_readme_example_runs(capsys):

@@ -10,13 +10,12 @@ import sys
 import time
 
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.runtime.workers import dask_available
 
 pytestmark = pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
-SMALL_CHAT = os.path.join(os.path.dirname(__file__), "data", "small_chat.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def cluster(tmp_path_factory):
 
 
 def test_the_experiment_on_a_dask_cluster_gives_the_local_answer(cluster, tmp_path, capsys):
-    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", SMALL_CHAT,
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--json"]
     # Tables timed on the cluster (nothing cached yet), then the same experiment here alone.
     assert main(["--quiet"] + args + ["--scheduler", cluster,

@@ -4,7 +4,7 @@ absent) and a price per system-hour the user gives; never a default price."""
 import json
 
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS
 
 from wse_emu.cli.main import main
 from wse_emu.fabric import load_fabric

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from experiment_args import made_up_point, search_all
+from helpers import made_up_point, search_all
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions

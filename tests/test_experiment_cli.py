@@ -2,15 +2,12 @@
 one-line errors."""
 
 import json
-from pathlib import Path
 
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.runtime.workers import dask_available
-
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +45,14 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
 def test_both_plans_take_the_same_attention_tiles_and_formats_and_the_report_says_so(args,
                                                                                      capsys):
     from wse_emu.cli.experiment_cmd import render
+    from wse_emu.runtime.comparison import ExperimentReport
 
     assert main(args + ["--workers", "1", "--attention-tile", "4", "--grid", "quick",
                         "--weight-format", "bf16", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["attention_tile"] == 4 and data["routing"] is None  # a dense model
     assert data["stored_formats"] == "matrices in bf16"
-    head = render(data).splitlines()[0]
+    head = render(ExperimentReport.from_json(data)).splitlines()[0]
     assert "decode attention in tiles of 4" in head and "; matrices in bf16" in head
 
 

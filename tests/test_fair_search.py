@@ -3,13 +3,10 @@ values are searched, the best stays, and the report says what each knob bought; 
 best is then searched again on longer runs."""
 
 import json
-from pathlib import Path
 
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
-
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 def run(tmp_path, capsys, *extra) -> dict:

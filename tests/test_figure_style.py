@@ -12,7 +12,7 @@ import matplotlib
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 from hypothesis import given
 from hypothesis import strategies as st
 from matplotlib.colors import ListedColormap
@@ -21,6 +21,7 @@ from matplotlib.text import Text
 
 from wse_emu.cli.main import main
 from wse_emu.fmt import WIDTH, duration, narrow_table, number, seconds, si, table
+from wse_emu.runtime.sweep import SweepRow, SweepSpec
 from wse_emu.visualize import wafer
 from wse_emu.visualize.draw import DPI, LEVEL_PALETTE, level_cmap, map_figure, save_figure
 from wse_emu.visualize.style import (
@@ -32,7 +33,6 @@ from wse_emu.visualize.style import (
 )
 from wse_emu.visualize.sweep import sweep_figure
 
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 EXPONENT = re.compile(r"\d[eE][+-]?\d|\\mathdefault|\^\{|\$")  # 8.48e+03, 10^{3}, mathtext
 SMALLEST_PT = 9
 
@@ -248,9 +248,9 @@ def test_sweep_figures_read_at_their_saved_size(tmp_path, checked):
             for s in (40960, 49152, 57344) for c in (0.9e9, 1.1e9, 1.3e9)]
     for axes in ({"sram": [40960, 49152, 57344]},
                  {"sram": [40960, 49152, 57344], "clock": [0.9e9, 1.1e9, 1.3e9]}):
-        sweep = {"name": "s", "point": "run", "axes": axes,
-                 "rows": [r for r in rows if len(axes) == 2 or r["config"]["clock"] == 0.9e9]}
-        sweep_figure(sweep, tmp_path / f"sweep{len(axes)}")
+        kept = [SweepRow(str(i), "run", **r) for i, r in enumerate(rows)
+                if len(axes) == 2 or r["config"]["clock"] == 0.9e9]
+        sweep_figure(SweepSpec("s", "run", axes=axes), kept, tmp_path / f"sweep{len(axes)}")
         assert checked[f"sweep{len(axes)}.png"] == []
 
 

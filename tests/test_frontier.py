@@ -7,10 +7,10 @@ the steady window."""
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import SMALL_CHAT
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,7 +38,6 @@ from wse_emu.runtime.sensitivity import StepScale
 from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
 
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 QUICK = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
               max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
 

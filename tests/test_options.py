@@ -4,6 +4,7 @@ line's serving flags are made from the knobs' declarations, with the same defaul
 import argparse
 
 import pytest
+from helpers import SMALL_CHAT
 
 from wse_emu import api
 from wse_emu.cli.knob_args import add_serving_args, add_space_args, serving_settings
@@ -14,8 +15,6 @@ from wse_emu.runtime.experiment import Point, Search, Targets, run_searches
 from wse_emu.runtime.knobs import info
 from wse_emu.runtime.policies import POLICIES, knob_fields
 from wse_emu.runtime.serve import ServeOptions
-
-SMALL_CHAT = "tests/data/small_chat.yaml"
 
 
 @pytest.fixture(scope="module")

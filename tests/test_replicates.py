@@ -3,11 +3,10 @@ windows of a trace) gives each goodput and the ratio a mean and a 95% interval, 
 intervals narrow as draws are added."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
@@ -19,8 +18,6 @@ from wse_emu.runtime.experiment import (
     over_replicates,
 )
 from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
-
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 def test_interval_is_students_t():

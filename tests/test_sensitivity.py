@@ -3,11 +3,10 @@ target in decode steps, the figure, and one-line errors for a bad --vary."""
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
-from experiment_args import QUICK_KNOBS
+from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
@@ -16,8 +15,6 @@ from wse_emu.runtime.comparison import vary_experiment
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.sensitivity import parse_vary, scaled
 from wse_emu.runtime.workload import WorkloadSpec, generate
-
-SMALL_CHAT = Path(__file__).parent / "data" / "small_chat.yaml"  # 40 chat requests
 
 
 @pytest.mark.parametrize("text", ["tpot", "speed=1,2", "tpot=", "tpot=a,b", "tpot=0,1",

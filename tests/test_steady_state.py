@@ -3,7 +3,7 @@ whatever its percentiles, and goodput is the highest rate met (DistServe's defin
 
 import numpy as np
 import pytest
-from experiment_args import made_up_point, search_all
+from helpers import made_up_point, search_all
 
 from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model

@@ -1,10 +1,16 @@
-"""Experiment arguments shared by the tests: every knob fixed at one value, each layout at
-its own pipeline depth and no confirming runs, so that a search of a tiny model takes seconds
-(the tests that tune a knob override it); the rate searches of a list of configurations,
-run to their answers; and a made-up judged run."""
+"""What the tests share: the fixtures' paths; experiment arguments with every knob fixed at
+one value, each layout at its own pipeline depth and no confirming runs, so that a search of a
+tiny model takes seconds (the tests that tune a knob override it); the rate searches of a list
+of configurations, run to their answers; and a made-up judged run."""
+
+from pathlib import Path
 
 from wse_emu.runtime.experiment import Point, Pressure, Search, run_searches
 from wse_emu.runtime.metrics import Percentiles, RunMetrics, UserSpeeds
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HF_CONFIGS = FIXTURES / "hf_configs"  # one model per folder, as a downloaded snapshot has it
+SMALL_CHAT = FIXTURES / "small_chat.yaml"  # 40 chat requests
 
 QUICK_KNOBS = ["--token-budget", "64", "--copies", "1", "--prefill-tile", "64", "--interleave", "1",
                "--max-running", "0", "--batch-limit", "64", "--window-s", "0",
