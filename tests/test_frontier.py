@@ -166,6 +166,20 @@ def test_the_ladder_runs_from_near_the_floor_to_20_ms_with_the_vendor_speed_on_i
     assert 1e6 not in speed_ladder(0.0003, 1e6)  # faster than a lone step: not a rung
 
 
+def test_the_floor_is_the_fastest_lone_step_of_any_layout(tmp_path, monkeypatch):
+    """The ladder starts from the fastest layout either plan may take, not from the first one
+    built: a deeper or a wider pipeline steps at its own pace."""
+    real, seen = api.decode_step_s, []
+
+    def recorded(regions, requests, clock_hz):
+        seen.append(real(regions, requests, clock_hz))
+        return seen[-1]
+
+    monkeypatch.setattr(api, "decode_step_s", recorded)
+    report = tiny_frontier(tmp_path, user_speeds=(1000,))
+    assert len(seen) >= 2 and report.lone_decode_step_s == min(seen)
+
+
 def test_vendor_speeds_have_sources():
     speed = vendor_speed("llama-3.1-8b")
     assert speed.tokens_per_s == 1800 and "2024-08-27" in speed.source

@@ -340,8 +340,10 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
         book = RunBook(pool, serve_choice)
         one = setup.runner(book)
         layouts, _ = setup.layouts(pool, setup.cluster, setup.draws)
-        unit = next(lay for (plan, _), lay in layouts.items() if plan == "colocated")
-        floor = decode_step_s(unit.regions, setup.draws[0], setup.cluster.fabric.clock_hz)
+        # The floor is the fastest lone decode step of any layout either plan may take: the
+        # depth of a pipeline and the PEs a layer gets set it, so no single layout is the floor.
+        floor = min(decode_step_s(lay.regions, setup.draws[0], setup.cluster.fabric.clock_hz)
+                    for lay in layouts.values())
         ladder = user_speeds or tuple(frontier_mod.speed_ladder(floor, speed))
         if speed is not None and not any(np.isclose(speed, s) for s in ladder):
             ladder = tuple(sorted((*ladder, speed), reverse=True))
