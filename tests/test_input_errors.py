@@ -35,6 +35,7 @@ from wse_emu.errors import CompileError, ConfigError, UserError
 from wse_emu.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides
 from wse_emu.model import load_model
 from wse_emu.program import write_run_dir
+from wse_emu.runtime.workload import load_workload
 
 HF_LLAMA = Path(__file__).parent / "fixtures" / "hf_configs" / "llama-3.2-1b" / "config.json"
 TINY_YAML = preset_dir("models") / "tiny.yaml"
@@ -606,3 +607,15 @@ def test_the_last_position_is_allowed(tmp_path):
     message = position_shortfall(requests([500, 1, 600], [14, 1, 1]), model)
     assert message.startswith("2 of 3 requests run past short's 512 positions")
     assert "the longest, 600 prompt and 1 output tokens, needs 600" in message
+
+
+def test_a_preset_name_is_the_preset_whatever_the_working_folder_holds(tmp_path, monkeypatch):
+    """A run directory or a file named like a preset (``-o wse3``) does not shadow it; the
+    file is still read when named as a path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wse3").write_text("not: [a fabric")
+    (tmp_path / "chat").mkdir()
+    assert load_fabric("wse3") == load_fabric(preset_dir("fabrics") / "wse3.yaml")
+    assert load_workload("chat").name == "chat"
+    with pytest.raises(ConfigError, match="wse3"):
+        load_fabric("./wse3")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from importlib import resources
@@ -211,9 +212,14 @@ def load_named(kind: str, noun: str, name_or_path, from_dict):
     ``from_dict(mapping, source)``; an unknown name lists the presets."""
     text = str(name_or_path)
     path = Path(text)
+    preset = preset_dir(kind) / f"{text}.yaml"
+    # A bare preset name is the preset even where the working folder holds a file or a run
+    # directory of that name (``-o wse3``); such a file is read as ``./wse3``.
+    bare = path.suffix not in (".yaml", ".yml") and "/" not in text and os.sep not in text
+    if bare and preset.exists():
+        return from_dict(read_yaml_mapping(preset), f"{noun} preset {text}")
     if path.suffix in (".yaml", ".yml") or path.exists():
         return from_dict(read_yaml_mapping(path), str(path))
-    preset = preset_dir(kind) / f"{text}.yaml"
     if not preset.exists():
         raise ConfigError(f"unknown {noun} '{text}': choose one of "
                           f"{', '.join(preset_names(kind))} or give a YAML path")
