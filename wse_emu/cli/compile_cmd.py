@@ -174,12 +174,12 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
                      seconds(pre["pipeline_latency_s"]), f"{si(pre['max_tokens_per_s'])}",
                      seconds(dec["pipeline_latency_s"]), f"{si(dec['max_tokens_per_s'])}"])
     shown = rows if len(rows) <= 8 else rows[:4] + [["..."] + [""] * 8] + rows[-2:]
-    lines.append(table(["region", "role", "PEs", "stages", "KV tokens", "prefill latency",
-                        "prefill tok/s", "decode latency", "decode tok/s"], shown, "llrrrrrrr"))
+    lines.append(table(["region", "role", "PEs", "stages", "KV tokens", "prefill time",
+                        "prefill tok/s", "decode time", "decode tok/s"], shown, "llrrrrrrr"))
     lines.append(f"  bounds: prefill of {program.options.bound_prefill_tokens} tokens; decode "
                  f"of batch {program.options.bound_decode_batch} at context "
-                 f"{program.options.bound_decode_context}; latency = lower bound on one "
-                 "micro-batch through the pipeline, tok/s = upper bound with the pipeline full")
+                 f"{program.options.bound_decode_context};\n  time = lower bound on one "
+                 "micro-batch through the pipeline; tok/s = upper bound, pipeline full")
     lines += ["", "Placement (per decode token, all stages of a region)"]
     prow = []
     for shape, rep in s["placement"].items():
