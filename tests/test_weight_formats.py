@@ -75,7 +75,7 @@ def test_a_checkpoint_keeps_its_experts_as_blocks_and_reads_them_back(checkpoint
     assert stored[name + "_blocks"].dtype == np.uint8
     assert stored[name + "_scales"].shape == (e, two_m, h // 32)
     spec, weights = load_checkpoint(directory)
-    assert spec.expert_weight_format == "mxfp4"
+    assert spec.storage.expert_weight_format == "mxfp4"
     assert np.array_equal(weights[name], mxfp4.quantize(raw[name], axis=1))
     assert not np.array_equal(weights[name], raw[name])  # the format rounds
     for other in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.router.weight"):
@@ -156,7 +156,7 @@ def test_a_format_is_set_by_option_and_a_model_that_fits_only_narrower_says_so(t
     # Set by an option: fp8 halves a bfloat16 model's matrices; the rest stays in bfloat16.
     one_b = load_model("llama-3.2-1b")
     fp8 = api.compile(one_b, "mesh128", 3, weight_format="fp8")
-    assert fp8.model.weight_format == "fp8" and fp8.summary["wafers_per_replica"] == 2
+    assert fp8.model.storage.weight_format == "fp8" and fp8.summary["wafers_per_replica"] == 2
     assert fp8.summary["wafers_per_replica_in_dtype"] == 4
     assert fp8.summary["weight_bytes_model"] < 0.51 * fp8.summary["weight_bytes_in_dtype"]
     with pytest.raises(UserError, match="`weight_format` must be one of"):
