@@ -41,18 +41,19 @@ FAMILIES = {
                                    tie_embeddings=True),
     "mistral": ModelSpec.from_fields("a-mistral", "mistral", **BASE, sliding_window=6),
     "qwen3": ModelSpec.from_fields("a-qwen3", "qwen3", **{**BASE, "head_dim": 24}, qk_norm=True,
-                       rms_norm_eps=1e-6, rope_theta=1e6),
+                                   rms_norm_eps=1e-6, rope_theta=1e6),
     "gemma2": ModelSpec.from_fields("a-gemma2", "gemma2", **{**BASE, "head_dim": 32}, **GEMMA,
-                        attn_logit_softcap=50.0, final_logit_softcap=30.0,
-                        query_pre_attn_scalar=24.0),
+                                    attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                                    query_pre_attn_scalar=24.0),
     "gemma3": ModelSpec.from_fields("a-gemma3", "gemma3", **BASE, **GEMMA, qk_norm=True,
-                        query_pre_attn_scalar=16.0, rope_theta=1e6, rope_local_theta=1e4,
-                        rope_scaling="linear", rope_scaling_factor=8.0),
+                                    query_pre_attn_scalar=16.0, rope_theta=1e6,
+                                    rope_local_theta=1e4, rope_scaling="linear",
+                                    rope_scaling_factor=8.0),
     "phi3": ModelSpec.from_fields("a-phi3", "phi3", **{**BASE, "num_kv_heads": 4},
                                   rope_scaling="longrope",
-                      rope_short_factor=tuple(1.0 + 0.1 * i for i in range(8)),
-                      rope_long_factor=tuple(1.0 + 0.5 * i for i in range(8)),
-                      rope_original_max_positions=16, max_position_embeddings=64),
+                                  rope_short_factor=tuple(1.0 + 0.1 * i for i in range(8)),
+                                  rope_long_factor=tuple(1.0 + 0.5 * i for i in range(8)),
+                                  rope_original_max_positions=16, max_position_embeddings=64),
 }
 SPECS = {name: spec.validate("test") for name, spec in FAMILIES.items()}
 STEPS = [MicroBatch("prefill", tokens=12, chunks=2), MicroBatch("decode", batch=2, context=10)]
@@ -206,7 +207,7 @@ def test_gemma_layers_alternate_windows_in_the_timed_attention():
 def test_reused_stage_times_tell_sliding_and_full_layers_apart():
     """Gemma's stages have one shape but alternate windows: reuse must not mix them up."""
     spec = SPECS["gemma2"].replaced(num_layers=8,
-                               layer_types=("sliding_attention", "full_attention") * 4)
+                                    layer_types=("sliding_attention", "full_attention") * 4)
     program = compile_model(spec, ClusterSpec(load_fabric("mesh32"), 1),
                             CompileOptions(layers_per_stage=1))
     step = MicroBatch("decode", batch=1, context=60)

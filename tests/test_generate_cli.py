@@ -28,7 +28,7 @@ NEW_TOKENS = 5
 # Not the preset itself: another vocabulary size and rotary base, so a checkpoint's config.json
 # must really be read (hidden 64, 2 layers, as the tiny preset).
 SPEC = load_model("tiny").replaced(name="gen-test", vocab_size=200,
-                           rope_theta=50000.0, dtype_bytes=4)
+                                   rope_theta=50000.0, dtype_bytes=4)
 
 
 def generate(capsys, *args) -> dict:

@@ -14,8 +14,8 @@ from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
-                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                  vocab_size=2048).validate("test")
+                              num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                              vocab_size=2048).validate("test")
 STEPS = {"decode": (MicroBatch("decode", batch=2, context=256), MicroBatch("decode", batch=2,
                                                                   context=256)),
          "prefill": (MicroBatch("prefill", tokens=64), MicroBatch("prefill", tokens=64))}

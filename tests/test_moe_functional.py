@@ -25,11 +25,12 @@ PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
 # up's runs hold two experts (36 outputs, 9 a row); over 7 rows, eight.
 FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")},
             "qwen3_moe_paired": SPECS["qwen3_moe"].replaced(name="a-qwen3-moe-paired",
-                                                    moe_intermediate_size=18),
+                                                            moe_intermediate_size=18),
             "gpt_oss": SPECS["gpt_oss"].replaced(intermediate_size=64, rope_scaling="yarn",
                                                  rope_scaling_factor=4.0,
-    rope_original_max_positions=16, max_position_embeddings=64, rope_theta=150000.0,
-    rope_truncate=False)}
+                                                 rope_original_max_positions=16,
+                                                 max_position_embeddings=64, rope_theta=150000.0,
+                                                 rope_truncate=False)}
 
 
 def compiled(spec, plan):

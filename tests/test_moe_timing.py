@@ -25,16 +25,16 @@ BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num
 SPECS = {
     "mixtral": ModelSpec.from_fields("a-mixtral", "mixtral", **BASE, num_experts=8,
                                      experts_per_token=2,
-                         moe_intermediate_size=96),
+                                     moe_intermediate_size=96),
     "qwen3_moe": ModelSpec.from_fields("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True,
                                        num_experts=16,
-                           experts_per_token=4, moe_intermediate_size=32,
-                           norm_topk_prob=False),
+                                       experts_per_token=4, moe_intermediate_size=32,
+                                       norm_topk_prob=False),
     "gpt_oss": ModelSpec.from_fields("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
-                         num_experts=8, experts_per_token=2, moe_intermediate_size=64,
-                         router_bias=True, expert_bias=True, attention_sinks=True,
-                         swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
-                         layer_types=("sliding_attention", "full_attention") * 2),
+                                     num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                                     router_bias=True, expert_bias=True, attention_sinks=True,
+                                     swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
+                                     layer_types=("sliding_attention", "full_attention") * 2),
 }
 STEPS = {"decode": MicroBatch("decode", batch=8, context=40),
          "prefill": MicroBatch("prefill", tokens=48, chunks=2)}

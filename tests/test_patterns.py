@@ -22,8 +22,8 @@ from wse_emu.runner import run_region
 from wse_emu.weights import random_weights
 
 MOE = ModelSpec.from_fields("a-moe", "mixtral", hidden_size=64, intermediate_size=96, num_layers=2,
-                num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=160, num_experts=8,
-                experts_per_token=2, moe_intermediate_size=96).validate("test")
+                            num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=160, num_experts=8,
+                            experts_per_token=2, moe_intermediate_size=96).validate("test")
 STEPS = {"decode": MicroBatch("decode", batch=2, context=64),
          "prefill": MicroBatch("prefill", tokens=32)}
 
@@ -33,7 +33,7 @@ def programs():
     mesh = ClusterSpec(load_fabric("mesh16"), 1)
     return [compile_model(load_model("tiny"), mesh, CompileOptions(region=(16, 16))),
             compile_model(load_model("tiny").replaced(tie_embeddings=False,
-                                              qk_norm=True).validate("test"), mesh,
+                                                      qk_norm=True).validate("test"), mesh,
                           CompileOptions(region=(16, 16))),
             compile_model(MOE, mesh, CompileOptions(region=(16, 16)))]
 

@@ -22,29 +22,29 @@ from wse_emu.weights import random_weights
 
 GQA = ModelSpec.from_fields(name="gqa", family="llama", hidden_size=16, intermediate_size=24,
                             num_layers=2,
-                num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32).validate("test")
+                            num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32).validate("test")
 MHA = GQA.replaced(name="mha", num_kv_heads=4)
 MQA = GQA.replaced(name="mqa", num_kv_heads=1)
 QWEN2 = GQA.replaced(name="qwen2", family="qwen2", attention_bias=True,
-                            tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
+                     tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
 MISTRAL = GQA.replaced(name="mistral", family="mistral", sliding_window=4)
 QWEN3 = GQA.replaced(name="qwen3", family="qwen3", qk_norm=True, head_dim=8,
-                            rms_norm_eps=1e-6).validate("test")
+                     rms_norm_eps=1e-6).validate("test")
 _GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
               hidden_act="gelu_tanh", tie_embeddings=True, sliding_window=3,
               layer_types=("sliding_attention", "full_attention"))
 GEMMA2 = GQA.replaced(name="gemma2", family="gemma2", attn_logit_softcap=5.0,
-                             final_logit_softcap=8.0, query_pre_attn_scalar=8.0,
-                             **_GEMMA).validate("test")
+                      final_logit_softcap=8.0, query_pre_attn_scalar=8.0,
+                      **_GEMMA).validate("test")
 GEMMA3 = GQA.replaced(name="gemma3", family="gemma3", qk_norm=True,
-                             query_pre_attn_scalar=6.0, rope_theta=1e6, rope_local_theta=1e4,
-                             rope_scaling="linear", rope_scaling_factor=4.0,
-                             **_GEMMA).validate("test")
+                      query_pre_attn_scalar=6.0, rope_theta=1e6, rope_local_theta=1e4,
+                      rope_scaling="linear", rope_scaling_factor=4.0,
+                      **_GEMMA).validate("test")
 # Longrope within its original context here (see the longrope tests for beyond it).
 PHI3 = GQA.replaced(name="phi3", family="phi3", rope_scaling="longrope",
-                           rope_original_max_positions=16, max_position_embeddings=64,
-                           rope_short_factor=(1.0, 1.5, 3.0),
-                           rope_long_factor=(2.0, 5.0, 9.0)).validate("test")
+                    rope_original_max_positions=16, max_position_embeddings=64,
+                    rope_short_factor=(1.0, 1.5, 3.0),
+                    rope_long_factor=(2.0, 5.0, 9.0)).validate("test")
 SPECS = [GQA, MHA, MQA, QWEN2, MISTRAL, QWEN3, GEMMA2, GEMMA3, PHI3]
 TOKENS = [3, 17, 0, 31, 9, 9, 22, 5, 14, 1]
 
@@ -133,9 +133,8 @@ def add(a, b):
 
 
 HAND = ModelSpec.from_fields(name="hand", family="qwen2", hidden_size=4, intermediate_size=2,
-                             num_layers=1,
-                 num_heads=1, num_kv_heads=1, head_dim=4, vocab_size=4, attention_bias=True,
-                 rms_norm_eps=0.0, rope_theta=100.0)
+                             num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4, vocab_size=4,
+                             attention_bias=True, rms_norm_eps=0.0, rope_theta=100.0)
 EMBED = [[2, -2, 2, -2], [1, 1, 1, 1], [0, 3, 0, 4], [1, 0, 0, 0]]
 Q_BIAS = [0, 0.5, 0, 0]
 K_BIAS = [0.25, 0, 0, 0.5]

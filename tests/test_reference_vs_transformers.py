@@ -68,9 +68,9 @@ def hf_shapes(spec: ModelSpec, **extra):
 def llama():
     spec = ModelSpec.from_fields(name="llama", family="llama", rope_theta=10000.0,
                                  rope_scaling="llama3",
-                     rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
-                     rope_high_freq_factor=4.0, rope_original_max_positions=64,
-                     **shapes(num_layers=3, max_position_embeddings=512))
+                                 rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
+                                 rope_high_freq_factor=4.0, rope_original_max_positions=64,
+                                 **shapes(num_layers=3, max_position_embeddings=512))
     config = transformers.LlamaConfig(**hf_shapes(spec, rope_parameters={
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
@@ -79,7 +79,7 @@ def llama():
 
 def mistral():
     spec = ModelSpec.from_fields(name="mistral", family="mistral", sliding_window=5, rope_theta=1e6,
-                     **shapes())
+                                 **shapes())
     config = transformers.MistralConfig(**hf_shapes(
         spec, sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     return spec, transformers.MistralForCausalLM, config
@@ -88,11 +88,11 @@ def mistral():
 def qwen2():
     # Sliding windows from layer 1 on (max_window_layers), linear rope scaling, biases, tied head.
     spec = ModelSpec.from_fields(name="qwen2", family="qwen2", attention_bias=True,
-                                 tie_embeddings=True,
-                     rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling="linear",
-                     rope_scaling_factor=2.0, sliding_window=6,
-                     layer_types=("full_attention", "sliding_attention", "sliding_attention"),
-                     **shapes(num_layers=3))
+                                 tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6,
+                                 rope_scaling="linear", rope_scaling_factor=2.0, sliding_window=6,
+                                 layer_types=("full_attention", "sliding_attention",
+                                              "sliding_attention"),
+                                 **shapes(num_layers=3))
     config = transformers.Qwen2Config(**hf_shapes(
         spec, use_sliding_window=True, sliding_window=6, max_window_layers=1,
         rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}))
@@ -101,7 +101,7 @@ def qwen2():
 
 def qwen3():
     spec = ModelSpec.from_fields(name="qwen3", family="qwen3", qk_norm=True, rms_norm_eps=1e-6,
-                     rope_theta=1e6, **shapes(head_dim=24))
+                                 rope_theta=1e6, **shapes(head_dim=24))
     config = transformers.Qwen3Config(**hf_shapes(
         spec, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     return spec, transformers.Qwen3ForCausalLM, config
@@ -114,9 +114,9 @@ GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
 def gemma2():
     # Caps small enough that tanh bends the random model's scores and logits.
     spec = ModelSpec.from_fields(name="gemma2", family="gemma2", attn_logit_softcap=1.5,
-                     final_logit_softcap=2.5, query_pre_attn_scalar=24.0,
-                     layer_types=("sliding_attention", "full_attention") * 2,
-                     **shapes(num_layers=4), **GEMMA)
+                                 final_logit_softcap=2.5, query_pre_attn_scalar=24.0,
+                                 layer_types=("sliding_attention", "full_attention") * 2,
+                                 **shapes(num_layers=4), **GEMMA)
     config = transformers.Gemma2Config(**hf_shapes(
         spec, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
         attn_logit_softcapping=1.5, final_logit_softcapping=2.5, sliding_window=5,
@@ -128,12 +128,11 @@ def gemma3():
     # sliding_window_pattern 3: layers 0, 1 and 3 slide, layer 2 is global; global layers use
     # rope_theta with linear scaling, sliding ones the local base unscaled.
     spec = ModelSpec.from_fields(name="gemma3", family="gemma3", qk_norm=True,
-                                 query_pre_attn_scalar=32.0,
-                     rope_theta=1e6, rope_scaling="linear", rope_scaling_factor=4.0,
-                     rope_local_theta=10000.0,
-                     layer_types=("sliding_attention", "sliding_attention", "full_attention",
-                                  "sliding_attention"),
-                     **shapes(num_layers=4, head_dim=32), **GEMMA)
+                                 query_pre_attn_scalar=32.0, rope_theta=1e6, rope_scaling="linear",
+                                 rope_scaling_factor=4.0, rope_local_theta=10000.0,
+                                 layer_types=("sliding_attention", "sliding_attention",
+                                              "full_attention", "sliding_attention"),
+                                 **shapes(num_layers=4, head_dim=32), **GEMMA)
     config = transformers.Gemma3TextConfig(**hf_shapes(
         spec, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32,
         sliding_window=5, sliding_window_pattern=3, rope_parameters={
@@ -153,8 +152,9 @@ def phi3(attention_factor=None):
     # The original context (16) ends inside the decode steps (positions 10..17); the attention
     # factor is derived from 64 / 16 unless given.
     spec = ModelSpec.from_fields(name="phi3", family="phi3", rope_scaling="longrope",
-                     rope_original_max_positions=16, rope_short_factor=SHORT,
-                     rope_long_factor=LONG, rope_attention_factor=attention_factor, **shapes())
+                                 rope_original_max_positions=16, rope_short_factor=SHORT,
+                                 rope_long_factor=LONG, rope_attention_factor=attention_factor,
+                                 **shapes())
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": list(SHORT),
             "long_factor": list(LONG), "original_max_position_embeddings": 16}
     if attention_factor is not None:
@@ -175,8 +175,8 @@ EXPERTS, TOP_K = 4, 2
 def mixtral():
     # Four experts, two per token, renormalized; a sliding window on every layer.
     spec = ModelSpec.from_fields(name="mixtral", family="mixtral", sliding_window=5, rope_theta=1e6,
-                     num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=INTERMEDIATE, **shapes())
+                                 num_experts=EXPERTS, experts_per_token=TOP_K,
+                                 moe_intermediate_size=INTERMEDIATE, **shapes())
     config = transformers.MixtralConfig(**hf_shapes(
         spec, sliding_window=5, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
@@ -186,9 +186,9 @@ def mixtral():
 def qwen3_moe():
     # Qwen3's attention; the top-k probabilities left as they are (norm_topk_prob false).
     spec = ModelSpec.from_fields(name="qwen3_moe", family="qwen3_moe", qk_norm=True,
-                                 rms_norm_eps=1e-6,
-                     rope_theta=1e6, num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=32, norm_topk_prob=False, **shapes(head_dim=24))
+                                 rms_norm_eps=1e-6, rope_theta=1e6, num_experts=EXPERTS,
+                                 experts_per_token=TOP_K, moe_intermediate_size=32,
+                                 norm_topk_prob=False, **shapes(head_dim=24))
     config = transformers.Qwen3MoeConfig(**hf_shapes(
         spec, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=32,
         norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
@@ -200,13 +200,14 @@ def gpt_oss():
     # alternating; YaRN stretching an original context of 16 four times, its ramp's ends
     # between pairs, so that truncating them (gpt-oss does not) would move it.
     spec = ModelSpec.from_fields(name="gpt_oss", family="gpt_oss", attention_bias=True,
-                                 o_proj_bias=True,
-                     attention_sinks=True, router_bias=True, expert_bias=True,
-                     swiglu_limit=0.8, num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=INTERMEDIATE, sliding_window=5,
-                     layer_types=("sliding_attention", "full_attention"), rope_scaling="yarn",
-                     rope_scaling_factor=4.0, rope_original_max_positions=16,
-                     rope_beta_fast=4.0, rope_beta_slow=0.25, rope_truncate=False, **shapes())
+                                 o_proj_bias=True, attention_sinks=True, router_bias=True,
+                                 expert_bias=True, swiglu_limit=0.8, num_experts=EXPERTS,
+                                 experts_per_token=TOP_K, moe_intermediate_size=INTERMEDIATE,
+                                 sliding_window=5,
+                                 layer_types=("sliding_attention", "full_attention"),
+                                 rope_scaling="yarn", rope_scaling_factor=4.0,
+                                 rope_original_max_positions=16, rope_beta_fast=4.0,
+                                 rope_beta_slow=0.25, rope_truncate=False, **shapes())
     config = transformers.GptOssConfig(**hf_shapes(
         spec, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, swiglu_limit=0.8,
         sliding_window=5, layer_types=list(spec.attention.layer_types), attention_bias=True,

@@ -29,8 +29,8 @@ from wse_emu.weights import random_weights
 
 # 32 experts of 32 outputs, five layers, on 16x16 meshes of 12 KiB PEs: two hold the weights
 # by SRAM but only four whole layers, so layer 2 is cut between them.
-SPEC = dataclasses.replace(SPECS["qwen3_moe"], name="a-split-moe", num_experts=32,
-                           moe_intermediate_size=32, num_layers=5).validate("test")
+SPEC = SPECS["qwen3_moe"].replaced(name="a-split-moe", num_experts=32,
+                                   moe_intermediate_size=32, num_layers=5).validate("test")
 FABRIC = dataclasses.replace(load_fabric("mesh16"), sram_bytes_per_pe=12288)
 
 

@@ -5,7 +5,6 @@ the values the wafer stores, token for token against the reference."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -19,8 +18,8 @@ from wse_emu.errors import UserError
 from wse_emu.functional.generate import Generator
 from wse_emu.weights import as_stored, load_checkpoint, random_weights, save_checkpoint
 
-SPEC = dataclasses.replace(FAMILIES["gpt_oss"], name="a-gpt-oss-mxfp4",
-                           expert_weight_format="mxfp4").validate("test")
+SPEC = FAMILIES["gpt_oss"].replaced(name="a-gpt-oss-mxfp4",
+                                    expert_weight_format="mxfp4").validate("test")
 
 
 def test_blocks_decode_as_the_format_defines():
@@ -130,9 +129,9 @@ def test_fp8_int8_and_bf16_round_as_their_formats_do():
 @pytest.mark.parametrize("weight_format, expert_format", [("int8", "fp8"), ("fp8", "int8"),
                                                           ("bf16", "native")])
 def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
-    spec = dataclasses.replace(FAMILIES["mixtral"], name="a-mixtral-stored",
-                               weight_format=weight_format,
-                               expert_weight_format=expert_format).validate("test")
+    spec = FAMILIES["mixtral"].replaced(name="a-mixtral-stored",
+                                        weight_format=weight_format,
+                                        expert_weight_format=expert_format).validate("test")
     raw = random_weights(spec, seed=3)
     stored = as_stored(spec, raw)
     experts = "model.layers.0.block_sparse_moe.experts.0.w1.weight"

@@ -128,7 +128,7 @@ def gemv_cases(fabric_name: str) -> list[dict]:
 
 def one_layer(fabric: FabricSpec, side: int, plan: str = "colocated") -> WaferProgram:
     model = load_model("llama-3.1-8b").replaced(name="llama-3.1-8b-one-layer",
-                                num_layers=1, vocab_size=256)
+                                                num_layers=1, vocab_size=256)
     return compile_model(model, ClusterSpec(fabric, 1),
                          CompileOptions(region=(side, side), plan=plan))
 
@@ -170,7 +170,7 @@ def layer_cases(fabric_name: str) -> list[dict]:
 def handoff_cases(fabric_name: str) -> list[dict]:
     fabric = load_fabric(fabric_name)
     program = compile_model(load_model("llama-3.1-8b").replaced(num_layers=1,
-                                                vocab_size=256),
+                                                                vocab_size=256),
                             ClusterSpec(fabric, 1), CompileOptions(plan="disaggregated"))
     prefill = next(r.name for r in program.regions if r.role == "prefill")
     decode = next(r.name for r in program.regions if r.role == "decode")
