@@ -402,7 +402,12 @@ class ModelSpec:
         for name, (part, attribute) in PARTS.items():
             (own if part is None else parts[part])[attribute] = getattr(fields, name)
         built = {part: kind(**parts[part]) for part, kind in PART_TYPES.items()}
-        if fields.num_experts <= 0:  # a dense model: no experts part
+        if fields.num_experts <= 0:  # a dense model: no experts part to keep them in
+            stray = next((name for name, (part, _) in PARTS.items() if part == "experts"
+                          and getattr(fields, name) != _FIELD_DEFAULTS[name]), None)
+            if stray is not None:
+                raise ConfigError(f"model {fields.name}: field '{stray}' applies to experts "
+                                  "only (num_experts is 0)")
             built["experts"] = None
         return cls(**own, **built)
 
