@@ -7,6 +7,10 @@ grouped-query attention and a gated MLP. ``wse_emu.hf_config`` reads such config
 transformers v4 and v5 spellings) and writes them back. Mixtral, Qwen3-MoE and gpt-oss
 replace the MLP with routed experts (the first two read from a config.json too): described and
 costed, not yet compiled (the compiler refuses them by name).
+
+A ModelSpec is made of parts (attention, rope, MLP or experts, norms, storage); files speak the
+flat record ModelFields (``from_fields``, ``fields``, ``PARTS``). What a family adds beyond its
+numbers is its row in ``wse_emu.families``.
 """
 
 from __future__ import annotations
