@@ -65,7 +65,7 @@ def family_weights(spec, seed=0):
         if spec.norm.sandwich:
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
         shapes.update({p + name + ".weight": (h,) for name in norms})
-        if spec.family == "phi3":
+        if "self_attn.qkv_proj" in spec.family_record.fused:
             shapes[p + "self_attn.qkv_proj.weight"] = (
                 spec.attention.q_size + 2 * spec.attention.kv_size, h)
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
