@@ -88,7 +88,7 @@ def test_causal_prefill_attention_counts_the_triangle():
 
 def test_sliding_window_caps_decode_context():
     model = load_model("tiny")
-    windowed = type(model)(**{**model.to_dict(), "sliding_window": 64})
+    windowed = model.replaced(sliding_window=64)
     full = op_cost(ops_by_name(model)["attn_scores"], model,
                    MicroBatch("decode", batch=2, context=500))
     capped = op_cost(ops_by_name(windowed)["attn_scores"], windowed,
