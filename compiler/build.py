@@ -69,7 +69,7 @@ def _strip_rects(lay: StageLayout) -> dict[str, tuple[Rect, Rect]]:
 class _Builder:
     def __init__(self, model, fabric, part_shapes, options, max_levels: int = MAX_LEVELS):
         self.model, self.fabric, self.options = model, fabric, options
-        self.d = model.dtype_bytes
+        self.d = model.storage.dtype_bytes
         self.stages: list[Stage] = []
         self.kernels: list[Kernel] = []
         self.routes: list[Route] = []
@@ -162,7 +162,7 @@ class _Builder:
 
 def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> RegionTemplate:
     b = _Builder(model, fabric, part_shapes, options, max_levels)
-    d = model.dtype_bytes
+    d = model.storage.dtype_bytes
     h = model.hidden_size
     flat = [lay for part in layouts for lay in part]
     homes: list[Rect] = []

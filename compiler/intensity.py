@@ -62,7 +62,7 @@ def analyze(g: nx.DiGraph, model: ModelSpec, mb: MicroBatch, fabric: FabricSpec,
         attrs = g.nodes[node]
         cost = op_cost(attrs["spec"], model, mb, attrs["layer"], active_experts)
         rows.append(OpRow(node, attrs["op"], attrs["kind"], attrs["layer"], cost,
-                          classify(cost, fabric, model.dtype_bytes)))
+                          classify(cost, fabric, model.storage.dtype_bytes)))
     per_layer: dict[int, OpCost] = {}
     total = ZERO
     for row in rows:

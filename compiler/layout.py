@@ -76,7 +76,7 @@ def layout_region(model, part_shapes, options, budget, fewest) -> list[list[Stag
     try:
         return lay_out([[(i, None) for i in range(l0, l1)] for l0, l1 in ranges])
     except NoLayout:
-        if parts == 1 or not model.num_experts or model.sandwich_norms:
+        if parts == 1 or not model.is_moe or model.norm.sandwich:
             raise
     return lay_out(split_layers_in_parts(model, budgets, extra_first, extra_last))
 
@@ -99,7 +99,7 @@ def _stage_groups(items: list, per_stage: int) -> list[list]:
 
 def _layout_part(model, width, height, items, first, last, part, budget,
                  options, fewest) -> list[StageLayout]:
-    d = model.dtype_bytes
+    d = model.storage.dtype_bytes
     count = sum(1 for _, experts in items if experts is None)
     l0, l1 = items[0][0], items[-1][0] + 1
     split = any(experts is not None for _, experts in items)

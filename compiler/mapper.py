@@ -167,7 +167,7 @@ def verify(program: WaferProgram) -> None:
     # A packed format (MXFP4's 4.25 bits) rounds each PE's block up to whole bytes, and the
     # model's total to the nearest byte.
     blocks = sum(k.grid[0] * k.grid[1] for k in program.kernels if k.kind == "matrix") \
-        if model.quantized else 0
+        if model.storage.quantized else 0
     if not -min(blocks, 1) <= weights - expected <= blocks:
         raise AssertionError(f"per-PE weights sum to {weights}, expected {expected}")
     if sum(k.weight_bytes for k in program.kernels) != weights:

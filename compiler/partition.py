@@ -66,13 +66,13 @@ def narrower_formats(model: ModelSpec) -> list[ModelSpec]:
     then every matrix in MXFP4; a format never widens what is already narrower, and only
     those that store the model smaller than it is are offered."""
     def narrowed(current: str, expert: bool, fmt: str) -> str:
-        now = model.matrix_bytes_per_weight(expert=expert)
+        now = model.storage.matrix_bytes_per_weight(expert=expert)
         return fmt if WEIGHT_FORMATS[fmt] < now else current
 
     options: list[ModelSpec] = []
     for matrices, experts in (("fp8", "fp8"), ("fp8", "mxfp4"), ("mxfp4", "mxfp4")):
-        option = stored_as(model, narrowed(model.weight_format, False, matrices),
-                           narrowed(model.expert_weight_format, True, experts)
+        option = stored_as(model, narrowed(model.storage.weight_format, False, matrices),
+                           narrowed(model.storage.expert_weight_format, True, experts)
                            if model.is_moe else None)
         if option.weight_bytes() < model.weight_bytes() and option not in options:
             options.append(option)
@@ -85,9 +85,9 @@ def _narrower_note(model: ModelSpec, fabric: FabricSpec, need: int) -> str:
     for option in narrower_formats(model):
         fewer = wafers_needed(option, fabric)
         if fewer < need:
-            flags = " ".join(f"`{name}={getattr(option, name)}`"
+            flags = " ".join(f"`{name}={getattr(option.storage, name)}`"
                              for name in ("weight_format", "expert_weight_format")
-                             if getattr(option, name) != getattr(model, name))
+                             if getattr(option.storage, name) != getattr(model.storage, name))
             return (f", or store them narrower: with {formats_text(option)} ({flags}) "
                     f"they need {fewer}")
     return ""

@@ -47,7 +47,7 @@ def layer_transfers(model: ModelSpec, experts: tuple[int, int] | None = None) ->
     on its root edge, a matrix op across its body). Inputs of several ops at one site travel
     once. What a split layer's first part hands on goes to the home strip's edge, where the
     second part's stage takes it in."""
-    d = model.dtype_bytes
+    d = model.storage.dtype_bytes
     whole = ly.layer_ops(model)
     ops = ly.part_ops(model, experts)
     home = ly.home_site(model)
@@ -83,7 +83,7 @@ def layer_transfers(model: ModelSpec, experts: tuple[int, int] | None = None) ->
 
 
 def stage_transfers(spec: StageSpec, model: ModelSpec) -> list[Transfer]:
-    d = model.dtype_bytes
+    d = model.storage.dtype_bytes
     h = model.hidden_size
     names = {s.name for s in spec.strips}
     home = home_strip(spec).name

@@ -15,7 +15,7 @@ def placement_report(flat, homes, model) -> dict:
     """Bytes x hops and the busiest link (bytes per decode token) for the baseline and the
     optimized placement, inside stages plus between consecutive stages."""
     report = {}
-    between = sum(model.hidden_size * model.dtype_bytes * manhattan(homes[i - 1], homes[i])
+    between = sum(model.hidden_size * model.storage.dtype_bytes * manhattan(homes[i - 1], homes[i])
                   for i in range(1, len(homes)) if homes[i - 1].system == homes[i].system)
     for label in ("baseline", "optimized"):
         bytes_hops, worst = float(between), 0.0
@@ -88,7 +88,7 @@ def region_bounds(template, named, homes, model, fabric, options) -> dict:
         tokens = works[phase].new_tokens
         crossing = sum(ly.carried_values(model, template.stages[i - 1].part)
                        for i in range(1, len(homes)) if homes[i - 1].system != homes[i].system)
-        offwafer = crossing * tokens * model.dtype_bytes / fabric.offwafer_bytes_per_cycle()
+        offwafer = crossing * tokens * model.storage.dtype_bytes / fabric.offwafer_bytes_per_cycle()
         bottleneck = int(np.argmax(per_stage))
         # Tokens may stream from stage to stage, so the step is bounded by the slowest stage's
         # whole work plus one token's trip through every other stage (a flow shop), not by

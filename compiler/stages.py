@@ -109,7 +109,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool,
 
     def add_strip(op: ly.Op, layers: int) -> None:
         k, n = op.strip_matrix
-        per_weight = model.matrix_bytes_per_weight(expert=op.kind == ly.EXPERT_GEMM)
+        per_weight = model.storage.matrix_bytes_per_weight(expert=op.kind == ly.EXPERT_GEMM)
         s = StripSpec(op.name, k, n, layers, math.ceil(k * n * layers * per_weight),
                       bytes_per_weight=per_weight, experts_op=op if op.experts else None)
         if op.bias:
@@ -128,7 +128,7 @@ def stage_spec(model: ModelSpec, l0: int, l1: int, first: bool, last: bool,
         emb = next(op for op in ly.input_ops(model) if op.kind == ly.EMBEDDING)
         s = StripSpec("embedding", emb.matrix[0], emb.matrix[1], 1,
                       math.ceil(model.embedding_weight_bytes()),
-                      bytes_per_weight=model.matrix_bytes_per_weight())
+                      bytes_per_weight=model.storage.matrix_bytes_per_weight())
         strips.append(s)
         by_name["embedding"] = s
     if n_layers:
@@ -218,7 +218,7 @@ def split_layers_in_parts(model: ModelSpec, part_budgets: list[float], extra_fir
     attention, router and first experts ending one wafer and its other experts starting the
     next: the layers then fill the wafers as their experts' bytes allow, not only in whole
     layers (a wafer holding 7.8 of a model's layers no longer stops at 7)."""
-    layers, experts = model.num_layers, model.num_experts
+    layers, experts = model.num_layers, model.experts.count
     ops = ly.layer_ops(model)
     expert_bytes = sum(ly.weight_bytes(op, model) for op in ops
                        if op.kind == ly.EXPERT_GEMM) / experts

@@ -32,9 +32,9 @@ differ from it only where their ``ModelSpec`` fields say:
   both sides at ``swiglu_limit``; every head's softmax over keys also holds a learned logit,
   its "sink", which takes probability and gives no value; q, k, v and o have biases.
 
-Experts are read in the layout the Hub's checkpoints store them (``wse_emu.layer``'s
-``EXPERT_TENSORS``): one tensor per expert and projection for Mixtral and Qwen3-MoE, one per
-projection for all experts for gpt-oss.
+Experts are read in the layout the Hub's checkpoints store them (the family's row in
+``wse_emu.families``: ``expert_tensors``): one tensor per expert and projection for Mixtral and
+Qwen3-MoE, one per projection for all experts for gpt-oss.
 
 A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a sequence and returns
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
@@ -64,7 +64,6 @@ import math
 
 import numpy as np
 
-from wse_emu.layer import EXPERT_TENSORS
 from wse_emu.model import ModelSpec
 
 SWIGLU_ALPHA = 1.702  # gpt-oss's sigmoid slope in its SwiGLU (a constant of its code)
@@ -115,30 +114,30 @@ def rope_frequencies(spec: ModelSpec, layer: int | None = None,
     a local, unscaled base); None means the model-wide base and scaling. ``seq_len`` is what
     longrope chooses its factors by (None: the short ones, as Hugging Face's initialization).
     """
-    dim = spec.head_dim
-    theta = spec.rope_theta if layer is None else spec.rope_theta_of(layer)
-    scaling = spec.rope_scaling if layer is None or spec.rope_scaled(layer) else None
+    dim = spec.attention.head_dim
+    theta = spec.rope.theta if layer is None else spec.rope_theta_of(layer)
+    scaling = spec.rope.scaling if layer is None or spec.rope_scaled(layer) else None
     inv_freq = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     if scaling == "linear":
-        return inv_freq / spec.rope_scaling_factor
+        return inv_freq / spec.rope.factor
     if scaling == "yarn":
         return _yarn_frequencies(spec, inv_freq)
     if scaling == "longrope":
         # Strictly beyond the original context uses the long factors; up to it, the short ones.
-        long = seq_len is not None and seq_len > spec.rope_original_max_positions
-        factors = spec.rope_long_factor if long else spec.rope_short_factor
+        long = seq_len is not None and seq_len > spec.rope.original_max_positions
+        factors = spec.rope.long_factor if long else spec.rope.short_factor
         return inv_freq / np.asarray(factors, dtype=np.float64)
     if scaling != "llama3":
         assert scaling is None, scaling
         return inv_freq
-    factor = spec.rope_scaling_factor
-    old_context = spec.rope_original_max_positions
-    low_wavelen = old_context / spec.rope_low_freq_factor
-    high_wavelen = old_context / spec.rope_high_freq_factor
+    factor = spec.rope.factor
+    old_context = spec.rope.original_max_positions
+    low_wavelen = old_context / spec.rope.low_freq_factor
+    high_wavelen = old_context / spec.rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - spec.rope_low_freq_factor) / (
-        spec.rope_high_freq_factor - spec.rope_low_freq_factor)
+    smooth = (old_context / wavelen - spec.rope.low_freq_factor) / (
+        spec.rope.high_freq_factor - spec.rope.low_freq_factor)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, smoothed, scaled)
@@ -148,21 +147,21 @@ def _yarn_frequencies(spec: ModelSpec, inv_freq: np.ndarray) -> np.ndarray:
     """YaRN: each pair's frequency blends the original (extrapolated) one and the one divided
     by the factor (interpolated), by how many turns the pair makes over the original context:
     more than beta_fast, kept; fewer than beta_slow, divided; a linear ramp between."""
-    dim, base = spec.head_dim, spec.rope_theta
-    original = spec.rope_original_max_positions
+    dim, base = spec.attention.head_dim, spec.rope.theta
+    original = spec.rope.original_max_positions
 
     def pair_turning(turns: float) -> float:  # the pair index making ``turns`` turns
         return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = pair_turning(spec.rope_beta_fast), pair_turning(spec.rope_beta_slow)
-    if spec.rope_truncate:
+    low, high = pair_turning(spec.rope.beta_fast), pair_turning(spec.rope.beta_slow)
+    if spec.rope.truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
     keep = 1 - ramp  # 1: the original frequency, 0: divided by the factor
-    return inv_freq / spec.rope_scaling_factor * (1 - keep) + inv_freq * keep
+    return inv_freq / spec.rope.factor * (1 - keep) + inv_freq * keep
 
 
 def rope_attention_factor(spec: ModelSpec, layer: int | None = None) -> float:
@@ -170,16 +169,16 @@ def rope_attention_factor(spec: ModelSpec, layer: int | None = None) -> float:
     Hugging Face derives it from how far the context was stretched,
     sqrt(1 + log(scale) / log(original)) with scale = max_position_embeddings / original."""
     scaled = layer is None or spec.rope_scaled(layer)
-    if scaled and spec.rope_scaling == "yarn":
-        if spec.rope_attention_factor is not None:
-            return spec.rope_attention_factor
-        factor = spec.rope_scaling_factor
+    if scaled and spec.rope.scaling == "yarn":
+        if spec.rope.attention_factor is not None:
+            return spec.rope.attention_factor
+        factor = spec.rope.factor
         return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
-    if not scaled or spec.rope_scaling != "longrope":
+    if not scaled or spec.rope.scaling != "longrope":
         return 1.0
-    if spec.rope_attention_factor is not None:
-        return spec.rope_attention_factor
-    original = spec.rope_original_max_positions
+    if spec.rope.attention_factor is not None:
+        return spec.rope.attention_factor
+    original = spec.rope.original_max_positions
     scale = spec.max_position_embeddings / original
     return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
 
@@ -206,12 +205,13 @@ class ReferenceModel:
         self.w = {name: np.asarray(array, dtype=self.dtype) for name, array in weights.items()}
         head = "model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"
         self.lm_head = self.w[head]
-        self.activation = ACTIVATIONS[spec.hidden_act]
+        self.activation = ACTIVATIONS[spec.mlp.activation]
         self.reset()
 
     def reset(self) -> None:
         """Forget the sequence: empty KV caches, (tokens, kv_heads, head_dim) per layer."""
-        empty = np.zeros((0, self.spec.num_kv_heads, self.spec.head_dim), dtype=self.dtype)
+        empty = np.zeros((0, self.spec.attention.num_kv_heads, self.spec.attention.head_dim),
+                         dtype=self.dtype)
         self.keys = [empty] * self.spec.num_layers
         self.values = [empty] * self.spec.num_layers
 
@@ -242,7 +242,7 @@ class ReferenceModel:
         for layer in range(spec.num_layers):
             p = f"model.layers.{layer}."
             attended = self._attention(layer, self._norm(x, p + "input_layernorm"), positions)
-            if spec.sandwich_norms:
+            if spec.norm.sandwich:
                 # Gemma's names: post_attention_layernorm normalizes the attention output, and
                 # pre_feedforward_layernorm is the MLP's input norm.
                 attended = self._norm(attended, p + "post_attention_layernorm")
@@ -256,8 +256,8 @@ class ReferenceModel:
         return softcap(x @ self.lm_head.T, spec.final_logit_softcap)
 
     def _norm(self, x: np.ndarray, module: str) -> np.ndarray:
-        return rms_norm(x, self.w[module + ".weight"], self.spec.rms_norm_eps,
-                        self.spec.norm_weight_offset)
+        return rms_norm(x, self.w[module + ".weight"], self.spec.norm.eps,
+                        self.spec.norm.weight_offset)
 
     def _linear(self, x: np.ndarray, module: str, bias: bool = False) -> np.ndarray:
         y = x @ self.w[module + ".weight"].T
@@ -267,12 +267,13 @@ class ReferenceModel:
         """The query, key and value projections, flat: (tokens, q_size), (tokens, kv_size) x 2."""
         spec = self.spec
         p = f"model.layers.{layer}.self_attn."
-        if spec.family == "phi3":
+        if "self_attn.qkv_proj" in spec.family_record.fused:
             # One fused matrix whose output rows are q, then k, then v (no biases in Phi-3).
             qkv = self._linear(x, p + "qkv_proj")
-            q_end = spec.q_size
-            return qkv[:, :q_end], qkv[:, q_end:q_end + spec.kv_size], qkv[:, q_end + spec.kv_size:]
-        bias = spec.attention_bias
+            q_end = spec.attention.q_size
+            k_end = q_end + spec.attention.kv_size
+            return qkv[:, :q_end], qkv[:, q_end:k_end], qkv[:, k_end:]
+        bias = spec.attention.bias
         return (self._linear(x, p + "q_proj", bias), self._linear(x, p + "k_proj", bias),
                 self._linear(x, p + "v_proj", bias))
 
@@ -281,10 +282,10 @@ class ReferenceModel:
         p = f"model.layers.{layer}.self_attn."
         n = len(x)
         q, k, v = self._qkv(layer, x)
-        q = q.reshape(n, spec.num_heads, spec.head_dim)
-        k = k.reshape(n, spec.num_kv_heads, spec.head_dim)
-        v = v.reshape(n, spec.num_kv_heads, spec.head_dim)
-        if spec.qk_norm:
+        q = q.reshape(n, spec.attention.num_heads, spec.attention.head_dim)
+        k = k.reshape(n, spec.attention.num_kv_heads, spec.attention.head_dim)
+        v = v.reshape(n, spec.attention.num_kv_heads, spec.attention.head_dim)
+        if spec.attention.qk_norm:
             # Over each head's head_dim features, before the rotation; values are not normalized.
             q = self._norm(q, p + "q_norm")
             k = self._norm(k, p + "k_norm")
@@ -298,34 +299,37 @@ class ReferenceModel:
 
         key_positions = np.arange(len(keys))
         visible = key_positions[None, :] <= positions[:, None]  # causal
-        window = spec.window(layer)
+        window = spec.attention.window(layer)
         if window is not None:
             visible &= positions[:, None] - key_positions[None, :] < window
-        out = np.empty((n, spec.num_heads, spec.head_dim), dtype=self.dtype)
-        for head in range(spec.num_heads):
-            kv = head // spec.group_size  # HF's repeat_kv: consecutive query heads share a KV head
-            scores = q[:, head] @ keys[:, kv].T * np.asarray(spec.attention_scale, self.dtype)
+        out = np.empty((n, spec.attention.num_heads, spec.attention.head_dim), dtype=self.dtype)
+        for head in range(spec.attention.num_heads):
+            # HF's repeat_kv: consecutive query heads share a KV head.
+            kv = head // spec.attention.group_size
+            scores = q[:, head] @ keys[:, kv].T * np.asarray(spec.attention.scale, self.dtype)
             # Scale, then cap, then mask: the order of Hugging Face's eager attention.
-            scores = softcap(scores, spec.attn_logit_softcap)
+            scores = softcap(scores, spec.attention.logit_softcap)
             scores = np.where(visible, scores, -np.inf)
-            if spec.attention_sinks:
+            if spec.attention.sinks:
                 # The sink joins each query's softmax as one more logit, then is dropped.
                 sink = np.full((n, 1), self.w[p + "sinks"][head], dtype=self.dtype)
                 weights = softmax(np.concatenate([scores, sink], axis=-1))[:, :-1]
             else:
                 weights = softmax(scores)
             out[:, head] = weights @ values[:, kv]
-        return self._linear(out.reshape(n, spec.q_size), p + "o_proj", spec.o_proj_bias)
+        return self._linear(out.reshape(n, spec.attention.q_size), p + "o_proj",
+                            spec.attention.o_proj_bias)
 
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         spec = self.spec
-        if spec.num_experts:
+        if spec.is_moe:
             return self._experts(layer, x)
         p = f"model.layers.{layer}.mlp."
-        if spec.family == "phi3":
+        if "mlp.gate_up_proj" in spec.family_record.fused:
             # One fused matrix whose output rows are the gate's, then the up projection's.
             gate_up = self._linear(x, p + "gate_up_proj")
-            gate, up = gate_up[:, :spec.intermediate_size], gate_up[:, spec.intermediate_size:]
+            gate, up = gate_up[:, :spec.mlp.intermediate_size], gate_up[:,
+                                                                        spec.mlp.intermediate_size:]
         else:
             gate, up = self._linear(x, p + "gate_proj"), self._linear(x, p + "up_proj")
         return self._linear(self.activation(gate) * up, p + "down_proj")
@@ -333,16 +337,16 @@ class ReferenceModel:
     def _route(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each token's chosen experts (tokens, k) and their weights (tokens, k)."""
         spec = self.spec
-        router = f"model.layers.{layer}.{EXPERT_TENSORS[spec.family][0]}"
-        logits = self._linear(x, router, spec.router_bias)
-        k = spec.experts_per_token
-        if spec.family == "gpt_oss":
+        router = f"model.layers.{layer}.{spec.family_record.expert_tensors[0]}"
+        logits = self._linear(x, router, spec.experts.router_bias)
+        k = spec.experts.top_k
+        if spec.family_record.softmax_after_topk:
             chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
             return chosen, softmax(np.take_along_axis(logits, chosen, axis=-1))
         probs = softmax(logits)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         weights = np.take_along_axis(probs, chosen, axis=-1)
-        if spec.norm_topk_prob:
+        if spec.experts.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
         return chosen, weights
 
@@ -350,12 +354,12 @@ class ReferenceModel:
         """One expert's MLP on the tokens ``x`` routed to it."""
         spec = self.spec
         p = f"model.layers.{layer}."
-        _, gate_name, up_name, down_name = EXPERT_TENSORS[spec.family]
-        if spec.family == "gpt_oss":
+        _, gate_name, up_name, down_name = spec.family_record.expert_tensors
+        if spec.family_record.experts_stored_together:
             gate_up = x @ self.w[p + gate_name][expert] + self.w[p + gate_name + "_bias"][expert]
             gate, up = gate_up[:, ::2], gate_up[:, 1::2]  # interleaved columns
-            gate = np.minimum(gate, spec.swiglu_limit)
-            up = np.clip(up, -spec.swiglu_limit, spec.swiglu_limit)
+            gate = np.minimum(gate, spec.experts.swiglu_limit)
+            up = np.clip(up, -spec.experts.swiglu_limit, spec.experts.swiglu_limit)
             glu = gate * (0.5 * (1.0 + np.tanh(0.5 * SWIGLU_ALPHA * gate)))
             return ((up + 1) * glu) @ self.w[p + down_name][expert] \
                 + self.w[p + down_name + "_bias"][expert]

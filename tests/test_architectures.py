@@ -7,7 +7,6 @@ the tiles must follow the plain-numpy reference token for token.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 
@@ -37,21 +36,24 @@ GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
              hidden_act="gelu_tanh", tie_embeddings=True, rms_norm_eps=1e-6, sliding_window=6,
              layer_types=("sliding_attention", "full_attention") * 2)
 FAMILIES = {
-    "llama": ModelSpec("a-llama", "llama", **BASE),
-    "qwen2": ModelSpec("a-qwen2", "qwen2", **BASE, attention_bias=True, tie_embeddings=True),
-    "mistral": ModelSpec("a-mistral", "mistral", **BASE, sliding_window=6),
-    "qwen3": ModelSpec("a-qwen3", "qwen3", **{**BASE, "head_dim": 24}, qk_norm=True,
-                       rms_norm_eps=1e-6, rope_theta=1e6),
-    "gemma2": ModelSpec("a-gemma2", "gemma2", **{**BASE, "head_dim": 32}, **GEMMA,
-                        attn_logit_softcap=50.0, final_logit_softcap=30.0,
-                        query_pre_attn_scalar=24.0),
-    "gemma3": ModelSpec("a-gemma3", "gemma3", **BASE, **GEMMA, qk_norm=True,
-                        query_pre_attn_scalar=16.0, rope_theta=1e6, rope_local_theta=1e4,
-                        rope_scaling="linear", rope_scaling_factor=8.0),
-    "phi3": ModelSpec("a-phi3", "phi3", **{**BASE, "num_kv_heads": 4}, rope_scaling="longrope",
-                      rope_short_factor=tuple(1.0 + 0.1 * i for i in range(8)),
-                      rope_long_factor=tuple(1.0 + 0.5 * i for i in range(8)),
-                      rope_original_max_positions=16, max_position_embeddings=64),
+    "llama": ModelSpec.from_fields("a-llama", "llama", **BASE),
+    "qwen2": ModelSpec.from_fields("a-qwen2", "qwen2", **BASE, attention_bias=True,
+                                   tie_embeddings=True),
+    "mistral": ModelSpec.from_fields("a-mistral", "mistral", **BASE, sliding_window=6),
+    "qwen3": ModelSpec.from_fields("a-qwen3", "qwen3", **{**BASE, "head_dim": 24}, qk_norm=True,
+                                   rms_norm_eps=1e-6, rope_theta=1e6),
+    "gemma2": ModelSpec.from_fields("a-gemma2", "gemma2", **{**BASE, "head_dim": 32}, **GEMMA,
+                                    attn_logit_softcap=50.0, final_logit_softcap=30.0,
+                                    query_pre_attn_scalar=24.0),
+    "gemma3": ModelSpec.from_fields("a-gemma3", "gemma3", **BASE, **GEMMA, qk_norm=True,
+                                    query_pre_attn_scalar=16.0, rope_theta=1e6,
+                                    rope_local_theta=1e4, rope_scaling="linear",
+                                    rope_scaling_factor=8.0),
+    "phi3": ModelSpec.from_fields("a-phi3", "phi3", **{**BASE, "num_kv_heads": 4},
+                                  rope_scaling="longrope",
+                                  rope_short_factor=tuple(1.0 + 0.1 * i for i in range(8)),
+                                  rope_long_factor=tuple(1.0 + 0.5 * i for i in range(8)),
+                                  rope_original_max_positions=16, max_position_embeddings=64),
 }
 SPECS = {name: spec.validate("test") for name, spec in FAMILIES.items()}
 STEPS = [MicroBatch("prefill", tokens=12, chunks=2), MicroBatch("decode", batch=2, context=10)]
@@ -76,7 +78,7 @@ def test_op_graph_kernels_and_tasks_agree(family, step):
     assert ran == {row.op for row in rows}
     assert all(ops[op].kernel == k.name for k in layer_kernels for op in k.ops)
     # Weights: the kernels own what the graph counts, once.
-    d = spec.dtype_bytes
+    d = spec.storage.dtype_bytes
     weights = sum(k.weight_bytes for k in program.kernels)
     assert weights == graph_params(graph) * d
     # FLOPs and SRAM traffic per kernel: the graph's (over the stage's layers and the step's
@@ -149,7 +151,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_new_families_follow_the_reference_token_for_token(checkpoints, family, plan):
     spec, weights = load_checkpoint(checkpoints[family])
-    assert dataclasses.replace(spec, name=SPECS[family].name, source="") == SPECS[family]
+    assert spec.replaced(name=SPECS[family].name, source="") == SPECS[family]
     program = compiled(spec, plan, region=(16, 16) if plan == "colocated" else (8, 16))
     # Six decode steps take phi3 past its original context of 16: long rope factors.
     follows_reference(Generator(program, weights, "float32", prefill_tile=8),
@@ -180,7 +182,7 @@ def test_fused_phi3_tensors_split_into_the_layer_matrices():
     fused = weights["model.layers.0.self_attn.qkv_proj.weight"]
     parts = unfused(spec, weights)
     q = parts["model.layers.0.self_attn.q_proj.weight"]
-    assert q.shape == (spec.q_size, spec.hidden_size)
+    assert q.shape == (spec.attention.q_size, spec.hidden_size)
     assert np.array_equal(np.concatenate([q, parts["model.layers.0.self_attn.k_proj.weight"],
                                           parts["model.layers.0.self_attn.v_proj.weight"]]),
                           fused)
@@ -190,7 +192,7 @@ def test_fused_phi3_tensors_split_into_the_layer_matrices():
 def test_gemma_layers_alternate_windows_in_the_timed_attention():
     """A full-attention layer at a long context costs more than a sliding one."""
     spec = SPECS["gemma2"]
-    one_layer = dataclasses.replace(spec, num_layers=2)
+    one_layer = spec.replaced(num_layers=2)
     program = compiled(one_layer)
     stage = program.stages[0]
     sg = StageGraph(program, stage, MicroBatch("decode", batch=1, context=60))
@@ -204,8 +206,8 @@ def test_gemma_layers_alternate_windows_in_the_timed_attention():
 
 def test_reused_stage_times_tell_sliding_and_full_layers_apart():
     """Gemma's stages have one shape but alternate windows: reuse must not mix them up."""
-    spec = dataclasses.replace(SPECS["gemma2"], num_layers=8,
-                               layer_types=("sliding_attention", "full_attention") * 4)
+    spec = SPECS["gemma2"].replaced(num_layers=8,
+                                    layer_types=("sliding_attention", "full_attention") * 4)
     program = compile_model(spec, ClusterSpec(load_fabric("mesh32"), 1),
                             CompileOptions(layers_per_stage=1))
     step = MicroBatch("decode", batch=1, context=60)

@@ -70,7 +70,8 @@ def test_sram_plan_fills_each_column_to_its_tightest_pe(tiny_8x8):
     assert (p.arrays["sram_reserved"][0] == 4096).all()
     for stage in p.stages:
         kv = stage_grid(p, stage, "sram_kv_cache")
-        per_token = kvlayout.token_bytes(p.model.kv_size, kv.shape[1], stage.num_layers, 2)
+        per_token = kvlayout.token_bytes(p.model.attention.kv_size, kv.shape[1], stage.num_layers,
+                                         2)
         tokens = kv // per_token[None, :]
         assert (kv == tokens * per_token[None, :]).all()
         assert (tokens == tokens[:, :1]).all()  # one share of tokens per column
@@ -85,7 +86,7 @@ def test_kv_capacity_is_the_tightest_stage(tiny_8x8):
     per_stage = []
     for s in p.stages:
         kv = stage_grid(p, s, "sram_kv_cache")
-        per_token = kvlayout.token_bytes(p.model.kv_size, kv.shape[1], s.num_layers, 2)
+        per_token = kvlayout.token_bytes(p.model.attention.kv_size, kv.shape[1], s.num_layers, 2)
         tokens = int((kv[:, 0] // per_token[0]).sum())
         assert tokens == s.kv_capacity_tokens
         per_stage.append(tokens)

@@ -120,7 +120,7 @@ def test_model_presets_have_published_parameter_counts(name, params):
 
 def test_grouped_query_attention_shapes():
     m = load_model("llama-3.1-70b")
-    assert m.group_size == 8
+    assert m.attention.group_size == 8
     assert ops_by_name(m)["k_proj"].matrix == (8192, 1024)
     assert m.kv_bytes_per_token() == 80 * 2 * 1024 * 2
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel, rope_frequencies
@@ -24,17 +22,20 @@ from wse_emu.model import ModelSpec
 from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
 
 # Llama 3.1-style rope scaling, with original positions so few that it matters in 20 tokens.
-LLAMA_MHA = ModelSpec(name="f-llama", family="llama", hidden_size=64, intermediate_size=128,
-                      num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16, vocab_size=200,
-                      rope_theta=10000.0, rope_scaling="llama3", rope_scaling_factor=4.0,
-                      rope_original_max_positions=16).validate("test")
-QWEN2_GQA = ModelSpec(name="f-qwen2", family="qwen2", hidden_size=128, intermediate_size=256,
-                      num_layers=3, num_heads=4, num_kv_heads=1, head_dim=32, vocab_size=300,
-                      tie_embeddings=True, attention_bias=True, rms_norm_eps=1e-6,
-                      rope_theta=1e6).validate("test")
-MISTRAL_SWA = ModelSpec(name="f-mistral", family="mistral", hidden_size=96,
-                        intermediate_size=160, num_layers=4, num_heads=6, num_kv_heads=2,
-                        head_dim=16, vocab_size=256, sliding_window=8).validate("test")
+LLAMA_MHA = ModelSpec.from_fields(name="f-llama", family="llama", hidden_size=64,
+                                  intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+                                  head_dim=16, vocab_size=200, rope_theta=10000.0,
+                                  rope_scaling="llama3", rope_scaling_factor=4.0,
+                                  rope_original_max_positions=16).validate("test")
+QWEN2_GQA = ModelSpec.from_fields(name="f-qwen2", family="qwen2", hidden_size=128,
+                                  intermediate_size=256, num_layers=3, num_heads=4, num_kv_heads=1,
+                                  head_dim=32, vocab_size=300, tie_embeddings=True,
+                                  attention_bias=True, rms_norm_eps=1e-6,
+                                  rope_theta=1e6).validate("test")
+MISTRAL_SWA = ModelSpec.from_fields(name="f-mistral", family="mistral", hidden_size=96,
+                                    intermediate_size=160, num_layers=4, num_heads=6,
+                                    num_kv_heads=2, head_dim=16, vocab_size=256,
+                                    sliding_window=8).validate("test")
 
 # (model, fabric, compile options): several mesh and region shapes, strips from one PE to nine
 # along K (nine: two-level reduction trees with members), rows fewer and more than KV heads.
@@ -189,16 +190,16 @@ def test_token_ids_outside_the_vocabulary_are_refused(checkpoints):
 
 @pytest.mark.parametrize("scaling", [None, "linear", "llama3"])
 def test_rope_frequencies_agree_with_the_reference(scaling):
-    spec = dataclasses.replace(LLAMA_MHA, head_dim=128, rope_theta=500000.0,
-                               rope_scaling=scaling, rope_scaling_factor=8.0,
-                               rope_original_max_positions=8192)
+    spec = LLAMA_MHA.replaced(head_dim=128, rope_theta=500000.0,
+                              rope_scaling=scaling, rope_scaling_factor=8.0,
+                              rope_original_max_positions=8192)
     assert np.allclose(inverse_frequencies(spec), rope_frequencies(spec), rtol=1e-12)
 
 
 def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
-    spec = dataclasses.replace(LLAMA_MHA, head_dim=128, rope_theta=500000.0,
-                               rope_scaling_factor=8.0, rope_original_max_positions=8192)
-    plain = inverse_frequencies(dataclasses.replace(spec, rope_scaling=None))
+    spec = LLAMA_MHA.replaced(head_dim=128, rope_theta=500000.0,
+                              rope_scaling_factor=8.0, rope_original_max_positions=8192)
+    plain = inverse_frequencies(spec.replaced(rope_scaling=None))
     scaled = inverse_frequencies(spec)
     wavelength = 2 * np.pi / plain
     assert np.array_equal(scaled[wavelength < 8192 / 4], plain[wavelength < 8192 / 4])
@@ -210,7 +211,7 @@ def test_llama3_scaling_keeps_high_frequencies_and_divides_low_ones():
 
 def test_an_unmodelled_rope_scaling_is_refused_in_one_line(checkpoints):
     model, weights = checkpoints[LLAMA_MHA.name]
-    dynamic = dataclasses.replace(model, rope_scaling="dynamic")
+    dynamic = model.replaced(rope_scaling="dynamic")
     program = program_for(dynamic, "mesh16", dict(region=(8, 8)))
     with pytest.raises(UserError, match="dynamic"):
         Generator(program, weights)

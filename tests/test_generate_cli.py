@@ -10,7 +10,6 @@ checked on the real console script.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 
@@ -28,8 +27,8 @@ PROMPT = [3, 1, 4, 1, 5, 9]
 NEW_TOKENS = 5
 # Not the preset itself: another vocabulary size and rotary base, so a checkpoint's config.json
 # must really be read (hidden 64, 2 layers, as the tiny preset).
-SPEC = dataclasses.replace(load_model("tiny"), name="gen-test", vocab_size=200,
-                           rope_theta=50000.0, dtype_bytes=4)
+SPEC = load_model("tiny").replaced(name="gen-test", vocab_size=200,
+                                   rope_theta=50000.0, dtype_bytes=4)
 
 
 def generate(capsys, *args) -> dict:
@@ -74,7 +73,7 @@ def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("generate") / "ckpt"
     save_checkpoint(path, SPEC, random_weights(SPEC, seed=11))
     spec, weights = load_checkpoint(path)
-    assert spec.vocab_size == SPEC.vocab_size and spec.rope_theta == SPEC.rope_theta
+    assert spec.vocab_size == SPEC.vocab_size and spec.rope.theta == SPEC.rope.theta
     tokens, logits = reference_greedy(spec, weights, PROMPT, NEW_TOKENS)
     return path, tokens, logits
 

@@ -28,7 +28,6 @@ snapshot has it. JSON has no comments, so their provenance is here:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 from pathlib import Path
 
@@ -77,7 +76,7 @@ def shape_fields(spec: ModelSpec) -> dict:
 
 
 def same_model(a: ModelSpec, b: ModelSpec) -> bool:
-    return dataclasses.replace(a, name="", source="") == dataclasses.replace(b, name="", source="")
+    return a.replaced(name="", source="") == b.replaced(name="", source="")
 
 
 def v5_spelling(config: dict) -> dict:
@@ -135,15 +134,15 @@ def test_llama_3_2_1b_fields():
     m = load_model(config_path("llama-3.2-1b"))
     assert m.family == "llama"
     assert m.tie_embeddings is True
-    assert m.attention_bias is False
-    assert (m.hidden_size, m.intermediate_size, m.num_layers) == (2048, 8192, 16)
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (32, 8, 64)
+    assert m.attention.bias is False
+    assert (m.hidden_size, m.mlp.intermediate_size, m.num_layers) == (2048, 8192, 16)
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (32, 8, 64)
     assert m.vocab_size == 128256
-    assert m.rope_theta == 500000.0
-    assert m.rms_norm_eps == 1e-5
+    assert m.rope.theta == 500000.0
+    assert m.norm.eps == 1e-5
     assert m.max_position_embeddings == 131072
-    assert m.sliding_window is None
-    assert m.dtype_bytes == 2
+    assert m.attention.sliding_window is None
+    assert m.storage.dtype_bytes == 2
     # Tied: no separate LM head matrix.
     assert m.head_params() == m.hidden_size
     assert round(m.params() / 1e9, 2) == 1.24
@@ -153,17 +152,17 @@ def test_qwen2_5_7b_fields():
     m = load_model(HF_DIR / "qwen2.5-7b-instruct")
     assert m.family == "qwen2"
     # Qwen2 has q/k/v biases although its config.json has no 'attention_bias' key.
-    assert m.attention_bias is True
+    assert m.attention.bias is True
     assert ops_by_name(m)["q_proj"].bias
     assert m.tie_embeddings is False
-    assert (m.hidden_size, m.intermediate_size, m.num_layers) == (3584, 18944, 28)
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (28, 4, 128)
+    assert (m.hidden_size, m.mlp.intermediate_size, m.num_layers) == (3584, 18944, 28)
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (28, 4, 128)
     assert m.vocab_size == 152064
-    assert m.rms_norm_eps == 1e-6
-    assert m.rope_theta == 1000000.0
+    assert m.norm.eps == 1e-6
+    assert m.rope.theta == 1000000.0
     assert m.max_position_embeddings == 32768
     # 'sliding_window' is set but 'use_sliding_window' is false: full attention.
-    assert m.sliding_window is None
+    assert m.attention.sliding_window is None
     assert round(m.params() / 1e9, 2) == 7.62
 
 
@@ -173,22 +172,22 @@ def test_qwen2_with_sliding_window_enabled_keeps_the_window(tmp_path):
     config["sliding_window"] = 4096
     (tmp_path / "config.json").write_text(json.dumps(config))
     m = load_model(tmp_path)
-    assert m.sliding_window == 4096
+    assert m.attention.sliding_window == 4096
     # max_window_layers is 28 of 28 layers: transformers slides from layer 28 on, so none does.
-    assert m.layer_types == ("full_attention",) * 28
-    assert all(m.window(layer) is None for layer in range(28))
+    assert m.attention.layer_types == ("full_attention",) * 28
+    assert all(m.attention.window(layer) is None for layer in range(28))
 
 
 def test_mistral_7b_v0_3_fields():
     m = load_model(HF_DIR / "mistral-7b-v0.3")
     assert m.family == "mistral"
-    assert m.sliding_window is None
-    assert m.attention_bias is False
+    assert m.attention.sliding_window is None
+    assert m.attention.bias is False
     assert m.tie_embeddings is False
-    assert (m.hidden_size, m.intermediate_size, m.num_layers) == (4096, 14336, 32)
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (32, 8, 128)
+    assert (m.hidden_size, m.mlp.intermediate_size, m.num_layers) == (4096, 14336, 32)
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (32, 8, 128)
     assert m.vocab_size == 32768
-    assert m.rope_theta == 1000000.0
+    assert m.rope.theta == 1000000.0
     assert m.max_position_embeddings == 32768
     assert shape_fields(m) == shape_fields(load_model("mistral-7b-v0.3"))
 
@@ -197,62 +196,68 @@ def test_mistral_7b_v0_3_fields():
 
 def test_llama_3_1_8b_fields():
     m = load_model(FIXTURES / "llama-3.1-8b")
-    assert (m.family, m.rope_theta, m.rope_scaling, m.rope_scaling_factor) == \
+    assert (m.family, m.rope.theta, m.rope.scaling, m.rope.factor) == \
         ("llama", 500000.0, "llama3", 8.0)
-    assert shape_fields(dataclasses.replace(m, name="llama-3.1-8b")) == \
+    assert shape_fields(m.replaced(name="llama-3.1-8b")) == \
         shape_fields(load_model("llama-3.1-8b"))
 
 
 def test_qwen2_5_7b_base_fields():
     m = load_model(FIXTURES / "qwen2.5-7b")
-    assert m.attention_bias is True and m.max_position_embeddings == 131072
-    assert m.sliding_window is None and m.layer_types == ()
+    assert m.attention.bias is True and m.max_position_embeddings == 131072
+    assert m.attention.sliding_window is None and m.attention.layer_types == ()
     assert m.params() == 7_615_616_512
 
 
 def test_qwen3_8b_fields():
     m = load_model(FIXTURES / "qwen3-8b")
     assert m.family == "qwen3"
-    assert m.qk_norm is True and {"q_norm", "k_norm"} <= set(ops_by_name(m))
-    assert m.attention_bias is False and m.tie_embeddings is False
-    assert (m.hidden_size, m.intermediate_size, m.num_layers) == (4096, 12288, 36)
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (32, 8, 128)
-    assert (m.rope_theta, m.rope_scaling, m.max_position_embeddings) == (1e6, None, 40960)
-    assert (m.sliding_window, m.layer_types, m.rms_norm_eps) == (None, (), 1e-6)
-    assert (m.hidden_act, m.sandwich_norms, m.norm_weight_offset) == ("silu", False, 0.0)
+    assert m.attention.qk_norm is True and {"q_norm", "k_norm"} <= set(ops_by_name(m))
+    assert m.attention.bias is False and m.tie_embeddings is False
+    assert (m.hidden_size, m.mlp.intermediate_size, m.num_layers) == (4096, 12288, 36)
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (32, 8, 128)
+    assert (m.rope.theta, m.rope.scaling, m.max_position_embeddings) == (1e6, None, 40960)
+    assert (m.attention.sliding_window, m.attention.layer_types, m.norm.eps) == (None, (), 1e-6)
+    assert (m.mlp.activation, m.norm.sandwich, m.norm.weight_offset) == ("silu", False, 0.0)
 
 
 def test_gemma_2_9b_fields():
     m = load_model(FIXTURES / "gemma-2-9b")
     assert m.family == "gemma2"
-    assert (m.hidden_act, m.sandwich_norms, m.norm_weight_offset, m.scale_embeddings) == \
+    assert (m.mlp.activation, m.norm.sandwich, m.norm.weight_offset, m.scale_embeddings) == \
         ("gelu_tanh", True, 1.0, True)
-    assert m.qk_norm is False and m.attention_bias is False
-    assert (m.attn_logit_softcap, m.final_logit_softcap, m.query_pre_attn_scalar) == \
+    assert m.attention.qk_norm is False and m.attention.bias is False
+    assert (m.attention.logit_softcap, m.final_logit_softcap,
+            m.attention.query_pre_attn_scalar) == \
         (50.0, 30.0, 256.0)
     # No tie_word_embeddings key: transformers' Gemma-2 default ties them.
-    assert m.tie_embeddings is True and m.rms_norm_eps == 1e-6
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (16, 8, 256)
+    assert m.tie_embeddings is True and m.norm.eps == 1e-6
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (16, 8, 256)
     # transformers' Gemma-2 rule: even layers slide, odd ones attend to everything.
-    assert m.sliding_window == 4096
-    assert m.layer_types == ("sliding_attention", "full_attention") * 21
-    assert (m.window(0), m.window(1), m.window(40), m.window(41)) == (4096, None, 4096, None)
-    assert m.dtype_bytes == 4  # the published weights are float32
-    assert m.rope_theta == 10000.0 and m.rope_local_theta is None
+    assert m.attention.sliding_window == 4096
+    assert m.attention.layer_types == ("sliding_attention", "full_attention") * 21
+    assert (m.attention.window(0), m.attention.window(1), m.attention.window(40),
+            m.attention.window(41)) == (4096, None, 4096, None)
+    assert m.storage.dtype_bytes == 4  # the published weights are float32
+    assert m.rope.theta == 10000.0 and m.rope.local_theta is None
 
 
 def test_gemma_3_1b_fields():
     m = load_model(FIXTURES / "gemma-3-1b-it")
     assert m.family == "gemma3"
-    assert m.qk_norm is True and m.sandwich_norms is True and m.hidden_act == "gelu_tanh"
-    assert (m.attn_logit_softcap, m.final_logit_softcap, m.query_pre_attn_scalar) == \
+    assert m.attention.qk_norm is True and m.norm.sandwich is True
+    assert m.mlp.activation == "gelu_tanh"
+    assert (m.attention.logit_softcap, m.final_logit_softcap,
+            m.attention.query_pre_attn_scalar) == \
         (None, None, 256.0)
-    assert (m.num_layers, m.num_heads, m.num_kv_heads, m.head_dim) == (26, 4, 1, 256)
+    assert (m.num_layers, m.attention.num_heads, m.attention.num_kv_heads,
+            m.attention.head_dim) == (26, 4, 1, 256)
     # sliding_window_pattern 6: layer i slides unless (i + 1) % 6 == 0.
-    full = [i for i, kind in enumerate(m.layer_types) if kind == "full_attention"]
-    assert full == [5, 11, 17, 23] and len(m.layer_types) == 26
-    assert (m.sliding_window, m.window(0), m.window(5)) == (512, 512, None)
-    assert (m.rope_theta, m.rope_local_theta) == (1e6, 1e4)
+    full = [i for i, kind in enumerate(m.attention.layer_types) if kind == "full_attention"]
+    assert full == [5, 11, 17, 23] and len(m.attention.layer_types) == 26
+    assert (m.attention.sliding_window, m.attention.window(0), m.attention.window(5)) == (512, 512,
+                                                                                          None)
+    assert (m.rope.theta, m.rope.local_theta) == (1e6, 1e4)
     assert (m.rope_theta_of(0), m.rope_theta_of(5)) == (1e4, 1e6)
     assert m.tie_embeddings is True and m.max_position_embeddings == 32768
 
@@ -260,23 +265,23 @@ def test_gemma_3_1b_fields():
 def test_phi_3_mini_fields():
     m = load_model(FIXTURES / "phi-3-mini-4k-instruct")
     assert m.family == "phi3" and m.name == "Phi-3-mini-4k-instruct"
-    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (32, 32, 96)
+    assert (m.attention.num_heads, m.attention.num_kv_heads, m.attention.head_dim) == (32, 32, 96)
     # Phi-3 reads sliding_window for every layer (no use_sliding_window flag).
-    assert (m.sliding_window, m.layer_types) == (2047, ())
-    assert m.rope_scaling is None and m.rms_norm_eps == 1e-5
-    assert m.attention_bias is False and m.tie_embeddings is False
+    assert (m.attention.sliding_window, m.attention.layer_types) == (2047, ())
+    assert m.rope.scaling is None and m.norm.eps == 1e-5
+    assert m.attention.bias is False and m.tie_embeddings is False
 
 
 def test_phi_3_5_mini_longrope():
     m = load_model(FIXTURES / "phi-3.5-mini-instruct")
-    assert m.rope_scaling == "longrope"
-    assert len(m.rope_short_factor) == len(m.rope_long_factor) == 48 == m.head_dim // 2
-    assert m.rope_short_factor[:2] == (1.0, 1.0199999809265137)
-    assert m.rope_long_factor[-1] == 64.83999633789062
+    assert m.rope.scaling == "longrope"
+    assert len(m.rope.short_factor) == len(m.rope.long_factor) == 48 == m.attention.head_dim // 2
+    assert m.rope.short_factor[:2] == (1.0, 1.0199999809265137)
+    assert m.rope.long_factor[-1] == 64.83999633789062
     # The top-level original_max_position_embeddings, as transformers' Phi-3 reads it.
-    assert (m.rope_original_max_positions, m.max_position_embeddings) == (4096, 131072)
-    assert m.rope_attention_factor is None and m.rope_scaling_factor == 1.0
-    assert m.sliding_window == 262144
+    assert (m.rope.original_max_positions, m.max_position_embeddings) == (4096, 131072)
+    assert m.rope.attention_factor is None and m.rope.factor == 1.0
+    assert m.attention.sliding_window == 262144
 
 
 @pytest.mark.parametrize("alias", ["su", "yarn"])
@@ -305,14 +310,14 @@ def test_v5_spelling_reads_the_same_model(tmp_path, name):
 def test_v5_rope_settings_are_not_lost(tmp_path):
     """The silent bug this guards against: a v5 config read with rope_theta 10000, unscaled."""
     m = load_model(write(tmp_path, v5_spelling(fixture("llama-3.1-8b"))))
-    assert (m.rope_theta, m.rope_scaling, m.rope_scaling_factor) == (500000.0, "llama3", 8.0)
-    assert m.dtype_bytes == 2
+    assert (m.rope.theta, m.rope.scaling, m.rope.factor) == (500000.0, "llama3", 8.0)
+    assert m.storage.dtype_bytes == 2
 
 
 def test_v5_rope_theta_may_stay_at_top_level(tmp_path):
     config = v5_spelling(fixture("qwen3-8b"))
     config["rope_theta"] = config["rope_parameters"].pop("rope_theta")
-    assert load_model(write(tmp_path, config)).rope_theta == 1e6
+    assert load_model(write(tmp_path, config)).rope.theta == 1e6
 
 
 @pytest.mark.parametrize("name,changes,keys", [
@@ -356,34 +361,36 @@ def test_two_spellings_that_disagree_are_refused_naming_both(tmp_path, name, cha
 def test_qwen2_sliding_window_applies_from_max_window_layers(tmp_path):
     m = load_model(changed(tmp_path, "qwen2.5-7b", use_sliding_window=True,
                            sliding_window=4096, max_window_layers=20))
-    assert m.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8
-    assert (m.window(19), m.window(20), m.window(27)) == (None, 4096, 4096)
+    assert m.attention.layer_types == ("full_attention",) * 20 + ("sliding_attention",) * 8
+    assert (m.attention.window(19), m.attention.window(20), m.attention.window(27)) == (None, 4096,
+                                                                                        4096)
 
 
 def test_qwen3_every_layer_slides_from_layer_zero(tmp_path):
     m = load_model(changed(tmp_path, "qwen3-8b", use_sliding_window=True,
                            sliding_window=4096, max_window_layers=0))
-    assert (m.sliding_window, m.layer_types) == (4096, ())
+    assert (m.attention.sliding_window, m.attention.layer_types) == (4096, ())
 
 
 def test_stated_layer_types_win_over_the_rules(tmp_path):
     kinds = ["sliding_attention", "full_attention", "full_attention"] * 12
     m = load_model(changed(tmp_path, "qwen3-8b", use_sliding_window=True,
                            sliding_window=1024, layer_types=kinds))
-    assert m.layer_types == tuple(kinds)
+    assert m.attention.layer_types == tuple(kinds)
     # Without use_sliding_window transformers drops the window: every layer attends fully.
     m = load_model(changed(tmp_path, "qwen3-8b", layer_types=kinds))
-    assert (m.sliding_window, m.layer_types) == (None, ())
+    assert (m.attention.sliding_window, m.attention.layer_types) == (None, ())
 
 
 def test_gemma3_sliding_window_pattern(tmp_path):
     config = fixture("gemma-3-1b-it")
     config["sliding_window_pattern"] = 3
     m = load_model(write(tmp_path, config))
-    full = [i for i, kind in enumerate(m.layer_types) if kind == "full_attention"]
+    full = [i for i, kind in enumerate(m.attention.layer_types) if kind == "full_attention"]
     assert full == list(range(2, 26, 3))
     kinds = ["full_attention"] * 25 + ["sliding_attention"]
-    assert load_model(changed(tmp_path, "gemma-3-1b-it", layer_types=kinds)).layer_types == \
+    assert load_model(changed(tmp_path, "gemma-3-1b-it",
+                              layer_types=kinds)).attention.layer_types == \
         tuple(kinds)
 
 
@@ -412,18 +419,19 @@ def test_unsupported_architecture_from_directory():
 
 def test_expert_configs_read_their_routing():
     m = load_model(FIXTURES / "qwen3-30b-a3b")
-    assert (m.family, m.num_experts, m.experts_per_token, m.moe_intermediate_size) == \
+    assert (m.family, m.experts.count, m.experts.top_k, m.experts.intermediate_size) == \
         ("qwen3_moe", 128, 8, 768)
-    assert m.norm_topk_prob and m.qk_norm
+    assert m.experts.norm_topk_prob and m.attention.qk_norm
     mixtral = load_model(FIXTURES / "mixtral-8x7b-v0.1")
-    assert (mixtral.num_experts, mixtral.experts_per_token, mixtral.moe_intermediate_size) == \
+    assert (mixtral.experts.count, mixtral.experts.top_k, mixtral.experts.intermediate_size) == \
         (8, 2, 14336)
 
 
 def test_qwen3_moe_without_norm_topk_prob_reads_transformers_default(tmp_path):
     config = fixture("qwen3-30b-a3b")
     del config["norm_topk_prob"]
-    assert load_model(write(tmp_path, config)).norm_topk_prob is False  # transformers' default
+    assert load_model(write(tmp_path,
+                            config)).experts.norm_topk_prob is False  # transformers' default
 
 
 @pytest.mark.parametrize("key,value,why", [
@@ -458,9 +466,9 @@ GPT_OSS_20B = {
 
 def test_gpt_oss_config_reads_as_the_preset(tmp_path):
     m = load_model(write(tmp_path, GPT_OSS_20B))
-    assert same_model(m, load_model("gpt-oss-20b")) and m.expert_weight_format == "mxfp4"
+    assert same_model(m, load_model("gpt-oss-20b")) and m.storage.expert_weight_format == "mxfp4"
     unquantized = {k: v for k, v in GPT_OSS_20B.items() if k != "quantization_config"}
-    assert load_model(write(tmp_path, unquantized)).expert_weight_format == "native"
+    assert load_model(write(tmp_path, unquantized)).storage.expert_weight_format == "native"
 
 
 @pytest.mark.parametrize("quantization,message", [
@@ -477,7 +485,7 @@ def test_quantized_weights_of_other_families_are_refused_in_both_directions(tmp_
     with pytest.raises(ConfigError, match="quantization_config"):
         load_model(changed(tmp_path, "llama-3.1-8b", quantization_config={
             "quant_method": "fbgemm_fp8"}))
-    fp8 = dataclasses.replace(load_model("llama-3.1-8b"), weight_format="fp8")
+    fp8 = load_model("llama-3.1-8b").replaced(weight_format="fp8")
     with pytest.raises(ConfigError, match="weight_format"):
         hf_config(fp8)
 
@@ -687,11 +695,11 @@ def test_cli_inspect_supported_config_succeeds():
 
 def test_rope_scaling_is_read_from_the_config():
     m = load_model(HF_DIR / "llama-3.2-1b")
-    assert (m.rope_scaling, m.rope_scaling_factor, m.rope_low_freq_factor,
-            m.rope_high_freq_factor, m.rope_original_max_positions) == ("llama3", 32.0, 1.0,
+    assert (m.rope.scaling, m.rope.factor, m.rope.low_freq_factor,
+            m.rope.high_freq_factor, m.rope.original_max_positions) == ("llama3", 32.0, 1.0,
                                                                         4.0, 8192)
     preset = load_model("llama-3.2-1b")
-    assert preset.rope_scaling == "llama3" and preset.rope_scaling_factor == 32.0
+    assert preset.rope.scaling == "llama3" and preset.rope.factor == 32.0
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 8192.5, "8192"])
@@ -712,31 +720,35 @@ _SMALL = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, n
 _GEMMA_FIXED = dict(hidden_act="gelu_tanh", sandwich_norms=True, norm_weight_offset=1.0,
                     scale_embeddings=True, tie_embeddings=True, sliding_window=8)
 SMALL_SPECS = [
-    ModelSpec(name="s-llama", family="llama", rope_scaling="llama3", rope_scaling_factor=4.0,
-              rope_original_max_positions=64, **_SMALL),
-    ModelSpec(name="s-llama-linear", family="llama", rope_scaling="linear",
-              rope_scaling_factor=2.0, sliding_window=16, dtype_bytes=4, **_SMALL),
-    ModelSpec(name="s-mistral", family="mistral", sliding_window=16, rope_theta=1e6, **_SMALL),
-    ModelSpec(name="s-qwen2", family="qwen2", attention_bias=True, tie_embeddings=True,
-              sliding_window=6, layer_types=("full_attention",) + ("sliding_attention",) * 3,
-              **_SMALL),
-    ModelSpec(name="s-qwen2-all", family="qwen2", sliding_window=6, **_SMALL),
-    ModelSpec(name="s-qwen3", family="qwen3", qk_norm=True, sliding_window=6,
-              layer_types=("sliding_attention", "full_attention") * 2, **_SMALL),
-    ModelSpec(name="s-gemma2", family="gemma2", attn_logit_softcap=5.0, final_logit_softcap=None,
-              query_pre_attn_scalar=24.0,
-              layer_types=("sliding_attention", "full_attention") * 2,
-              **{**_SMALL, **_GEMMA_FIXED}),
-    ModelSpec(name="s-gemma3", family="gemma3", qk_norm=True, query_pre_attn_scalar=32.0,
-              rope_theta=1e6, rope_local_theta=1e4, rope_scaling="linear",
-              rope_scaling_factor=4.0,
-              layer_types=("sliding_attention", "sliding_attention", "full_attention",
-                           "sliding_attention"), **{**_SMALL, **_GEMMA_FIXED}),
-    ModelSpec(name="s-phi3", family="phi3", rope_scaling="longrope",
-              rope_original_max_positions=16, rope_short_factor=(1.0, 1.5, 3.0, 4.0, 5.0, 6.0,
-                                                                 7.0, 8.0),
-              rope_long_factor=(2.0,) * 8, rope_attention_factor=1.3, sliding_window=32,
-              **{**_SMALL, "head_dim": 16}),
+    ModelSpec.from_fields(name="s-llama", family="llama", rope_scaling="llama3",
+                          rope_scaling_factor=4.0,
+                          rope_original_max_positions=64, **_SMALL),
+    ModelSpec.from_fields(name="s-llama-linear", family="llama", rope_scaling="linear",
+                          rope_scaling_factor=2.0, sliding_window=16, dtype_bytes=4, **_SMALL),
+    ModelSpec.from_fields(name="s-mistral", family="mistral", sliding_window=16, rope_theta=1e6,
+                          **_SMALL),
+    ModelSpec.from_fields(name="s-qwen2", family="qwen2", attention_bias=True, tie_embeddings=True,
+                          sliding_window=6,
+                          layer_types=("full_attention",) + ("sliding_attention",) * 3, **_SMALL),
+    ModelSpec.from_fields(name="s-qwen2-all", family="qwen2", sliding_window=6, **_SMALL),
+    ModelSpec.from_fields(name="s-qwen3", family="qwen3", qk_norm=True, sliding_window=6,
+                          layer_types=("sliding_attention", "full_attention") * 2, **_SMALL),
+    ModelSpec.from_fields(name="s-gemma2", family="gemma2", attn_logit_softcap=5.0,
+                          final_logit_softcap=None,
+                          query_pre_attn_scalar=24.0,
+                          layer_types=("sliding_attention", "full_attention") * 2,
+                          **{**_SMALL, **_GEMMA_FIXED}),
+    ModelSpec.from_fields(name="s-gemma3", family="gemma3", qk_norm=True,
+                          query_pre_attn_scalar=32.0,
+                          rope_theta=1e6, rope_local_theta=1e4, rope_scaling="linear",
+                          rope_scaling_factor=4.0,
+                          layer_types=("sliding_attention", "sliding_attention", "full_attention",
+                                       "sliding_attention"), **{**_SMALL, **_GEMMA_FIXED}),
+    ModelSpec.from_fields(name="s-phi3", family="phi3", rope_scaling="longrope",
+                          rope_original_max_positions=16,
+                          rope_short_factor=(1.0, 1.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0),
+                          rope_long_factor=(2.0,) * 8, rope_attention_factor=1.3, sliding_window=32,
+                          **{**_SMALL, "head_dim": 16}),
 ]
 PRESETS = ["llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b-v0.3", "qwen2.5-7b",
            "qwen2.5-0.5b", "tiny", "qwen3-8b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini",
@@ -788,7 +800,7 @@ def test_writer_states_family_rules_where_it_can():
     gemma3 = next(s for s in SMALL_SPECS if s.family == "gemma3")
     config = hf_config(gemma3)
     assert config["sliding_window_pattern"] == 3
-    assert config["layer_types"] == list(gemma3.layer_types)
+    assert config["layer_types"] == list(gemma3.attention.layer_types)
     phi3 = hf_config(next(s for s in SMALL_SPECS if s.family == "phi3"))
     assert phi3["original_max_position_embeddings"] == 16
     assert phi3["rope_scaling"]["attention_factor"] == 1.3
@@ -804,7 +816,7 @@ def test_writer_states_family_rules_where_it_can():
     (dict(family="llama", rope_scaling="yarn", rope_scaling_factor=2.0), "yarn"),
 ])
 def test_specs_no_config_of_their_family_can_state_are_refused(changes, field):
-    spec = dataclasses.replace(ModelSpec(name="odd", family="llama", **_SMALL), **changes)
+    spec = ModelSpec.from_fields(name="odd", family="llama", **_SMALL).replaced(**changes)
     with pytest.raises(ConfigError) as info:
         hf_config(spec)
     assert field in str(info.value) and "\n" not in str(info.value)
@@ -847,8 +859,8 @@ def test_new_presets_are_their_published_configs(preset, name):
     published = load_model(FIXTURES / name)
     if preset == "gemma-2-9b":
         # Published in float32; the preset holds the weights at 16 bits, as deployed.
-        assert published.dtype_bytes == 4
-        published = dataclasses.replace(published, dtype_bytes=2)
+        assert published.storage.dtype_bytes == 4
+        published = published.replaced(dtype_bytes=2)
     assert same_model(m, published)
 
 
@@ -860,7 +872,7 @@ def test_gpt_oss_unstated_rope_is_transformers_yarn_default(tmp_path, rope):
     else:
         config["rope_scaling"] = None
     assert same_model(load_model(write(tmp_path, config)), load_model("gpt-oss-20b"))
-    plain = dataclasses.replace(load_model("gpt-oss-20b"), rope_scaling=None)
+    plain = load_model("gpt-oss-20b").replaced(rope_scaling=None)
     with pytest.raises(ConfigError, match="rope_scaling"):
         hf_config(plain)  # transformers would read YaRN back
 
@@ -869,7 +881,7 @@ def test_expert_count_aliases_are_read_and_must_agree(tmp_path):
     config = fixture("mixtral-8x7b-v0.1")
     del config["num_local_experts"]
     config["num_experts"] = 16
-    assert load_model(write(tmp_path, config)).num_experts == 16
+    assert load_model(write(tmp_path, config)).experts.count == 16
     config["num_local_experts"] = 8
     with pytest.raises(ConfigError, match="'num_experts' 16 and 'num_local_experts' 8 disagree"):
         load_model(write(tmp_path, config))
@@ -878,7 +890,7 @@ def test_expert_count_aliases_are_read_and_must_agree(tmp_path):
     # Qwen3-MoE's count under the other spelling (transformers 5 saves num_local_experts).
     qwen = fixture("qwen3-30b-a3b")
     qwen["num_local_experts"] = qwen.pop("num_experts") // 2
-    assert load_model(write(tmp_path, qwen)).num_experts == 64
+    assert load_model(write(tmp_path, qwen)).experts.count == 64
 
 
 @pytest.mark.parametrize("name,change,key", [

@@ -123,8 +123,8 @@ def test_hf_architectures_must_be_names(tmp_path, value):
 def test_hf_architectures_as_a_single_string_is_a_one_element_list(tmp_path):
     as_string = load_model(hf_config(tmp_path, architectures="LlamaForCausalLM"))
     assert as_string.family == "llama"
-    assert dataclasses.replace(as_string, source="") == \
-        dataclasses.replace(load_model(HF_LLAMA), source="", name=as_string.name)
+    assert as_string.replaced(source="") == \
+        load_model(HF_LLAMA).replaced(source="", name=as_string.name)
 
 
 def test_hf_unsupported_single_string_architecture_is_named(tmp_path):
@@ -135,9 +135,9 @@ def test_hf_unsupported_single_string_architecture_is_named(tmp_path):
 def test_hf_nullable_fields_still_default(tmp_path):
     m = load_model(hf_config(tmp_path, num_key_value_heads=None, head_dim=None,
                              torch_dtype=None, rope_theta=500000))
-    assert m.num_kv_heads == m.num_heads
-    assert m.head_dim == m.hidden_size // m.num_heads
-    assert m.rope_theta == 500000.0 and isinstance(m.rope_theta, float)
+    assert m.attention.num_kv_heads == m.attention.num_heads
+    assert m.attention.head_dim == m.hidden_size // m.attention.num_heads
+    assert m.rope.theta == 500000.0 and isinstance(m.rope.theta, float)
 
 
 def test_cli_hf_wrong_type(tmp_path):
@@ -172,12 +172,12 @@ def test_yaml_float_given_as_string_is_parsed(tmp_path):
     # PyYAML (YAML 1.1) reads 1e-5 as the string '1e-5'.
     assert yaml.safe_load("x: 1e-5")["x"] == "1e-5"
     m = load_model(model_yaml(tmp_path, "rms_norm_eps: 1e-5\nrope_theta: 5e5"))
-    assert m.rms_norm_eps == 1e-5 and m.rope_theta == 500000.0
+    assert m.norm.eps == 1e-5 and m.rope.theta == 500000.0
 
 
 def test_yaml_optional_int_accepts_int_and_null(tmp_path):
-    assert load_model(model_yaml(tmp_path, "sliding_window: 64")).sliding_window == 64
-    assert load_model(model_yaml(tmp_path, "sliding_window: null")).sliding_window is None
+    assert load_model(model_yaml(tmp_path, "sliding_window: 64")).attention.sliding_window == 64
+    assert load_model(model_yaml(tmp_path, "sliding_window: null")).attention.sliding_window is None
 
 
 @pytest.mark.parametrize("hint", [int | None, typing.Optional[int], typing.Union[int, None]])

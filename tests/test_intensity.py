@@ -83,12 +83,12 @@ def test_grouped_query_attention_reuses_kv():
 def test_causal_prefill_attention_counts_the_triangle():
     model = load_model("tiny")
     c = op_cost(ops_by_name(model)["attn_scores"], model, MicroBatch("prefill", tokens=10))
-    assert c.flops == 2 * model.head_dim * model.num_heads * 55
+    assert c.flops == 2 * model.attention.head_dim * model.attention.num_heads * 55
 
 
 def test_sliding_window_caps_decode_context():
     model = load_model("tiny")
-    windowed = type(model)(**{**model.to_dict(), "sliding_window": 64})
+    windowed = model.replaced(sliding_window=64)
     full = op_cost(ops_by_name(model)["attn_scores"], model,
                    MicroBatch("decode", batch=2, context=500))
     capped = op_cost(ops_by_name(windowed)["attn_scores"], windowed,

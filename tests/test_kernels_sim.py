@@ -13,9 +13,9 @@ from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 
-SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
-                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                  vocab_size=2048).validate("test")
+SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                              num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                              vocab_size=2048).validate("test")
 STEPS = {"decode": (MicroBatch("decode", batch=2, context=256), MicroBatch("decode", batch=2,
                                                                   context=256)),
          "prefill": (MicroBatch("prefill", tokens=64), MicroBatch("prefill", tokens=64))}
@@ -77,7 +77,7 @@ def test_stage_time_at_or_above_the_stage_bound():
 
 
 def test_reusing_equal_stages_changes_nothing():
-    deep = ModelSpec(**{**SMALL.to_dict(), "num_layers": 8}).validate("test")
+    deep = ModelSpec.from_fields(**{**SMALL.to_dict(), "num_layers": 8}).validate("test")
     p = compile_model(deep, ClusterSpec(load_fabric("mesh128"), 1),
                       CompileOptions(region=(128, 128)))
     step = MicroBatch("decode", batch=1, context=128)

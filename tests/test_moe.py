@@ -2,7 +2,6 @@
 combine), with their published parameter counts, costed for the roofline, compiled with every
 expert resident and timed for the tokens a drawn routing sends each expert."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -72,7 +71,7 @@ def test_decode_reads_only_the_experts_its_tokens_route_to():
     m = load_model("qwen3-30b-a3b")
     gate = ops_by_name(m)["experts_gate"]
     one = op_cost(gate, m, MicroBatch("decode", batch=1, context=1024))
-    per_expert = 2048 * 768 * m.dtype_bytes
+    per_expert = 2048 * 768 * m.storage.dtype_bytes
     assert one.weight_bytes == pytest.approx(8 * per_expert)
     assert one.flops == 2 * 8 * 2048 * 768  # a token through its 8 experts
     big = op_cost(gate, m, MicroBatch("decode", batch=256, context=1024))
@@ -156,10 +155,10 @@ def test_mxfp4_experts_size_gpt_oss_as_its_published_checkpoints(name, gib, wafe
     from wse_emu.compiler.partition import wafers_needed
 
     m = load_model(name)
-    assert m.expert_weight_format == "mxfp4" and m.quantized
+    assert m.storage.expert_weight_format == "mxfp4" and m.storage.quantized
     assert m.weight_bytes() / 2**30 == pytest.approx(gib, abs=0.05)
     assert wafers_needed(m, load_fabric("wse3")) == wafers
-    native = dataclasses.replace(m, expert_weight_format="native")
+    native = m.replaced(expert_weight_format="native")
     assert native.weight_bytes() == native.params() * 2
 
 
@@ -169,7 +168,7 @@ def test_weight_formats_size_matrices_and_leave_norms_and_biases_alone():
     matrix = 128 * 2880 * 2880
     assert ly.weight_bytes(gate, m) == pytest.approx(matrix * 136 / 256 + 128 * 2880 * 2)
     assert ly.weight_bytes(ops_by_name(m)["o_proj"], m) == (4096 * 2880 + 2880) * 2
-    fp8 = dataclasses.replace(load_model("llama-3.1-8b"), weight_format="fp8")
+    fp8 = load_model("llama-3.1-8b").replaced(weight_format="fp8")
     q = ops_by_name(fp8)["q_proj"]
     assert op_cost(q, fp8, MicroBatch("decode")).weight_bytes == 4096 * 4096
     assert ly.weight_bytes(ops_by_name(fp8)["input_norm"], fp8) == 4096 * 2
@@ -183,7 +182,7 @@ def test_quantized_weights_take_their_format_in_sram_and_dequantize_per_use():
 
     cluster, one = ClusterSpec(load_fabric("mesh16"), 1), CompileOptions(region=(16, 16))
     native = compile_model(tiny, cluster, one)
-    fp8 = dataclasses.replace(tiny, weight_format="fp8")
+    fp8 = tiny.replaced(weight_format="fp8")
     packed = compile_model(fp8, cluster, one)
     q = [sum(k.weight_bytes for k in p.kernels if k.name == "q_proj") for p in (native, packed)]
     assert q[1] * 2 == q[0] == 64 * 64 * 2 * 2  # two layers
@@ -222,7 +221,7 @@ def test_attention_sinks_are_owned_by_the_attention_kernel():
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.compiler.options import CompileOptions
 
-    sinks = dataclasses.replace(load_model("tiny"), attention_sinks=True)
+    sinks = load_model("tiny").replaced(attention_sinks=True)
     program = compile_model(sinks, ClusterSpec(load_fabric("mesh16"), 1),
                             CompileOptions(region=(16, 16)))
     att = [k for k in program.kernels if k.name == "attention"]

@@ -5,8 +5,6 @@ plain-numpy reference token for token, colocated and disaggregated."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel
@@ -26,12 +24,13 @@ PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
 # Qwen3-MoE with 18 outputs per expert: over 4 rows they round up to 5 a row, so gate's and
 # up's runs hold two experts (36 outputs, 9 a row); over 7 rows, eight.
 FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")},
-            "qwen3_moe_paired": dataclasses.replace(SPECS["qwen3_moe"], name="a-qwen3-moe-paired",
-                                                    moe_intermediate_size=18),
-            "gpt_oss": dataclasses.replace(
-    SPECS["gpt_oss"], intermediate_size=64, rope_scaling="yarn", rope_scaling_factor=4.0,
-    rope_original_max_positions=16, max_position_embeddings=64, rope_theta=150000.0,
-    rope_truncate=False)}
+            "qwen3_moe_paired": SPECS["qwen3_moe"].replaced(name="a-qwen3-moe-paired",
+                                                            moe_intermediate_size=18),
+            "gpt_oss": SPECS["gpt_oss"].replaced(intermediate_size=64, rope_scaling="yarn",
+                                                 rope_scaling_factor=4.0,
+                                                 rope_original_max_positions=16,
+                                                 max_position_embeddings=64, rope_theta=150000.0,
+                                                 rope_truncate=False)}
 
 
 def compiled(spec, plan):
@@ -63,7 +62,7 @@ def test_experts_follow_the_reference_token_for_token(checkpoints, family, plan)
 def test_expert_strips_hold_each_expert_where_the_layout_puts_it(checkpoints):
     spec, weights = checkpoints["gpt_oss"]
     strips = expert_strips(spec, weights, 1)
-    e, h, m = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
+    e, h, m = spec.experts.count, spec.hidden_size, spec.experts.intermediate_size
     # One after another along the inputs: gate and up (E x hidden, m), down (E x m, hidden).
     assert strips["experts_gate"].shape == (e * h, m) and strips["experts_down"].shape == (e * m,
                                                                                             h)
@@ -80,7 +79,7 @@ def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
     prompt, h = PROMPT[:2], spec.hidden_size
     clean = Generator(compiled(spec, "colocated"), weights, "float32").run_prompt(prompt)[-1]
     changed = []
-    for expert in range(spec.num_experts):
+    for expert in range(spec.experts.count):
         generator = Generator(compiled(spec, "colocated"), weights, "float32")
         tiles = generator.prefill.stages[0].matrices["experts_gate"]  # holds layer 0
         bounds = np.concatenate([[0], np.cumsum(tiles.k_sizes)])
@@ -90,8 +89,8 @@ def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
                 tiles.blocks[0, a, :, lo - bounds[a]:hi - bounds[a], :] = 100.0
         changed.append(not np.allclose(generator.run_prompt(prompt)[-1], clean))
     routed = _routed(ReferenceModel(spec, weights), 0, prompt)
-    assert changed == [expert in routed for expert in range(spec.num_experts)]
-    assert 0 < sum(changed) < spec.num_experts
+    assert changed == [expert in routed for expert in range(spec.experts.count)]
+    assert 0 < sum(changed) < spec.experts.count
 
 
 def _routed(reference, layer, prompt) -> set[int]:
@@ -117,7 +116,7 @@ def test_experts_share_runs_where_their_outputs_split_unevenly(checkpoints):
     for plan in ("colocated", "disaggregated"):
         for up in (k for k in compiled(spec, plan).kernels if k.name == "experts_up"):
             per_run[up.grid[1]] = up.matrix[1] // 18
-            assert up.matrix == [spec.num_experts // per_run[up.grid[1]] * 64,
+            assert up.matrix == [spec.experts.count // per_run[up.grid[1]] * 64,
                                  per_run[up.grid[1]] * 18]
             assert list(op.run_matrix(up.grid[1])) == up.matrix
     # 4 rows: 5 a row for one expert (11% waste), 9 for two; 7 rows: eight experts, 21 a row.

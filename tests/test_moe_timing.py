@@ -5,7 +5,6 @@ loads the popular experts' PEs so that the step slows down."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -24,16 +23,18 @@ from wse_emu.runner import run_region
 BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=16, vocab_size=160)
 SPECS = {
-    "mixtral": ModelSpec("a-mixtral", "mixtral", **BASE, num_experts=8, experts_per_token=2,
-                         moe_intermediate_size=96),
-    "qwen3_moe": ModelSpec("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True, num_experts=16,
-                           experts_per_token=4, moe_intermediate_size=32,
-                           norm_topk_prob=False),
-    "gpt_oss": ModelSpec("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
-                         num_experts=8, experts_per_token=2, moe_intermediate_size=64,
-                         router_bias=True, expert_bias=True, attention_sinks=True,
-                         swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
-                         layer_types=("sliding_attention", "full_attention") * 2),
+    "mixtral": ModelSpec.from_fields("a-mixtral", "mixtral", **BASE, num_experts=8,
+                                     experts_per_token=2,
+                                     moe_intermediate_size=96),
+    "qwen3_moe": ModelSpec.from_fields("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True,
+                                       num_experts=16,
+                                       experts_per_token=4, moe_intermediate_size=32,
+                                       norm_topk_prob=False),
+    "gpt_oss": ModelSpec.from_fields("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
+                                     num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                                     router_bias=True, expert_bias=True, attention_sinks=True,
+                                     swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
+                                     layer_types=("sliding_attention", "full_attention") * 2),
 }
 STEPS = {"decode": MicroBatch("decode", batch=8, context=40),
          "prefill": MicroBatch("prefill", tokens=48, chunks=2)}
@@ -106,7 +107,7 @@ def test_cli_runs_an_expert_model_under_a_stated_routing(tmp_path, capsys):
 
     from wse_emu.cli.main import main
 
-    spec = dataclasses.replace(SPECS["qwen3_moe"], num_experts=32).validate("test")
+    spec = SPECS["qwen3_moe"].replaced(num_experts=32).validate("test")
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump({**spec.to_dict(), "version": 1}))
     common = [str(path), "--fabric", "mesh16", "--region", "16x16", "--phase", "decode",

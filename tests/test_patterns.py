@@ -2,7 +2,6 @@
 at or above the entry's bound on both engines, and a new pattern is one entry (here one
 written in the test) that the compiler, the simulator and the functional engine take up."""
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -22,9 +21,9 @@ from wse_emu.model import ModelSpec, load_model
 from wse_emu.runner import run_region
 from wse_emu.weights import random_weights
 
-MOE = ModelSpec("a-moe", "mixtral", hidden_size=64, intermediate_size=96, num_layers=2,
-                num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=160, num_experts=8,
-                experts_per_token=2, moe_intermediate_size=96).validate("test")
+MOE = ModelSpec.from_fields("a-moe", "mixtral", hidden_size=64, intermediate_size=96, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=160, num_experts=8,
+                            experts_per_token=2, moe_intermediate_size=96).validate("test")
 STEPS = {"decode": MicroBatch("decode", batch=2, context=64),
          "prefill": MicroBatch("prefill", tokens=32)}
 
@@ -33,8 +32,8 @@ STEPS = {"decode": MicroBatch("decode", batch=2, context=64),
 def programs():
     mesh = ClusterSpec(load_fabric("mesh16"), 1)
     return [compile_model(load_model("tiny"), mesh, CompileOptions(region=(16, 16))),
-            compile_model(dataclasses.replace(load_model("tiny"), tie_embeddings=False,
-                                              qk_norm=True).validate("test"), mesh,
+            compile_model(load_model("tiny").replaced(tie_embeddings=False,
+                                                      qk_norm=True).validate("test"), mesh,
                           CompileOptions(region=(16, 16))),
             compile_model(MOE, mesh, CompileOptions(region=(16, 16)))]
 
@@ -78,7 +77,7 @@ def gemv_whole():
 
 
 def test_a_new_pattern_is_one_entry(gemv_whole):
-    model = dataclasses.replace(load_model("tiny"), num_layers=1).validate("test")
+    model = load_model("tiny").replaced(num_layers=1).validate("test")
     mesh = ClusterSpec(load_fabric("mesh16"), 1)
     tree = compile_model(model, mesh, CompileOptions(region=(16, 16)))
     whole = compile_model(model, mesh, CompileOptions(

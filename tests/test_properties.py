@@ -36,19 +36,16 @@ def models(draw, max_hidden: int = 512, max_intermediate: int = 1024, min_hidden
            min_intermediate: int = 8, min_layers: int = 1, max_layers: int = 4) -> ModelSpec:
     heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
     kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
-    return ModelSpec(
-        name="prop",
-        family="llama",
-        hidden_size=draw(st.integers(min_hidden, max_hidden)),
-        intermediate_size=draw(st.integers(min_intermediate, max_intermediate)),
-        num_layers=draw(st.integers(min_layers, max_layers)),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=2 * draw(st.integers(4, 16)),
-        vocab_size=draw(st.integers(16, 512)),
-        tie_embeddings=draw(st.booleans()),
-        attention_bias=draw(st.booleans()),
-    ).validate("test")
+    return ModelSpec.from_fields(name="prop", family="llama",
+                                 hidden_size=draw(st.integers(min_hidden, max_hidden)),
+                                 intermediate_size=draw(st.integers(min_intermediate,
+                                                                    max_intermediate)),
+                                 num_layers=draw(st.integers(min_layers, max_layers)),
+                                 num_heads=heads, num_kv_heads=kv_heads,
+                                 head_dim=2 * draw(st.integers(4, 16)),
+                                 vocab_size=draw(st.integers(16, 512)),
+                                 tie_embeddings=draw(st.booleans()),
+                                 attention_bias=draw(st.booleans()), ).validate("test")
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,9 +274,9 @@ def test_split_layers_gives_every_wafer_a_layer():
 
 
 def test_automatic_replicas_fall_back_to_fewer_replicas():
-    model = ModelSpec(name="m", family="llama", hidden_size=148, intermediate_size=122,
-                      num_layers=2, num_heads=1, num_kv_heads=1, head_dim=14,
-                      vocab_size=328).validate("test")
+    model = ModelSpec.from_fields(name="m", family="llama", hidden_size=148, intermediate_size=122,
+                                  num_layers=2, num_heads=1, num_kv_heads=1, head_dim=14,
+                                  vocab_size=328).validate("test")
     fab = fabric("mesh32", None)
     cluster = ClusterSpec(fab, 1)
     # With at most 32 replicas it maps (16 regions after halving) ...
@@ -292,9 +289,9 @@ def test_automatic_replicas_fall_back_to_fewer_replicas():
 
 
 def test_role_too_small_advice_names_the_role_option():
-    model = ModelSpec(name="m", family="llama", hidden_size=512, intermediate_size=1024,
-                      num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
-                      vocab_size=512).validate("test")
+    model = ModelSpec.from_fields(name="m", family="llama", hidden_size=512, intermediate_size=1024,
+                                  num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
+                                  vocab_size=512).validate("test")
     fab = fabric("mesh16", None)
     span = wafers_needed(model, fab)
     assert span >= 2

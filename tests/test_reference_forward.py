@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -21,30 +20,31 @@ from reference_forward import (
 from wse_emu.model import ModelSpec
 from wse_emu.weights import random_weights
 
-GQA = ModelSpec(name="gqa", family="llama", hidden_size=16, intermediate_size=24, num_layers=2,
-                num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32).validate("test")
-MHA = dataclasses.replace(GQA, name="mha", num_kv_heads=4)
-MQA = dataclasses.replace(GQA, name="mqa", num_kv_heads=1)
-QWEN2 = dataclasses.replace(GQA, name="qwen2", family="qwen2", attention_bias=True,
-                            tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
-MISTRAL = dataclasses.replace(GQA, name="mistral", family="mistral", sliding_window=4)
-QWEN3 = dataclasses.replace(GQA, name="qwen3", family="qwen3", qk_norm=True, head_dim=8,
-                            rms_norm_eps=1e-6).validate("test")
+GQA = ModelSpec.from_fields(name="gqa", family="llama", hidden_size=16, intermediate_size=24,
+                            num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32).validate("test")
+MHA = GQA.replaced(name="mha", num_kv_heads=4)
+MQA = GQA.replaced(name="mqa", num_kv_heads=1)
+QWEN2 = GQA.replaced(name="qwen2", family="qwen2", attention_bias=True,
+                     tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6)
+MISTRAL = GQA.replaced(name="mistral", family="mistral", sliding_window=4)
+QWEN3 = GQA.replaced(name="qwen3", family="qwen3", qk_norm=True, head_dim=8,
+                     rms_norm_eps=1e-6).validate("test")
 _GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
               hidden_act="gelu_tanh", tie_embeddings=True, sliding_window=3,
               layer_types=("sliding_attention", "full_attention"))
-GEMMA2 = dataclasses.replace(GQA, name="gemma2", family="gemma2", attn_logit_softcap=5.0,
-                             final_logit_softcap=8.0, query_pre_attn_scalar=8.0,
-                             **_GEMMA).validate("test")
-GEMMA3 = dataclasses.replace(GQA, name="gemma3", family="gemma3", qk_norm=True,
-                             query_pre_attn_scalar=6.0, rope_theta=1e6, rope_local_theta=1e4,
-                             rope_scaling="linear", rope_scaling_factor=4.0,
-                             **_GEMMA).validate("test")
+GEMMA2 = GQA.replaced(name="gemma2", family="gemma2", attn_logit_softcap=5.0,
+                      final_logit_softcap=8.0, query_pre_attn_scalar=8.0,
+                      **_GEMMA).validate("test")
+GEMMA3 = GQA.replaced(name="gemma3", family="gemma3", qk_norm=True,
+                      query_pre_attn_scalar=6.0, rope_theta=1e6, rope_local_theta=1e4,
+                      rope_scaling="linear", rope_scaling_factor=4.0,
+                      **_GEMMA).validate("test")
 # Longrope within its original context here (see the longrope tests for beyond it).
-PHI3 = dataclasses.replace(GQA, name="phi3", family="phi3", rope_scaling="longrope",
-                           rope_original_max_positions=16, max_position_embeddings=64,
-                           rope_short_factor=(1.0, 1.5, 3.0),
-                           rope_long_factor=(2.0, 5.0, 9.0)).validate("test")
+PHI3 = GQA.replaced(name="phi3", family="phi3", rope_scaling="longrope",
+                    rope_original_max_positions=16, max_position_embeddings=64,
+                    rope_short_factor=(1.0, 1.5, 3.0),
+                    rope_long_factor=(2.0, 5.0, 9.0)).validate("test")
 SPECS = [GQA, MHA, MQA, QWEN2, MISTRAL, QWEN3, GEMMA2, GEMMA3, PHI3]
 TOKENS = [3, 17, 0, 31, 9, 9, 22, 5, 14, 1]
 
@@ -55,37 +55,39 @@ def family_weights(spec, seed=0):
     The Llama family keeps ``random_weights`` itself."""
     if spec.family in ("llama", "mistral", "qwen2"):
         return random_weights(spec, seed, dtype=np.float64)
-    h, i, layers = spec.hidden_size, spec.intermediate_size, spec.num_layers
+    h, i, layers = spec.hidden_size, spec.mlp.intermediate_size, spec.num_layers
     shapes = {"model.embed_tokens.weight": (spec.vocab_size, h), "model.norm.weight": (h,)}
     if not spec.tie_embeddings:
         shapes["lm_head.weight"] = (spec.vocab_size, h)
     for layer in range(layers):
         p = f"model.layers.{layer}."
         norms = ["input_layernorm", "post_attention_layernorm"]
-        if spec.sandwich_norms:
+        if spec.norm.sandwich:
             norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
         shapes.update({p + name + ".weight": (h,) for name in norms})
-        if spec.family == "phi3":
-            shapes[p + "self_attn.qkv_proj.weight"] = (spec.q_size + 2 * spec.kv_size, h)
+        if "self_attn.qkv_proj" in spec.family_record.fused:
+            shapes[p + "self_attn.qkv_proj.weight"] = (
+                spec.attention.q_size + 2 * spec.attention.kv_size, h)
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * i, h)
         else:
-            for proj, rows in (("q_proj", spec.q_size), ("k_proj", spec.kv_size),
-                               ("v_proj", spec.kv_size)):
+            for proj, rows in (("q_proj", spec.attention.q_size), ("k_proj",
+                                                                   spec.attention.kv_size),
+                               ("v_proj", spec.attention.kv_size)):
                 shapes[p + f"self_attn.{proj}.weight"] = (rows, h)
-                if spec.attention_bias:
+                if spec.attention.bias:
                     shapes[p + f"self_attn.{proj}.bias"] = (rows,)
             shapes[p + "mlp.gate_proj.weight"] = shapes[p + "mlp.up_proj.weight"] = (i, h)
-        if spec.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (spec.head_dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (spec.head_dim,)
-        shapes[p + "self_attn.o_proj.weight"] = (h, spec.q_size)
+        if spec.attention.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (spec.attention.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (spec.attention.head_dim,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, spec.attention.q_size)
         shapes[p + "mlp.down_proj.weight"] = (h, i)
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in sorted(shapes.items()):
         noise = rng.standard_normal(shape)
         if name.endswith("norm.weight"):
-            weights[name] = (1.0 - spec.norm_weight_offset) + 0.1 * noise
+            weights[name] = (1.0 - spec.norm.weight_offset) + 0.1 * noise
         elif name.endswith(".bias"):
             weights[name] = 0.1 * noise
         else:
@@ -130,9 +132,9 @@ def add(a, b):
     return [x + y for x, y in zip(a, b)]
 
 
-HAND = ModelSpec(name="hand", family="qwen2", hidden_size=4, intermediate_size=2, num_layers=1,
-                 num_heads=1, num_kv_heads=1, head_dim=4, vocab_size=4, attention_bias=True,
-                 rms_norm_eps=0.0, rope_theta=100.0)
+HAND = ModelSpec.from_fields(name="hand", family="qwen2", hidden_size=4, intermediate_size=2,
+                             num_layers=1, num_heads=1, num_kv_heads=1, head_dim=4, vocab_size=4,
+                             attention_bias=True, rms_norm_eps=0.0, rope_theta=100.0)
 EMBED = [[2, -2, 2, -2], [1, 1, 1, 1], [0, 3, 0, 4], [1, 0, 0, 0]]
 Q_BIAS = [0, 0.5, 0, 0]
 K_BIAS = [0.25, 0, 0, 0.5]
@@ -262,7 +264,7 @@ def test_causal_a_later_token_does_not_change_earlier_logits(spec):
 
 def test_sliding_window_hides_tokens_that_fell_out_of_it():
     # One layer, so position p sees exactly tokens p - 3 .. p (window 4).
-    spec = dataclasses.replace(MISTRAL, num_layers=1)
+    spec = MISTRAL.replaced(num_layers=1)
     reference = model(spec)
     before = reference.prefill(TOKENS)
     after = reference.prefill([TOKENS[0] + 1] + TOKENS[1:])
@@ -272,23 +274,23 @@ def test_sliding_window_hides_tokens_that_fell_out_of_it():
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_attention_equals_attention_with_repeated_kv_heads(kv_heads):
-    gqa = dataclasses.replace(MHA, num_kv_heads=kv_heads)
+    gqa = MHA.replaced(num_kv_heads=kv_heads)
     weights = random_weights(gqa, seed=2, dtype=np.float64)
     # Query head h reads KV head h // group: repeat each KV head's rows group times, in place.
     mha_weights = dict(weights)
     for layer in range(gqa.num_layers):
         for proj in ("k_proj", "v_proj"):
             name = f"model.layers.{layer}.self_attn.{proj}.weight"
-            per_head = weights[name].reshape(kv_heads, gqa.head_dim, gqa.hidden_size)
-            mha_weights[name] = np.repeat(per_head, gqa.group_size, axis=0).reshape(
-                MHA.kv_size, gqa.hidden_size)
+            per_head = weights[name].reshape(kv_heads, gqa.attention.head_dim, gqa.hidden_size)
+            mha_weights[name] = np.repeat(per_head, gqa.attention.group_size, axis=0).reshape(
+                MHA.attention.kv_size, gqa.hidden_size)
     expected = ReferenceModel(MHA, mha_weights).prefill(TOKENS)
     np.testing.assert_allclose(ReferenceModel(gqa, weights).prefill(TOKENS), expected,
                                rtol=1e-12, atol=1e-12)
 
 
 def test_tied_head_is_the_embedding():
-    tied = dataclasses.replace(GQA, tie_embeddings=True)
+    tied = GQA.replaced(tie_embeddings=True)
     weights = random_weights(tied, seed=3, dtype=np.float64)
     untied = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
     np.testing.assert_array_equal(ReferenceModel(tied, weights).prefill(TOKENS),
@@ -316,8 +318,8 @@ def test_softcap_bounds_large_values_and_keeps_small_ones():
 
 
 def test_final_logits_never_pass_the_cap():
-    spec = dataclasses.replace(GEMMA2, final_logit_softcap=0.5)
-    uncapped = model(dataclasses.replace(spec, final_logit_softcap=None)).prefill(TOKENS)
+    spec = GEMMA2.replaced(final_logit_softcap=0.5)
+    uncapped = model(spec.replaced(final_logit_softcap=None)).prefill(TOKENS)
     assert np.abs(uncapped).max() > 1.0  # so the cap below really cuts
     logits = model(spec).prefill(TOKENS)
     assert np.abs(logits).max() < 0.5
@@ -326,21 +328,21 @@ def test_final_logits_never_pass_the_cap():
 
 def test_attention_softcap_is_applied_to_the_scaled_scores():
     # With a huge cap the scores are untouched; a small one changes the attention weights.
-    spec = dataclasses.replace(GEMMA2, final_logit_softcap=None)
-    free = model(dataclasses.replace(spec, attn_logit_softcap=None)).prefill(TOKENS)
-    np.testing.assert_allclose(model(dataclasses.replace(spec, attn_logit_softcap=1e9))
+    spec = GEMMA2.replaced(final_logit_softcap=None)
+    free = model(spec.replaced(attn_logit_softcap=None)).prefill(TOKENS)
+    np.testing.assert_allclose(model(spec.replaced(attn_logit_softcap=1e9))
                                .prefill(TOKENS), free, rtol=1e-9)
-    assert not np.allclose(model(dataclasses.replace(spec, attn_logit_softcap=0.1))
+    assert not np.allclose(model(spec.replaced(attn_logit_softcap=0.1))
                            .prefill(TOKENS), free, rtol=1e-3)
 
 
 def test_query_pre_attn_scalar_replaces_head_dim_in_the_score_scale():
-    spec = dataclasses.replace(GEMMA2, query_pre_attn_scalar=None)
+    spec = GEMMA2.replaced(query_pre_attn_scalar=None)
     weights = family_weights(spec)
-    same = dataclasses.replace(spec, query_pre_attn_scalar=float(spec.head_dim))
+    same = spec.replaced(query_pre_attn_scalar=float(spec.attention.head_dim))
     np.testing.assert_array_equal(ReferenceModel(same, weights).prefill(TOKENS),
                                   ReferenceModel(spec, weights).prefill(TOKENS))
-    other = dataclasses.replace(spec, query_pre_attn_scalar=4.0 * spec.head_dim)
+    other = spec.replaced(query_pre_attn_scalar=4.0 * spec.attention.head_dim)
     assert not np.allclose(ReferenceModel(other, weights).prefill(TOKENS),
                            ReferenceModel(spec, weights).prefill(TOKENS), rtol=1e-3)
 
@@ -356,10 +358,10 @@ def test_gelu_tanh_is_close_to_the_exact_gelu():
 
 
 def test_gemma_embeddings_are_scaled_by_the_root_of_the_hidden_size():
-    spec = dataclasses.replace(GEMMA2, tie_embeddings=False)  # the head must stay put
+    spec = GEMMA2.replaced(tie_embeddings=False)  # the head must stay put
     weights = family_weights(spec)
     weights["lm_head.weight"] = family_weights(spec, seed=5)["model.embed_tokens.weight"]
-    unscaled = dataclasses.replace(spec, scale_embeddings=False)
+    unscaled = spec.replaced(scale_embeddings=False)
     stretched = {**weights, "model.embed_tokens.weight":
                  weights["model.embed_tokens.weight"] * math.sqrt(spec.hidden_size)}
     np.testing.assert_allclose(ReferenceModel(spec, weights).prefill(TOKENS),
@@ -383,7 +385,7 @@ def test_sandwich_norms_normalize_each_branch_output_before_the_residual_add(mod
     # sandwich norms (Llama's layout) the same scale changes the logits.
     for spec, invariant in ((GEMMA2, True), (GQA, False)):
         weights = family_weights(spec)
-        spec = dataclasses.replace(spec, rms_norm_eps=1e-300)  # only the norm's scale matters
+        spec = spec.replaced(rms_norm_eps=1e-300)  # only the norm's scale matters
         scaled = dict(weights)
         for layer in range(spec.num_layers):
             scaled[f"model.layers.{layer}.{module}.weight"] = 7.0 * weights[
@@ -395,7 +397,7 @@ def test_sandwich_norms_normalize_each_branch_output_before_the_residual_add(mod
 
 @pytest.mark.parametrize("spec", [QWEN3, GEMMA3], ids=lambda s: s.name)
 def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(spec):
-    spec = dataclasses.replace(spec, rms_norm_eps=1e-300)  # so only the norm's scale matters
+    spec = spec.replaced(rms_norm_eps=1e-300)  # so only the norm's scale matters
     weights = family_weights(spec)
     scaled = dict(weights)
     for layer in range(spec.num_layers):
@@ -404,15 +406,15 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(spec):
             scaled[name] = factor * weights[name]
     np.testing.assert_allclose(ReferenceModel(spec, scaled).prefill(TOKENS),
                                ReferenceModel(spec, weights).prefill(TOKENS), rtol=1e-10)
-    plain = dataclasses.replace(spec, qk_norm=False)
+    plain = spec.replaced(qk_norm=False)
     assert not np.allclose(ReferenceModel(plain, scaled).prefill(TOKENS),
                            ReferenceModel(plain, weights).prefill(TOKENS), rtol=1e-3)
 
 
 def test_fused_phi3_tensors_split_rows_q_k_v_and_gate_up():
     # A Phi-3 model is a Llama model whose projections are stacked by rows: same logits.
-    llama = dataclasses.replace(GQA, rope_scaling=None)
-    phi3 = dataclasses.replace(llama, family="phi3")
+    llama = GQA.replaced(rope_scaling=None)
+    phi3 = llama.replaced(family="phi3")
     weights = random_weights(llama, seed=4, dtype=np.float64)
     fused = dict(weights)
     for layer in range(llama.num_layers):
@@ -426,11 +428,11 @@ def test_fused_phi3_tensors_split_rows_q_k_v_and_gate_up():
 
 
 def test_longrope_switches_from_short_to_long_factors_past_the_original_context():
-    plain = rope_frequencies(dataclasses.replace(PHI3, rope_scaling=None))
-    original = PHI3.rope_original_max_positions
-    for seq_len, factors in ((None, PHI3.rope_short_factor), (1, PHI3.rope_short_factor),
-                             (original, PHI3.rope_short_factor),
-                             (original + 1, PHI3.rope_long_factor)):
+    plain = rope_frequencies(PHI3.replaced(rope_scaling=None))
+    original = PHI3.rope.original_max_positions
+    for seq_len, factors in ((None, PHI3.rope.short_factor), (1, PHI3.rope.short_factor),
+                             (original, PHI3.rope.short_factor),
+                             (original + 1, PHI3.rope.long_factor)):
         np.testing.assert_allclose(rope_frequencies(PHI3, seq_len=seq_len),
                                    plain / np.array(factors), rtol=1e-15)
 
@@ -438,8 +440,8 @@ def test_longrope_switches_from_short_to_long_factors_past_the_original_context(
 def test_longrope_attention_factor_is_derived_from_the_stretch_unless_given():
     # max 64 over original 16: sqrt(1 + ln 4 / ln 16) = sqrt(1.5).
     assert rope_attention_factor(PHI3) == pytest.approx(math.sqrt(1.5), rel=1e-15)
-    assert rope_attention_factor(dataclasses.replace(PHI3, rope_attention_factor=1.25)) == 1.25
-    assert rope_attention_factor(dataclasses.replace(PHI3, max_position_embeddings=16)) == 1.0
+    assert rope_attention_factor(PHI3.replaced(rope_attention_factor=1.25)) == 1.25
+    assert rope_attention_factor(PHI3.replaced(max_position_embeddings=16)) == 1.0
     assert rope_attention_factor(GQA) == 1.0
     x = np.random.default_rng(6).standard_normal((2, 1, 6))
     turned = apply_rope(x, np.array([0, 3]), rope_frequencies(PHI3), scale=math.sqrt(1.5))
@@ -448,13 +450,13 @@ def test_longrope_attention_factor_is_derived_from_the_stretch_unless_given():
 
 
 def test_longrope_model_uses_long_factors_once_a_call_passes_the_original_context():
-    spec = dataclasses.replace(PHI3, rope_original_max_positions=6)
+    spec = PHI3.replaced(rope_original_max_positions=6)
     reference = model(spec)
     full = reference.prefill(TOKENS)  # one call of 10 > 6: long factors throughout
-    np.testing.assert_allclose(full, model(dataclasses.replace(
-        spec, rope_short_factor=spec.rope_long_factor)).prefill(TOKENS), rtol=1e-12)
+    long_only = spec.replaced(rope_short_factor=spec.rope.long_factor)
+    np.testing.assert_allclose(full, model(long_only).prefill(TOKENS), rtol=1e-12)
     steps = [*reference.prefill(TOKENS[:4])] + [reference.decode(t) for t in TOKENS[4:]]
-    short = model(dataclasses.replace(spec, rope_long_factor=spec.rope_short_factor))
+    short = model(spec.replaced(rope_long_factor=spec.rope.short_factor))
     # Up to the original context the short factors; the call reaching position 6 switches to
     # the long ones for its new token while the cached keys keep theirs, as Hugging Face's cache.
     np.testing.assert_allclose(steps[:6], short.prefill(TOKENS)[:6], rtol=1e-12)
@@ -464,8 +466,8 @@ def test_longrope_model_uses_long_factors_once_a_call_passes_the_original_contex
 
 def test_gemma3_sliding_layers_use_the_local_unscaled_rope_base():
     sliding, full = 0, 1
-    assert GEMMA3.window(sliding) == 3 and GEMMA3.window(full) is None
-    dim = GEMMA3.head_dim
+    assert GEMMA3.attention.window(sliding) == 3 and GEMMA3.attention.window(full) is None
+    dim = GEMMA3.attention.head_dim
     base = np.arange(0, dim, 2) / dim
     np.testing.assert_allclose(rope_frequencies(GEMMA3, sliding), 1e4 ** -base, rtol=1e-15)
     np.testing.assert_allclose(rope_frequencies(GEMMA3, full), 1e6 ** -base / 4.0, rtol=1e-15)
@@ -476,7 +478,7 @@ def test_gemma3_sliding_layers_use_the_local_unscaled_rope_base():
                                                    ("full_attention", True)])
 def test_layer_types_pick_sliding_or_full_attention_per_layer(kind, sees_first_token):
     # One layer; position 4 sees tokens 2..4 through a window of 3, or all of them.
-    spec = dataclasses.replace(GEMMA3, num_layers=1, layer_types=(kind,))
+    spec = GEMMA3.replaced(num_layers=1, layer_types=(kind,))
     reference = model(spec)
     before = reference.prefill(TOKENS)
     after = reference.prefill([TOKENS[0] + 1] + TOKENS[1:])

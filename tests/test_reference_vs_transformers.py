@@ -18,7 +18,6 @@ Needs torch and transformers (not installed in CI, where the module is skipped).
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 
@@ -52,13 +51,14 @@ def hf_shapes(spec: ModelSpec, **extra):
     """The matching transformers config arguments. Eager attention: the plain formula, the one
     backend that soft-caps Gemma-2's scores."""
     config = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-                  intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
-                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                  head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
+                  intermediate_size=spec.mlp.intermediate_size, num_hidden_layers=spec.num_layers,
+                  num_attention_heads=spec.attention.num_heads,
+                  num_key_value_heads=spec.attention.num_kv_heads,
+                  head_dim=spec.attention.head_dim, rms_norm_eps=spec.norm.eps,
                   max_position_embeddings=spec.max_position_embeddings,
                   tie_word_embeddings=spec.tie_embeddings, pad_token_id=0, bos_token_id=1,
                   eos_token_id=2, attn_implementation="eager")
-    if spec.num_experts:
+    if spec.is_moe:
         # Each expert's matrix products one by one: the fused kernels take no float64.
         config["experts_implementation"] = "eager"
     config.update(extra)
@@ -66,10 +66,11 @@ def hf_shapes(spec: ModelSpec, **extra):
 
 
 def llama():
-    spec = ModelSpec(name="llama", family="llama", rope_theta=10000.0, rope_scaling="llama3",
-                     rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
-                     rope_high_freq_factor=4.0, rope_original_max_positions=64,
-                     **shapes(num_layers=3, max_position_embeddings=512))
+    spec = ModelSpec.from_fields(name="llama", family="llama", rope_theta=10000.0,
+                                 rope_scaling="llama3",
+                                 rope_scaling_factor=8.0, rope_low_freq_factor=1.0,
+                                 rope_high_freq_factor=4.0, rope_original_max_positions=64,
+                                 **shapes(num_layers=3, max_position_embeddings=512))
     config = transformers.LlamaConfig(**hf_shapes(spec, rope_parameters={
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
@@ -77,8 +78,8 @@ def llama():
 
 
 def mistral():
-    spec = ModelSpec(name="mistral", family="mistral", sliding_window=5, rope_theta=1e6,
-                     **shapes())
+    spec = ModelSpec.from_fields(name="mistral", family="mistral", sliding_window=5, rope_theta=1e6,
+                                 **shapes())
     config = transformers.MistralConfig(**hf_shapes(
         spec, sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     return spec, transformers.MistralForCausalLM, config
@@ -86,11 +87,12 @@ def mistral():
 
 def qwen2():
     # Sliding windows from layer 1 on (max_window_layers), linear rope scaling, biases, tied head.
-    spec = ModelSpec(name="qwen2", family="qwen2", attention_bias=True, tie_embeddings=True,
-                     rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling="linear",
-                     rope_scaling_factor=2.0, sliding_window=6,
-                     layer_types=("full_attention", "sliding_attention", "sliding_attention"),
-                     **shapes(num_layers=3))
+    spec = ModelSpec.from_fields(name="qwen2", family="qwen2", attention_bias=True,
+                                 tie_embeddings=True, rms_norm_eps=1e-6, rope_theta=1e6,
+                                 rope_scaling="linear", rope_scaling_factor=2.0, sliding_window=6,
+                                 layer_types=("full_attention", "sliding_attention",
+                                              "sliding_attention"),
+                                 **shapes(num_layers=3))
     config = transformers.Qwen2Config(**hf_shapes(
         spec, use_sliding_window=True, sliding_window=6, max_window_layers=1,
         rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}))
@@ -98,8 +100,8 @@ def qwen2():
 
 
 def qwen3():
-    spec = ModelSpec(name="qwen3", family="qwen3", qk_norm=True, rms_norm_eps=1e-6,
-                     rope_theta=1e6, **shapes(head_dim=24))
+    spec = ModelSpec.from_fields(name="qwen3", family="qwen3", qk_norm=True, rms_norm_eps=1e-6,
+                                 rope_theta=1e6, **shapes(head_dim=24))
     config = transformers.Qwen3Config(**hf_shapes(
         spec, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     return spec, transformers.Qwen3ForCausalLM, config
@@ -111,10 +113,10 @@ GEMMA = dict(sandwich_norms=True, norm_weight_offset=1.0, scale_embeddings=True,
 
 def gemma2():
     # Caps small enough that tanh bends the random model's scores and logits.
-    spec = ModelSpec(name="gemma2", family="gemma2", attn_logit_softcap=1.5,
-                     final_logit_softcap=2.5, query_pre_attn_scalar=24.0,
-                     layer_types=("sliding_attention", "full_attention") * 2,
-                     **shapes(num_layers=4), **GEMMA)
+    spec = ModelSpec.from_fields(name="gemma2", family="gemma2", attn_logit_softcap=1.5,
+                                 final_logit_softcap=2.5, query_pre_attn_scalar=24.0,
+                                 layer_types=("sliding_attention", "full_attention") * 2,
+                                 **shapes(num_layers=4), **GEMMA)
     config = transformers.Gemma2Config(**hf_shapes(
         spec, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
         attn_logit_softcapping=1.5, final_logit_softcapping=2.5, sliding_window=5,
@@ -125,18 +127,18 @@ def gemma2():
 def gemma3():
     # sliding_window_pattern 3: layers 0, 1 and 3 slide, layer 2 is global; global layers use
     # rope_theta with linear scaling, sliding ones the local base unscaled.
-    spec = ModelSpec(name="gemma3", family="gemma3", qk_norm=True, query_pre_attn_scalar=32.0,
-                     rope_theta=1e6, rope_scaling="linear", rope_scaling_factor=4.0,
-                     rope_local_theta=10000.0,
-                     layer_types=("sliding_attention", "sliding_attention", "full_attention",
-                                  "sliding_attention"),
-                     **shapes(num_layers=4, head_dim=32), **GEMMA)
+    spec = ModelSpec.from_fields(name="gemma3", family="gemma3", qk_norm=True,
+                                 query_pre_attn_scalar=32.0, rope_theta=1e6, rope_scaling="linear",
+                                 rope_scaling_factor=4.0, rope_local_theta=10000.0,
+                                 layer_types=("sliding_attention", "sliding_attention",
+                                              "full_attention", "sliding_attention"),
+                                 **shapes(num_layers=4, head_dim=32), **GEMMA)
     config = transformers.Gemma3TextConfig(**hf_shapes(
         spec, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32,
         sliding_window=5, sliding_window_pattern=3, rope_parameters={
             "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}))
-    assert list(config.layer_types) == list(spec.layer_types)
+    assert list(config.layer_types) == list(spec.attention.layer_types)
     return spec, transformers.Gemma3ForCausalLM, config
 
 
@@ -149,9 +151,10 @@ LONG = tuple(2.0 + 1.5 * i for i in range(PHI3_PAIRS))
 def phi3(attention_factor=None):
     # The original context (16) ends inside the decode steps (positions 10..17); the attention
     # factor is derived from 64 / 16 unless given.
-    spec = ModelSpec(name="phi3", family="phi3", rope_scaling="longrope",
-                     rope_original_max_positions=16, rope_short_factor=SHORT,
-                     rope_long_factor=LONG, rope_attention_factor=attention_factor, **shapes())
+    spec = ModelSpec.from_fields(name="phi3", family="phi3", rope_scaling="longrope",
+                                 rope_original_max_positions=16, rope_short_factor=SHORT,
+                                 rope_long_factor=LONG, rope_attention_factor=attention_factor,
+                                 **shapes())
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": list(SHORT),
             "long_factor": list(LONG), "original_max_position_embeddings": 16}
     if attention_factor is not None:
@@ -163,7 +166,7 @@ def phi3(attention_factor=None):
 
 def phi3_given_factor():
     spec, cls, config = phi3(attention_factor=1.3)
-    return dataclasses.replace(spec, name="phi3-factor"), cls, config
+    return spec.replaced(name="phi3-factor"), cls, config
 
 
 EXPERTS, TOP_K = 4, 2
@@ -171,9 +174,9 @@ EXPERTS, TOP_K = 4, 2
 
 def mixtral():
     # Four experts, two per token, renormalized; a sliding window on every layer.
-    spec = ModelSpec(name="mixtral", family="mixtral", sliding_window=5, rope_theta=1e6,
-                     num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=INTERMEDIATE, **shapes())
+    spec = ModelSpec.from_fields(name="mixtral", family="mixtral", sliding_window=5, rope_theta=1e6,
+                                 num_experts=EXPERTS, experts_per_token=TOP_K,
+                                 moe_intermediate_size=INTERMEDIATE, **shapes())
     config = transformers.MixtralConfig(**hf_shapes(
         spec, sliding_window=5, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
@@ -182,9 +185,10 @@ def mixtral():
 
 def qwen3_moe():
     # Qwen3's attention; the top-k probabilities left as they are (norm_topk_prob false).
-    spec = ModelSpec(name="qwen3_moe", family="qwen3_moe", qk_norm=True, rms_norm_eps=1e-6,
-                     rope_theta=1e6, num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=32, norm_topk_prob=False, **shapes(head_dim=24))
+    spec = ModelSpec.from_fields(name="qwen3_moe", family="qwen3_moe", qk_norm=True,
+                                 rms_norm_eps=1e-6, rope_theta=1e6, num_experts=EXPERTS,
+                                 experts_per_token=TOP_K, moe_intermediate_size=32,
+                                 norm_topk_prob=False, **shapes(head_dim=24))
     config = transformers.Qwen3MoeConfig(**hf_shapes(
         spec, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=32,
         norm_topk_prob=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
@@ -195,16 +199,18 @@ def gpt_oss():
     # A clamp low enough to bite the random model's activations; sliding and full layers
     # alternating; YaRN stretching an original context of 16 four times, its ramp's ends
     # between pairs, so that truncating them (gpt-oss does not) would move it.
-    spec = ModelSpec(name="gpt_oss", family="gpt_oss", attention_bias=True, o_proj_bias=True,
-                     attention_sinks=True, router_bias=True, expert_bias=True,
-                     swiglu_limit=0.8, num_experts=EXPERTS, experts_per_token=TOP_K,
-                     moe_intermediate_size=INTERMEDIATE, sliding_window=5,
-                     layer_types=("sliding_attention", "full_attention"), rope_scaling="yarn",
-                     rope_scaling_factor=4.0, rope_original_max_positions=16,
-                     rope_beta_fast=4.0, rope_beta_slow=0.25, rope_truncate=False, **shapes())
+    spec = ModelSpec.from_fields(name="gpt_oss", family="gpt_oss", attention_bias=True,
+                                 o_proj_bias=True, attention_sinks=True, router_bias=True,
+                                 expert_bias=True, swiglu_limit=0.8, num_experts=EXPERTS,
+                                 experts_per_token=TOP_K, moe_intermediate_size=INTERMEDIATE,
+                                 sliding_window=5,
+                                 layer_types=("sliding_attention", "full_attention"),
+                                 rope_scaling="yarn", rope_scaling_factor=4.0,
+                                 rope_original_max_positions=16, rope_beta_fast=4.0,
+                                 rope_beta_slow=0.25, rope_truncate=False, **shapes())
     config = transformers.GptOssConfig(**hf_shapes(
         spec, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, swiglu_limit=0.8,
-        sliding_window=5, layer_types=list(spec.layer_types), attention_bias=True,
+        sliding_window=5, layer_types=list(spec.attention.layer_types), attention_bias=True,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "beta_fast": 4.0, "beta_slow": 0.25, "truncate": False,
                          "original_max_position_embeddings": 16}))
@@ -231,7 +237,7 @@ def random_state(model, spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
             state[name] = 0.5 * noise if name.endswith("sinks") else 0.1 * noise
         elif name.endswith("norm.weight"):
             # Around the scale one: 1 + w for Gemma, w itself for the others.
-            state[name] = (1.0 - spec.norm_weight_offset) + 0.1 * noise
+            state[name] = (1.0 - spec.norm.weight_offset) + 0.1 * noise
         elif name.endswith(".bias"):
             state[name] = 0.1 * noise
         else:
@@ -267,7 +273,7 @@ def hub_layout(spec: ModelSpec, state: dict[str, np.ndarray]) -> dict[str, np.nd
     if spec.family not in ("mixtral", "qwen3_moe"):
         return state
     router, gate, up, down = EXPERT_TENSORS[spec.family]
-    m = spec.moe_intermediate_size
+    m = spec.experts.intermediate_size
     out = {}
     for name, value in state.items():
         prefix, _, rest = name.partition(".mlp.")
@@ -276,11 +282,11 @@ def hub_layout(spec: ModelSpec, state: dict[str, np.ndarray]) -> dict[str, np.nd
         elif rest == "gate.weight":
             out[f"{prefix}.{router}.weight"] = value
         elif rest == "experts.gate_up_proj":
-            for e in range(spec.num_experts):
+            for e in range(spec.experts.count):
                 out[f"{prefix}.{gate.format(e=e)}.weight"] = value[e, :m]
                 out[f"{prefix}.{up.format(e=e)}.weight"] = value[e, m:]
         elif rest == "experts.down_proj":
-            for e in range(spec.num_experts):
+            for e in range(spec.experts.count):
                 out[f"{prefix}.{down.format(e=e)}.weight"] = value[e]
         else:
             raise AssertionError(f"unexpected tensor {name}")
@@ -326,7 +332,7 @@ def reference_steps(reference: ReferenceModel, prompt, decoded) -> list[np.ndarr
 
 
 def crosses_original_context(spec: ModelSpec) -> bool:
-    return spec.rope_scaling == "longrope"
+    return spec.rope.scaling == "longrope"
 
 
 @pytest.mark.parametrize("hf_dtype", [torch.float32, torch.float64], ids=["hf32", "hf64"])
@@ -343,7 +349,7 @@ def test_reference_decode_matches_transformers(family, hf_dtype):
     # longrope switched to its long factors (then every key turns with the long ones).
     for step in range(len(DECODED) + 1):
         length = len(PROMPT) + step
-        if crosses_original_context(spec) and length > spec.rope_original_max_positions:
+        if crosses_original_context(spec) and length > spec.rope.original_max_positions:
             continue
         full = hf_logits(model, (PROMPT + DECODED)[:length])
         expected = full if step == 0 else full[-1:]
@@ -381,8 +387,8 @@ def test_sliding_window_is_what_transformers_masks(family):
     ids = PROMPT + DECODED
     expected = hf_logits(model, ids)
     state = {name: tensor.double().numpy() for name, tensor in model.state_dict().items()}
-    for window in (spec.sliding_window - 1, spec.sliding_window + 1):
-        other = dataclasses.replace(spec, sliding_window=window)
+    for window in (spec.attention.sliding_window - 1, spec.attention.sliding_window + 1):
+        other = spec.replaced(sliding_window=window)
         assert relative_error(ReferenceModel(other, state).prefill(ids), expected) > 1e-3
 
 
@@ -402,5 +408,5 @@ def test_expert_details_are_what_transformers_computes(family, change):
     ids = PROMPT + DECODED
     expected = hf_logits(model, ids)
     assert relative_error(reference.prefill(ids), expected) < TOLERANCE
-    other = ReferenceModel(dataclasses.replace(spec, **change), reference.w, np.float64)
+    other = ReferenceModel(spec.replaced(**change), reference.w, np.float64)
     assert relative_error(other.prefill(ids), expected) > 1e-3

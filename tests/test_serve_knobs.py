@@ -15,9 +15,9 @@ from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import generate, workload_from_dict
 
-SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
-                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                  vocab_size=2048).validate("test")
+SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                              num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                              vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8), (64, 256, 1024)), "prefill": ((16, 64, 256), (0, 256, 1024))}
 # The tables' fabric and model, and the largest decode batch they time.
 OPTIONS = ServeOptions.of(load_fabric("mesh64"), SMALL, batch_limit=8)

@@ -19,9 +19,9 @@ from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.tables import build_table
 from wse_emu.runtime.workload import generate, workload_from_dict
 
-SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
-                  num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,
-                  vocab_size=2048).validate("test")
+SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                              num_layers=4, num_heads=8, num_kv_heads=2, head_dim=64,
+                              vocab_size=2048).validate("test")
 AXES = {"decode": ((1, 2, 4, 8, 16), (64, 256, 1024, 4096)),
         "prefill": ((16, 64, 256), (0, 256, 1024, 4096))}
 FABRIC = load_fabric("mesh64")

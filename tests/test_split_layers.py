@@ -29,8 +29,8 @@ from wse_emu.weights import random_weights
 
 # 32 experts of 32 outputs, five layers, on 16x16 meshes of 12 KiB PEs: two hold the weights
 # by SRAM but only four whole layers, so layer 2 is cut between them.
-SPEC = dataclasses.replace(SPECS["qwen3_moe"], name="a-split-moe", num_experts=32,
-                           moe_intermediate_size=32, num_layers=5).validate("test")
+SPEC = SPECS["qwen3_moe"].replaced(name="a-split-moe", num_experts=32,
+                                   moe_intermediate_size=32, num_layers=5).validate("test")
 FABRIC = dataclasses.replace(load_fabric("mesh16"), sram_bytes_per_pe=12288)
 
 
@@ -46,7 +46,7 @@ def test_a_layer_is_cut_between_the_wafers_and_every_expert_owned_once():
     held = [(s.layers, s.experts, s.rect.system) for s in program.stages]
     head, tail = [s for s in program.stages if s.experts is not None]
     assert head.layers == tail.layers and head.experts[0] == 0
-    assert head.experts[1] == tail.experts[0] and tail.experts[1] == SPEC.num_experts
+    assert head.experts[1] == tail.experts[0] and tail.experts[1] == SPEC.experts.count
     assert head.rect.system == 0 and tail.rect.system == 1, held
     # The second part runs no attention and keeps no KV cache; its strips are the experts'.
     assert head.has_attention and not tail.has_attention and tail.kv_capacity_tokens == 0
@@ -124,7 +124,7 @@ def test_split_stages_engines_agree_and_the_first_part_hands_on_more():
     # Across the wafers the first part hands on its experts' input and each token's choices
     # beside the stream: 2 x hidden values and k (id, weight) pairs per token.
     fabric, tokens = program.fabric, 64
-    values = 2 * SPEC.hidden_size + SPEC.experts_per_token * 3  # 6 bytes a pair: 3 values
+    values = 2 * SPEC.hidden_size + SPEC.experts.top_k * 3  # 6 bytes a pair: 3 values
     assert ly.carried_values(SPEC, tuple(head.experts)) == values
     assert transfer_cycles(program, head, after, tokens) == 2 * fabric.ramp_latency_cycles + \
         math.ceil(values * tokens * 2 / fabric.offwafer_bytes_per_cycle())

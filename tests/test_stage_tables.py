@@ -12,9 +12,9 @@ from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 from wse_emu.runtime.tables import build_table, check_in_grid, grid_axes
 
-SMALL = ModelSpec(name="small", family="llama", hidden_size=512, intermediate_size=1536,
-                  num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
-                  vocab_size=2048).validate("test")
+SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
+                              num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
+                              vocab_size=2048).validate("test")
 DECODE_AXES = ((1, 2, 4, 8, 16), (64, 256, 1024, 4096))
 PREFILL_AXES = ((16, 64, 256, 1024), (0, 256, 1024, 4096))
 

@@ -5,7 +5,6 @@ the values the wafer stores, token for token against the reference."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -19,8 +18,8 @@ from wse_emu.errors import UserError
 from wse_emu.functional.generate import Generator
 from wse_emu.weights import as_stored, load_checkpoint, random_weights, save_checkpoint
 
-SPEC = dataclasses.replace(FAMILIES["gpt_oss"], name="a-gpt-oss-mxfp4",
-                           expert_weight_format="mxfp4").validate("test")
+SPEC = FAMILIES["gpt_oss"].replaced(name="a-gpt-oss-mxfp4",
+                                    expert_weight_format="mxfp4").validate("test")
 
 
 def test_blocks_decode_as_the_format_defines():
@@ -75,7 +74,7 @@ def test_a_checkpoint_keeps_its_experts_as_blocks_and_reads_them_back(checkpoint
     assert stored[name + "_blocks"].dtype == np.uint8
     assert stored[name + "_scales"].shape == (e, two_m, h // 32)
     spec, weights = load_checkpoint(directory)
-    assert spec.expert_weight_format == "mxfp4"
+    assert spec.storage.expert_weight_format == "mxfp4"
     assert np.array_equal(weights[name], mxfp4.quantize(raw[name], axis=1))
     assert not np.array_equal(weights[name], raw[name])  # the format rounds
     for other in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.router.weight"):
@@ -130,9 +129,9 @@ def test_fp8_int8_and_bf16_round_as_their_formats_do():
 @pytest.mark.parametrize("weight_format, expert_format", [("int8", "fp8"), ("fp8", "int8"),
                                                           ("bf16", "native")])
 def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
-    spec = dataclasses.replace(FAMILIES["mixtral"], name="a-mixtral-stored",
-                               weight_format=weight_format,
-                               expert_weight_format=expert_format).validate("test")
+    spec = FAMILIES["mixtral"].replaced(name="a-mixtral-stored",
+                                        weight_format=weight_format,
+                                        expert_weight_format=expert_format).validate("test")
     raw = random_weights(spec, seed=3)
     stored = as_stored(spec, raw)
     experts = "model.layers.0.block_sparse_moe.experts.0.w1.weight"
@@ -156,7 +155,7 @@ def test_a_format_is_set_by_option_and_a_model_that_fits_only_narrower_says_so(t
     # Set by an option: fp8 halves a bfloat16 model's matrices; the rest stays in bfloat16.
     one_b = load_model("llama-3.2-1b")
     fp8 = api.compile(one_b, "mesh128", 3, weight_format="fp8")
-    assert fp8.model.weight_format == "fp8" and fp8.summary["wafers_per_replica"] == 2
+    assert fp8.model.storage.weight_format == "fp8" and fp8.summary["wafers_per_replica"] == 2
     assert fp8.summary["wafers_per_replica_in_dtype"] == 4
     assert fp8.summary["weight_bytes_model"] < 0.51 * fp8.summary["weight_bytes_in_dtype"]
     with pytest.raises(UserError, match="`weight_format` must be one of"):

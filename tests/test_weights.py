@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import struct
 
@@ -19,14 +18,15 @@ from wse_emu.weights import (
     save_checkpoint,
 )
 
-LLAMA = ModelSpec(name="tiny-llama", family="llama", hidden_size=16, intermediate_size=24,
-                  num_layers=2, num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32,
-                  rms_norm_eps=1e-6, rope_theta=500000.0).validate("test")
-TIED = dataclasses.replace(LLAMA, name="tiny-tied", tie_embeddings=True)
-QWEN2 = dataclasses.replace(LLAMA, name="tiny-qwen2", family="qwen2", tie_embeddings=True,
-                            attention_bias=True)
-MISTRAL = dataclasses.replace(LLAMA, name="tiny-mistral", family="mistral", sliding_window=8,
-                              dtype_bytes=4)
+LLAMA = ModelSpec.from_fields(name="tiny-llama", family="llama", hidden_size=16,
+                              intermediate_size=24,
+                              num_layers=2, num_heads=4, num_kv_heads=2, head_dim=6, vocab_size=32,
+                              rms_norm_eps=1e-6, rope_theta=500000.0).validate("test")
+TIED = LLAMA.replaced(name="tiny-tied", tie_embeddings=True)
+QWEN2 = LLAMA.replaced(name="tiny-qwen2", family="qwen2", tie_embeddings=True,
+                       attention_bias=True)
+MISTRAL = LLAMA.replaced(name="tiny-mistral", family="mistral", sliding_window=8,
+                         dtype_bytes=4)
 SPECS = [LLAMA, TIED, QWEN2, MISTRAL]
 
 

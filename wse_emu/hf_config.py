@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from wse_emu.configfile import shown
 from wse_emu.errors import ConfigError
-from wse_emu.model import LAYER_TYPES, ModelSpec, model_from_dict
+from wse_emu.families import COMMON_DEFAULTS, FAMILIES, Family
+from wse_emu.model import LAYER_TYPES, ModelFields, ModelSpec, model_from_dict
 
 _ABSENT = object()
 FULL, SLIDING = LAYER_TYPES
@@ -160,23 +160,23 @@ def _every_nth_full(read: _Reader, layers: int):
     return read.integer("sliding_window", nullable=True), types
 
 
-def _all_types(spec: ModelSpec) -> tuple[str, ...]:
+def _all_types(spec: ModelFields) -> tuple[str, ...]:
     """Every layer's attention kind (ModelSpec leaves the list empty when all are alike)."""
     if spec.layer_types:
         return spec.layer_types
     return (SLIDING if spec.sliding_window is not None else FULL,) * spec.num_layers
 
 
-def _write_window(spec: ModelSpec, config: dict[str, Any]) -> None:
+def _write_window(spec: ModelFields, config: dict[str, Any]) -> None:
     config["sliding_window"] = spec.sliding_window
 
 
-def _write_flagged_window(spec: ModelSpec, config: dict[str, Any]) -> None:
+def _write_flagged_window(spec: ModelFields, config: dict[str, Any]) -> None:
     config["use_sliding_window"] = spec.sliding_window is not None
     config["sliding_window"] = spec.sliding_window
 
 
-def _write_max_window_layers(spec: ModelSpec, config: dict[str, Any]) -> None:
+def _write_max_window_layers(spec: ModelFields, config: dict[str, Any]) -> None:
     _write_flagged_window(spec, config)
     if spec.sliding_window is None:
         return
@@ -190,199 +190,50 @@ def _write_max_window_layers(spec: ModelSpec, config: dict[str, Any]) -> None:
         config["layer_types"] = list(types)
 
 
-def _write_layer_types(spec: ModelSpec, config: dict[str, Any]) -> None:
+def _write_layer_types(spec: ModelFields, config: dict[str, Any]) -> None:
     _write_window(spec, config)
+    config["layer_types"] = list(_all_types(spec))
+
+
+def _write_layer_types_and_pattern(spec: ModelFields, config: dict[str, Any]) -> None:
+    _write_layer_types(spec, config)
     types = _all_types(spec)
-    config["layer_types"] = list(types)
-    if spec.family == "gemma3" and FULL in types:
+    if FULL in types:
         # Gemma-3 configs of transformers versions before layer_types state the pattern.
         pattern = types.index(FULL) + 1
         if types == tuple(SLIDING if (i + 1) % pattern else FULL for i in range(len(types))):
             config["sliding_window_pattern"] = pattern
 
 
-# --- the families --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _HFFamily:
-    """How one Hugging Face architecture maps onto ModelSpec."""
-
-    architecture: str
-    model_type: str
-    # ModelSpec fields the architecture fixes (the writer checks a spec against them too).
-    fixed: dict[str, Any]
-    # transformers' defaults for the keys a config.json may leave out.
-    defaults: dict[str, Any]
-    # Keys the architecture's code reads whose other values are not modelled:
-    # key -> (the modelled values, what another value would mean).
-    modelled: dict[str, tuple[tuple[Any, ...], str]]
-    # The config key naming the MLP activation, and the one value of it that is modelled.
-    activation: tuple[str, str]
-    # The modelled rope scaling types besides "default".
-    rope_types: tuple[str, ...]
-    # How the family places sliding windows on its layers: reading a config, writing one.
-    read_layers: Callable[[_Reader, int], tuple[int | None, tuple[str, ...] | None]]
-    write_layers: Callable[[ModelSpec, dict[str, Any]], None]
-    # Older names of rope types that transformers maps onto modelled ones.
-    rope_aliases: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Gemma: query_pre_attn_scalar and the soft-caps are read from the config.
-    gemma: bool = False
-    # Gemma-3: sliding layers turn with their own rope base, unscaled.
-    local_rope: bool = False
-    # A mixture of experts: the config keys of the number of experts, the experts per token
-    # and an expert's MLP width; and the key saying whether the top-k weights are renormalized
-    # (None: they always are).
-    experts: tuple[str, str, str] | None = None
-    topk_norm: str | None = None
-    # gpt-oss: its attention bias covers o_proj too, and its SwiGLU clamp is read.
-    gpt_oss: bool = False
-
-
-_PLAIN = dict(hidden_act="silu", qk_norm=False, sandwich_norms=False, norm_weight_offset=0.0,
-              scale_embeddings=False, attn_logit_softcap=None, final_logit_softcap=None,
-              query_pre_attn_scalar=None, rope_local_theta=None)
-_GEMMA = dict(hidden_act="gelu_tanh", qk_norm=False, sandwich_norms=True,
-              norm_weight_offset=1.0, scale_embeddings=True, attention_bias=False,
-              rope_local_theta=None)
-
-# Keys of other architectures that would change the numerics (null means unset). Dropout keys
-# (attention_dropout, resid_pdrop, embd_pdrop) are inference-neutral, and pretraining_tp > 1
-# only splits Llama's matrix products into slices (the same sums, rounded in another order),
-# so neither is listed.
-_ANYWHERE = {
-    "partial_rotary_factor": ((1.0,), "rotary embedding on part of each head"),
-    "mlp_bias": ((False,), "biases in the MLP"),
-    "use_qk_norm": ((False,), "norms over each query and key head"),
-    "use_mrope": ((False,), "multimodal rotary positions"),
-    "use_bidirectional_attention": ((False,), "attention that is not causal"),
-    "quantization_config": ((None,), "quantized weights"),
+# --- the families ------------------------------------------------------------------------------
+# Each family's row (``wse_emu.families``) names its rules for sliding windows; these are they.
+WINDOW_READERS: dict[str, Callable[[_Reader, int], tuple[int | None, tuple[str, ...] | None]]] = {
+    "every_layer": _every_layer,
+    "flagged_every_layer": _flagged_every_layer,
+    "from_max_window_layers": _from_max_window_layers,
+    "alternating": _alternating,
+    "every_nth_full": _every_nth_full,
 }
-_NO_SOFTCAPS = {
-    "attn_logit_softcapping": ((None,), "soft-capped attention scores"),
-    "final_logit_softcapping": ((None,), "soft-capped logits"),
+WINDOW_WRITERS: dict[str, Callable[[ModelFields, dict[str, Any]], None]] = {
+    "window": _write_window,
+    "flagged": _write_flagged_window,
+    "max_window_layers": _write_max_window_layers,
+    "layer_types": _write_layer_types,
+    "layer_types_and_pattern": _write_layer_types_and_pattern,
 }
-_NO_BIAS = {"attention_bias": ((False,), "biases on the q, k, v and o projections; only "
-                                          "Qwen2's q, k, v biases are modelled")}
-_QK_NORMED = {k: v for k, v in _ANYWHERE.items() if k != "use_qk_norm"}
-_ROPE_TYPES = ("linear", "llama3")
-_SILU = ("hidden_act", "silu")
-_GELU_TANH = ("hidden_activation", "gelu_pytorch_tanh")
 
-_HF_FAMILIES: dict[str, _HFFamily] = {
-    "llama": _HFFamily(
-        "LlamaForCausalLM", "llama", {**_PLAIN, "attention_bias": False},
-        dict(num_key_value_heads=None, head_dim=None, tie_word_embeddings=False,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048,
-             hidden_act="silu", use_sliding_window=False, sliding_window=None),
-        {**_ANYWHERE, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, _ROPE_TYPES,
-        _flagged_every_layer, _write_flagged_window),
-    "mistral": _HFFamily(
-        "MistralForCausalLM", "mistral", {**_PLAIN, "attention_bias": False},
-        dict(num_key_value_heads=8, head_dim=None, tie_word_embeddings=False,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096 * 32,
-             hidden_act="silu", sliding_window=4096),
-        {**_ANYWHERE, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, _ROPE_TYPES,
-        _every_layer, _write_flagged_window),
-    "qwen2": _HFFamily(
-        # transformers' Qwen2 always has q, k, v biases; wse-emu's own configs may say false.
-        "Qwen2ForCausalLM", "qwen2", dict(_PLAIN),
-        dict(num_key_value_heads=32, head_dim=None, tie_word_embeddings=False,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768,
-             hidden_act="silu", use_sliding_window=False, sliding_window=4096,
-             max_window_layers=28, attention_bias=True),
-        {**_ANYWHERE, **_NO_SOFTCAPS}, _SILU, _ROPE_TYPES,
-        _from_max_window_layers, _write_max_window_layers),
-    "qwen3": _HFFamily(
-        "Qwen3ForCausalLM", "qwen3", {**_PLAIN, "qk_norm": True, "attention_bias": False},
-        dict(num_key_value_heads=32, head_dim=128, tie_word_embeddings=False,
-             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=32768,
-             hidden_act="silu", use_sliding_window=False, sliding_window=4096,
-             max_window_layers=28),
-        {**_QK_NORMED, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, _ROPE_TYPES,
-        _from_max_window_layers, _write_max_window_layers),
-    "gemma2": _HFFamily(
-        "Gemma2ForCausalLM", "gemma2", dict(_GEMMA),
-        dict(num_key_value_heads=4, head_dim=256, tie_word_embeddings=True, rms_norm_eps=1e-6,
-             rope_theta=10000.0, max_position_embeddings=8192,
-             hidden_activation="gelu_pytorch_tanh", sliding_window=4096,
-             query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
-             final_logit_softcapping=30.0),
-        {**_ANYWHERE, **_NO_BIAS}, _GELU_TANH, _ROPE_TYPES,
-        _alternating, _write_layer_types, gemma=True),
-    "gemma3": _HFFamily(
-        "Gemma3ForCausalLM", "gemma3_text", {k: v for k, v in _GEMMA.items()
-                                             if k != "rope_local_theta"} | {"qk_norm": True},
-        dict(num_key_value_heads=4, head_dim=256, tie_word_embeddings=True, rms_norm_eps=1e-6,
-             rope_theta=1_000_000.0, rope_local_base_freq=10000.0,
-             max_position_embeddings=131072, hidden_activation="gelu_pytorch_tanh",
-             sliding_window=4096, sliding_window_pattern=6, query_pre_attn_scalar=256,
-             attn_logit_softcapping=None, final_logit_softcapping=None),
-        {**_QK_NORMED, **_NO_BIAS}, _GELU_TANH, _ROPE_TYPES,
-        _every_nth_full, _write_layer_types, gemma=True, local_rope=True),
-    "phi3": _HFFamily(
-        "Phi3ForCausalLM", "phi3", {**_PLAIN, "attention_bias": False},
-        dict(num_key_value_heads=None, head_dim=None, tie_word_embeddings=False,
-             rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096,
-             original_max_position_embeddings=4096, hidden_act="silu", sliding_window=None),
-        {**_ANYWHERE, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, ("longrope",),
-        _every_layer, _write_window,
-        # Phi-3 configs written before transformers named longrope call it su (or yarn).
-        rope_aliases={"su": "longrope", "yarn": "longrope"}),
-    "mixtral": _HFFamily(
-        # Every layer's MLP is routed experts of width intermediate_size; the router's softmax
-        # is taken over all experts and the top-k weights renormalized. router_jitter_noise
-        # acts in training only.
-        "MixtralForCausalLM", "mixtral", {**_PLAIN, "attention_bias": False},
-        dict(num_key_value_heads=8, head_dim=None, tie_word_embeddings=False, rms_norm_eps=1e-5,
-             rope_theta=1e6, max_position_embeddings=4096 * 32, hidden_act="silu",
-             sliding_window=None, num_local_experts=8, num_experts_per_tok=2),
-        {**_ANYWHERE, **_NO_SOFTCAPS, **_NO_BIAS}, _SILU, _ROPE_TYPES,
-        _every_layer, _write_window,
-        experts=("num_local_experts", "num_experts_per_tok", "intermediate_size")),
-    "qwen3_moe": _HFFamily(
-        # Qwen3's attention with routed experts of width moe_intermediate_size in every layer
-        # (transformers 4.51's defaults).
-        "Qwen3MoeForCausalLM", "qwen3_moe", {**_PLAIN, "qk_norm": True, "attention_bias": False},
-        dict(num_key_value_heads=4, head_dim=None, tie_word_embeddings=False, rms_norm_eps=1e-6,
-             rope_theta=10000.0, max_position_embeddings=32768, hidden_act="silu",
-             use_sliding_window=False, sliding_window=4096, max_window_layers=28,
-             num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
-             norm_topk_prob=False),
-        {**_QK_NORMED, **_NO_SOFTCAPS, **_NO_BIAS,
-         "decoder_sparse_step": ((1,), "dense MLP layers between the routed ones"),
-         "mlp_only_layers": (([],), "layers with a dense MLP"),
-         # transformers 4.51 slides the layers from max_window_layers on, 5.x every layer.
-         "use_sliding_window": ((False,), "sliding windows, whose layers transformers "
-                                          "versions disagree on")},
-        _SILU, _ROPE_TYPES, _from_max_window_layers, _write_max_window_layers,
-        experts=("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
-        topk_norm="norm_topk_prob"),
-    "gpt_oss": _HFFamily(
-        # Biased attention (q, k, v and o), a sink per head, a biased router and experts with
-        # a clamped SwiGLU, sliding and full layers alternating, YaRN rope scaling.
-        # transformers 5's defaults (those of gpt-oss-120b).
-        "GptOssForCausalLM", "gpt_oss",
-        {**_PLAIN, "attention_sinks": True, "router_bias": True, "expert_bias": True},
-        dict(num_key_value_heads=8, head_dim=64, tie_word_embeddings=False, rms_norm_eps=1e-5,
-             rope_theta=150000.0, max_position_embeddings=131072, hidden_act="silu",
-             sliding_window=128, attention_bias=True, swiglu_limit=7.0,
-             num_local_experts=128, num_experts_per_tok=4, intermediate_size=2880,
-             rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
-                           "beta_slow": 1.0, "truncate": False,
-                           "original_max_position_embeddings": 4096}),
-        # quantization_config: read below (MXFP4 experts).
-        {**{k: v for k, v in _ANYWHERE.items() if k != "quantization_config"}, **_NO_SOFTCAPS,
-         "swiglu_alpha": ((1.702,), "a SwiGLU sigmoid slope other than gpt-oss's 1.702")},
-        _SILU, ("yarn",), _alternating, _write_layer_types,
-        experts=("num_local_experts", "num_experts_per_tok", "intermediate_size"),
-        gpt_oss=True),
-}
-# Defaults every family shares.
-_COMMON_DEFAULTS = dict(torch_dtype=None, dtype=None, _name_or_path=None)
 
-# Hugging Face architecture name -> our family.
-HF_ARCHITECTURES = {f.architecture: name for name, f in _HF_FAMILIES.items()}
-_HF_MODEL_TYPES = {f.model_type: name for name, f in _HF_FAMILIES.items()}
+def hf_architectures() -> dict[str, str]:
+    """Hugging Face architecture name -> our family, for every family with a row."""
+    return {f.architecture: name for name, f in FAMILIES.items()}
+
+
+def _hf_model_types() -> dict[str, str]:
+    return {f.model_type: name for name, f in FAMILIES.items()}
+
+
+# Read when imported, as before: the families of the rows this module was loaded with.
+HF_ARCHITECTURES = hf_architectures()
 
 
 def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
@@ -399,11 +250,12 @@ def _hf_architectures(config: dict[str, Any], source: str) -> list[str]:
 
 
 def _hf_family(config: dict[str, Any], archs: list[str], source: str) -> str:
-    named = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
+    architectures, model_types = hf_architectures(), _hf_model_types()
+    named = next((architectures[a] for a in archs if a in architectures), None)
     if named is None and not archs and isinstance(config.get("model_type"), str):
-        named = _HF_MODEL_TYPES.get(config["model_type"])
+        named = model_types.get(config["model_type"])
     for key in _MOE_KEYS:
-        if named is not None and _HF_FAMILIES[named].experts is not None:
+        if named is not None and FAMILIES[named].expert_keys is not None:
             break  # an architecture whose experts are read
         if config.get(key):
             named = f"; {', '.join(archs)}" if archs else ""
@@ -416,22 +268,22 @@ def _hf_family(config: dict[str, Any], archs: list[str], source: str) -> str:
         raise ConfigError(f"{source}: {what} is not modelled (the vision-language Gemma-3; "
                           "only its text model is, as Gemma3ForCausalLM with model_type "
                           "gemma3_text)")
-    family = next((HF_ARCHITECTURES[a] for a in archs if a in HF_ARCHITECTURES), None)
+    family = next((architectures[a] for a in archs if a in architectures), None)
     if family is None and not archs and isinstance(model_type, str):
-        family = _HF_MODEL_TYPES.get(model_type)
+        family = model_types.get(model_type)
     if family is None:
         found = (", ".join(a if a.isprintable() else shown(a) for a in archs) if archs
                  else f"model_type {shown(model_type)}")
         raise ConfigError(f"{source}: unsupported architecture {found}; supported: "
-                          f"{', '.join(HF_ARCHITECTURES)}")
+                          f"{', '.join(architectures)}")
     # transformers builds the model that model_type names: both must name the same family.
-    if isinstance(model_type, str) and _HF_MODEL_TYPES.get(model_type, family) != family:
-        raise ConfigError(f"{source}: 'architectures' {_HF_FAMILIES[family].architecture} and "
+    if isinstance(model_type, str) and model_types.get(model_type, family) != family:
+        raise ConfigError(f"{source}: 'architectures' {FAMILIES[family].architecture} and "
                           f"'model_type' {shown(model_type)} disagree")
     return family
 
 
-def _check_modelled(read: _Reader, family: _HFFamily) -> None:
+def _check_modelled(read: _Reader, family: Family) -> None:
     for key, (modelled, why) in family.modelled.items():
         value = read.config.get(key)
         if value is None or any(_same(value, m) for m in modelled):
@@ -445,7 +297,7 @@ def _check_modelled(read: _Reader, family: _HFFamily) -> None:
         raise read.refuse(key, value, why)
 
 
-def _activation(read: _Reader, family: _HFFamily) -> str:
+def _activation(read: _Reader, family: Family) -> str:
     key, modelled = family.activation
     value = read.string(key)
     if value != modelled:
@@ -471,10 +323,10 @@ def _dtype_bytes(read: _Reader) -> int:
     return _DTYPE_BYTES[name]
 
 
-def _layers(read: _Reader, family: _HFFamily, layers: int) -> tuple[int | None, tuple[str, ...]]:
+def _layers(read: _Reader, family: Family, layers: int) -> tuple[int | None, tuple[str, ...]]:
     """sliding_window and layer_types in ModelSpec's form: the list left empty when every layer
     is alike."""
-    window, types = family.read_layers(read, layers)
+    window, types = WINDOW_READERS[family.read_windows](read, layers)
     if types is None:
         stated = _stated_layer_types(read, layers)
         uniform = SLIDING if window is not None else FULL
@@ -532,7 +384,7 @@ def _factors(value: Any, what: str, source: str) -> tuple[float, ...]:
     return tuple(_number(v, what, source) for v in value)
 
 
-def _rope_entry(entry: Any, where: str, read: _Reader, family: _HFFamily,
+def _rope_entry(entry: Any, where: str, read: _Reader, family: Family,
                 default_type: str | None) -> tuple[float | None, dict[str, Any]]:
     """(rope_theta if stated, ModelSpec scaling fields) of one rope mapping: rope_scaling (v4)
     or rope_parameters or one of its per-layer-type entries (v5)."""
@@ -610,7 +462,7 @@ def _rope_entry(entry: Any, where: str, read: _Reader, family: _HFFamily,
 
 
 def _rope_parameter_entries(params: dict[str, Any], read: _Reader,
-                            family: _HFFamily) -> tuple[Any, Any, str]:
+                            family: Family) -> tuple[Any, Any, str]:
     """rope_parameters as (the entry of full-attention layers, Gemma-3's sliding-layer entry or
     None, the name of the first in messages)."""
     nested = bool(params) and all(k in LAYER_TYPES and isinstance(v, dict)
@@ -637,7 +489,7 @@ def _agree(source: str, old_key: str, old: Any, new_key: str, new: Any) -> Any:
     return new if new is not None else old
 
 
-def _rope(read: _Reader, family: _HFFamily) -> dict[str, Any]:
+def _rope(read: _Reader, family: Family) -> dict[str, Any]:
     """rope_theta, the scaling fields and (Gemma-3) rope_local_theta, from either spelling."""
     config, source = read.config, read.source
     old_theta = read.number("rope_theta") if "rope_theta" in config else None
@@ -690,12 +542,13 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
     supported architecture; anything else, or any numerics it cannot state, raises ConfigError."""
     archs = _hf_architectures(config, source)
     family_name = _hf_family(config, archs, source)
-    family = _HF_FAMILIES[family_name]
-    if family.gpt_oss and config.get("rope_scaling") is None \
+    family = FAMILIES[family_name]
+    if "rope_scaling" in family.defaults and config.get("rope_scaling") is None \
             and config.get("rope_parameters") is None:
-        # transformers' GptOssConfig turns an unstated (or null) rope into its YaRN default.
+        # A family whose config class states a default rope (transformers' GptOssConfig: its
+        # YaRN) turns an unstated (or null) rope into it.
         config = {**config, "rope_scaling": dict(family.defaults["rope_scaling"])}
-    read = _Reader(config, source, {**_COMMON_DEFAULTS, **family.defaults})
+    read = _Reader(config, source, {**COMMON_DEFAULTS, **family.defaults})
     _check_modelled(read, family)
     hidden = read.integer("hidden_size")
     heads = read.integer("num_attention_heads")
@@ -711,7 +564,7 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
                           f"rope factors by hidden_size / num_attention_heads = {hidden // heads}")
     if "attention_bias" not in family.fixed:
         data["attention_bias"] = read.flag("attention_bias")
-    if family.gemma:
+    if family.attention_scalars:
         data.update(query_pre_attn_scalar=read.number("query_pre_attn_scalar"),
                     attn_logit_softcap=read.number("attn_logit_softcapping", nullable=True),
                     final_logit_softcap=read.number("final_logit_softcapping", nullable=True))
@@ -734,21 +587,24 @@ def model_from_hf_config(config: dict[str, Any], source: str, name: str | None =
         "hidden_act": _activation(read, family),
         "source": f"Hugging Face config {source}",
     })
-    if family.experts is not None:
-        count, top_k, width = family.experts
+    if family.expert_keys is not None:
+        count, top_k, width = family.expert_keys
         # transformers reads num_experts and num_local_experts as one attribute (in every
-        # family here); gpt-oss's published configs also state a top-k it does not read.
+        # family here).
         stated = [k for k in ("num_experts", "num_local_experts") if config.get(k) is not None]
         _check_same(config, source, *stated)
-        if family.gpt_oss:
-            _check_same(config, source, "experts_per_token", top_k)
+        if family.stated_top_k:
+            _check_same(config, source, family.stated_top_k, top_k)
         data.update(num_experts=read.integer(stated[0] if stated else count),
                     experts_per_token=read.integer(top_k),
                     moe_intermediate_size=read.integer(width),
                     norm_topk_prob=read.flag(family.topk_norm) if family.topk_norm else True)
-    if family.gpt_oss:
-        data.update(o_proj_bias=data["attention_bias"], swiglu_limit=read.number("swiglu_limit"),
-                    expert_weight_format=_gpt_oss_experts_format(read))
+    if family.biased_o_proj:
+        data["o_proj_bias"] = data["attention_bias"]
+    if family.clamped_swiglu:
+        data["swiglu_limit"] = read.number("swiglu_limit")
+    if family.mxfp4_experts is not None:
+        data["expert_weight_format"] = _experts_format(read, family)
     return model_from_dict(data, source)
 
 
@@ -760,13 +616,9 @@ def _check_same(config: dict[str, Any], source: str, *keys: str) -> None:
                           f"{shown(config[keys[1]])} disagree")
 
 
-# What gpt-oss's checkpoints leave unquantized: everything but the experts.
-_GPT_OSS_UNQUANTIZED = ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                        "model.embed_tokens", "lm_head"]
-
-
-def _gpt_oss_experts_format(read: _Reader) -> str:
-    """gpt-oss's quantization_config: absent (weights in the dtype), or MXFP4 experts."""
+def _experts_format(read: _Reader, family: Family) -> str:
+    """A family's quantization_config where its experts may be MXFP4 (gpt-oss): absent
+    (weights in the dtype), or MXFP4 experts."""
     config = read.config.get("quantization_config")
     if config is None:
         return "native"
@@ -776,7 +628,7 @@ def _gpt_oss_experts_format(read: _Reader) -> str:
     if method != "mxfp4":
         raise read.refuse("quantization_config quant_method", method,
                           "gpt-oss's experts are modelled in mxfp4 only")
-    kept = config.get("modules_to_not_convert", _GPT_OSS_UNQUANTIZED)
+    kept = config.get("modules_to_not_convert", list(family.mxfp4_experts))
     if not isinstance(kept, list) or any("experts" in str(m) for m in kept):
         raise read.refuse("quantization_config modules_to_not_convert", kept,
                           "MXFP4 on gpt-oss's experts only")
@@ -785,7 +637,7 @@ def _gpt_oss_experts_format(read: _Reader) -> str:
 
 # --- writing ------------------------------------------------------------------------------------
 
-def _rope_scaling_config(spec: ModelSpec) -> dict[str, Any] | None:
+def _rope_scaling_config(spec: ModelFields) -> dict[str, Any] | None:
     if spec.rope_scaling is None:
         return None
     if spec.rope_scaling == "longrope":
@@ -809,17 +661,17 @@ def _rope_scaling_config(spec: ModelSpec) -> dict[str, Any] | None:
             "original_max_position_embeddings": spec.rope_original_max_positions}
 
 
-def _check_reads_back(spec: ModelSpec, config: dict[str, Any]) -> None:
+def _check_reads_back(spec: ModelFields, config: dict[str, Any]) -> None:
     """A written config must rebuild the spec; a spec no config of its family can state (a
     Llama with Qwen2's biases, a Phi-3 with per-layer windows, ...) is refused by field."""
-    family = _HF_FAMILIES[spec.family]
+    family = FAMILIES[spec.family]
     label = f"model {spec.name} as a Hugging Face {family.architecture} config"
-    back = model_from_hf_config(config, label, name=spec.name)
+    back = model_from_hf_config(config, label, name=spec.name).fields()
     expected = spec
-    if family.gemma and spec.query_pre_attn_scalar is None:
+    if family.attention_scalars and spec.query_pre_attn_scalar is None:
         # Written as head_dim: the same scale.
         expected = dataclasses.replace(spec, query_pre_attn_scalar=float(spec.head_dim))
-    for field in dataclasses.fields(ModelSpec):
+    for field in dataclasses.fields(ModelFields):
         if field.name in ("name", "source"):
             continue
         want, got = getattr(expected, field.name), getattr(back, field.name)
@@ -832,10 +684,11 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A Hugging Face ``config.json`` mapping in transformers v4 spelling (rope_theta,
     rope_scaling, torch_dtype) from which ``model_from_hf_config`` rebuilds ``spec`` (its name
     aside); a spec no such config can state raises ConfigError."""
-    family = _HF_FAMILIES.get(spec.family)
+    family = FAMILIES.get(spec.family)
     if family is None:
         raise ConfigError(f"model {spec.name}: a config.json of family {shown(spec.family)} is "
-                          f"not written yet (families written: {', '.join(_HF_FAMILIES)})")
+                          f"not written yet (families written: {', '.join(FAMILIES)})")
+    spec = spec.fields()  # a config.json is a flat record, as model files are
     activation_key, activation = family.activation
     config: dict[str, Any] = {
         "architectures": [family.architecture],
@@ -855,12 +708,12 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
         "rope_theta": spec.rope_theta,
         "max_position_embeddings": spec.max_position_embeddings,
     }
-    family.write_layers(spec, config)
+    WINDOW_WRITERS[family.write_windows](spec, config)
     config["torch_dtype"] = "float32" if spec.dtype_bytes == 4 else "bfloat16"
     config["rope_scaling"] = _rope_scaling_config(spec)
     if spec.rope_scaling == "longrope":
         config["original_max_position_embeddings"] = spec.rope_original_max_positions
-    if family.gemma:
+    if family.attention_scalars:
         config["query_pre_attn_scalar"] = (spec.query_pre_attn_scalar
                                            if spec.query_pre_attn_scalar is not None
                                            else float(spec.head_dim))
@@ -869,17 +722,17 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if family.local_rope:
         config["rope_local_base_freq"] = (spec.rope_local_theta if spec.rope_local_theta
                                           is not None else spec.rope_theta)
-    if family.experts is not None:
-        count, top_k, width = family.experts
+    if family.expert_keys is not None:
+        count, top_k, width = family.expert_keys
         config.update({count: spec.num_experts, top_k: spec.experts_per_token,
                        width: spec.moe_intermediate_size})
         if family.topk_norm:
             config[family.topk_norm] = spec.norm_topk_prob
-    if family.gpt_oss:
+    if family.clamped_swiglu:
         config["swiglu_limit"] = spec.swiglu_limit
-        if spec.expert_weight_format == "mxfp4":
-            config["quantization_config"] = {"quant_method": "mxfp4",
-                                             "modules_to_not_convert": _GPT_OSS_UNQUANTIZED}
+    if family.mxfp4_experts is not None and spec.expert_weight_format == "mxfp4":
+        config["quantization_config"] = {"quant_method": "mxfp4",
+                                         "modules_to_not_convert": list(family.mxfp4_experts)}
     _check_reads_back(spec, config)
     return config
 
@@ -888,7 +741,7 @@ def hf_config_v5(spec: ModelSpec) -> dict[str, Any]:
     """``hf_config`` in transformers v5 spelling: rope_parameters (per layer type for Gemma-3)
     and dtype."""
     config = hf_config(spec)
-    family = _HF_FAMILIES[spec.family]
+    family = FAMILIES[spec.family]
     rope = config.pop("rope_scaling") or {"rope_type": "default"}
     rope["rope_theta"] = config.pop("rope_theta")
     if rope["rope_type"] == "longrope":
@@ -899,5 +752,5 @@ def hf_config_v5(spec: ModelSpec) -> dict[str, Any]:
                                       "rope_theta": config.pop("rope_local_base_freq")}}
     config["rope_parameters"] = rope
     config["dtype"] = config.pop("torch_dtype")
-    _check_reads_back(spec, config)
+    _check_reads_back(spec.fields(), config)
     return config

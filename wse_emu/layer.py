@@ -206,9 +206,10 @@ DEQUANT_OPS = {"fp8": 1, "int8": 2, "mxfp4": 2}
 
 def stored_weights(op: Op, model: ModelSpec) -> StoredWeights:
     """The storage an op's matrix is read from (the model's dtype for a native format)."""
-    fmt = model.expert_weight_format if op.kind == EXPERT_GEMM else model.weight_format
-    per_weight = model.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
-    ops = DEQUANT_OPS.get(fmt, 0 if per_weight == model.dtype_bytes else 1)
+    storage = model.storage
+    fmt = storage.expert_weight_format if op.kind == EXPERT_GEMM else storage.weight_format
+    per_weight = model.storage.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
+    ops = DEQUANT_OPS.get(fmt, 0 if per_weight == model.storage.dtype_bytes else 1)
     return StoredWeights(per_weight, 0 if fmt == "native" else ops)
 
 
@@ -233,8 +234,8 @@ def bias_work(n, tokens, dtype_bytes: int) -> Work:
 def score_flops(model: ModelSpec) -> int:
     """FLOPs per (query head, key) pair of attention: the q.k product, the softmax (and the
     soft cap where the model has one) and the weighted sum of values."""
-    cap = SOFTCAP_FLOPS if model.attn_logit_softcap else 0
-    return 4 * model.head_dim + SOFTMAX_FLOPS + cap
+    cap = SOFTCAP_FLOPS if model.attention.logit_softcap else 0
+    return 4 * model.attention.head_dim + SOFTMAX_FLOPS + cap
 
 
 # --- the op table ---------------------------------------------------------------------------
@@ -316,7 +317,7 @@ class Op:
 
 def home_site(model: ModelSpec) -> str:
     """The strip ``HOME`` names in a layer: the one the MLP's output leaves on."""
-    return "experts_down" if model.num_experts else "down_proj"
+    return "experts_down" if model.is_moe else "down_proj"
 
 
 def _matrix(name: str, k: int, n: int, inputs: tuple[str, ...], tensor: str,
@@ -332,18 +333,33 @@ def _vector(name: str, kind: str, inputs: tuple[str, ...], site: str, length: in
 
 
 def layer_ops(model: ModelSpec) -> list[Op]:
-    """One decoder layer's ops in execution order."""
-    h, q, kv, inter = model.hidden_size, model.q_size, model.kv_size, model.intermediate_size
-    bias = model.attention_bias
+    """One decoder layer's ops in execution order: the attention block, then the MLP (or the
+    experts), each from its part of the model, then the residual add."""
+    mlp, mlp_out = _expert_ops(model) if model.is_moe else _mlp_ops(model)
+    if model.norm.sandwich:
+        mlp.append(_vector("mlp_out_norm", RMSNORM, (mlp_out,), HOME, model.hidden_size,
+                           "post_feedforward_layernorm", model.hidden_size))
+        mlp_out = "mlp_out_norm"
+    return (_attention_ops(model) + mlp
+            + [_vector(LAYER_OUTPUT, ADD, ("residual_attn", mlp_out), HOME, model.hidden_size)])
+
+
+def _attention_ops(model: ModelSpec) -> list[Op]:
+    """The input norm, the attention (``model.attention``: its projections, norms, sinks and
+    biases), its residual add and the norm before the MLP."""
+    attention, h = model.attention, model.hidden_size
+    q, kv, bias = attention.q_size, attention.kv_size, attention.bias
     ops = [_vector("input_norm", RMSNORM, (LAYER_INPUT,), HOME, h, "input_layernorm", h)]
     ops += [_matrix(name, h, n, ("input_norm",), f"self_attn.{name}", bias)
             for name, n in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))]
     q_src, k_src = "q_proj", "k_proj"
-    if model.qk_norm:
-        hd = model.head_dim
+    if attention.qk_norm:
+        hd = attention.head_dim
         ops += [_vector("q_norm", HEAD_RMSNORM, ("q_proj",), "q_proj", q, "self_attn.q_norm", hd),
                 _vector("k_norm", HEAD_RMSNORM, ("k_proj",), "k_proj", kv, "self_attn.k_norm", hd)]
         q_src, k_src = "q_norm", "k_norm"
+    # Sinks: one learned logit per query head, in every softmax.
+    sinks = ("self_attn.sinks", attention.num_heads) if attention.sinks else (None, 0)
     ops += [
         _vector("rope_q", ROPE, (q_src,), "q_proj", q),
         _vector("rope_k", ROPE, (k_src,), "k_proj", kv),
@@ -352,48 +368,39 @@ def layer_ops(model: ModelSpec) -> list[Op]:
                 kernel="attention"),
         _vector("attn_scores", ATTN_SCORES, ("rope_q", "kv_append"), STAGE, 0,
                 kernel="attention"),
-        _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0, kernel="attention"),
+        _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0, *sinks, kernel="attention"),
         _vector(ATTENTION_OUTPUT, ATTN_WEIGHTED_SUM, ("attn_softmax", "kv_append"), STAGE, q,
                 kernel="attention"),
-        _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj"),
+        _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj", attention.o_proj_bias),
     ]
     attn_out = "o_proj"
-    if model.o_proj_bias:
-        ops[-1] = _matrix("o_proj", q, h, (ATTENTION_OUTPUT,), "self_attn.o_proj", True)
-    if model.attention_sinks:  # one learned logit per query head, in every softmax
-        ops[-3] = _vector("attn_softmax", SOFTMAX, ("attn_scores",), STAGE, 0,
-                          "self_attn.sinks", model.num_heads, kernel="attention")
-    if model.sandwich_norms:
+    if model.norm.sandwich:
         ops.append(_vector("attn_out_norm", RMSNORM, ("o_proj",), "o_proj", h,
                            "post_attention_layernorm", h))
         attn_out = "attn_out_norm"
-    ops += [
+    return ops + [
         _vector("residual_attn", ADD, (LAYER_INPUT, attn_out), "o_proj", h),
         # Before the MLP: Llama calls it post_attention_layernorm, Gemma pre_feedforward.
         _vector("post_attn_norm", RMSNORM, ("residual_attn",), "o_proj", h,
-                "pre_feedforward_layernorm" if model.sandwich_norms
+                "pre_feedforward_layernorm" if model.norm.sandwich
                 else "post_attention_layernorm", h),
     ]
-    if model.num_experts:
-        ops += _expert_ops(model)
-        mlp_out = "experts_down"
-    else:
-        act = (_vector("gelu_mul", GELU_MUL, ("gate_proj", "up_proj"), "up_proj", inter)
-               if model.hidden_act == "gelu_tanh"
-               else _vector("silu_mul", SILU_MUL, ("gate_proj", "up_proj"), "up_proj", inter))
-        ops += [
-            _matrix("gate_proj", h, inter, ("post_attn_norm",), "mlp.gate_proj"),
-            _matrix("up_proj", h, inter, ("post_attn_norm",), "mlp.up_proj"),
-            act,
-            _matrix("down_proj", inter, h, (act.name,), "mlp.down_proj"),
-        ]
-        mlp_out = "down_proj"
-    if model.sandwich_norms:
-        ops.append(_vector("mlp_out_norm", RMSNORM, (mlp_out,), HOME, h,
-                           "post_feedforward_layernorm", h))
-        mlp_out = "mlp_out_norm"
-    ops.append(_vector(LAYER_OUTPUT, ADD, ("residual_attn", mlp_out), HOME, h))
-    return ops
+
+
+# The gated MLP's activation op by ``MlpSpec.activation``.
+ACTIVATION_OPS = {"silu": ("silu_mul", SILU_MUL), "gelu_tanh": ("gelu_mul", GELU_MUL)}
+
+
+def _mlp_ops(model: ModelSpec) -> tuple[list[Op], str]:
+    """The dense gated MLP (``model.mlp``), and the op its output leaves."""
+    h, inter = model.hidden_size, model.mlp.intermediate_size
+    name, kind = ACTIVATION_OPS[model.mlp.activation]
+    return [
+        _matrix("gate_proj", h, inter, ("post_attn_norm",), "mlp.gate_proj"),
+        _matrix("up_proj", h, inter, ("post_attn_norm",), "mlp.up_proj"),
+        _vector(name, kind, ("gate_proj", "up_proj"), "up_proj", inter),
+        _matrix("down_proj", inter, h, (name,), "mlp.down_proj"),
+    ], "down_proj"
 
 
 # --- a layer split across two stages --------------------------------------------------------
@@ -414,10 +421,11 @@ def part_ops(model: ModelSpec, experts: tuple[int, int] | None) -> list[Op]:
     if experts is None:
         return ops
     e0, e1 = experts
-    if not 0 <= e0 < e1 <= model.num_experts or (e0, e1) == (0, model.num_experts):
-        raise ValueError(f"no part of a {model.num_experts}-expert layer holds experts "
+    count = model.experts.count if model.is_moe else 0
+    if not 0 <= e0 < e1 <= count or (e0, e1) == (0, count):
+        raise ValueError(f"no part of a {count}-expert layer holds experts "
                          f"{e0}-{e1 - 1}")
-    if model.sandwich_norms:  # a norm of the whole MLP output cannot be taken in two parts
+    if model.norm.sandwich:  # a norm of the whole MLP output cannot be taken in two parts
         raise ValueError("a layer with a norm after its MLP cannot be split")
     held = e1 - e0
     ops = [replace(op, experts=held, first_expert=e0, layer_experts=op.experts,
@@ -435,10 +443,10 @@ def carried_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
     residual stream, and after the first part of a split layer also the experts' input and each
     token's choices (an id and a weight each, counted in the dtype's values)."""
     h = model.hidden_size
-    if experts is None or experts[1] == model.num_experts:
+    if experts is None or experts[1] == model.experts.count:
         return h
-    k = model.experts_per_token
-    return 2 * h + -(-k * (model.dtype_bytes + TOKEN_ID_BYTES) // model.dtype_bytes)
+    k = model.experts.top_k
+    return 2 * h + -(-k * (model.storage.dtype_bytes + TOKEN_ID_BYTES) // model.storage.dtype_bytes)
 
 
 def entering_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
@@ -450,19 +458,7 @@ def entering_values(model: ModelSpec, experts: tuple[int, int] | None) -> int:
 
 
 
-# Where each family keeps its router and experts under ``model.layers.{i}.`` ({e}: the expert;
-# gpt-oss stores all experts of a projection in one tensor, gate and up interleaved in one).
-EXPERT_TENSORS = {
-    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts.{e}.w1",
-                "block_sparse_moe.experts.{e}.w3", "block_sparse_moe.experts.{e}.w2"),
-    "qwen3_moe": ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj",
-                  "mlp.experts.{e}.down_proj"),
-    "gpt_oss": ("mlp.router", "mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj",
-                "mlp.experts.down_proj"),
-}
-
-
-def _expert_ops(model: ModelSpec) -> list[Op]:
+def _expert_ops(model: ModelSpec) -> tuple[list[Op], str]:
     """The routed MLP: the router's logits, each token's top-k experts and their weights, the
     experts' gated MLP on the tokens routed to them, and each token's weighted sum of its
     experts' outputs.
@@ -475,11 +471,12 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
     run and as narrow as its m outputs over the strip's rows. The combine scales each routed
     activation by its token's router weight before down, so that down's reduction along its
     whole strip, which sums over K, is the weighted sum over the token's experts (down is
-    linear; its bias is weighted the same way where the sums collect)."""
-    h, m, e, k = (model.hidden_size, model.moe_intermediate_size, model.num_experts,
-                  model.experts_per_token)
-    router, gate, up, down = EXPERT_TENSORS[model.family]
-    b = model.expert_bias
+    linear; its bias is weighted the same way where the sums collect). Returns the ops and the
+    one the experts' output leaves (the family's row names their tensors)."""
+    experts = model.experts
+    h, m, e, k = model.hidden_size, experts.intermediate_size, experts.count, experts.top_k
+    router, gate, up, down = model.family_record.expert_tensors
+    b = experts.bias
 
     def expert(name: str, kk: int, n: int, inputs: tuple[str, ...], tensor: str) -> Op:
         # Output per token: k experts' values (gate, up), or their weighted sum (down).
@@ -488,30 +485,27 @@ def _expert_ops(model: ModelSpec) -> list[Op]:
                   tensor=tensor, bias=b, weight_params=e * (kk * n + (n if b else 0)),
                   experts=e, top_k=k, experts_summed=name == "experts_down")
 
-    act = (_vector("experts_act", SWIGLU_CLAMPED, ("experts_gate", "experts_up"), "experts_up",
-                   k * m) if model.swiglu_limit
-           else _vector("experts_act", SILU_MUL, ("experts_gate", "experts_up"), "experts_up",
-                        k * m))
+    act = SWIGLU_CLAMPED if experts.swiglu_limit else SILU_MUL
     return [
-        _matrix("router", h, e, ("post_attn_norm",), router, model.router_bias),
+        _matrix("router", h, e, ("post_attn_norm",), router, experts.router_bias),
         _vector("route", ROUTE, ("router",), "router", k),
         expert("experts_gate", h, m, ("post_attn_norm", "route"), gate),
         expert("experts_up", h, m, ("post_attn_norm", "route"), up),
-        act,
+        _vector("experts_act", act, ("experts_gate", "experts_up"), "experts_up", k * m),
         _vector("combine", COMBINE, ("experts_act", "route"), "experts_up", k * m),
         expert("experts_down", m, h, ("combine",), down),
-    ]
+    ], "experts_down"
 
 
 def weight_bytes(op: Op, model: ModelSpec) -> float:
     """The op's weights as stored: a matrix in its format (the experts' or the others'), its
     bias and any vector weights in the model's dtype."""
     if op.kind not in (GEMM, EXPERT_GEMM, EMBEDDING) or not op.weight_params:
-        return float(op.weight_params * model.dtype_bytes)
+        return float(op.weight_params * model.storage.dtype_bytes)
     k, n = op.matrix
     matrix = k * n * max(op.experts, 1)
-    per_weight = model.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
-    stored = matrix * per_weight + (op.weight_params - matrix) * model.dtype_bytes
+    per_weight = model.storage.matrix_bytes_per_weight(expert=op.kind == EXPERT_GEMM)
+    stored = matrix * per_weight + (op.weight_params - matrix) * model.storage.dtype_bytes
     return int(stored) if stored == int(stored) else stored
 
 
@@ -639,12 +633,13 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
     """The op's FLOPs and unique bytes for one step (``layer`` picks its attention window).
     An expert op reads the weights of ``active_experts`` experts (by default the average number
     uniform routing reaches)."""
-    d = model.dtype_bytes
+    d = model.storage.dtype_bytes
     t = op_tokens(op, mb)
     kind = op.kind
     if kind == EMBEDDING:
         h = op.matrix[1]
-        return OpCost(0, t * h * model.matrix_bytes_per_weight(), t * TOKEN_ID_BYTES, t * h * d)
+        return OpCost(0, t * h * model.storage.matrix_bytes_per_weight(), t * TOKEN_ID_BYTES,
+                      t * h * d)
     if kind == GEMM:
         k, n = op.matrix
         flops = matrix_work(k, n, t, d).flops + (bias_work(n, t, d).flops if op.bias else 0)
@@ -655,7 +650,7 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
     if kind in ELEMENTWISE:
         cost, e = ELEMENTWISE[kind], t * op.length
         # A rotation also reads each position's cos and sin, shared by all heads.
-        tables = 2 * t * (model.head_dim // 2) * d if kind == ROPE else 0
+        tables = 2 * t * (model.attention.head_dim // 2) * d if kind == ROPE else 0
         return OpCost(cost.flops * e, 0, cost.reads * e * d + tables, cost.writes * e * d)
     if kind == KV_APPEND:
         new_kv = t * op.length * d
@@ -664,7 +659,7 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
         # A softmax over every expert's logit (Mixtral and Qwen3 take it before the top-k,
         # gpt-oss after: the same order of work), then k passes of comparisons to pick the
         # top k; out go k weights and k expert ids.
-        e = model.num_experts
+        e = model.experts.count
         return OpCost(t * (SOFTMAX_FLOPS * e + op.length * e), 0, t * e * d,
                       t * op.length * (d + TOKEN_ID_BYTES))
     if kind == EXPERT_GEMM:
@@ -679,20 +674,20 @@ def op_cost(op: Op, model: ModelSpec, mb: MicroBatch, layer: int | None = None,
         touched = active_experts / op.total_experts
         return OpCost(flops, weight_bytes(op, model) * touched, pairs * k * d,
                       t * op.length * d)
-    window = model.window(layer) if layer is not None else model.sliding_window
-    scores = model.num_heads * attended_pairs(window, mb)
-    kv_read = kv_entries_read(window, mb) * model.kv_size * d
+    window = model.attention.window(layer) if layer is not None else model.attention.sliding_window
+    scores = model.attention.num_heads * attended_pairs(window, mb)
+    kv_read = kv_entries_read(window, mb) * model.attention.kv_size * d
     if kind == ATTN_SCORES:
-        return OpCost(2 * model.head_dim * scores, 0, t * model.q_size * d, scores * d,
-                      kv_read_bytes=kv_read)
+        return OpCost(2 * model.attention.head_dim * scores, 0, t * model.attention.q_size * d,
+                      scores * d, kv_read_bytes=kv_read)
     if kind == SOFTMAX:
-        cap = SOFTCAP_FLOPS if model.attn_logit_softcap else 0
-        sinks = model.num_heads * t if model.attention_sinks else 0  # one more logit each
+        cap = SOFTCAP_FLOPS if model.attention.logit_softcap else 0
+        sinks = model.attention.num_heads * t if model.attention.sinks else 0  # one more logit each
         return OpCost((SOFTMAX_FLOPS + cap) * scores + SOFTMAX_FLOPS * sinks,
                       op.weight_params * d, scores * d, scores * d)
     if kind == ATTN_WEIGHTED_SUM:
-        return OpCost(2 * model.head_dim * scores, 0, scores * d, t * model.q_size * d,
-                      kv_read_bytes=kv_read)
+        return OpCost(2 * model.attention.head_dim * scores, 0, scores * d,
+                      t * model.attention.q_size * d, kv_read_bytes=kv_read)
     raise ValueError(f"no cost model for op kind {kind!r}")
 
 

@@ -107,9 +107,10 @@ def _check_stages(stages: list, model: ModelSpec, wafer: Wafer) -> None:
             _expect(s.get(name, 0) >= 0, f"{where}.{name}", "must not be negative")
         experts = s.get("experts")
         if experts is not None:
-            _expect(len(experts) == 2 and 0 <= experts[0] < experts[1] <= model.num_experts,
+            count = model.experts.count if model.is_moe else 0
+            _expect(len(experts) == 2 and 0 <= experts[0] < experts[1] <= count,
                     f"{where}.experts", f"{experts} is not a range of {model.name}'s "
-                    f"{model.num_experts} experts")
+                    f"{count} experts")
 
 
 def _check_kernels(kernels: list, stages: list, wafer: Wafer) -> None:

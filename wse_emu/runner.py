@@ -152,8 +152,8 @@ class RegionRun:
         model = program.model
         if not model.is_moe:
             return None
-        loads = load_summary(routing_of(program.options), model.num_experts,
-                             model.experts_per_token, self.step.tiles()[0].new_tokens)
+        loads = load_summary(routing_of(program.options), model.experts.count,
+                             model.experts.top_k, self.step.tiles()[0].new_tokens)
         experts = {op.name for op in ly.layer_ops(model) if op.kind == ly.EXPERT_GEMM}
         busy = capacity = 0.0
         for sr in self.stages:
@@ -240,7 +240,7 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
                     for k in program.stage_kernels(stage))
     # Layers of one shape can still differ in their attention (Gemma alternates sliding and
     # full layers), which changes their time.
-    windows = tuple(program.model.window(i) for i in range(*stage.layers))
+    windows = tuple(program.model.attention.window(i) for i in range(*stage.layers))
     return (r.w, r.h, stage.strip_axis, stage.num_layers, stage.has_embedding, stage.has_head,
             kernels, windows, stage.part)
 
@@ -308,9 +308,9 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
             if k.name in (ly.home_site(model), "lm_head")][0]
     lanes = home.grid[1]
     values = ly.carried_values(model, a.part)
-    seg = int(wavelets(even_split(values, lanes).max() * tokens, model.dtype_bytes))
+    seg = int(wavelets(even_split(values, lanes).max() * tokens, model.storage.dtype_bytes))
     if a.rect.system != b.rect.system:
-        nbytes = values * tokens * model.dtype_bytes
+        nbytes = values * tokens * model.storage.dtype_bytes
         return int(2 * fabric.ramp_latency_cycles + np.ceil(nbytes /
                                                               fabric.offwafer_bytes_per_cycle()))
     (ax, ay), (bx, by) = a.rect.center(), b.rect.center()
@@ -486,7 +486,7 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
     src_region, dst_region = program.region(prefill_region), program.region(decode_region)
     by_layers = {tuple(program.stages[i].layers): program.stages[i]
                  for i in dst_region.stage_ids if program.stages[i].has_attention}
-    per_token = 2 * model.kv_size * model.dtype_bytes
+    per_token = 2 * model.attention.kv_size * model.storage.dtype_bytes
     total = tokens * model.num_layers * per_token
     src_systems = {p.system for p in src_region.parts}
     dst_systems = {p.system for p in dst_region.parts}

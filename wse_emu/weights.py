@@ -31,10 +31,6 @@ Shape = tuple[int, ...]
 
 # Projections that write into the residual stream; their random init is scaled down by depth.
 _RESIDUAL_OUTPUTS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
-# Phi-3 stores q, k and v as one matrix, and gate and up as another (rows in that order).
-_FUSED = {"phi3": {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj",
-                                          "self_attn.v_proj"),
-                   "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}}
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -58,7 +54,7 @@ def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
                 shapes[op.tensor + ".bias"] = (n,)
         else:
             shapes[op.tensor + ".weight"] = (op.weight_params,)
-        if op.name == "post_attn_norm" and spec.num_experts:
+        if op.name == "post_attn_norm" and spec.is_moe:
             shapes.update(_expert_tensors(spec))
     sinks = [op for op in ops if op.kind == ly.SOFTMAX and op.weight_params]
     shapes.update({op.tensor: (op.weight_params,) for op in sinks})
@@ -68,9 +64,9 @@ def _layer_tensors(spec: ModelSpec) -> dict[str, Shape]:
 def _expert_tensors(spec: ModelSpec) -> dict[str, Shape]:
     """The experts' tensors as the family stores them: one module per expert (Mixtral, Qwen3),
     or all experts in one tensor, gate and up interleaved, stored (in, out) (gpt-oss)."""
-    e, h, m = spec.num_experts, spec.hidden_size, spec.moe_intermediate_size
-    _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
-    if spec.family == "gpt_oss":
+    e, h, m = spec.experts.count, spec.hidden_size, spec.experts.intermediate_size
+    _, gate, up, down = spec.family_record.expert_tensors
+    if spec.family_record.experts_stored_together:
         return {gate: (e, h, 2 * m), gate + "_bias": (e, 2 * m), down: (e, m, h),
                 down + "_bias": (e, h)}
     out: dict[str, Shape] = {}
@@ -90,16 +86,17 @@ def expert_strips(spec: ModelSpec, weights: Mapping[str, np.ndarray], layer: int
     side in its outputs; down as (E x m, hidden), in expert order (E: the experts held); with
     ``<name>.bias`` (gate, up: E x m; down: (every expert of the layer, hidden), indexed by
     expert id) where the family has expert biases."""
-    e0, e1 = experts if experts is not None else (0, spec.num_experts)
+    e0, e1 = experts if experts is not None else (0, spec.experts.count)
     held = range(e0, e1)
     p = f"model.layers.{layer}."
-    _, gate, up, down = ly.EXPERT_TENSORS[spec.family]
+    _, gate, up, down = spec.family_record.expert_tensors
 
     def runs(per_expert: list[np.ndarray]) -> np.ndarray:  # each (hidden, m)
         return np.concatenate([np.concatenate(per_expert[r:r + per_run], axis=1)
                                for r in range(0, len(per_expert), per_run)], axis=0)
 
-    if spec.family == "gpt_oss":  # gate_up (E, h, 2m), down (E, m, h), stored (in, out)
+    if spec.family_record.experts_stored_together:
+        # gate_up (E, h, 2m), down (E, m, h), stored (in, out)
         gate_up, bias = weights[p + gate], weights[p + gate + "_bias"]  # (E, h, 2m), (E, 2m)
         return {"experts_gate": runs(list(gate_up[e0:e1, :, 0::2])),
                 "experts_up": runs(list(gate_up[e0:e1, :, 1::2])),
@@ -122,11 +119,11 @@ def as_stored(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, n
     ``weight_format``), each expert a matrix of its own; norms, biases and sinks as given. A
     checkpoint's values already in their format pass unchanged."""
     out = dict(weights)
-    if spec.weight_format == "native" and spec.expert_weight_format == "native":
+    if spec.storage.weight_format == "native" and spec.storage.expert_weight_format == "native":
         return out
     for name, w in weights.items():
         expert = ".experts." in name
-        fmt = spec.expert_weight_format if expert else spec.weight_format
+        fmt = spec.storage.expert_weight_format if expert else spec.storage.weight_format
         if fmt == "native" or name.endswith(("_bias", ".bias")) or w.ndim < 2:
             continue
         if w.ndim == 3:  # gpt-oss: all experts in one tensor, each (in, out)
@@ -139,7 +136,7 @@ def as_stored(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, n
 def _fuse(spec: ModelSpec, shapes: dict[str, Shape]) -> dict[str, Shape]:
     """The layer's tensors as the family's checkpoints store them."""
     out = dict(shapes)
-    for fused, parts in _FUSED.get(spec.family, {}).items():
+    for fused, parts in spec.family_record.fused.items():
         rows = [shapes[p + ".weight"] for p in parts]
         at = list(out).index(parts[0] + ".weight")
         items = [(k, v) for k, v in out.items() if k not in {p + ".weight" for p in parts}]
@@ -165,7 +162,7 @@ def expected_shapes(spec: ModelSpec) -> dict[str, Shape]:
 def unfused(spec: ModelSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The weights with fused tensors split into the layer description's matrices (views)."""
     out = dict(weights)
-    for fused, parts in _FUSED.get(spec.family, {}).items():
+    for fused, parts in spec.family_record.fused.items():
         sizes = [_layer_tensors(spec)[p + ".weight"][0] for p in parts]
         for index in range(spec.num_layers):
             prefix = f"model.layers.{index}."
@@ -218,7 +215,7 @@ def random_weights(spec: ModelSpec, seed: int, dtype: Any = np.float32) -> dict[
         if name.endswith("norm.weight"):
             # The scale applied is offset + w: near one, but not all ones, so a skipped scale
             # shows.
-            value = 1.0 - spec.norm_weight_offset + 0.1 * noise
+            value = 1.0 - spec.norm.weight_offset + 0.1 * noise
         elif name.endswith((".bias", "_bias", ".sinks")):
             value = 0.1 * noise
         else:
@@ -310,9 +307,10 @@ MXFP4_PARTS = ("_blocks", "_scales")
 
 def _mxfp4_tensors(spec: ModelSpec) -> set[str]:
     """gpt-oss's expert matrices (E, in, out), which its checkpoints keep as MXFP4 blocks."""
-    if spec.family != "gpt_oss" or spec.expert_weight_format != "mxfp4":
+    family = spec.family_record
+    if family.mxfp4_experts is None or spec.storage.expert_weight_format != "mxfp4":
         return set()
-    _, gate, _, down = ly.EXPERT_TENSORS["gpt_oss"]
+    _, gate, _, down = family.expert_tensors
     return {f"model.layers.{i}.{t}" for i in range(spec.num_layers) for t in (gate, down)}
 
 

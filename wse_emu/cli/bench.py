@@ -157,7 +157,7 @@ def run_viz(repeat: int) -> dict:
 
 
 FUNCTIONAL_CHILD = r"""
-import dataclasses, json, resource, sys, time
+import json, resource, sys, time
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
@@ -165,7 +165,7 @@ from wse_emu.functional.generate import Generator
 from wse_emu.model import load_model
 from wse_emu.weights import random_weights
 case = json.loads(sys.argv[1])
-model = dataclasses.replace(load_model("tiny"), **case["model"])
+model = load_model("tiny").replaced(**case["model"])
 program = compile_model(model, ClusterSpec(load_fabric(case["fabric"])),
                         CompileOptions(region=tuple(case["region"])))
 generator = Generator(program, random_weights(model, 0), case["dtype"])

@@ -31,7 +31,7 @@ from wse_emu.kernels.primitives import CostModel
 from wse_emu.kernels.stage import StageGraph, kernel_graph
 from wse_emu.kernels.trees import branching, choose_levels, tree_cycles
 from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, load_model
+from wse_emu.model import ModelFields, ModelSpec, load_model
 from wse_emu.program import Kernel, Rect, Region, Stage, WaferProgram
 from wse_emu.runner import execute, kv_handoff, makespan_of, run_region
 
@@ -51,8 +51,9 @@ def gemv_program(fabric: FabricSpec, side: int, k: int) -> tuple[WaferProgram, S
     """A standalone K x K matrix kernel on a side x side grid, as the compiler would lay a
     strip of that shape out (K along x, outputs across y, root on the east edge)."""
     heads = k // 128
-    model = ModelSpec(f"gemv-{k}", "llama", k, k, 1, heads, heads, 128, 256).validate("bench")
-    d = model.dtype_bytes
+    model = ModelSpec.from_fields(ModelFields(f"gemv-{k}", "llama", k, k, 1, heads, heads, 128,
+                                              256)).validate("bench")
+    d = model.storage.dtype_bytes
     n_b = -(-k // side)
     cost = CostModel(fabric, d)
     levels = choose_levels(side, -(-n_b * d // 4), float(cost.add(np.array([n_b]), d)[0]),
@@ -126,8 +127,8 @@ def gemv_cases(fabric_name: str) -> list[dict]:
 
 
 def one_layer(fabric: FabricSpec, side: int, plan: str = "colocated") -> WaferProgram:
-    model = dataclasses.replace(load_model("llama-3.1-8b"), name="llama-3.1-8b-one-layer",
-                                num_layers=1, vocab_size=256)
+    model = load_model("llama-3.1-8b").replaced(name="llama-3.1-8b-one-layer",
+                                                num_layers=1, vocab_size=256)
     return compile_model(model, ClusterSpec(fabric, 1),
                          CompileOptions(region=(side, side), plan=plan))
 
@@ -168,8 +169,8 @@ def layer_cases(fabric_name: str) -> list[dict]:
 
 def handoff_cases(fabric_name: str) -> list[dict]:
     fabric = load_fabric(fabric_name)
-    program = compile_model(dataclasses.replace(load_model("llama-3.1-8b"), num_layers=1,
-                                                vocab_size=256),
+    program = compile_model(load_model("llama-3.1-8b").replaced(num_layers=1,
+                                                                vocab_size=256),
                             ClusterSpec(fabric, 1), CompileOptions(plan="disaggregated"))
     prefill = next(r.name for r in program.regions if r.role == "prefill")
     decode = next(r.name for r in program.regions if r.role == "decode")

@@ -56,7 +56,7 @@ def run(args) -> dict | str:
         check_positions(model, args.tokens, f"a prompt of --tokens {args.tokens}")
     work = MicroBatch(args.phase, tokens=args.tokens, batch=args.batch, context=args.context)
     routing = routing_for(model, args.routing, args.routing_seed)
-    loads = (load_summary(routing, model.num_experts, model.experts_per_token, work.new_tokens)
+    loads = (load_summary(routing, model.experts.count, model.experts.top_k, work.new_tokens)
              if model.is_moe else None)
     result = analyze(build_op_graph(model), model, work, fabric,
                      loads["active_experts"] if loads else None)
@@ -128,7 +128,7 @@ def _params_text(model) -> str:
     if not model.is_moe:
         return f"parameters: {si(model.params())}, {stored}"
     return (f"parameters: {si(model.params())} in all, {si(model.active_params())} used per "
-            f"token ({model.experts_per_token} of {model.num_experts} experts per layer; "
+            f"token ({model.experts.top_k} of {model.experts.count} experts per layer; "
             f"{si(model.active_params() - model.embedding_params())} without the embedding "
             f"table), {stored}")
 

@@ -26,8 +26,9 @@ def run(args):
                 "workloads": [w.__dict__ | generate(w).summary() for w in workloads]}
     mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B",
               f"{m.active_params() / 1e9:.3g} B" if m.is_moe else "",
-              f"{m.experts_per_token} of {m.num_experts}" if m.is_moe else "", m.num_layers,
-              m.hidden_size, f"{m.num_heads}/{m.num_kv_heads}", "tied" if m.tie_embeddings else ""]
+              f"{m.experts.top_k} of {m.experts.count}" if m.is_moe else "", m.num_layers,
+              m.hidden_size, f"{m.attention.num_heads}/{m.attention.num_kv_heads}",
+              "tied" if m.tie_embeddings else ""]
              for m in models]
     frows = [[f.name, f"{f.width} x {f.height}", f"{f.pes:,}", f"{f.sram_bytes_total / 1e9:.1f} GB",
               f.fp16_flops_per_cycle, f"{f.clock_hz / 1e9:g} GHz"] for f in fabrics]

@@ -71,9 +71,9 @@ def with_step_options(program: WaferProgram, args) -> WaferProgram:
     for flag, field in (("--weight-format", "weight_format"),
                         ("--expert-weight-format", "expert_weight_format")):
         given = getattr(args, field)
-        if given is not None and given != getattr(program.model, field):
+        if given is not None and given != getattr(program.model.storage, field):
             raise UserError(f"{flag} {given}: the program in {args.target} stores its weights "
-                            f"as {getattr(program.model, field)}; compile it again with "
+                            f"as {getattr(program.model.storage, field)}; compile it again with "
                             f"{flag} {given}")
     changed = {}
     if routing_for(program.model, args.routing, args.routing_seed) != Routing():

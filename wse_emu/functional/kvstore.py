@@ -48,14 +48,15 @@ class StageKV:
         self.length, rows = (r.w, r.h) if long_x else (r.h, r.w)
         kv_bytes = program.arrays["sram_kv_cache"][r.system, r.y:r.y1, r.x:r.x1].astype(np.int64)
         grid = kv_bytes.T if long_x else kv_bytes  # (long side, rows)
-        self.column_capacity = kvlayout.column_capacity(grid, model.kv_size, stage.num_layers,
-                                                        model.dtype_bytes)
-        features = kvlayout.row_features(model.kv_size, rows)
+        self.column_capacity = kvlayout.column_capacity(grid, model.attention.kv_size,
+                                                        stage.num_layers,
+                                                        model.storage.dtype_bytes)
+        features = kvlayout.row_features(model.attention.kv_size, rows)
         bounds = np.concatenate([[0], np.cumsum(features)])
-        hd = model.head_dim
+        hd = model.attention.head_dim
         # Per KV head: (row, first feature within the head, end) of every row holding a slice.
         self.head_rows = []
-        for h in range(model.num_kv_heads):
+        for h in range(model.attention.num_kv_heads):
             lo, hi = h * hd, (h + 1) * hd
             self.head_rows.append([(b, max(bounds[b], lo) - lo, min(bounds[b + 1], hi) - lo)
                                    for b in range(rows)
@@ -75,7 +76,7 @@ class StageKV:
 
     def clear(self) -> None:
         self.count = 0
-        shape = (0, self.model.num_kv_heads, self.model.head_dim)
+        shape = (0, self.model.attention.num_kv_heads, self.model.attention.head_dim)
         self.keys = [np.zeros(shape, np.float32) for _ in range(self.stage.num_layers)]
         self.values = [np.zeros(shape, np.float32) for _ in range(self.stage.num_layers)]
 
@@ -107,10 +108,10 @@ class StageKV:
         ``sinks`` (heads,): a logit per query head that joins its softmax and adds no value
         (gpt-oss), taken in where the head's output is finished."""
         model, rnd = self.model, self.numerics.round
-        group = model.group_size
-        scale = np.float32(model.attention_scale)
-        window = model.window(self.stage.layers[0] + layer)
-        cap = model.attn_logit_softcap
+        group = model.attention.group_size
+        scale = np.float32(model.attention.scale)
+        window = model.attention.window(self.stage.layers[0] + layer)
+        cap = model.attention.logit_softcap
         cached = int(positions.max()) + 1
         column = self.columns(cached)  # (P,)
         stored = np.arange(cached)

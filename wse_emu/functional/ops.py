@@ -37,28 +37,28 @@ def inverse_frequencies(model: ModelSpec, layer: int = 0, length: int = 1) -> np
     original positions / high_freq_factor), and blends linearly in wavelength between;
     ``longrope`` divides each pair by its short factor while the sequence (``length``
     positions) stays within the original context, by its long factor beyond it."""
-    if model.rope_scaling not in ROPE_SCALINGS:
-        raise UserError(f"{model.name}: rope_scaling {model.rope_scaling!r} is not modelled by "
+    if model.rope.scaling not in ROPE_SCALINGS:
+        raise UserError(f"{model.name}: rope_scaling {model.rope.scaling!r} is not modelled by "
                         "the functional engine (linear, llama3, longrope and yarn are)")
-    d = model.head_dim
+    d = model.attention.head_dim
     theta = model.rope_theta_of(layer)
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
     if not model.rope_scaled(layer):
         return inv_freq
-    factor = model.rope_scaling_factor
-    if model.rope_scaling == "linear":
+    factor = model.rope.factor
+    if model.rope.scaling == "linear":
         return inv_freq / factor
-    if model.rope_scaling == "llama3":
-        context = model.rope_original_max_positions
-        low, high = model.rope_low_freq_factor, model.rope_high_freq_factor
+    if model.rope.scaling == "llama3":
+        context = model.rope.original_max_positions
+        low, high = model.rope.low_freq_factor, model.rope.high_freq_factor
         wavelength = 2 * np.pi / inv_freq
         blend = np.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
         return inv_freq * (blend + (1.0 - blend) / factor)
-    if model.rope_scaling == "longrope":
-        long = length > model.rope_original_max_positions
-        factors = model.rope_long_factor if long else model.rope_short_factor
+    if model.rope.scaling == "longrope":
+        long = length > model.rope.original_max_positions
+        factors = model.rope.long_factor if long else model.rope.short_factor
         return inv_freq / np.asarray(factors, dtype=np.float64)
-    if model.rope_scaling == "yarn":
+    if model.rope.scaling == "yarn":
         keep = yarn_keep(model)
         return inv_freq * keep + inv_freq / factor * (1 - keep)
     return inv_freq
@@ -69,14 +69,14 @@ def yarn_keep(model: ModelSpec) -> np.ndarray:
     beta_fast times over the original context, 0 (divided by the factor) for those turning
     fewer than beta_slow times, linear in the pair index between (the bounds rounded outward
     when the model truncates them)."""
-    d, base = model.head_dim, model.rope_theta
-    context = model.rope_original_max_positions
+    d, base = model.attention.head_dim, model.rope.theta
+    context = model.rope.original_max_positions
 
     def pair(turns: float) -> float:  # the (fractional) pair index that turns so many times
         return d * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-    lo, hi = pair(model.rope_beta_fast), pair(model.rope_beta_slow)
-    if model.rope_truncate:
+    lo, hi = pair(model.rope.beta_fast), pair(model.rope.beta_slow)
+    if model.rope.truncate:
         lo, hi = math.floor(lo), math.ceil(hi)
     lo, hi = max(lo, 0), min(hi, d - 1)
     hi = hi + 0.001 if hi == lo else hi
@@ -86,19 +86,19 @@ def yarn_keep(model: ModelSpec) -> np.ndarray:
 def rope_magnitude(model: ModelSpec) -> float:
     """What cos and sin are multiplied by: longrope's attention factor (given, or from how far
     the context was extended), YaRN's (given, or 0.1 ln(factor) + 1), else 1."""
-    if model.rope_scaling == "yarn":
-        if model.rope_attention_factor is not None:
-            return model.rope_attention_factor
-        factor = model.rope_scaling_factor
+    if model.rope.scaling == "yarn":
+        if model.rope.attention_factor is not None:
+            return model.rope.attention_factor
+        factor = model.rope.factor
         return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
-    if model.rope_scaling != "longrope":
+    if model.rope.scaling != "longrope":
         return 1.0
-    if model.rope_attention_factor is not None:
-        return model.rope_attention_factor
-    scale = model.max_position_embeddings / model.rope_original_max_positions
+    if model.rope.attention_factor is not None:
+        return model.rope.attention_factor
+    scale = model.max_position_embeddings / model.rope.original_max_positions
     if scale <= 1.0:
         return 1.0
-    return math.sqrt(1 + math.log(scale) / math.log(model.rope_original_max_positions))
+    return math.sqrt(1 + math.log(scale) / math.log(model.rope.original_max_positions))
 
 
 def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec, layer: int = 0,
@@ -106,7 +106,7 @@ def rotary(x: np.ndarray, positions: np.ndarray, model: ModelSpec, layer: int = 
     """Rotate (tokens, heads * head_dim) by position, pairing i with i + head_dim / 2 as
     Hugging Face does; angles in float64, applied in float32. ``length`` is the sequence's
     length after this call (longrope picks its factors by it)."""
-    t, head_dim = len(x), model.head_dim
+    t, head_dim = len(x), model.attention.head_dim
     x = x.reshape(t, -1, head_dim)
     length = int(positions.max()) + 1 if length is None else length
     angles = np.outer(positions.astype(np.float64),

@@ -52,7 +52,7 @@ class FunctionalStage:
         self.ops = {op.name: op for op in ly.input_ops(self.model) + self.layer_table
                     + ly.output_ops(self.model)}
         # A split layer's part: the experts it holds, [e0, e1) of the layer's E.
-        self.held = stage.part or (0, self.model.num_experts)
+        self.held = stage.part or (0, self.model.experts.count if self.model.is_moe else 0)
         self.kernels = {k.name: k for k in program.stage_kernels(stage)}
         # What the kernels' patterns load and keep: weight tiles, the KV slots, the sinks, and
         # a mixture of experts' strips, biases, down's input order and the tokens' choices.
@@ -66,7 +66,7 @@ class FunctionalStage:
         self.routed = None
         self._expert_strips: list | None = None
         self.per_run = 1
-        if self.model.num_experts and stage.num_layers:  # gate's and up's experts per run
+        if self.model.is_moe and stage.num_layers:  # gate's and up's experts per run
             up = self.kernels["experts_up"]
             self.per_run = up.matrix[1] // self.ops["experts_up"].matrix[1]
         # A kernel's SRAM is planned once for both phases' patterns (``compiler.build``), so

@@ -71,7 +71,7 @@ def layer_loads(program, model, layer: int, tokens: int, offset: int) -> np.ndar
     """Tokens routed to each expert of a stage's ``layer``-th layer in this step's tile. The
     draw is keyed by the layer's place in its stage, so that stages of one shape draw alike
     and one simulation times them all, as for dense stages."""
-    return routing_of(program.options).loads(model.num_experts, model.experts_per_token,
+    return routing_of(program.options).loads(model.experts.count, model.experts.top_k,
                                              tokens, layer, offset)
 
 
@@ -81,7 +81,7 @@ def deliver_route(sg, tile, src_pe: int, src_ready: int, lines: np.ndarray,
     (n lines of L PEs, side by side), into ``targets`` (tasks shaped like ``lines``): one
     message to the PE nearest the source, multicast from there across the lines (along the
     n positions at that PE's place in the line) and then along every line."""
-    t, k = tile.step.new_tokens, sg.model.experts_per_token
+    t, k = tile.step.new_tokens, sg.model.experts.top_k
     kind = sg.kind[kernel]
     w = sg.g.width
     size = int(wavelets(np.array([t * k]), sg.d + ly.TOKEN_ID_BYTES)[0])

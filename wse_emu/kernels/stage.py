@@ -72,7 +72,7 @@ class StageGraph:
     def __init__(self, program: WaferProgram, stage: Stage, step: MicroBatch):
         self.program, self.stage, self.step = program, stage, step  # the whole step
         self.model = program.model
-        self.d = self.model.dtype_bytes
+        self.d = self.model.storage.dtype_bytes
         r = stage.rect
         self.g = GraphBuilder(r.w, r.h)
         self.cost = CostModel(program.fabric, self.d)
@@ -249,7 +249,7 @@ class StageGraph:
             # choices arrived with the stream, on the home line.
             ready["post_attn_norm"], at["post_attn_norm"] = x, (home.edge, hsz)
             ready["route"] = (home.edge[0], x[0])
-            at["route"] = (home.edge[:1], np.array([self.model.experts_per_token]))
+            at["route"] = (home.edge[:1], np.array([self.model.experts.top_k]))
         tiles = tile.step.attention_tiles(ly.attention_tile_of(self.program.options))
         if len(tiles) == 1 or not self.stage.has_attention:
             ready, at = self.layer_ops(strips, home, self.layer_table, ready, at, tile)
@@ -288,7 +288,7 @@ class StageGraph:
         normed = self.feed(norm_pes, norm_sizes, ready["post_attn_norm"], home.edge, hsz,
                            "post_attn_norm", tile)
         route_pe, route_task = ready["route"]
-        k = self.model.experts_per_token
+        k = self.model.experts.top_k
         choices = self.g.tasks(home.edge[:1], 0, self.kind["route"])
         t = self.step_tokens("route", tile)
         if route_pe == home.edge[0]:
@@ -307,12 +307,12 @@ class StageGraph:
         is expanded by its pattern; what differs between ops is only where their inputs
         are."""
         axis = None  # a mixture of experts: this layer's tokens per expert, on the E x m axis
-        if self.model.num_experts and any(op.kind == ly.EXPERT_GEMM for op in ops):
+        if self.model.is_moe and any(op.kind == ly.EXPERT_GEMM for op in ops):
             loads = layer_loads(self.program, self.model, tile.layer, tile.step.new_tokens,
                                 tile.step.prefix)
             held = next(op for op in ops if op.kind == ly.EXPERT_GEMM)
             loads = loads[held.first_expert:held.first_expert + held.experts]
-            axis = RoutedAxis(loads, self.model.moe_intermediate_size)
+            axis = RoutedAxis(loads, self.model.experts.intermediate_size)
         on_axis: set[str] = set()  # ops whose output lies on the expert axis
 
         def site(name: str) -> tuple[np.ndarray, np.ndarray]:

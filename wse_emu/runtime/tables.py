@@ -329,7 +329,7 @@ def stage_content(program: WaferProgram, stage) -> str:
     return json.dumps({
         "shape": [r.w, r.h], "strip_axis": stage.strip_axis, "layers": stage.num_layers,
         "embedding": stage.has_embedding, "head": stage.has_head, "part": stage.part,
-        "windows": [program.model.window(i) for i in range(*stage.layers)],
+        "windows": [program.model.attention.window(i) for i in range(*stage.layers)],
         "kernels": kernels, "model": program.model.to_dict(),
         "fabric": program.fabric.to_dict(),
         "routing": [str(options.routing), options.routing_seed],

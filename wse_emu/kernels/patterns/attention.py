@@ -48,18 +48,18 @@ class KVSpread(Pattern):
                   else per_pe[:, None])
         # Attention works one query head at a time on each PE: its query, its output
         # accumulator, and the softmax running max and sum in FP32.
-        b.add("activations", lay.rect, (2 * model.head_dim) * d + 2 * ly.SUM_BYTES)
+        b.add("activations", lay.rect, (2 * model.attention.head_dim) * d + 2 * ly.SUM_BYTES)
         # Its trees, sized for a decode token at the bound's context: partial scores of a
         # head over the head's rows, partial outputs (a row's features of the group's query
         # heads, with their max and sum) along the long side.
-        features = int(kvlayout.row_features(model.kv_size, lay.short).max())
-        heads_per_row = max(1, -(-model.num_kv_heads // lay.short))
-        rows_per_head = max(1, lay.short // model.num_kv_heads)
-        scores = model.group_size * heads_per_row * \
+        features = int(kvlayout.row_features(model.attention.kv_size, lay.short).max())
+        heads_per_row = max(1, -(-model.attention.num_kv_heads // lay.short))
+        rows_per_head = max(1, lay.short // model.attention.num_kv_heads)
+        scores = model.attention.group_size * heads_per_row * \
             -(-b.options.bound_decode_context // lay.long)
         att.trees["across"] = b.tree_levels(rows_per_head, scores)
         att.trees["along"] = b.tree_levels(
-            lay.long, model.group_size * (features + 2 * heads_per_row))
+            lay.long, model.attention.group_size * (features + 2 * heads_per_row))
         # One color per level; the two trees run one after the other on crossing axes, so
         # they share their colors, the routes switched between the axes at run time (as
         # WaferLLM's WSE-3 code reconfigures one set of colors per axis).
@@ -76,7 +76,7 @@ class KVSpread(Pattern):
         return attention(sg, tile, q_ready, q_edge, k_ready, k_edge, o_strip)
 
     def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
-        d = model.dtype_bytes
+        d = model.storage.dtype_bytes
         t = ly.op_tokens(ops[0], mb)
         pes = kernel.rect.area
         candidates = []
@@ -90,7 +90,7 @@ class KVSpread(Pattern):
         # results (softmax max and sum, weighted values) are reduced across it.
         radius = ceil_div(kernel.rect.w - 1, 2) + ceil_div(kernel.rect.h - 1, 2)
         path = 2 * fabric.hop_latency_cycles * radius + 2 * fabric.ramp_latency_cycles
-        q_in = t * model.q_size * d / pes
+        q_in = t * model.attention.q_size * d / pes
         return result(fabric, cost.flops / (pes * fabric.flops_per_cycle(d)),
                       max(cost.read_bytes / (pes * fabric.sram_read_bytes_per_cycle),
                           cost.write_bytes / (pes * fabric.sram_write_bytes_per_cycle)),
@@ -106,7 +106,7 @@ class KVSpread(Pattern):
     def compute(self, fs, op, index, *inputs):
         """K and V appended to the PEs' slots; attention of the queries over them, with the
         softmax and the weighted sum flash-style where the keys are."""
-        hd = fs.model.head_dim
+        hd = fs.model.attention.head_dim
         if op.kind == ly.KV_APPEND:
             k, v = inputs
             t = len(k)
@@ -131,7 +131,7 @@ register(KVSpread())
 def head_groups(sg, s: int) -> list[np.ndarray]:
     """Rows across the stage that share a KV head (one row each when rows are fewer than
     KV heads: such a row holds several heads)."""
-    n_kv = sg.model.num_kv_heads
+    n_kv = sg.model.attention.num_kv_heads
     if s <= n_kv:
         return [np.array([b]) for b in range(s)]
     owner = (np.arange(s) * n_kv) // s
@@ -187,22 +187,22 @@ def attention(sg, tile: Tile, q_ready, q_edge, k_ready, k_edge, o_strip) -> tupl
     grid = sg.stage_grid()  # (L, s)
     length, s = grid.shape
     t = step.new_tokens
-    hd = model.head_dim
+    hd = model.attention.head_dim
     groups = head_groups(sg, s)
-    q_sizes = even_split(model.q_size, s)
-    kv_sizes = even_split(model.kv_size, s)
+    q_sizes = even_split(model.attention.q_size, s)
+    kv_sizes = even_split(model.attention.kv_size, s)
     # Query heads whose features a row holds, and per group (all its rows).
-    kv_heads_row = np.maximum(1, -(-model.num_kv_heads // s)) if s < model.num_kv_heads \
-        else 1
-    q_heads_group = kv_heads_row * model.group_size
+    kv_heads = model.attention.num_kv_heads
+    kv_heads_row = np.maximum(1, -(-kv_heads // s)) if s < kv_heads else 1
+    q_heads_group = kv_heads_row * model.attention.group_size
     a_q = int(np.flatnonzero((grid == q_edge[0]).any(axis=1))[0])
     a_k = int(np.flatnonzero((grid == k_edge[0]).any(axis=1))[0])
     a_o = int(np.flatnonzero((grid == o_strip.pe[0, o_strip.pe.shape[1] // 2]).any(axis=1))[0])
     rows = np.ascontiguousarray(grid.T)  # (s, L)
-    window = model.window(sg.stage.layers[0] + tile.layer)
+    window = model.attention.window(sg.stage.layers[0] + tile.layer)
     # Keys each query attends to, on average (causal, capped by a sliding window).
     keys = ly.attended_pairs(window, step) / t
-    cap = ly.SOFTCAP_FLOPS if model.attn_logit_softcap else 0
+    cap = ly.SOFTCAP_FLOPS if model.attention.logit_softcap else 0
     if step.phase == "decode":
         return decode_attention(sg, tile, q_ready, a_q, k_ready, a_k, a_o, o_strip, keys)
     # Prefill: queries split along the rows, keys and values sent along them. A tile's
@@ -276,10 +276,10 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
     kind = sg.kind["attention"]
     grid = sg.stage_grid()  # (L, s)
     length, s = grid.shape
-    t, hd, group = step.new_tokens, model.head_dim, model.group_size
+    t, hd, group = step.new_tokens, model.attention.head_dim, model.attention.group_size
     groups = head_groups(sg, s)
-    q_sizes = even_split(model.q_size, s)
-    kv_sizes = even_split(model.kv_size, s)
+    q_sizes = even_split(model.attention.q_size, s)
+    kv_sizes = even_split(model.attention.kv_size, s)
     kv_bounds = np.concatenate([[0], np.cumsum(kv_sizes)])
     # KV heads whose features a row holds (a slice of one, or several whole ones).
     heads = np.where(kv_sizes > 0, (kv_bounds[1:] - 1) // hd - kv_bounds[:-1] // hd + 1, 0)
@@ -287,7 +287,7 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
     rows = np.ascontiguousarray(grid.T)  # (s, L)
     # Queries: row b needs, for every query head of its KV heads, the features at its K
     # positions; they arrive in the q_proj layout and are regrouped within the column.
-    kv_feature = np.arange(model.kv_size)
+    kv_feature = np.arange(model.attention.kv_size)
     order = ((kv_feature // hd * group)[:, None] + np.arange(group)[None, :]) * hd \
         + (kv_feature % hd)[:, None]  # (kv feature, query head of its group)
     q_here = regroup(sg, tile, grid[a_q], q_ready, q_sizes, group * kv_sizes, order.ravel(),
@@ -318,7 +318,7 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
                     np.tile(wavelets(2 * kv_sizes * t, d), len(senders)), shifted, 0, 3)
     # Partial scores of each head meet at the head's first row; the softmax of the
     # column's share runs there; probabilities, max and sum return to the head's rows.
-    cap = ly.SOFTCAP_FLOPS if model.attn_logit_softcap else 0
+    cap = ly.SOFTCAP_FLOPS if model.attention.logit_softcap else 0
     first = np.array([gr[0] for gr in groups])
     per_row = t * group * heads[None, :] * tokens  # (L, s): scores a row holds
     met = across_groups(sg, grid, groups, scores, per_row, kind, back=False,
@@ -345,8 +345,8 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
     sg.g.then(along, final)
     final = sinks(sg, grid[a_o], final, t)
     # Back to the q_proj layout o_proj reads, then into o_proj's entries.
-    inverse = np.empty(model.q_size, dtype=np.int64)
-    inverse[order.ravel()] = np.arange(model.q_size)
+    inverse = np.empty(model.attention.q_size, dtype=np.int64)
+    inverse[order.ravel()] = np.arange(model.attention.q_size)
     o_here = regroup(sg, tile, grid[a_o], final, group * kv_sizes, q_sizes, inverse,
                           "attention")
     return grid[a_o], q_sizes, o_here
@@ -354,9 +354,9 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
 def sinks(sg, pes: np.ndarray, ready: np.ndarray, tokens: int) -> np.ndarray:
     """gpt-oss's sinks: each query head's learned logit joins its softmax's sum where the
     head's output is finished (the row holding its features, on o_proj's line)."""
-    if not sg.model.attention_sinks:
+    if not sg.model.attention.sinks:
         return ready
-    heads = even_split(sg.model.num_heads, len(pes))
+    heads = even_split(sg.model.attention.num_heads, len(pes))
     done = sg.work(pes, ly.Work(ly.SOFTMAX_FLOPS * tokens * heads,
                                   heads * (tokens + 1) * sg.d, 0), "attention")
     sg.g.then(ready, done)

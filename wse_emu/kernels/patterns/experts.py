@@ -66,7 +66,7 @@ class ExpertRuns(Pattern):
         choices beyond the experts held in the other part); where each expert's sums stay
         its own (gate, up), they still cross the expert's run of columns."""
         op = ops[0]
-        t, d = ly.op_tokens(op, mb), model.dtype_bytes
+        t, d = ly.op_tokens(op, mb), model.storage.dtype_bytes
         k, n = op.matrix
         kp, np_ = kernel.grid
         pairs = t * max(0, op.top_k - (op.total_experts - op.experts))
@@ -128,7 +128,7 @@ register(ExpertRuns())
 def routed_columns(fs, chosen: np.ndarray) -> np.ndarray:
     """(tokens, E x m): whether each column of the expert axis (the stage's experts') belongs
     to a token's expert."""
-    e, m = fs.model.num_experts, fs.model.moe_intermediate_size
+    e, m = fs.model.experts.count, fs.model.experts.intermediate_size
     hit = np.zeros((len(chosen), e), bool)
     np.put_along_axis(hit, chosen, True, axis=-1)
     return np.repeat(hit[:, slice(*fs.held)], m, axis=1)

@@ -59,7 +59,7 @@ class RowGather(Pattern):
     def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
         # A token's row may sit in the root's own column: only writing the gathered slices
         # is certain.
-        t, d = ly.op_tokens(ops[0], mb), model.dtype_bytes
+        t, d = ly.op_tokens(ops[0], mb), model.storage.dtype_bytes
         k, n = kernel.matrix
         kp, np_ = kernel.grid
         seg = ceil_div(n, np_) if kernel.weight_ref is None else ceil_div(k, kp)

@@ -211,7 +211,7 @@ class DenseStrip(Pattern):
 
     def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
         first = ops[0]
-        d = model.dtype_bytes
+        d = model.storage.dtype_bytes
         fpc = fabric.flops_per_cycle(d)
         hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
         t = ly.op_tokens(first, mb)

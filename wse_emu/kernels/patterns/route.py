@@ -51,7 +51,7 @@ class TopK(Pattern):
         # Each PE scores its share of the experts' logits; the candidates meet on the line.
         pes = kernel.rect.area
         cost = ly.op_cost(ops[0], model, mb)
-        compute = cost.flops / (pes * fabric.flops_per_cycle(model.dtype_bytes))
+        compute = cost.flops / (pes * fabric.flops_per_cycle(model.storage.dtype_bytes))
         radius = ceil_div(pes - 1, 2)
         path = 2 * fabric.hop_latency_cycles * radius \
             + (2 * fabric.ramp_latency_cycles if pes > 1 else 0)
@@ -66,15 +66,15 @@ class TopK(Pattern):
         where the model does; gpt-oss takes the softmax of the k chosen logits. The choices
         stay on ``fs`` for the experts' strips."""
         model = fs.model
-        k = model.experts_per_token
-        if model.family == "gpt_oss":
+        k = model.experts.top_k
+        if model.family_record.softmax_after_topk:
             chosen = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
             fs.routed = chosen, softmax(np.take_along_axis(logits, chosen, axis=-1))
             return fs.routed
         probs = softmax(logits)
         chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         weights = np.take_along_axis(probs, chosen, axis=-1)
-        if model.norm_topk_prob:
+        if model.experts.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
         fs.routed = chosen, fs.numerics.round(weights)  # down's biases are weighted too
         return fs.routed

@@ -80,7 +80,7 @@ def swiglu_clamped(model, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gpt-oss's SwiGLU: the gate clamped above, the up value on both sides, at the model's
     limit; (up + 1) * gate * sigmoid(1.702 gate). An expert no token routed to has a zero
     gate, and stays zero."""
-    limit = np.float32(model.swiglu_limit)
+    limit = np.float32(model.experts.swiglu_limit)
     gate = np.minimum(gate, limit)
     up = np.clip(up, -limit, limit)
     glu = gate * (np.float32(0.5) * (np.float32(1) + np.tanh(np.float32(0.5) * SWIGLU_ALPHA
@@ -91,7 +91,7 @@ def swiglu_clamped(model, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 def combine(fs, act: np.ndarray, route) -> np.ndarray:
     """Each routed activation times its token's router weight for that expert."""
     chosen, weights = route
-    e, m = fs.model.num_experts, fs.model.moe_intermediate_size
+    e, m = fs.model.experts.count, fs.model.experts.intermediate_size
     per_expert = np.zeros((len(chosen), e), np.float32)
     np.put_along_axis(per_expert, chosen, weights, axis=-1)
     return act * np.repeat(per_expert[:, slice(*fs.held)], m, axis=1)
@@ -135,7 +135,7 @@ class Elementwise(Pattern):
 
     def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
         first = ops[0]
-        t, d = ly.op_tokens(first, mb), model.dtype_bytes
+        t, d = ly.op_tokens(first, mb), model.storage.dtype_bytes
         fpc = fabric.flops_per_cycle(d)
         site = ly.kernel_ops(model, part).get(first.site)  # the strip the op runs on
         if site and site[0].kind == ly.EXPERT_GEMM:
@@ -230,7 +230,7 @@ class LineNorm(Pattern):
         op = sg.ops[name]
         if op.kind != ly.HEAD_RMSNORM:
             return [np.arange(n)]
-        heads = op.length // sg.model.head_dim
+        heads = op.length // sg.model.attention.head_dim
         if n <= heads:
             return [np.array([p]) for p in range(n)]
         owner = (np.arange(n) * heads) // n
@@ -238,7 +238,7 @@ class LineNorm(Pattern):
 
     def bound(self, kernel, ops, model, fabric, mb, layers=None, part=None) -> dict:
         first = ops[0]
-        t, d = ly.op_tokens(first, mb), model.dtype_bytes
+        t, d = ly.op_tokens(first, mb), model.storage.dtype_bytes
         pes = kernel.rect.area
         seg = ceil_div(kernel.length, pes)
         work = ly.elementwise_work(ly.NORM_SQUARES, t * seg, d) + ly.elementwise_work(
@@ -268,14 +268,14 @@ def norm(fs, name: str, layer: int, x: np.ndarray) -> np.ndarray:
     squares = np.stack([np.sum(x[:, a:b] * x[:, a:b], axis=1)
                         for a, b in zip(bounds[:-1], bounds[1:])])  # (pes, t)
     total = tree_reduce(squares, 0, np.add, levels=fs.kernels[name].trees.get("reduce", 2))
-    inv_rms = 1.0 / np.sqrt(total / x.shape[1] + np.float32(fs.model.rms_norm_eps))
+    inv_rms = 1.0 / np.sqrt(total / x.shape[1] + np.float32(fs.model.norm.eps))
     return fs.numerics.round(x * inv_rms.astype(np.float32)[:, None] * _scale(
         fs.model, tiles.vector(layer)))
 
 
 def _scale(model, weight: np.ndarray) -> np.ndarray:
     """A norm's weights as applied: Gemma scales by (offset + w)."""
-    offset = model.norm_weight_offset
+    offset = model.norm.weight_offset
     return weight + np.float32(offset) if offset else weight
 
 
@@ -284,7 +284,7 @@ def head_norm(fs, op: ly.Op, layer: int, x: np.ndarray) -> np.ndarray:
     holds, the sums of a head meet by the tree over the PEs that hold it, and each PE scales
     its own segment."""
     tiles = fs.vectors[op.name]
-    hd = fs.model.head_dim
+    hd = fs.model.attention.head_dim
     t, width = x.shape
     heads = width // hd
     bounds = np.concatenate([[0], np.cumsum(tiles.sizes)])
@@ -295,7 +295,7 @@ def head_norm(fs, op: ly.Op, layer: int, x: np.ndarray) -> np.ndarray:
             cols = np.arange(a, b)[head_of[a:b] == h]
             squares[p, :, h] = np.sum(x[:, cols] * x[:, cols], axis=1)
     total = tree_reduce(squares, 0, np.add)  # (t, heads)
-    inv_rms = 1.0 / np.sqrt(total / hd + np.float32(fs.model.rms_norm_eps))
+    inv_rms = 1.0 / np.sqrt(total / hd + np.float32(fs.model.norm.eps))
     per_element = np.repeat(inv_rms.astype(np.float32), hd, axis=1)
     return x * per_element * _scale(fs.model, tiles.vector(layer))
 
