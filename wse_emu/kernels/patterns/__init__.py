@@ -15,8 +15,9 @@ dispatches on the registry instead of switching on the kernel's kind:
   hold them and the numbers it computes from its inputs, as its dataflow would.
 
 A new pattern is a subclass of its kind's class registered here (``register``) and selected
-by a compile option (``CompileOptions.matrix_patterns`` for dense matrix strips); the consistency tests iterate over the
-registry. The entries live in the modules of this package, one per kind.
+by a compile option (``CompileOptions.matrix_patterns`` for dense matrix strips); the
+consistency tests iterate over the registry. The entries live in the modules of this
+package, one per kind.
 """
 
 from __future__ import annotations
