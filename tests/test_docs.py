@@ -133,7 +133,8 @@ def test_no_page_names_a_path_of_the_machine_it_was_written_on():
 
 
 # Each recipe of the contributing page, and the test that follows it once.
-RECIPES = {"A new serving policy": ("test_serve_twin.py", "DecodeFirst"),
+RECIPES = {"A new architecture family": ("test_families.py", "RENAMED"),
+           "A new serving policy": ("test_serve_twin.py", "DecodeFirst"),
            "A new pool": ("test_pools.py", "StepModelPool"),
            "A new kernel pattern": ("test_patterns.py", "GemvWhole")}
 
@@ -144,4 +145,5 @@ def test_every_recipe_of_the_contributing_page_is_followed_in_a_test(recipe):
     test_file, example = RECIPES[recipe]
     section = page.split(f"## {recipe}\n", 1)[1].split("\n## ", 1)[0]
     assert f"tests/{test_file}" in section and f"`{example}`" in section
-    assert re.search(rf"^class {example}\b", (ROOT / "tests" / test_file).read_text(), re.M)
+    assert re.search(rf"^(class {example}\b|{example} = )", (ROOT / "tests" / test_file)
+                     .read_text(), re.M)
