@@ -18,6 +18,7 @@ from wse_emu.runtime.comparison import ExperimentReport, Space
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+@pytest.mark.e2e
 def test_the_readme_example_runs(capsys):
     block = re.search(r"### Python\n.*?```python\n(.*?)```", README.read_text(), re.S).group(1)
     exec(compile(block, "README.md", "exec"), {})
@@ -36,6 +37,7 @@ def _printed_json(capsys, *argv) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.e2e
 def test_a_step_is_what_run_prints_and_shows_itself_in_a_line(capsys):
     program = api.compile("tiny", "mesh16", region=(8, 8))
     step = api.run(program, "decode", batch=2, context=64)
@@ -57,6 +59,7 @@ def test_a_step_is_what_run_prints_and_shows_itself_in_a_line(capsys):
     assert step.stages[1].to_json().items() <= {**data["stages"][1]}.items()
 
 
+@pytest.mark.e2e
 def test_a_handoff_is_what_run_prints(capsys):
     from wse_emu.runner import handoff_for, kv_handoff
 
@@ -68,6 +71,7 @@ def test_a_handoff_is_what_run_prints(capsys):
     assert repr(handoff).startswith("HandoffRun('prefill0' -> 'decode0', KV of 64 tokens")
 
 
+@pytest.mark.e2e
 def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
     program = api.compile("tiny", "mesh16", region=(8, 8))
     result, metrics = api.serve(program, str(SMALL_CHAT), cache_dir=tmp_path, ttft_s=1.0,

@@ -158,6 +158,7 @@ def test_new_families_follow_the_reference_token_for_token(checkpoints, family, 
                       ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma3", "phi3"])
 def test_a_v5_config_gives_the_same_tokens_and_logits_as_its_v4_twin(checkpoints, family,
                                                                       tmp_path):
@@ -221,6 +222,7 @@ def test_reused_stage_times_tell_sliding_and_full_layers_apart():
 NEW_PRESETS = ["qwen3-8b", "gemma-2-9b", "gemma-3-1b", "phi-3-mini", "phi-3.5-mini"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", NEW_PRESETS)
 def test_new_presets_compile_on_one_wse3_and_run_both_phases(preset):
     program = compile_model(load_model(preset), ClusterSpec(load_fabric("wse3"), 1),
@@ -243,6 +245,7 @@ output: {kind: lognormal, median: 8, sigma: 0.5, low: 1, high: 30}
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_a_gemma_model_serves_a_workload(tmp_path, plan, capsys):
     config = tmp_path / "config.json"

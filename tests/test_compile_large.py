@@ -31,6 +31,7 @@ def check_invariants(p, replicas):
                 assert stage.rect.contains(k.rect)
 
 
+@pytest.mark.slow
 def test_llama8b_colocated_on_one_wse3(llama8b_colocated):
     p = llama8b_colocated
     check_invariants(p, 1)
@@ -41,6 +42,7 @@ def test_llama8b_colocated_on_one_wse3(llama8b_colocated):
     assert 120_000 < p.regions[0].kv_capacity_tokens < 200_000
 
 
+@pytest.mark.slow
 def test_llama8b_disaggregated_on_one_wse3(llama8b_disaggregated):
     p = llama8b_disaggregated
     check_invariants(p, 2)
@@ -53,6 +55,7 @@ def test_llama8b_disaggregated_on_one_wse3(llama8b_disaggregated):
     assert prefill.kv_capacity_tokens < 40_000
 
 
+@pytest.mark.slow
 def test_llama70b_on_four_wse3(llama70b_four):
     p = llama70b_four
     check_invariants(p, 1)
@@ -74,6 +77,7 @@ def test_llama70b_on_one_wse3_says_how_many_systems():
                             "in fp8 (`weight_format=fp8`) they need 2")
 
 
+@pytest.mark.slow
 def test_small_model_gets_replicas_per_role():
     p = compile_model(load_model("llama-3.2-1b"), ClusterSpec(WSE3, 1),
                       CompileOptions(plan="disaggregated"))
@@ -82,6 +86,7 @@ def test_small_model_gets_replicas_per_role():
     check_invariants(p, len(p.regions))
 
 
+@pytest.mark.slow
 def test_disaggregation_across_systems():
     p = compile_model(load_model("llama-3.1-8b"), ClusterSpec(WSE3, 2),
                       CompileOptions(plan="disaggregated", prefill_systems=1))
@@ -89,6 +94,7 @@ def test_disaggregation_across_systems():
     check_invariants(p, 2)
 
 
+@pytest.mark.slow
 def test_explicit_region_and_layers_per_stage():
     p = compile_model(load_model("qwen2.5-7b"), ClusterSpec(WSE3, 1),
                       CompileOptions(layers_per_stage=2))
@@ -110,6 +116,7 @@ def test_bad_requests_are_user_errors(kwargs, match):
         compile_model(load_model("llama-3.1-8b"), ClusterSpec(WSE3, 1), CompileOptions(**kwargs))
 
 
+@pytest.mark.slow
 def test_same_inputs_same_program():
     a = compile_model(load_model("llama-3.2-1b"), ClusterSpec(WSE3, 1))
     b = compile_model(load_model("llama-3.2-1b"), ClusterSpec(WSE3, 1))

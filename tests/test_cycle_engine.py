@@ -110,6 +110,7 @@ def test_conservation_and_littles_law():
     assert latency.min() >= 2 * 2  # at least both ramps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [8, 16])
 @pytest.mark.parametrize("pattern", ["uniform", "transpose", "bitcomp"])
 def test_saturation_within_75_to_100_percent_of_the_bound(k, pattern):

@@ -51,6 +51,7 @@ def cluster(tmp_path_factory):
                 proc.kill()
 
 
+@pytest.mark.e2e
 def test_the_experiment_on_a_dask_cluster_gives_the_local_answer(cluster, tmp_path, capsys):
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--json"]

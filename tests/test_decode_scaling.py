@@ -21,12 +21,14 @@ def wse2():
     return load_fabric("wse2")
 
 
+@pytest.mark.slow
 def test_decode_grows_with_the_context(wse2):
     program = one_layer(wse2, 420)
     short, long = decode_cycles(program, 1024), decode_cycles(program, 16384)
     assert long > short * 1.05
 
 
+@pytest.mark.slow
 def test_decode_grows_slowly_with_the_region(wse2):
     small = decode_cycles(one_layer(wse2, 420), 4096)
     large = decode_cycles(one_layer(wse2, 600), 4096)

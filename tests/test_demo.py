@@ -4,11 +4,14 @@ writing its runs, figures and report."""
 
 from dataclasses import replace
 
+import pytest
+
 from wse_emu.cli import demo
 from wse_emu.cli.main import main
 from wse_emu.layer import MicroBatch
 
 
+@pytest.mark.e2e
 def test_demo_prints_each_section_and_writes_its_report(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "DEFAULT_MODEL", "tiny")
     monkeypatch.setattr(demo, "DEFAULT_FABRIC", "mesh32")

@@ -24,6 +24,7 @@ def test_only_a_cited_fabric_states_its_power():
     assert load_fabric("wse2").system_power_w == 0
 
 
+@pytest.mark.e2e
 def test_the_experiment_prices_its_best_configurations(tmp_path, capsys):
     path = tmp_path / "w.yaml"
     path.write_text("version: 1\nname: w\narrival: poisson\nrate: 500\nrequests: 40\n"

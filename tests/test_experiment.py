@@ -90,6 +90,7 @@ def test_the_search_gives_up_at_its_floor():
     assert search.best is None and outcomes([search])[0].goodput == 0.0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_prompts(
         programs, tmp_path_factory, seed):
@@ -119,6 +120,7 @@ def test_disaggregation_with_free_transfer_and_room_is_never_worse_on_long_promp
     assert results["disaggregated, share 0.5"].max_rate >= best_colocated > 0
 
 
+@pytest.mark.e2e
 def test_results_barely_move_with_a_finer_table_grid(programs, tmp_path_factory):
     """Serving answers (latency percentiles, throughput) with the tables' grid halved change by
     less than 5%: interpolation error does not steer the experiment."""

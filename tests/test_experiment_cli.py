@@ -19,6 +19,7 @@ def args(tmp_path_factory):
             "--cache-dir", str(root / "cache")]
 
 
+@pytest.mark.e2e
 def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
     assert main(args + ["--workers", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -42,6 +43,7 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
     assert len(comparison["reasons"]) == 2
 
 
+@pytest.mark.e2e
 def test_both_plans_take_the_same_attention_tiles_and_formats_and_the_report_says_so(args,
                                                                                      capsys):
     from wse_emu.cli.experiment_cmd import render
@@ -56,6 +58,7 @@ def test_both_plans_take_the_same_attention_tiles_and_formats_and_the_report_say
     assert "decode attention in tiles of 4" in head and "; matrices in bf16" in head
 
 
+@pytest.mark.e2e
 def test_two_worker_processes_give_the_same_answer(args, capsys):
     assert main(args + ["--workers", "1", "--json"]) == 0
     alone = json.loads(capsys.readouterr().out)
@@ -63,6 +66,7 @@ def test_two_worker_processes_give_the_same_answer(args, capsys):
     assert json.loads(capsys.readouterr().out) == alone
 
 
+@pytest.mark.e2e
 def test_experiment_prints_a_table(args, capsys):
     assert main(args + ["--workers", "1"]) == 0
     out = capsys.readouterr().out
@@ -78,6 +82,7 @@ def test_experiment_prints_a_table(args, capsys):
     (["--attention-tile", "-2"], "--attention-tile must be at least 0"),
     (["--scheduler", "tcp://127.0.0.1:1"], "dask scheduler"),
 ])
+@pytest.mark.e2e
 def test_bad_experiment_input_is_one_line(args, capsys, extra, message):
     if extra[0] == "--scheduler" and not dask_available():
         pytest.skip("dask.distributed is not installed")
@@ -86,6 +91,7 @@ def test_bad_experiment_input_is_one_line(args, capsys, extra, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_experiment_writes_its_points_and_draws_curves(args, tmp_path, capsys):
     out = tmp_path / "experiment"
     assert main(args + ["--workers", "1", "-o", str(out), "--viz"]) == 0

@@ -4,6 +4,7 @@ best is then searched again on longer runs."""
 
 import json
 
+import pytest
 from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
@@ -17,6 +18,7 @@ def run(tmp_path, capsys, *extra) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.e2e
 def test_the_search_takes_several_copies_per_wafer_when_they_serve_more(tmp_path, capsys):
     """A tiny model on a 64x64 mesh leaves one copy's pipeline mostly idle: four copies, each
     on a quarter of the columns, sustain a higher rate, and the comparison is made against
@@ -29,6 +31,7 @@ def test_the_search_takes_several_copies_per_wafer_when_they_serve_more(tmp_path
     assert data["comparison"]["colocated"].startswith("colocated, 4 copies")
 
 
+@pytest.mark.e2e
 def test_each_knob_keeps_its_best_value_and_says_what_it_bought(tmp_path, capsys):
     data = run(tmp_path, capsys, "--prefill-tile", "16,64", "--copies", "1,65",
                "--batch-limit", "16,64")
@@ -53,6 +56,7 @@ def test_each_knob_keeps_its_best_value_and_says_what_it_bought(tmp_path, capsys
     assert data["comparison"]["colocated"] == last["chosen"]
 
 
+@pytest.mark.e2e
 def test_each_plans_best_is_searched_again_on_longer_runs(tmp_path, capsys):
     """A tiny model serves thousands of requests per second: a steady window of 50 ms holds
     hundreds of them."""

@@ -61,6 +61,7 @@ def assert_whole(cache: Path, out: Path) -> None:
             WaferProgram.load(out)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_killed_run_leaves_nothing_damaged_and_its_rerun_gives_the_same_results(tmp_path,
                                                                                   command):

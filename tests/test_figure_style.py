@@ -234,6 +234,7 @@ def _printed(args) -> str:
     return buffer.getvalue()
 
 
+@pytest.mark.e2e
 def test_every_figure_of_every_run_reads_at_its_saved_size(runs, checked):
     drawn = set(checked)
     assert {"map_placement.png", "map_kernels.png", "map_compute.png", "regions_compute.png",

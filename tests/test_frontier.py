@@ -53,6 +53,7 @@ def ladder(tmp_path_factory):
     return tiny_frontier(tmp_path_factory.mktemp("frontier"), user_speed=20_000, seeds=2)
 
 
+@pytest.mark.e2e
 def test_every_point_reached_meets_its_targets(ladder):
     assert len(ladder.rungs) >= 3
     for r in ladder.rungs:
@@ -101,6 +102,7 @@ def test_the_report_reads_back_from_its_json_as_it_was(ladder):
     assert repr(ladder.rungs[0].plans["colocated"]).startswith("FrontierPoint(plan='colocated'")
 
 
+@pytest.mark.e2e
 def test_a_speed_no_configuration_reaches_has_no_capacity_and_no_ratio(tmp_path, ladder):
     # Twice as fast as a lone sequence's decode step: no batch, no policy gets there.
     too_fast = 2.0 / ladder.lone_decode_step_s
@@ -134,6 +136,7 @@ def test_a_ratio_over_a_colocated_zero_is_unbounded_not_a_number():
     assert capacity_ratio(report).ratio == "unbounded"
 
 
+@pytest.mark.e2e
 def test_more_draws_narrow_the_ratios_interval(tmp_path):
     widths = []
     for seeds in (2, 4):
@@ -166,6 +169,7 @@ def test_the_ladder_runs_from_near_the_floor_to_20_ms_with_the_vendor_speed_on_i
     assert 1e6 not in speed_ladder(0.0003, 1e6)  # faster than a lone step: not a rung
 
 
+@pytest.mark.e2e
 def test_the_floor_is_the_fastest_lone_step_of_any_layout(tmp_path, monkeypatch):
     """The ladder starts from the fastest layout either plan may take, not from the first one
     built: a deeper or a wider pipeline steps at its own pace."""
@@ -214,6 +218,7 @@ def _requests(prompts, outputs, gap=0.01):
                     np.arange(n), np.zeros(n, dtype=np.int64), np.zeros(n))
 
 
+@pytest.mark.e2e
 def test_a_request_no_region_holds_is_refused_and_misses_its_targets(tiny_split):
     program, pools = tiny_split
     room = max(p.kv_capacity_tokens for p in pools)
@@ -253,6 +258,7 @@ def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):
     assert not StepScale() and StepScale(decode=0.7).describe() == "decode step times x0.7"
 
 
+@pytest.mark.e2e
 def test_both_plans_are_tried_at_the_same_pipeline_depths(tmp_path):
     data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
                           space=replace(QUICK, layers_per_stage="matched"),
@@ -266,6 +272,7 @@ def test_both_plans_are_tried_at_the_same_pipeline_depths(tmp_path):
     assert len(deeper) == len(own)
 
 
+@pytest.mark.e2e
 def test_frontier_command_writes_json_and_figure_and_refuses_bad_speeds(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["experiment", "frontier", "tiny", "--fabric", "mesh16", "--workload",

@@ -96,6 +96,7 @@ def follows_reference(generator, reference, prompt, tile: int, steps: int) -> No
         token = int(np.argmax(got))
 
 
+@pytest.mark.slow
 def test_the_cases_cover_real_reduction_trees():
     """At least one case splits K over enough PEs that the tree has members and leaders."""
     depth = [max_grid(program_for(spec, fabric, options)) for spec, fabric, options in CASES]
@@ -109,6 +110,7 @@ def test_the_cases_cover_real_reduction_trees():
     (QWEN2_GQA, "mesh16", {}),
     (MISTRAL_SWA, "mesh32", dict(region=(16, 16))),
 ], ids=["llama", "qwen2", "mistral"])
+@pytest.mark.slow
 def test_greedy_tokens_match_the_reference_colocated_and_disaggregated(checkpoints, spec, fabric,
                                                                        options):
     model, weights = checkpoints[spec.name]

@@ -165,6 +165,7 @@ def test_prompt_split_into_several_prefill_tiles(checkpoint, capsys):
 
 # --- 3: a preset, on seeded random weights --------------------------------------------------
 
+@pytest.mark.e2e
 def test_preset_runs_on_seeded_random_weights(capsys):
     spec = load_model("tiny")
     args = ["tiny", *FABRIC, "--prompt-ids", "7,8,9", "--max-new-tokens", 4]
@@ -199,6 +200,7 @@ def test_text_output_names_the_regions(capsys, checkpoint):
     ("intermediate_size", 96, "model.layers.0.mlp.gate_proj.weight"),
     ("hidden_size", 32, "model.embed_tokens.weight"),
 ])
+@pytest.mark.e2e
 def test_config_disagreeing_with_the_tensors(tmp_path, field, value, tensor):
     pytest.importorskip("safetensors")
     from wse_emu.weights import save_checkpoint
@@ -215,6 +217,7 @@ def test_config_disagreeing_with_the_tensors(tmp_path, field, value, tensor):
     assert list(tmp_path.iterdir()) == [ckpt]  # no logits file, not even a partial one
 
 
+@pytest.mark.e2e
 def test_missing_tensor_is_named(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     ckpt = tmp_path / "ckpt"
@@ -250,12 +253,14 @@ def test_missing_tensor_is_named(tmp_path):
 ], ids=["not-an-int", "past-vocab", "negative", "empty", "zero-tokens", "not-npy",
         "no-tokenizer", "zero-tile", "past-int64", "negative-seed", "past-positions",
         "too-many-tiles"])
+@pytest.mark.e2e
 def test_bad_input_is_one_line(tmp_path, args, needle):
     proc = run_cli("generate", "tiny", *FABRIC, *args, cwd=tmp_path)
     assert_quiet_error(proc, needle)
     assert list(tmp_path.iterdir()) == []  # out.txt (or anything else) not written
 
 
+@pytest.mark.e2e
 def test_a_model_too_large_to_hold_is_refused_before_loading(tmp_path):
     # 70.6 G parameters, 282 GB in float32: more than any machine this runs on.
     proc = run_cli("generate", "llama-3.1-70b", "--prompt-ids", "1,2", cwd=tmp_path)

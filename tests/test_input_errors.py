@@ -223,6 +223,7 @@ def test_non_utf8_config_is_a_config_error(tmp_path, name, loader):
     assert "not UTF-8 text" in str(info.value) and str(path) in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_non_utf8_config(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_bytes(b"\xff\xfe{}")
@@ -576,6 +577,7 @@ def short_model(tmp_path: Path, positions: int = 512) -> Path:
       "--max-new-tokens", "600"], "601 positions; short has 512"),
 ], ids=["run-decode", "run-prefill", "run-handoff", "inspect", "serve", "experiment",
         "generate"])
+@pytest.mark.slow
 def test_every_command_refuses_positions_past_the_model(tmp_path, command, needle):
     """A context the model's rotary embedding was never defined for is refused by name, in
     seconds, before any step is timed (``serve tiny`` once served 81 of 100 prompts longer

@@ -39,6 +39,7 @@ def makespan_cycle(g):
     return int(max(r.task_end.max(), r.t_done.max(initial=0)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_every_kernel_at_or_above_its_bound_and_engines_agree(small_on_64, phase):
     p = small_on_64
@@ -54,6 +55,7 @@ def test_every_kernel_at_or_above_its_bound_and_engines_agree(small_on_64, phase
             assert f == pytest.approx(c, rel=0.10, abs=16), (k.name, f, c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_whole_compiled_stage_engines_agree(small_on_64, phase):
     p = small_on_64
@@ -64,6 +66,7 @@ def test_whole_compiled_stage_engines_agree(small_on_64, phase):
         assert f == pytest.approx(c, rel=0.10), (stage.id, f, c)
 
 
+@pytest.mark.slow
 def test_stage_time_at_or_above_the_stage_bound():
     opts = CompileOptions(region=(64, 64), bound_prefill_tokens=64, bound_decode_batch=2,
                           bound_decode_context=256)
@@ -76,6 +79,7 @@ def test_stage_time_at_or_above_the_stage_bound():
         assert run.step_cycles >= region_bound
 
 
+@pytest.mark.slow
 def test_reusing_equal_stages_changes_nothing():
     deep = ModelSpec.from_fields(**{**SMALL.to_dict(), "num_layers": 8}).validate("test")
     p = compile_model(deep, ClusterSpec(load_fabric("mesh128"), 1),
@@ -112,6 +116,7 @@ def test_prefill_tiles_stream_through_a_stage(small_on_64):
                                              + sum(four.transfers) + 3 * max(periods))
 
 
+@pytest.mark.slow
 def test_streamed_prefill_engines_agree(small_on_64):
     p = small_on_64
     step = MicroBatch("prefill", tokens=256, chunks=4)

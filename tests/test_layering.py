@@ -54,6 +54,7 @@ def test_the_check_sees_an_offending_import(tmp_path):
     assert "wse_emu.compiler" in imported(bad)
 
 
+@pytest.mark.slow
 def test_nothing_installs_a_generic_top_level_name():
     """The compiler, the figures and the presets keep their folders but are installed as
     ``wse_emu.compiler``, ``wse_emu.visualize`` and ``wse_emu.programs``: a user's own
@@ -86,6 +87,7 @@ def test_every_package_folder_is_installed():
     assert found == set(config["packages"])
 
 
+@pytest.mark.slow
 def test_only_the_command_line_imports_the_command_line():
     """wse_emu/cli holds argument parsing and printing only: the library, the API and the
     figures never reach into it (what they share, formatting and run directories, lives in

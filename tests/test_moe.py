@@ -98,6 +98,7 @@ def test_dense_family_with_experts_is_refused():
                          "moe_intermediate_size": 64, "version": 1}, "test")
 
 
+@pytest.mark.slow
 def test_gpt_oss_120b_compiles_onto_the_fewest_wse3_that_hold_it():
     from wse_emu.cli.compile_cmd import render
     from wse_emu.compiler.mapper import compile_model
@@ -130,6 +131,7 @@ def test_cli_inspect_shows_total_and_active_parameters_and_compile_refuses():
 
 
 
+@pytest.mark.slow
 def test_qwen3_235b_compiles_onto_the_13_wse3_that_hold_it_by_sram():
     from wse_emu.compiler.mapper import compile_model
 
@@ -201,6 +203,7 @@ def test_unknown_weight_format_is_refused_by_name():
         model_from_dict({**base, "expert_weight_format": "mxfp4", "version": 1}, "test")
 
 
+@pytest.mark.slow
 def test_inspect_run_directory_draws_the_roofline_with_expert_ops(tmp_path, capsys):
     from wse_emu.cli.main import main
     from wse_emu.visualize.roofline import op_points

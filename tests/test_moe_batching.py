@@ -90,6 +90,7 @@ def test_attention_tiles_run_the_attention_per_tile_and_the_experts_once(one_sta
     assert tiled.cycles >= tiled_program.stages[0].bounds["decode"]["cycles"]
 
 
+@pytest.mark.slow
 def test_attention_tiles_leave_prefill_and_small_batches_alone(one_stage):
     program = compiled(SPECS["gpt_oss"], layers_per_stage=4, attention_tile=8)
     stage = program.stages[0]

@@ -72,6 +72,7 @@ def test_expert_strips_hold_each_expert_where_the_layout_puts_it(checkpoints):
     assert np.array_equal(strips["experts_up"][3 * h:4 * h], gate_up[3][:, 1::2])
 
 
+@pytest.mark.slow
 def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
     """Damage the first layer's blocks of one expert in its gate strip: the logits move if
     and only if a token of the prompt routed to that expert there."""
@@ -109,6 +110,7 @@ def _routed(reference, layer, prompt) -> set[int]:
     return seen
 
 
+@pytest.mark.slow
 def test_experts_share_runs_where_their_outputs_split_unevenly(checkpoints):
     spec, _ = checkpoints["qwen3_moe_paired"]
     op = ly.ops_by_name(spec)["experts_up"]

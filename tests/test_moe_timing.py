@@ -46,6 +46,7 @@ def compiled(spec, plan="colocated", **options):
                          CompileOptions(plan=plan, region=region, **options))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", SPECS)
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_experts_compile_and_every_step_runs_above_its_bounds(family, plan):
@@ -81,6 +82,7 @@ def test_both_engines_time_the_expert_patterns_alike():
     assert cycle.step_cycles == pytest.approx(fast.step_cycles, rel=0.25)
 
 
+@pytest.mark.slow
 def test_a_skewed_routing_loads_the_popular_experts_and_slows_the_step():
     spec = SPECS["mixtral"]  # 8 experts, each on its own run of columns
     step = MicroBatch("decode", batch=64, context=40)
@@ -102,6 +104,7 @@ def test_a_bad_routing_is_refused_by_name():
         CompileOptions(routing="zipf")
 
 
+@pytest.mark.slow
 def test_cli_runs_an_expert_model_under_a_stated_routing(tmp_path, capsys):
     import yaml
 

@@ -38,6 +38,7 @@ def programs():
             compile_model(MOE, mesh, CompileOptions(region=(16, 16)))]
 
 
+@pytest.mark.slow
 def test_every_entry_is_used_and_every_kernel_holds_its_bound(programs):
     used = set()
     for p in programs:

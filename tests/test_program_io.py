@@ -202,6 +202,7 @@ def test_a_program_breaking_its_schema_is_refused_by_name(tiny_8x8, tmp_path, da
     assert "\n" not in message
 
 
+@pytest.mark.slow
 def test_every_compiled_layout_passes_the_schema(tmp_path):
     """The checks hold for what the compiler writes: colocated, disaggregated within a wafer
     and across two, and a mixture of experts with its tied head."""
@@ -222,6 +223,7 @@ def test_every_compiled_layout_passes_the_schema(tmp_path):
     _undigested(_set(["stages", 0, "rect"], [0, 6, 0, 4, 8])),
     _undigested(lambda data: data["kernels"][0].pop("rect")),
 ])
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["run", "RUN"], ["run", "RUN", "--phase", "prefill"],
                                      ["viz", "RUN"]])
 def test_a_command_given_a_damaged_run_directory_says_so_in_one_line(tiny_8x8, tmp_path,

@@ -3,9 +3,12 @@
 
 import time
 
+import pytest
+
 from wse_emu import progress
 
 
+@pytest.mark.slow
 def test_a_log_never_goes_quiet(monkeypatch, capsys):
     """One long step (a serving run, a table's shape) says nothing new for a while: the latest
     status comes again every period, marked as still going."""

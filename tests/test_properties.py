@@ -167,6 +167,7 @@ def check_refusal(exc: CompileError):
 
 # --- properties -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 @settings(max_examples=300, **PROPERTY_SETTINGS)
 @given(model=models(), fab=fabrics, n_systems=systems, options=compile_options())
 def test_compile_returns_a_valid_program_or_refuses(model, fab, n_systems, options):
@@ -181,6 +182,7 @@ def test_compile_returns_a_valid_program_or_refuses(model, fab, n_systems, optio
     check_program(program, model, fab, n_systems)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, **PROPERTY_SETTINGS)
 @given(case=multi_wafer_cases())
 def test_compile_across_wafers_returns_a_valid_program_or_refuses(case):
@@ -203,6 +205,7 @@ def test_compile_across_wafers_returns_a_valid_program_or_refuses(case):
     check_program(program, model, fab, n_systems)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, **PROPERTY_SETTINGS)
 @given(model=models(max_hidden=128, max_intermediate=256), fab=fabrics, n_systems=systems,
        options=compile_options())
@@ -225,6 +228,7 @@ def test_compile_is_deterministic(model, fab, n_systems, options):
         assert np.array_equal(first.arrays[key], second.arrays[key]), key
 
 
+@pytest.mark.slow
 @settings(max_examples=40, **PROPERTY_SETTINGS)
 @given(model=models(max_hidden=128, max_intermediate=256), fab=fabrics, n_systems=systems,
        options=compile_options())

@@ -43,6 +43,7 @@ def _by_command():
 SHOWN = _by_command()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", list(SHOWN), ids=lambda c: c[len("wse-emu "):][:60])
 def test_example_is_current(command, capsys):
     # Progress lines (stderr, only on slow runs) are not part of what the example shows; on a
@@ -72,6 +73,7 @@ def test_no_example_hides_in_another_fence():
 PYTHON = list(python_blocks())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("page,source", PYTHON,
                          ids=[f"{page}:{n}" for n, (page, _) in enumerate(PYTHON, 1)])
 def test_python_example_runs(page, source, capsys):

@@ -77,6 +77,7 @@ def test_skip_is_refused_outside_a_trace():
         WorkloadSpec(name="w", skip=5).validate("test")
 
 
+@pytest.mark.e2e
 def test_the_interval_narrows_with_more_seeds(tmp_path, capsys):
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),
             "--ttft-slo", "0.05", "--tpot-slo", "0.001", *QUICK_KNOBS, "--workers", "1",

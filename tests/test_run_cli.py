@@ -53,6 +53,7 @@ def test_run_directory_outputs(tmp_path, capsys):
     assert results["engine"] == "cycle" and results["step"]["tiles"] == 4
 
 
+@pytest.mark.e2e
 def test_kv_handoff_on_the_wafer_and_between_systems():
     wse3 = load_fabric("wse3")
     model = load_model("llama-3.2-1b")
@@ -84,6 +85,7 @@ def test_kv_handoff_on_the_wafer_and_between_systems():
     (["run", "tiny", "--fabric", "mesh8", "--batch", "0"], "--batch must be at least 1"),
     (["run", "tiny", "--fabric", "mesh8", "--region-name", "nowhere"], "no region named"),
 ])
+@pytest.mark.e2e
 def test_run_errors_are_one_line(args, needle):
     proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *args],
                           capture_output=True, text=True)
@@ -92,12 +94,14 @@ def test_run_errors_are_one_line(args, needle):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_missing_program_directory(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "run", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "no program.json" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_tied_embedding_lookup_is_timed_before_the_first_stage():
     p = compile_model(load_model("qwen2.5-0.5b"), ClusterSpec(load_fabric("wse3"), 1))
     run = run_region(p, "mixed0", MicroBatch("decode", batch=1, context=256))

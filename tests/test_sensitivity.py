@@ -57,6 +57,7 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
     assert seen == {1: 10, 3: 10}  # without draws_for, every value starts from the same
 
 
+@pytest.mark.e2e
 def test_vary_tpot_reports_a_row_per_value_and_draws_the_figure(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload", str(SMALL_CHAT),

@@ -42,6 +42,7 @@ def colocated(tmp_path_factory):
     return p, regions(p, tmp_path_factory.mktemp("tables"))
 
 
+@pytest.mark.slow
 def test_lone_request_times_are_the_pipeline_sums(colocated):
     program, regs = colocated
     reqs = generate(workload_from_dict({"name": "one", "requests": 1,
@@ -109,6 +110,7 @@ def test_agentic_calls_follow_each_other(colocated):
             assert res.arrival[b] == pytest.approx(res.finish[a] + 1e-4 * clock)
 
 
+@pytest.mark.slow
 def test_disaggregated_serving_hands_off_and_respects_capacity(tmp_path):
     p = compile_model(SMALL, ClusterSpec(load_fabric("mesh64"), 1),
                       CompileOptions(plan="disaggregated", region=(32, 64)))
@@ -162,6 +164,7 @@ def split(tmp_path_factory):
     return regions(p, tmp_path_factory.mktemp("split-tables"))
 
 
+@pytest.mark.slow
 def test_a_prefill_region_keeps_the_prompts_kv_until_its_handoff(split):
     """With room in decode for one sequence at a time, finished prompts wait in their prefill
     region (holding their KV), which then stops admitting new ones."""

@@ -26,6 +26,7 @@ def workload(tmp_path):
     return path
 
 
+@pytest.mark.e2e
 def test_serve_metrics_and_run_directory(tmp_path, workload, capsys):
     out = tmp_path / "run"
     args = ["serve", "tiny", "--fabric", "mesh8", "--region", "8x8", "--workload",
@@ -55,6 +56,7 @@ def test_serve_metrics_and_run_directory(tmp_path, workload, capsys):
     (lambda d: (d / "bad.csv").write_text("a,b,c\n1,2,3\n") and d / "bad.csv",
      "first line must be the columns"),
 ])
+@pytest.mark.e2e
 def test_bad_traces_are_one_line_errors(tmp_path, make, needle):
     trace = make(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "serve", "tiny",
@@ -63,6 +65,7 @@ def test_bad_traces_are_one_line_errors(tmp_path, make, needle):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr
 
 
+@pytest.mark.e2e
 def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
     proc = subprocess.run([sys.executable, "-m", "wse_emu.cli.main", "serve", "tiny",
                            "--fabric", "mesh8", "--workload", "long-prompt", "--cache-dir",
@@ -70,6 +73,7 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
     assert proc.returncode == 2 and "more than any region holds" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_wafer_pools_know_their_wafer(tmp_path):
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.compiler.options import CompileOptions
@@ -85,6 +89,7 @@ def test_wafer_pools_know_their_wafer(tmp_path):
     assert {m.system for m in models} == {0, 1}
 
 
+@pytest.mark.e2e
 def test_progress_lines_reach_a_log_file_unless_quiet(tmp_path, workload, capsys, monkeypatch):
     """stderr is not a terminal here: progress comes as plain lines (every PERIOD_S seconds,
     here every status), saying what is being timed; --quiet leaves only the results."""

@@ -45,6 +45,7 @@ def agentic(sessions=1, calls=3):
         "tool_tokens": {"kind": "fixed", "value": 20}}, "t"))
 
 
+@pytest.mark.slow
 def test_every_gap_between_tokens_is_kept_and_they_add_up(tables):
     reqs = generate(workload_from_dict({"name": "w", "requests": 6, "rate": 50.0,
                                         "prompt": {"kind": "fixed", "value": 64},

@@ -84,6 +84,7 @@ def assert_twins(requests, pools, options):
     return compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", sorted(policies.POLICIES))
 @pytest.mark.parametrize("rate", [300.0, 20000.0])
 def test_every_policy_gives_the_same_times_on_both_loops(colocated, cache, policy, rate):
@@ -105,6 +106,7 @@ def test_the_prefix_cache_kv_admission_and_the_running_cap_on_both_loops(colocat
     assert served.regions["mixed0"]["kv_blocked_s"] > 0
 
 
+@pytest.mark.slow
 def test_handoffs_inside_and_between_wafers_on_both_loops(split, cache):
     requests = chat(20000.0)
     one_wafer = pools_of(split, cache)
@@ -185,6 +187,7 @@ class DecodeFirst(policies.Policy):
         return False
 
 
+@pytest.mark.slow
 def test_a_new_policy_is_one_class(colocated, cache, monkeypatch):
     monkeypatch.setitem(policies.POLICIES, DecodeFirst.name, DecodeFirst)
     options = replace(OPTIONS, policy="decode-first")

@@ -58,6 +58,7 @@ def test_a_layer_is_cut_between_the_wafers_and_every_expert_owned_once():
     assert tail.describe_layers() == f"2 (experts {tail.experts[0]}-31)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_a_split_layer_follows_the_reference_token_for_token(plan):
     weights = random_weights(SPEC, seed=7)
@@ -113,6 +114,7 @@ def test_split_stages_run_above_their_bounds(step):
             assert busy >= max(bound["compute"], bound["sram"]) - 1, (sr.stage, name)
 
 
+@pytest.mark.slow
 def test_split_stages_engines_agree_and_the_first_part_hands_on_more():
     program = compiled()
     step = MicroBatch("decode", batch=8, context=40)

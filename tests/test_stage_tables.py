@@ -29,6 +29,7 @@ def direct(program, step):
     return np.array([s.cycles for s in run_region(program, "mixed0", step).stages], dtype=float)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_interpolation_within_five_percent_of_direct_simulation(program, phase, tmp_path):
     axes = DECODE_AXES if phase == "decode" else PREFILL_AXES
@@ -63,6 +64,7 @@ def entries(cache, kind="stage-table"):
     return sorted(cache.glob(f"{kind}-*.npz"))
 
 
+@pytest.mark.slow
 def test_tables_are_cached_by_program(program, tmp_path):
     first = build_table(program, "mixed0", "decode", axes=DECODE_AXES, cache_dir=tmp_path)
     assert len(entries(tmp_path)) == 1
@@ -103,6 +105,7 @@ def test_a_stage_timed_for_one_program_is_not_timed_again_for_another(program, t
         build_table(other, "mixed0", "decode", axes=((1, 4), (64, 128)), cache_dir=tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_quick_grid_within_five_percent_of_direct_simulation(program, phase, tmp_path):
     """The quick grid (fewer shapes, for a first look) interpolates within its range as

@@ -30,6 +30,7 @@ def write(tmp_path, text=SWEEP) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_a_killed_sweep_resumes_without_running_a_point_twice(tmp_path, capsys):
     sweep, out = write(tmp_path), tmp_path / "out"
     command = [sys.executable, "-m", "wse_emu.cli.main", "sweep", str(sweep), "-o", str(out),
@@ -193,6 +194,7 @@ def _with_clock(text: str, clock_hz: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.e2e
 def test_the_library_checks_a_sweep_as_the_command_does(tmp_path):
     """``api.sweep`` (not only ``wse-emu sweep``) refuses an unknown setting, a sweep past
     its size limit and bad counts, by parameter name, before a point runs or a folder is

@@ -24,6 +24,7 @@ def run_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e
 def test_every_map_has_the_expected_size(run_dir):
     program = WaferProgram.load(run_dir)
     h, w = program.fabric.height, program.fabric.width
@@ -135,6 +136,7 @@ output: {kind: lognormal, median: 30, sigma: 0.7, low: 1, high: 200}
 """
 
 
+@pytest.mark.e2e
 def test_a_serving_run_gets_its_latency_pipeline_and_kv_figures(tmp_path):
     workload = tmp_path / "w.yaml"
     workload.write_text(SERVE_WORKLOAD)
@@ -166,6 +168,7 @@ def test_the_report_shows_its_figures_in_a_headless_browser(run_dir, tmp_path):
     assert seen["shows_figures"], seen
 
 
+@pytest.mark.e2e
 def test_a_disaggregated_run_shows_its_roles_side_by_side(tmp_path):
     out = tmp_path / "disagg"
     assert main(["run", "tiny", "--fabric", "mesh16", "--plan", "disaggregated", "--phase",

@@ -94,6 +94,7 @@ def test_blocks_without_an_mxfp4_config_are_refused(checkpoint, tmp_path):
         load_checkpoint(copy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_mxfp4_experts_follow_the_reference_token_for_token(checkpoint, plan):
     directory, raw = checkpoint
@@ -145,6 +146,7 @@ def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
                       ReferenceModel(spec, stored), PROMPT, tile=8, steps=4)
 
 
+@pytest.mark.slow
 def test_a_format_is_set_by_option_and_a_model_that_fits_only_narrower_says_so(tmp_path):
     import subprocess
     import sys
