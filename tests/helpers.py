@@ -1,10 +1,24 @@
 """What the tests share: the fixtures' paths; experiment arguments with every knob fixed at
 one value, each layout at its own pipeline depth and no confirming runs, so that a search of a
 tiny model takes seconds (the tests that tune a knob override it); the rate searches of a list
-of configurations, run to their answers; and a made-up judged run."""
+of configurations, run to their answers; a made-up judged run; the command line run as a user
+runs it, and its one-line errors; a generator checked against the reference forward pass; a
+stage's simulated FLOPs against the op graph's; and small mixtures of experts."""
 
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from wse_emu import layer as ly
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
+from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.functional.generate import prompt_tiles
+from wse_emu.kernels.stage import StageGraph
+from wse_emu.model import ModelSpec
 from wse_emu.runtime.experiment import Point, Pressure, Search, run_searches
 from wse_emu.runtime.metrics import Percentiles, RunMetrics, UserSpeeds
 
@@ -40,3 +54,123 @@ def made_up_point(rate: float, met: bool, ttft_p90_s: float = 0.5, tpot_p90_s: f
                    ttft_by_fifth_s=[0.0] * 5, ttft_growth_s=0.0, ttft_slope=0.0, pace=1.0,
                    too_short=False)
     return Point(rate, met, RunMetrics(**{**metrics, **numbers}), Pressure(**pressure))
+
+
+# --- the command line, as a user runs it ---------------------------------------------------
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def assert_one_line_error(proc, *needles):
+    """Exit code 2, exactly one line on stderr starting 'wse-emu: error:', no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and proc.stderr.endswith("\n"), proc.stderr
+    assert lines[0].startswith("wse-emu: error:"), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# --- numbers through the tiles, against the reference forward pass ------------------------
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def follows_reference(generator, reference, prompt, tile: int, steps: int) -> None:
+    """Float32 logits within 1e-4 relative of the reference at every prompt tile and decode
+    step, and the same greedy tokens."""
+    tiles = generator.run_prompt(prompt, all_logits=True)
+    for (a, b), got in zip(prompt_tiles(len(prompt), tile), tiles):
+        assert relative(got, reference.forward(prompt[a:b])) < 1e-4
+    token = int(np.argmax(tiles[-1][-1]))
+    for _ in range(steps):
+        got, want = generator.step(token), reference.decode(token)
+        assert relative(got, want) < 1e-4
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        token = int(np.argmax(got))
+
+
+# --- a stage's simulated work against the op graph's ---------------------------------------
+
+def tasks_do_the_graphs_flops(program, stage, rows, step) -> StageGraph:
+    """Per kernel of ``stage``, the FLOPs of the op graph's ``rows`` it runs (over the stage's
+    layers and the step's tiles) are those its simulated tasks do; returns the built graph."""
+    ops = ly.ops_by_name(program.model)
+    names = {k.name for k in program.stage_kernels(stage)}
+    want: dict[str, float] = {}
+    for row in rows:
+        if (row.layer is None and row.op in names) or (
+                row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1]):
+            want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
+    sg = StageGraph(program, stage, step)
+    sg.build()
+    got = {name: w.flops for name, w in sg.ledger.items()}
+    for name in set(want) | set(got):
+        assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
+    return sg
+
+
+# --- small mixtures of experts -------------------------------------------------------------
+
+BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+            head_dim=16, vocab_size=160)
+# Small mixtures of experts, one per family, and the prompt they are computed on.
+SPECS = {
+    "mixtral": ModelSpec.from_fields("a-mixtral", "mixtral", **BASE, num_experts=8,
+                                     experts_per_token=2,
+                                     moe_intermediate_size=96),
+    "qwen3_moe": ModelSpec.from_fields("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True,
+                                       num_experts=16,
+                                       experts_per_token=4, moe_intermediate_size=32,
+                                       norm_topk_prob=False),
+    "gpt_oss": ModelSpec.from_fields("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
+                                     num_experts=8, experts_per_token=2, moe_intermediate_size=64,
+                                     router_bias=True, expert_bias=True, attention_sinks=True,
+                                     swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
+                                     layer_types=("sliding_attention", "full_attention") * 2),
+}
+
+
+def compiled_on_mesh16(spec, plan="colocated", **options):
+    """``spec`` compiled on one 16x16 mesh: colocated on the whole of it, or split."""
+    region = (16, 16) if plan == "colocated" else None
+    return compile_model(spec.validate("test"), ClusterSpec(load_fabric("mesh16"), 1),
+                         CompileOptions(plan=plan, region=region, **options))
+
+
+PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
+
+
+# gpt-oss always has its YaRN rope (a config without one reads as transformers' default):
+# here stretched from an original context shorter than the prompt.
+# Qwen3-MoE with 18 outputs per expert: over 4 rows they round up to 5 a row, so gate's and
+# up's runs hold two experts (36 outputs, 9 a row); over 7 rows, eight.
+FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")},
+            "qwen3_moe_paired": SPECS["qwen3_moe"].replaced(name="a-qwen3-moe-paired",
+                                                            moe_intermediate_size=18),
+            "gpt_oss": SPECS["gpt_oss"].replaced(intermediate_size=64, rope_scaling="yarn",
+                                                 rope_scaling_factor=4.0,
+                                                 rope_original_max_positions=16,
+                                                 max_position_embeddings=64, rope_theta=150000.0,
+                                                 rope_truncate=False)}
+
+
+def routed_experts(reference, layer, prompt) -> set[int]:
+    """Experts the reference routes any token of ``prompt`` to in ``layer``."""
+    seen: set[int] = set()
+    original = reference._route
+
+    def spy(index, x):
+        chosen, w = original(index, x)
+        if index == layer:
+            seen.update(int(e) for e in np.unique(chosen))
+        return chosen, w
+
+    reference._route = spy
+    reference.forward(prompt)
+    return seen

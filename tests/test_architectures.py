@@ -12,8 +12,8 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers import follows_reference, tasks_do_the_graphs_flops
 from reference_forward import ReferenceModel
-from test_functional import follows_reference
 
 from wse_emu import layer as ly
 from wse_emu.cli.main import main
@@ -97,22 +97,6 @@ def test_op_graph_kernels_and_tasks_agree(family, step):
                 assert sg.ledger[k.name].writes == pytest.approx(work.writes), k.name
 
 
-def tasks_do_the_graphs_flops(program, stage, rows, step) -> StageGraph:
-    """Per kernel of ``stage``, the FLOPs of the op graph's ``rows`` it runs (over the stage's
-    layers and the step's tiles) are those its simulated tasks do; returns the built graph."""
-    ops = ly.ops_by_name(program.model)
-    names = {k.name for k in program.stage_kernels(stage)}
-    want: dict[str, float] = {}
-    for row in rows:
-        if (row.layer is None and row.op in names) or (
-                row.layer is not None and stage.layers[0] <= row.layer < stage.layers[1]):
-            want[ops[row.op].kernel] = want.get(ops[row.op].kernel, 0) + row.cost.flops
-    sg = StageGraph(program, stage, step)
-    sg.build()
-    got = {name: w.flops for name, w in sg.ledger.items()}
-    for name in set(want) | set(got):
-        assert got.get(name, 0) == pytest.approx(want.get(name, 0), rel=1e-9), name
-    return sg
 
 
 def graph_params(graph) -> int:

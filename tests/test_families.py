@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import follows_reference
 from reference_forward import ReferenceModel
-from test_functional import follows_reference
 
 from wse_emu import api
 from wse_emu.compiler.mapper import compile_model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import follows_reference, relative
 from reference_forward import ReferenceModel, rope_frequencies
 
 from wse_emu.compiler.mapper import compile_model
@@ -49,8 +50,6 @@ CASES = [
 PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14, 60, 1]
 
 
-def relative(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.fixture(scope="module")
@@ -82,18 +81,6 @@ def test_float32_logits_follow_the_reference_at_every_step(checkpoints, spec, fa
                       ReferenceModel(model, weights), PROMPT, tile=8, steps=6)
 
 
-def follows_reference(generator, reference, prompt, tile: int, steps: int) -> None:
-    """Float32 logits within 1e-4 relative of the reference at every prompt tile and decode
-    step, and the same greedy tokens."""
-    tiles = generator.run_prompt(prompt, all_logits=True)
-    for (a, b), got in zip(prompt_tiles(len(prompt), tile), tiles):
-        assert relative(got, reference.forward(prompt[a:b])) < 1e-4
-    token = int(np.argmax(tiles[-1][-1]))
-    for _ in range(steps):
-        got, want = generator.step(token), reference.decode(token)
-        assert relative(got, want) < 1e-4
-        assert int(np.argmax(got)) == int(np.argmax(want))
-        token = int(np.argmax(got))
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 import pytest
+from helpers import assert_one_line_error, run_cli
 from reference_forward import ReferenceModel
-from test_input_errors import assert_one_line_error, run_cli
 
 from wse_emu.cli.main import main
 from wse_emu.model import load_model

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_input_errors import assert_one_line_error, run_cli
+from helpers import assert_one_line_error, run_cli
 
 from wse_emu.errors import ConfigError, UserError
 from wse_emu.hf_config import HF_ARCHITECTURES, hf_config, hf_config_v5, model_from_hf_config

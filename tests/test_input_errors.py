@@ -10,14 +10,13 @@ import dataclasses
 import json
 import math
 import stat
-import subprocess
-import sys
 import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from helpers import assert_one_line_error, run_cli
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
@@ -42,21 +41,8 @@ TINY_YAML = preset_dir("models") / "tiny.yaml"
 MESH8_YAML = preset_dir("fabrics") / "mesh8.yaml"
 
 
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "wse_emu.cli.main", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
-def assert_one_line_error(proc, *needles):
-    """Exit code 2, exactly one line on stderr starting 'wse-emu: error:', no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and proc.stderr.endswith("\n"), proc.stderr
-    assert lines[0].startswith("wse-emu: error:"), proc.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def hf_config(tmp_path: Path, **changes) -> Path:

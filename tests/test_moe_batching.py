@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from test_moe_timing import SPECS, compiled
+from helpers import SPECS, compiled_on_mesh16
 
 from wse_emu.cli.main import main
 from wse_emu.compiler.stages import StripSpec
@@ -25,7 +25,7 @@ DECODE = MicroBatch("decode", batch=8, context=40)
 @pytest.fixture(scope="module")
 def one_stage():
     """Tiny gpt-oss on one 16 x 16 stage: its 8-logit router is narrower than the stage."""
-    return compiled(SPECS["gpt_oss"], layers_per_stage=4)
+    return compiled_on_mesh16(SPECS["gpt_oss"], layers_per_stage=4)
 
 
 def kernel(program, name):
@@ -74,7 +74,7 @@ def test_attention_tiles_run_the_attention_per_tile_and_the_experts_once(one_sta
     stage = one_stage.stages[0]
     whole = simulate_stage(one_stage, stage, DECODE, "fast")
     graph, _, names = stage_graph(one_stage, stage, DECODE)
-    tiled_program = compiled(SPECS["gpt_oss"], layers_per_stage=4, attention_tile=2)
+    tiled_program = compiled_on_mesh16(SPECS["gpt_oss"], layers_per_stage=4, attention_tile=2)
     tiled = simulate_stage(tiled_program, stage, DECODE, "fast")
     tiled_graph, _, tiled_names = stage_graph(tiled_program, stage, DECODE)
 
@@ -92,7 +92,7 @@ def test_attention_tiles_run_the_attention_per_tile_and_the_experts_once(one_sta
 
 @pytest.mark.slow
 def test_attention_tiles_leave_prefill_and_small_batches_alone(one_stage):
-    program = compiled(SPECS["gpt_oss"], layers_per_stage=4, attention_tile=8)
+    program = compiled_on_mesh16(SPECS["gpt_oss"], layers_per_stage=4, attention_tile=8)
     stage = program.stages[0]
     for step in (DECODE, MicroBatch("prefill", tokens=24, chunks=2)):
         a = simulate_stage(one_stage, stage, step, "fast")

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import FAMILIES, PROMPT, follows_reference, routed_experts
 from reference_forward import ReferenceModel
-from test_functional import follows_reference
-from test_moe_timing import SPECS
 
 from wse_emu import layer as ly
 from wse_emu.compiler.mapper import compile_model
@@ -17,20 +16,6 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.functional.generate import Generator
 from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint
-
-PROMPT = [5, 17, 3, 99, 42, 7, 11, 64, 23, 8, 150, 2, 77, 31, 19, 120, 9, 14]
-# gpt-oss always has its YaRN rope (a config without one reads as transformers' default):
-# here stretched from an original context shorter than the prompt.
-# Qwen3-MoE with 18 outputs per expert: over 4 rows they round up to 5 a row, so gate's and
-# up's runs hold two experts (36 outputs, 9 a row); over 7 rows, eight.
-FAMILIES = {**{f: SPECS[f] for f in ("mixtral", "qwen3_moe")},
-            "qwen3_moe_paired": SPECS["qwen3_moe"].replaced(name="a-qwen3-moe-paired",
-                                                            moe_intermediate_size=18),
-            "gpt_oss": SPECS["gpt_oss"].replaced(intermediate_size=64, rope_scaling="yarn",
-                                                 rope_scaling_factor=4.0,
-                                                 rope_original_max_positions=16,
-                                                 max_position_embeddings=64, rope_theta=150000.0,
-                                                 rope_truncate=False)}
 
 
 def compiled(spec, plan):
@@ -89,25 +74,11 @@ def test_only_routed_experts_tiles_reach_the_logits(checkpoints):
             if lo < hi:
                 tiles.blocks[0, a, :, lo - bounds[a]:hi - bounds[a], :] = 100.0
         changed.append(not np.allclose(generator.run_prompt(prompt)[-1], clean))
-    routed = _routed(ReferenceModel(spec, weights), 0, prompt)
+    routed = routed_experts(ReferenceModel(spec, weights), 0, prompt)
     assert changed == [expert in routed for expert in range(spec.experts.count)]
     assert 0 < sum(changed) < spec.experts.count
 
 
-def _routed(reference, layer, prompt) -> set[int]:
-    """Experts the reference routes any token of ``prompt`` to in ``layer``."""
-    seen: set[int] = set()
-    original = reference._route
-
-    def spy(index, x):
-        chosen, w = original(index, x)
-        if index == layer:
-            seen.update(int(e) for e in np.unique(chosen))
-        return chosen, w
-
-    reference._route = spy
-    reference.forward(prompt)
-    return seen
 
 
 @pytest.mark.slow

@@ -8,42 +8,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_architectures import tasks_do_the_graphs_flops
+from helpers import SPECS, compiled_on_mesh16, tasks_do_the_graphs_flops
 
 from wse_emu.compiler.intensity import analyze
-from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
 from wse_emu.runner import run_region
 
-BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
-            head_dim=16, vocab_size=160)
-SPECS = {
-    "mixtral": ModelSpec.from_fields("a-mixtral", "mixtral", **BASE, num_experts=8,
-                                     experts_per_token=2,
-                                     moe_intermediate_size=96),
-    "qwen3_moe": ModelSpec.from_fields("a-qwen3-moe", "qwen3_moe", **BASE, qk_norm=True,
-                                       num_experts=16,
-                                       experts_per_token=4, moe_intermediate_size=32,
-                                       norm_topk_prob=False),
-    "gpt_oss": ModelSpec.from_fields("a-gpt-oss", "gpt_oss", **{**BASE, "sliding_window": 8},
-                                     num_experts=8, experts_per_token=2, moe_intermediate_size=64,
-                                     router_bias=True, expert_bias=True, attention_sinks=True,
-                                     swiglu_limit=7.0, o_proj_bias=True, attention_bias=True,
-                                     layer_types=("sliding_attention", "full_attention") * 2),
-}
 STEPS = {"decode": MicroBatch("decode", batch=8, context=40),
          "prefill": MicroBatch("prefill", tokens=48, chunks=2)}
 
 
-def compiled(spec, plan="colocated", **options):
-    region = (16, 16) if plan == "colocated" else None
-    return compile_model(spec.validate("test"), ClusterSpec(load_fabric("mesh16"), 1),
-                         CompileOptions(plan=plan, region=region, **options))
 
 
 @pytest.mark.slow
@@ -51,7 +28,7 @@ def compiled(spec, plan="colocated", **options):
 @pytest.mark.parametrize("plan", ["colocated", "disaggregated"])
 def test_experts_compile_and_every_step_runs_above_its_bounds(family, plan):
     # The program's bounds are at its reference workloads: make them this test's steps.
-    program = compiled(SPECS[family], plan, bound_prefill_tokens=48, bound_decode_batch=8,
+    program = compiled_on_mesh16(SPECS[family], plan, bound_prefill_tokens=48, bound_decode_batch=8,
                        bound_decode_context=40)
     steps = {"decode": STEPS["decode"], "prefill": MicroBatch("prefill", tokens=48)}
     for region in program.regions:
@@ -68,14 +45,14 @@ def test_experts_compile_and_every_step_runs_above_its_bounds(family, plan):
 def test_expert_tasks_do_the_layer_descriptions_flops(family, phase):
     spec = SPECS[family].validate("test")
     step = STEPS[phase]
-    program = compiled(spec)
+    program = compiled_on_mesh16(spec)
     rows = analyze(build_op_graph(spec), spec, step, program.fabric)["ops"]
     for stage in program.stages:
         tasks_do_the_graphs_flops(program, stage, rows, step)
 
 
 def test_both_engines_time_the_expert_patterns_alike():
-    program = compiled(SPECS["mixtral"])
+    program = compiled_on_mesh16(SPECS["mixtral"])
     step = STEPS["decode"]
     fast = run_region(program, "mixed0", step, engine="fast")
     cycle = run_region(program, "mixed0", step, engine="cycle")
@@ -86,16 +63,16 @@ def test_both_engines_time_the_expert_patterns_alike():
 def test_a_skewed_routing_loads_the_popular_experts_and_slows_the_step():
     spec = SPECS["mixtral"]  # 8 experts, each on its own run of columns
     step = MicroBatch("decode", batch=64, context=40)
-    uniform = run_region(compiled(spec), "mixed0", step)
-    skewed = run_region(compiled(spec, routing="skewed:2"), "mixed0", step)
-    again = run_region(compiled(spec, routing="skewed:2"), "mixed0", step)
+    uniform = run_region(compiled_on_mesh16(spec), "mixed0", step)
+    skewed = run_region(compiled_on_mesh16(spec, routing="skewed:2"), "mixed0", step)
+    again = run_region(compiled_on_mesh16(spec, routing="skewed:2"), "mixed0", step)
     assert skewed.step_cycles == again.step_cycles  # seeded
     # The popular experts' PEs work longest: gate's busiest PE, and so the step.
     busiest = [max(s.kernel_busy["experts_gate"] for s in run.stages)
                for run in (uniform, skewed)]
     assert busiest[1] > 1.4 * busiest[0]
     assert skewed.step_cycles > 1.05 * uniform.step_cycles
-    other = run_region(compiled(spec, routing="skewed:2", routing_seed=1), "mixed0", step)
+    other = run_region(compiled_on_mesh16(spec, routing="skewed:2", routing_seed=1), "mixed0", step)
     assert other.step_cycles != skewed.step_cycles
 
 

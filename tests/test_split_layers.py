@@ -10,10 +10,8 @@ import dataclasses
 import math
 
 import pytest
+from helpers import PROMPT, SPECS, follows_reference, routed_experts
 from reference_forward import ReferenceModel
-from test_functional import follows_reference
-from test_moe_functional import PROMPT, _routed
-from test_moe_timing import SPECS
 
 from wse_emu import layer as ly
 from wse_emu.compiler.intensity import analyze
@@ -65,7 +63,8 @@ def test_a_split_layer_follows_the_reference_token_for_token(plan):
     program = compiled(plan)
     tail = next(s for s in program.stages if s.experts is not None and s.experts[0] > 0)
     # The prompt sends tokens to the second part's experts, so its work reaches the logits.
-    assert any(e >= tail.experts[0] for e in _routed(ReferenceModel(SPEC, weights), 2, PROMPT))
+    routed = routed_experts(ReferenceModel(SPEC, weights), 2, PROMPT)
+    assert any(e >= tail.experts[0] for e in routed)
     follows_reference(Generator(program, weights, "float32", prefill_tile=8),
                       ReferenceModel(SPEC, weights), PROMPT, tile=8, steps=6)
 

@@ -9,9 +9,8 @@ import json
 
 import numpy as np
 import pytest
+from helpers import FAMILIES, PROMPT, compiled_on_mesh16, follows_reference
 from reference_forward import ReferenceModel
-from test_functional import follows_reference
-from test_moe_functional import FAMILIES, PROMPT, compiled
 
 from wse_emu import mxfp4, storage
 from wse_emu.errors import UserError
@@ -99,7 +98,7 @@ def test_blocks_without_an_mxfp4_config_are_refused(checkpoint, tmp_path):
 def test_mxfp4_experts_follow_the_reference_token_for_token(checkpoint, plan):
     directory, raw = checkpoint
     spec, weights = load_checkpoint(directory)
-    program = compiled(spec, plan)
+    program = compiled_on_mesh16(spec, plan)
     follows_reference(Generator(program, weights, "float32", prefill_tile=8),
                       ReferenceModel(spec, weights), PROMPT, tile=8, steps=6)
     # Given the unrounded weights, the tiles store what the checkpoint would: the same run.
@@ -141,7 +140,7 @@ def test_stored_formats_are_computed_as_stored(weight_format, expert_format):
     assert np.array_equal(stored[experts], raw[experts]) == (expert_format == "native")
     norm = "model.layers.0.input_layernorm.weight"
     assert np.array_equal(stored[norm], raw[norm])
-    program = compiled(spec, "colocated")
+    program = compiled_on_mesh16(spec, "colocated")
     follows_reference(Generator(program, raw, "float32", prefill_tile=8),
                       ReferenceModel(spec, stored), PROMPT, tile=8, steps=4)
 
