@@ -1,0 +1,138 @@
+"""Accelerator pools: copies of a model on accelerator instances, timed by their roofline.
+
+A copy spans ``tensor_parallel`` chips of one instance (``AcceleratorSpec``). A step of a
+micro-batch runs every op of the model's op graph (``wse_emu.layer``: the same FLOPs and
+bytes the wafer's kernels are held to) at the slower of its compute and its memory time on
+the copy's chips, attention as one fused kernel (scores, softmax and weighted sum: the scores
+stay on chip, as fused attention kernels keep them, so only the queries, the KV cache read
+and the output move), plus two ring all-reduces of the hidden state per layer (after attention
+and after the MLP, as tensor parallelism splits them) and a fixed overhead per step. The copy
+is one pipeline stage; its KV capacity is the HBM left after the weights and the runtime's
+share. The step times fill ``StageTable``s over the same micro-batch grid as a wafer's, in
+cycles of the serving clock, so serving treats the copy as it treats a wafer region
+(``pools.Pool``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wse_emu import layer as ly
+from wse_emu.accelerator import AcceleratorSpec
+from wse_emu.errors import UserError
+from wse_emu.model import ModelSpec
+from wse_emu.runtime.pools import PHASES
+from wse_emu.runtime.tables import StageTable, grid_axes
+
+# The ops a fused attention kernel runs as one, in the order the op graph lists them; the
+# ops that multiply by weight matrices.
+FUSED_ATTENTION = (ly.ATTN_SCORES, ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM)
+MATRIX_KINDS = (ly.GEMM, ly.EXPERT_GEMM)
+
+
+@dataclass
+class AcceleratorPool:
+    """One copy of the model on ``spec.tensor_parallel`` chips of an accelerator instance."""
+
+    name: str
+    role: str
+    kv_capacity_tokens: int
+    prefill: StageTable | None
+    decode: StageTable | None
+    system: int  # the instance, numbered among the cluster's systems
+    fabric_bytes_per_cycle: float  # a handoff to another copy on the same instance
+    link_bytes_per_cycle: float  # ... to another system, over this instance's network
+
+    @property
+    def stages(self) -> int:
+        return 1
+
+
+def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -> float:
+    """One micro-batch through the whole model on one copy: every op at the slower of its
+    compute and memory time, the layers' all-reduces and the step's overhead."""
+    tp = spec.tensor_parallel
+    # Weight matrices multiply at the peak of their stored format; everything else (attention
+    # among it) in 16 bits.
+    matrix_flops_per_s = tp * spec.flops_per_s(model.storage.matrix_bytes_per_weight()) \
+        * spec.matrix_efficiency
+    other_flops_per_s = tp * spec.bf16_flops_per_s * spec.matrix_efficiency
+    bytes_per_s = tp * spec.memory_bytes_per_s * spec.memory_efficiency
+
+    def seconds_of(cost: ly.OpCost, kind: str = "") -> float:
+        rate = matrix_flops_per_s if kind in MATRIX_KINDS else other_flops_per_s
+        return max(cost.flops / rate, cost.bytes / bytes_per_s)
+
+    def roofline(ops, layer=None) -> float:
+        costs = [(op.kind, ly.op_cost(op, model, step, layer)) for op in ops]
+        fused = [c for kind, c in costs if kind in FUSED_ATTENTION]
+        alone = sum(seconds_of(c, kind) for kind, c in costs if kind not in FUSED_ATTENTION)
+        if not fused:
+            return alone
+        scores, *_, weighted = fused
+        moved = ly.OpCost(sum(c.flops for c in fused), sum(c.weight_bytes for c in fused),
+                          scores.act_in_bytes, weighted.act_out_bytes,
+                          kv_read_bytes=scores.kv_read_bytes + weighted.kv_read_bytes)
+        return alone + seconds_of(moved)
+
+    ops = ly.layer_ops(model)
+    # Layers differ only in their attention window: time one layer of each window.
+    by_window: dict = {}
+    for layer in range(model.num_layers):
+        by_window.setdefault(model.attention.window(layer), []).append(layer)
+    seconds = roofline(ly.input_ops(model)) + roofline(ly.output_ops(model))
+    seconds += sum(len(layers) * roofline(ops, layers[0]) for layers in by_window.values())
+    if tp > 1:
+        hidden = step.new_tokens * model.hidden_size * model.storage.dtype_bytes
+        ring = 2 * (tp - 1) / tp * hidden / spec.interconnect_bytes_per_s
+        seconds += 2 * model.num_layers * ring
+    return seconds + spec.step_overhead_s
+
+
+def step_table(spec: AcceleratorSpec, model: ModelSpec, phase: str, clock_hz: float,
+               grid: str = "quick") -> StageTable:
+    """``step_seconds`` over ``grid``'s micro-batch shapes for ``phase``, in cycles of the
+    serving clock: one stage, nothing between stages."""
+    axis0, axis1 = grid_axes(grid, phase)
+    cycles = np.zeros((1, len(axis0), len(axis1)))
+    for i, a in enumerate(axis0):
+        for j, b in enumerate(axis1):
+            step = (ly.MicroBatch("decode", batch=a, context=b) if phase == "decode"
+                    else ly.MicroBatch("prefill", tokens=a, prefix=b))
+            cycles[0, i, j] = step_seconds(spec, model, step) * clock_hz
+    return StageTable(phase, np.asarray(axis0, float), np.asarray(axis1, float), cycles,
+                      np.zeros((len(axis0), len(axis1))))
+
+
+def kv_capacity_tokens(spec: AcceleratorSpec, model: ModelSpec) -> int:
+    """Tokens of KV cache one copy holds: its chips' HBM less the runtime's share and the
+    weights. A model whose weights do not fit is refused, by how much."""
+    usable = spec.tensor_parallel * spec.memory_bytes * (1 - spec.reserved_memory_share)
+    left = usable - model.weight_bytes()
+    if left < model.kv_bytes_per_token():
+        raise UserError(
+            f"{model.name} does not fit {spec.tensor_parallel} x {spec.device} ({spec.name}): "
+            f"its weights are {model.weight_bytes() / 1e9:.1f} GB of "
+            f"{usable / 1e9:.1f} GB usable, leaving no room for its KV cache")
+    return int(left // model.kv_bytes_per_token())
+
+
+def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_hz: float,
+                      instances: int = 1, first_system: int = 0,
+                      grid: str = "quick") -> list[AcceleratorPool]:
+    """Every copy of ``model`` on ``instances`` instances of ``spec``, in ``role`` (mixed,
+    prefill or decode), timed for a serving clock of ``clock_hz``; instance k is system
+    ``first_system + k`` of the cluster."""
+    if role not in PHASES:
+        raise UserError(f"`role` must be one of {', '.join(PHASES)}, got {role!r}")
+    if instances < 1:
+        raise UserError(f"`instances` must be at least 1, got {instances}")
+    tables = {phase: step_table(spec, model, phase, clock_hz, grid) for phase in PHASES[role]}
+    capacity = kv_capacity_tokens(spec, model)
+    return [AcceleratorPool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),
+                            tables.get("decode"), first_system + k,
+                            spec.interconnect_bytes_per_s / clock_hz,
+                            spec.network_bytes_per_s / clock_hz)
+            for k in range(instances) for copy in range(spec.copies)]
