@@ -3,8 +3,10 @@ KV capacity left after the weights, a model that does not fit refused by name, a
 accelerator's prefill feeding a wafer's decode in one serving run."""
 
 import dataclasses
+import json
 
 import pytest
+from helpers import SMALL_CHAT, assert_one_line_error, run_cli
 
 from wse_emu import layer as ly
 from wse_emu.accelerator import accelerator_from_dict, load_accelerator
@@ -132,3 +134,25 @@ def test_accelerator_prefill_feeds_wafer_decode():
     steps = sum(table.stage_cycles(1, 64 + k).sum() + table.transfer_cycles(1, 64 + k)
                 for k in range(1, 4))
     assert res.finish[0] - res.first_token[0] == pytest.approx(handoff + steps)
+
+
+def test_the_command_line_serves_a_split_between_two_kinds_of_hardware(tmp_path):
+    proc = run_cli("serve", "tiny", "--prefill-pool", "trn2", "--decode-pool", "mesh16",
+                   "--workload", SMALL_CHAT, "--cache-dir", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    roles = {name: r["role"] for name, r in report["regions"].items()}
+    assert {roles[n] for n in roles if n.startswith("trn2-")} == {"prefill"}
+    assert {roles[n] for n in roles if n.startswith("mesh16-")} == {"decode"}
+    assert report["requests"] == 40 and report["refused"] == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--prefill-pool", "trn2"], "--prefill-pool and --decode-pool go together"),
+    (["--prefill-pool", "h100", "--decode-pool", "wse3"], "unknown pool 'h100'"),
+    (["--prefill-pool", "trn2x0", "--decode-pool", "wse3"], "count must be between 1 and 64"),
+    (["--prefill-pool", "trn2", "--decode-pool", "wse3", "--systems", "2"], "--systems"),
+    (["--prefill-pool", "trn2", "--decode-pool", "wse3", "-o", "out"], "-o and --viz"),
+])
+def test_a_split_named_wrongly_is_refused_in_one_line(args, needle):
+    assert_one_line_error(run_cli("serve", "tiny", "--workload", "chat", *args), needle)

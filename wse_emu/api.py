@@ -29,10 +29,12 @@ from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.fmt import seconds
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
+from wse_emu.pool_names import parse_pool
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
 from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
 from wse_emu.runtime import frontier as frontier_mod
+from wse_emu.runtime.accelerator_pool import accelerator_pools
 from wse_emu.runtime.comparison import (
     ExperimentReport,
     Space,
@@ -170,6 +172,76 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     if short:  # found before any table is timed
         raise UserError(short)
     pools = wafer_pools(program, default_cache_dir(cache_dir))
+    result = serve_requests(reqs, pools, settings, loop=loop)
+    result.workload = spec.name
+    return result, run_metrics(result, reqs, ttft_s, tpot_s)
+
+
+class _Clock:
+    """What ``ServeOptions.of`` reads of a fabric: the serving clock."""
+
+    def __init__(self, clock_hz: float):
+        self.clock_hz = clock_hz
+
+
+# The clock a cluster of accelerators alone is served on: serving counts in cycles, and an
+# accelerator's step times are seconds turned into cycles of it.
+ACCELERATOR_CLOCK_HZ = 1e9
+
+
+def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
+                cache_dir: Path | str | None = None, grid: str = "full") -> tuple[list, float]:
+    """The pools of a split between two kinds of hardware, each named as on the command line
+    (``pool_names``: ``wse3x4``, ``trn2x2``, ...), and the clock they are served on (the
+    first wafer's, else ``ACCELERATOR_CLOCK_HZ``). A wafer side holds the model as colocated
+    serving would lay it out, serving one phase; an accelerator side is timed by its roofline
+    (``accelerator_pool``). The prefill side's systems come first."""
+    names = {"prefill": parse_pool(prefill_pool), "decode": parse_pool(decode_pool)}
+    wafers = [n.hardware for n in names.values() if n.is_wafer]
+    clock_hz = wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
+    pools, first = [], 0
+    for role, name in names.items():
+        if name.is_wafer:
+            program = compile_model(model, ClusterSpec(name.hardware, name.count),
+                                    CompileOptions(plan="colocated"))
+            # The regions keep their layout and serve one phase: only its tables are timed.
+            program = replace(program, regions=[replace(r, role=role) for r in program.regions])
+            # A wafer's tables count its own cycles: rescaled to the serving clock.
+            factor = clock_hz / name.hardware.clock_hz
+            for k, pool in enumerate(wafer_pools(program, default_cache_dir(cache_dir), grid)):
+                pools.append(replace(
+                    pool, name=f"{name.hardware.name}-{role}{k}", prefill=pool.prefill.scaled(factor) if pool.prefill else None,
+                    decode=pool.decode.scaled(factor) if pool.decode else None,
+                    system=pool.system + first,
+                    fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
+                    link_bytes_per_cycle=pool.link_bytes_per_cycle / factor))
+        else:
+            pools += accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
+                                       grid)
+        first += name.count
+    return pools, clock_hz
+
+
+def serve_split(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+                prefill_pool: str, decode_pool: str, trace: Path | str | None = None,
+                rate: float | None = None, requests: int | None = None,
+                cache_dir: Path | str | None = None, ttft_s: float | None = None,
+                tpot_s: float | None = None, loop: str = "compiled",
+                **options) -> tuple[ServeResult, RunMetrics]:
+    """``serve``, disaggregated between two kinds of hardware: prefill on ``prefill_pool``,
+    decode on ``decode_pool`` (``split_pools``), every copy of one side able to hand its KV
+    to any copy of the other. Everything is checked before any work."""
+    spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
+                         tpot_s=tpot_s, **options)
+    one_of("loop", loop, LOOPS)
+    model = load_model(model) if isinstance(model, (str, Path)) else model
+    parse_pool(prefill_pool), parse_pool(decode_pool)  # named wrongly: refused before any work
+    reqs = generate_requests(spec)
+    short = position_shortfall(reqs, model)
+    if short:
+        raise UserError(short)
+    pools, clock_hz = split_pools(model, prefill_pool, decode_pool, cache_dir)
+    settings = ServeOptions.of(_Clock(clock_hz), model, **options)
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name
     return result, run_metrics(result, reqs, ttft_s, tpot_s)

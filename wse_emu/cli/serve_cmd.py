@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from wse_emu import api
-from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
+from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args, model_from_args
 from wse_emu.cli.knob_args import add_serving_args, serving_settings
+from wse_emu.errors import UserError
 from wse_emu.fmt import narrow_table, number, seconds, si
 from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
 from wse_emu.program import write_run_dir
@@ -34,11 +35,41 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true")
+    pools = p.add_argument_group("a split between two kinds of hardware (instead of --fabric, "
+                                 "--systems and --plan)")
+    pools.add_argument("--prefill-pool", metavar="POOL",
+                       help="prefill on POOL: a fabric (wse3, or wse3x4 for four systems) or an "
+                            "accelerator timed by its roofline (trn2, trn2x2), or their YAML")
+    pools.add_argument("--decode-pool", metavar="POOL", help="decode on POOL (as --prefill-pool)")
     p.set_defaults(func=run, writes_run_dir=True)
+
+
+# What a split between two kinds of hardware names itself, and the cluster flags' defaults.
+CLUSTER_DEFAULTS = {"fabric": "wse3", "fabric_set": [], "systems": 1, "plan": "colocated",
+                    "prefill_share": None, "prefill_systems": None, "region": None,
+                    "layers_per_stage": None}
+
+
+def check_split_args(args) -> None:
+    """A split names its hardware in its two pools: both pools, and none of the flags that
+    describe one compiled cluster; its run directory is not written yet."""
+    if (args.prefill_pool is None) != (args.decode_pool is None):
+        raise UserError("--prefill-pool and --decode-pool go together")
+    given = [name for name, default in CLUSTER_DEFAULTS.items()
+             if getattr(args, name) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-").replace("fabric-set", "set")
+        raise UserError(f"{flag} describes one compiled cluster; with --prefill-pool and "
+                        "--decode-pool the pools name the hardware")
+    if args.output or args.viz:
+        raise UserError("-o and --viz are not written yet for a split between two kinds of "
+                        "hardware; use --json")
 
 
 def run(args):
     settings = serving_settings(args)
+    if args.prefill_pool is not None or args.decode_pool is not None:
+        return run_split(args, settings)
     # Every option is checked before anything is compiled or timed.
     api.check_serving(workload=args.workload, trace=args.trace, rate=args.rate,
                       requests=args.requests, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
@@ -59,6 +90,24 @@ def run(args):
                                                                    program))
     if args.json:
         return report.to_json()
+    return render(report, result, metrics)
+
+
+def run_split(args, settings: dict):
+    check_split_args(args)
+    model = model_from_args(args)
+    result, metrics = api.serve_split(
+        model, args.workload, prefill_pool=args.prefill_pool, decode_pool=args.decode_pool,
+        trace=args.trace, rate=args.rate, requests=args.requests, cache_dir=args.cache_dir,
+        ttft_s=args.ttft_s, tpot_s=args.tpot_s, **settings)
+    report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
+                         result.regions, model=model.name,
+                         cluster=f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
+                         plan="disaggregated", policy=args.policy, workload=result.workload)
+    return report.to_json() if args.json else render(report, result, metrics)
+
+
+def render(report: ServeReport, result, metrics) -> str:
     rows = [[name, seconds(v.p50), seconds(v.p90), seconds(v.p99)]
             for name, v in (("TTFT", metrics.ttft_s), ("TPOT", metrics.tpot_s),
                             ("inter-token", metrics.itl_s), ("end to end", metrics.e2e_s))]
