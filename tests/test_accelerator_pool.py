@@ -149,7 +149,7 @@ def test_the_command_line_serves_a_split_between_two_kinds_of_hardware(tmp_path)
 
 @pytest.mark.parametrize("args, needle", [
     (["--prefill-pool", "trn2"], "--prefill-pool and --decode-pool go together"),
-    (["--prefill-pool", "h100", "--decode-pool", "wse3"], "unknown pool 'h100'"),
+    (["--prefill-pool", "v100", "--decode-pool", "wse3"], "unknown pool 'v100'"),
     (["--prefill-pool", "trn2x0", "--decode-pool", "wse3"], "count must be between 1 and 64"),
     (["--prefill-pool", "trn2", "--decode-pool", "wse3", "--systems", "2"], "--systems"),
     (["--prefill-pool", "trn2", "--decode-pool", "wse3", "-o", "out"], "-o and --viz"),

@@ -48,6 +48,7 @@ from wse_emu.runtime.comparison import (
     workload_draws,
 )
 from wse_emu.runtime.experiment import RunBook, Targets
+from wse_emu.runtime.gpu_pool import gpu_pools
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
 from wse_emu.runtime.pools import wafer_pools, wafer_pools_of
 from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
@@ -195,7 +196,8 @@ def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
     (``pool_names``: ``wse3x4``, ``trn2x2``, ...), and the clock they are served on (the
     first wafer's, else ``ACCELERATOR_CLOCK_HZ``). A wafer side holds the model as colocated
     serving would lay it out, serving one phase; an accelerator side is timed by its roofline
-    (``accelerator_pool``). The prefill side's systems come first."""
+    (``accelerator_pool``), a GPU side from measured data (``gpu_pool``). The prefill side's
+    systems come first."""
     names = {"prefill": parse_pool(prefill_pool), "decode": parse_pool(decode_pool)}
     wafers = [n.hardware for n in names.values() if n.is_wafer]
     clock_hz = wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
@@ -210,15 +212,19 @@ def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
             factor = clock_hz / name.hardware.clock_hz
             for k, pool in enumerate(wafer_pools(program, default_cache_dir(cache_dir), grid)):
                 pools.append(replace(
-                    pool, name=f"{name.hardware.name}-{role}{k}", prefill=pool.prefill.scaled(factor) if pool.prefill else None,
+                    pool, name=f"{name.hardware.name}-{role}{k}",
+                    prefill=pool.prefill.scaled(factor) if pool.prefill else None,
                     decode=pool.decode.scaled(factor) if pool.decode else None,
                     system=pool.system + first,
                     fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
                     link_bytes_per_cycle=pool.link_bytes_per_cycle / factor))
+        elif name.is_gpu:
+            pools += gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
+                               name.tensor_parallel)
         else:
             pools += accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
                                        grid)
-        first += name.count
+        first += name.systems
     return pools, clock_hz
 
 

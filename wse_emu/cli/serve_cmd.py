@@ -8,6 +8,7 @@ from wse_emu.cli.knob_args import add_serving_args, serving_settings
 from wse_emu.errors import UserError
 from wse_emu.fmt import narrow_table, number, seconds, si
 from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
+from wse_emu.pool_names import parse_pool
 from wse_emu.program import write_run_dir
 from wse_emu.runtime.metrics import ServeReport
 
@@ -38,8 +39,10 @@ def add_parser(sub, summary: str) -> None:
     pools = p.add_argument_group("a split between two kinds of hardware (instead of --fabric, "
                                  "--systems and --plan)")
     pools.add_argument("--prefill-pool", metavar="POOL",
-                       help="prefill on POOL: a fabric (wse3, or wse3x4 for four systems) or an "
-                            "accelerator timed by its roofline (trn2, trn2x2), or their YAML")
+                       help="prefill on POOL: a fabric (wse3, or wse3x4 for four systems), an "
+                            "accelerator timed by its roofline (trn2, trn2x2), or their YAML; or "
+                            "GPUs timed from AIConfigurator's measured data (h200x8, h200x8tp2 "
+                            "for two per copy; the gpu extra)")
     pools.add_argument("--decode-pool", metavar="POOL", help="decode on POOL (as --prefill-pool)")
     p.set_defaults(func=run, writes_run_dir=True)
 
@@ -104,7 +107,22 @@ def run_split(args, settings: dict):
                          result.regions, model=model.name,
                          cluster=f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
                          plan="disaggregated", policy=args.policy, workload=result.workload)
-    return report.to_json() if args.json else render(report, result, metrics)
+    sources = {role: step_times_source(parse_pool(name)) for role, name in
+               (("prefill", args.prefill_pool), ("decode", args.decode_pool))}
+    if args.json:
+        return {**report.to_json(), "step_times": sources}
+    text = render(report, result, metrics).split("\n")
+    return "\n".join(text[:1] + [f"  {role + ' step times':<20} {source}"
+                                 for role, source in sources.items()] + text[1:])
+
+
+def step_times_source(pool) -> str:
+    """Where a pool's step times come from, in a few words."""
+    if pool.is_wafer:
+        return f"simulated on {pool.hardware.name}"
+    if pool.is_gpu:
+        return pool.hardware.source
+    return f"the roofline of {pool.hardware.name} (lower bounds)"
 
 
 def render(report: ServeReport, result, metrics) -> str:
