@@ -10,9 +10,8 @@ on first use, so that importing ``wse_emu`` stays quick.
 
 __version__ = "0.1.0"
 
-_API = ("load_model", "load_fabric", "compile", "run", "serve", "experiment", "frontier",
-        "generate",
-        "sweep", "draw")
+_API = ("load_model", "load_fabric", "compile", "run", "serve", "serve_split", "experiment",
+        "frontier", "generate", "sweep", "draw")
 
 
 def __getattr__(name: str):

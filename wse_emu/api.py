@@ -75,8 +75,8 @@ from wse_emu.runtime.workers import HERE, point_pool
 from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
-__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "experiment", "frontier",
-           "generate", "sweep", "draw", "Space", "Targets", "default_cache_dir"]
+__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_split", "experiment",
+           "frontier", "generate", "sweep", "draw", "Space", "Targets", "default_cache_dir"]
 
 
 def default_cache_dir(given: Path | str | None = None) -> Path:

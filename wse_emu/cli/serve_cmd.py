@@ -47,7 +47,8 @@ def add_parser(sub, summary: str) -> None:
     p.set_defaults(func=run, writes_run_dir=True)
 
 
-# What a split between two kinds of hardware names itself, and the cluster flags' defaults.
+# The flags that describe one compiled cluster, with their defaults: a split between two
+# kinds of hardware takes none of them.
 CLUSTER_DEFAULTS = {"fabric": "wse3", "fabric_set": [], "systems": 1, "plan": "colocated",
                     "prefill_share": None, "prefill_systems": None, "region": None,
                     "layers_per_stage": None}
