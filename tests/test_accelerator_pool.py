@@ -156,3 +156,9 @@ def test_the_command_line_serves_a_split_between_two_kinds_of_hardware(tmp_path)
 ])
 def test_a_split_named_wrongly_is_refused_in_one_line(args, needle):
     assert_one_line_error(run_cli("serve", "tiny", "--workload", "chat", *args), needle)
+
+
+def test_a_wafer_side_too_small_is_refused_in_the_pools_terms():
+    proc = run_cli("serve", "llama-3.1-70b", "--prefill-pool", "trn2", "--decode-pool", "wse3",
+                   "--workload", "chat")
+    assert_one_line_error(proc, "decode pool wse3: llama-3.1-70b needs", "use wse3x4 or more")

@@ -14,6 +14,7 @@ line and exits with 2).
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -204,8 +205,12 @@ def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
     pools, first = [], 0
     for role, name in names.items():
         if name.is_wafer:
-            program = compile_model(model, ClusterSpec(name.hardware, name.count),
-                                    CompileOptions(plan="colocated"))
+            try:
+                program = compile_model(model, ClusterSpec(name.hardware, name.count),
+                                        CompileOptions(plan="colocated"))
+            except CompileError as exc:  # its advice in this command's terms: wse3x4
+                advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
+                raise UserError(f"{role} pool {name.text}: {advice}") from None
             # The regions keep their layout and serve one phase: only its tables are timed.
             program = replace(program, regions=[replace(r, role=role) for r in program.regions])
             # A wafer's tables count its own cycles: rescaled to the serving clock.
