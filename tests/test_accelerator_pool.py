@@ -147,8 +147,20 @@ def test_the_command_line_serves_a_split_between_two_kinds_of_hardware(tmp_path)
     assert report["requests"] == 40 and report["refused"] == 0
 
 
+def test_the_command_line_serves_colocated_on_accelerators(tmp_path):
+    proc = run_cli("serve", "tiny", "--pool", "trn2x2", "--workload", SMALL_CHAT, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["plan"] == "colocated" and report["requests"] == 40
+    regions = report["regions"]
+    assert len(regions) == 2 * TRN2.copies
+    assert {r["role"] for r in regions.values()} == {"mixed"}
+    assert report["step_times"] == {"step times": "the roofline of trn2 (lower bounds)"}
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--prefill-pool", "trn2"], "--prefill-pool and --decode-pool go together"),
+    (["--pool", "trn2", "--decode-pool", "wse3"], "--pool (colocated) does not go with"),
     (["--prefill-pool", "v100", "--decode-pool", "wse3"], "unknown pool 'v100'"),
     (["--prefill-pool", "trn2x0", "--decode-pool", "wse3"], "count must be between 1 and 64"),
     (["--prefill-pool", "trn2", "--decode-pool", "wse3", "--systems", "2"], "--systems"),

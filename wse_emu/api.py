@@ -76,7 +76,7 @@ from wse_emu.runtime.workers import HERE, point_pool
 from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
-__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_split", "experiment",
+__all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_pools", "experiment",
            "frontier", "generate", "sweep", "draw", "Space", "Targets", "default_cache_dir"]
 
 
@@ -191,15 +191,15 @@ class _Clock:
 ACCELERATOR_CLOCK_HZ = 1e9
 
 
-def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
-                cache_dir: Path | str | None = None, grid: str = "full") -> tuple[list, float]:
-    """The pools of a split between two kinds of hardware, each named as on the command line
-    (``pool_names``: ``wse3x4``, ``trn2x2``, ...), and the clock they are served on (the
-    first wafer's, else ``ACCELERATOR_CLOCK_HZ``). A wafer side holds the model as colocated
-    serving would lay it out, serving one phase; an accelerator side is timed by its roofline
-    (``accelerator_pool``), a GPU side from measured data (``gpu_pool``). The prefill side's
-    systems come first."""
-    names = {"prefill": parse_pool(prefill_pool), "decode": parse_pool(decode_pool)}
+def named_pools(model: ModelSpec, sides: dict[str, str], cache_dir: Path | str | None = None,
+                grid: str = "full") -> tuple[list, float]:
+    """The pools of ``sides`` (role -> a pool named as on the command line, ``pool_names``:
+    ``wse3x4``, ``trn2x2``, ``h200x8``; one ``mixed`` side for colocated serving, or a
+    ``prefill`` and a ``decode`` side), and the clock they are served on (the first wafer's,
+    else ``ACCELERATOR_CLOCK_HZ``). A wafer side holds the model as colocated serving lays it
+    out, serving its role; an accelerator side is timed by its roofline (``accelerator_pool``),
+    a GPU side from measured data (``gpu_pool``). The sides' systems are numbered in order."""
+    names = {role: parse_pool(text) for role, text in sides.items()}
     wafers = [n.hardware for n in names.values() if n.is_wafer]
     clock_hz = wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
     pools, first = [], 0
@@ -211,7 +211,8 @@ def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
             except CompileError as exc:  # its advice in this command's terms: wse3x4
                 advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
                 raise UserError(f"{role} pool {name.text}: {advice}") from None
-            # The regions keep their layout and serve one phase: only its tables are timed.
+            # The regions keep their layout and serve the side's role: only its tables are
+            # timed.
             program = replace(program, regions=[replace(r, role=role) for r in program.regions])
             # A wafer's tables count its own cycles: rescaled to the serving clock.
             factor = clock_hz / name.hardware.clock_hz
@@ -233,25 +234,40 @@ def split_pools(model: ModelSpec, prefill_pool: str, decode_pool: str,
     return pools, clock_hz
 
 
-def serve_split(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
-                prefill_pool: str, decode_pool: str, trace: Path | str | None = None,
+def pool_sides(pool: str | None, prefill_pool: str | None,
+               decode_pool: str | None) -> dict[str, str]:
+    """Colocated on ``pool``, or split between ``prefill_pool`` and ``decode_pool``: the sides
+    ``named_pools`` takes; any other combination is refused."""
+    if pool is not None and prefill_pool is None and decode_pool is None:
+        return {"mixed": pool}
+    if pool is None and prefill_pool is not None and decode_pool is not None:
+        return {"prefill": prefill_pool, "decode": decode_pool}
+    raise UserError("give `pool` (colocated), or `prefill_pool` and `decode_pool` (a split)")
+
+
+def serve_pools(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+                pool: str | None = None, prefill_pool: str | None = None,
+                decode_pool: str | None = None, trace: Path | str | None = None,
                 rate: float | None = None, requests: int | None = None,
                 cache_dir: Path | str | None = None, ttft_s: float | None = None,
                 tpot_s: float | None = None, loop: str = "compiled",
                 **options) -> tuple[ServeResult, RunMetrics]:
-    """``serve``, disaggregated between two kinds of hardware: prefill on ``prefill_pool``,
-    decode on ``decode_pool`` (``split_pools``), every copy of one side able to hand its KV
-    to any copy of the other. Everything is checked before any work."""
+    """``serve`` on pools named as on the command line (``named_pools``): colocated on
+    ``pool`` (a wafer cluster, accelerator instances or GPUs), or disaggregated with prefill
+    on ``prefill_pool`` and decode on ``decode_pool``, every copy of one side able to hand its
+    KV to any copy of the other. Everything is checked before any work."""
     spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
                          tpot_s=tpot_s, **options)
     one_of("loop", loop, LOOPS)
+    sides = pool_sides(pool, prefill_pool, decode_pool)
     model = load_model(model) if isinstance(model, (str, Path)) else model
-    parse_pool(prefill_pool), parse_pool(decode_pool)  # named wrongly: refused before any work
+    for text in sides.values():
+        parse_pool(text)  # named wrongly: refused before any work
     reqs = generate_requests(spec)
     short = position_shortfall(reqs, model)
     if short:
         raise UserError(short)
-    pools, clock_hz = split_pools(model, prefill_pool, decode_pool, cache_dir)
+    pools, clock_hz = named_pools(model, sides, cache_dir)
     settings = ServeOptions.of(_Clock(clock_hz), model, **options)
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name

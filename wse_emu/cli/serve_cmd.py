@@ -36,8 +36,10 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     p.add_argument("--json", action="store_true")
-    pools = p.add_argument_group("a split between two kinds of hardware (instead of --fabric, "
-                                 "--systems and --plan)")
+    pools = p.add_argument_group("pools named by their hardware (instead of --fabric, --systems "
+                                 "and --plan)")
+    pools.add_argument("--pool", metavar="POOL",
+                       help="colocated on POOL (as --prefill-pool names it)")
     pools.add_argument("--prefill-pool", metavar="POOL",
                        help="prefill on POOL: a fabric (wse3, or wse3x4 for four systems), an "
                             "accelerator timed by its roofline (trn2, trn2x2), or their YAML; or "
@@ -47,33 +49,36 @@ def add_parser(sub, summary: str) -> None:
     p.set_defaults(func=run, writes_run_dir=True)
 
 
-# The flags that describe one compiled cluster, with their defaults: a split between two
-# kinds of hardware takes none of them.
+# The flags that describe one compiled cluster, with their defaults: pools named by their
+# hardware take none of them.
 CLUSTER_DEFAULTS = {"fabric": "wse3", "fabric_set": [], "systems": 1, "plan": "colocated",
                     "prefill_share": None, "prefill_systems": None, "region": None,
                     "layers_per_stage": None}
 
 
-def check_split_args(args) -> None:
-    """A split names its hardware in its two pools: both pools, and none of the flags that
-    describe one compiled cluster; its run directory is not written yet."""
-    if (args.prefill_pool is None) != (args.decode_pool is None):
+def check_pool_args(args) -> None:
+    """Pools named by their hardware: --pool alone, or --prefill-pool with --decode-pool, and
+    none of the flags that describe one compiled cluster; their run directory is not written
+    yet."""
+    if args.pool is not None and (args.prefill_pool or args.decode_pool):
+        raise UserError("--pool (colocated) does not go with --prefill-pool or --decode-pool")
+    if args.pool is None and (args.prefill_pool is None) != (args.decode_pool is None):
         raise UserError("--prefill-pool and --decode-pool go together")
     given = [name for name, default in CLUSTER_DEFAULTS.items()
              if getattr(args, name) != default]
     if given:
         flag = "--" + given[0].replace("_", "-").replace("fabric-set", "set")
-        raise UserError(f"{flag} describes one compiled cluster; with --prefill-pool and "
-                        "--decode-pool the pools name the hardware")
+        raise UserError(f"{flag} describes one compiled cluster; with --pool, --prefill-pool "
+                        "or --decode-pool the pools name the hardware")
     if args.output or args.viz:
-        raise UserError("-o and --viz are not written yet for a split between two kinds of "
-                        "hardware; use --json")
+        raise UserError("-o and --viz are not written yet for pools named by their hardware; "
+                        "use --json")
 
 
 def run(args):
     settings = serving_settings(args)
-    if args.prefill_pool is not None or args.decode_pool is not None:
-        return run_split(args, settings)
+    if any(p is not None for p in (args.pool, args.prefill_pool, args.decode_pool)):
+        return run_pools(args, settings)
     # Every option is checked before anything is compiled or timed.
     api.check_serving(workload=args.workload, trace=args.trace, rate=args.rate,
                       requests=args.requests, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
@@ -97,24 +102,28 @@ def run(args):
     return render(report, result, metrics)
 
 
-def run_split(args, settings: dict):
-    check_split_args(args)
+def run_pools(args, settings: dict):
+    check_pool_args(args)
     model = model_from_args(args)
-    result, metrics = api.serve_split(
-        model, args.workload, prefill_pool=args.prefill_pool, decode_pool=args.decode_pool,
-        trace=args.trace, rate=args.rate, requests=args.requests, cache_dir=args.cache_dir,
-        ttft_s=args.ttft_s, tpot_s=args.tpot_s, **settings)
+    sides = api.pool_sides(args.pool, args.prefill_pool, args.decode_pool)
+    result, metrics = api.serve_pools(
+        model, args.workload, pool=args.pool, prefill_pool=args.prefill_pool,
+        decode_pool=args.decode_pool, trace=args.trace, rate=args.rate, requests=args.requests,
+        cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s, **settings)
+    colocated = "mixed" in sides
     report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
                          result.regions, model=model.name,
-                         cluster=f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
-                         plan="disaggregated", policy=args.policy, workload=result.workload)
-    sources = {role: step_times_source(parse_pool(name)) for role, name in
-               (("prefill", args.prefill_pool), ("decode", args.decode_pool))}
+                         cluster=args.pool if colocated else
+                         f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
+                         plan="colocated" if colocated else "disaggregated",
+                         policy=args.policy, workload=result.workload)
+    sources = {"step times" if role == "mixed" else f"{role} step times":
+               step_times_source(parse_pool(name)) for role, name in sides.items()}
     if args.json:
         return {**report.to_json(), "step_times": sources}
     text = render(report, result, metrics).split("\n")
-    return "\n".join(text[:1] + [f"  {role + ' step times':<20} {source}"
-                                 for role, source in sources.items()] + text[1:])
+    return "\n".join(text[:1] + [f"  {label:<20} {source}" for label, source in sources.items()]
+                     + text[1:])
 
 
 def step_times_source(pool) -> str:
