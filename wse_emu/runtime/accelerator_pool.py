@@ -10,44 +10,22 @@ and after the MLP, as tensor parallelism splits them) and a fixed overhead per s
 is one pipeline stage; its KV capacity is the HBM left after the weights and the runtime's
 share. The step times fill ``StageTable``s over the same micro-batch grid as a wafer's, in
 cycles of the serving clock, so serving treats the copy as it treats a wafer region
-(``pools.Pool``).
+(``pools.StagePool``).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-
-import numpy as np
 
 from wse_emu import layer as ly
 from wse_emu.accelerator import AcceleratorSpec
 from wse_emu.errors import UserError
 from wse_emu.model import ModelSpec
-from wse_emu.runtime.pools import PHASES
-from wse_emu.runtime.tables import StageTable, grid_axes
+from wse_emu.runtime.pools import PHASES, StagePool
+from wse_emu.runtime.tables import StageTable, timed_table
 
 # The ops a fused attention kernel runs as one, in the order the op graph lists them; the
 # ops that multiply by weight matrices.
 FUSED_ATTENTION = (ly.ATTN_SCORES, ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM)
 MATRIX_KINDS = (ly.GEMM, ly.EXPERT_GEMM)
-
-
-@dataclass
-class AcceleratorPool:
-    """One copy of the model on ``spec.tensor_parallel`` chips of an accelerator instance."""
-
-    name: str
-    role: str
-    kv_capacity_tokens: int
-    prefill: StageTable | None
-    decode: StageTable | None
-    system: int  # the instance, numbered among the cluster's systems
-    fabric_bytes_per_cycle: float  # a handoff to another copy on the same instance
-    link_bytes_per_cycle: float  # ... to another system, over this instance's network
-
-    @property
-    def stages(self) -> int:
-        return 1
 
 
 def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -> float:
@@ -93,17 +71,12 @@ def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -
 
 def step_table(spec: AcceleratorSpec, model: ModelSpec, phase: str, clock_hz: float,
                grid: str = "quick") -> StageTable:
-    """``step_seconds`` over ``grid``'s micro-batch shapes for ``phase``, in cycles of the
-    serving clock: one stage, nothing between stages."""
-    axis0, axis1 = grid_axes(grid, phase)
-    cycles = np.zeros((1, len(axis0), len(axis1)))
-    for i, a in enumerate(axis0):
-        for j, b in enumerate(axis1):
-            step = (ly.MicroBatch("decode", batch=a, context=b) if phase == "decode"
-                    else ly.MicroBatch("prefill", tokens=a, prefix=b))
-            cycles[0, i, j] = step_seconds(spec, model, step) * clock_hz
-    return StageTable(phase, np.asarray(axis0, float), np.asarray(axis1, float), cycles,
-                      np.zeros((len(axis0), len(axis1))))
+    """``step_seconds`` over ``grid``'s micro-batch shapes for ``phase``, in serving cycles."""
+    def seconds(a: int, b: int) -> float:
+        step = (ly.MicroBatch("decode", batch=a, context=b) if phase == "decode"
+                else ly.MicroBatch("prefill", tokens=a, prefix=b))
+        return step_seconds(spec, model, step)
+    return timed_table(phase, grid, clock_hz, seconds)
 
 
 def kv_capacity_tokens(spec: AcceleratorSpec, model: ModelSpec) -> int:
@@ -121,7 +94,7 @@ def kv_capacity_tokens(spec: AcceleratorSpec, model: ModelSpec) -> int:
 
 def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_hz: float,
                       instances: int = 1, first_system: int = 0,
-                      grid: str = "quick") -> list[AcceleratorPool]:
+                      grid: str = "quick") -> list[StagePool]:
     """Every copy of ``model`` on ``instances`` instances of ``spec``, in ``role`` (mixed,
     prefill or decode), timed for a serving clock of ``clock_hz``; instance k is system
     ``first_system + k`` of the cluster."""
@@ -131,7 +104,7 @@ def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_
         raise UserError(f"`instances` must be at least 1, got {instances}")
     tables = {phase: step_table(spec, model, phase, clock_hz, grid) for phase in PHASES[role]}
     capacity = kv_capacity_tokens(spec, model)
-    return [AcceleratorPool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),
+    return [StagePool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),
                             tables.get("decode"), first_system + k,
                             spec.interconnect_bytes_per_s / clock_hz,
                             spec.network_bytes_per_s / clock_hz)

@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from wse_emu.errors import UserError
 from wse_emu.model import ModelSpec
-from wse_emu.runtime.accelerator_pool import AcceleratorPool
-from wse_emu.runtime.pools import PHASES
-from wse_emu.runtime.tables import StageTable, grid_axes
+from wse_emu.runtime.pools import PHASES, StagePool
+from wse_emu.runtime.tables import StageTable, timed_table
 
 # Our names of the GPUs, and the database's.
 GPUS = {"a100": "a100_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
@@ -128,21 +126,17 @@ def tensor_parallel(gpu: GpuSpec, model: ModelSpec, gpus: int, asked: int | None
 
 def step_table(engine, phase: str, clock_hz: float, grid: str) -> StageTable:
     """The database's step times over ``grid``'s shapes for ``phase``, in serving cycles."""
-    axis0, axis1 = grid_axes(grid, phase)
-    cycles = np.zeros((1, len(axis0), len(axis1)))
-    for i, a in enumerate(axis0):
-        for j, b in enumerate(axis1):
-            # The database's prompt length counts the cached prefix; its times are in ms.
-            ms = (engine.decode_step_latency(int(a), int(b), 0) if phase == "decode"
-                  else engine.predict_prefill_latency(1, int(b + a), int(b)))
-            cycles[0, i, j] = ms * 1e-3 * clock_hz
-    return StageTable(phase, np.asarray(axis0, float), np.asarray(axis1, float), cycles,
-                      np.zeros((len(axis0), len(axis1))))
+    def seconds(a: int, b: int) -> float:
+        # The database's prompt length counts the cached prefix; its times are in ms.
+        ms = (engine.decode_step_latency(a, b, 0) if phase == "decode"
+              else engine.predict_prefill_latency(1, b + a, b))
+        return ms * 1e-3
+    return timed_table(phase, grid, clock_hz, seconds)
 
 
 def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: int,
               first_system: int = 0, grid: str = "quick",
-              tp: int | None = None) -> list[AcceleratorPool]:
+              tp: int | None = None) -> list[StagePool]:
     """The copies of ``model`` on ``gpus`` GPUs, ``tp`` each (``tensor_parallel``), in
     ``role``; node k is system ``first_system + k``."""
     _require()
@@ -158,7 +152,7 @@ def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: 
                                   pp_size=1)
     tables = {phase: step_table(engine, phase, clock_hz, grid) for phase in PHASES[role]}
     capacity = _kv_tokens(gpu, model, tp)
-    return [AcceleratorPool(f"{gpu.name}-tp{tp}.{copy}", role, capacity, tables.get("prefill"),
+    return [StagePool(f"{gpu.name}-tp{tp}.{copy}", role, capacity, tables.get("prefill"),
                             tables.get("decode"), first_system + copy * tp // gpu.gpus_per_node,
                             gpu.intra_node_bytes_per_s * tp / clock_hz,
                             gpu.network_bytes_per_s * tp / clock_hz)

@@ -41,8 +41,9 @@ class Pool(Protocol):
 
 
 @dataclass
-class WaferRegion:
-    """A compiled wafer region as a pool."""
+class StagePool:
+    """A pool as serving reads it (``Pool``): what a wafer region, an accelerator's copy of the
+    model or a GPU's is made into."""
 
     name: str
     role: str
@@ -50,14 +51,20 @@ class WaferRegion:
     prefill: StageTable | None
     decode: StageTable | None
     system: int = 0
-    # KV handoffs inside a wafer cross the fabric at the boundary between regions (a link per
-    # row); between wafers they go over the off-wafer links. ``for_fabric`` sets both.
+    # A handoff to a pool of the same system, and out of it to another, in bytes per cycle.
     fabric_bytes_per_cycle: float = float("inf")
     link_bytes_per_cycle: float = float("inf")
 
     @property
     def stages(self) -> int:
         return len((self.prefill or self.decode).cycles)
+
+
+@dataclass
+class WaferRegion(StagePool):
+    """A compiled wafer region as a pool. KV handoffs inside a wafer cross the fabric at the
+    boundary between regions (a link per row); between wafers they go over the off-wafer
+    links. ``for_fabric`` sets both."""
 
     def for_fabric(self, fabric) -> "WaferRegion":
         """This region with the handoff rates of ``fabric`` (a FabricSpec)."""

@@ -284,6 +284,17 @@ def grid_axes(grid: str, phase: str) -> tuple:
     return GRIDS[grid][phase]
 
 
+def timed_table(phase: str, grid: str, clock_hz: float, seconds) -> StageTable:
+    """A one-stage table over ``grid``'s shapes for ``phase`` from ``seconds(a, b)``, a step's
+    time in seconds at each shape (decode: batch, context; prefill: tile tokens, tokens cached
+    before it), in cycles of a serving clock of ``clock_hz``: how a pool that is not a compiled
+    region (an accelerator's, a GPU's) is timed."""
+    axis0, axis1 = grid_axes(grid, phase)
+    cycles = np.array([[[seconds(int(a), int(b)) * clock_hz for b in axis1] for a in axis0]])
+    return StageTable(phase, np.asarray(axis0, float), np.asarray(axis1, float), cycles,
+                      np.zeros((len(axis0), len(axis1))))
+
+
 def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
                engine: str = "fast", axes: tuple | None = None) -> Path:
     """Where the table of ``region`` for ``phase`` is cached under ``cache_dir``."""
