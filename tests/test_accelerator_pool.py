@@ -51,6 +51,18 @@ def test_a_long_prefill_tile_computes_at_the_compute_roofline():
     assert got < 1.5 * matrices / chips_flops_per_s
 
 
+def test_a_decode_riding_in_a_chunk_adds_its_attention_alone():
+    """In a step shared with a prompt's chunk, a decode micro-batch adds the reading of its
+    KV cache (attention is memory-bound at decode), nothing of the weights."""
+    spec = dataclasses.replace(TRN2, step_overhead_s=0.0)
+    step = ly.MicroBatch("decode", batch=16, context=4096)
+    riding = step_seconds(spec, LLAMA, step, riding=True)
+    kv = 16 * 4096 * LLAMA.kv_bytes_per_token()
+    rate = spec.tensor_parallel * spec.memory_bytes_per_s * spec.memory_efficiency
+    assert riding == pytest.approx(kv / rate, rel=0.02)
+    assert riding < 0.5 * step_seconds(spec, LLAMA, step)
+
+
 def test_each_layer_all_reduces_its_hidden_state_twice_over_the_ring():
     step = ly.MicroBatch("prefill", tokens=256)
     slow = dataclasses.replace(TRN2, interconnect_bytes_per_s=TRN2.interconnect_bytes_per_s / 2)

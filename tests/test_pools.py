@@ -35,6 +35,7 @@ class StepModelPool:
     kv_capacity_tokens: int
     prefill: StageTable | None
     decode: StageTable | None
+    riding: StageTable | None = None  # its steps of both kinds are timed apart and added
     system: int = 0
     fabric_bytes_per_cycle: float = float("inf")
     link_bytes_per_cycle: float = 64.0

@@ -125,6 +125,17 @@ def test_handoffs_inside_and_between_wafers_on_both_loops(split, cache):
     assert_twins(agentic(), one_wafer, OPTIONS)  # sessions' prefixes cached in prefill
 
 
+def test_a_decode_riding_in_a_chunks_step_on_both_loops(colocated, cache):
+    """Pools that run a chunk and a decode micro-batch as one step (an accelerator's copy):
+    the chunk read at its tokens and the sequences' together, the decode at its own share."""
+    plain = pools_of(colocated, cache)
+    riding = [replace(p, riding=p.decode.scaled(0.25)) for p in plain]
+    options = replace(OPTIONS, policy="chunked", token_budget=64)
+    merged = assert_twins(chat(3000.0), riding, options)
+    apart = serve(chat(3000.0), plain, options)
+    assert not np.array_equal(merged.finish, apart.finish)
+
+
 def test_a_timeline_does_not_change_the_times(colocated, cache):
     requests = chat(20000.0)
     pools = pools_of(colocated, cache)

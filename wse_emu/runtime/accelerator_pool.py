@@ -6,7 +6,9 @@ bytes the wafer's kernels are held to) at the slower of its compute and its memo
 the copy's chips, attention as one fused kernel (scores, softmax and weighted sum: the scores
 stay on chip, as fused attention kernels keep them, so only the queries, the KV cache read
 and the output move), plus two ring all-reduces of the hidden state per layer (after attention
-and after the MLP, as tensor parallelism splits them) and a fixed overhead per step. The copy
+and after the MLP, as tensor parallelism splits them) and a fixed overhead per step. A chunk
+of a prompt and a decode micro-batch served together (chunked serving) are one step: the
+chunk's time at their tokens together, plus the decode's attention (``pools.Pool.riding``). The copy
 is one pipeline stage; its KV capacity is the HBM left after the weights and the runtime's
 share. The step times fill ``StageTable``s over the same micro-batch grid as a wafer's, in
 cycles of the serving clock, so serving treats the copy as it treats a wafer region
@@ -28,9 +30,12 @@ FUSED_ATTENTION = (ly.ATTN_SCORES, ly.SOFTMAX, ly.ATTN_WEIGHTED_SUM)
 MATRIX_KINDS = (ly.GEMM, ly.EXPERT_GEMM)
 
 
-def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -> float:
+def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch,
+                 riding: bool = False) -> float:
     """One micro-batch through the whole model on one copy: every op at the slower of its
-    compute and memory time, the layers' all-reduces and the step's overhead."""
+    compute and memory time, the layers' all-reduces and the step's overhead. ``riding``: only
+    what a decode micro-batch adds to a step it shares with a prompt's chunk, its attention
+    (the rest is the chunk's, read at their tokens together: ``pools.Pool.riding``)."""
     tp = spec.tensor_parallel
     # Weight matrices multiply at the peak of their stored format; everything else (attention
     # among it) in 16 bits.
@@ -46,7 +51,8 @@ def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -
     def roofline(ops, layer=None) -> float:
         costs = [(op.kind, ly.op_cost(op, model, step, layer)) for op in ops]
         fused = [c for kind, c in costs if kind in FUSED_ATTENTION]
-        alone = sum(seconds_of(c, kind) for kind, c in costs if kind not in FUSED_ATTENTION)
+        alone = 0.0 if riding else sum(seconds_of(c, kind) for kind, c in costs
+                                       if kind not in FUSED_ATTENTION)
         if not fused:
             return alone
         scores, *_, weighted = fused
@@ -60,8 +66,10 @@ def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -
     by_window: dict = {}
     for layer in range(model.num_layers):
         by_window.setdefault(model.attention.window(layer), []).append(layer)
-    seconds = roofline(ly.input_ops(model)) + roofline(ly.output_ops(model))
-    seconds += sum(len(layers) * roofline(ops, layers[0]) for layers in by_window.values())
+    seconds = sum(len(layers) * roofline(ops, layers[0]) for layers in by_window.values())
+    if riding:
+        return seconds
+    seconds += roofline(ly.input_ops(model)) + roofline(ly.output_ops(model))
     if tp > 1:
         hidden = step.new_tokens * model.hidden_size * model.storage.dtype_bytes
         ring = 2 * (tp - 1) / tp * hidden / spec.interconnect_bytes_per_s
@@ -70,12 +78,12 @@ def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch) -
 
 
 def step_table(spec: AcceleratorSpec, model: ModelSpec, phase: str, clock_hz: float,
-               grid: str = "quick") -> StageTable:
+               grid: str = "quick", riding: bool = False) -> StageTable:
     """``step_seconds`` over ``grid``'s micro-batch shapes for ``phase``, in serving cycles."""
     def seconds(a: int, b: int) -> float:
         step = (ly.MicroBatch("decode", batch=a, context=b) if phase == "decode"
                 else ly.MicroBatch("prefill", tokens=a, prefix=b))
-        return step_seconds(spec, model, step)
+        return step_seconds(spec, model, step, riding)
     return timed_table(phase, grid, clock_hz, seconds)
 
 
@@ -103,9 +111,12 @@ def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_
     if instances < 1:
         raise UserError(f"`instances` must be at least 1, got {instances}")
     tables = {phase: step_table(spec, model, phase, clock_hz, grid) for phase in PHASES[role]}
+    # A copy runs a chunk and the decode micro-batch beside it as one step.
+    riding = step_table(spec, model, "decode", clock_hz, grid, riding=True) \
+        if role == "mixed" else None
     capacity = kv_capacity_tokens(spec, model)
     return [StagePool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),
-                            tables.get("decode"), first_system + k,
-                            spec.interconnect_bytes_per_s / clock_hz,
-                            spec.network_bytes_per_s / clock_hz)
+                      tables.get("decode"), first_system + k,
+                      spec.interconnect_bytes_per_s / clock_hz,
+                      spec.network_bytes_per_s / clock_hz, riding)
             for k in range(instances) for copy in range(spec.copies)]

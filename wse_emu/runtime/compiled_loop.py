@@ -60,7 +60,9 @@ _FIELDS = {
     # and the region it waits in
     # per region
     "role": np.int64, "cap": np.int64, "system": np.int64, "stages": np.int64,
-    "rank": np.int64, "ptab": np.int64, "dtab": np.int64, "maxrun": np.int64,
+    "rank": np.int64, "ptab": np.int64, "dtab": np.int64,
+    "rtab": np.int64,  # the decode table of a step riding in a chunk's (-1: added instead)
+    "maxrun": np.int64,
     "fabric_rate": np.float64, "link_rate": np.float64,
     "kv_used": np.int64, "running": np.int64, "cached": np.int64, "reused": np.int64,
     "decoded": np.int64, "in_flight": np.int64, "turns": np.int64,
@@ -524,6 +526,7 @@ def send(st, r, now, sequences, i, tokens) -> None:
     k = st.stages[r] + 2
     first = -1
     d = p = NO_CELL
+    tokens_read = tokens
     if sequences > 0:
         total = 0
         for n in range(sequences):  # from the ready list to the in-flight list
@@ -539,10 +542,15 @@ def send(st, r, now, sequences, i, tokens) -> None:
                 first = seq
             total += st.ctx[seq]
         st.rq_len[r] -= sequences
-        d = _cell(st, st.dtab[r], sequences,
+        # Riding in a chunk's step (``Pool.riding``), the decode's share is its own table's
+        # and its sequences' tokens join the chunk's.
+        merged = i >= 0 and st.rtab[r] >= 0
+        d = _cell(st, st.rtab[r] if merged else st.dtab[r], sequences,
                   st.ctx[first] if sequences == 1 else total / sequences)
+        if merged:
+            tokens_read = tokens + sequences
     if i >= 0:
-        p = _cell(st, st.ptab[r], tokens, st.progress[i])
+        p = _cell(st, st.ptab[r], tokens_read, st.progress[i])
     label = LABEL_BOTH if sequences > 0 and i >= 0 else (
         LABEL_DECODE if sequences > 0 else LABEL_PREFILL)
     done = _pass(st, r, now, d, p, label)

@@ -66,7 +66,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     n, regions = len(requests), len(pools)
     sessions, session = np.unique(requests.session, return_inverse=True)
     stages = [p.stages for p in pools]
-    tables, ptab, dtab = _pack_tables(pools, options)
+    tables, ptab, dtab, rtab = _pack_tables(pools, options)
     systems = sorted({p.system for p in pools})
     events = options.timeline_events
     shapes = {name: n for name in ("prompt", "output", "need", "session", "call", "think",
@@ -74,7 +74,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
                                    "where", "progress", "ctx", "since", "nxt", "pnext",
                                    "hnext", "hsrc")}
     shapes.update({name: regions for name in (
-        "role", "cap", "system", "stages", "rank", "ptab", "dtab", "maxrun", "fabric_rate",
+        "role", "cap", "system", "stages", "rank", "ptab", "dtab", "rtab", "maxrun", "fabric_rate",
         "link_rate", "kv_used", "running", "cached", "reused", "decoded", "in_flight",
         "turns", "busy_prefill", "busy_decode", "stall", "work", "kv_blocked",
         "blocked_since", "dispatching", "pq_head", "pq_tail", "pq_len", "rq_head", "rq_tail",
@@ -123,7 +123,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         st.maxrun[r] = getattr(policies[p.role].knobs, "max_running", 0)
         st.fabric_rate[r] = p.fabric_bytes_per_cycle
         st.link_rate[r] = p.link_bytes_per_cycle
-    st.ptab[:], st.dtab[:] = ptab, dtab
+    st.ptab[:], st.dtab[:], st.rtab[:] = ptab, dtab, rtab
     st.turns[:] = 1 << 30
     st.blocked_since[:] = np.nan
     st.params[cl.CACHING] = int(caching)
@@ -142,9 +142,9 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
                 first[order].astype(np.int64))
 
 
-def _pack_tables(pools: list, options) -> tuple[dict, list, list]:
+def _pack_tables(pools: list, options) -> tuple[dict, list, list, list]:
     """The distinct stage tables of ``pools``, packed end to end for the compiled loop, and
-    each pool's prefill and decode table (index, or -1)."""
+    each pool's prefill, decode and riding decode table (index, or -1)."""
     tables: list = []
     index: dict = {}
 
@@ -161,6 +161,7 @@ def _pack_tables(pools: list, options) -> tuple[dict, list, list]:
     tile = max(options.prefill_tile, options.token_budget)
     ptab = [add(p.prefill, tile) for p in pools]
     dtab = [add(p.decode, options.batch_limit) for p in pools]
+    rtab = [add(p.riding, options.batch_limit) for p in pools]
     packed = {name: [] for name in ("tab_x", "tab_xo", "tab_xn", "tab_y", "tab_yo", "tab_yn",
                                     "tab_g", "tab_go", "tab_k", "tab_lo", "tab_so",
                                     "tab_amax")}
@@ -183,4 +184,4 @@ def _pack_tables(pools: list, options) -> tuple[dict, list, list]:
     out = {name: np.asarray(values) for name, values in packed.items()}
     out["lines"] = np.zeros(max(lines, 1))
     out["line_ok"] = np.zeros(max(slots, 1), dtype=np.int64)
-    return out, ptab, dtab
+    return out, ptab, dtab, rtab

@@ -124,12 +124,20 @@ def tensor_parallel(gpu: GpuSpec, model: ModelSpec, gpus: int, asked: int | None
                     f"{gpu.gpus_per_node})")
 
 
-def step_table(engine, phase: str, clock_hz: float, grid: str) -> StageTable:
-    """The database's step times over ``grid``'s shapes for ``phase``, in serving cycles."""
+def step_table(engine, phase: str, clock_hz: float, grid: str,
+               riding: bool = False) -> StageTable:
+    """The database's step times over ``grid``'s shapes for ``phase``, in serving cycles;
+    ``riding``: a decode micro-batch's attention alone, what it adds to a step it shares
+    with a prompt's chunk (the database's own split of a mixed step: the chunk's and the
+    sequences' tokens through the other ops together, each one's attention apart)."""
     def seconds(a: int, b: int) -> float:
         # The database's prompt length counts the cached prefix; its times are in ms.
-        ms = (engine.decode_step_latency(a, b, 0) if phase == "decode"
-              else engine.predict_prefill_latency(1, b + a, b))
+        if riding:
+            ms = engine.mixed_step_breakdown(0, a, b, 2, 0)[3]
+        elif phase == "decode":
+            ms = engine.decode_step_latency(a, b, 0)
+        else:
+            ms = engine.predict_prefill_latency(1, b + a, b)
         return ms * 1e-3
     return timed_table(phase, grid, clock_hz, seconds)
 
@@ -151,10 +159,13 @@ def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: 
     engine = EngineHandle.compile(_model_name(model), gpu.system, BACKEND, tp_size=tp,
                                   pp_size=1)
     tables = {phase: step_table(engine, phase, clock_hz, grid) for phase in PHASES[role]}
+    # A copy runs a chunk and the decode micro-batch beside it as one step.
+    riding = step_table(engine, "decode", clock_hz, grid, riding=True) \
+        if role == "mixed" else None
     capacity = _kv_tokens(gpu, model, tp)
     return [StagePool(f"{gpu.name}-tp{tp}.{copy}", role, capacity, tables.get("prefill"),
-                            tables.get("decode"), first_system + copy * tp // gpu.gpus_per_node,
-                            gpu.intra_node_bytes_per_s * tp / clock_hz,
-                            gpu.network_bytes_per_s * tp / clock_hz)
+                      tables.get("decode"), first_system + copy * tp // gpu.gpus_per_node,
+                      gpu.intra_node_bytes_per_s * tp / clock_hz,
+                      gpu.network_bytes_per_s * tp / clock_hz, riding)
             for copy in range(gpus // tp)]
 

@@ -437,9 +437,14 @@ class Simulation:
                 batch = q.ready[:sequences]
                 del q.ready[:sequences]
                 context = sum(ctx for _, ctx, _ in batch) / sequences
-            own = r.pool.decode.vector(sequences, context)
+        # Riding in a chunk's step (``Pool.riding``), the decode's share is its own table's
+        # and its sequences' tokens join the chunk's.
+        merged = sequences and i >= 0 and r.pool.riding is not None
+        if sequences:
+            own = (r.pool.riding if merged else r.pool.decode).vector(sequences, context)
         if i >= 0:
-            chunk = r.pool.prefill.vector(tokens, q.progress[i])
+            chunk = r.pool.prefill.vector(tokens + (sequences if merged else 0),
+                                          q.progress[i])
         if sequences and i >= 0:
             c.busy_decode += own[-1]
             c.busy_prefill += chunk[-1]

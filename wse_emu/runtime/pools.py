@@ -32,6 +32,12 @@ class Pool(Protocol):
     kv_capacity_tokens: int
     prefill: StageTable | None  # cycles per stage of a prefill tile (None: no prefill here)
     decode: StageTable | None  # ... of a decode micro-batch (None: no decode here)
+    # A decode micro-batch's share of a step it shares with a prompt's chunk (chunked
+    # serving), where one step runs both: the chunk's table is then read at the chunk's
+    # tokens and the sequences' together, since its matrices multiply them in one pass.
+    # None: the two are timed apart and added (a wafer's pipeline runs them as two passes
+    # of its stages' kernels).
+    riding: StageTable | None
     system: int  # which system it sits on: its handoffs' links are that system's
     fabric_bytes_per_cycle: float  # a handoff to a pool of the same system
     link_bytes_per_cycle: float  # ... to another system, each way, over this system's link
@@ -54,6 +60,7 @@ class StagePool:
     # A handoff to a pool of the same system, and out of it to another, in bytes per cycle.
     fabric_bytes_per_cycle: float = float("inf")
     link_bytes_per_cycle: float = float("inf")
+    riding: StageTable | None = None
 
     @property
     def stages(self) -> int:

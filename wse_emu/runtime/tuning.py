@@ -119,16 +119,22 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
     ``knobs``: plan -> [Knob] in order; ``ceiling_of(config)``: the factor at a
     configuration's analytic ceiling, where its search starts bracketing; ``run_points(jobs,
     done)`` evaluates (Choice, factor) jobs. Returns every Search (Choice -> Search), the steps
-    taken, and each plan's best Choice."""
+    taken, and each plan's best Choice. A knob none of whose values meets the targets (the
+    knobs before it chosen so that nothing can: a layout too small for any policy) says
+    nothing yet: it is tuned again after the others, with the knobs after it."""
     searches: dict = {}
     current = dict(initial)
     steps: list[Step] = []
-    for k in range(max(len(v) for v in knobs.values())):
+    order_of = {plan: list(v) for plan, v in knobs.items()}
+    again: set = set()  # (plan, knob) put back at the end once
+    k = 0
+    while any(k < len(v) for v in order_of.values()):
+        k += 1
         stage = {}  # plan -> (knob, [(value, choice)])
         for plan, choice in current.items():
-            if k >= len(knobs[plan]) or not knobs[plan][k].applies(choice):
+            if k > len(order_of[plan]) or not order_of[plan][k - 1].applies(choice):
                 continue
-            knob = knobs[plan][k]
+            knob = order_of[plan][k - 1]
             tried = [(v, replace(choice, **{knob.field: v})) for v in knob.values]
             if len(tried) < 2 and all(c in searches for _, c in tried):
                 continue  # a fixed knob: nothing to learn
@@ -143,7 +149,13 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
         run_searches(pending, run_points, tolerance=tolerance, progress=progress,
                      label="tuning " + " and ".join(kn.name for kn, _ in stage.values()))
         for plan, (knob, tried) in stage.items():
-            before = current[plan] if k else None
+            before = current[plan] if k > 1 else None
+            if (plan, knob.name) not in again and len(tried) > 1 \
+                    and not any(_rate(searches[c]) for _, c in tried):
+                # Tuned again after the others, and the knobs after it with it: its value
+                # then may make others apply that did not (a policy's own knobs).
+                again.add((plan, knob.name))
+                order_of[plan] += knobs[plan][knobs[plan].index(knob):]
             # The highest rate met; ties go to the incumbent, then to the earlier value.
             order = sorted(tried, key=lambda vc: (-_rate(searches[vc[1]]),
                                                   vc[1] != current[plan]))
