@@ -51,6 +51,14 @@ from wse_emu.runtime.comparison import (
 from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.gpu_pool import gpu_pools
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
+from wse_emu.runtime.pool_layouts import (
+    PoolCluster,
+    PoolHardware,
+    plan_pools,
+    pool_layouts,
+    pools_name,
+    systems_of,
+)
 from wse_emu.runtime.pools import wafer_pools, wafer_pools_of
 from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
 from wse_emu.runtime.serve import (
@@ -195,43 +203,55 @@ def named_pools(model: ModelSpec, sides: dict[str, str], cache_dir: Path | str |
                 grid: str = "full") -> tuple[list, float]:
     """The pools of ``sides`` (role -> a pool named as on the command line, ``pool_names``:
     ``wse3x4``, ``trn2x2``, ``h200x8``; one ``mixed`` side for colocated serving, or a
-    ``prefill`` and a ``decode`` side), and the clock they are served on (the first wafer's,
-    else ``ACCELERATOR_CLOCK_HZ``). A wafer side holds the model as colocated serving lays it
-    out, serving its role; an accelerator side is timed by its roofline (``accelerator_pool``),
-    a GPU side from measured data (``gpu_pool``). The sides' systems are numbered in order."""
+    ``prefill`` and a ``decode`` side), and the clock they are served on (``pools_clock``).
+    A wafer side holds the model as colocated serving lays it out, serving its role; an
+    accelerator side is timed by its roofline (``accelerator_pool``), a GPU side from measured
+    data (``gpu_pool``). The sides' systems are numbered in order."""
     names = {role: parse_pool(text) for role, text in sides.items()}
-    wafers = [n.hardware for n in names.values() if n.is_wafer]
-    clock_hz = wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
+    clock_hz = pools_clock(list(names.values()))
     pools, first = [], 0
     for role, name in names.items():
-        if name.is_wafer:
-            try:
-                program = compile_model(model, ClusterSpec(name.hardware, name.count),
-                                        CompileOptions(plan="colocated"))
-            except CompileError as exc:  # its advice in this command's terms: wse3x4
-                advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
-                raise UserError(f"{role} pool {name.text}: {advice}") from None
-            # The regions keep their layout and serve the side's role: only its tables are
-            # timed.
-            program = replace(program, regions=[replace(r, role=role) for r in program.regions])
-            # A wafer's tables count its own cycles: rescaled to the serving clock.
-            factor = clock_hz / name.hardware.clock_hz
-            for k, pool in enumerate(wafer_pools(program, default_cache_dir(cache_dir), grid)):
-                pools.append(replace(
-                    pool, name=f"{name.hardware.name}-{role}{k}",
+        pools += side_pools(model, name, role, first, clock_hz, cache_dir, grid)
+        first += name.systems
+    return pools, clock_hz
+
+
+def pools_clock(names: list) -> float:
+    """The clock pools of these kinds are served on: the first wafer's, else
+    ``ACCELERATOR_CLOCK_HZ``."""
+    wafers = [n.hardware for n in names if n.is_wafer]
+    return wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
+
+
+def side_pools(model: ModelSpec, name, role: str, first: int, clock_hz: float,
+               cache_dir: Path | str | None = None, grid: str = "full",
+               tp: int | None = None) -> list:
+    """The pools of one side named ``name`` (a ``PoolName``) in ``role``, on systems from
+    ``first`` on, timed for ``clock_hz``; a GPU side at ``tp`` GPUs per copy (by default as
+    named, or the fewest that hold the model)."""
+    if name.is_gpu:
+        return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
+                         tp or name.tensor_parallel)
+    if not name.is_wafer:
+        return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
+                                 grid)
+    try:
+        program = compile_model(model, ClusterSpec(name.hardware, name.count),
+                                CompileOptions(plan="colocated"))
+    except CompileError as exc:  # its advice in this command's terms: wse3x4
+        advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
+        raise UserError(f"{role} pool {name.text}: {advice}") from None
+    # The regions keep their layout and serve the side's role: only its tables are timed.
+    program = replace(program, regions=[replace(r, role=role) for r in program.regions])
+    # A wafer's tables count its own cycles: rescaled to the serving clock.
+    factor = clock_hz / name.hardware.clock_hz
+    return [replace(pool, name=f"{name.hardware.name}-{role}{k}",
                     prefill=pool.prefill.scaled(factor) if pool.prefill else None,
                     decode=pool.decode.scaled(factor) if pool.decode else None,
                     system=pool.system + first,
                     fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
-                    link_bytes_per_cycle=pool.link_bytes_per_cycle / factor))
-        elif name.is_gpu:
-            pools += gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
-                               name.tensor_parallel)
-        else:
-            pools += accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
-                                       grid)
-        first += name.systems
-    return pools, clock_hz
+                    link_bytes_per_cycle=pool.link_bytes_per_cycle / factor)
+            for k, pool in enumerate(wafer_pools(program, default_cache_dir(cache_dir), grid))]
 
 
 def pool_sides(pool: str | None, prefill_pool: str | None,
@@ -290,13 +310,16 @@ _NO_HARDWARE = _NoHardware()
 
 def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
                trace: Path | str | None = None, ttft_s: float, tpot_s: float,
-               attainment: float = 0.9, fabric: FabricSpec | str = "wse3", systems: int = 1,
-               space: Space | None = None, requests: int | None = None, seeds: int = 1,
-               tolerance: float = 0.05, vary: str | None = None,
-               price_per_system_hour: float | None = None, scheduler: str | None = None,
-               workers: int = 0, cache_dir: Path | str | None = None, progress=None,
-               routing: Routing = Routing(),
-               attention_tile: int = 0) -> ExperimentReport | VaryReport:
+               attainment: float = 0.9, fabric: FabricSpec | str | None = None,
+               systems: int | None = None, space: Space | None = None,
+               requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
+               vary: str | None = None, price_per_system_hour: float | None = None,
+               scheduler: str | None = None, workers: int = 0,
+               cache_dir: Path | str | None = None, progress=None,
+               routing: Routing = Routing(), attention_tile: int = 0,
+               pool: str | None = None, prefill_pool: str | None = None,
+               decode_pool: str | None = None,
+               split_pool: str | None = None) -> ExperimentReport | VaryReport:
     """Colocated against disaggregated serving of ``workload`` (or a ``trace`` CSV): both
     plans tuned over ``space``, each plan's best confirmed on long runs, over ``seeds`` draws;
     or, with ``vary`` (``NAME=V1,V2,...``), the same at each value of one input. The report
@@ -306,12 +329,22 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     none, run here; without dask they are started fresh, so a script calling this with
     ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard).
     ``routing`` and ``attention_tile`` (batch tiling on attention) apply to both plans alike.
-    Every argument is checked before any work. The report's ``to_json()`` is what the
-    command prints with ``--json``."""
+
+    On ``fabric`` (default wse3) x ``systems`` (default 1), or on pools named by their
+    hardware instead (``pool_names``; ``runtime.pool_layouts``): a split with prefill on
+    ``prefill_pool`` and decode on ``decode_pool`` against colocated serving in the same
+    footprint of systems on each kind of the split (or on ``pool``), or every split of
+    ``split_pool`` against colocated serving on all of it. Every argument is checked before
+    any work. The report's ``to_json()`` is what the command prints with ``--json``."""
     targets = Targets(ttft_s, tpot_s, attainment)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
+    pools = plan_pools(pool, prefill_pool, decode_pool, split_pool)
+    if pools is not None and variation is not None:
+        raise UserError("`vary` is for one compiled cluster, not for pools named by their "
+                        "hardware")
     setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
-                   price_per_system_hour, workers, cache_dir, progress, routing, attention_tile)
+                   price_per_system_hour, workers, cache_dir, progress, routing, attention_tile,
+                   pools)
     with point_pool(scheduler, workers) as pool:
         one = setup.runner(RunBook(pool, serve_choice))
         if variation is None:
@@ -326,8 +359,13 @@ class _Setup:
 
     def __init__(self, model, workload, trace, fabric, systems, space, requests, seeds,
                  tolerance, price_per_system_hour, workers, cache_dir, progress, routing,
-                 attention_tile):
+                 attention_tile, pools=None):
         space = Space() if space is None else space
+        if pools is not None and (fabric is not None or systems is not None):
+            raise UserError("`fabric` and `systems` describe one compiled cluster; pools named "
+                            "by their hardware say both")
+        fabric = "wse3" if fabric is None else fabric
+        systems = 1 if systems is None else systems
         if not isinstance(space, Space):
             raise UserError(f"`space` must be a Space, got {short_repr(space)}")
         whole("seeds", seeds, 1)
@@ -346,10 +384,25 @@ class _Setup:
             raise UserError(f"`routing` must be a Routing, got {short_repr(routing)}")
         if not model.is_moe and routing != Routing():
             raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
-        self.cluster = ClusterSpec(_fabric(fabric), systems)
+        self.pools = pools
+        if pools is None:
+            self.cluster = ClusterSpec(_fabric(fabric), systems)
+        else:
+            if routing != Routing() or attention_tile:
+                raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
+                                "named by their hardware time their steps themselves")
+            plain = Space()
+            if (space.copies, space.layers_per_stage) != (plain.copies, plain.layers_per_stage):
+                raise UserError("`copies` and `layers_per_stage` lay out one compiled cluster; "
+                                "pools named by their hardware are laid out by their names")
+            splits, colocated = pools
+            self.cluster = PoolCluster(
+                PoolHardware(pools_name(splits, colocated),
+                             pools_clock([n for pair in splits for n in pair] + colocated)),
+                systems_of(list(splits[0])))
         spec = _workload(workload, trace, None, requests)
         if requests is None:
-            spec.requests = tuning_requests(spec, systems)
+            spec.requests = tuning_requests(spec, self.cluster.systems)
         self.draws = workload_draws(spec, seeds)
         self.model, self.spec, self.space, self.seeds = model, spec, space, seeds
         self.tolerance, self.price, self.progress = tolerance, price_per_system_hour, progress
@@ -367,10 +420,20 @@ class _Setup:
         """``build_layouts`` for ``cluster``, built once (a frontier asks on every rung); the
         ``probes`` are checked against the model's positions every time."""
         key = cluster.systems
-        if key in self._layouts:  # (``build_layouts`` checks them the first time)
+        if key in self._layouts or self.pools is not None:
+            # (``build_layouts`` checks them the first time)
             short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
             if short:
                 raise UserError(short)
+        if key in self._layouts:
+            pass
+        elif self.pools is not None:
+            clock_hz = cluster.fabric.clock_hz
+
+            def side(s, role: str, first: int) -> list:
+                return side_pools(self.model, s.pool, role, first, clock_hz, self.cache,
+                                  self.space.grid, s.tp)
+            self._layouts[key] = pool_layouts(self.model, *self.pools, side)
         else:
             self._layouts[key] = build_layouts(
                 self.model, cluster, probes, self.cache, self.space.copies, self.progress,
@@ -405,11 +468,14 @@ class _Setup:
 def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
              trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
              user_speeds=None, user_speed: float | None = None,
-             step_scales=(0.7, 1.3), fabric: FabricSpec | str = "wse3", systems: int = 1,
-             space: Space | None = None, requests: int | None = None, seeds: int = 1,
-             tolerance: float = 0.05, scheduler: str | None = None, workers: int = 0,
+             step_scales=(0.7, 1.3), fabric: FabricSpec | str | None = None,
+             systems: int | None = None, space: Space | None = None,
+             requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
+             scheduler: str | None = None, workers: int = 0,
              cache_dir: Path | str | None = None, progress=None, routing: Routing = Routing(),
-             attention_tile: int = 0) -> frontier_mod.FrontierReport:
+             attention_tile: int = 0, pool: str | None = None,
+             prefill_pool: str | None = None, decode_pool: str | None = None,
+             split_pool: str | None = None) -> frontier_mod.FrontierReport:
     """Each plan's frontier of output tokens/s per system against tokens/s per user, and the
     high-speed token capacity of both at ``user_speed`` (by default the model's published
     vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier --json``
@@ -418,7 +484,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     target of 1/speed, the same tuning for both plans; the rungs share their serving runs.
     ``step_scales``: factors on the prefill and on the decode step times (each alone, the
     hardware unchanged) at which the headline is read again, to show how far it leans on the
-    model's error (empty: not read). The other arguments are ``experiment``'s. The report's
+    model's error (empty: not read). The other arguments are ``experiment``'s (the pools
+    among them: ``frontier`` of a split named by its hardware). The report's
     ``to_json()`` is what the command prints with ``--json``."""
     Targets(ttft_s, 1.0, attainment)  # checked before any work
     if user_speeds is not None:
@@ -431,8 +498,9 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     scales = tuple(step_scales)
     for f in scales:
         positive("step_scales", f)
+    pools = plan_pools(pool, prefill_pool, decode_pool, split_pool)
     setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
-                   None, workers, cache_dir, progress, routing, attention_tile)
+                   None, workers, cache_dir, progress, routing, attention_tile, pools)
     vendor = frontier_mod.vendor_speed(setup.model.name)
     speed = user_speed if user_speed is not None else (vendor.tokens_per_s if vendor else None)
     with point_pool(scheduler, workers) as pool:

@@ -115,10 +115,42 @@ def _add_common(d) -> None:
                    help="batch tiling on attention in both plans' decode steps: attention takes "
                         "B sequences at a time, the MLP or experts the whole micro-batch "
                         "(default 0: off)")
+    pools = d.add_argument_group("pools named by their hardware (instead of --fabric and "
+                                 "--systems; the same footprint of systems for both plans)")
+    pools.add_argument("--prefill-pool", metavar="POOL",
+                       help="the split's prefill on POOL: a fabric (wse3, or wse3x4 for four "
+                            "systems), an accelerator timed by its roofline (trn2, trn2x2), or "
+                            "their YAML; or GPUs timed from AIConfigurator's measured data "
+                            "(h200x8; h200x8tp2 for two per copy, else every degree; the gpu "
+                            "extra)")
+    pools.add_argument("--decode-pool", metavar="POOL",
+                       help="the split's decode on POOL (as --prefill-pool)")
+    pools.add_argument("--pool", metavar="POOL",
+                       help="colocated serving on POOL, in the split's footprint (default: "
+                            "each kind of hardware in the split, the better tuned)")
+    pools.add_argument("--split-pool", metavar="POOL",
+                       help="every split of POOL's units between prefill and decode (h200x8: "
+                            "1 to 7 GPUs of prefill), against colocated serving on all of it")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     d.add_argument("--json", action="store_true")
+
+
+def _hardware(args) -> dict:
+    """The hardware both plans run on, as ``api.experiment`` takes it: pools named by their
+    hardware, or a fabric and a count of systems (refused beside pools)."""
+    pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
+                                                    "split_pool")}
+    if all(v is None for v in pools.values()):
+        return {"fabric": fabric_from_args(args), "systems": args.systems}
+    given = [flag for flag, changed in (("--fabric", args.fabric != "wse3"),
+                                        ("--set", bool(args.fabric_set)),
+                                        ("--systems", args.systems != 1)) if changed]
+    if given:
+        raise UserError(f"{given[0]} describes one compiled cluster; pools named by their "
+                        "hardware say it themselves")
+    return pools
 
 
 def _space(args) -> Space:
@@ -146,7 +178,7 @@ def run_frontier(args):
     data = api.frontier(
         model, args.workload, trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment,
         user_speeds=speeds, user_speed=args.user_speed, step_scales=scales,
-        fabric=fabric_from_args(args), systems=args.systems, space=_space(args),
+        **_hardware(args), space=_space(args),
         requests=args.requests, seeds=args.seeds, tolerance=args.tolerance,
         scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
         progress=status, routing=routing_for(model, args.routing, args.routing_seed),
@@ -250,8 +282,8 @@ def run(args):
     model = model_from_args(args)
     data = api.experiment(
         model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
-        attainment=args.attainment, fabric=fabric_from_args(args), systems=args.systems,
-        space=space, requests=args.requests, seeds=args.seeds, tolerance=args.tolerance,
+        attainment=args.attainment, **_hardware(args), space=space, requests=args.requests,
+        seeds=args.seeds, tolerance=args.tolerance,
         vary=args.vary, price_per_system_hour=args.price_per_system_hour,
         scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
         progress=status, routing=routing_for(model, args.routing, args.routing_seed),

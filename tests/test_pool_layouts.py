@@ -1,0 +1,105 @@
+"""Experiments on pools named by their hardware: the footprint both plans share, the layouts
+each may take, and the experiment end to end on a split between two kinds of hardware."""
+
+import json
+
+import pytest
+from helpers import SMALL_CHAT, assert_one_line_error, run_cli
+
+from wse_emu.errors import UserError
+from wse_emu.model import load_model
+from wse_emu.pool_names import parse_pool
+from wse_emu.runtime.pool_layouts import (
+    colocated_names,
+    every_split,
+    plan_pools,
+    pool_layouts,
+    systems_of,
+    variants,
+)
+from wse_emu.runtime.pools import StagePool
+
+
+def names(*texts):
+    return [parse_pool(t) for t in texts]
+
+
+def test_the_footprint_counts_wafers_instances_and_whole_nodes():
+    assert systems_of(names("trn2x2", "wse3")) == 3
+    assert systems_of(names("mesh16x2", "wse3x4")) == 6
+
+
+def test_colocated_serving_gets_the_splits_footprint_of_each_kind():
+    split = [tuple(names("trn2x2", "wse3"))]
+    assert [n.text for n in colocated_names(split, [])] == ["trn2x3", "wse3x3"]
+    assert [n.text for n in colocated_names(split, names("wse3x3"))] == ["wse3x3"]
+
+
+def test_a_pool_split_every_way_between_the_phases():
+    splits = every_split(parse_pool("trn2x4"))
+    assert [(p.text, d.text) for p, d in splits] == [("trn2x1", "trn2x3"), ("trn2x2", "trn2x2"),
+                                                     ("trn2x3", "trn2x1")]
+    with pytest.raises(UserError, match="a split needs two or more"):
+        every_split(parse_pool("trn2"))
+
+
+def test_an_accelerator_side_is_one_layout_side():
+    assert [s.label for s in variants(parse_pool("trn2x2"), load_model("tiny"))] == ["2 x trn2"]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(pool="trn2"), "give `prefill_pool` and `decode_pool` too"),
+    (dict(prefill_pool="trn2"), "go together"),
+    (dict(split_pool="trn2x2", pool="trn2"), "`split_pool` goes alone"),
+    (dict(prefill_pool="trn2", decode_pool="wse3", pool="wse3x3"), "share one footprint"),
+])
+def test_pools_named_wrongly_are_refused(kwargs, needle):
+    given = dict(pool=None, prefill_pool=None, decode_pool=None, split_pool=None) | kwargs
+    with pytest.raises(UserError, match=needle):
+        plan_pools(**given)
+
+
+def test_every_layout_is_named_and_a_side_that_does_not_fit_is_skipped_with_why():
+    model = load_model("tiny")
+
+    def side(too_small):
+        def pools(s, role, first):
+            if s.pool.text in too_small:
+                raise UserError("too small")
+            return [StagePool("x", role, 1000, None, None, first)]
+        return pools
+    splits, colocated = plan_pools(None, "trn2x2", "mesh16", None)
+    layouts, skipped = pool_layouts(model, splits, colocated, side({"mesh16x3"}))
+    assert sorted(layouts) == [("colocated", "3 x trn2"),
+                               ("disaggregated", "2 x trn2 prefill / mesh16 decode")]
+    assert skipped == ["colocated 3 x mesh16: too small"]
+    assert [p.name for p in layouts[("disaggregated", "2 x trn2 prefill / mesh16 decode")]
+            .regions] == ["prefill0", "decode1"]
+    with pytest.raises(UserError, match="no colocated layout holds tiny"):
+        pool_layouts(model, splits, colocated, side({"mesh16x3", "trn2x3"}))
+
+
+def test_the_experiment_compares_a_split_across_kinds_in_one_footprint(tmp_path):
+    proc = run_cli("experiment", "disagg", "tiny", "--prefill-pool", "trn2",
+                   "--decode-pool", "mesh16", "--workload", SMALL_CHAT, "--ttft-slo", "1",
+                   "--tpot-slo", "0.01", "--window-s", "0", "--grid", "quick", "--workers", "1",
+                   "--token-budget", "64",
+                   "--cache-dir", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["cluster"].startswith("2 x footprint (trn2 prefill + mesh16 decode")
+    tried = {t["value"] for s in report["tuning"] if s["plan"] == "colocated"
+             and s["knob"] == "layout" for t in s["tried"]}
+    assert tried == {"2 x trn2", "2 x mesh16"}
+    assert {row["plan"] for row in report["final"]} == {"colocated", "disaggregated"}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--systems", "2"], "--systems"),
+    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--copies", "1"], "--copies"),
+    (["--split-pool", "trn2"], "a split needs two or more"),
+])
+def test_an_experiment_on_pools_refuses_a_clusters_flags_in_one_line(args, needle):
+    proc = run_cli("experiment", "disagg", "tiny", *args, "--workload", SMALL_CHAT,
+                   "--ttft-slo", "1", "--tpot-slo", "0.01")
+    assert_one_line_error(proc, needle)
