@@ -4,7 +4,7 @@ KV capacity, a system and its link rates), so a place described by a closed-form
 or instead of compiled wafer regions, with nothing else to change. The recipe in
 docs/contributing.md, followed once."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -105,3 +105,24 @@ def test_many_requests_on_step_model_pools_complete_once_each():
     res = serve(reqs, [prefill, decode], OPTIONS)
     assert (res.tokens == reqs.output_tokens).all()
     assert (res.finish >= res.first_token).all() and (res.first_token > res.arrival).all()
+
+
+def test_a_chunk_takes_several_short_prompts_in_one_step():
+    """Four 16-token prompts arriving at once on a one-step pool (one stage, as an
+    accelerator's copy), a 64-token budget taking up to four prompts: one step of 64 tokens
+    prefills them all, in the formula's time for 64 tokens, sooner than one a step."""
+    one_stage = PREFILL | {"stages": 1}
+    pool = StepModelPool("mixed0", "mixed", 100_000, linear_table("prefill", **one_stage),
+                         linear_table("decode", **(DECODE | {"stages": 1})))
+    burst = generate(workload_from_dict({"name": "burst", "requests": 4,
+                                         "prompt": {"kind": "fixed", "value": 16},
+                                         "output": {"kind": "fixed", "value": 2}}, "t"))
+    burst = replace(burst, arrival_s=np.zeros(4))
+    options = replace(OPTIONS, policy="chunked", token_budget=64, chunk_prompts=4)
+    served = serve(burst, [pool], options)
+    assert (served.first_token == served.first_token[0]).all()
+    step = one_stage["fixed"] + one_stage["per_unit"] * 64
+    assert served.first_token[0] == pytest.approx(step)
+    # One prompt a step: four steps, the later ones carrying the earlier prompts' decode.
+    one_each = serve(burst, [pool], replace(options, chunk_prompts=1))
+    assert one_each.first_token.max() > 4 * (one_stage["fixed"] + one_stage["per_unit"] * 16)

@@ -136,6 +136,20 @@ def test_a_decode_riding_in_a_chunks_step_on_both_loops(colocated, cache):
     assert not np.array_equal(merged.finish, apart.finish)
 
 
+@pytest.mark.parametrize("riding", [False, True])
+def test_a_chunk_of_several_prompts_on_both_loops(colocated, cache, riding):
+    """Chunks that take the rest of one prompt and the next ones' while the budget lasts,
+    with the prefix cache of agentic sessions and KV admission in the way."""
+    pools = pools_of(colocated, cache)
+    if riding:
+        pools = [replace(p, riding=p.decode.scaled(0.25)) for p in pools]
+    options = replace(OPTIONS, policy="chunked", token_budget=256, chunk_prompts=4)
+    packed = assert_twins(chat(20000.0), pools, options)
+    one = serve(chat(20000.0), pools, replace(options, chunk_prompts=1))
+    assert not np.array_equal(packed.first_token, one.first_token)
+    assert_twins(agentic(), pools_of(colocated, cache, capacity=lambda r: 2500), options)
+
+
 def test_a_timeline_does_not_change_the_times(colocated, cache):
     requests = chat(20000.0)
     pools = pools_of(colocated, cache)

@@ -39,3 +39,24 @@ def test_a_knob_that_met_nothing_twice_is_left_as_it_is():
     _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
     assert [s.knob for s in steps] == ["policy", "policy"]
     assert best["colocated"].policy == "prefill-priority"
+
+
+def test_a_second_round_takes_up_a_layout_that_a_later_knob_made_better():
+    """The deeper layout loses at the default chunk; the larger chunk, chosen after it on
+    the shallow layout, makes the deeper one win: one pass keeps the shallow layout, a
+    second takes the deeper one, a third changes nothing and is not taken."""
+    def capacity(c):
+        if c.layout == "large":
+            return 3.0 if c.token_budget == 512 else 1.0
+        return 2.1 if c.token_budget == 512 else 2.0
+
+    def run(jobs, done=None):
+        return [Point(f, f <= capacity(c), None) for c, f in jobs]
+    knobs = {"colocated": [Knob("layout", "layout", ("small", "large")),
+                           Knob("chunk budget", "token_budget", (256, 512))]}
+    initial = {"colocated": Choice("colocated", "small", "chunked")}
+    _, _, once = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0)
+    assert (once["colocated"].layout, once["colocated"].token_budget) == ("small", 512)
+    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0, rounds=5)
+    assert (best["colocated"].layout, best["colocated"].token_budget) == ("large", 512)
+    assert len(steps) == 6  # three passes of two knobs: the third changed nothing

@@ -95,6 +95,10 @@ def _add_common(d) -> None:
                    help="independent draws of the workload to repeat the whole search on "
                    "(the next seeds; for a trace, the next windows of --requests rows): with "
                    "2 or more, the mean and 95%% interval of every goodput and of the ratio")
+    d.add_argument("--rounds", type=int, default=space.rounds,
+                   help="passes of the knob-by-knob tuning, a further one only while the last "
+                        f"changed a choice (default {space.rounds}; knobs that pay only "
+                        "together need more)")
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
@@ -155,7 +159,7 @@ def _hardware(args) -> dict:
 
 def _space(args) -> Space:
     return Space(**space_settings(args), prefix_cache=args.prefix_cache,
-                 window_s=args.window_s, grid=args.grid)
+                 window_s=args.window_s, grid=args.grid, rounds=args.rounds)
 
 
 def _written(args, report, text: str):

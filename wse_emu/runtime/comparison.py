@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import numpy as np
 
-from wse_emu.checks import at_least_zero, flag, short_repr
+from wse_emu.checks import at_least_zero, flag, short_repr, whole
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
@@ -62,8 +62,9 @@ class _SpaceBase:
     policies to try, and (generated from the policies' knob dataclasses) the values to try of
     every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
     confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
-    stage tables' grid ("full", or "quick": fewer shapes, for a first look). Every value is
-    checked here, by name."""
+    stage tables' grid ("full", or "quick": fewer shapes, for a first look); and how many
+    passes of coordinate ascent over the knobs tuning may take (``tuning.tune``: a further
+    pass only while the last changed a choice). Every value is checked here, by name."""
 
     copies: tuple = (1, 2, 4)
     layers_per_stage: tuple | str = "matched"
@@ -71,6 +72,7 @@ class _SpaceBase:
     prefix_cache: bool = True
     window_s: float = 120.0
     grid: str = "full"
+    rounds: int = 1
 
     def __post_init__(self):
         grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
@@ -93,6 +95,7 @@ class _SpaceBase:
         check_in_grid({f.name: max(getattr(self, f.name)) for f in knob_fields()}, self.grid)
         flag("prefix_cache", self.prefix_cache)
         at_least_zero("window_s", self.window_s)
+        whole("rounds", self.rounds, 1)
 
     def knobs(self, splits: list[str], copies: list[str]) -> dict:
         """Per plan, its knobs in the order they are tuned: colocated, its policy and layout
@@ -340,7 +343,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     def ceiling_of(config) -> float:  # as a factor of the requests' own rate
         return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
     searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
-                                  tolerance, progress)
+                                  tolerance, progress, space.rounds)
     configurations = [_row(o, targets, len(s.points), *economy, requests, s.config)
                       for o, s in zip(outcomes(list(searches.values())), searches.values())]
     finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,

@@ -353,6 +353,17 @@ def next_prompt(st, r) -> int:
 
 
 @njit(cache=True, inline="always")
+def queued(st, r, k) -> int:
+    """The ``k``-th prompt of region ``r``'s queue (0: its head), or -1."""
+    if k >= st.pq_len[r]:
+        return -1
+    i = st.pq_head[r]
+    for _ in range(k):
+        i = st.pnext[i]
+    return i
+
+
+@njit(cache=True, inline="always")
 def started(st, i) -> bool:
     """Whether prompt ``i`` was admitted (its first tiles may be under way)."""
     return st.progress[i] >= 0
@@ -522,7 +533,9 @@ def _pass(st, r, enter, d, p, label) -> float:
 @njit(cache=True, inline="always")
 def send(st, r, now, sequences, i, tokens) -> None:
     """Start one micro-batch on region ``r``: a decode step of the next ``sequences`` ready
-    sequences (0: none) and ``tokens`` of admitted prompt ``i``'s next tokens (-1: none)."""
+    sequences (0: none) and the next ``tokens`` tokens of the admitted prompts from ``i``,
+    the head of its queue, on (-1: none): the rest of each but the last, which may stop
+    partway."""
     k = st.stages[r] + 2
     first = -1
     d = p = NO_CELL
@@ -550,7 +563,14 @@ def send(st, r, now, sequences, i, tokens) -> None:
         if merged:
             tokens_read = tokens + sequences
     if i >= 0:
-        p = _cell(st, st.ptab[r], tokens_read, st.progress[i])
+        # Several prompts' tokens are read as one chunk at their mean prefix, token-weighted.
+        left, j, weighted = tokens, i, 0.0
+        while left > 0:
+            take = min(left, st.prompt[j] - st.progress[j])
+            weighted += take * st.progress[j]
+            left -= take
+            j = st.pnext[j]
+        p = _cell(st, st.ptab[r], tokens_read, weighted / tokens)
     label = LABEL_BOTH if sequences > 0 and i >= 0 else (
         LABEL_DECODE if sequences > 0 else LABEL_PREFILL)
     done = _pass(st, r, now, d, p, label)
@@ -579,13 +599,17 @@ def send(st, r, now, sequences, i, tokens) -> None:
         st.decoded[r] += sequences
         st.in_flight[r] += sequences
         _schedule(st, done, DECODED, r, sequences, 0)
-    if i >= 0:
-        st.progress[i] += tokens
-        if st.progress[i] == st.prompt[i]:  # the whole prompt is in: it leaves the queue
-            st.pq_head[r] = st.pnext[i]
+    left = tokens if i >= 0 else 0
+    while left > 0:
+        j = st.pq_head[r]
+        take = min(left, st.prompt[j] - st.progress[j])
+        st.progress[j] += take
+        left -= take
+        if st.progress[j] == st.prompt[j]:  # the whole prompt is in: it leaves the queue
+            st.pq_head[r] = st.pnext[j]
             st.pq_len[r] -= 1
-            st.progress[i] = -1
-            _schedule(st, done, PREFILLED, i, r, 0)
+            st.progress[j] = -1
+            _schedule(st, done, PREFILLED, j, r, 0)
 
 
 @njit(cache=True, inline="always")

@@ -386,6 +386,10 @@ class Simulation:
     def next_prompt(self, r: RegionState) -> int:
         return r.queues.prompts[0] if r.queues.prompts else -1
 
+    def queued(self, r: RegionState, k: int) -> int:
+        """The ``k``-th prompt of ``r``'s queue (0: its head), or -1."""
+        return r.queues.prompts[k] if k < len(r.queues.prompts) else -1
+
     def started(self, r: RegionState, i: int) -> bool:
         return i in r.queues.progress
 
@@ -426,7 +430,9 @@ class Simulation:
 
     def send(self, r: RegionState, now: float, sequences: int, i: int, tokens: int) -> None:
         """Start one micro-batch on ``r``: a decode step of the next ``sequences`` ready
-        sequences (0: none) and ``tokens`` of admitted prompt ``i``'s next tokens (-1: none)."""
+        sequences (0: none) and the next ``tokens`` tokens of the admitted prompts from ``i``,
+        the head of its queue, on (-1: none): the rest of each but the last, which may stop
+        partway."""
         q, c = r.queues, r.counters
         batch = []
         if sequences:
@@ -443,8 +449,17 @@ class Simulation:
         if sequences:
             own = (r.pool.riding if merged else r.pool.decode).vector(sequences, context)
         if i >= 0:
+            # Several prompts' tokens are read as one chunk at their mean prefix,
+            # token-weighted.
+            left, k, weighted = tokens, 0, 0.0
+            while left > 0:
+                j = q.prompts[k]
+                take = min(left, self.prompt[j] - q.progress[j])
+                weighted += take * q.progress[j]
+                left -= take
+                k += 1
             chunk = r.pool.prefill.vector(tokens + (sequences if merged else 0),
-                                          q.progress[i])
+                                          weighted / tokens)
         if sequences and i >= 0:
             c.busy_decode += own[-1]
             c.busy_prefill += chunk[-1]
@@ -466,12 +481,16 @@ class Simulation:
             c.decoded += sequences
             q.flying += sequences
             self.schedule(done, Decoded(r, batch))
-        if i >= 0:
-            q.progress[i] += tokens
-            if q.progress[i] == self.prompt[i]:  # the whole prompt is in
+        left = tokens if i >= 0 else 0
+        while left > 0:
+            j = q.prompts[0]
+            take = min(left, self.prompt[j] - q.progress[j])
+            q.progress[j] += take
+            left -= take
+            if q.progress[j] == self.prompt[j]:  # the whole prompt is in
                 q.prompts.popleft()
-                del q.progress[i]
-                self.schedule(done, Prefilled(i, r))
+                del q.progress[j]
+                self.schedule(done, Prefilled(j, r))
 
     def send_decode(self, r: RegionState, now: float, limit: int) -> bool:
         """A decode micro-batch of the ready sequences, at most ``limit``, if any."""

@@ -27,6 +27,7 @@ from wse_emu.runtime.compiled_loop import (
     batch_size,
     compile_dispatch,
     next_prompt,
+    queued,
     ready,
     remaining,
     send,
@@ -52,6 +53,11 @@ class Budget:
         256, label="chunk budget", low=1, tune=(16, 32, 64, 128, 256, 512),
         help="chunked prefill: tokens per micro-batch, the ready decode tokens first and the "
              "next prompt's after them")
+    chunk_prompts: int = knob(
+        1, label="prompts per chunk", low=1, tune=(1,), shown="{} prompts", unshown=1,
+        help="chunked prefill: prompts a chunk may take, each to its end but the last, while "
+             "the budget lasts (vLLM, SGLang and TensorRT-LLM pack several; 1 by default, as "
+             "the published wafer results were tuned)")
 
 
 @dataclass(frozen=True)
@@ -167,8 +173,9 @@ class PrefillPriority(Policy):
 @register
 class Chunked(Policy):
     """Every micro-batch takes the ready decode sequences first and fills the rest of a token
-    budget with the next prompt's tokens; its stage times are the decode's and the chunk's,
-    added."""
+    budget with the next prompt's tokens (and, up to ``chunk_prompts`` prompts, the next
+    ones'); its stage times are the decode's and the chunk's, added, or read as one step
+    where the pool runs both as one (``pools.Pool.riding``)."""
 
     name = "chunked"
 
@@ -187,6 +194,13 @@ class Chunked(Policy):
         i, tokens = sim.next_prompt(r), 0
         if i >= 0 and room > 0 and (sim.started(r, i) or sim.admit(r, i, now)):
             tokens = min(room, sim.remaining(r, i))
+            k = 1  # the prompts behind it, in order, while the budget lasts
+            while k < self.knobs.chunk_prompts and tokens < room:
+                j = sim.queued(r, k)
+                if j < 0 or not (sim.started(r, j) or sim.admit(r, j, now)):
+                    break
+                tokens += min(room - tokens, sim.remaining(r, j))
+                k += 1
         else:
             i = -1
         if not sequences and i < 0:
@@ -196,12 +210,19 @@ class Chunked(Policy):
 
     @staticmethod
     def compiled(st, r, now, knobs):
-        budget, limit = knobs[0], knobs[2]
+        budget, prompts, limit = knobs[0], knobs[1], knobs[3]
         sequences = min(batch_size(st, r, min(limit, budget)), ready(st, r))
         room = budget - sequences
         i, tokens = next_prompt(st, r), 0
         if i >= 0 and room > 0 and (started(st, i) or admit(st, r, i, now)):
             tokens = min(room, remaining(st, i))
+            k = 1
+            while k < prompts and tokens < room:
+                j = queued(st, r, k)
+                if j < 0 or not (started(st, j) or admit(st, r, j, now)):
+                    break
+                tokens += min(room - tokens, remaining(st, j))
+                k += 1
         else:
             i = -1
         if sequences == 0 and i < 0:

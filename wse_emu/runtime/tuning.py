@@ -113,20 +113,36 @@ class Step:
 
 
 def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
-         ceiling_of, tolerance: float = 0.05,
-         progress=None) -> tuple[dict, list[Step], dict]:
+         ceiling_of, tolerance: float = 0.05, progress=None,
+         rounds: int = 1) -> tuple[dict, list[Step], dict]:
     """Coordinate ascent for every plan at once. ``initial``: plan -> starting Choice;
     ``knobs``: plan -> [Knob] in order; ``ceiling_of(config)``: the factor at a
     configuration's analytic ceiling, where its search starts bracketing; ``run_points(jobs,
     done)`` evaluates (Choice, factor) jobs. Returns every Search (Choice -> Search), the steps
     taken, and each plan's best Choice. A knob none of whose values meets the targets (the
     knobs before it chosen so that nothing can: a layout too small for any policy) says
-    nothing yet: it is tuned again after the others, with the knobs after it."""
+    nothing yet: it is tuned again after the others, with the knobs after it. Up to
+    ``rounds`` passes over the knobs, a further one only while the last changed some plan's
+    choice (knobs that pay only together: a deeper copy that needs a larger chunk); a
+    configuration searched once is not searched again."""
     searches: dict = {}
     current = dict(initial)
     steps: list[Step] = []
+    for _ in range(rounds):
+        before = dict(current)
+        _one_pass(current, knobs, layouts, base, run_points, ceiling_of, tolerance, progress,
+                  searches, steps)
+        if current == before:
+            break
+    return searches, steps, current
+
+
+def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
+              ceiling_of, tolerance: float, progress, searches: dict, steps: list) -> None:
+    """One pass of coordinate ascent over every plan's knobs, ``current`` updated."""
     order_of = {plan: list(v) for plan, v in knobs.items()}
     again: set = set()  # (plan, knob) put back at the end once
+    first = not steps
     k = 0
     while any(k < len(v) for v in order_of.values()):
         k += 1
@@ -149,7 +165,7 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
         run_searches(pending, run_points, tolerance=tolerance, progress=progress,
                      label="tuning " + " and ".join(kn.name for kn, _ in stage.values()))
         for plan, (knob, tried) in stage.items():
-            before = current[plan] if k > 1 else None
+            before = current[plan] if k > 1 or not first else None
             if (plan, knob.name) not in again and len(tried) > 1 \
                     and not any(_rate(searches[c]) for _, c in tried):
                 # Tuned again after the others, and the knobs after it with it: its value
@@ -161,7 +177,6 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
                                                   vc[1] != current[plan]))
             current[plan] = order[0][1]
             steps.append(Step(plan, knob.name, tried, before, current[plan]))
-    return searches, steps, current
 
 
 def _rate(search: Search) -> float:
