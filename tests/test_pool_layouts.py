@@ -10,6 +10,7 @@ from wse_emu.errors import UserError
 from wse_emu.model import load_model
 from wse_emu.pool_names import parse_pool
 from wse_emu.runtime.pool_layouts import (
+    Footprint,
     colocated_names,
     every_split,
     plan_pools,
@@ -35,6 +36,28 @@ def test_colocated_serving_gets_the_splits_footprint_of_each_kind():
     assert [n.text for n in colocated_names(split, names("wse3x3"))] == ["wse3x3"]
 
 
+def test_a_footprint_in_kw_gives_colocated_serving_the_units_that_fit():
+    """A Trn3 UltraServer (144 kW of chips) and a CS-3 (23 kW): 167 kW, which holds one
+    UltraServer or seven CS-3s (161 kW); each layout is reported per kW of its own."""
+    kw = Footprint("kw")
+    split = [tuple(names("trn3", "wse3"))]
+    assert kw.of(list(split[0])) == pytest.approx(167.0)
+    assert [n.text for n in colocated_names(split, [], kw)] == ["trn3x1", "wse3x7"]
+    with pytest.raises(UserError, match="trn2 has no wall power stated"):
+        kw.of(names("trn2"))
+
+
+def test_a_footprint_in_cost_takes_the_users_prices_and_invents_none():
+    cost = Footprint("cost", (("mesh16", 10.0), ("trn2", 40.0)))
+    split = [tuple(names("trn2", "mesh16"))]
+    assert cost.of(list(split[0])) == 50.0
+    assert [n.text for n in colocated_names(split, [], cost)] == ["trn2x1", "mesh16x5"]
+    with pytest.raises(UserError, match="needs the price per hour of one wse3"):
+        cost.of(names("wse3"))
+    with pytest.raises(UserError, match="`footprint` must be one of"):
+        Footprint("racks")
+
+
 def test_a_pool_split_every_way_between_the_phases():
     splits = every_split(parse_pool("trn2x4"))
     assert [(p.text, d.text) for p, d in splits] == [("trn2x1", "trn2x3"), ("trn2x2", "trn2x2"),
@@ -51,7 +74,7 @@ def test_an_accelerator_side_is_one_layout_side():
     (dict(pool="trn2"), "give `prefill_pool` and `decode_pool` too"),
     (dict(prefill_pool="trn2"), "go together"),
     (dict(split_pool="trn2x2", pool="trn2"), "`split_pool` goes alone"),
-    (dict(prefill_pool="trn2", decode_pool="wse3", pool="wse3x3"), "share one footprint"),
+    (dict(prefill_pool="trn2", decode_pool="wse3", pool="wse3x3"), "may not be larger"),
 ])
 def test_pools_named_wrongly_are_refused(kwargs, needle):
     given = dict(pool=None, prefill_pool=None, decode_pool=None, split_pool=None) | kwargs
@@ -94,8 +117,35 @@ def test_the_experiment_compares_a_split_across_kinds_in_one_footprint(tmp_path)
     assert {row["plan"] for row in report["final"]} == {"colocated", "disaggregated"}
 
 
+def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
+    proc = run_cli("experiment", "disagg", "tiny", "--prefill-pool", "trn2",
+                   "--decode-pool", "mesh16", "--workload", SMALL_CHAT, "--ttft-slo", "1",
+                   "--tpot-slo", "0.01", "--window-s", "0", "--grid", "quick", "--workers", "1",
+                   "--token-budget", "64", "--footprint", "cost", "--price", "trn2=40",
+                   "--price", "mesh16=10", "--cache-dir", tmp_path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["footprint_unit"] == "cost/h"
+    tried = {t["value"] for s in report["tuning"] if s["plan"] == "colocated"
+             and s["knob"] == "layout" for t in s["tried"]}
+    assert tried == {"trn2", "5 x mesh16"}
+    rows = {row["plan"]: row for row in report["final"]}
+    footprints = {"colocated": 40.0 if "trn2" in rows["colocated"]["configuration"] else 50.0,
+                  "disaggregated": 50.0}
+    for plan, row in rows.items():  # per unit of each plan's own footprint
+        assert row["max_rate_per_system"] == pytest.approx(
+            row["max_rate_per_s"] / footprints[plan])
+        # A unit of the footprint costs 1 an hour: the cost per million tokens follows.
+        assert row["cost_per_million_output_tokens"] == pytest.approx(
+            footprints[plan] / 3600 / row["output_tokens_per_s"] * 1e6)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--systems", "2"], "--systems"),
+    (["--footprint", "kw"], "--footprint and --price are for pools"),
+    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--footprint", "cost"],
+     "needs the price per hour of one trn2"),
+    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--price", "trn2"], "NAME=PER_HOUR"),
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--copies", "1"], "--copies"),
     (["--split-pool", "trn2"], "a split needs two or more"),
 ])

@@ -52,6 +52,7 @@ from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.gpu_pool import gpu_pools
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
 from wse_emu.runtime.pool_layouts import (
+    Footprint,
     PoolCluster,
     PoolHardware,
     plan_pools,
@@ -318,8 +319,9 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
                cache_dir: Path | str | None = None, progress=None,
                routing: Routing = Routing(), attention_tile: int = 0,
                pool: str | None = None, prefill_pool: str | None = None,
-               decode_pool: str | None = None,
-               split_pool: str | None = None) -> ExperimentReport | VaryReport:
+               decode_pool: str | None = None, split_pool: str | None = None,
+               footprint: str = "systems",
+               prices: dict | None = None) -> ExperimentReport | VaryReport:
     """Colocated against disaggregated serving of ``workload`` (or a ``trace`` CSV): both
     plans tuned over ``space``, each plan's best confirmed on long runs, over ``seeds`` draws;
     or, with ``vary`` (``NAME=V1,V2,...``), the same at each value of one input. The report
@@ -333,12 +335,14 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     On ``fabric`` (default wse3) x ``systems`` (default 1), or on pools named by their
     hardware instead (``pool_names``; ``runtime.pool_layouts``): a split with prefill on
     ``prefill_pool`` and decode on ``decode_pool`` against colocated serving in the same
-    footprint of systems on each kind of the split (or on ``pool``), or every split of
-    ``split_pool`` against colocated serving on all of it. Every argument is checked before
-    any work. The report's ``to_json()`` is what the command prints with ``--json``."""
+    footprint on each kind of the split (or on ``pool``), or every split of ``split_pool``
+    against colocated serving on all of it; the footprint counted in ``footprint``
+    (``systems``, ``kw``, or ``cost`` with ``prices``: hardware name -> price of one unit for
+    an hour), every result per unit of it. Every argument is checked before any work. The
+    report's ``to_json()`` is what the command prints with ``--json``."""
     targets = Targets(ttft_s, tpot_s, attainment)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
-    pools = plan_pools(pool, prefill_pool, decode_pool, split_pool)
+    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices)
     if pools is not None and variation is not None:
         raise UserError("`vary` is for one compiled cluster, not for pools named by their "
                         "hardware")
@@ -351,6 +355,26 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
             return one(pool, setup.draws, targets, setup.cluster)[0]
         return vary_experiment(variation, one, pool, setup.draws, targets, setup.cluster,
                                None if requests is not None else setup.draws_for)
+
+
+def _pools(pool, prefill_pool, decode_pool, split_pool, footprint: str,
+           prices: dict | None):
+    """The splits, the colocated hardware and the footprint of pools named by their
+    hardware (``plan_pools``), or None for one compiled cluster (where only a footprint in
+    systems applies)."""
+    if prices is not None and not isinstance(prices, dict):
+        raise UserError(f"`prices` must be a mapping of hardware to a price per hour, got "
+                        f"{short_repr(prices)}")
+    for name, value in (prices or {}).items():
+        positive(f"prices[{name!r}]", value)
+    counted = Footprint(footprint, tuple(sorted((prices or {}).items())))
+    plans = plan_pools(pool, prefill_pool, decode_pool, split_pool, counted)
+    if plans is None:
+        if counted != Footprint():
+            raise UserError("`footprint` and `prices` are for pools named by their hardware; "
+                            "one compiled cluster counts its systems")
+        return None
+    return (*plans, counted)
 
 
 class _Setup:
@@ -395,11 +419,19 @@ class _Setup:
             if (space.copies, space.layers_per_stage) != (plain.copies, plain.layers_per_stage):
                 raise UserError("`copies` and `layers_per_stage` lay out one compiled cluster; "
                                 "pools named by their hardware are laid out by their names")
-            splits, colocated = pools
+            if price_per_system_hour is not None:
+                raise UserError("`price_per_system_hour` is for one compiled cluster; pools "
+                                "named by their hardware take `prices` per kind, with "
+                                "footprint 'cost'")
+            splits, colocated, footprint = pools
+            if footprint.kind == "cost":
+                # A footprint in cost per hour: a unit of it costs 1 an hour, so the cost per
+                # million output tokens follows (``comparison.economics``).
+                price_per_system_hour = 1.0
             self.cluster = PoolCluster(
-                PoolHardware(pools_name(splits, colocated),
+                PoolHardware(pools_name(splits, colocated, footprint),
                              pools_clock([n for pair in splits for n in pair] + colocated)),
-                systems_of(list(splits[0])))
+                systems_of(list(splits[0])), footprint.unit)
         spec = _workload(workload, trace, None, requests)
         if requests is None:
             spec.requests = tuning_requests(spec, self.cluster.systems)
@@ -433,7 +465,8 @@ class _Setup:
             def side(s, role: str, first: int) -> list:
                 return side_pools(self.model, s.pool, role, first, clock_hz, self.cache,
                                   self.space.grid, s.tp)
-            self._layouts[key] = pool_layouts(self.model, *self.pools, side)
+            splits, colocated, footprint = self.pools
+            self._layouts[key] = pool_layouts(self.model, splits, colocated, side, footprint)
         else:
             self._layouts[key] = build_layouts(
                 self.model, cluster, probes, self.cache, self.space.copies, self.progress,
@@ -475,7 +508,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
              cache_dir: Path | str | None = None, progress=None, routing: Routing = Routing(),
              attention_tile: int = 0, pool: str | None = None,
              prefill_pool: str | None = None, decode_pool: str | None = None,
-             split_pool: str | None = None) -> frontier_mod.FrontierReport:
+             split_pool: str | None = None, footprint: str = "systems",
+             prices: dict | None = None) -> frontier_mod.FrontierReport:
     """Each plan's frontier of output tokens/s per system against tokens/s per user, and the
     high-speed token capacity of both at ``user_speed`` (by default the model's published
     vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier --json``
@@ -498,7 +532,7 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     scales = tuple(step_scales)
     for f in scales:
         positive("step_scales", f)
-    pools = plan_pools(pool, prefill_pool, decode_pool, split_pool)
+    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices)
     setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
                    None, workers, cache_dir, progress, routing, attention_tile, pools)
     vendor = frontier_mod.vendor_speed(setup.model.name)

@@ -135,6 +135,14 @@ def _add_common(d) -> None:
     pools.add_argument("--split-pool", metavar="POOL",
                        help="every split of POOL's units between prefill and decode (h200x8: "
                             "1 to 7 GPUs of prefill), against colocated serving on all of it")
+    pools.add_argument("--footprint", default="systems", metavar="systems|kw|cost",
+                       help="what both plans hold equal and every result is per: systems "
+                            "(default), kW of wall power (the presets'), or cost per hour "
+                            "(with --price for every kind)")
+    pools.add_argument("--price", action="append", default=[], metavar="NAME=PER_HOUR",
+                       help="price of one unit of a kind of hardware for an hour, any currency "
+                            "(wse3=..., trn2=... per instance, h200=... per GPU; repeatable; "
+                            "none is invented)")
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
@@ -146,7 +154,20 @@ def _hardware(args) -> dict:
     hardware, or a fabric and a count of systems (refused beside pools)."""
     pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
                                                     "split_pool")}
+    prices = {}
+    for item in args.price:
+        name, sep, value = item.partition("=")
+        try:
+            prices[name.strip()] = float(value) if sep else None
+        except ValueError:
+            prices[name.strip()] = None
+        if prices[name.strip()] is None:
+            raise UserError(f"--price needs NAME=PER_HOUR (a number), got {item!r}")
+    footprint = {"footprint": args.footprint, "prices": prices or None}
     if all(v is None for v in pools.values()):
+        if args.footprint != "systems" or prices:
+            raise UserError("--footprint and --price are for pools named by their hardware; "
+                            "one compiled cluster counts its systems")
         return {"fabric": fabric_from_args(args), "systems": args.systems}
     given = [flag for flag, changed in (("--fabric", args.fabric != "wse3"),
                                         ("--set", bool(args.fabric_set)),
@@ -154,7 +175,7 @@ def _hardware(args) -> dict:
     if given:
         raise UserError(f"{given[0]} describes one compiled cluster; pools named by their "
                         "hardware say it themselves")
-    return pools
+    return pools | footprint
 
 
 def _space(args) -> Space:
@@ -211,14 +232,15 @@ def _ratio_text(capacity: CapacityRatio) -> str:
 
 
 def render_frontier(data: FrontierReport) -> str:
+    per = data.footprint_unit
     head = (f"{data.model} on {data.cluster}, workload {data.workload}: output "
-            f"tokens/s per system against tokens/s per user; p90 TTFT <= "
+            f"tokens/s per {per} against tokens/s per user; p90 TTFT <= "
             f"{seconds(data.ttft_p90_s)}, each rung's p90 TPOT <= 1 / its speed, >= "
             f"{data.attainment:.0%} of requests meeting both; tuning runs of "
             f"{data.requests_per_run:,} requests, {data.seeds} draw(s)"
             + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
             + f"; a lone sequence's decode step {seconds(data.lone_decode_step_s)}")
-    lines = [head, "", render_rungs(data.rungs)]
+    lines = [head, "", render_rungs(data.rungs, per)]
     for plan in ("colocated", "disaggregated"):
         lines += ["", f"How {plan} serving reached each rung:", "",
                   render_plan_rungs(data.rungs, plan)]
@@ -229,7 +251,7 @@ def render_frontier(data: FrontierReport) -> str:
         cap = h.capacity_per_system
         src = f" (the vendor's: {h.vendor.source})" if h.vendor else ""
         lines += ["", f"High-speed token capacity at {h.user_speed:,.0f} tokens/s per user"
-                  f"{src}: colocated {number(cap['colocated'])} tok/s per system, disaggregated "
+                  f"{src}: colocated {number(cap['colocated'])} tok/s per {per}, disaggregated "
                   f"{number(cap['disaggregated'])}; disaggregated / colocated "
                   f"{_ratio_text(h.capacity_ratio)}"
                   + ("" if h.goodput_ratio is None else
@@ -243,8 +265,9 @@ def render_frontier(data: FrontierReport) -> str:
     return "\n".join(lines)
 
 
-def render_rungs(rungs: list[Rung]) -> str:
-    """Each rung's target, both plans' output tokens/s per system and their ratios."""
+def render_rungs(rungs: list[Rung], per: str = "system") -> str:
+    """Each rung's target, both plans' output tokens/s per system (or per ``per``) and their
+    ratios."""
     rows = []
     for r in rungs:
         g = r.goodput_ratio
@@ -252,8 +275,8 @@ def render_rungs(rungs: list[Rung]) -> str:
                     + [_tokens_per_system(r.plans[plan])
                        for plan in ("colocated", "disaggregated")]
                     + [_ratio_text(r.capacity_ratio), "-" if g is None else f"{g:.2f}x"])
-    return narrow_table(["tok/s/user target (p90 TPOT)", "colocated tok/s/system",
-                         "disaggregated tok/s/system", "capacity ratio", "goodput ratio"],
+    return narrow_table(["tok/s/user target (p90 TPOT)", f"colocated tok/s/{per}",
+                         f"disaggregated tok/s/{per}", "capacity ratio", "goodput ratio"],
                         rows, "rrrrr")
 
 
@@ -337,16 +360,17 @@ def render(data: ExperimentReport) -> str:
             + (f"; decode attention in tiles of {timing.attention_tile}"
                if timing.attention_tile else "")
             + (f"; {timing.stored_formats}" if timing.stored_formats else ""))
+    per = data.footprint_unit  # "system", or the unit of a footprint across kinds
     lines = [head, "", f"Tuning, knob by knob, on runs of {data.requests_per_run:,} "
-             "requests: goodput (highest rate met) per system of each value tried", "",
-             render_tuning(data.tuning)]
+             f"requests: goodput (highest rate met) per {per} of each value tried", "",
+             render_tuning(data.tuning, per)]
     lines += [f"skipped {s}" for s in data.skipped]
     windows = [c.window_s for c in data.final if c.window_s is not None]
     runs = (f"searched again on runs of {data.final_requests_per_run:,} requests"
             + (f" (steady windows of {duration(min(windows))} to {duration(max(windows))} "
                "emulated at the rates found)" if windows else "")
             if data.confirmed else "as tuned")
-    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data.final)]
+    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data.final, per)]
     cmp_ = data.comparison
     if not cmp_.compared:
         missing = "colocated" if cmp_.colocated is None else "disaggregated"
@@ -355,7 +379,8 @@ def render(data: ExperimentReport) -> str:
     ratio, tokens = cmp_.goodput_ratio, cmp_.tokens_per_s_ratio
     if ratio is not None:
         verdict = (f"{ratio:.2f}x the goodput (the highest rate with the targets met), "
-                   f"{tokens:.2f}x the output tokens/s at that rate")
+                   f"{tokens:.2f}x the output tokens/s at that rate"
+                   + ("" if per == "system" else f", each per {per} of its footprint"))
     elif cmp_.max_rate_per_system["disaggregated"] > 0:
         verdict = "no colocated configuration met the targets at any rate tried"
     else:
@@ -384,9 +409,9 @@ def render(data: ExperimentReport) -> str:
     return "\n".join(lines)
 
 
-def render_tuning(steps: list[dict]) -> str:
-    """What each knob bought: per plan and knob, every value's goodput per system, the value
-    kept, and the plan's goodput before and after."""
+def render_tuning(steps: list[dict], per: str = "system") -> str:
+    """What each knob bought: per plan and knob, every value's goodput per system (or per
+    ``per``), the value kept, and the plan's goodput before and after."""
     rows = []
     for st in steps:
         tried = ", ".join(f"{_value(st['knob'], t['value'])} {number(t['max_rate_per_system'])}"
@@ -394,8 +419,8 @@ def render_tuning(steps: list[dict]) -> str:
         before = "-" if st["before_per_system"] is None else number(st["before_per_system"])
         rows.append([st["plan"], st["knob"], tried, _value(st["knob"], st["chosen_value"]),
                      f"{before} -> {number(st['after_per_system'])}"])
-    return narrow_table(["plan", "knob", "values tried: goodput/s/system", "kept",
-                         "goodput/s/system"], rows, "lllll")
+    return narrow_table(["plan", "knob", f"values tried: goodput/s/{per}", "kept",
+                         f"goodput/s/{per}"], rows, "lllll")
 
 
 def _value(knob: str, value) -> str:
@@ -409,11 +434,12 @@ def _value(knob: str, value) -> str:
 ROW_COLUMNS = 2  # configurations side by side in one table of ``render_rows``
 
 
-def render_rows(configurations: list[ConfigRow]) -> str:
+def render_rows(configurations: list[ConfigRow], per: str = "system") -> str:
     """Each configuration's results, one column per configuration and one row per metric (a
-    row per configuration would be some 260 columns wide), two configurations to a table."""
+    row per configuration would be some 260 columns wide), two configurations to a table;
+    rates per system (or per ``per``)."""
     energy = any(c.energy_per_output_token_j is not None for c in configurations)
-    names = (["goodput/s/system", "vs ceiling/s/system", "tok/s/system"]
+    names = ([f"goodput/s/{per}", f"vs ceiling/s/{per}", f"tok/s/{per}"]
              + (["J/token"] if energy else [])
              + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy", "decode busy",
                 "on-target/s (makespan)", "next rate fails on"])

@@ -1,7 +1,8 @@
-"""``wse-emu list``: the shipped model and fabric presets."""
+"""``wse-emu list``: the shipped model, fabric, accelerator and workload presets."""
 
 from __future__ import annotations
 
+from wse_emu.accelerator import load_accelerator
 from wse_emu.configfile import preset_names
 from wse_emu.fabric import load_fabric
 from wse_emu.fmt import table
@@ -18,11 +19,13 @@ def add_parser(sub, summary: str) -> None:
 def run(args):
     models = [load_model(n) for n in preset_names("models")]
     fabrics = [load_fabric(n) for n in preset_names("fabrics")]
+    accelerators = [load_accelerator(n) for n in preset_names("accelerators")]
     workloads = [load_workload(n) for n in preset_names("workloads")]
     if args.json:
         return {"models": [m.to_dict() | {"params": m.params(), "active_params": m.active_params()}
                            for m in models],
                 "fabrics": [f.to_dict() for f in fabrics],
+                "accelerators": [a.to_dict() for a in accelerators],
                 "workloads": [w.__dict__ | generate(w).summary() for w in workloads]}
     mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B",
               f"{m.active_params() / 1e9:.3g} B" if m.is_moe else "",
@@ -32,6 +35,9 @@ def run(args):
              for m in models]
     frows = [[f.name, f"{f.width} x {f.height}", f"{f.pes:,}", f"{f.sram_bytes_total / 1e9:.1f} GB",
               f.fp16_flops_per_cycle, f"{f.clock_hz / 1e9:g} GHz"] for f in fabrics]
+    arows = [[a.name, f"{a.devices} x {a.device}", f"{a.tensor_parallel}",
+              f"{a.bf16_flops_per_s / 1e12:,.0f}", f"{a.memory_bytes / 2**30:.0f} GiB",
+              f"{a.memory_bytes_per_s / 1e12:g} TB/s"] for a in accelerators]
     wrows = []
     for w in workloads:
         s = generate(w).summary()
@@ -42,5 +48,7 @@ def run(args):
     return (table(["model", "family", "params", "per token", "experts", "layers", "hidden",
                    "heads/kv", "embeddings"], mrows, "llrrrrrrl") + "\n\n" +
             table(["fabric", "PEs", "count", "SRAM", "FP16 FLOP/cyc", "clock"], frows) + "\n\n" +
+            table(["accelerator", "chips", "per copy", "BF16 TFLOP/s per chip", "HBM per chip",
+                   "HBM bandwidth"], arows) + "\n\n" +
             table(["workload", "arrivals", "rate", "calls", "prompt mean", "output mean",
                    "description"], wrows, "llrrrrl"))

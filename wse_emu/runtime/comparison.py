@@ -177,6 +177,9 @@ class ExperimentReport:
     over_replicates: dict | None = None
     timing: StepTiming | None = None
     value: float | None = None  # the varied input's value, in a VaryReport's runs
+    # What "per system" counts: a system, or the unit of a footprint of several kinds of
+    # hardware (kW, cost/h: ``runtime.pool_layouts.Footprint``).
+    footprint_unit: str = "system"
 
     def rows(self) -> dict[str, ConfigRow]:
         """Each plan's best searched again, by configuration (as tuned, in reports written
@@ -206,6 +209,8 @@ class ExperimentReport:
             out["over_replicates"] = self.over_replicates
         if self.timing is not None:
             out.update(self.timing.to_json())
+        if self.footprint_unit != "system":
+            out["footprint_unit"] = self.footprint_unit
         return out
 
     @classmethod
@@ -225,7 +230,8 @@ class ExperimentReport:
             Comparison.from_json(data["comparison"]),
             [Replicate.from_json(r) for r in data["replicates"]]
             if "replicates" in data else None, data.get("over_replicates"),
-            StepTiming(**timing) if timing else None, data.get("value"))
+            StepTiming(**timing) if timing else None, data.get("value"),
+            data.get("footprint_unit", "system"))
 
     def __repr__(self) -> str:
         cmp_ = self.comparison
@@ -358,7 +364,8 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
          for s in searches.values()},
         finals[0].final, finals[0].final_requests_per_run, finals[0].confirmed,
         finals[0].final_points, finals[0].comparison, replicates,
-        over_replicates(replicates) if replicates else None)
+        over_replicates(replicates) if replicates else None,
+        footprint_unit=getattr(cluster, "unit", "system"))
     return report, {s.config.label: s.config for s in searches.values()}
 
 
@@ -435,7 +442,7 @@ def _rate_of(searches: dict, choice) -> float:
 def _step(step, searches: dict, systems: int) -> dict:
     """A tuning step as reported: each value tried and its goodput per system."""
     def rate(c):
-        return _rate_of(searches, c) / systems
+        return _rate_of(searches, c) / (searches[c].config.footprint or systems)
     return {"plan": step.plan, "knob": step.knob,
             "tried": [{"value": v, "configuration": c.label, "max_rate_per_system": rate(c)}
                       for v, c in step.tried],
@@ -473,6 +480,7 @@ def economics(tokens_per_s: float, systems: int, power_w: float,
 def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: float = 0.0,
          price: float | None = None, requests: Requests | None = None,
          config: Config | None = None) -> ConfigRow:
+    systems = r.footprint or systems  # per unit of its own footprint, where layouts differ
     row = ConfigRow(r.label, r.plan, r.knob, runs, r.limit(targets))
     if r.best is not None:
         m, p = r.best.metrics, r.best.pressure

@@ -98,6 +98,7 @@ class Config:
     knob: str  # its policy or split, as shown: "prefill priority", "chunked 256", "share 0.5"
     regions: list  # its pools
     options: ServeOptions
+    footprint: float | None = None  # what it takes (None: the cluster's systems)
 
     @property
     def label(self) -> str:
@@ -304,6 +305,7 @@ class Outcome:
     knob: str
     best: Point | None
     failed: Point | None
+    footprint: float | None = None  # its configuration's (None: the cluster's systems)
 
     @property
     def max_rate(self) -> float:
@@ -356,7 +358,8 @@ def outcomes(searches: list[Search]) -> list[Outcome]:
         best, failed = s.best, s.failed
         out.append(Outcome(s.config.label, s.config.plan, s.config.knob,
                            s.points[best] if best is not None else None,
-                           s.points[failed] if failed is not None else None))
+                           s.points[failed] if failed is not None else None,
+                           s.config.footprint))
     return out
 
 
@@ -511,22 +514,27 @@ def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> Compa
     for plan in ("colocated", "disaggregated"):
         mine = [r for r in results if r.plan == plan]
         if mine:
-            best[plan] = max(mine, key=lambda r: (r.max_rate, r.tokens_per_s))
+            best[plan] = max(mine, key=lambda r: (r.max_rate / (r.footprint or 1),
+                                                  r.tokens_per_s / (r.footprint or 1)))
     col, dis = best.get("colocated"), best.get("disaggregated")
     if not (col and dis):
         return Comparison(col.label if col else None, dis.label if dis else None)
+    # Per unit of each one's footprint: where the plans' footprints differ (whole units of
+    # several kinds), the ratios are of these.
+    c, d = col.footprint or systems, dis.footprint or systems
     return Comparison(
         col.label, dis.label,
-        max_rate_per_system={"colocated": col.max_rate / systems,
-                             "disaggregated": dis.max_rate / systems},
-        tokens_per_s_per_system={"colocated": col.tokens_per_s / systems,
-                                 "disaggregated": dis.tokens_per_s / systems},
-        window_tokens_per_s_per_system={"colocated": col.window_tokens_per_s / systems,
-                                        "disaggregated": dis.window_tokens_per_s / systems},
-        goodput_ratio=_ratio(dis.max_rate, col.max_rate),
-        tokens_per_s_ratio=_ratio(dis.tokens_per_s, col.tokens_per_s),
-        window_tokens_per_s_ratio=_ratio(dis.window_tokens_per_s, col.window_tokens_per_s),
-        on_target_per_makespan_ratio=_ratio(dis.goodput, col.goodput),
+        max_rate_per_system={"colocated": col.max_rate / c,
+                             "disaggregated": dis.max_rate / d},
+        tokens_per_s_per_system={"colocated": col.tokens_per_s / c,
+                                 "disaggregated": dis.tokens_per_s / d},
+        window_tokens_per_s_per_system={"colocated": col.window_tokens_per_s / c,
+                                        "disaggregated": dis.window_tokens_per_s / d},
+        goodput_ratio=_ratio(dis.max_rate / d, col.max_rate / c),
+        tokens_per_s_ratio=_ratio(dis.tokens_per_s / d, col.tokens_per_s / c),
+        window_tokens_per_s_ratio=_ratio(dis.window_tokens_per_s / d,
+                                         col.window_tokens_per_s / c),
+        on_target_per_makespan_ratio=_ratio(dis.goodput / d, col.goodput / c),
         split=dis.knob,
         ceiling_found={"colocated": col.failed is not None,
                        "disaggregated": dis.failed is not None},

@@ -340,6 +340,13 @@ class FrontierReport:
     step_time_leaning: list[Rung] = field(default_factory=list)
     experiments: dict[str, ExperimentReport] = field(default_factory=dict)
 
+    @property
+    def footprint_unit(self) -> str:
+        """What its rates are per: a system, or a footprint's unit across kinds (its
+        experiments say)."""
+        first = next(iter(self.experiments.values()), None)
+        return first.footprint_unit if first is not None else "system"
+
     def to_json(self) -> dict:
         out = {"model": self.model, "cluster": self.cluster, "workload": self.workload,
                "requests_per_run": self.requests_per_run, "seeds": self.seeds,

@@ -3,10 +3,13 @@ prefill on one pool and decode on another (``--prefill-pool``, ``--decode-pool``
 colocated serving on as much of each kind of hardware in the split (or of a ``--pool`` named
 for it) in the same footprint.
 
-The footprint is counted in systems: a wafer is one (a CS-3), an accelerator instance one, a
-node of GPUs one (eight H200s), a part of a node a whole one. The colocated plan gets the
-split's systems of every kind it may use, and its tuning picks among them as it picks among
-copies per wafer, so each plan has the same tuning effort and the same footprint.
+The footprint (``Footprint``) is counted in systems (a wafer is one, a CS-3; an accelerator
+instance one; a node of GPUs one, eight H200s, and part of a node a whole one), in kW of the
+presets' wall power, or in a cost per hour from prices the user gives per unit of each kind
+(none is invented). The colocated plan gets, of every kind it may use, as many units as fit
+in the split's footprint, and its tuning picks among them as it picks among copies per wafer,
+so each plan has the same tuning effort. Where whole units cannot match the split's
+footprint exactly (kW, cost), every layout is reported per unit of its own footprint.
 
 A GPU side whose tensor parallel degree is not named is tried at every degree that holds
 the model (``gpu_pool.tensor_parallel`` and each power of two above it, within a node): an
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from wse_emu.errors import UserError
-from wse_emu.pool_names import PoolName, parse_pool
+from wse_emu.pool_names import MAX_UNITS, PoolName, parse_pool
 from wse_emu.runtime.gpu_pool import tensor_parallel
 from wse_emu.runtime.tuning import Layout
 
@@ -75,21 +78,75 @@ def systems_of(names: list[PoolName]) -> int:
     return total
 
 
-def colocated_names(splits: list[tuple[PoolName, PoolName]],
-                    named: list[PoolName]) -> list[PoolName]:
+FOOTPRINTS = {"systems": "system", "kw": "kW", "cost": "cost/h"}  # name -> its unit
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """How a footprint is counted: ``kind`` (one of ``FOOTPRINTS``) and, for ``cost``, the
+    price per hour of one unit of each kind of hardware (a wafer system, an accelerator
+    instance, a GPU), by its name (``wse3``, ``trn2``, ``h200``)."""
+
+    kind: str = "systems"
+    prices: tuple = ()  # ((hardware name, price per unit-hour), ...)
+
+    def __post_init__(self):
+        if self.kind not in FOOTPRINTS:
+            raise UserError(f"`footprint` must be one of {', '.join(FOOTPRINTS)}, got "
+                            f"{self.kind!r}")
+        if self.prices and self.kind != "cost":
+            raise UserError("prices are for a footprint counted in cost")
+
+    @property
+    def unit(self) -> str:
+        return FOOTPRINTS[self.kind]
+
+    def of(self, names: list[PoolName]) -> float:
+        """The footprint of pools together, in this unit."""
+        if self.kind == "systems":
+            return float(systems_of(names))
+        return sum(n.count * self._per_unit(n) for n in names)
+
+    def _per_unit(self, name: PoolName) -> float:
+        hw = name.hardware
+        if self.kind == "kw":
+            watts = (hw.system_power_w if name.is_wafer else hw.power_w if name.is_gpu
+                     else hw.instance_power_w)
+            if not watts:
+                raise UserError(f"{hw.name} has no wall power stated: a footprint in kW needs "
+                                "one (its preset or YAML)")
+            return watts / 1e3
+        prices = dict(self.prices)
+        if hw.name not in prices:
+            raise UserError(f"a footprint in cost needs the price per hour of one {hw.name} "
+                            f"(price {hw.name}=PER_HOUR); given for: "
+                            f"{', '.join(prices) or 'none'}")
+        return prices[hw.name]
+
+
+def colocated_names(splits: list[tuple[PoolName, PoolName]], named: list[PoolName],
+                    footprint: Footprint = Footprint()) -> list[PoolName]:
     """The colocated plan's hardware: ``named`` (``--pool``) if given, else every kind in the
-    splits, each in the splits' footprint (their systems, the same for every split)."""
+    splits, each with as many units as fit in the splits' footprint (the same for every
+    split); a kind of which not one unit fits is left out."""
     if named:
         return named
-    footprint = systems_of(list(splits[0]))
+    budget = footprint.of(list(splits[0]))
     kinds = {}
     for pair in splits:
         for n in pair:
             kinds.setdefault(n.hardware.name, n)
     out = []
     for n in kinds.values():
-        count = footprint * (n.hardware.gpus_per_node if n.is_gpu else 1)
-        out.append(parse_pool(f"{_base(n)}x{count}"))
+        if footprint.kind == "systems":
+            count = int(budget) * (n.hardware.gpus_per_node if n.is_gpu else 1)
+        else:
+            one = footprint.of([parse_pool(_base(n))])
+            count = int(budget / one * (1 + 1e-9))
+        if count >= 1:
+            out.append(parse_pool(f"{_base(n)}x{min(count, MAX_UNITS)}"))
+    if not out:
+        raise UserError(f"not one unit of {' or '.join(kinds)} fits the split's footprint")
     return out
 
 
@@ -111,7 +168,8 @@ def every_split(name: PoolName) -> list[tuple[PoolName, PoolName]]:
 
 
 def plan_pools(pool: str | None, prefill_pool: str | None, decode_pool: str | None,
-               split_pool: str | None) -> tuple[list, list] | None:
+               split_pool: str | None,
+               footprint: Footprint = Footprint()) -> tuple[list, list] | None:
     """The splits and the colocated hardware an experiment compares, from the pools named
     (None: none named, the experiment is on one compiled cluster): ``prefill_pool`` with
     ``decode_pool`` (and ``pool``, the colocated plan's hardware, if not every kind of the
@@ -132,26 +190,28 @@ def plan_pools(pool: str | None, prefill_pool: str | None, decode_pool: str | No
         raise UserError("`prefill_pool` and `decode_pool` go together")
     splits = [(parse_pool(prefill_pool), parse_pool(decode_pool))]
     colocated = [parse_pool(pool)] if pool is not None else []
-    if colocated and systems_of(colocated) != systems_of(list(splits[0])):
-        raise UserError(f"pool '{pool}' takes {systems_of(colocated)} systems; the split "
-                        f"takes {systems_of(list(splits[0]))}: the plans share one footprint")
-    return splits, colocated_names(splits, colocated)
+    mine, theirs = footprint.of(colocated), footprint.of(list(splits[0]))
+    if colocated and mine > theirs * (1 + 1e-9):
+        raise UserError(f"pool '{pool}' takes {mine:g} {footprint.unit}; the split takes "
+                        f"{theirs:g}: the colocated plan's footprint may not be larger")
+    return splits, colocated_names(splits, colocated, footprint)
 
 
 def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list[PoolName],
-                 side_pools) -> tuple[dict, list[str]]:
-    """Every layout of both plans ((plan, name) -> Layout), and why any was skipped.
-    ``side_pools(side, role, first_system)``: the pools of one side in ``role`` (mixed,
-    prefill or decode), its systems numbered from ``first_system``. Every split must take the
-    same footprint as the first."""
-    footprint = systems_of(list(splits[0]))
+                 side_pools, footprint: Footprint = Footprint()) -> tuple[dict, list[str]]:
+    """Every layout of both plans ((plan, name) -> Layout, each with its footprint), and why
+    any was skipped. ``side_pools(side, role, first_system)``: the pools of one side in
+    ``role`` (mixed, prefill or decode), its systems numbered from ``first_system``. Every
+    split must take the same footprint as the first."""
+    size = footprint.of(list(splits[0]))
     for pair in splits:
-        if systems_of(list(pair)) != footprint:
-            raise UserError(f"every split must take the same systems: {pair[0].text} + "
-                            f"{pair[1].text} take {systems_of(list(pair))}, not {footprint}")
+        if abs(footprint.of(list(pair)) - size) > 1e-9 * size:
+            raise UserError(f"every split must take the same footprint: {pair[0].text} + "
+                            f"{pair[1].text} take {footprint.of(list(pair)):g} "
+                            f"{footprint.unit}, not {size:g}")
     layouts, skipped = {}, []
 
-    def tried(plan: str, name: str, build) -> None:
+    def tried(plan: str, name: str, names: list, build) -> None:
         try:
             pools = build()
         except UserError as exc:  # a side the model does not fit: skipped, with why
@@ -159,18 +219,19 @@ def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list
             return
         for k, p in enumerate(pools):  # names unique within the layout
             pools[k] = replace(p, name=f"{p.role}{k}")
-        layouts[(plan, name)] = Layout(plan, name, pools)
+        layouts[(plan, name)] = Layout(plan, name, pools, footprint.of(names))
 
     for name in colocated:
         for side in variants(name, model):
-            tried("colocated", side.label, lambda side=side: side_pools(side, "mixed", 0))
+            tried("colocated", side.label, [name],
+                  lambda side=side: side_pools(side, "mixed", 0))
     for prefill, decode in splits:
         for p in variants(prefill, model):
             for d in variants(decode, model):
                 first = systems_of([prefill])
                 tried("disaggregated", f"{p.label} prefill / {d.label} decode",
-                      lambda p=p, d=d, first=first: side_pools(p, "prefill", 0)
-                      + side_pools(d, "decode", first))
+                      [prefill, decode], lambda p=p, d=d, first=first:
+                      side_pools(p, "prefill", 0) + side_pools(d, "decode", first))
     for plan in ("colocated", "disaggregated"):
         if not any(p == plan for p, _ in layouts):
             raise UserError(f"no {plan} layout holds {model.name}: " + "; ".join(skipped))
@@ -189,14 +250,18 @@ class PoolHardware:
 
 @dataclass(frozen=True)
 class PoolCluster:
-    """The footprint both plans share, as an experiment reads a cluster: its systems."""
+    """The footprint both plans share, as an experiment reads a cluster: its systems (which
+    size the tuning runs), and the unit every layout's results are reported per."""
 
     fabric: PoolHardware
     systems: int
+    unit: str = "system"
 
 
-def pools_name(splits: list, colocated: list) -> str:
+def pools_name(splits: list, colocated: list, footprint: Footprint = Footprint()) -> str:
     """How a report names the hardware of both plans (after their count of systems)."""
     split = (f"every split of {colocated[0].text}" if len(splits) > 1
              else f"{splits[0][0].text} prefill + {splits[0][1].text} decode")
-    return f"footprint ({split}; colocated on {' or '.join(n.text for n in colocated)})"
+    size = "" if footprint.kind == "systems" else \
+        f"{footprint.of(list(splits[0])):g} {footprint.unit}, "
+    return f"footprint ({size}{split}; colocated on {' or '.join(n.text for n in colocated)})"

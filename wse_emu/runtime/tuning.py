@@ -84,6 +84,9 @@ class Layout:
     plan: str
     name: str
     regions: list
+    # What it takes of the hardware, in the experiment's unit (None: the cluster's systems),
+    # where layouts of one experiment differ (pools of several kinds).
+    footprint: float | None = None
 
 
 def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
@@ -91,7 +94,7 @@ def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
     layout = layouts[(choice.plan, choice.layout)]
     options = replace(base, policy=choice.policy,
                       **{f.name: getattr(choice, f.name) for f in knob_fields()})
-    return Config(choice.plan, choice.knob, layout.regions, options)
+    return Config(choice.plan, choice.knob, layout.regions, options, layout.footprint)
 
 
 def serve_choice(layouts: dict, base: ServeOptions, requests: Requests, choice,
@@ -180,5 +183,8 @@ def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run
 
 
 def _rate(search: Search) -> float:
+    """The highest rate met, per unit of the configuration's footprint where layouts differ
+    in it (pools of several kinds)."""
     best = search.best
-    return search.points[best].rate if best is not None else 0.0
+    rate = search.points[best].rate if best is not None else 0.0
+    return rate / (search.config.footprint or 1)
