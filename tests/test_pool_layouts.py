@@ -113,7 +113,12 @@ def test_the_experiment_compares_a_split_across_kinds_in_one_footprint(tmp_path)
     assert report["cluster"].startswith("2 x footprint (trn2 prefill + mesh16 decode")
     tried = {t["value"] for s in report["tuning"] if s["plan"] == "colocated"
              and s["knob"] == "layout" for t in s["tried"]}
-    assert tried == {"2 x trn2", "2 x mesh16"}
+    # A wafer pool with each of the copies per wafer the wafer-only experiment tries.
+    assert tried == {"2 x trn2", "2 x mesh16", "2 x mesh16 (2 copies per wafer)",
+                     "2 x mesh16 (4 copies per wafer)"}
+    split = {t["value"] for s in report["tuning"] if s["plan"] == "disaggregated"
+             and s["knob"] == "layout" for t in s["tried"]}
+    assert "trn2 prefill / mesh16 (2 copies per wafer) decode" in split
     assert {row["plan"] for row in report["final"]} == {"colocated", "disaggregated"}
 
 
@@ -122,7 +127,7 @@ def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
                    "--decode-pool", "mesh16", "--workload", SMALL_CHAT, "--ttft-slo", "1",
                    "--tpot-slo", "0.01", "--window-s", "0", "--grid", "quick", "--workers", "1",
                    "--token-budget", "64", "--footprint", "cost", "--price", "trn2=40",
-                   "--price", "mesh16=10", "--cache-dir", tmp_path, "--json")
+                   "--price", "mesh16=10", "--copies", "1", "--cache-dir", tmp_path, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["footprint_unit"] == "cost/h"
@@ -146,10 +151,37 @@ def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--footprint", "cost"],
      "needs the price per hour of one trn2"),
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--price", "trn2"], "NAME=PER_HOUR"),
-    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--copies", "1"], "--copies"),
+    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--layers-per-stage", "own"],
+     "--layers-per-stage"),
     (["--split-pool", "trn2"], "a split needs two or more"),
 ])
 def test_an_experiment_on_pools_refuses_a_clusters_flags_in_one_line(args, needle):
     proc = run_cli("experiment", "disagg", "tiny", *args, "--workload", SMALL_CHAT,
                    "--ttft-slo", "1", "--tpot-slo", "0.01")
     assert_one_line_error(proc, needle)
+
+
+def test_every_pairing_of_two_kinds_runs_and_is_drawn_on_one_figure(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("experiment", "pairings", "tiny", "--kinds", "trn2,mesh16", "--workload",
+                   SMALL_CHAT, "--ttft-slo", "1", "--window-s", "0", "--grid", "quick",
+                   "--workers", "1", "--token-budget", "64", "--user-speeds", "100000,1000",
+                   "--cache-dir", tmp_path / "cache", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert list(report["frontiers"]) == [
+        "trn2 prefill + trn2 decode", "trn2 prefill + mesh16 decode",
+        "mesh16 prefill + trn2 decode", "mesh16 prefill + mesh16 decode"]
+    both = report["frontiers"]["trn2 prefill + mesh16 decode"]
+    assert both["cluster"].startswith("2 x footprint (trn2 prefill + mesh16 decode")
+    assert [r["user_speed"] for r in both["rungs"]] == [100000, 1000]
+    assert json.loads((out / "pairings.json").read_text()) == report
+    assert (out / "figures" / "pairings.png").stat().st_size > 10_000
+
+
+def test_pairings_refuse_a_clusters_flags_and_a_kind_named_wrongly():
+    for args, needle in ((["--kinds", "trn2", "--systems", "2"], "--kinds names the hardware"),
+                         (["--kinds", "trn9"], "unknown pool 'trn9'")):
+        proc = run_cli("experiment", "pairings", "tiny", *args, "--workload", SMALL_CHAT,
+                       "--ttft-slo", "1")
+        assert_one_line_error(proc, needle)

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 from wse_emu.fmt import seconds, with_unit
 from wse_emu.runtime.comparison import ExperimentReport, VaryReport
 from wse_emu.runtime.frontier import FrontierReport
+from wse_emu.runtime.pairings import PairingsReport
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     axis_numbers,
@@ -163,6 +164,45 @@ def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
         a.legend(framealpha=0.9)
     fig.suptitle(f"{data.model} on {data.cluster}, {data.workload}: throughput against "
                  "per-user speed")
+    fig.tight_layout()
+    return save_figure(fig, path, formats)
+
+
+@styled
+def pairings(data: PairingsReport, path: Path, formats=("png",)) -> list[Path]:
+    """Every pairing's disaggregated frontier, and each kind's colocated one (from its pairing
+    with itself), on one axes: output tokens/s per footprint unit against the per-user speed
+    at least 90% of requests reached, intervals over draws as bars; the vendor's speed
+    marked where the frontiers name it."""
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=DPI)
+    curves = [(f"colocated on {kind} alone", f, "colocated")
+              for kind, f in data.colocated().items()]
+    curves += [(label, f, "disaggregated") for label, f in data.frontiers.items()]
+    # The palette without its yellow, too pale for a line on white.
+    colours = [c for c in OKABE_ITO if c != "#F0E442"]
+    for n, (label, f, plan) in enumerate(curves):
+        front = f.frontier[plan]
+        if not front:
+            continue
+        err = [(p.tokens_per_s_per_system_interval or {}).get("half_width", 0.0)
+               for p in front]
+        ax.errorbar([p.user_tokens_per_s.p90 for p in front],
+                    [p.tokens_per_s_per_system for p in front], yerr=err, capsize=2,
+                    color=colours[n % len(colours)], linewidth=1.4,
+                    linestyle="--" if plan == "colocated" else "-",
+                    marker="o" if plan == "colocated" else "s", markersize=4, label=label)
+    speeds = {f.headline.user_speed for f in data.frontiers.values() if f.headline}
+    for speed in sorted(speeds):
+        ax.axvline(speed, color="black", linestyle=":", linewidth=1.2,
+                   label=f"{speed:,.0f} tokens/s per user")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
+    ax.set_xlabel("output tokens/s per user (reached by 90% of requests)")
+    ax.set_ylabel(f"output tokens/s per {data.footprint_unit} (steady window)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(framealpha=0.9, fontsize="small")
+    ax.set_title(f"{data.model}, {data.workload}: every pairing of "
+                 f"{', '.join(data.kinds)}, in the same footprint")
     fig.tight_layout()
     return save_figure(fig, path, formats)
 

@@ -11,7 +11,7 @@ on first use, so that importing ``wse_emu`` stays quick.
 __version__ = "0.1.0"
 
 _API = ("load_model", "load_fabric", "compile", "run", "serve", "serve_pools", "experiment",
-        "frontier", "generate", "sweep", "draw")
+        "frontier", "pairings", "generate", "sweep", "draw")
 
 
 def __getattr__(name: str):

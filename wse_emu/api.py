@@ -51,6 +51,7 @@ from wse_emu.runtime.comparison import (
 from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.gpu_pool import gpu_pools
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
+from wse_emu.runtime.pairings import PairingsReport, pairing_label
 from wse_emu.runtime.pool_layouts import (
     Footprint,
     PoolCluster,
@@ -86,7 +87,8 @@ from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_pools", "experiment",
-           "frontier", "generate", "sweep", "draw", "Space", "Targets", "default_cache_dir"]
+           "frontier", "pairings", "generate", "sweep", "draw", "Space", "Targets",
+           "default_cache_dir"]
 
 
 def default_cache_dir(given: Path | str | None = None) -> Path:
@@ -226,19 +228,22 @@ def pools_clock(names: list) -> float:
 
 def side_pools(model: ModelSpec, name, role: str, first: int, clock_hz: float,
                cache_dir: Path | str | None = None, grid: str = "full",
-               tp: int | None = None) -> list:
+               tp: int | None = None, copies: int = 1) -> list:
     """The pools of one side named ``name`` (a ``PoolName``) in ``role``, on systems from
     ``first`` on, timed for ``clock_hz``; a GPU side at ``tp`` GPUs per copy (by default as
-    named, or the fewest that hold the model)."""
+    named, or the fewest that hold the model); a wafer side with ``copies`` copies of the
+    model per wafer, side by side in column bands (as the wafer-only experiment lays them)."""
     if name.is_gpu:
         return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
                          tp or name.tensor_parallel)
     if not name.is_wafer:
         return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
                                  grid)
+    fabric = name.hardware
+    bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
     try:
-        program = compile_model(model, ClusterSpec(name.hardware, name.count),
-                                CompileOptions(plan="colocated"))
+        program = compile_model(model, ClusterSpec(fabric, name.count),
+                                CompileOptions(plan="colocated", **bands))
     except CompileError as exc:  # its advice in this command's terms: wse3x4
         advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
         raise UserError(f"{role} pool {name.text}: {advice}") from None
@@ -415,10 +420,9 @@ class _Setup:
             if routing != Routing() or attention_tile:
                 raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
                                 "named by their hardware time their steps themselves")
-            plain = Space()
-            if (space.copies, space.layers_per_stage) != (plain.copies, plain.layers_per_stage):
-                raise UserError("`copies` and `layers_per_stage` lay out one compiled cluster; "
-                                "pools named by their hardware are laid out by their names")
+            if space.layers_per_stage != Space().layers_per_stage:
+                raise UserError("`layers_per_stage` lays out one compiled cluster; a wafer "
+                                "pool named by its hardware takes its compiled depth")
             if price_per_system_hour is not None:
                 raise UserError("`price_per_system_hour` is for one compiled cluster; pools "
                                 "named by their hardware take `prices` per kind, with "
@@ -464,9 +468,10 @@ class _Setup:
 
             def side(s, role: str, first: int) -> list:
                 return side_pools(self.model, s.pool, role, first, clock_hz, self.cache,
-                                  self.space.grid, s.tp)
+                                  self.space.grid, s.tp, s.copies)
             splits, colocated, footprint = self.pools
-            self._layouts[key] = pool_layouts(self.model, splits, colocated, side, footprint)
+            self._layouts[key] = pool_layouts(self.model, splits, colocated, side, footprint,
+                                              self.space.copies)
         else:
             self._layouts[key] = build_layouts(
                 self.model, cluster, probes, self.cache, self.space.copies, self.progress,
@@ -574,6 +579,49 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
         ttft_s, attainment, setup.space.grid, floor, rows,
         **frontier_mod.summarize(rows, vendor, speed), step_time_leaning=leaning,
         experiments={f"{s:g}": d for s, d in rungs})
+
+
+def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+             kinds, trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
+             user_speeds=None, user_speed: float | None = None, footprint: str = "systems",
+             prices: dict | None = None, space: Space | None = None,
+             requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
+             scheduler: str | None = None, workers: int = 0,
+             cache_dir: Path | str | None = None, progress=None) -> PairingsReport:
+    """``frontier`` for every pairing of ``kinds`` (pool names: ``wse3``, ``trn2``,
+    ``h200x8``; prefill on one, decode on another or the same), each against colocated
+    serving on its kinds in its footprint: the report ``experiment pairings --json`` prints
+    (without the step-time leaning, which each ``frontier`` can add). A pairing that cannot
+    run (the model does not fit a side, the footprint holds no unit) is kept with why. The
+    other arguments are ``frontier``'s."""
+    if isinstance(kinds, str) or not hasattr(kinds, "__iter__") or not list(kinds):
+        raise UserError(f"`kinds` must be one or more pool names, got {short_repr(kinds)}")
+    kinds = list(dict.fromkeys(str(k) for k in kinds))
+    for k in kinds:
+        parse_pool(k)  # named wrongly: refused before any work
+    model = _model(model)
+    pairs = [(p, d) for p in kinds for d in kinds]
+    frontiers, skipped, unit = {}, {}, "system"
+    for n, (p, d) in enumerate(pairs):
+        label = pairing_label(p, d)
+        if progress:
+            progress(f"pairing {n + 1} of {len(pairs)}: {label}")
+        try:
+            report = frontier(
+                model, workload, trace=trace, ttft_s=ttft_s, attainment=attainment,
+                user_speeds=user_speeds, user_speed=user_speed, step_scales=(), space=space,
+                requests=requests, seeds=seeds, tolerance=tolerance, scheduler=scheduler,
+                workers=workers, cache_dir=cache_dir, progress=progress, prefill_pool=p,
+                decode_pool=d, footprint=footprint, prices=prices)
+        except (CompileError, UserError) as exc:  # checked before any work: cheap to skip
+            skipped[label] = str(exc)
+            continue
+        frontiers[label] = report
+        unit = report.footprint_unit
+    if not frontiers:  # an argument wrong for every pairing, or none fits: refused
+        raise UserError(next(iter(skipped.values())))
+    name = _workload(workload, trace, None, requests).name
+    return PairingsReport(model.name, name, kinds, unit, frontiers, skipped)
 
 
 def _workload(workload, trace, rate, requests) -> WorkloadSpec:

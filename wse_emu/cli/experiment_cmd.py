@@ -64,6 +64,19 @@ def add_parser(sub, summary: str) -> None:
                    "times times each factor, the hardware unchanged (default 0.7,1.3; none: "
                    "not)")
     f.set_defaults(func=run_frontier, writes_run_dir=True)
+    g = kinds.add_parser("pairings", help="every pairing of kinds of hardware (prefill on one, "
+                         "decode on another or the same) as a frontier, against colocated "
+                         "serving in the same footprint, on one figure")
+    _add_common(g)
+    g.add_argument("--kinds", required=True, metavar="POOL,POOL,...",
+                   help="kinds of hardware to pair, as --prefill-pool names them (wse3,trn2; "
+                        "h200x8 with the gpu extra)")
+    g.add_argument("--user-speeds", metavar="S1,S2,...",
+                   help="per-user speeds to aim at (default: each pairing's own ladder)")
+    g.add_argument("--user-speed", type=float,
+                   help="the speed to mark, output tokens/s per user (default: the model's "
+                   "published vendor speed)")
+    g.set_defaults(func=run_pairings, writes_run_dir=True)
 
 
 def _add_common(d) -> None:
@@ -154,15 +167,7 @@ def _hardware(args) -> dict:
     hardware, or a fabric and a count of systems (refused beside pools)."""
     pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
                                                     "split_pool")}
-    prices = {}
-    for item in args.price:
-        name, sep, value = item.partition("=")
-        try:
-            prices[name.strip()] = float(value) if sep else None
-        except ValueError:
-            prices[name.strip()] = None
-        if prices[name.strip()] is None:
-            raise UserError(f"--price needs NAME=PER_HOUR (a number), got {item!r}")
+    prices = _prices(args)
     footprint = {"footprint": args.footprint, "prices": prices or None}
     if all(v is None for v in pools.values()):
         if args.footprint != "systems" or prices:
@@ -176,6 +181,20 @@ def _hardware(args) -> dict:
         raise UserError(f"{given[0]} describes one compiled cluster; pools named by their "
                         "hardware say it themselves")
     return pools | footprint
+
+
+def _prices(args) -> dict:
+    """--price NAME=PER_HOUR, each: hardware name -> price."""
+    prices = {}
+    for item in args.price:
+        name, sep, value = item.partition("=")
+        try:
+            prices[name.strip()] = float(value) if sep else None
+        except ValueError:
+            prices[name.strip()] = None
+        if prices[name.strip()] is None:
+            raise UserError(f"--price needs NAME=PER_HOUR (a number), got {item!r}")
+    return prices
 
 
 def _space(args) -> Space:
@@ -209,6 +228,50 @@ def run_frontier(args):
         progress=status, routing=routing_for(model, args.routing, args.routing_seed),
         attention_tile=args.attention_tile)
     return _written(args, data, render_frontier(data) if not args.json else "")
+
+
+def run_pairings(args):
+    pools = ("pool", "prefill_pool", "decode_pool", "split_pool")
+    if any(getattr(args, k) is not None for k in pools) or args.fabric != "wse3" \
+            or args.fabric_set or args.systems != 1:
+        raise UserError("--kinds names the hardware of every pairing; --fabric, --set, "
+                        "--systems and the pool flags do not go with it")
+    prices = _prices(args)
+    model = model_from_args(args)
+    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
+    data = api.pairings(
+        model, args.workload, kinds=[k for k in args.kinds.split(",") if k.strip()],
+        trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment, user_speeds=speeds,
+        user_speed=args.user_speed, footprint=args.footprint, prices=prices or None,
+        space=_space(args), requests=args.requests,
+        seeds=args.seeds, tolerance=args.tolerance, scheduler=args.scheduler,
+        workers=args.workers, cache_dir=args.cache_dir, progress=status)
+    if args.output:
+        def write(tmp):
+            from wse_emu.visualize.curves import pairings as draw_pairings
+
+            (tmp / "pairings.json").write_text(json.dumps(data.to_json(), indent=1))
+            (tmp / "figures").mkdir()
+            draw_pairings(data, tmp / "figures" / "pairings")
+        write_run_dir(args.output, write)
+    if args.json:
+        return data.to_json()
+    lines = [render_pairings(data)]
+    if args.output:
+        lines.append(f"\nwrote {args.output}{os.sep} (pairings.json, figures/pairings.png)")
+    return "\n".join(lines)
+
+
+def render_pairings(data) -> str:
+    """Each pairing's capacity at every rung, both plans, per footprint unit."""
+    per = data.footprint_unit
+    lines = [f"{data.model}, workload {data.workload}: every pairing of "
+             f"{', '.join(data.kinds)}, each against colocated serving in its footprint "
+             f"(output tokens/s per {per}, 90% of requests at or above the speed)"]
+    for label, f in data.frontiers.items():
+        lines += ["", f"{label} ({f.cluster}):", "", render_rungs(f.rungs, per)]
+    lines += [f"skipped {label}: {why}" for label, why in data.skipped.items()]
+    return "\n".join(lines)
 
 
 def _floats(text: str, name: str) -> tuple[float, ...]:

@@ -32,23 +32,30 @@ from wse_emu.runtime.tuning import Layout
 
 @dataclass(frozen=True)
 class Side:
-    """One side of a plan: a pool as named, at one tensor parallel degree (GPUs only)."""
+    """One side of a plan: a pool as named, at one tensor parallel degree (GPUs) or with so
+    many copies of the model per wafer (wafers)."""
 
     pool: PoolName
     tp: int | None = None
+    copies: int = 1  # per wafer
 
     @property
     def label(self) -> str:
         hw = self.pool.hardware
         if self.pool.is_gpu:
             return f"{self.pool.count} x {hw.name} tp{self.tp}"
-        return hw.name if self.pool.count == 1 else f"{self.pool.count} x {hw.name}"
+        name = hw.name if self.pool.count == 1 else f"{self.pool.count} x {hw.name}"
+        return name if self.copies == 1 else f"{name} ({self.copies} copies per wafer)"
 
 
-def variants(name: PoolName, model) -> list[Side]:
-    """``name`` at every tensor parallel degree it may take: the named one, or (a GPU pool
-    named without one) each power of two from the fewest GPUs that hold the model to a node
-    or the pool's GPUs; one side for a wafer or an accelerator."""
+def variants(name: PoolName, model, copies: tuple = (1,)) -> list[Side]:
+    """``name`` in every layout it may take: a wafer with each of ``copies`` copies of the
+    model per wafer (as the wafer-only experiment tries them; a layout the model does not fit
+    is skipped when compiled); a GPU pool at the tensor parallel degree named, or each power
+    of two from the fewest GPUs that hold the model to a node or the pool's GPUs; an
+    accelerator as its file lays it out."""
+    if name.is_wafer:
+        return [Side(name, copies=c) for c in sorted(set(copies) | {1})]
     if not name.is_gpu:
         return [Side(name)]
     if name.tensor_parallel is not None:
@@ -198,11 +205,13 @@ def plan_pools(pool: str | None, prefill_pool: str | None, decode_pool: str | No
 
 
 def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list[PoolName],
-                 side_pools, footprint: Footprint = Footprint()) -> tuple[dict, list[str]]:
+                 side_pools, footprint: Footprint = Footprint(),
+                 copies: tuple = (1,)) -> tuple[dict, list[str]]:
     """Every layout of both plans ((plan, name) -> Layout, each with its footprint), and why
     any was skipped. ``side_pools(side, role, first_system)``: the pools of one side in
-    ``role`` (mixed, prefill or decode), its systems numbered from ``first_system``. Every
-    split must take the same footprint as the first."""
+    ``role`` (mixed, prefill or decode), its systems numbered from ``first_system``; a wafer
+    side with each of ``copies`` per wafer. Every split must take the same footprint as the
+    first."""
     size = footprint.of(list(splits[0]))
     for pair in splits:
         if abs(footprint.of(list(pair)) - size) > 1e-9 * size:
@@ -221,13 +230,20 @@ def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list
             pools[k] = replace(p, name=f"{p.role}{k}")
         layouts[(plan, name)] = Layout(plan, name, pools, footprint.of(names))
 
+    def sides(plan: str, name: PoolName) -> list[Side]:
+        try:
+            return variants(name, model, copies)
+        except UserError as exc:  # a GPU pool too small for any copy: skipped, with why
+            skipped.append(f"{plan} {name.text}: {exc}")
+            return []
+
     for name in colocated:
-        for side in variants(name, model):
+        for side in sides("colocated", name):
             tried("colocated", side.label, [name],
                   lambda side=side: side_pools(side, "mixed", 0))
     for prefill, decode in splits:
-        for p in variants(prefill, model):
-            for d in variants(decode, model):
+        for p in sides("disaggregated", prefill):
+            for d in sides("disaggregated", decode):
                 first = systems_of([prefill])
                 tried("disaggregated", f"{p.label} prefill / {d.label} decode",
                       [prefill, decode], lambda p=p, d=d, first=first:
@@ -235,7 +251,7 @@ def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list
     for plan in ("colocated", "disaggregated"):
         if not any(p == plan for p, _ in layouts):
             raise UserError(f"no {plan} layout holds {model.name}: " + "; ".join(skipped))
-    return layouts, skipped
+    return layouts, list(dict.fromkeys(skipped))
 
 
 @dataclass(frozen=True)
