@@ -39,6 +39,7 @@ class StepModelPool:
     system: int = 0
     fabric_bytes_per_cycle: float = float("inf")
     link_bytes_per_cycle: float = 64.0
+    link_latency_cycles: float = 0.0
 
     @property
     def stages(self) -> int:
@@ -93,6 +94,20 @@ def test_a_split_of_step_model_pools_hands_off_over_the_slower_link():
         handoff + sum(decode_cycles(1, 200 + k) for k in range(1, 4)))
 
 
+def test_a_handoff_between_systems_arrives_after_the_networks_latency():
+    """The larger end's latency delays the KV's arrival, once; the links are free again as
+    the last byte leaves, so a second transfer queues behind the first's bytes only."""
+    prefill = StepModelPool("prefill0", "prefill", 100_000, linear_table("prefill", **PREFILL),
+                            None, system=0, link_bytes_per_cycle=64.0,
+                            link_latency_cycles=2_000.0)
+    decode = StepModelPool("decode0", "decode", 100_000, None, linear_table("decode", **DECODE),
+                           system=1, link_bytes_per_cycle=32.0, link_latency_cycles=5_000.0)
+    res = serve(one_request(200, 4), [prefill, decode], OPTIONS)
+    handoff = 200 * KV_BYTES_PER_TOKEN / 32.0 + 5_000.0
+    assert res.finish[0] - res.first_token[0] == pytest.approx(
+        handoff + sum(decode_cycles(1, 200 + k) for k in range(1, 4)))
+
+
 def test_many_requests_on_step_model_pools_complete_once_each():
     prefill = StepModelPool("prefill0", "prefill", 20_000, linear_table("prefill", **PREFILL),
                             None, system=0)
@@ -105,6 +120,11 @@ def test_many_requests_on_step_model_pools_complete_once_each():
     res = serve(reqs, [prefill, decode], OPTIONS)
     assert (res.tokens == reqs.output_tokens).all()
     assert (res.finish >= res.first_token).all() and (res.first_token > res.arrival).all()
+    # With a network latency, both serving loops alike.
+    late = [replace(prefill, link_latency_cycles=700.0), decode]
+    plain, compiled = (serve(reqs, late, OPTIONS, loop=loop) for loop in ("plain", "compiled"))
+    assert np.array_equal(plain.finish, compiled.finish)
+    assert (compiled.finish >= res.finish).all() and (compiled.finish > res.finish).any()
 
 
 def test_a_chunk_takes_several_short_prompts_in_one_step():

@@ -114,6 +114,9 @@ def test_handoffs_inside_and_between_wafers_on_both_loops(split, cache):
     # The replicas on three systems: handoffs over the off-wafer links, both ends held.
     spread = pools_of(split, cache, systems=lambda k: k % 3)
     assert_twins(requests, spread, replace(OPTIONS, prefill_tile=256, max_running=4))
+    # ... and a network with a latency, one end's larger than the other's.
+    late = [replace(p, link_latency_cycles=3_000.0 * (k % 2)) for k, p in enumerate(spread)]
+    assert_twins(requests, late, replace(OPTIONS, prefill_tile=256, max_running=4))
     # A decode side too small for the load: finished prompts wait in prefill, holding KV.
     small = pools_of(split, cache, capacity=lambda r: 300 if r.role == "decode"
                      else r.kv_capacity_tokens)

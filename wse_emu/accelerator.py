@@ -34,6 +34,7 @@ class AcceleratorSpec:
     memory_bytes_per_s: float  # HBM bandwidth per chip
     interconnect_bytes_per_s: float  # chip-to-chip, per chip, each way (all-reduce)
     network_bytes_per_s: float  # per instance, out of it (a KV handoff to another system)
+    network_latency_s: float = 0.0  # one way, a KV handoff to another system [U]
     # How close kernels come to the roofline (1: the roofline itself) [U].
     matrix_efficiency: float = 1.0
     memory_efficiency: float = 1.0
@@ -65,7 +66,8 @@ class AcceleratorSpec:
         for name in ("devices", "tensor_parallel", "bf16_flops_per_s", "memory_bytes",
                      "memory_bytes_per_s", "interconnect_bytes_per_s", "network_bytes_per_s"):
             require(getattr(self, name) > 0, source, f"field '{name}' must be positive")
-        for name in ("fp8_flops_per_s", "step_overhead_s", "instance_power_w"):
+        for name in ("fp8_flops_per_s", "step_overhead_s", "instance_power_w",
+                     "network_latency_s"):
             require(getattr(self, name) >= 0, source, f"field '{name}' must be >= 0")
         for name in ("matrix_efficiency", "memory_efficiency"):
             require(0 < getattr(self, name) <= 1, source,

@@ -118,5 +118,6 @@ def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_
     return [StagePool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),
                       tables.get("decode"), first_system + k,
                       spec.interconnect_bytes_per_s / clock_hz,
-                      spec.network_bytes_per_s / clock_hz, riding)
+                      spec.network_bytes_per_s / clock_hz, riding,
+                      spec.network_latency_s * clock_hz)
             for k in range(instances) for copy in range(spec.copies)]

@@ -63,7 +63,7 @@ _FIELDS = {
     "rank": np.int64, "ptab": np.int64, "dtab": np.int64,
     "rtab": np.int64,  # the decode table of a step riding in a chunk's (-1: added instead)
     "maxrun": np.int64,
-    "fabric_rate": np.float64, "link_rate": np.float64,
+    "fabric_rate": np.float64, "link_rate": np.float64, "link_lat": np.float64,
     "kv_used": np.int64, "running": np.int64, "cached": np.int64, "reused": np.int64,
     "decoded": np.int64, "in_flight": np.int64, "turns": np.int64,
     "busy_prefill": np.float64, "busy_decode": np.float64, "stall": np.float64,
@@ -678,10 +678,13 @@ def _start_handoffs(st, now) -> None:
             st.link_free[3 * sender] = done
         else:  # out over one system's link and in over the other's
             rate = min(st.link_rate[src], st.link_rate[best])
-            done = max(now, st.link_free[3 * sender + 1],
+            sent = max(now, st.link_free[3 * sender + 1],
                        st.link_free[3 * receiver + 2]) + nbytes / rate
-            st.link_free[3 * sender + 1] = done
-            st.link_free[3 * receiver + 2] = done
+            st.link_free[3 * sender + 1] = sent
+            st.link_free[3 * receiver + 2] = sent
+            # The network's latency delays the arrival; the links are free as the last byte
+            # leaves.
+            done = sent + max(st.link_lat[src], st.link_lat[best])
         _schedule(st, done, JOINED, i, best, src)
 
 

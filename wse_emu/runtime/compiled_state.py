@@ -75,7 +75,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
                                    "hnext", "hsrc")}
     shapes.update({name: regions for name in (
         "role", "cap", "system", "stages", "rank", "ptab", "dtab", "rtab", "maxrun", "fabric_rate",
-        "link_rate", "kv_used", "running", "cached", "reused", "decoded", "in_flight",
+        "link_rate", "link_lat", "kv_used", "running", "cached", "reused", "decoded", "in_flight",
         "turns", "busy_prefill", "busy_decode", "stall", "work", "kv_blocked",
         "blocked_since", "dispatching", "pq_head", "pq_tail", "pq_len", "rq_head", "rq_tail",
         "rq_len", "fq_head", "fq_tail", "c_head", "c_tail", "ev_n", "lz_on", "lz_enter",
@@ -123,6 +123,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         st.maxrun[r] = getattr(policies[p.role].knobs, "max_running", 0)
         st.fabric_rate[r] = p.fabric_bytes_per_cycle
         st.link_rate[r] = p.link_bytes_per_cycle
+        st.link_lat[r] = p.link_latency_cycles
     st.ptab[:], st.dtab[:], st.rtab[:] = ptab, dtab, rtab
     st.turns[:] = 1 << 30
     st.blocked_since[:] = np.nan

@@ -6,9 +6,9 @@ A pool of N GPUs holds N / tp copies of the model: tp as named (``h200x8tp2``), 
 the fewest GPUs (a power of two within a node) whose memory the weights take at most half of,
 so that as much again is left for the KV cache. A copy's prefill tile and decode step take the
 times the database predicts for them; its KV capacity is the database's own estimate; a KV
-handoff leaves a node over its GPUs' network links (the database's system description, as
-are the node's size and the GPUs' power). Every result names the database it came from
-(``GpuSpec.source``).
+handoff leaves a node over its GPUs' network links and arrives after their point-to-point
+latency (the database's system description, as are the node's size and the GPUs' power).
+Every result names the database it came from (``GpuSpec.source``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class GpuSpec:
     gpus_per_node: int
     network_bytes_per_s: float  # per GPU, out of its node, each way
     intra_node_bytes_per_s: float  # per GPU, inside its node, each way
+    network_latency_s: float  # point to point, one way (the database's own correction)
     memory_bytes: float  # per GPU
     power_w: float  # per GPU
 
@@ -78,7 +79,8 @@ def load_gpu(name: str) -> GpuSpec:
     node, gpu = data["node"], data["gpu"]
     return GpuSpec(name, GPUS[name], int(node["num_gpus_per_node"]),
                    float(node["inter_node_bw"]), float(node["intra_node_bw"]),
-                   float(gpu["mem_capacity"]), float(gpu.get("power", 0.0)))
+                   float(node.get("p2p_latency", 0.0)), float(gpu["mem_capacity"]),
+                   float(gpu.get("power", 0.0)))
 
 
 def _model_name(model: ModelSpec) -> str:
@@ -166,6 +168,7 @@ def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: 
     return [StagePool(f"{gpu.name}-tp{tp}.{copy}", role, capacity, tables.get("prefill"),
                       tables.get("decode"), first_system + copy * tp // gpu.gpus_per_node,
                       gpu.intra_node_bytes_per_s * tp / clock_hz,
-                      gpu.network_bytes_per_s * tp / clock_hz, riding)
+                      gpu.network_bytes_per_s * tp / clock_hz, riding,
+                      gpu.network_latency_s * clock_hz)
             for copy in range(gpus // tp)]
 

@@ -369,17 +369,21 @@ class Simulation:
             q.kv.hold(self.need[i], now)
             q.kv.running += 1
             sender, receiver = src.pool.system, q.pool.system
+            latency = 0.0
             if sender == receiver:  # across the wafer's fabric
                 links, rate = [(sender, "fabric")], src.pool.fabric_bytes_per_cycle
             else:  # out over one system's link and in over the other's
                 links = [(sender, "send"), (receiver, "receive")]
                 rate = min(src.pool.link_bytes_per_cycle, q.pool.link_bytes_per_cycle)
+                # The network's latency delays the arrival; the links are free again as the
+                # last byte leaves.
+                latency = max(src.pool.link_latency_cycles, q.pool.link_latency_cycles)
             nbytes = self.prompt[i] * self.kv_bytes_per_token
-            done = max([now] + [self.link_free.get(link, 0.0) for link in links]) \
+            sent = max([now] + [self.link_free.get(link, 0.0) for link in links]) \
                 + nbytes / rate
             for link in links:
-                self.link_free[link] = done
-            self.schedule(done, Joined(i, q, src))
+                self.link_free[link] = sent
+            self.schedule(sent + latency, Joined(i, q, src))
 
     # --- what a policy's dispatch is built from (as in compiled_loop)
 

@@ -5,8 +5,10 @@ pipeline of stages with their times by micro-batch shape (``StageTable``s: a pre
 so many tokens after so many cached, a decode step of so many sequences at a mean context), a
 KV capacity, and the links its KV handoffs use: a transfer to another pool of the same system
 crosses that system's fabric, one to another system leaves over this system's own link and
-arrives over the other's. Serving reads nothing else, so a pool of another kind (an
-accelerator described by measured step times) is one more class with these attributes.
+arrives over the other's, one transfer at a time on each (their contention), and reaches it
+after the network's latency (the larger of the two ends'). Serving reads nothing else, so a
+pool of another kind (an accelerator described by measured step times) is one more class
+with these attributes.
 
 A compiled wafer region is a ``WaferRegion``; ``wafer_pools`` makes them from a program, with
 their stage tables timed once, shared by replicas of one shape, and cached on disk.
@@ -41,6 +43,7 @@ class Pool(Protocol):
     system: int  # which system it sits on: its handoffs' links are that system's
     fabric_bytes_per_cycle: float  # a handoff to a pool of the same system
     link_bytes_per_cycle: float  # ... to another system, each way, over this system's link
+    link_latency_cycles: float  # ... and its network's one-way latency (the larger end's)
 
     @property
     def stages(self) -> int: ...
@@ -61,6 +64,7 @@ class StagePool:
     fabric_bytes_per_cycle: float = float("inf")
     link_bytes_per_cycle: float = float("inf")
     riding: StageTable | None = None
+    link_latency_cycles: float = 0.0
 
     @property
     def stages(self) -> int:
