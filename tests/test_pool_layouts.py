@@ -66,6 +66,13 @@ def test_a_pool_split_every_way_between_the_phases():
         every_split(parse_pool("trn2"))
 
 
+def test_a_wafer_side_is_tried_with_each_copies_per_wafer_and_depth():
+    sides = variants(parse_pool("wse3"), load_model("tiny"), copies=(1, 2), depths=(2,))
+    assert [s.label for s in sides] == [
+        "wse3", "wse3 (2 layers per stage)", "wse3 (2 copies per wafer)",
+        "wse3 (2 copies per wafer, 2 layers per stage)"]
+
+
 def test_an_accelerator_side_is_one_layout_side():
     assert [s.label for s in variants(parse_pool("trn2x2"), load_model("tiny"))] == ["2 x trn2"]
 
@@ -151,8 +158,6 @@ def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--footprint", "cost"],
      "needs the price per hour of one trn2"),
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--price", "trn2"], "NAME=PER_HOUR"),
-    (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--layers-per-stage", "own"],
-     "--layers-per-stage"),
     (["--split-pool", "trn2"], "a split needs two or more"),
 ])
 def test_an_experiment_on_pools_refuses_a_clusters_flags_in_one_line(args, needle):

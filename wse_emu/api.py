@@ -228,11 +228,12 @@ def pools_clock(names: list) -> float:
 
 def side_pools(model: ModelSpec, name, role: str, first: int, clock_hz: float,
                cache_dir: Path | str | None = None, grid: str = "full",
-               tp: int | None = None, copies: int = 1) -> list:
+               tp: int | None = None, copies: int = 1, depth: int | None = None) -> list:
     """The pools of one side named ``name`` (a ``PoolName``) in ``role``, on systems from
     ``first`` on, timed for ``clock_hz``; a GPU side at ``tp`` GPUs per copy (by default as
     named, or the fewest that hold the model); a wafer side with ``copies`` copies of the
-    model per wafer, side by side in column bands (as the wafer-only experiment lays them)."""
+    model per wafer, side by side in column bands (as the wafer-only experiment lays them),
+    at ``depth`` layers per stage (None: as compiled)."""
     if name.is_gpu:
         return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
                          tp or name.tensor_parallel)
@@ -243,7 +244,8 @@ def side_pools(model: ModelSpec, name, role: str, first: int, clock_hz: float,
     bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
     try:
         program = compile_model(model, ClusterSpec(fabric, name.count),
-                                CompileOptions(plan="colocated", **bands))
+                                CompileOptions(plan="colocated", layers_per_stage=depth,
+                                               **bands))
     except CompileError as exc:  # its advice in this command's terms: wse3x4
         advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
         raise UserError(f"{role} pool {name.text}: {advice}") from None
@@ -420,9 +422,6 @@ class _Setup:
             if routing != Routing() or attention_tile:
                 raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
                                 "named by their hardware time their steps themselves")
-            if space.layers_per_stage != Space().layers_per_stage:
-                raise UserError("`layers_per_stage` lays out one compiled cluster; a wafer "
-                                "pool named by its hardware takes its compiled depth")
             if price_per_system_hour is not None:
                 raise UserError("`price_per_system_hour` is for one compiled cluster; pools "
                                 "named by their hardware take `prices` per kind, with "
@@ -468,10 +467,14 @@ class _Setup:
 
             def side(s, role: str, first: int) -> list:
                 return side_pools(self.model, s.pool, role, first, clock_hz, self.cache,
-                                  self.space.grid, s.tp, s.copies)
+                                  self.space.grid, s.tp, s.copies, s.depth)
             splits, colocated, footprint = self.pools
-            self._layouts[key] = pool_layouts(self.model, splits, colocated, side, footprint,
-                                              self.space.copies)
+            # Depths named are tried besides each wafer side's own ("matched" and "own":
+            # its own only, since the sides are not compiled before they are laid out).
+            depths = self.space.layers_per_stage
+            self._layouts[key] = pool_layouts(
+                self.model, splits, colocated, side, footprint, self.space.copies,
+                depths if isinstance(depths, tuple) else ())
         else:
             self._layouts[key] = build_layouts(
                 self.model, cluster, probes, self.cache, self.space.copies, self.progress,

@@ -38,6 +38,7 @@ class Side:
     pool: PoolName
     tp: int | None = None
     copies: int = 1  # per wafer
+    depth: int | None = None  # a wafer's layers per stage (None: as compiled)
 
     @property
     def label(self) -> str:
@@ -45,17 +46,22 @@ class Side:
         if self.pool.is_gpu:
             return f"{self.pool.count} x {hw.name} tp{self.tp}"
         name = hw.name if self.pool.count == 1 else f"{self.pool.count} x {hw.name}"
-        return name if self.copies == 1 else f"{name} ({self.copies} copies per wafer)"
+        how = ([f"{self.copies} copies per wafer"] if self.copies > 1 else []) \
+            + ([f"{self.depth} layer{'s' if self.depth > 1 else ''} per stage"]
+               if self.depth else [])
+        return f"{name} ({', '.join(how)})" if how else name
 
 
-def variants(name: PoolName, model, copies: tuple = (1,)) -> list[Side]:
+def variants(name: PoolName, model, copies: tuple = (1,), depths: tuple = ()) -> list[Side]:
     """``name`` in every layout it may take: a wafer with each of ``copies`` copies of the
-    model per wafer (as the wafer-only experiment tries them; a layout the model does not fit
-    is skipped when compiled); a GPU pool at the tensor parallel degree named, or each power
-    of two from the fewest GPUs that hold the model to a node or the pool's GPUs; an
-    accelerator as its file lays it out."""
+    model per wafer, at the depth compilation gives it and at each of ``depths`` layers per
+    stage (as the wafer-only experiment tries them; a layout the model does not fit is
+    skipped when compiled); a GPU pool at the tensor parallel degree named, or each power of
+    two from the fewest GPUs that hold the model to a node or the pool's GPUs; an accelerator
+    as its file lays it out."""
     if name.is_wafer:
-        return [Side(name, copies=c) for c in sorted(set(copies) | {1})]
+        return [Side(name, copies=c, depth=d) for c in sorted(set(copies) | {1})
+                for d in (None, *sorted(set(depths)))]
     if not name.is_gpu:
         return [Side(name)]
     if name.tensor_parallel is not None:
@@ -205,13 +211,13 @@ def plan_pools(pool: str | None, prefill_pool: str | None, decode_pool: str | No
 
 
 def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list[PoolName],
-                 side_pools, footprint: Footprint = Footprint(),
-                 copies: tuple = (1,)) -> tuple[dict, list[str]]:
+                 side_pools, footprint: Footprint = Footprint(), copies: tuple = (1,),
+                 depths: tuple = ()) -> tuple[dict, list[str]]:
     """Every layout of both plans ((plan, name) -> Layout, each with its footprint), and why
     any was skipped. ``side_pools(side, role, first_system)``: the pools of one side in
     ``role`` (mixed, prefill or decode), its systems numbered from ``first_system``; a wafer
-    side with each of ``copies`` per wafer. Every split must take the same footprint as the
-    first."""
+    side with each of ``copies`` per wafer, at its own depth and each of ``depths``. Every
+    split must take the same footprint as the first."""
     size = footprint.of(list(splits[0]))
     for pair in splits:
         if abs(footprint.of(list(pair)) - size) > 1e-9 * size:
@@ -232,7 +238,7 @@ def pool_layouts(model, splits: list[tuple[PoolName, PoolName]], colocated: list
 
     def sides(plan: str, name: PoolName) -> list[Side]:
         try:
-            return variants(name, model, copies)
+            return variants(name, model, copies, depths)
         except UserError as exc:  # a GPU pool too small for any copy: skipped, with why
             skipped.append(f"{plan} {name.text}: {exc}")
             return []
