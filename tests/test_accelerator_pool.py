@@ -176,10 +176,23 @@ def test_the_command_line_serves_colocated_on_accelerators(tmp_path):
     (["--prefill-pool", "v100", "--decode-pool", "wse3"], "unknown pool 'v100'"),
     (["--prefill-pool", "trn2x0", "--decode-pool", "wse3"], "count must be between 1 and 64"),
     (["--prefill-pool", "trn2", "--decode-pool", "wse3", "--systems", "2"], "--systems"),
-    (["--prefill-pool", "trn2", "--decode-pool", "wse3", "-o", "out"], "-o and --viz"),
 ])
 def test_a_split_named_wrongly_is_refused_in_one_line(args, needle):
     assert_one_line_error(run_cli("serve", "tiny", "--workload", "chat", *args), needle)
+
+
+def test_a_run_directory_of_pools_named_by_their_hardware_is_written_and_drawn(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("serve", "tiny", "--prefill-pool", "trn2", "--decode-pool", "mesh16",
+                   "--workload", SMALL_CHAT, "--cache-dir", tmp_path / "cache", "-o", out,
+                   "--viz")
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["step_times"] == {"prefill step times": "the roofline of trn2 (lower bounds)",
+                                     "decode step times": "simulated on mesh16"}
+    assert (out / "report.html").exists() and (out / "figures" / "latency_cdfs.png").exists()
+    drawn = run_cli("viz", out)  # read back from the directory alone
+    assert drawn.returncode == 0, drawn.stderr
 
 
 def test_a_wafer_side_too_small_is_refused_in_the_pools_terms():

@@ -200,7 +200,8 @@ def pairings(data: PairingsReport, path: Path, formats=("png",)) -> list[Path]:
     ax.set_xlabel("output tokens/s per user (reached by 90% of requests)")
     ax.set_ylabel(f"output tokens/s per {data.footprint_unit} (steady window)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(framealpha=0.9, fontsize="small")
+    # Below the curves: the high-capacity corner, top right, is where they end.
+    ax.legend(framealpha=0.9, fontsize="small", loc="lower left")
     ax.set_title(f"{data.model}, {data.workload}: every pairing of "
                  f"{', '.join(data.kinds)}, in the same footprint")
     fig.tight_layout()

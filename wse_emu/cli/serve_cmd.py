@@ -58,8 +58,7 @@ CLUSTER_DEFAULTS = {"fabric": "wse3", "fabric_set": [], "systems": 1, "plan": "c
 
 def check_pool_args(args) -> None:
     """Pools named by their hardware: --pool alone, or --prefill-pool with --decode-pool, and
-    none of the flags that describe one compiled cluster; their run directory is not written
-    yet."""
+    none of the flags that describe one compiled cluster."""
     if args.pool is not None and (args.prefill_pool or args.decode_pool):
         raise UserError("--pool (colocated) does not go with --prefill-pool or --decode-pool")
     if args.pool is None and (args.prefill_pool is None) != (args.decode_pool is None):
@@ -70,9 +69,6 @@ def check_pool_args(args) -> None:
         flag = "--" + given[0].replace("_", "-").replace("fabric-set", "set")
         raise UserError(f"{flag} describes one compiled cluster; with --pool, --prefill-pool "
                         "or --decode-pool the pools name the hardware")
-    if args.output or args.viz:
-        raise UserError("-o and --viz are not written yet for pools named by their hardware; "
-                        "use --json")
 
 
 def run(args):
@@ -109,18 +105,22 @@ def run_pools(args, settings: dict):
     result, metrics = api.serve_pools(
         model, args.workload, pool=args.pool, prefill_pool=args.prefill_pool,
         decode_pool=args.decode_pool, trace=args.trace, rate=args.rate, requests=args.requests,
-        cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s, **settings)
+        cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
+        timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
     colocated = "mixed" in sides
+    sources = {"step times" if role == "mixed" else f"{role} step times":
+               step_times_source(parse_pool(name)) for role, name in sides.items()}
     report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
                          result.regions, model=model.name,
                          cluster=args.pool if colocated else
                          f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
                          plan="colocated" if colocated else "disaggregated",
-                         policy=args.policy, workload=result.workload)
-    sources = {"step times" if role == "mixed" else f"{role} step times":
-               step_times_source(parse_pool(name)) for role, name in sides.items()}
+                         policy=args.policy, workload=result.workload, step_times=sources)
+    if args.output:  # no compiled program to save: the serving outputs alone
+        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result,
+                                                                   result.requests, report))
     if args.json:
-        return {**report.to_json(), "step_times": sources}
+        return report.to_json()
     text = render(report, result, metrics).split("\n")
     return "\n".join(text[:1] + [f"  {label:<20} {source}" for label, source in sources.items()]
                      + text[1:])

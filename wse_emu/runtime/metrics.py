@@ -295,17 +295,22 @@ class ServeReport:
     policy: str | None = None
     workload: str | None = None
     configuration: str | None = None
+    # Pools named by their hardware: where each side's step times come from (a simulated
+    # wafer, a roofline, a GPU database and its version), by side.
+    step_times: dict | None = None
 
     def to_json(self) -> dict:
         head = {name: getattr(self, name) for name in REPORT_HEAD
                 if getattr(self, name) is not None}
+        tail = {"step_times": self.step_times} if self.step_times else {}
         return {**head, "targets": self.targets, **self.metrics.to_json(),
-                "regions": self.regions}
+                "regions": self.regions, **tail}
 
     @classmethod
     def from_json(cls, data: dict) -> "ServeReport":
         return cls(data.get("targets") or {}, RunMetrics.from_json(data),
-                   data.get("regions") or {}, **{name: data.get(name) for name in REPORT_HEAD})
+                   data.get("regions") or {}, **{name: data.get(name) for name in REPORT_HEAD},
+                   step_times=data.get("step_times"))
 
     def __repr__(self) -> str:
         what = self.configuration or f"{self.model} on {self.cluster}, {self.plan}"
