@@ -60,3 +60,24 @@ def test_a_second_round_takes_up_a_layout_that_a_later_knob_made_better():
     _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0, rounds=5)
     assert (best["colocated"].layout, best["colocated"].token_budget) == ("large", 512)
     assert len(steps) == 6  # three passes of two knobs: the third changed nothing
+
+
+def test_each_layout_tuned_finds_a_layout_that_needs_other_knobs():
+    """The deeper layout wins only with the larger chunk, which the shallow one does not
+    want: tuned layout first, the shallow one stays; each layout tuned, the deeper wins."""
+    def capacity(c):
+        if c.layout == "large":
+            return 3.0 if c.token_budget == 512 else 1.0
+        return 2.0 if c.token_budget == 256 else 1.5
+
+    def run(jobs, done=None):
+        return [Point(f, f <= capacity(c), None) for c, f in jobs]
+    knobs = {"colocated": [Knob("layout", "layout", ("small", "large")),
+                           Knob("chunk budget", "token_budget", (256, 512))]}
+    initial = {"colocated": Choice("colocated", "small", "chunked")}
+    _, _, once = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0, rounds=3)
+    assert (once["colocated"].layout, once["colocated"].token_budget) == ("small", 256)
+    _, steps, each = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0,
+                          each_layout=True)
+    assert (each["colocated"].layout, each["colocated"].token_budget) == ("large", 512)
+    assert {s.plan for s in steps} == {"colocated"} and len(steps) == 2

@@ -112,6 +112,10 @@ def _add_common(d) -> None:
                    help="passes of the knob-by-knob tuning, a further one only while the last "
                         f"changed a choice (default {space.rounds}; knobs that pay only "
                         "together need more)")
+    d.add_argument("--each-layout", action="store_true",
+                   help="tune every layout's other knobs before comparing the layouts (as "
+                        "many tunings as layouts; by default the layout is one knob among "
+                        "the others)")
     d.add_argument("--tolerance", type=float, default=0.05,
                    help="stop a search when the failed rate is within this of the met one")
     where = d.add_mutually_exclusive_group()
@@ -199,7 +203,8 @@ def _prices(args) -> dict:
 
 def _space(args) -> Space:
     return Space(**space_settings(args), prefix_cache=args.prefix_cache,
-                 window_s=args.window_s, grid=args.grid, rounds=args.rounds)
+                 window_s=args.window_s, grid=args.grid, rounds=args.rounds,
+                 each_layout=args.each_layout)
 
 
 def _written(args, report, text: str):

@@ -62,9 +62,11 @@ class _SpaceBase:
     policies to try, and (generated from the policies' knob dataclasses) the values to try of
     every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
     confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
-    stage tables' grid ("full", or "quick": fewer shapes, for a first look); and how many
+    stage tables' grid ("full", or "quick": fewer shapes, for a first look); how many
     passes of coordinate ascent over the knobs tuning may take (``tuning.tune``: a further
-    pass only while the last changed a choice). Every value is checked here, by name."""
+    pass only while the last changed a choice); and whether every layout has its knobs tuned
+    before the layouts are compared (``each_layout``). Every value is checked here, by
+    name."""
 
     copies: tuple = (1, 2, 4)
     layers_per_stage: tuple | str = "matched"
@@ -73,6 +75,7 @@ class _SpaceBase:
     window_s: float = 120.0
     grid: str = "full"
     rounds: int = 1
+    each_layout: bool = False
 
     def __post_init__(self):
         grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
@@ -96,6 +99,7 @@ class _SpaceBase:
         flag("prefix_cache", self.prefix_cache)
         at_least_zero("window_s", self.window_s)
         whole("rounds", self.rounds, 1)
+        flag("each_layout", self.each_layout)
 
     def knobs(self, splits: list[str], copies: list[str]) -> dict:
         """Per plan, its knobs in the order they are tuned: colocated, its policy and layout
@@ -349,7 +353,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     def ceiling_of(config) -> float:  # as a factor of the requests' own rate
         return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
     searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
-                                  tolerance, progress, space.rounds)
+                                  tolerance, progress, space.rounds, space.each_layout)
     configurations = [_row(o, targets, len(s.points), *economy, requests, s.config)
                       for o, s in zip(outcomes(list(searches.values())), searches.values())]
     finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,

@@ -116,8 +116,8 @@ class Step:
 
 
 def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
-         ceiling_of, tolerance: float = 0.05, progress=None,
-         rounds: int = 1) -> tuple[dict, list[Step], dict]:
+         ceiling_of, tolerance: float = 0.05, progress=None, rounds: int = 1,
+         each_layout: bool = False) -> tuple[dict, list[Step], dict]:
     """Coordinate ascent for every plan at once. ``initial``: plan -> starting Choice;
     ``knobs``: plan -> [Knob] in order; ``ceiling_of(config)``: the factor at a
     configuration's analytic ceiling, where its search starts bracketing; ``run_points(jobs,
@@ -127,22 +127,45 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
     nothing yet: it is tuned again after the others, with the knobs after it. Up to
     ``rounds`` passes over the knobs, a further one only while the last changed some plan's
     choice (knobs that pay only together: a deeper copy that needs a larger chunk); a
-    configuration searched once is not searched again."""
+    configuration searched once is not searched again. With ``each_layout``, every layout
+    of a plan has its other knobs tuned so, all at once, and the plan takes the best of them:
+    a layout that needs other knobs than the default's (a wider copy, a larger chunk) is not
+    judged at the default's, for as many tunings as there are layouts."""
     searches: dict = {}
-    current = dict(initial)
     steps: list[Step] = []
+    if each_layout:  # one line of ascent per (plan, layout), the layout fixed on it
+        lines, line_knobs = {}, {}
+        for plan, choice in initial.items():
+            layout = next(k for k in knobs[plan] if k.field == "layout")
+            for value in layout.values:
+                lines[(plan, value)] = replace(choice, layout=value)
+                line_knobs[(plan, value)] = [k for k in knobs[plan] if k.field != "layout"]
+    else:
+        lines, line_knobs = dict(initial), knobs
     for _ in range(rounds):
-        before = dict(current)
-        _one_pass(current, knobs, layouts, base, run_points, ceiling_of, tolerance, progress,
-                  searches, steps)
-        if current == before:
+        before = dict(lines)
+        _one_pass(lines, line_knobs, layouts, base, run_points, ceiling_of, tolerance,
+                  progress, searches, steps)
+        if lines == before:
             break
-    return searches, steps, current
+    unsearched = {c: Search(config_of(c, layouts, base), ceiling=ceiling_of(
+        config_of(c, layouts, base))) for c in lines.values() if c not in searches}
+    if unsearched:  # a line with no knob left to tune: its one configuration
+        searches.update(unsearched)
+        run_searches(unsearched, run_points, tolerance=tolerance, progress=progress,
+                     label="searching each layout")
+    best = {}
+    for choice in lines.values():  # the highest rate met; ties to the earlier layout
+        incumbent = best.get(choice.plan)
+        if incumbent is None or _rate(searches[choice]) > _rate(searches[incumbent]):
+            best[choice.plan] = choice
+    return searches, steps, best
 
 
 def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run_points,
               ceiling_of, tolerance: float, progress, searches: dict, steps: list) -> None:
-    """One pass of coordinate ascent over every plan's knobs, ``current`` updated."""
+    """One pass of coordinate ascent over every line's knobs (``current``: line -> Choice, a
+    line being a plan, or a plan at one layout), ``current`` updated."""
     order_of = {plan: list(v) for plan, v in knobs.items()}
     again: set = set()  # (plan, knob) put back at the end once
     first = not steps
@@ -179,7 +202,7 @@ def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run
             order = sorted(tried, key=lambda vc: (-_rate(searches[vc[1]]),
                                                   vc[1] != current[plan]))
             current[plan] = order[0][1]
-            steps.append(Step(plan, knob.name, tried, before, current[plan]))
+            steps.append(Step(current[plan].plan, knob.name, tried, before, current[plan]))
 
 
 def _rate(search: Search) -> float:
