@@ -55,7 +55,16 @@ def test_a_footprint_in_cost_takes_the_users_prices_and_invents_none():
     with pytest.raises(UserError, match="needs the price per hour of one wse3"):
         cost.of(names("wse3"))
     with pytest.raises(UserError, match="`footprint` must be one of"):
-        Footprint("racks")
+        Footprint("floorspace")
+
+
+def test_a_footprint_in_racks_takes_the_users_units_per_rack():
+    racks = Footprint("racks", per_rack=(("mesh16", 4.0), ("trn2", 2.0)))
+    split = [tuple(names("trn2", "mesh16"))]
+    assert racks.of(list(split[0])) == pytest.approx(0.75)
+    assert [n.text for n in colocated_names(split, [], racks)] == ["trn2x1", "mesh16x3"]
+    with pytest.raises(UserError, match="how many wse3 units a rack holds"):
+        racks.of(names("wse3"))
 
 
 def test_a_pool_split_every_way_between_the_phases():
@@ -154,7 +163,7 @@ def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--systems", "2"], "--systems"),
-    (["--footprint", "kw"], "--footprint and --price are for pools"),
+    (["--footprint", "kw"], "--footprint, --price and --per-rack are for pools"),
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--footprint", "cost"],
      "needs the price per hour of one trn2"),
     (["--prefill-pool", "trn2", "--decode-pool", "trn2", "--price", "trn2"], "NAME=PER_HOUR"),

@@ -327,8 +327,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
                routing: Routing = Routing(), attention_tile: int = 0,
                pool: str | None = None, prefill_pool: str | None = None,
                decode_pool: str | None = None, split_pool: str | None = None,
-               footprint: str = "systems",
-               prices: dict | None = None) -> ExperimentReport | VaryReport:
+               footprint: str = "systems", prices: dict | None = None,
+               units_per_rack: dict | None = None) -> ExperimentReport | VaryReport:
     """Colocated against disaggregated serving of ``workload`` (or a ``trace`` CSV): both
     plans tuned over ``space``, each plan's best confirmed on long runs, over ``seeds`` draws;
     or, with ``vary`` (``NAME=V1,V2,...``), the same at each value of one input. The report
@@ -344,12 +344,14 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     ``prefill_pool`` and decode on ``decode_pool`` against colocated serving in the same
     footprint on each kind of the split (or on ``pool``), or every split of ``split_pool``
     against colocated serving on all of it; the footprint counted in ``footprint``
-    (``systems``, ``kw``, or ``cost`` with ``prices``: hardware name -> price of one unit for
-    an hour), every result per unit of it. Every argument is checked before any work. The
+    (``systems``; ``racks`` with ``units_per_rack``: hardware name -> units one rack holds;
+    ``kw``; or ``cost`` with ``prices``: hardware name -> price of one unit for an hour), every
+    result per unit of it. Every argument is checked before any work. The
     report's ``to_json()`` is what the command prints with ``--json``."""
     targets = Targets(ttft_s, tpot_s, attainment)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
-    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices)
+    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices,
+                   units_per_rack)
     if pools is not None and variation is not None:
         raise UserError("`vary` is for one compiled cluster, not for pools named by their "
                         "hardware")
@@ -365,21 +367,24 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
 
 
 def _pools(pool, prefill_pool, decode_pool, split_pool, footprint: str,
-           prices: dict | None):
+           prices: dict | None, units_per_rack: dict | None = None):
     """The splits, the colocated hardware and the footprint of pools named by their
     hardware (``plan_pools``), or None for one compiled cluster (where only a footprint in
     systems applies)."""
-    if prices is not None and not isinstance(prices, dict):
-        raise UserError(f"`prices` must be a mapping of hardware to a price per hour, got "
-                        f"{short_repr(prices)}")
-    for name, value in (prices or {}).items():
-        positive(f"prices[{name!r}]", value)
-    counted = Footprint(footprint, tuple(sorted((prices or {}).items())))
+    given = {}
+    for what, values in (("prices", prices), ("units_per_rack", units_per_rack)):
+        if values is not None and not isinstance(values, dict):
+            raise UserError(f"`{what}` must be a mapping of hardware names to numbers, got "
+                            f"{short_repr(values)}")
+        for name, value in (values or {}).items():
+            positive(f"{what}[{name!r}]", value)
+        given[what] = tuple(sorted((values or {}).items()))
+    counted = Footprint(footprint, given["prices"], given["units_per_rack"])
     plans = plan_pools(pool, prefill_pool, decode_pool, split_pool, counted)
     if plans is None:
         if counted != Footprint():
-            raise UserError("`footprint` and `prices` are for pools named by their hardware; "
-                            "one compiled cluster counts its systems")
+            raise UserError("`footprint`, `prices` and `units_per_rack` are for pools named "
+                            "by their hardware; one compiled cluster counts its systems")
         return None
     return (*plans, counted)
 
@@ -517,7 +522,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
              attention_tile: int = 0, pool: str | None = None,
              prefill_pool: str | None = None, decode_pool: str | None = None,
              split_pool: str | None = None, footprint: str = "systems",
-             prices: dict | None = None) -> frontier_mod.FrontierReport:
+             prices: dict | None = None,
+             units_per_rack: dict | None = None) -> frontier_mod.FrontierReport:
     """Each plan's frontier of output tokens/s per system against tokens/s per user, and the
     high-speed token capacity of both at ``user_speed`` (by default the model's published
     vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier --json``
@@ -540,7 +546,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     scales = tuple(step_scales)
     for f in scales:
         positive("step_scales", f)
-    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices)
+    pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices,
+                   units_per_rack)
     setup = _Setup(model, workload, trace, fabric, systems, space, requests, seeds, tolerance,
                    None, workers, cache_dir, progress, routing, attention_tile, pools)
     vendor = frontier_mod.vendor_speed(setup.model.name)
@@ -587,7 +594,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
 def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
              kinds, trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
              user_speeds=None, user_speed: float | None = None, footprint: str = "systems",
-             prices: dict | None = None, space: Space | None = None,
+             prices: dict | None = None, units_per_rack: dict | None = None,
+             space: Space | None = None,
              requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
              scheduler: str | None = None, workers: int = 0,
              cache_dir: Path | str | None = None, progress=None) -> PairingsReport:
@@ -615,7 +623,8 @@ def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
                 user_speeds=user_speeds, user_speed=user_speed, step_scales=(), space=space,
                 requests=requests, seeds=seeds, tolerance=tolerance, scheduler=scheduler,
                 workers=workers, cache_dir=cache_dir, progress=progress, prefill_pool=p,
-                decode_pool=d, footprint=footprint, prices=prices)
+                decode_pool=d, footprint=footprint, prices=prices,
+                units_per_rack=units_per_rack)
         except (CompileError, UserError) as exc:  # checked before any work: cheap to skip
             skipped[label] = str(exc)
             continue

@@ -152,10 +152,13 @@ def _add_common(d) -> None:
     pools.add_argument("--split-pool", metavar="POOL",
                        help="every split of POOL's units between prefill and decode (h200x8: "
                             "1 to 7 GPUs of prefill), against colocated serving on all of it")
-    pools.add_argument("--footprint", default="systems", metavar="systems|kw|cost",
+    pools.add_argument("--footprint", default="systems", metavar="systems|racks|kw|cost",
                        help="what both plans hold equal and every result is per: systems "
-                            "(default), kW of wall power (the presets'), or cost per hour "
-                            "(with --price for every kind)")
+                            "(default), racks (with --per-rack for every kind), kW of power "
+                            "(the presets'), or cost per hour (with --price for every kind)")
+    pools.add_argument("--per-rack", action="append", default=[], metavar="NAME=N",
+                       help="units of a kind of hardware one rack holds (wse3=..., trn2=...; "
+                            "repeatable; none is invented)")
     pools.add_argument("--price", action="append", default=[], metavar="NAME=PER_HOUR",
                        help="price of one unit of a kind of hardware for an hour, any currency "
                             "(wse3=..., trn2=... per instance, h200=... per GPU; repeatable; "
@@ -171,12 +174,11 @@ def _hardware(args) -> dict:
     hardware, or a fabric and a count of systems (refused beside pools)."""
     pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
                                                     "split_pool")}
-    prices = _prices(args)
-    footprint = {"footprint": args.footprint, "prices": prices or None}
+    footprint = _footprint(args)
     if all(v is None for v in pools.values()):
-        if args.footprint != "systems" or prices:
-            raise UserError("--footprint and --price are for pools named by their hardware; "
-                            "one compiled cluster counts its systems")
+        if args.footprint != "systems" or args.price or args.per_rack:
+            raise UserError("--footprint, --price and --per-rack are for pools named by their "
+                            "hardware; one compiled cluster counts its systems")
         return {"fabric": fabric_from_args(args), "systems": args.systems}
     given = [flag for flag, changed in (("--fabric", args.fabric != "wse3"),
                                         ("--set", bool(args.fabric_set)),
@@ -187,18 +189,26 @@ def _hardware(args) -> dict:
     return pools | footprint
 
 
-def _prices(args) -> dict:
-    """--price NAME=PER_HOUR, each: hardware name -> price."""
-    prices = {}
-    for item in args.price:
+def _per_kind(items: list[str], flag: str, what: str) -> dict:
+    """NAME=NUMBER flags (--price NAME=PER_HOUR, --per-rack NAME=N): hardware name -> number."""
+    out = {}
+    for item in items:
         name, sep, value = item.partition("=")
         try:
-            prices[name.strip()] = float(value) if sep else None
+            out[name.strip()] = float(value) if sep else None
         except ValueError:
-            prices[name.strip()] = None
-        if prices[name.strip()] is None:
-            raise UserError(f"--price needs NAME=PER_HOUR (a number), got {item!r}")
-    return prices
+            out[name.strip()] = None
+        if out[name.strip()] is None:
+            raise UserError(f"{flag} needs NAME={what} (a number), got {item!r}")
+    return out
+
+
+def _footprint(args) -> dict:
+    """--footprint and what it counts by, as ``api.experiment`` takes them."""
+    prices = _per_kind(args.price, "--price", "PER_HOUR")
+    per_rack = _per_kind(args.per_rack, "--per-rack", "N")
+    return {"footprint": args.footprint, "prices": prices or None,
+            "units_per_rack": per_rack or None}
 
 
 def _space(args) -> Space:
@@ -241,14 +251,13 @@ def run_pairings(args):
             or args.fabric_set or args.systems != 1:
         raise UserError("--kinds names the hardware of every pairing; --fabric, --set, "
                         "--systems and the pool flags do not go with it")
-    prices = _prices(args)
+    footprint = _footprint(args)
     model = model_from_args(args)
     speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
     data = api.pairings(
         model, args.workload, kinds=[k for k in args.kinds.split(",") if k.strip()],
         trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment, user_speeds=speeds,
-        user_speed=args.user_speed, footprint=args.footprint, prices=prices or None,
-        space=_space(args), requests=args.requests,
+        user_speed=args.user_speed, **footprint, space=_space(args), requests=args.requests,
         seeds=args.seeds, tolerance=args.tolerance, scheduler=args.scheduler,
         workers=args.workers, cache_dir=args.cache_dir, progress=status)
     if args.output:

@@ -4,12 +4,13 @@ colocated serving on as much of each kind of hardware in the split (or of a ``--
 for it) in the same footprint.
 
 The footprint (``Footprint``) is counted in systems (a wafer is one, a CS-3; an accelerator
-instance one; a node of GPUs one, eight H200s, and part of a node a whole one), in kW of the
-presets' wall power, or in a cost per hour from prices the user gives per unit of each kind
-(none is invented). The colocated plan gets, of every kind it may use, as many units as fit
-in the split's footprint, and its tuning picks among them as it picks among copies per wafer,
-so each plan has the same tuning effort. Where whole units cannot match the split's
-footprint exactly (kW, cost), every layout is reported per unit of its own footprint.
+instance one; a node of GPUs one, eight H200s, and part of a node a whole one), in racks from
+the units per rack the user gives for each kind, in kW of the presets' power, or in a cost per
+hour from prices the user gives per unit of each kind (none is invented). The colocated plan
+gets, of every kind it may use, as many units as fit in the split's footprint, and its tuning
+picks among them as it picks among copies per wafer, so each plan has the same tuning effort.
+Where whole units cannot match the split's footprint exactly (racks, kW, cost), every layout
+is reported per unit of its own footprint.
 
 A GPU side whose tensor parallel degree is not named is tried at every degree that holds
 the model (``gpu_pool.tensor_parallel`` and each power of two above it, within a node): an
@@ -91,17 +92,21 @@ def systems_of(names: list[PoolName]) -> int:
     return total
 
 
-FOOTPRINTS = {"systems": "system", "kw": "kW", "cost": "cost/h"}  # name -> its unit
+FOOTPRINTS = {"systems": "system", "racks": "rack", "kw": "kW",
+              "cost": "cost/h"}  # name -> its unit
 
 
 @dataclass(frozen=True)
 class Footprint:
-    """How a footprint is counted: ``kind`` (one of ``FOOTPRINTS``) and, for ``cost``, the
-    price per hour of one unit of each kind of hardware (a wafer system, an accelerator
-    instance, a GPU), by its name (``wse3``, ``trn2``, ``h200``)."""
+    """How a footprint is counted: ``kind`` (one of ``FOOTPRINTS``) and what the user gives
+    for it, per kind of hardware by its name (``wse3``, ``trn2``, ``h200``): for ``cost`` the
+    price per hour of one unit (a wafer system, an accelerator instance, a GPU), for
+    ``racks`` the units one rack holds (racks counted in fractions: units of several kinds
+    share none)."""
 
     kind: str = "systems"
     prices: tuple = ()  # ((hardware name, price per unit-hour), ...)
+    per_rack: tuple = ()  # ((hardware name, units per rack), ...)
 
     def __post_init__(self):
         if self.kind not in FOOTPRINTS:
@@ -109,6 +114,8 @@ class Footprint:
                             f"{self.kind!r}")
         if self.prices and self.kind != "cost":
             raise UserError("prices are for a footprint counted in cost")
+        if self.per_rack and self.kind != "racks":
+            raise UserError("units per rack are for a footprint counted in racks")
 
     @property
     def unit(self) -> str:
@@ -129,6 +136,13 @@ class Footprint:
                 raise UserError(f"{hw.name} has no wall power stated: a footprint in kW needs "
                                 "one (its preset or YAML)")
             return watts / 1e3
+        if self.kind == "racks":
+            per_rack = dict(self.per_rack)
+            if hw.name not in per_rack:
+                raise UserError(f"a footprint in racks needs how many {hw.name} units a rack "
+                                f"holds (per rack {hw.name}=N); given for: "
+                                f"{', '.join(per_rack) or 'none'}")
+            return 1.0 / per_rack[hw.name]
         prices = dict(self.prices)
         if hw.name not in prices:
             raise UserError(f"a footprint in cost needs the price per hour of one {hw.name} "
