@@ -482,7 +482,7 @@ def render(data: ExperimentReport) -> str:
                          + f"{number(c.cost_per_million_output_tokens)} per million output "
                            "tokens")
     if data.over_replicates is not None:
-        lines += [""] + render_replicates(data.over_replicates)
+        lines += [""] + render_replicates(data.over_replicates, per)
     return "\n".join(lines)
 
 
@@ -556,8 +556,9 @@ def _interval(iv: dict, fmt) -> str:
     return f"{fmt(iv['mean'])} ({fmt(iv['low'])} to {fmt(iv['high'])})"
 
 
-def render_replicates(over: dict) -> list[str]:
-    """The mean and 95% interval over the draws, per configuration and of the ratio."""
+def render_replicates(over: dict, per: str = "system") -> list[str]:
+    """The mean and 95% interval over the draws, per configuration and of the ratio; rates
+    per system (or per ``per``)."""
     rows = [[c["configuration"], _interval(c["max_rate_per_system"], number),
              _interval(c["output_tokens_per_s_per_system"], number)]
             for c in over["configurations"]]
@@ -565,7 +566,7 @@ def render_replicates(over: dict) -> list[str]:
     lines = [f"Over {over['replicates']} independent draws of the workload "
              f"({over.get('draws', 'each searched alone')}): mean (95% interval; for "
              "goodputs and their ratio, widened to the rate search's step)", "",
-             narrow_table(["configuration", "goodput/s/system", "tok/s/system"], rows, "lrr")]
+             narrow_table(["configuration", f"goodput/s/{per}", f"tok/s/{per}"], rows, "lrr")]
     if ratio["mean"] is not None:
         lines += ["", "Disaggregated / colocated goodput: "
                   + _interval(ratio, lambda v: f"{v:.2f}x")
