@@ -256,6 +256,11 @@ def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):
     decode = next(p for p in pools if p.role == "decode")
     assert StepScale(prefill=1.3).pool(decode).decode is decode.decode
     assert not StepScale() and StepScale(decode=0.7).describe() == "decode step times x0.7"
+    # A decode riding in a chunk's step is decode work: scaled with it, not with prefill.
+    riding = replace(decode, riding=decode.decode)
+    assert np.allclose(StepScale(decode=0.7).pool(riding).riding.cycles,
+                       0.7 * decode.decode.cycles)
+    assert StepScale(prefill=1.3).pool(riding).riding is decode.decode
 
 
 @pytest.mark.e2e

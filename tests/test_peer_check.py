@@ -23,7 +23,8 @@ def answers():
                                      1.0, 0.005)
     report = api.experiment(
         "llama-3.1-8b", "steady-1024-256", ttft_s=1.0, tpot_s=0.005, split_pool=f"h200x{GPUS}",
-        space=Space(window_s=0, token_budget=(128, 256, 512, 1024, 2048, 4096)), workers=1)
+        space=Space(window_s=0, token_budget=(128, 256, 512, 1024, 2048, 4096), rounds=2),
+        workers=1)
     # Per GPU over the steady window (AIConfigurator plans a steady state); one node.
     ours = {"agg" if row.plan == "colocated" else "disagg":
             row.window_output_tokens_per_s_per_system / GPUS for row in report.final}

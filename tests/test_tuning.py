@@ -21,23 +21,29 @@ def run_points(jobs, done=None):
     return [Point(f, f <= capacity(c), None) for c, f in jobs]
 
 
-def test_a_knob_that_met_nothing_is_tuned_again_after_the_others():
+def test_a_knob_that_met_nothing_is_tuned_again_in_a_second_round():
     """The policy is tried first, on the first layout, where no policy meets anything: the
-    tie says nothing, so the policy is tried again once the layout is chosen."""
+    tie says nothing. One pass keeps the default policy; a second tries the policies again on
+    the layout chosen."""
     knobs = {"colocated": [Knob("policy", "policy", ("prefill-priority", "chunked")),
                            Knob("layout", "layout", ("small", "large"))]}
     initial = {"colocated": Choice("colocated", "small", "prefill-priority")}
-    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
-    assert [s.knob for s in steps] == ["policy", "layout", "policy", "layout"]
+    _, _, once = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
+    assert (once["colocated"].layout, once["colocated"].policy) == ("large", "prefill-priority")
+    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0,
+                          rounds=3)
+    # The third pass changes nothing, and ends the tuning.
+    assert [s.knob for s in steps] == ["policy", "layout"] * 3
     assert best["colocated"].layout == "large"
     assert best["colocated"].policy == "chunked"
 
 
-def test_a_knob_that_met_nothing_twice_is_left_as_it_is():
+def test_a_knob_that_met_nothing_anywhere_is_left_as_it_is():
     knobs = {"colocated": [Knob("policy", "policy", ("prefill-priority", "chunked"))]}
     initial = {"colocated": Choice("colocated", "small", "prefill-priority")}
-    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
-    assert [s.knob for s in steps] == ["policy", "policy"]
+    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0,
+                          rounds=3)
+    assert [s.knob for s in steps] == ["policy"]  # nothing changed: no second pass
     assert best["colocated"].policy == "prefill-priority"
 
 

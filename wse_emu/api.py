@@ -465,28 +465,26 @@ class _Setup:
             short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
             if short:
                 raise UserError(short)
-        if key in self._layouts:
-            pass
-        elif self.pools is not None:
-            clock_hz = cluster.fabric.clock_hz
-
-            def side(s, role: str, first: int) -> list:
-                return side_pools(self.model, s.pool, role, first, clock_hz, self.cache,
-                                  self.space.grid, s.tp, s.copies, s.depth)
-            splits, colocated, footprint = self.pools
-            # Depths named are tried besides each wafer side's own ("matched" and "own":
-            # its own only, since the sides are not compiled before they are laid out).
-            depths = self.space.layers_per_stage
-            self._layouts[key] = pool_layouts(
-                self.model, splits, colocated, side, footprint, self.space.copies,
-                depths if isinstance(depths, tuple) else ())
-        else:
-            self._layouts[key] = build_layouts(
-                self.model, cluster, probes, self.cache, self.space.copies, self.progress,
-                grid=self.space.grid, routing=self.routing,
-                attention_tile=self.attention_tile, pool=pool,
-                layers_per_stage=self.space.layers_per_stage)
+        if key not in self._layouts:
+            self._layouts[key] = self._pool_layouts(cluster) if self.pools is not None \
+                else build_layouts(
+                    self.model, cluster, probes, self.cache, self.space.copies, self.progress,
+                    grid=self.space.grid, routing=self.routing,
+                    attention_tile=self.attention_tile, pool=pool,
+                    layers_per_stage=self.space.layers_per_stage)
         return self._layouts[key]
+
+    def _pool_layouts(self, cluster) -> tuple[dict, list]:
+        """``pool_layouts`` of the pools named, every side timed for the cluster's clock."""
+        def side(s, role: str, first: int) -> list:
+            return side_pools(self.model, s.pool, role, first, cluster.fabric.clock_hz,
+                              self.cache, self.space.grid, s.tp, s.copies, s.depth)
+        splits, colocated, footprint = self.pools
+        # Depths named are tried besides each wafer side's own ("matched" and "own": its own
+        # only, since the sides are not compiled before they are laid out).
+        depths = self.space.layers_per_stage
+        return pool_layouts(self.model, splits, colocated, side, footprint, self.space.copies,
+                            depths if isinstance(depths, tuple) else ())
 
     def runner(self, book: RunBook):
         """``one(pool, draws, targets, cluster, transform, scale)``: the experiment's report

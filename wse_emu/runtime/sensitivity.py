@@ -50,10 +50,13 @@ class StepScale:
                 for key, layout in layouts.items()}
 
     def pool(self, region):
-        return replace(region, **{phase: getattr(region, phase).scaled(factor)
-                                  for phase, factor in (("prefill", self.prefill),
-                                                        ("decode", self.decode))
-                                  if getattr(region, phase) is not None and factor != 1.0})
+        # A decode riding in a chunk's step (``Pool.riding``) is decode work: it scales with it.
+        return replace(region, **{table: getattr(region, table).scaled(factor)
+                                  for table, factor in (("prefill", self.prefill),
+                                                        ("decode", self.decode),
+                                                        ("riding", self.decode))
+                                  if getattr(region, table, None) is not None
+                                  and factor != 1.0})
 
 
 @dataclass(frozen=True)

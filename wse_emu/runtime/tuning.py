@@ -122,15 +122,15 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
     ``knobs``: plan -> [Knob] in order; ``ceiling_of(config)``: the factor at a
     configuration's analytic ceiling, where its search starts bracketing; ``run_points(jobs,
     done)`` evaluates (Choice, factor) jobs. Returns every Search (Choice -> Search), the steps
-    taken, and each plan's best Choice. A knob none of whose values meets the targets (the
-    knobs before it chosen so that nothing can: a layout too small for any policy) says
-    nothing yet: it is tuned again after the others, with the knobs after it. Up to
-    ``rounds`` passes over the knobs, a further one only while the last changed some plan's
-    choice (knobs that pay only together: a deeper copy that needs a larger chunk); a
-    configuration searched once is not searched again. With ``each_layout``, every layout
-    of a plan has its other knobs tuned so, all at once, and the plan takes the best of them:
-    a layout that needs other knobs than the default's (a wider copy, a larger chunk) is not
-    judged at the default's, for as many tunings as there are layouts."""
+    taken, and each plan's best Choice. Up to ``rounds`` passes over the knobs, a further
+    one only while the last changed some plan's choice: a knob tuned where nothing could meet
+    the targets (a policy tried on a layout too small for any) is tuned again on the layout
+    chosen after it, and knobs that pay only together get a second look (a deeper copy that
+    needs a larger chunk); a configuration searched once is not searched again. With
+    ``each_layout``, every layout of a plan has its other knobs tuned so, all at once, and the
+    plan takes the best of them: a layout that needs other knobs than the default's (a wider
+    copy, a larger chunk) is not judged at the default's, for as many tunings as there are
+    layouts."""
     searches: dict = {}
     steps: list[Step] = []
     if each_layout:  # one line of ascent per (plan, layout), the layout fixed on it
@@ -148,8 +148,8 @@ def tune(initial: dict, knobs: dict, layouts: dict, base: ServeOptions, run_poin
                   progress, searches, steps)
         if lines == before:
             break
-    unsearched = {c: Search(config_of(c, layouts, base), ceiling=ceiling_of(
-        config_of(c, layouts, base))) for c in lines.values() if c not in searches}
+    configs = {c: config_of(c, layouts, base) for c in lines.values() if c not in searches}
+    unsearched = {c: Search(config, ceiling=ceiling_of(config)) for c, config in configs.items()}
     if unsearched:  # a line with no knob left to tune: its one configuration
         searches.update(unsearched)
         run_searches(unsearched, run_points, tolerance=tolerance, progress=progress,
@@ -166,17 +166,13 @@ def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run
               ceiling_of, tolerance: float, progress, searches: dict, steps: list) -> None:
     """One pass of coordinate ascent over every line's knobs (``current``: line -> Choice, a
     line being a plan, or a plan at one layout), ``current`` updated."""
-    order_of = {plan: list(v) for plan, v in knobs.items()}
-    again: set = set()  # (plan, knob) put back at the end once
     first = not steps
-    k = 0
-    while any(k < len(v) for v in order_of.values()):
-        k += 1
+    for k in range(1, max(len(v) for v in knobs.values()) + 1):
         stage = {}  # plan -> (knob, [(value, choice)])
         for plan, choice in current.items():
-            if k > len(order_of[plan]) or not order_of[plan][k - 1].applies(choice):
+            if k > len(knobs[plan]) or not knobs[plan][k - 1].applies(choice):
                 continue
-            knob = order_of[plan][k - 1]
+            knob = knobs[plan][k - 1]
             tried = [(v, replace(choice, **{knob.field: v})) for v in knob.values]
             if len(tried) < 2 and all(c in searches for _, c in tried):
                 continue  # a fixed knob: nothing to learn
@@ -192,12 +188,6 @@ def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run
                      label="tuning " + " and ".join(kn.name for kn, _ in stage.values()))
         for plan, (knob, tried) in stage.items():
             before = current[plan] if k > 1 or not first else None
-            if (plan, knob.name) not in again and len(tried) > 1 \
-                    and not any(_rate(searches[c]) for _, c in tried):
-                # Tuned again after the others, and the knobs after it with it: its value
-                # then may make others apply that did not (a policy's own knobs).
-                again.add((plan, knob.name))
-                order_of[plan] += knobs[plan][knobs[plan].index(knob):]
             # The highest rate met; ties go to the incumbent, then to the earlier value.
             order = sorted(tried, key=lambda vc: (-_rate(searches[vc[1]]),
                                                   vc[1] != current[plan]))
