@@ -14,7 +14,6 @@ line and exits with 2).
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -30,12 +29,12 @@ from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
 from wse_emu.fmt import seconds
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
+from wse_emu.pool_kinds import Side
 from wse_emu.pool_names import parse_pool
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
 from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
 from wse_emu.runtime import frontier as frontier_mod
-from wse_emu.runtime.accelerator_pool import accelerator_pools
 from wse_emu.runtime.comparison import (
     ExperimentReport,
     Space,
@@ -49,7 +48,6 @@ from wse_emu.runtime.comparison import (
     workload_draws,
 )
 from wse_emu.runtime.experiment import RunBook, Targets
-from wse_emu.runtime.gpu_pool import gpu_pools
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
 from wse_emu.runtime.pairings import PairingsReport, pairing_label
 from wse_emu.runtime.pool_layouts import (
@@ -214,52 +212,24 @@ def named_pools(model: ModelSpec, sides: dict[str, str], cache_dir: Path | str |
     clock_hz = pools_clock(list(names.values()))
     pools, first = [], 0
     for role, name in names.items():
-        pools += side_pools(model, name, role, first, clock_hz, cache_dir, grid)
+        pools += side_pools(model, Side(name), role, first, clock_hz, cache_dir, grid)
         first += name.systems
     return pools, clock_hz
 
 
 def pools_clock(names: list) -> float:
-    """The clock pools of these kinds are served on: the first wafer's, else
-    ``ACCELERATOR_CLOCK_HZ``."""
-    wafers = [n.hardware for n in names if n.is_wafer]
-    return wafers[0].clock_hz if wafers else ACCELERATOR_CLOCK_HZ
+    """The clock pools of these kinds are served on: the first that counts its steps in
+    cycles of its own (a wafer's), else ``ACCELERATOR_CLOCK_HZ``."""
+    clocks = [n.kind.clock_hz(n.hardware) for n in names]
+    return next((c for c in clocks if c is not None), ACCELERATOR_CLOCK_HZ)
 
 
-def side_pools(model: ModelSpec, name, role: str, first: int, clock_hz: float,
-               cache_dir: Path | str | None = None, grid: str = "full",
-               tp: int | None = None, copies: int = 1, depth: int | None = None) -> list:
-    """The pools of one side named ``name`` (a ``PoolName``) in ``role``, on systems from
-    ``first`` on, timed for ``clock_hz``; a GPU side at ``tp`` GPUs per copy (by default as
-    named, or the fewest that hold the model); a wafer side with ``copies`` copies of the
-    model per wafer, side by side in column bands (as the wafer-only experiment lays them),
-    at ``depth`` layers per stage (None: as compiled)."""
-    if name.is_gpu:
-        return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
-                         tp or name.tensor_parallel)
-    if not name.is_wafer:
-        return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first,
-                                 grid)
-    fabric = name.hardware
-    bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
-    try:
-        program = compile_model(model, ClusterSpec(fabric, name.count),
-                                CompileOptions(plan="colocated", layers_per_stage=depth,
-                                               **bands))
-    except CompileError as exc:  # its advice in this command's terms: wse3x4
-        advice = re.sub(r"`systems=(\d+)`", rf"{name.hardware.name}x\1", str(exc))
-        raise UserError(f"{role} pool {name.text}: {advice}") from None
-    # The regions keep their layout and serve the side's role: only its tables are timed.
-    program = replace(program, regions=[replace(r, role=role) for r in program.regions])
-    # A wafer's tables count its own cycles: rescaled to the serving clock.
-    factor = clock_hz / name.hardware.clock_hz
-    return [replace(pool, name=f"{name.hardware.name}-{role}{k}",
-                    prefill=pool.prefill.scaled(factor) if pool.prefill else None,
-                    decode=pool.decode.scaled(factor) if pool.decode else None,
-                    system=pool.system + first,
-                    fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
-                    link_bytes_per_cycle=pool.link_bytes_per_cycle / factor)
-            for k, pool in enumerate(wafer_pools(program, default_cache_dir(cache_dir), grid))]
+def side_pools(model: ModelSpec, side: Side, role: str, first: int, clock_hz: float,
+               cache_dir: Path | str | None = None, grid: str = "full") -> list:
+    """The pools of one side (``pool_kinds.Side``: a pool as named, in one of its layouts) in
+    ``role``, on systems from ``first`` on, timed for ``clock_hz`` by the side's kind."""
+    return side.pool.kind.pools(model, side, role, first, clock_hz,
+                                default_cache_dir(cache_dir), grid)
 
 
 def pool_sides(pool: str | None, prefill_pool: str | None,
@@ -477,8 +447,8 @@ class _Setup:
     def _pool_layouts(self, cluster) -> tuple[dict, list]:
         """``pool_layouts`` of the pools named, every side timed for the cluster's clock."""
         def side(s, role: str, first: int) -> list:
-            return side_pools(self.model, s.pool, role, first, cluster.fabric.clock_hz,
-                              self.cache, self.space.grid, s.tp, s.copies, s.depth)
+            return side_pools(self.model, s, role, first, cluster.fabric.clock_hz,
+                              self.cache, self.space.grid)
         splits, colocated, footprint = self.pools
         # Depths named are tried besides each wafer side's own ("matched" and "own": its own
         # only, since the sides are not compiled before they are laid out).

@@ -9,39 +9,32 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from wse_emu.accelerator import AcceleratorSpec, load_accelerator
-from wse_emu.configfile import preset_names, read_yaml_mapping
+from wse_emu.configfile import read_yaml_mapping
 from wse_emu.errors import UserError
-from wse_emu.fabric import FabricSpec, load_fabric
-from wse_emu.runtime.gpu_pool import GPUS, GpuSpec, load_gpu
+from wse_emu.pool_kinds import PoolKind, kind_of, kinds
 
 MAX_UNITS = 64
 
 
 @dataclass(frozen=True)
 class PoolName:
-    """A pool as named: its hardware (a fabric or an accelerator) and how many of it."""
+    """A pool as named: its hardware (a fabric, an accelerator, a GPU) and how many of it."""
 
     text: str
-    hardware: FabricSpec | AcceleratorSpec | GpuSpec
+    hardware: Any
     count: int  # systems, instances or GPUs
     tensor_parallel: int | None = None  # GPUs: per copy, as named (None: the default)
 
     @property
-    def is_wafer(self) -> bool:
-        return isinstance(self.hardware, FabricSpec)
-
-    @property
-    def is_gpu(self) -> bool:
-        return isinstance(self.hardware, GpuSpec)
+    def kind(self) -> PoolKind:
+        return kind_of(self.hardware)
 
     @property
     def systems(self) -> int:
         """Systems it takes: wafers, accelerator instances, or GPU nodes."""
-        if self.is_gpu:
-            return -(-self.count // self.hardware.gpus_per_node)
-        return self.count
+        return -(-self.count // self.kind.per_system(self.hardware))
 
 
 def parse_pool(text: str) -> PoolName:
@@ -50,22 +43,27 @@ def parse_pool(text: str) -> PoolName:
     found = re.fullmatch(r"(.+?)x(\d+)(?:tp(\d+))?", text)
     base, count = (found.group(1), int(found.group(2))) if found else (text, 1)
     tp = int(found.group(3)) if found and found.group(3) else None
-    if tp is not None and base not in GPUS:
-        raise UserError(f"pool '{text}': tpK is for GPU pools; an accelerator's YAML says "
-                        "its tensor_parallel")
     if not 1 <= count <= MAX_UNITS:
         raise UserError(f"pool '{text}': the count must be between 1 and {MAX_UNITS}")
+    kind, hardware = _hardware(text, base)
+    if tp is not None and not kind.takes_tp:
+        raise UserError(f"pool '{text}': tpK is for GPU pools; an accelerator's YAML says "
+                        "its tensor_parallel")
+    return PoolName(text, hardware, count, tp)
+
+
+def _hardware(text: str, base: str) -> tuple[PoolKind, Any]:
+    """The kind and the hardware ``base`` names: a file says what it describes."""
     if base.endswith((".yaml", ".yml")):
-        # A file says what it describes: an accelerator names its device.
-        accelerator = "device" in read_yaml_mapping(Path(base))
-        return PoolName(text, (load_accelerator if accelerator else load_fabric)(base), count)
-    if base in preset_names("fabrics"):
-        return PoolName(text, load_fabric(base), count)
-    if base in preset_names("accelerators"):
-        return PoolName(text, load_accelerator(base), count)
-    if base in GPUS:  # measured data, from an optional extra: refused by name without it
-        return PoolName(text, load_gpu(base), count, tp)
-    raise UserError(f"unknown pool '{text}': a fabric ({', '.join(preset_names('fabrics'))}) "
-                    f"an accelerator ({', '.join(preset_names('accelerators'))}) or a GPU "
-                    f"({', '.join(GPUS)}), "
-                    "optionally with xN for N of them, or a fabric or accelerator YAML")
+        mapping = read_yaml_mapping(Path(base))
+        kind = next((k for k in kinds() if k.describes(mapping)), None)
+        if kind is None:
+            raise UserError(f"pool '{text}': the file describes no hardware a pool may be: "
+                            "a fabric states its `width`, an accelerator its `device`")
+        return kind, kind.load_file(Path(base))
+    for kind in kinds():
+        if base in kind.presets():
+            return kind, kind.load(base)
+    known = ", ".join(f"{k.noun} ({', '.join(k.presets())})" for k in kinds())
+    raise UserError(f"unknown pool '{text}': {known}, optionally with xN for N of them, or a "
+                    "fabric or accelerator YAML")

@@ -127,12 +127,8 @@ def run_pools(args, settings: dict):
 
 
 def step_times_source(pool) -> str:
-    """Where a pool's step times come from, in a few words."""
-    if pool.is_wafer:
-        return f"simulated on {pool.hardware.name}"
-    if pool.is_gpu:
-        return pool.hardware.source
-    return f"the roofline of {pool.hardware.name} (lower bounds)"
+    """Where a pool's step times come from, in a few words (its kind says)."""
+    return pool.kind.step_times_source(pool.hardware)
 
 
 def render(report: ServeReport, result, metrics) -> str:

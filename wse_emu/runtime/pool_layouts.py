@@ -12,13 +12,13 @@ picks among them as it picks among copies per wafer, so each plan has the same t
 Where whole units cannot match the split's footprint exactly (racks, kW, cost), every layout
 is reported per unit of its own footprint.
 
-A GPU side whose tensor parallel degree is not named is tried at every degree that holds
-the model (``gpu_pool.tensor_parallel`` and each power of two above it, within a node): an
-experiment on eight H200s split every way (``every_split``) tries the splits AIConfigurator
-tries.
+Each kind of hardware says the layouts a side of it may take (``PoolKind.variants``): a GPU
+side whose tensor parallel degree is not named is tried at every degree that holds the model,
+so an experiment on eight H200s split every way (``every_split``) tries the splits
+AIConfigurator tries.
 
-Nothing here compiles: a wafer side's pools come from ``side_pools``, which the caller gives
-(``wse_emu.api`` compiles them).
+Nothing here times a step: a side's pools come from ``side_pools``, which the caller gives
+(``wse_emu.api``, through each kind's ``PoolKind.pools``).
 """
 
 from __future__ import annotations
@@ -26,70 +26,26 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from wse_emu.errors import UserError
+from wse_emu.pool_kinds import Side
 from wse_emu.pool_names import MAX_UNITS, PoolName, parse_pool
-from wse_emu.runtime.gpu_pool import tensor_parallel
 from wse_emu.runtime.tuning import Layout
 
 
-@dataclass(frozen=True)
-class Side:
-    """One side of a plan: a pool as named, at one tensor parallel degree (GPUs) or with so
-    many copies of the model per wafer (wafers)."""
-
-    pool: PoolName
-    tp: int | None = None
-    copies: int = 1  # per wafer
-    depth: int | None = None  # a wafer's layers per stage (None: as compiled)
-
-    @property
-    def label(self) -> str:
-        hw = self.pool.hardware
-        if self.pool.is_gpu:
-            return f"{self.pool.count} x {hw.name} tp{self.tp}"
-        name = hw.name if self.pool.count == 1 else f"{self.pool.count} x {hw.name}"
-        how = ([f"{self.copies} copies per wafer"] if self.copies > 1 else []) \
-            + ([f"{self.depth} layer{'s' if self.depth > 1 else ''} per stage"]
-               if self.depth else [])
-        return f"{name} ({', '.join(how)})" if how else name
-
-
 def variants(name: PoolName, model, copies: tuple = (1,), depths: tuple = ()) -> list[Side]:
-    """``name`` in every layout it may take: a wafer with each of ``copies`` copies of the
-    model per wafer, at the depth compilation gives it and at each of ``depths`` layers per
-    stage (as the wafer-only experiment tries them; a layout the model does not fit is
-    skipped when compiled); a GPU pool at the tensor parallel degree named, or each power of
-    two from the fewest GPUs that hold the model to a node or the pool's GPUs; an accelerator
-    as its file lays it out."""
-    if name.is_wafer:
-        return [Side(name, copies=c, depth=d) for c in sorted(set(copies) | {1})
-                for d in (None, *sorted(set(depths)))]
-    if not name.is_gpu:
-        return [Side(name)]
-    if name.tensor_parallel is not None:
-        return [Side(name, tensor_parallel(name.hardware, model, name.count,
-                                           name.tensor_parallel))]
-    tp = tensor_parallel(name.hardware, model, name.count)
-    out = []
-    while tp <= min(name.count, name.hardware.gpus_per_node):
-        if name.count % tp == 0:
-            out.append(Side(name, tp))
-        tp *= 2
-    return out
+    """``name`` in every layout its kind may take (``PoolKind.variants``): a wafer with each
+    of ``copies`` per wafer, at its own depth and each of ``depths``; a GPU pool at every
+    tensor parallel degree that holds the model; an accelerator as its file lays it out."""
+    return name.kind.variants(name, model, copies, depths)
 
 
 def systems_of(names: list[PoolName]) -> int:
-    """The footprint of pools together, in systems: GPUs of one kind share nodes."""
-    gpus: dict = {}
-    total = 0
+    """The footprint of pools together, in systems: units of one kind of hardware that share
+    a system (GPUs in a node) are counted together."""
+    units: dict = {}
     for n in names:
-        if n.is_gpu:
-            gpus[n.hardware.name] = gpus.get(n.hardware.name, 0) + n.count
-        else:
-            total += n.count
-    for name, count in gpus.items():
-        node = next(n.hardware.gpus_per_node for n in names if n.hardware.name == name)
-        total += -(-count // node)
-    return total
+        units[n.hardware.name] = units.get(n.hardware.name, 0) + n.count
+    per = {n.hardware.name: n.kind.per_system(n.hardware) for n in names}
+    return sum(-(-count // per[name]) for name, count in units.items())
 
 
 FOOTPRINTS = {"systems": "system", "racks": "rack", "kw": "kW",
@@ -130,8 +86,7 @@ class Footprint:
     def _per_unit(self, name: PoolName) -> float:
         hw = name.hardware
         if self.kind == "kw":
-            watts = (hw.system_power_w if name.is_wafer else hw.power_w if name.is_gpu
-                     else hw.instance_power_w)
+            watts = name.kind.power_w(hw)
             if not watts:
                 raise UserError(f"{hw.name} has no wall power stated: a footprint in kW needs "
                                 "one (its preset or YAML)")
@@ -166,7 +121,7 @@ def colocated_names(splits: list[tuple[PoolName, PoolName]], named: list[PoolNam
     out = []
     for n in kinds.values():
         if footprint.kind == "systems":
-            count = int(budget) * (n.hardware.gpus_per_node if n.is_gpu else 1)
+            count = int(budget) * n.kind.per_system(n.hardware)
         else:
             one = footprint.of([parse_pool(_base(n))])
             count = int(budget / one * (1 + 1e-9))

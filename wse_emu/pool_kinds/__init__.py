@@ -1,0 +1,107 @@
+"""The kinds of hardware a pool may be named by (``pool_names``): wafers compiled and simulated
+(``wafer``), accelerators timed by a stated roofline (``accelerator``), GPUs timed from measured
+data (``gpu``). Each kind is one module with the face ``PoolKind`` describes, and nothing
+outside them asks which kind a pool is: naming, the footprint, the layouts an experiment tries
+and the pools that serve all go through it. A new kind is a module here and a line in
+``KINDS``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PoolKind:
+    """What the rest of the project reads of a kind of hardware."""
+
+    noun = ""  # as an error message lists it: "a fabric"
+    takes_tp = False  # whether its names may say GPUs per copy (``h200x8tp2``)
+
+    def presets(self) -> list[str]:
+        """The names it answers to on the command line."""
+        raise NotImplementedError
+
+    def load(self, name: str) -> Any:
+        """The hardware a preset name stands for."""
+        raise NotImplementedError
+
+    def describes(self, mapping: dict) -> bool:
+        """Whether a YAML file holding ``mapping`` describes this kind."""
+        return False
+
+    def load_file(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    def owns(self, hardware: Any) -> bool:
+        raise NotImplementedError
+
+    def per_system(self, hardware: Any) -> int:
+        """Units of it that make one system (GPUs share a node; a wafer is one)."""
+        return 1
+
+    def power_w(self, hardware: Any) -> float:
+        """Wall power of one unit (0 where no figure is stated)."""
+        raise NotImplementedError
+
+    def clock_hz(self, hardware: Any) -> float | None:
+        """The clock its own step times count in (None: it times steps in seconds)."""
+        return None
+
+    def variants(self, name, model, copies: tuple, depths: tuple) -> list["Side"]:
+        """Every layout a pool named ``name`` may take for ``model`` (an experiment tries
+        each); ``copies`` per system and ``depths`` (layers per stage) where it has them."""
+        return [Side(name)]
+
+    def label(self, side: "Side") -> str:
+        """How a report names one side."""
+        raise NotImplementedError
+
+    def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
+              cache: Path, grid: str) -> list:
+        """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
+        numbered from ``first``, its steps timed for a serving clock of ``clock_hz``."""
+        raise NotImplementedError
+
+    def step_times_source(self, hardware: Any) -> str:
+        """Where its step times come from, in a few words (a run states it)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a plan: a pool as named (a ``PoolName``), in one of its layouts: at a
+    tensor parallel degree (GPUs), with so many copies per system and layers per stage
+    (wafers)."""
+
+    pool: Any
+    tp: int | None = None
+    copies: int = 1  # per wafer
+    depth: int | None = None  # a wafer's layers per stage (None: as compiled)
+
+    @property
+    def label(self) -> str:
+        return self.pool.kind.label(self)
+
+
+def _kinds() -> tuple:
+    # Imported here: the kinds' modules import the pools and the compiler they build from.
+    from wse_emu.pool_kinds.accelerator import ACCELERATOR
+    from wse_emu.pool_kinds.gpu import GPU
+    from wse_emu.pool_kinds.wafer import WAFER
+
+    # In the order a name or a file is tried against them.
+    return (WAFER, ACCELERATOR, GPU)
+
+
+def kinds() -> tuple:
+    """Every kind, in the order names are tried."""
+    return _kinds()
+
+
+def kind_of(hardware: Any) -> PoolKind:
+    """The kind ``hardware`` (a fabric, an accelerator, a GPU) is of."""
+    for kind in _kinds():
+        if kind.owns(hardware):
+            return kind
+    raise TypeError(f"no pool kind holds {type(hardware).__name__}")

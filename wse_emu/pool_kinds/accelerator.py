@@ -1,0 +1,49 @@
+"""Accelerators as pools: an instance (a preset such as ``trn2``, or an accelerator YAML)
+timed by its stated roofline (``runtime.accelerator_pool``), laid out as its file says. A
+system is one instance, drawing the instance power its file cites."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wse_emu.accelerator import AcceleratorSpec, load_accelerator
+from wse_emu.configfile import preset_names
+from wse_emu.pool_kinds import PoolKind, Side
+from wse_emu.runtime.accelerator_pool import accelerator_pools
+
+
+class AcceleratorKind(PoolKind):
+    noun = "an accelerator"
+
+    def presets(self) -> list[str]:
+        return preset_names("accelerators")
+
+    def load(self, name: str) -> AcceleratorSpec:
+        return load_accelerator(name)
+
+    def describes(self, mapping: dict) -> bool:
+        return "device" in mapping  # an accelerator names its chip
+
+    def load_file(self, path: Path) -> AcceleratorSpec:
+        return load_accelerator(path)
+
+    def owns(self, hardware) -> bool:
+        return isinstance(hardware, AcceleratorSpec)
+
+    def power_w(self, hardware: AcceleratorSpec) -> float:
+        return hardware.instance_power_w
+
+    def label(self, side: Side) -> str:
+        count, hw = side.pool.count, side.pool.hardware
+        return hw.name if count == 1 else f"{count} x {hw.name}"
+
+    def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
+              cache: Path, grid: str) -> list:
+        name = side.pool
+        return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first, grid)
+
+    def step_times_source(self, hardware: AcceleratorSpec) -> str:
+        return f"the roofline of {hardware.name} (lower bounds)"
+
+
+ACCELERATOR = AcceleratorKind()
