@@ -229,7 +229,7 @@ def side_pools(model: ModelSpec, side: Side, role: str, first: int, clock_hz: fl
     """The pools of one side (``pool_kinds.Side``: a pool as named, in one of its layouts) in
     ``role``, on systems from ``first`` on, timed for ``clock_hz`` by the side's kind."""
     return side.pool.kind.pools(model, side, role, first, clock_hz,
-                                default_cache_dir(cache_dir), grid)
+                                default_cache_dir(cache_dir), grid, compile)
 
 
 def pool_sides(pool: str | None, prefill_pool: str | None,

@@ -58,9 +58,12 @@ class PoolKind:
         raise NotImplementedError
 
     def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, compile) -> list:
         """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
-        numbered from ``first``, its steps timed for a serving clock of ``clock_hz``."""
+        numbered from ``first``, its steps timed for a serving clock of ``clock_hz``; stage
+        tables kept in ``cache`` over ``grid``'s shapes. ``compile(model, fabric, systems,
+        **options)`` is the compiler (``wse_emu.api.compile``), given for a kind that compiles
+        the model onto its hardware: the core does not import it."""
         raise NotImplementedError
 
     def step_times_source(self, hardware: Any) -> str:

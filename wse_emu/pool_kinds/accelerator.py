@@ -38,7 +38,7 @@ class AcceleratorKind(PoolKind):
         return hw.name if count == 1 else f"{count} x {hw.name}"
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, compile) -> list:
         name = side.pool
         return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first, grid)
 
