@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from helpers import made_up_point, search_all
 
+from wse_emu.errors import UserError
 from wse_emu.fabric import load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.experiment import (
@@ -167,3 +168,30 @@ def test_goodput_is_the_highest_rate_met_per_system():
     summary = compare(results, Targets(1.0, 1.0), systems=2)
     assert summary.goodput_ratio == pytest.approx(results[1].max_rate / results[0].max_rate)
     assert summary.max_rate_per_system["colocated"] == pytest.approx(results[0].max_rate / 2)
+
+
+def test_targets_hold_at_the_percentile_asked():
+    """A run whose typical request is fast and whose slowest tenth is slow meets targets held
+    at the median (half the requests within them) and misses the same targets at the p90."""
+    tpot = np.where(np.arange(200) % 4 == 0, 0.008, 0.004)  # a quarter of requests slow
+    n = len(tpot)
+    arrival = np.arange(n) * CLOCK / 5.0
+    first = arrival + 0.1 * CLOCK
+    finish = first + tpot * 9 * CLOCK
+    run = ServeResult(arrival.astype(np.int64), first.astype(np.int64),
+                      finish.astype(np.int64), np.full(n, 10), ["r"] * n, CLOCK)
+    metrics = run_metrics(run, requests(n), 1.0, 0.005, steady=True)
+    assert metrics.tpot_s.p50 < 0.005 < metrics.tpot_s.p90
+    assert not Targets(1.0, 0.005).met(metrics)
+    median = Targets(1.0, 0.005, percentile=50)
+    assert median.attainment == 0.5 and median.met(metrics)
+    assert not Targets(1.0, 0.005, attainment=0.9, percentile=50).met(metrics)
+
+
+def test_targets_read_back_name_their_percentile():
+    for targets in (Targets(1.0, 0.005), Targets(0.5, 0.002, 0.6, percentile=50)):
+        assert Targets.from_json(targets.to_json()) == targets
+    assert set(Targets(1.0, 0.005, percentile=99).to_json()) == {
+        "ttft_p99_s", "tpot_p99_s", "attainment"}
+    with pytest.raises(UserError, match="percentile"):
+        Targets(1.0, 0.005, percentile=80)

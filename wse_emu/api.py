@@ -288,7 +288,8 @@ _NO_HARDWARE = _NoHardware()
 
 def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
                trace: Path | str | None = None, ttft_s: float, tpot_s: float,
-               attainment: float = 0.9, fabric: FabricSpec | str | None = None,
+               attainment: float | None = None, percentile: int = 90,
+               fabric: FabricSpec | str | None = None,
                systems: int | None = None, space: Space | None = None,
                requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
                vary: str | None = None, price_per_system_hour: float | None = None,
@@ -308,6 +309,8 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     none, run here; without dask they are started fresh, so a script calling this with
     ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard).
     ``routing`` and ``attention_tile`` (batch tiling on attention) apply to both plans alike.
+    The targets ``ttft_s`` and ``tpot_s`` hold at the ``percentile`` of the requests (50, 90 or
+    99), and ``attainment`` of them (by default the percentile's share) must meet both.
 
     On ``fabric`` (default wse3) x ``systems`` (default 1), or on pools named by their
     hardware instead (``pool_names``; ``runtime.pool_layouts``): a split with prefill on
@@ -318,7 +321,7 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     ``kw``; or ``cost`` with ``prices``: hardware name -> price of one unit for an hour), every
     result per unit of it. Every argument is checked before any work. The
     report's ``to_json()`` is what the command prints with ``--json``."""
-    targets = Targets(ttft_s, tpot_s, attainment)
+    targets = Targets(ttft_s, tpot_s, attainment, percentile)
     variation = parse_vary(vary) if isinstance(vary, str) else vary
     pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices,
                    units_per_rack)
@@ -480,7 +483,7 @@ class _Setup:
 
 
 def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
-             trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
+             trace: Path | str | None = None, ttft_s: float, attainment: float | None = None,
              user_speeds=None, user_speed: float | None = None,
              step_scales=(0.7, 1.3), fabric: FabricSpec | str | None = None,
              systems: int | None = None, space: Space | None = None,
@@ -503,7 +506,7 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     model's error (empty: not read). The other arguments are ``experiment``'s (the pools
     among them: ``frontier`` of a split named by its hardware). The report's
     ``to_json()`` is what the command prints with ``--json``."""
-    Targets(ttft_s, 1.0, attainment)  # checked before any work
+    attainment = Targets(ttft_s, 1.0, attainment).attainment  # checked before any work
     if user_speeds is not None:
         user_speeds = frontier_mod.check_speeds(user_speeds)
     if user_speed is not None:
@@ -560,7 +563,8 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
 
 
 def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
-             kinds, trace: Path | str | None = None, ttft_s: float, attainment: float = 0.9,
+             kinds, trace: Path | str | None = None, ttft_s: float,
+             attainment: float | None = None,
              user_speeds=None, user_speed: float | None = None, footprint: str = "systems",
              prices: dict | None = None, units_per_rack: dict | None = None,
              space: Space | None = None,

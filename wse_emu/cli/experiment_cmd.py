@@ -26,7 +26,7 @@ from wse_emu.runtime.comparison import (
     StepTiming,
     VaryReport,
 )
-from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE, ConfigRow
+from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow
 from wse_emu.runtime.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.sensitivity import VARIABLES
@@ -40,8 +40,13 @@ def add_parser(sub, summary: str) -> None:
                          "the highest rate that meets the latency targets")
     _add_common(d)
     d.add_argument("--tpot-slo", dest="tpot_s", type=float, required=True,
-                   help="p90 time-per-output-token target, seconds (the token speed every "
-                        "configuration must reach)")
+                   help="time-per-output-token target at --slo-percentile, seconds (the token "
+                        "speed every configuration must reach)")
+    d.add_argument("--slo-percentile", dest="percentile", type=int, default=90,
+                   choices=PERCENTILES,
+                   help="the percentile of requests both targets hold at (default 90; 50: "
+                        "the typical request, as a planner's steady state reads it; 99: "
+                        "MLPerf's)")
     d.add_argument("--price-per-system-hour", type=float,
                    help="price of one system for an hour (any currency): adds the cost per "
                    "million output tokens at each plan's best (no default: none is published)")
@@ -92,9 +97,11 @@ def _add_common(d) -> None:
                    help=f"requests (sessions) per tuning run (default: the workload's, at "
                    f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
     d.add_argument("--ttft-slo", dest="ttft_s", type=float, required=True,
-                   help="p90 time-to-first-token target, seconds")
-    d.add_argument("--attainment", type=float, default=0.9,
-                   help="share of requests that must meet both targets (default 0.9)")
+                   help="time-to-first-token target, seconds (at the p90; experiment disagg: "
+                        "at --slo-percentile)")
+    d.add_argument("--attainment", type=float,
+                   help="share of requests that must meet both targets (default: the "
+                        "percentile's, 0.9 at the p90)")
     space = Space()
     add_space_args(d, space.copies)
     d.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -386,7 +393,8 @@ def run(args):
     model = model_from_args(args)
     data = api.experiment(
         model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
-        attainment=args.attainment, **_hardware(args), space=space, requests=args.requests,
+        attainment=args.attainment, percentile=args.percentile, **_hardware(args), space=space,
+        requests=args.requests,
         seeds=args.seeds, tolerance=args.tolerance,
         vary=args.vary, price_per_system_hour=args.price_per_system_hour,
         scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
@@ -425,8 +433,8 @@ def render_sensitivity(data: VaryReport) -> str:
 
 def render(data: ExperimentReport) -> str:
     t, timing = data.targets, data.timing or StepTiming()
-    head = (f"{data.model} on {data.cluster}, workload {data.workload}; targets: p90 "
-            f"TTFT <= {seconds(t.ttft_s)}, p90 TPOT <= {seconds(t.tpot_s)}, "
+    head = (f"{data.model} on {data.cluster}, workload {data.workload}; targets: {t.at} "
+            f"TTFT <= {seconds(t.ttft_s)}, {t.at} TPOT <= {seconds(t.tpot_s)}, "
             f">= {t.attainment:.0%} of requests meeting both, counted from the "
             f"{WARMUP:.0%} to the {1 - DRAIN:.0%} point of arrivals, TTFT rising by at most "
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "

@@ -461,6 +461,9 @@ def _point(p) -> dict:
     m = p.metrics
     return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m.ttft_s.p90,
             "tpot_p90_s": m.tpot_s.p90, "itl_p90_s": m.itl_s.p90,
+            # At the other percentiles targets may be held at (``Targets.percentile``).
+            **{f"{name}_p{q}_s": getattr(getattr(m, f"{name}_s"), f"p{q}")
+               for name in ("ttft", "tpot") for q in (50, 99)},
             "slo_attainment": m.slo_attainment,
             "ttft_growth_s": m.ttft_growth_s, "ttft_slope": m.ttft_slope,
             "pace": m.pace, "output_tokens_per_s": m.output_tokens_per_s,

@@ -58,17 +58,41 @@ MAX_TTFT_SLOPE = 0.05
 MAX_PACE = 1.1
 
 
+# The percentiles latency targets may be held at: the typical request (a planner's steady
+# state, AIConfigurator's), the field's usual serving target (DistServe's), and MLPerf's.
+PERCENTILES = (50, 90, 99)
+
+
 @dataclass(frozen=True)
 class Targets:
-    ttft_s: float  # p90 time to first token, seconds
-    tpot_s: float  # p90 time per output token, seconds
-    attainment: float = 0.9  # share of requests that must meet both targets
+    ttft_s: float  # time to first token at the ``percentile``, seconds
+    tpot_s: float  # time per output token at the ``percentile``, seconds
+    # Share of requests that must meet both (None: the percentile's, 0.9 at p90).
+    attainment: float | None = None
+    percentile: int = 90
 
     def __post_init__(self):
+        if self.percentile not in PERCENTILES:
+            raise UserError(f"`percentile` must be one of {', '.join(map(str, PERCENTILES))}, "
+                            f"got {self.percentile!r}")
+        if self.attainment is None:
+            object.__setattr__(self, "attainment", self.percentile / 100)
         for name in ("ttft_s", "tpot_s", "attainment"):
             positive(name, getattr(self, name))
         if self.attainment > 1:
             raise UserError(f"`attainment` must be in (0, 1], got {self.attainment}")
+
+    @property
+    def at(self) -> str:
+        """The percentile as reports name it: p90."""
+        return f"p{self.percentile}"
+
+    def ttft(self, metrics: RunMetrics) -> float:
+        """A run's TTFT at the targets' percentile."""
+        return getattr(metrics.ttft_s, self.at)
+
+    def tpot(self, metrics: RunMetrics) -> float:
+        return getattr(metrics.tpot_s, self.at)
 
     def stable(self, metrics: RunMetrics) -> bool:
         """Whether a run sustained its rate over its steady window (a run without one is)."""
@@ -77,17 +101,20 @@ class Targets:
         return slope <= MAX_TTFT_SLOPE and pace <= MAX_PACE and not metrics.too_short
 
     def met(self, metrics: RunMetrics) -> bool:
-        return (metrics.ttft_s.p90 <= self.ttft_s and metrics.tpot_s.p90 <= self.tpot_s
+        return (self.ttft(metrics) <= self.ttft_s and self.tpot(metrics) <= self.tpot_s
                 and metrics.slo_attainment >= self.attainment and self.stable(metrics))
 
     def to_json(self) -> dict:
-        """As an experiment's report states them."""
-        return {"ttft_p90_s": self.ttft_s, "tpot_p90_s": self.tpot_s,
+        """As an experiment's report states them (keys named by the percentile)."""
+        return {f"ttft_{self.at}_s": self.ttft_s, f"tpot_{self.at}_s": self.tpot_s,
                 "attainment": self.attainment}
 
     @classmethod
     def from_json(cls, data: dict) -> "Targets":
-        return cls(data["ttft_p90_s"], data["tpot_p90_s"], data["attainment"])
+        at = next((q for q in PERCENTILES if f"ttft_p{q}_s" in data), None)
+        if at is None:
+            raise KeyError("ttft_p90_s")
+        return cls(data[f"ttft_p{at}_s"], data[f"tpot_p{at}_s"], data["attainment"], at)
 
 
 @dataclass
@@ -337,9 +364,9 @@ class Outcome:
         if m.too_short:
             return ("a run too short to judge (every session started before a session's "
                     "length had passed: run more requests)")
-        broke = [name for name, p90, target in (("p90 TTFT", m.ttft_s.p90, targets.ttft_s),
-                                                ("p90 TPOT", m.tpot_s.p90, targets.tpot_s))
-                 if p90 > target]
+        broke = [name for name, value, target in
+                 ((f"{targets.at} TTFT", targets.ttft(m), targets.ttft_s),
+                  (f"{targets.at} TPOT", targets.tpot(m), targets.tpot_s)) if value > target]
         if m.slo_attainment < targets.attainment:
             broke.append(f"attainment ({m.slo_attainment:.1%} < {targets.attainment:.0%})")
         if not targets.stable(m):
@@ -632,13 +659,13 @@ def _reason(r: Outcome, targets: Targets) -> str:
     parts = [f"{r.label}: at {_plain(r.failed.rate)}/s it missed {r.limit(targets)}"]
     if m.too_short:
         return "; ".join(parts)
-    stall, work, tpot = p.decode_stall_per_token_s, p.decode_work_per_token_s, m.tpot_s.p90
+    stall, work, tpot = p.decode_stall_per_token_s, p.decode_work_per_token_s, targets.tpot(m)
     if work > 0 and tpot > 1.5 * work:
         behind = ("prefill and other micro-batches" if r.plan == "colocated"
                   else "other decode micro-batches")
-        parts.append(f"p90 TPOT {time_text(tpot)} against {time_text(work)} of decode work per "
-                     f"token: tokens waited behind {behind} ({time_text(stall)} per token on "
-                     "average)")
+        parts.append(f"{targets.at} TPOT {time_text(tpot)} against {time_text(work)} of "
+                     f"decode work per token: tokens waited behind {behind} "
+                     f"({time_text(stall)} per token on average)")
     parts.append(f"prefill stages {p.prefill_utilization:.0%} busy, decode stages "
                  f"{p.decode_utilization:.0%}")
     if p.kv_blocked_share > 0.01:
