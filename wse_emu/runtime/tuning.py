@@ -185,7 +185,8 @@ def _one_pass(current: dict, knobs: dict, layouts: dict, base: ServeOptions, run
             continue
         pending = {c: searches[c] for _, tried in stage.values() for _, c in tried}
         run_searches(pending, run_points, tolerance=tolerance, progress=progress,
-                     label="tuning " + " and ".join(kn.name for kn, _ in stage.values()))
+                     label="tuning " + " and ".join(  # each knob once (``each_layout``)
+                         dict.fromkeys(kn.name for kn, _ in stage.values())))
         for plan, (knob, tried) in stage.items():
             before = current[plan] if k > 1 or not first else None
             # The highest rate met; ties go to the incumbent, then to the earlier value.
