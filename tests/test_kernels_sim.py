@@ -123,3 +123,25 @@ def test_streamed_prefill_engines_agree(small_on_64):
     for stage in p.stages:
         g, _, _ = stage_graph(p, stage, step)
         assert makespan_fast(g) == pytest.approx(makespan_cycle(g), rel=0.12)
+
+
+@pytest.mark.slow
+def test_a_stage_wider_than_the_queries_still_runs_both_phases():
+    """A small model on a whole WSE-3 gets stages more rows across than it has query features:
+    its projections lay their outputs along their strips, and attention's queries and keys
+    are re-split across the stage before it (a whole step simulated, both phases)."""
+    tiny = ModelSpec.from_fields(name="tiny", family="llama", hidden_size=64,
+                                 intermediate_size=128, num_layers=2, num_heads=4,
+                                 num_kv_heads=2, head_dim=16, vocab_size=256).validate("test")
+    p = compile_model(tiny, ClusterSpec(load_fabric("wse3"), 1),
+                      CompileOptions(bound_prefill_tokens=64, bound_decode_batch=2,
+                                     bound_decode_context=64))
+    across = {s.id: min(s.rect.w, s.rect.h) for s in p.stages}
+    narrow = [s.id for s in p.stages for k in p.stage_kernels(s)
+              if k.name == "q_proj" and k.grid[1] < across[s.id]]
+    assert narrow, "no stage lays its queries along the strip: the case is not exercised"
+    for step in (MicroBatch("prefill", tokens=64), MicroBatch("decode", batch=2, context=64)):
+        run = run_region(p, "mixed0", step)
+        assert all(sr.cycles > 0 for sr in run.stages)
+        for sr in run.stages:
+            assert sr.cycles >= p.stages[sr.stage].bounds[step.phase]["cycles"]

@@ -133,6 +133,19 @@ class StageGraph:
                     wavelets(values[send], self.d), recv[di[send]], 0, VC_TRANSFER)
         return recv
 
+    def across(self, where: tuple, ready: np.ndarray, name: str, tile: Tile) -> tuple:
+        """A vector (its PEs and sizes, ``where``) on a line across the stage, as attention
+        splits it: as it is when it lies across already, else re-split onto the line across
+        through its first PE (a projection with fewer outputs than the stage has rows lays
+        them along its strip: ``StripSpec.transposed``). Returns (PEs, ready tasks)."""
+        pes, sizes = where
+        grid = self.stage_grid()
+        if len(pes) == grid.shape[1]:
+            return pes, ready
+        line = grid[int(np.flatnonzero((grid == pes[0]).any(axis=1))[0])]
+        return line, self.feed(pes, sizes, ready, line,
+                               even_split(int(sizes.sum()), len(line)), name, tile)
+
     def stored(self, name: str) -> ly.StoredWeights | None:
         """How a matrix kernel's weights are read: in their stored format."""
         op = self.ops.get(name)
@@ -378,8 +391,9 @@ class StageGraph:
                 q_src, kv_src = op.inputs
                 consumer = next(o for o in self.layer_table
                                 if o.inputs == (ly.ATTENTION_OUTPUT,))
-                pes, sizes, out = pattern.expand(self, tile, ready[q_src], at[q_src][0],
-                                                 ready[kv_src], at[kv_src][0],
+                q_pes, q_ready = self.across(at[q_src], ready[q_src], op.kernel, tile)
+                kv_pes, kv_ready = self.across(at[kv_src], ready[kv_src], op.kernel, tile)
+                pes, sizes, out = pattern.expand(self, tile, q_ready, q_pes, kv_ready, kv_pes,
                                                  strips[consumer.name])
                 ready[ly.ATTENTION_OUTPUT], at[ly.ATTENTION_OUTPUT] = out, (pes, sizes)
             elif op.kernel_kind == "attention":
