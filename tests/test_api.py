@@ -100,3 +100,23 @@ def test_generate_computes_through_the_tiles():
     program = api.compile("tiny", "mesh16", region=(8, 8))
     out = api.generate(program, [1, 2, 3], 4)
     assert len(out.generated_ids) == 4
+
+
+@pytest.mark.e2e
+def test_an_experiment_held_at_the_median_says_so_throughout(tmp_path):
+    from visualize.curves import throughput_vs_tpot
+    from wse_emu.cli.experiment_cmd import render
+
+    space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
+                  max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
+    data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
+                          space=space, cache_dir=tmp_path, workers=1, percentile=50)
+    assert (data.targets.at, data.targets.attainment) == ("p50", 0.5)
+    written = json.loads(json.dumps(data.to_json()))
+    assert "tpot_p50_s" in written["targets"]
+    assert ExperimentReport.from_json(written) == data
+    text = render(data)
+    assert "targets: p50 TTFT" in text and "p50 TPOT" in text
+    best = data.final[0]
+    assert seconds(best.tpot_p50_s) in text.split("p50 TPOT", 2)[2].splitlines()[0]
+    assert throughput_vs_tpot(data, tmp_path / "curve")[0].exists()

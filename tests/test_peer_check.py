@@ -4,7 +4,7 @@ gpu and the peer extras are installed (the planner is not needed otherwise).
 
 AIConfigurator's TTFT and TPOT are one steady-state estimate per configuration, the average
 request's, with no spread; ours are held like for like, at the median request (half of them
-meeting both). At our own default, the p90, the aggregated answer is further below its
+meeting both). At our own default, the p90, the aggregated answer is further below theirs
 (docs/serving.md says why)."""
 
 import pytest

@@ -45,8 +45,9 @@ def test_gpus_of_a_node_make_one_system():
 
 
 def test_only_gpus_name_their_gpus_per_copy():
-    with pytest.raises(UserError, match="tpK is for GPU pools"):
-        parse_pool("wse3x2tp2")
+    for text in ("wse3x2tp2", "trn2x2tp2"):
+        with pytest.raises(UserError, match="tpK .* is for a GPU pools"):
+            parse_pool(text)
 
 
 def test_a_file_is_read_by_the_kind_it_describes(tmp_path):
@@ -57,15 +58,17 @@ def test_a_file_is_read_by_the_kind_it_describes(tmp_path):
     assert parse_pool(str(FABRICS / "mesh8.yaml")).kind.noun == "a fabric"
 
 
-def test_a_file_no_kind_describes_is_refused_by_name(tmp_path):
+def test_a_file_no_kind_claims_is_read_as_a_fabric_that_says_what_it_lacks(tmp_path):
     other = tmp_path / "other.yaml"
-    other.write_text("name: other\nspeed: 3\n")
-    with pytest.raises(UserError, match="describes no hardware a pool may be"):
+    other.write_text("version: 1\nname: other\nspeed: 3\n")
+    with pytest.raises(UserError, match="width"):
         parse_pool(str(other))
 
 
-def test_an_unknown_name_lists_every_kind():
+def test_an_unknown_name_lists_every_kind_and_the_files_they_read():
     with pytest.raises(UserError) as caught:
         parse_pool("tpu9x2")
     for kind in kinds():
         assert kind.noun in str(caught.value)
+        assert kind.file_mark in str(caught.value)
+    assert sum(k.default_file for k in kinds()) == 1

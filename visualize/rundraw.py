@@ -92,7 +92,7 @@ def _config(run) -> list[tuple[str, object]]:
         t = e.targets
         rows += [("model", e.model), ("cluster", e.cluster), ("workload", e.workload),
                  ("requests per run", e.requests_per_run),
-                 ("targets", f"p90 TTFT <= {seconds(t.ttft_s)}, p90 TPOT "
+                 ("targets", f"{t.at} TTFT <= {seconds(t.ttft_s)}, {t.at} TPOT "
                              f"<= {seconds(t.tpot_s)}, >= "
                              f"{t.attainment:.0%} of requests meeting both")]
     if run.inspect:

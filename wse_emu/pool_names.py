@@ -47,8 +47,9 @@ def parse_pool(text: str) -> PoolName:
         raise UserError(f"pool '{text}': the count must be between 1 and {MAX_UNITS}")
     kind, hardware = _hardware(text, base)
     if tp is not None and not kind.takes_tp:
-        raise UserError(f"pool '{text}': tpK is for GPU pools; an accelerator's YAML says "
-                        "its tensor_parallel")
+        takers = " or ".join(k.noun for k in kinds() if k.takes_tp)
+        raise UserError(f"pool '{text}': tpK (units per copy of the model) is for {takers} "
+                        f"pools, not {kind.noun}")
     return PoolName(text, hardware, count, tp)
 
 
@@ -56,14 +57,15 @@ def _hardware(text: str, base: str) -> tuple[PoolKind, Any]:
     """The kind and the hardware ``base`` names: a file says what it describes."""
     if base.endswith((".yaml", ".yml")):
         mapping = read_yaml_mapping(Path(base))
-        kind = next((k for k in kinds() if k.describes(mapping)), None)
-        if kind is None:
-            raise UserError(f"pool '{text}': the file describes no hardware a pool may be: "
-                            "a fabric states its `width`, an accelerator its `device`")
+        # A kind that claims it by its mark, else the default (whose loader says what the
+        # file lacks).
+        kind = next((k for k in kinds() if not k.default_file and k.describes(mapping)),
+                    None) or next(k for k in kinds() if k.default_file)
         return kind, kind.load_file(Path(base))
     for kind in kinds():
         if base in kind.presets():
             return kind, kind.load(base)
     known = ", ".join(f"{k.noun} ({', '.join(k.presets())})" for k in kinds())
-    raise UserError(f"unknown pool '{text}': {known}, optionally with xN for N of them, or a "
-                    "fabric or accelerator YAML")
+    files = " or ".join(f"{k.noun} YAML (stating {k.file_mark})" for k in kinds() if k.file_mark)
+    raise UserError(f"unknown pool '{text}': {known}, optionally with xN for N of them, or "
+                    f"{files}")

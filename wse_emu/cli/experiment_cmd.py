@@ -100,8 +100,8 @@ def _add_common(d) -> None:
                    help="time-to-first-token target, seconds (at the p90; experiment disagg: "
                         "at --slo-percentile)")
     d.add_argument("--attainment", type=float,
-                   help="share of requests that must meet both targets (default: the "
-                        "percentile's, 0.9 at the p90)")
+                   help="share of requests that must meet both targets (default 0.9; "
+                        "experiment disagg: the --slo-percentile's share)")
     space = Space()
     add_space_args(d, space.copies)
     d.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
@@ -455,7 +455,7 @@ def render(data: ExperimentReport) -> str:
             + (f" (steady windows of {duration(min(windows))} to {duration(max(windows))} "
                "emulated at the rates found)" if windows else "")
             if data.confirmed else "as tuned")
-    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data.final, per)]
+    lines += ["", f"Each plan's best, {runs}:", "", render_rows(data.final, per, t.at)]
     cmp_ = data.comparison
     if not cmp_.compared:
         missing = "colocated" if cmp_.colocated is None else "disaggregated"
@@ -519,26 +519,26 @@ def _value(knob: str, value) -> str:
 ROW_COLUMNS = 2  # configurations side by side in one table of ``render_rows``
 
 
-def render_rows(configurations: list[ConfigRow], per: str = "system") -> str:
+def render_rows(configurations: list[ConfigRow], per: str = "system", at: str = "p90") -> str:
     """Each configuration's results, one column per configuration and one row per metric (a
     row per configuration would be some 260 columns wide), two configurations to a table;
-    rates per system (or per ``per``)."""
+    rates per system (or per ``per``); TTFT and TPOT at the targets' percentile ``at``."""
     energy = any(c.energy_per_output_token_j is not None for c in configurations)
     names = ([f"goodput/s/{per}", f"vs ceiling/s/{per}", f"tok/s/{per}"]
              + (["J/token"] if energy else [])
-             + ["p90 TTFT", "p90 TPOT", "p90 ITL", "stall/token", "prefill busy", "decode busy",
-                "on-target/s (makespan)", "next rate fails on"])
+             + [f"{at} TTFT", f"{at} TPOT", "p90 ITL", "stall/token", "prefill busy",
+                "decode busy", "on-target/s (makespan)", "next rate fails on"])
     tables = []
     for n in range(0, len(configurations), ROW_COLUMNS):
         group = configurations[n:n + ROW_COLUMNS]
-        columns = [_metrics_of(c, energy) for c in group]
+        columns = [_metrics_of(c, energy, at) for c in group]
         rows = [[name] + [column[i] for column in columns] for i, name in enumerate(names)]
         tables.append(narrow_table(["configuration"] + [c.configuration for c in group], rows,
                                    "l" * (1 + len(group))))
     return "\n\n".join(tables)
 
 
-def _metrics_of(c: ConfigRow, energy: bool) -> list[str]:
+def _metrics_of(c: ConfigRow, energy: bool, at: str = "p90") -> list[str]:
     """One configuration's column of ``render_rows``, in the order of its rows."""
     # Per system, as the goodput beside it (reports from before it was kept: one system).
     ceiling = c.ceiling_rate_per_system if c.ceiling_rate_per_system is not None \
@@ -550,7 +550,8 @@ def _metrics_of(c: ConfigRow, energy: bool) -> list[str]:
              f"{c.share_of_ceiling:.0%} of {number(ceiling)}" if ceiling else "-",
              number(c.output_tokens_per_s_per_system)]
             + ([number(c.energy_per_output_token_j)] if energy else [])
-            + [seconds(c.ttft_p90_s), seconds(c.tpot_p90_s), seconds(c.itl_p90_s),
+            + [seconds(getattr(c, f"ttft_{at}_s")), seconds(getattr(c, f"tpot_{at}_s")),
+               seconds(c.itl_p90_s),
                seconds(c.decode_stall_per_token_s), f"{c.prefill_utilization:.0%}",
                f"{c.decode_utilization:.0%}", number(c.goodput_requests_per_s),
                c.limited_by])

@@ -98,6 +98,11 @@ def run(args):
     return render(report, result, metrics)
 
 
+def _source(pool) -> str:
+    """Where a pool's step times come from, as its kind says."""
+    return pool.kind.step_times_source(pool.hardware)
+
+
 def run_pools(args, settings: dict):
     check_pool_args(args)
     model = model_from_args(args)
@@ -109,7 +114,7 @@ def run_pools(args, settings: dict):
         timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
     colocated = "mixed" in sides
     sources = {"step times" if role == "mixed" else f"{role} step times":
-               step_times_source(parse_pool(name)) for role, name in sides.items()}
+               _source(parse_pool(name)) for role, name in sides.items()}
     report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
                          result.regions, model=model.name,
                          cluster=args.pool if colocated else
@@ -124,11 +129,6 @@ def run_pools(args, settings: dict):
     text = render(report, result, metrics).split("\n")
     return "\n".join(text[:1] + [f"  {label:<20} {source}" for label, source in sources.items()]
                      + text[1:])
-
-
-def step_times_source(pool) -> str:
-    """Where a pool's step times come from, in a few words (its kind says)."""
-    return pool.kind.step_times_source(pool.hardware)
 
 
 def render(report: ServeReport, result, metrics) -> str:

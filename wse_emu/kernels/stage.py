@@ -140,9 +140,9 @@ class StageGraph:
         them along its strip: ``StripSpec.transposed``). Returns (PEs, ready tasks)."""
         pes, sizes = where
         grid = self.stage_grid()
-        if len(pes) == grid.shape[1]:
-            return pes, ready
         line = grid[int(np.flatnonzero((grid == pes[0]).any(axis=1))[0])]
+        if len(pes) == len(line) and np.isin(line, pes).all():
+            return pes, ready
         return line, self.feed(pes, sizes, ready, line,
                                even_split(int(sizes.sum()), len(line)), name, tile)
 

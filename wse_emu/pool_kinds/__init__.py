@@ -3,7 +3,7 @@
 data (``gpu``). Each kind is one module with the face ``PoolKind`` describes, and nothing
 outside them asks which kind a pool is: naming, the footprint, the layouts an experiment tries
 and the pools that serve all go through it. A new kind is a module here and a line in
-``KINDS``."""
+``kinds``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ class PoolKind:
 
     noun = ""  # as an error message lists it: "a fabric"
     takes_tp = False  # whether its names may say GPUs per copy (``h200x8tp2``)
+    # What marks a YAML file of this kind, as an error names it ("": it has no files).
+    file_mark = ""
+    # Whether a file no other kind claims is read as this kind (one kind is): its loader
+    # then says what the file lacks.
+    default_file = False
 
     def presets(self) -> list[str]:
         """The names it answers to on the command line."""
@@ -27,7 +32,7 @@ class PoolKind:
         raise NotImplementedError
 
     def describes(self, mapping: dict) -> bool:
-        """Whether a YAML file holding ``mapping`` describes this kind."""
+        """Whether a YAML file holding ``mapping`` describes this kind (``file_mark``)."""
         return False
 
     def load_file(self, path: Path) -> Any:
@@ -58,12 +63,12 @@ class PoolKind:
         raise NotImplementedError
 
     def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile) -> list:
+              cache: Path, grid: str, compile_model) -> list:
         """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
         numbered from ``first``, its steps timed for a serving clock of ``clock_hz``; stage
-        tables kept in ``cache`` over ``grid``'s shapes. ``compile(model, fabric, systems,
-        **options)`` is the compiler (``wse_emu.api.compile``), given for a kind that compiles
-        the model onto its hardware: the core does not import it."""
+        tables kept in ``cache`` over ``grid``'s shapes. ``compile_model(model, fabric,
+        systems, **options)`` is the compiler (``wse_emu.api.compile``), given for a kind
+        that compiles the model onto its hardware: the core does not import it."""
         raise NotImplementedError
 
     def step_times_source(self, hardware: Any) -> str:
@@ -87,24 +92,19 @@ class Side:
         return self.pool.kind.label(self)
 
 
-def _kinds() -> tuple:
-    # Imported here: the kinds' modules import the pools and the compiler they build from.
+def kinds() -> tuple:
+    """Every kind, in the order names are tried and listed."""
+    # Imported here: the kinds' modules import the pools they build, which import this one.
     from wse_emu.pool_kinds.accelerator import ACCELERATOR
     from wse_emu.pool_kinds.gpu import GPU
     from wse_emu.pool_kinds.wafer import WAFER
 
-    # In the order a name or a file is tried against them.
     return (WAFER, ACCELERATOR, GPU)
-
-
-def kinds() -> tuple:
-    """Every kind, in the order names are tried."""
-    return _kinds()
 
 
 def kind_of(hardware: Any) -> PoolKind:
     """The kind ``hardware`` (a fabric, an accelerator, a GPU) is of."""
-    for kind in _kinds():
+    for kind in kinds():
         if kind.owns(hardware):
             return kind
     raise TypeError(f"no pool kind holds {type(hardware).__name__}")

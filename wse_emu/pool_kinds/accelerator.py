@@ -14,6 +14,7 @@ from wse_emu.runtime.accelerator_pool import accelerator_pools
 
 class AcceleratorKind(PoolKind):
     noun = "an accelerator"
+    file_mark = "its `device`"
 
     def presets(self) -> list[str]:
         return preset_names("accelerators")
@@ -38,7 +39,7 @@ class AcceleratorKind(PoolKind):
         return hw.name if count == 1 else f"{count} x {hw.name}"
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile) -> list:
+              cache: Path, grid: str, compile_model) -> list:
         name = side.pool
         return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first, grid)
 

@@ -48,7 +48,7 @@ class GpuKind(PoolKind):
         return f"{side.pool.count} x {side.pool.hardware.name} tp{side.tp}"
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile) -> list:
+              cache: Path, grid: str, compile_model) -> list:
         name = side.pool
         return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
                          side.tp or name.tensor_parallel)

@@ -18,15 +18,14 @@ from wse_emu.runtime.pools import wafer_pools
 
 class WaferKind(PoolKind):
     noun = "a fabric"
+    file_mark = "its `width`"
+    default_file = True  # fabric files came first: one with a field missing is told which
 
     def presets(self) -> list[str]:
         return preset_names("fabrics")
 
     def load(self, name: str) -> FabricSpec:
         return load_fabric(name)
-
-    def describes(self, mapping: dict) -> bool:
-        return "width" in mapping  # a fabric states its mesh
 
     def load_file(self, path: Path) -> FabricSpec:
         return load_fabric(path)
@@ -55,13 +54,13 @@ class WaferKind(PoolKind):
         return f"{name} ({', '.join(how)})" if how else name
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile) -> list:
+              cache: Path, grid: str, compile_model) -> list:
         name, copies = side.pool, side.copies
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
         try:
-            program = compile(model, fabric, name.count, plan="colocated",
-                              layers_per_stage=side.depth, **bands)
+            program = compile_model(model, fabric, name.count, plan="colocated",
+                                    layers_per_stage=side.depth, **bands)
         except CompileError as exc:  # its advice in this command's terms: wse3x4
             advice = re.sub(r"`systems=(\d+)`", rf"{fabric.name}x\1", str(exc))
             raise UserError(f"{role} pool {name.text}: {advice}") from None

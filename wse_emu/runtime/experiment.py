@@ -67,12 +67,13 @@ PERCENTILES = (50, 90, 99)
 class Targets:
     ttft_s: float  # time to first token at the ``percentile``, seconds
     tpot_s: float  # time per output token at the ``percentile``, seconds
-    # Share of requests that must meet both (None: the percentile's, 0.9 at p90).
+    # Share of requests that must meet both (None: the percentile's, 0.9 at p90). Resolved
+    # when made, so a copy with another percentile keeps it: give None again to follow.
     attainment: float | None = None
     percentile: int = 90
 
     def __post_init__(self):
-        if self.percentile not in PERCENTILES:
+        if type(self.percentile) is not int or self.percentile not in PERCENTILES:
             raise UserError(f"`percentile` must be one of {', '.join(map(str, PERCENTILES))}, "
                             f"got {self.percentile!r}")
         if self.attainment is None:
@@ -92,6 +93,7 @@ class Targets:
         return getattr(metrics.ttft_s, self.at)
 
     def tpot(self, metrics: RunMetrics) -> float:
+        """A run's TPOT at the targets' percentile."""
         return getattr(metrics.tpot_s, self.at)
 
     def stable(self, metrics: RunMetrics) -> bool:
@@ -112,7 +114,7 @@ class Targets:
     @classmethod
     def from_json(cls, data: dict) -> "Targets":
         at = next((q for q in PERCENTILES if f"ttft_p{q}_s" in data), None)
-        if at is None:
+        if at is None:  # as a report with no targets was refused before percentiles
             raise KeyError("ttft_p90_s")
         return cls(data[f"ttft_p{at}_s"], data[f"tpot_p{at}_s"], data["attainment"], at)
 
@@ -398,6 +400,8 @@ AT_BEST = ("failed_rate_per_system", "goodput_requests_per_s", "output_tokens_pe
            "decode_stall_per_token_s", "prefill_utilization", "decode_utilization",
            "kv_peak_share")
 ECONOMICS = ("energy_per_output_token_j", "cost_per_million_output_tokens")
+# Latencies at the other percentiles targets may be held at (reports from before lack them).
+OTHER_PERCENTILES = ("ttft_p50_s", "tpot_p50_s", "ttft_p99_s", "tpot_p99_s")
 CEILING = ("ceiling_rate_per_s", "ceiling_rate_per_system", "share_of_ceiling")
 
 
@@ -432,6 +436,12 @@ class ConfigRow:
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
     itl_p90_s: float | None = None
+    # At the other percentiles targets may be held at (``Targets.percentile``; written only
+    # where known: ``OTHER_PERCENTILES``).
+    ttft_p50_s: float | None = None
+    tpot_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
     slo_attainment: float | None = None
     decode_stall_per_token_s: float | None = None
     prefill_utilization: float | None = None
@@ -456,7 +466,7 @@ class ConfigRow:
         if self.met_some_rate:
             out.update({name: getattr(self, name) for name in AT_BEST})
             out["user_tokens_per_s"] = self.user_tokens_per_s.to_json()
-            out.update({name: getattr(self, name) for name in ECONOMICS
+            out.update({name: getattr(self, name) for name in ECONOMICS + OTHER_PERCENTILES
                         if getattr(self, name) is not None})
         if self.ceiling_rate_per_s is not None:
             out.update({name: getattr(self, name) for name in CEILING})

@@ -18,7 +18,7 @@ from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.workload import Requests
 
 VARIABLES = {
-    "tpot": "the p90 TPOT target, seconds",
+    "tpot": "the TPOT target (at --slo-percentile, p90 by default), seconds",
     "systems": "systems (wafers) in the cluster",
     "prompt-scale": "every prompt's length times this factor",
     "output-scale": "every output's length times this factor",
