@@ -104,7 +104,7 @@ def test_generate_computes_through_the_tiles():
 
 @pytest.mark.e2e
 def test_an_experiment_held_at_the_median_says_so_throughout(tmp_path):
-    from visualize.curves import throughput_vs_tpot
+    from wse_emu.visualize.curves import throughput_vs_tpot
     from wse_emu.cli.experiment_cmd import render
 
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
