@@ -104,8 +104,8 @@ def test_generate_computes_through_the_tiles():
 
 @pytest.mark.e2e
 def test_an_experiment_held_at_the_median_says_so_throughout(tmp_path):
-    from wse_emu.visualize.curves import throughput_vs_tpot
     from wse_emu.cli.experiment_cmd import render
+    from wse_emu.visualize.curves import throughput_vs_tpot
 
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
                   max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")

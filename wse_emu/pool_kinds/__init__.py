@@ -7,13 +7,17 @@ and the pools that serve all go through it. A new kind is a module here and a li
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wse_emu.errors import UserError
 
-class PoolKind:
-    """What the rest of the project reads of a kind of hardware."""
+
+class PoolKind(ABC):
+    """What the rest of the project reads of a kind of hardware: a kind must say what the
+    abstract methods ask; the others have the answer most kinds give."""
 
     noun = ""  # as an error message lists it: "a fabric"
     takes_tp = False  # whether its names may say GPUs per copy (``h200x8tp2``)
@@ -23,31 +27,33 @@ class PoolKind:
     # then says what the file lacks.
     default_file = False
 
+    @abstractmethod
     def presets(self) -> list[str]:
         """The names it answers to on the command line."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load(self, name: str) -> Any:
         """The hardware a preset name stands for."""
-        raise NotImplementedError
 
     def describes(self, mapping: dict) -> bool:
         """Whether a YAML file holding ``mapping`` describes this kind (``file_mark``)."""
         return False
 
     def load_file(self, path: Path) -> Any:
-        raise NotImplementedError
+        """The hardware a YAML file describes (only a kind with a ``file_mark`` has files)."""
+        raise UserError(f"{path}: {self.noun} is not described by a file")
 
+    @abstractmethod
     def owns(self, hardware: Any) -> bool:
-        raise NotImplementedError
+        """Whether ``hardware`` (as ``load`` gives it) is of this kind."""
 
     def per_system(self, hardware: Any) -> int:
         """Units of it that make one system (GPUs share a node; a wafer is one)."""
         return 1
 
+    @abstractmethod
     def power_w(self, hardware: Any) -> float:
         """Wall power of one unit (0 where no figure is stated)."""
-        raise NotImplementedError
 
     def clock_hz(self, hardware: Any) -> float | None:
         """The clock its own step times count in (None: it times steps in seconds)."""
@@ -58,10 +64,11 @@ class PoolKind:
         each); ``copies`` per system and ``depths`` (layers per stage) where it has them."""
         return [Side(name)]
 
+    @abstractmethod
     def label(self, side: "Side") -> str:
         """How a report names one side."""
-        raise NotImplementedError
 
+    @abstractmethod
     def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
               cache: Path, grid: str, compile_model) -> list:
         """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
@@ -69,11 +76,10 @@ class PoolKind:
         tables kept in ``cache`` over ``grid``'s shapes. ``compile_model(model, fabric,
         systems, **options)`` is the compiler (``wse_emu.api.compile``), given for a kind
         that compiles the model onto its hardware: the core does not import it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step_times_source(self, hardware: Any) -> str:
         """Where its step times come from, in a few words (a run states it)."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
