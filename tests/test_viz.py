@@ -116,14 +116,33 @@ def test_viz_adds_one_kind_in_svg_and_keeps_the_other_figures(run_dir):
     assert (run_dir / "report.html").read_text().count("<figure>") == shown + 1
 
 
+KINDS_LISTED = "takes one or more of maps, roofline, serving, experiment, sweep"
+
+
 @pytest.mark.parametrize("args, message", [
     (["viz", "no-such-dir"], "not a run directory"),
-    (["viz", ".", "--what", "pie"], "--what takes"),
+    (["viz", ".", "--what", "pie"], f"--what {KINDS_LISTED}; got 'pie'"),
+    (["viz", ".", "--what", "maps,Roofline"], f"--what {KINDS_LISTED}; got 'Roofline'"),
+    (["viz", ".", "--what", ","], f"--what {KINDS_LISTED}; got none"),
 ])
 def test_bad_viz_input_is_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("what, got", [("pie", "'pie'"), (("maps", "heatmap"), "'heatmap'"),
+                                       (["serving", 3], "3"), ((), "none")])
+def test_the_library_refuses_a_kind_of_figure_it_does_not_draw(what, got, tmp_path):
+    """``api.draw`` checks ``what`` itself (a misspelt kind would draw nothing and say so
+    nowhere), naming the word and the kinds there are, before reading the directory."""
+    from wse_emu import api
+    from wse_emu.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        api.draw(tmp_path, what=what)
+    assert str(info.value) == f"`what` {KINDS_LISTED}; got {got}"
+    assert list(tmp_path.iterdir()) == []
 
 
 SERVE_WORKLOAD = """version: 1
@@ -175,3 +194,137 @@ def test_a_disaggregated_run_shows_its_roles_side_by_side(tmp_path):
                  "decode", "--batch", "1", "--context", "128", "-o", str(out), "--viz"]) == 0
     names = {f.name for f in (out / "figures").iterdir()}
     assert {"regions_sram_total.png", "regions_compute.png", "regions_links_max.png"} <= names
+
+
+# --- figures that read right: the pipeline window inside its figure, the attainment plot
+# showing the rates that failed ------------------------------------------------------------
+
+def _captured(monkeypatch, module):
+    """The figures ``module`` saves, kept open (drawn) for the test to measure."""
+    figures = []
+
+    def keep(fig, path, formats=("png",)):
+        fig.canvas.draw()
+        figures.append(fig)
+        return [path.with_suffix(".png")]
+    monkeypatch.setattr(module, "save_figure", keep)
+    return figures
+
+
+def _timeline(regions: dict) -> dict:
+    """Chrome trace events of pipelines: region id -> (stages, micro-batches, names): each
+    micro-batch takes 10 us on every stage and enters stage 0 every 12 us."""
+    events = []
+    for pid, (stages, batches, names) in regions.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid,
+                       "args": {"name": f"region{pid}"}})
+        for i in range(batches):
+            for s in range(stages):
+                events.append({"name": names[i % len(names)], "ph": "X", "pid": pid, "tid": s,
+                               "ts": 12.0 * i + 10.0 * s, "dur": 10.0})
+    return {"traceEvents": events}
+
+
+def _inside(inner, outer, margin: float) -> bool:
+    return (inner.x0 >= outer.x0 + margin and inner.y0 >= outer.y0 + margin
+            and inner.x1 <= outer.x1 - margin and inner.y1 <= outer.y1 - margin)
+
+
+@pytest.mark.parametrize("regions", [
+    {0: (3, 400, ["decode"])},
+    {0: (2, 400, ["prefill", "decode", "decode+prefill"]), 3: (4, 20, ["prefill"]),
+     5: (1, 7, ["decode"])}])
+def test_the_pipeline_window_shows_whole_micro_batches_inside_its_figure(
+        monkeypatch, tmp_path, regions):
+    """The window ends after its last micro-batch leaves the last stage, with room before
+    the frame (no micro-batch cut at the right edge); every panel (with its labels) and the
+    legend lie inside the figure with a margin, the legend over no panel."""
+    from wse_emu.visualize import serving
+
+    figures = _captured(monkeypatch, serving)
+    serving.pipeline_window(_timeline(regions), tmp_path / "pipeline")
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert _inside(legend, fig.bbox, 2)
+    for ax, (stages, batches, _) in zip(fig.axes, regions.values()):
+        box = ax.get_tightbbox(renderer)
+        assert _inside(box, fig.bbox, 2)
+        assert not legend.overlaps(box)
+        shown = min(serving.WINDOW_BATCHES, batches - batches // 2)
+        left, right = ax.get_xlim()
+        # The window's last micro-batch leaves the last stage at 12 us per batch after the
+        # first shown, plus its 10 us on each stage: drawn whole, with room before the frame.
+        last_end = (12.0 * (shown - 1) + 10.0 * stages) / 1e6
+        assert last_end < right and (right - last_end) >= 0.02 * (right - left)
+        bars = [(round(p.vertices[:, 0].min() * 1e6, 6), round(np.ptp(p.vertices[:, 0]) * 1e6, 6))
+                for c in ax.collections for p in c.get_paths()]
+        assert (round(last_end * 1e6 - 10.0, 6), 10.0) in bars
+        assert ax.get_title().split(": ")[1].startswith(f"{shown} micro-batches")
+
+
+class _Report:
+    """What the attainment figure reads of an experiment's report."""
+
+    def __init__(self, points: dict, attainment: float = 0.9):
+        from wse_emu.runtime.experiment import Targets
+
+        self.targets = Targets(1.0, 0.005, attainment)
+        self.points, self.final_points = points, {}
+
+
+def _point(rate, met, attainment, pace=1.0):
+    return {"rate_per_s": rate, "met": met, "slo_attainment": attainment, "pace": pace,
+            "ttft_slope": 0.0}
+
+
+def test_the_attainment_plot_shows_the_rates_that_failed(monkeypatch, tmp_path):
+    """Every rate the search ran is drawn at its own attainment, the failed ones hollow,
+    on an axis reaching below the lowest; the pace of each run is drawn against the limit
+    of a steady run, failed runs above it."""
+    from wse_emu.runtime.experiment import MAX_PACE
+    from wse_emu.visualize import curves
+
+    points = {"colocated, 1 copy": [_point(100, True, 1.0), _point(200, True, 0.97),
+                                    _point(400, False, 0.62, 1.6), _point(800, False, 0.31, 3.0)],
+              "disaggregated, share 0.5": [_point(150, True, 0.99, 0.95),
+                                           _point(300, False, 0.985, 1.3)]}
+    figures = _captured(monkeypatch, curves)
+    curves.attainment_vs_rate(_Report(points), tmp_path / "attainment")
+    (fig,) = figures
+    top, bottom = fig.axes
+    drawn = [(x, y) for line in top.get_lines() if line.get_linestyle() == "None"
+             for x, y in zip(line.get_xdata(), line.get_ydata())]
+    every = [(p["rate_per_s"], p["slo_attainment"]) for pts in points.values() for p in pts]
+    assert sorted(drawn) == sorted(every)
+    hollow = sorted((x, y) for line in top.get_lines() if line.get_linestyle() == "None"
+                    and line.get_markerfacecolor() == "white"
+                    for x, y in zip(line.get_xdata(), line.get_ydata()))
+    assert hollow == sorted((p["rate_per_s"], p["slo_attainment"]) for pts in points.values()
+                            for p in pts if not p["met"])
+    low, high = top.get_ylim()
+    assert low < 0.31 and high >= 1.0
+    limit = [line for line in bottom.get_lines() if list(line.get_ydata()) == [MAX_PACE] * 2]
+    assert limit
+    above = [(x, y) for line in bottom.get_lines() if line.get_linestyle() == "None"
+             and line.get_markerfacecolor() == "white"
+             for x, y in zip(line.get_xdata(), line.get_ydata())]
+    assert sorted(above) == [(300, 1.3), (400, 1.6), (800, 3.0)]
+    assert all(y > MAX_PACE for _, y in above)
+
+
+def test_an_attainment_of_97_percent_does_not_read_as_100(monkeypatch, tmp_path):
+    """Where every run keeps its attainment high (it failed on a growing queue), the axis
+    starts near the lowest share, so that 97% stands well apart from 100%."""
+    from wse_emu.visualize import curves
+
+    figures = _captured(monkeypatch, curves)
+    curves.attainment_vs_rate(_Report({"colocated": [
+        _point(100, True, 1.0), _point(200, True, 0.97), _point(400, False, 0.97, 1.5)]}),
+        tmp_path / "attainment")
+    top = figures[0].axes[0]
+    gap_px = abs(top.transData.transform((100, 1.0))[1] - top.transData.transform((100, 0.97))[1])
+    assert gap_px > 25
+    # Whole percentages on the axis, each written once.
+    labels = [t.get_text() for t in top.get_yticklabels() if t.get_text()]
+    assert len(labels) == len(set(labels)) >= 3

@@ -1,10 +1,9 @@
 """Request workloads: synthetic, trace replay, agentic sessions, and bad inputs."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from wse_emu.configfile import preset_dir
 from wse_emu.errors import ConfigError
 from wse_emu.runtime.workload import (
     WorkloadSpec,
@@ -14,7 +13,7 @@ from wse_emu.runtime.workload import (
     workload_from_dict,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+CONVERSATIONS = preset_dir("traces") / "azure-conv.csv"  # shipped with wse-emu
 
 
 def test_presets_load_and_are_deterministic():
@@ -59,12 +58,11 @@ def test_agentic_sessions_grow_their_context():
     assert (outputs == 128).all()
 
 
-@pytest.mark.skipif(not TRACES.exists(), reason="the shared traces are not beside the project")
 def test_real_trace_replay_with_rate_scaling():
-    t, p, o = load_trace(TRACES / "azure2023_conv.csv")
+    t, p, o = load_trace(CONVERSATIONS)
     assert len(t) == 19366 and t[0] == 0 and (np.diff(t) >= 0).all()
     assert np.median(p) == 1020 and np.median(o) == 129
-    t2, _, _ = load_trace(TRACES / "azure2023_conv.csv", rate_scale=2.0)
+    t2, _, _ = load_trace(CONVERSATIONS, rate_scale=2.0)
     assert t2[-1] == pytest.approx(t[-1] / 2)
 
 

@@ -4,12 +4,16 @@ attainment against request rate; for ``--vary``, the goodput ratio against the v
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
-from wse_emu.fmt import seconds, with_unit
+from wse_emu.fmt import number, seconds, with_unit
 from wse_emu.runtime.comparison import ExperimentReport, VaryReport
+from wse_emu.runtime.experiment import MAX_PACE
 from wse_emu.runtime.frontier import FrontierReport
 from wse_emu.runtime.pairings import PairingsReport
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
@@ -69,22 +73,67 @@ def throughput_vs_tpot(data: ExperimentReport, path: Path, formats=("png",)) -> 
 
 @styled
 def attainment_vs_rate(data: ExperimentReport, path: Path, formats=("png",)) -> list[Path]:
-    fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=DPI)
+    """Above: each configuration's share of requests meeting both targets at every rate its
+    search ran, the rates that met all the targets filled and those that failed hollow, on an
+    axis that starts below the lowest share drawn (at 0 to 100% a share of 97% reads as
+    100%). Below: each run's pace (its first tokens' span over its arrivals') against the
+    limit a steady run keeps: a short run can end before its growing queue pushes TTFT past
+    the target, and fail there with its attainment still high."""
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(8.5, 6.6), dpi=DPI, sharex=True,
+                                 height_ratios=(3, 2), layout="constrained")
+    target = data.targets.attainment
+    lowest, paces = target, []
     for n, (label, points) in enumerate(_points(data).items()):
         pts = sorted(points, key=lambda p: p["rate_per_s"])
-        ax.plot([p["rate_per_s"] for p in pts], [p["slo_attainment"] for p in pts],
-                **_style(label, n))
-    ax.axhline(data.targets.attainment, color="black", linestyle=":", linewidth=1.2,
-               label="attainment required")
-    log_axis(ax, "x")
-    ax.set_ylim(-0.02, 1.02)
+        style = _style(label, n)
+        rates = [p["rate_per_s"] for p in pts]
+        shares = [p["slo_attainment"] for p in pts]
+        lowest = min([lowest, *shares])
+        ax.plot(rates, shares, **{**style, "marker": None})
+        paced = [(p["rate_per_s"], p["pace"], p["met"]) for p in pts
+                 if p.get("pace") is not None and math.isfinite(p["pace"])]
+        paces += [pace for _, pace, _ in paced]
+        bx.plot([r for r, _, _ in paced], [q for _, q, _ in paced],
+                **{**style, "marker": None, "label": None})
+        for axis, xy in ((ax, [(p["rate_per_s"], p["slo_attainment"], p["met"]) for p in pts]),
+                         (bx, paced)):
+            for met in (True, False):
+                chosen = [(x, y) for x, y, m in xy if bool(m) == met]
+                if chosen:
+                    axis.plot(*zip(*chosen), linestyle="none", marker=style["marker"],
+                              markersize=5, color=style["color"],
+                              markerfacecolor=style["color"] if met else "white")
+    ax.axhline(target, color="black", linestyle=":", linewidth=1.2)
+    # From a tenth below the lowest share drawn (or the target), so that every share, failed
+    # runs' too, stands apart from 100%.
+    bottom = max(0.0, math.floor((lowest - 0.05) * 10) / 10)
+    pad = (1 - bottom) * 0.04  # markers at either end clear of the frame
+    ax.set_ylim(bottom - pad, 1 + pad)
+    # Whole percentages (a step of 2.5% would print 97.5% as 98%).
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10]))
     axis_numbers(ax.yaxis, percent_formatter())
-    ax.set_xlabel("request rate (requests per s; sessions per s for agentic workloads)")
     ax.set_ylabel("requests meeting both targets")
     ax.set_title("SLO attainment against request rate")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower left", framealpha=0.9)
-    fig.tight_layout()
+    bx.axhline(MAX_PACE, color="black", linestyle="--", linewidth=1.2)
+    if paces and max(paces) / max(min(paces), 1e-9) > 3:
+        log_axis(bx, "y")
+    else:
+        axis_numbers(bx.yaxis)
+    bx.set_ylabel("pace (first tokens' span\nper span of arrivals)")
+    bx.set_xlabel("request rate (requests per s; sessions per s for agentic workloads)")
+    for a in (ax, bx):
+        log_axis(a, "x")
+        a.grid(True, which="both", alpha=0.3)
+    handles = [Line2D([], [], **_style(label, n)) for n, label in enumerate(_points(data))]
+    handles += [Line2D([], [], color="grey", marker="o", linestyle="none",
+                       label="rate met every target"),
+                Line2D([], [], color="grey", marker="o", markerfacecolor="white",
+                       linestyle="none", label="rate failed (a target, or a growing queue)"),
+                Line2D([], [], color="black", linestyle=":", linewidth=1.2,
+                       label=f"attainment required ({target:.0%})"),
+                Line2D([], [], color="black", linestyle="--", linewidth=1.2,
+                       label=f"pace above which the queue grows ({number(MAX_PACE)})")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, framealpha=0.9)
     return save_figure(fig, path, formats)
 
 
@@ -234,7 +283,9 @@ def draw_experiment(data: ExperimentReport | VaryReport | FrontierReport, out: P
              "tried; the dotted line is the TPOT target (the same token speed for every "
              "configuration)."),
             (attainment_vs_rate(data, out / "attainment_vs_rate", formats)[0],
-             "Share of requests meeting both latency targets against request rate.")]
+             "Share of requests meeting both latency targets against request rate, rates "
+             "that failed hollow; below, each run's pace against the limit of a steady run: "
+             "a run can fail on a growing queue with its attainment still high.")]
 
 
 def _points(data: ExperimentReport) -> dict:

@@ -21,6 +21,7 @@ from matplotlib.colors import ListedColormap, Normalize  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from wse_emu.util.atomic import replacing_path  # noqa: E402
 from wse_emu.visualize.style import (  # noqa: E402
     LABEL_ROOM_PT,
     SMALL_PT,
@@ -44,11 +45,16 @@ def save_figure(fig, path: Path, formats=("png",)) -> list[Path]:
     """Write ``fig`` as ``path`` in every format (no timestamps, so the same run draws the same
     files) and close it."""
     written = []
-    for fmt in formats:
-        out = path.with_suffix(f".{fmt}")
-        fig.savefig(out, dpi=DPI, metadata={"Date": None} if fmt == "svg" else None)
-        written.append(out)
-    plt.close(fig)
+    try:
+        for fmt in formats:
+            out = path.with_suffix(f".{fmt}")
+            # (matplotlib opens the file itself: it is given a path of the same name)
+            with replacing_path(out) as partial:
+                fig.savefig(partial, format=fmt, dpi=DPI,
+                            metadata={"Date": None} if fmt == "svg" else None)
+            written.append(out)
+    finally:
+        plt.close(fig)  # a figure left open when the disk is full would pile up
     return written
 
 
@@ -117,7 +123,8 @@ def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("
     _colour_bar(fig, cax, cmap, vmin, vmax, label, categories, levels, ticks)
     written = save_figure(fig, path, formats)
     raw = path.with_suffix(".pixels.png")
-    plt.imsave(raw, image)
+    with replacing_path(raw) as partial:
+        plt.imsave(partial, image, format="png")
     written.append(raw)
     return written
 

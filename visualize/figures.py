@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.errors import UserError
 from wse_emu.fmt import number
 from wse_emu.layer import MicroBatch
+from wse_emu.util.atomic import replacing
 from wse_emu.visualize import wafer
 from wse_emu.visualize.curves import draw_experiment
 from wse_emu.visualize.draw import map_figure, regions_figure
@@ -21,6 +23,20 @@ from wse_emu.visualize.style import percent_formatter
 from wse_emu.visualize.sweep import sweep_figure
 
 KINDS = ("maps", "roofline", "serving", "experiment", "sweep")
+
+
+def check_kinds(what) -> tuple[str, ...]:
+    """The kinds of figures ``what`` names (a list, or a word or words split by commas), if
+    each is one of ``KINDS``; a word that is not is refused by name, with the kinds there are
+    (a misspelt kind would otherwise draw nothing and say nothing)."""
+    words = what.split(",") if isinstance(what, str) else list(what)
+    kinds = tuple(w.strip() if isinstance(w, str) else w for w in words)
+    kinds = tuple(w for w in kinds if w != "")
+    unknown = [w for w in kinds if w not in KINDS]
+    if unknown or not kinds:
+        got = ", ".join(map(repr, unknown)) if unknown else "none"
+        raise UserError(f"`what` takes one or more of {', '.join(KINDS)}; got {got}")
+    return kinds
 
 
 def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
@@ -40,11 +56,11 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
                                  MicroBatch(**run.inspect["workload"]))
         return figures
     if not 0 <= system < program.systems:
-        from wse_emu.errors import UserError
         raise UserError(f"`system` must be between 0 and {program.systems - 1}, got {system}")
     if "maps" in what:
         maps = _maps(run, system)
-        np.savez_compressed(out / "maps.npz", **{name: a for name, (a, *_) in maps.items()})
+        with replacing(out / "maps.npz") as fh:
+            np.savez_compressed(fh, **{name: a for name, (a, *_) in maps.items()})
         outlines = wafer.region_outlines(program, system)
         where = f"{program.fabric.name} system {system}"
         for name, (array, title, label, extra) in maps.items():

@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 
 from wse_emu.fmt import number
+from wse_emu.util.atomic import write_text
 
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -55,5 +56,5 @@ def write_report(path: Path, title: str, config: list[tuple[str, object]],
         parts.append(f"<figure>{_image(figure)}<figcaption>{html.escape(caption)}"
                      "</figcaption></figure>")
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    write_text(path, "\n".join(parts))  # a report is there whole or not at all
     return path

@@ -8,10 +8,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from wse_emu.configfile import regular_file
+from wse_emu.errors import UserError
 from wse_emu.fmt import number, seconds, si, with_unit
 from wse_emu.runtime.comparison import ExperimentReport, VaryReport
 from wse_emu.runtime.frontier import FrontierReport
-from wse_emu.visualize.figures import draw_all
+from wse_emu.util.atomic import WriteError, write_text
+from wse_emu.visualize.figures import check_kinds, draw_all
 from wse_emu.visualize.report import write_report
 from wse_emu.visualize.rundir import load_run
 
@@ -22,20 +25,30 @@ def draw_run(path: Path, what, formats=("png",), system: int = 0) -> Path:
     """Draw ``path``'s figures of the kinds ``what`` and its report. Figures drawn before, of
     other kinds, stay and stay in the report; the new ones replace earlier ones only once all
     are drawn."""
+    what = check_kinds(what)
     run = load_run(path)
-    staging = Path(tempfile.mkdtemp(prefix=".viz-", dir=path))
+    final = path / "figures"
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".viz-", dir=path))
+    except OSError as exc:
+        raise WriteError(final, str(exc.strerror or exc)) from None
     try:
         figures = draw_all(run, staging, what, formats, system)
-        final = path / "figures"
         final.mkdir(exist_ok=True)
         drawn = {f.name: caption for f, caption in figures}
         shown = [(name, caption) for name, caption in _shown(final)
                  if name not in drawn and (final / name).exists()] + list(drawn.items())
         for item in staging.iterdir():
             item.replace(final / item.name)
-        (final / CAPTIONS).write_text(json.dumps(shown, indent=1))
+        write_text(final / CAPTIONS, json.dumps(shown, indent=1))
         report = write_report(path / "report.html", _title(run), _config(run), _metrics(run),
                               [(final / name, caption) for name, caption in shown])
+    except OSError as exc:  # making figures/ or moving into it (a file is written whole)
+        raise WriteError(final, str(exc.strerror or exc)) from None
+    except WriteError as exc:
+        if staging in exc.path.parents:  # the name it was to have, not the staging folder's
+            raise WriteError(final / exc.path.relative_to(staging), exc.reason) from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
@@ -44,8 +57,9 @@ def draw_run(path: Path, what, formats=("png",), system: int = 0) -> Path:
 def _shown(figures: Path) -> list:
     """The (file, caption) pairs the report showed last time, if it said."""
     try:
-        return [tuple(pair) for pair in json.loads((figures / CAPTIONS).read_text())]
-    except (OSError, ValueError):
+        return [tuple(pair) for pair in
+                json.loads(regular_file(figures / CAPTIONS).read_text())]
+    except (OSError, ValueError, UserError):  # no captions to go by: every figure shown
         return []
 
 
@@ -159,8 +173,10 @@ def _metrics(run) -> list[tuple[str, object]]:
         m = run.metrics.metrics
         rows += [("requests", f"{m.requests:,}"), ("output tokens/s", si(m.output_tokens_per_s)),
                  ("requests/s", number(m.requests_per_s)),
-                 ("requests meeting both targets", f"{m.slo_attainment:.1%}"),
-                 ("on target per second of the run", number(m.goodput_requests_per_s))]
+                 ("requests meeting both targets", "no targets given"
+                  if m.slo_attainment is None else f"{m.slo_attainment:.1%}"),
+                 ("on target per second of the run", "no targets given"
+                  if m.goodput_requests_per_s is None else number(m.goodput_requests_per_s))]
         for times, label in ((m.ttft_s, "TTFT"), (m.tpot_s, "TPOT"),
                              (m.itl_s, "inter-token latency"), (m.e2e_s, "end to end")):
             rows.append((f"{label} p50 / p90 / p99",

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from wse_emu.configfile import regular_file
 from wse_emu.errors import UserError
 from wse_emu.fmt import duration, seconds
 from wse_emu.runtime.metrics import ServeReport
@@ -27,6 +28,7 @@ from wse_emu.visualize.style import (
 
 PREFILL, DECODE, MIXED = OKABE_ITO[5], OKABE_ITO[4], OKABE_ITO[6]
 WINDOW_BATCHES = 150  # micro-batches through stage 0 shown in the pipeline window
+WINDOW_ROOM = 0.03  # room left after the window's last micro-batch, a share of the window
 
 
 def read_requests(path: Path) -> dict[str, np.ndarray]:
@@ -39,20 +41,35 @@ def read_requests(path: Path) -> dict[str, np.ndarray]:
 
 def _read_csv(path: Path) -> list[dict]:
     try:
-        with open(path, newline="") as fh:
+        with open(regular_file(path), newline="") as fh:
             return list(csv.DictReader(fh))
     except (OSError, csv.Error) as exc:
         raise UserError(f"{path}: unreadable ({exc})") from None
 
 
+# Columns where a run writes infinity: the times of a request it refused.
+UNBOUNDED_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")
+
+
 def _columns(path: Path, rows: list[dict], names) -> dict[str, np.ndarray]:
-    """Numeric columns of a run's CSV; a damaged file is one clear error, not a traceback."""
+    """Numeric columns of a run's CSV; a damaged file is one clear error, not a traceback,
+    and so is a number no run writes (negative, NaN, or infinite but for a refused request's
+    times), named by column and row."""
     try:
-        return {k: np.array([float(r[k]) for r in rows]) for k in names}
+        columns = {k: np.array([float(r[k]) for r in rows]) for k in names}
     except KeyError as exc:
         raise UserError(f"{path}: no column {exc}") from None
     except (TypeError, ValueError):
         raise UserError(f"{path}: a value that is not a number") from None
+    for name, values in columns.items():
+        bad = np.isnan(values) | (values < 0) | (np.isinf(values) & (name not in
+                                                                     UNBOUNDED_COLUMNS))
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise UserError(f"{path}: {name} of row {row + 1} is {float(values[row])!r}, "
+                            "which no run writes (the file was edited or damaged): write it "
+                            "again")
+    return columns
 
 
 @styled
@@ -115,44 +132,69 @@ def tpot_over_time(requests: dict, targets: dict, path: Path, formats=("png",)) 
 @styled
 def pipeline_window(timeline: dict, path: Path, formats=("png",)) -> list[Path]:
     """Stages x time for every region, over a window of ``WINDOW_BATCHES`` micro-batches from
-    the middle of the run: prefill tiles, decode micro-batches and mixed ones coloured apart."""
+    the middle of the run, from the first's entry into stage 0 to the last's exit from the
+    last stage (with whatever else the stages held then): prefill tiles, decode
+    micro-batches and mixed ones coloured apart."""
     events = [e for e in timeline.get("traceEvents", []) if e.get("ph") == "X"]
     names = {e["pid"]: e["args"]["name"] for e in timeline.get("traceEvents", [])
              if e.get("ph") == "M" and e.get("name") == "process_name"}
     if not events:
         raise UserError("the run's timeline.json has no stage events")
     regions = sorted({e["pid"] for e in events})[:4]
-    fig, axes = plt.subplots(len(regions), 1, figsize=(9, 2.4 * len(regions) + 0.6), dpi=DPI,
-                             squeeze=False)
+    # Constrained layout keeps every tick label, title and the legend above the panels inside
+    # the figure, whatever the number of regions.
+    fig, axes = plt.subplots(len(regions), 1, figsize=(9, 2.3 * len(regions) + 0.7), dpi=DPI,
+                             squeeze=False, layout="constrained")
     for ax, pid in zip(axes[:, 0], regions):
-        mine = [e for e in events if e["pid"] == pid]
-        firsts = sorted(e["ts"] for e in mine if e["tid"] == 0)
-        a = firsts[len(firsts) // 2]
-        b = firsts[min(len(firsts) - 1, len(firsts) // 2 + WINDOW_BATCHES)]
-        b = max(b, a + 1.0)
-        stages = max(e["tid"] for e in mine) + 1
+        by_stage: dict[int, list] = {}  # stage -> its events in time order
+        for e in events:
+            if e["pid"] == pid:
+                by_stage.setdefault(e["tid"], []).append(e)
+        for mine in by_stage.values():
+            mine.sort(key=lambda e: e["ts"])
+        a, b, shown = _window(by_stage)
+        # A little room after the last micro-batch, so that it does not run into the frame;
+        # what else the stages held in the window is drawn too (cut at its edges).
+        right = b + (b - a) * WINDOW_ROOM
+        stages = max(by_stage) + 1
         bars: dict[tuple, list] = {}  # (stage, colour) -> its bars: one collection each
-        for e in mine:
-            if e["ts"] + e["dur"] < a or e["ts"] > b:
-                continue
-            color = MIXED if "+" in e["name"] else PREFILL if e["name"] == "prefill" else DECODE
-            bars.setdefault((e["tid"], color), []).append(((e["ts"] - a) / 1e6, e["dur"] / 1e6))
+        for stage, mine in by_stage.items():
+            for e in mine:
+                if e["ts"] + e["dur"] < a or e["ts"] > right:
+                    continue
+                color = (MIXED if "+" in e["name"] else PREFILL if e["name"] == "prefill"
+                         else DECODE)
+                bars.setdefault((stage, color), []).append(((e["ts"] - a) / 1e6,
+                                                            e["dur"] / 1e6))
         for (stage, color), spans in bars.items():
             ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=color, linewidth=0)
-        ax.set_xlim(0, (b - a) / 1e6)
+        ax.set_xlim(0, (right - a) / 1e6)
         ax.set_ylim(stages - 0.5, -0.5)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         axis_numbers(ax.xaxis, seconds_formatter())
         ax.set_ylabel("stage")
-        shown = sum(1 for t in firsts if a <= t <= b)
         ax.set_title(f"{names.get(pid, pid)}: {shown} micro-batches from {duration(a / 1e6)}",
                      fontsize=SMALL_PT + 1)
     axes[-1, 0].set_xlabel("time in the window")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (PREFILL, DECODE, MIXED)]
     fig.legend(handles, ["prefill tile", "decode micro-batch", "decode + prefill chunk"],
-               loc="upper right", ncol=3)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+               loc="outside upper center", ncol=3, frameon=False)
     return save_figure(fig, path, formats)
+
+
+def _window(by_stage: dict[int, list]) -> tuple[float, float, int]:
+    """(start, end, count) of a region's window: in microseconds, from the middle
+    micro-batch's entry into stage 0 to the exit from the last stage of the
+    ``WINDOW_BATCHES``-th from there, and how many micro-batches that is. A stage's n-th
+    event is the n-th micro-batch (each passes every stage, in order); a stage whose events
+    the timeline cut short ends at its last."""
+    first = by_stage[min(by_stage)]
+    i0 = len(first) // 2
+    i1 = min(len(first) - 1, i0 + WINDOW_BATCHES - 1)
+    a = first[i0]["ts"]
+    b = max(e["ts"] + e["dur"] for e in (mine[min(i1, len(mine) - 1)]
+                                          for mine in by_stage.values()))
+    return a, max(b, a + 1.0), i1 - i0 + 1
 
 
 @styled
@@ -192,7 +234,7 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
                 "Each request's TPOT over time; ticks at the bottom are prompt arrivals.")]
     if (run_path / "timeline.json").exists():
         try:
-            timeline = json.loads((run_path / "timeline.json").read_text())
+            timeline = json.loads(regular_file(run_path / "timeline.json").read_text())
         except (OSError, ValueError) as exc:
             raise UserError(f"{run_path / 'timeline.json'}: not valid JSON ({exc})") from None
         if any(e.get("ph") == "X" for e in timeline.get("traceEvents", [])):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import types
 import typing
 from importlib import resources
@@ -22,12 +23,37 @@ CONFIG_VERSION = 1
 
 
 def preset_dir(kind: str) -> Path:
-    """The folder of shipped presets of one kind ('fabrics' or 'models')."""
+    """The folder of shipped presets of one kind ('fabrics', 'models', 'traces', ...)."""
     return Path(str(resources.files("wse_emu.programs"))) / kind
 
 
-def preset_names(kind: str) -> list[str]:
-    return sorted(p.stem for p in preset_dir(kind).glob("*.yaml"))
+def preset_names(kind: str, suffix: str = ".yaml") -> list[str]:
+    """The names of the shipped presets of one kind: their files' stems."""
+    return sorted(p.stem for p in preset_dir(kind).glob(f"*{suffix}"))
+
+
+# What a path that is not a regular file is, by its mode, for the one-line refusal.
+_NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: str | Path) -> Path:
+    """``path``, once known to be a regular file or not to exist (its reader reports a missing
+    file in its own words). A FIFO would block the read until someone writes to it, a device
+    such as /dev/zero never ends, and a directory is not what was asked for, so each is
+    refused by name before anything opens it; ``stat`` does not open, so it cannot block."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing or unreachable: the reader says so when it opens it
+        return path
+    except ValueError:  # no file can be named so; open() would raise this too, untranslated
+        raise ConfigError(f"{shown(str(path))}: not a file name (it holds a NUL byte)") from None
+    if stat.S_ISREG(mode):
+        return path
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+    raise ConfigError(f"{path}: not a regular file ({kind})")
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -37,9 +63,11 @@ def shown(value: Any, limit: int = 60) -> str:
 
 
 def read_text(path: Path) -> str:
-    """The UTF-8 text of a config file; unreadable or non-UTF-8 files raise ConfigError."""
+    """The UTF-8 text of a config file, without the byte-order mark some editors save first;
+    unreadable, non-UTF-8 or not regular files raise ConfigError."""
+    regular_file(path)
     try:
-        return path.read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -207,20 +235,37 @@ def require(condition: bool, source: str, message: str) -> None:
         raise ConfigError(f"{source}: {message}")
 
 
+def is_preset_name(kind: str, text: str, suffix: str = ".yaml") -> bool:
+    """Whether ``text`` is a bare name (no suffix of the kind, no folder) of a shipped preset.
+    Such a name is the preset even where the working folder holds a file or a run directory
+    of that name (``-o wse3``); such a file is read as ``./wse3``."""
+    suffixes = (".yaml", ".yml") if suffix == ".yaml" else (suffix,)
+    bare = Path(text).suffix not in suffixes and "/" not in text and os.sep not in text
+    return bare and (preset_dir(kind) / f"{text}{suffix}").exists()
+
+
+def find_named(kind: str, noun: str, name_or_path, suffix: str = ".yaml",
+               base: Path | None = None) -> tuple[Path, str]:
+    """The file ``name_or_path`` names: a preset under ``programs/<kind>/`` or a path (relative
+    to ``base``, when given, else to the working folder), and how messages name it; an unknown
+    name lists the presets."""
+    text = str(name_or_path)
+    suffixes = (".yaml", ".yml") if suffix == ".yaml" else (suffix,)
+    preset = preset_dir(kind) / f"{text}{suffix}"
+    if is_preset_name(kind, text, suffix):
+        return preset, f"{noun} preset {text}"
+    path = Path(text) if base is None else Path(base) / text
+    if path.suffix in suffixes or path.exists():
+        return path, str(path)
+    if not preset.exists():
+        what = "YAML" if suffix == ".yaml" else suffix.lstrip(".").upper()
+        raise ConfigError(f"unknown {noun} '{text}': choose one of "
+                          f"{', '.join(preset_names(kind, suffix))} or give a {what} path")
+    return preset, f"{noun} preset {text}"
+
+
 def load_named(kind: str, noun: str, name_or_path, from_dict):
     """A preset ``name_or_path`` under ``programs/<kind>/`` or a YAML path, built by
     ``from_dict(mapping, source)``; an unknown name lists the presets."""
-    text = str(name_or_path)
-    path = Path(text)
-    preset = preset_dir(kind) / f"{text}.yaml"
-    # A bare preset name is the preset even where the working folder holds a file or a run
-    # directory of that name (``-o wse3``); such a file is read as ``./wse3``.
-    bare = path.suffix not in (".yaml", ".yml") and "/" not in text and os.sep not in text
-    if bare and preset.exists():
-        return from_dict(read_yaml_mapping(preset), f"{noun} preset {text}")
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return from_dict(read_yaml_mapping(path), str(path))
-    if not preset.exists():
-        raise ConfigError(f"unknown {noun} '{text}': choose one of "
-                          f"{', '.join(preset_names(kind))} or give a YAML path")
-    return from_dict(read_yaml_mapping(preset), f"{noun} preset {text}")
+    path, source = find_named(kind, noun, name_or_path)
+    return from_dict(read_yaml_mapping(path), source)

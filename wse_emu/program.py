@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 
 from wse_emu.compile_options import CompileOptions
+from wse_emu.configfile import regular_file
 from wse_emu.errors import UserError
 from wse_emu.fabric import FabricSpec, fabric_from_dict
 from wse_emu.model import ModelSpec, model_from_dict
 from wse_emu.program_check import check_program
+from wse_emu.util.atomic import WriteError, cannot_write, replacing, write_text
 
 FORMAT = "wse-emu-program"
 # 2: KV cache by columns and rows (kernels.kvlayout), reduction tree levels; 3: expert strips
@@ -272,18 +274,23 @@ class WaferProgram:
         """Write program.json and program.npz into ``directory`` (created if needed), with a
         digest of both in program.json, so that a file damaged or edited since is refused."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cannot_write(directory, exc) from None
         data = json.loads(json.dumps(self.to_json(), default=_json_default))
         data["digest"] = _digest_of(data, self.arrays)
-        with open(directory / "program.json", "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-        np.savez_compressed(directory / "program.npz", format_version=np.int32(FORMAT_VERSION),
-                            **self.arrays)
+        # Each file whole or not at all; the arrays first, so that a program.json is never
+        # there before the program.npz its digest was taken with.
+        with replacing(directory / "program.npz") as fh:
+            np.savez_compressed(fh, format_version=np.int32(FORMAT_VERSION), **self.arrays)
+        write_text(directory / "program.json", json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, directory: str | Path) -> "WaferProgram":
         directory = Path(directory)
         path = directory / "program.json"
+        regular_file(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except OSError:
@@ -297,6 +304,7 @@ class WaferProgram:
                 f"(found format {data.get('format')!r}, version {data.get('version')!r}); "
                 "recompile it"
             )
+        regular_file(directory / "program.npz")
         try:
             with np.load(directory / "program.npz", allow_pickle=False) as npz:
                 arrays = {k: npz[k] for k in npz.files if k != "format_version"}
@@ -389,7 +397,8 @@ def _cannot(directory: Path, reason) -> UserError:
 
 def check_run_dir(directory: str | Path) -> Path:
     """Refuse, before any work, a run directory that ``write_run_dir`` could not create: one
-    that exists and is not an empty directory, or whose parent is not a directory."""
+    that exists and is not an empty directory, or whose parent is not a directory or not
+    writable."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise UserError(f"run directory {directory} exists and is not a directory: "
@@ -400,12 +409,21 @@ def check_run_dir(directory: str | Path) -> Path:
                             "choose another -o")
     except OSError as exc:
         raise _cannot(directory, exc) from None
+    check_parent(directory)
+    return directory
+
+
+def check_parent(directory: Path) -> None:
+    """Refuse a directory that cannot be made where it is named: its nearest parent that
+    exists is not a directory, or not writable."""
     for parent in (directory.parent, *directory.parent.parents):
         if parent.exists():
             if not parent.is_dir():
                 raise _cannot(directory, f"{parent} is not a directory")
+            # The run directory is made beside itself and renamed: its parent takes the writes.
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise _cannot(directory, f"{parent} is not writable")
             break
-    return directory
 
 
 def write_run_dir(directory: str | Path, writer) -> Path:
@@ -434,5 +452,7 @@ def write_run_dir(directory: str | Path, writer) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise cannot(exc) from None
+        if isinstance(exc, WriteError) and tmp in exc.path.parents:  # not the temp's name
+            raise cannot(f"{exc.reason} (writing {exc.path.relative_to(tmp)})") from None
         raise
     return directory

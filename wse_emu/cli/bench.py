@@ -216,9 +216,8 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("target", choices=["compile", "sim", "serve", "experiment", "frontier",
                                        "viz", "functional", "kernels"],
                    help="what to benchmark")
-    p.add_argument("--trace", help="serve, experiment and frontier: the conversation trace CSV "
-                   "(default: "
-                   "the project's shared traces folder beside the repository)")
+    p.add_argument("--trace", help="serve, experiment and frontier: the conversation trace, a "
+                   "shipped trace's name or a CSV path (default: azure-conv)")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")
     p.add_argument("--json", action="store_true", help="accepted for symmetry; output is JSON")
     p.set_defaults(func=run, always_json=True)

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from wse_emu.errors import UserError
+from wse_emu.runtime.workload import trace_path
 
 SERVE_CHILD = r"""
 import json, resource, sys, time
@@ -28,7 +29,7 @@ from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.model import load_model
 from wse_emu.runtime.pools import wafer_pools
 from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.workload import WorkloadSpec, generate
+from wse_emu.runtime.workload import generate, workload_spec
 case = json.loads(sys.argv[1])
 program = compile_model(load_model(case["model"]),
                         ClusterSpec(load_fabric(case["fabric"]), case["systems"]),
@@ -36,8 +37,7 @@ program = compile_model(load_model(case["model"]),
 began = time.perf_counter()
 pools = wafer_pools(program, Path(case["cache_dir"]))
 tables_s = time.perf_counter() - began
-reqs = generate(WorkloadSpec(name="trace", arrival="trace", trace=case["trace"],
-                             requests=10**9).validate("bench"))
+reqs = generate(workload_spec(trace=case["trace"]))
 policies = {}
 for policy in case["policies"]:
     options = ServeOptions.of(program.fabric, program.model, policy=policy)
@@ -54,16 +54,17 @@ for policy in case["policies"]:
 print(json.dumps({"policies": policies, "tables_seconds": tables_s, "requests": len(reqs),
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / \
-    "azure2023_conv.csv"
+DEFAULT_TRACE = "azure-conv"  # the conversation trace shipped with wse-emu, by its name
 SERVE_GOAL_S = 0.5  # the loop's time on the whole trace, once its tables are cached
 EXPERIMENT_GOALS_S = {"cold": 15 * 60.0, "cached": 5 * 60.0}
 PEAK_MEMORY_GOAL_MIB = 4096
 
 
-def _trace(args) -> Path:
-    trace = Path(args.trace) if args.trace else DEFAULT_TRACE
-    if not trace.exists():
+def _trace(args) -> str:
+    """The trace the runs replay, a shipped trace's name or a CSV path, as the command line
+    takes it (a name keeps the commands reported free of this machine's paths)."""
+    trace = args.trace or DEFAULT_TRACE
+    if not trace_path(trace).is_file():
         raise UserError(f"no trace at {trace}: give one with --trace")
     return trace
 
@@ -93,7 +94,7 @@ def run_serve(args) -> dict:
             and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
 
 
-def experiment_command(trace: Path, cache_dir: Path) -> list[str]:
+def experiment_command(trace: str, cache_dir: Path) -> list[str]:
     """The README's one-wafer chat-trace experiment at one target, three draws."""
     return [sys.executable, "-m", "wse_emu.cli.main", "--quiet", "experiment", "disagg",
             "llama-3.1-8b", "--fabric", "wse3", "--trace", str(trace), "--ttft-slo", "1",
@@ -122,7 +123,7 @@ def run_experiment(args) -> dict:
 FRONTIER_GOAL_S = 10 * 60.0  # cold, on the quick grid
 
 
-def frontier_command(trace: Path, cache_dir: Path) -> list[str]:
+def frontier_command(trace: str, cache_dir: Path) -> list[str]:
     """The frontier of Llama-3.1-8B on one WSE-3 on the chat trace, quick grid, one draw."""
     return [sys.executable, "-m", "wse_emu.cli.main", "--quiet", "experiment", "frontier",
             "llama-3.1-8b", "--fabric", "wse3", "--trace", str(trace), "--ttft-slo", "1",

@@ -29,5 +29,5 @@ COMMANDS = {
     "bench": ("wse_emu.cli.bench",
              "speed and memory benchmarks (JSON)"),
     "list": ("wse_emu.cli.list_cmd",
-            "list the model, fabric and workload presets"),
+            "list the model, fabric, accelerator, workload and trace presets"),
 }

@@ -26,6 +26,7 @@ from wse_emu.functional.timing import generation_time
 from wse_emu.model import formats_text
 from wse_emu.outputs import save_logits
 from wse_emu.runner import MAX_PREFILL_TILES as MAX_TILES
+from wse_emu.util.atomic import check_writable
 from wse_emu.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
 
 
@@ -103,6 +104,8 @@ def run(args):
         raise UserError(f"--weights-seed must be at least 0, got {args.weights_seed}")
     if args.dump_logits and Path(args.dump_logits).suffix != ".npy":
         raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
+    if args.dump_logits:
+        check_writable(args.dump_logits)  # before any work, not after it
     from wse_emu.compiler.mapper import compile_model
 
     model, weights, source = model_and_weights(args.model, args.weights_seed)

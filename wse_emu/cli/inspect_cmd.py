@@ -20,6 +20,7 @@ from wse_emu.layer import MicroBatch
 from wse_emu.model import check_positions, formats_text, native
 from wse_emu.program import write_run_dir
 from wse_emu.routing import load_summary, routing_for
+from wse_emu.util.atomic import write_text
 
 
 def add_parser(sub, summary: str) -> None:
@@ -79,8 +80,8 @@ def run(args) -> dict | str:
     if args.output:
         # Everything to redraw it: the model and the fabric as resolved, beside the table.
         record = {**data, "model_spec": model.to_dict(), "fabric_spec": fabric.to_dict()}
-        write_run_dir(args.output, lambda tmp: (tmp / "inspect.json").write_text(
-            json.dumps(record, indent=1)))
+        write_run_dir(args.output, lambda tmp: write_text(tmp / "inspect.json",
+                                                          json.dumps(record, indent=1)))
     if args.json:
         return data
     # Layers whose costs match share one listing (Gemma's sliding and full layers differ).

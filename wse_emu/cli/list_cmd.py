@@ -1,4 +1,5 @@
-"""``wse-emu list``: the shipped model, fabric, accelerator and workload presets."""
+"""``wse-emu list``: the shipped model, fabric, accelerator and workload presets, and the
+shipped request traces."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from wse_emu.configfile import preset_names
 from wse_emu.fabric import load_fabric
 from wse_emu.fmt import table
 from wse_emu.model import load_model
-from wse_emu.runtime.workload import generate, load_workload
+from wse_emu.runtime.workload import generate, load_workload, trace_names, workload_spec
 
 
 def add_parser(sub, summary: str) -> None:
@@ -21,12 +22,15 @@ def run(args):
     fabrics = [load_fabric(n) for n in preset_names("fabrics")]
     accelerators = [load_accelerator(n) for n in preset_names("accelerators")]
     workloads = [load_workload(n) for n in preset_names("workloads")]
+    traces = {name: generate(workload_spec(trace=name)).summary() for name in trace_names()}
     if args.json:
         return {"models": [m.to_dict() | {"params": m.params(), "active_params": m.active_params()}
                            for m in models],
                 "fabrics": [f.to_dict() for f in fabrics],
                 "accelerators": [a.to_dict() for a in accelerators],
-                "workloads": [w.__dict__ | generate(w).summary() for w in workloads]}
+                "workloads": [w.__dict__ | generate(w).summary() for w in workloads],
+                "traces": [{"name": name, "file": f"{name}.csv"} | summary
+                           for name, summary in traces.items()]}
     mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B",
               f"{m.active_params() / 1e9:.3g} B" if m.is_moe else "",
               f"{m.experts.top_k} of {m.experts.count}" if m.is_moe else "", m.num_layers,
@@ -45,10 +49,16 @@ def run(args):
                       f"{s['prompt_tokens_mean']:.0f}", f"{s['output_tokens_mean']:.0f}",
                       w.description if len(w.description) <= 60
                       else w.description[:57] + "..."])
+    trows = [[name, f"{s['requests']:,}", f"{s['arrival_span_s']:,.0f} s",
+              f"{(s['requests'] - 1) / s['arrival_span_s']:.2f}/s" if s["arrival_span_s"] else "",
+              f"{s['prompt_tokens_mean']:.0f}", f"{s['output_tokens_mean']:.0f}"]
+             for name, s in traces.items()]
     return (table(["model", "family", "params", "per token", "experts", "layers", "hidden",
                    "heads/kv", "embeddings"], mrows, "llrrrrrrl") + "\n\n" +
             table(["fabric", "PEs", "count", "SRAM", "FP16 FLOP/cyc", "clock"], frows) + "\n\n" +
             table(["accelerator", "chips", "per copy", "BF16 TFLOP/s per chip", "HBM per chip",
                    "HBM bandwidth"], arows) + "\n\n" +
             table(["workload", "arrivals", "rate", "calls", "prompt mean", "output mean",
-                   "description"], wrows, "llrrrrl"))
+                   "description"], wrows, "llrrrrl") + "\n\n" +
+            table(["trace", "requests", "span", "rate", "prompt mean", "output mean"], trows,
+                  "lrrrrr"))

@@ -1,7 +1,8 @@
 """Entry point of the ``wse-emu`` console script.
 
 Every command returns either text or a JSON-able dict; this module prints it. A UserError
-becomes one line on stderr and exit code 2; anything else is a bug and keeps its traceback.
+becomes one line on stderr and exit code 2; Ctrl-C one line (`wse-emu: interrupted`) and exit
+code 130; anything else is a bug and keeps its traceback.
 
 The library's errors (and the reasons it writes into reports) name parameters as the Python
 API spells them, in backquotes (`systems`, `prefill_share=0.6`); here each becomes the
@@ -17,13 +18,16 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 
 from wse_emu import __version__, progress
 from wse_emu.cli.commands import COMMANDS
 from wse_emu.errors import UserError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,6 +93,34 @@ def _command(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C, wherever it came (loading a command's modules included): what was started
+        # has been ended on the way here (worker processes stopped, files being written
+        # removed), so one line says so, after any progress and with nothing after it.
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # The whole command (not a caller's in-process run): a second Ctrl-C while the
+            # interpreter winds down would print a traceback from its exit.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        progress.end()
+        print("wse-emu: interrupted", file=sys.stderr, flush=True)
+        if argv is None and _threads_at_work():
+            # A thread still at a job nobody will read (a stage-table shape, or Numba compiling
+            # on one) would hold the exit until it ends; all of ours is closed by now (worker
+            # processes ended, files written whole or not at all), so leave at once.
+            sys.stdout.flush()
+            os._exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+
+
+def _threads_at_work() -> bool:
+    """Whether a thread other than this one would hold the interpreter's exit."""
+    return any(t.is_alive() and not t.daemon for t in threading.enumerate()
+               if t is not threading.current_thread())
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -109,9 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         message = in_flags(" ".join(str(exc).split()), getattr(args, "flags", {}))
         print(f"wse-emu: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("wse-emu: interrupted", file=sys.stderr)
-        return 130
     progress.clear()
     try:
         if isinstance(result, dict):

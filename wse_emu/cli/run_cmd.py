@@ -28,6 +28,7 @@ from wse_emu.runner import (
     kv_handoff,
     run_region,
 )
+from wse_emu.util.atomic import replacing, write_text
 
 
 def add_parser(sub, summary: str) -> None:
@@ -101,9 +102,10 @@ def run_handoff(args, program: WaferProgram):
     if args.output:
         def write(tmp: Path) -> None:
             program.save(tmp)  # so that the run directory alone can be drawn
-            (tmp / "results.json").write_text(json.dumps(h.to_json(), indent=1))
+            write_text(tmp / "results.json", json.dumps(h.to_json(), indent=1))
             if h.links is not None:
-                np.savez_compressed(tmp / "counters.npz", link_wavelets_nesw=h.links)
+                with replacing(tmp / "counters.npz") as fh:
+                    np.savez_compressed(fh, link_wavelets_nesw=h.links)
         write_run_dir(args.output, write)
     if args.json:
         return h.to_json()

@@ -36,6 +36,8 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic, lower_getattr_generic, models, register_model
 from numba.core.typing.templates import AttributeTemplate, infer_getattr
 
+from wse_emu.progress import slow
+
 # Region roles and event kinds, as the arrays hold them.
 MIXED, PREFILL, DECODE = 0, 1, 2
 ROLES = {"mixed": MIXED, "prefill": PREFILL, "decode": DECODE}
@@ -901,13 +903,17 @@ _LOOP_SIGNATURE = types.int64(ARRAYS, DISPATCH_FUNCTION, DISPATCH_FUNCTION, DISP
                               KNOBS, KNOBS, KNOBS, types.float64[::1], types.int64[::1],
                               types.int64[::1])
 _compiled: dict = {}
+# Loading from Numba's cache takes under a second; compiling (once after install, or after
+# this file or a policy's dispatch changed) takes long, and says so (``progress.slow``).
+COMPILING = "compiling the serving loop (once after install: up to a minute; cached after)"
 
 
 def compile_dispatch(function):
     """``function`` (a policy's dispatch, in the form numba compiles) compiled with the
     signature ``DISPATCH`` and cached, once per process."""
     if function not in _compiled:
-        _compiled[function] = njit(DISPATCH, cache=True)(function)
+        with slow(COMPILING):  # said only if it takes long: Numba's cache did not hold it
+            _compiled[function] = njit(DISPATCH, cache=True)(function)
     return _compiled[function]
 
 
@@ -917,5 +923,6 @@ def run_loop(arrays: LoopArrays, dispatch: tuple, knobs: tuple, arr_t: np.ndarra
     functions (mixed, prefill, decode: compiled by ``compile_dispatch``) and their knobs
     (int64 arrays)."""
     if "loop" not in _compiled:
-        _compiled["loop"] = njit(_LOOP_SIGNATURE, cache=True)(_loop)
+        with slow(COMPILING):
+            _compiled["loop"] = njit(_LOOP_SIGNATURE, cache=True)(_loop)
     return _compiled["loop"](arrays, *dispatch, *knobs, arr_t, arr_s, arr_i)

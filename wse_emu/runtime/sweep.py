@@ -13,12 +13,12 @@ import hashlib
 import itertools
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wse_emu.configfile import preset_dir, read_yaml_mapping, shown
+from wse_emu.configfile import preset_dir, read_yaml_mapping, regular_file, shown
 from wse_emu.errors import ConfigError, UserError
+from wse_emu.util.atomic import LineAppender, cannot_write, write_text
 
 POINTS = ("run", "serve")  # what a point measures: one simulated step, or a serving run
 # What a sweep may show and draw (``metric``), by kind of point, with its label; the first is
@@ -182,10 +182,10 @@ def claim_directory(spec: SweepSpec, directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         if marker.exists():
-            if json.loads(marker.read_text()) != spec.to_json():
+            if json.loads(regular_file(marker).read_text()) != spec.to_json():
                 raise UserError(f"{directory} holds another sweep's results: choose another -o")
         else:
-            marker.write_text(json.dumps(spec.to_json(), indent=1))
+            write_text(marker, json.dumps(spec.to_json(), indent=1))
     except OSError as exc:
         raise UserError(f"cannot use {directory} for the sweep's results: "
                         f"{exc.strerror or exc}") from None
@@ -200,7 +200,7 @@ def read_rows(directory: Path) -> list[SweepRow]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in regular_file(path).read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -210,16 +210,20 @@ def read_rows(directory: Path) -> list[SweepRow]:
     return rows
 
 
-def _open_results(directory: Path):
-    """The results file for appending, without the partial line a stop may have left."""
+def _open_results(directory: Path) -> LineAppender:
+    """The results file for appending whole lines, without the partial line a stop may have
+    left."""
     path = directory / RESULTS
-    if path.exists():
-        data = path.read_bytes()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            with open(path, "r+b") as fh:
-                fh.truncate(end)
-    return open(path, "a")
+    try:
+        if path.exists():
+            data = path.read_bytes()
+            end = data.rfind(b"\n") + 1
+            if end < len(data):
+                with open(path, "r+b") as fh:
+                    fh.truncate(end)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
+    return LineAppender(path)
 
 
 def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None,
@@ -238,9 +242,7 @@ def run_sweep(spec: SweepSpec, directory: Path, pool, evaluate, progress=None,
     total, finished = len(configs), len(configs) - len(pending)
     with _open_results(directory) as out:
         for row in pool.imap(evaluate_row, [(evaluate, p, c) for p, c in pending]):
-            out.write(json.dumps(row.to_json()) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+            out.write_line(json.dumps(row.to_json()))  # synced, whole or cut back
             finished += 1
             if progress:
                 progress(finished, total)

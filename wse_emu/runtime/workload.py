@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+from array import array
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,11 @@ import numpy as np
 from wse_emu.configfile import (
     build_dataclass,
     check_version,
-    load_named,
-    read_text,
+    find_named,
+    is_preset_name,
+    preset_names,
+    read_yaml_mapping,
+    regular_file,
     require,
 )
 from wse_emu.errors import ConfigError
@@ -30,6 +34,21 @@ from wse_emu.errors import ConfigError
 ARRIVALS = ("poisson", "gamma", "trace")
 LENGTHS = ("fixed", "uniform", "lognormal", "table")
 TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+# The most model calls (requests, or sessions x calls) one workload holds, and so the most rows
+# of a trace one replay reads. Serving tiny on mesh16 (prompts ~300, outputs ~60 tokens) peaked
+# at 203 MB of resident memory for 10,000 requests, 434 MB for 100,000 and 2.75 GB for
+# 1,000,000 (3.0 GB writing its run directory): about 2.6 KB a request over a 180 MB base, so
+# this many keeps a run within a few GB (a billion would take 8 GB for each of the request
+# table's six columns before any serving began).
+MAX_REQUESTS = 1_000_000
+# The most independent draws of a workload an experiment repeats its whole search on: each
+# is one more full search (hours for a real model), and the 95% interval over draws narrows
+# little past a few tens of them, while a typo of 10**6 would hold a million draws at once.
+MAX_DRAWS = 100
+# The longest line a trace may have: a row is three numbers (and any columns beside them); a
+# file of one endless line (no newline) must not be read whole to find its first row.
+MAX_TRACE_LINE = 65536
+TRACES = "traces"  # the shipped traces' folder under programs/, each named by its file's stem
 
 
 @dataclass
@@ -91,10 +110,16 @@ class WorkloadSpec:
                 "'rate', 'cv' and 'rate_scale' must be positive")
         require(self.requests >= 1 and self.calls >= 1, where,
                 "'requests' and 'calls' must be at least 1")
+        require(self.requests <= MAX_REQUESTS, where,
+                f"'requests' must be at most {MAX_REQUESTS:,} (the most one run holds), got "
+                f"{self.requests:,}")
+        require(self.requests * self.calls <= MAX_REQUESTS, where,
+                f"'requests' x 'calls' must be at most {MAX_REQUESTS:,} model calls (the most "
+                f"one run holds), got {self.requests:,} x {self.calls:,}")
         require(self.think_s >= 0 and self.seed >= 0 and self.skip >= 0, where,
                 "'think_s', 'seed' and 'skip' must be >= 0")
         require(self.arrival != "trace" or bool(self.trace), where,
-                "trace arrivals need a 'trace' CSV path")
+                "trace arrivals need a 'trace': a shipped trace's name or a CSV path")
         require(self.arrival == "trace" or self.skip == 0, where,
                 "'skip' applies to trace replays only (a synthetic workload draws a new seed)")
         for name in ("prompt", "output", "tool_tokens"):
@@ -165,58 +190,150 @@ def workload_from_dict(data: dict, source: str) -> WorkloadSpec:
 def workload_spec(workload: "str | WorkloadSpec | None" = None,
                   trace: str | Path | None = None, rate: float | None = None,
                   requests: int | None = None) -> WorkloadSpec:
-    """A workload (a preset, a YAML or a WorkloadSpec, copied), or the replay of a trace CSV;
-    ``rate`` overrides a preset's rate, or speeds a trace up; ``requests`` keeps the first so
-    many (sessions)."""
+    """A workload (a preset, a YAML or a WorkloadSpec, copied), or the replay of a trace (a
+    shipped trace's name or a CSV path); ``rate`` overrides a preset's rate, or speeds a trace
+    up; ``requests`` keeps the first so many (sessions). A whole trace (no ``requests``) is
+    read here, so that a bad or too long one is refused before any work."""
+    if isinstance(requests, int) and requests > MAX_REQUESTS:
+        raise ConfigError(f"`requests` must be at most {MAX_REQUESTS:,} (the most one run "
+                          f"holds), got {requests:,}")
     if trace:
-        return WorkloadSpec(name=Path(trace).stem, arrival="trace", trace=str(trace),
-                            requests=requests or 10**9,
-                            rate_scale=rate or 1.0).validate(f"trace {trace}")
-    spec = replace(workload) if isinstance(workload, WorkloadSpec) else load_workload(workload)
-    if rate is not None:
-        spec.rate = rate
-    if requests is not None:
-        spec.requests = requests
-    return spec.validate(f"workload {spec.name}")
+        if requests is None:  # the whole trace: every row read now, to count them
+            requests = len(read_trace(trace_path(trace))[0])
+        spec = WorkloadSpec(name=Path(str(trace)).stem, arrival="trace", trace=str(trace),
+                            requests=requests, rate_scale=rate or 1.0).validate(f"trace {trace}")
+    else:
+        spec = replace(workload) if isinstance(workload, WorkloadSpec) \
+            else load_workload(workload)
+        if rate is not None:
+            spec.rate = rate
+        if requests is not None:
+            spec.requests = requests
+        spec.validate(f"workload {spec.name}")
+    if spec.arrival == "trace":
+        # The file found, its header and the first row replayed checked before any work (the
+        # rows a window skips are read through, not kept).
+        read_trace(trace_path(spec.trace), skip=spec.skip, rows=1)
+    return spec
 
 
 def load_workload(name_or_path: str | Path) -> WorkloadSpec:
-    """A preset under ``programs/workloads/`` or a workload YAML path."""
-    return load_named("workloads", "workload", name_or_path, workload_from_dict)
+    """A preset under ``programs/workloads/`` or a workload YAML path. A trace it names by a
+    relative path is found beside the YAML (wherever the command runs); by name, shipped."""
+    path, source = find_named("workloads", "workload", name_or_path)
+    spec = workload_from_dict(read_yaml_mapping(path), source)
+    if spec.trace and not is_preset_name(TRACES, spec.trace, ".csv"):
+        spec.trace = str(path.parent / spec.trace)  # an absolute trace path stays as it is
+    return spec
+
+
+def trace_names() -> list[str]:
+    """The shipped traces' names (``programs/traces/*.csv``)."""
+    return preset_names(TRACES, ".csv")
+
+
+def trace_path(name_or_path: str | Path, base: Path | None = None) -> Path:
+    """The CSV a trace names: a shipped trace (``azure-conv``) or a path, relative to ``base``
+    when given; an unknown name lists the shipped traces."""
+    return find_named(TRACES, "trace", name_or_path, ".csv", base)[0]
 
 
 def load_trace(path: str | Path, rate_scale: float = 1.0) -> tuple[np.ndarray, ...]:
-    """(arrival s, prompt tokens, output tokens) from a trace CSV; bad traces raise
-    ConfigError naming the file, the line and the problem."""
-    path = Path(path)
-    text = read_text(path)
-    reader = csv.reader(text.splitlines())
-    header = next(reader, None)
-    if header is None or [h.strip() for h in header[:3]] != list(TRACE_COLUMNS):
-        raise ConfigError(f"{path}: the first line must be the columns "
-                          f"{','.join(TRACE_COLUMNS)}")
-    times, prompts, outputs = [], [], []
-    for line, row in enumerate(reader, start=2):
-        if not row or not "".join(row).strip():
-            continue
-        if len(row) < 3:
-            raise ConfigError(f"{path}: line {line} has {len(row)} columns, expected 3")
-        try:
-            t, p, o = float(row[0]), int(row[1]), int(row[2])
-        except ValueError:
-            raise ConfigError(f"{path}: line {line}: not numbers: {','.join(row[:3])}") from None
-        if not np.isfinite(t) or t < 0 or p < 1 or o < 1:
-            raise ConfigError(f"{path}: line {line}: times must be >= 0 and token counts >= 1")
-        if times and t < times[-1]:
-            raise ConfigError(f"{path}: line {line}: arrival {t} is before the previous one "
-                              f"({times[-1]}); a trace must be sorted by time")
-        times.append(t)
-        prompts.append(p)
-        outputs.append(o)
-    if not times:
+    """(arrival s, prompt tokens, output tokens) of every row of a trace CSV (a path, or a
+    shipped trace's name); bad traces raise ConfigError naming the file, the line and the
+    problem, and a trace of more than MAX_REQUESTS rows is refused."""
+    return read_trace(trace_path(path), rate_scale=rate_scale)
+
+
+def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
+               rows: int | None = None) -> tuple[np.ndarray, ...]:
+    """(arrival s, prompt tokens, output tokens) of rows ``skip`` to ``skip + rows`` of a
+    trace CSV (every row after ``skip`` when ``rows`` is None, at most MAX_REQUESTS of them),
+    its clock started at the first row kept. The file is read row by row and no further than
+    the last row wanted: a long trace costs what is kept of it. Every row read is checked
+    (header, numbers, times in order), with its line."""
+    path = regular_file(path)
+    wanted = MAX_REQUESTS + 1 if rows is None else rows  # one more: to see there are more
+    times, prompts, outputs = array("d"), array("q"), array("q")
+    first = last = None  # the trace's first arrival, and the last one read
+    seen = 0  # data rows read, skipped ones included
+    try:
+        # utf-8-sig: a trace saved by a spreadsheet program may begin with a byte-order mark.
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            lines = _bounded_lines(fh, path)
+            reader = csv.reader(lines)
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[:3]] != list(TRACE_COLUMNS):
+                raise ConfigError(f"{path}: the first line must be the columns "
+                                  f"{','.join(TRACE_COLUMNS)}")
+            while len(times) < wanted:
+                row = next(reader, None)
+                if row is None:
+                    break
+                if not row or not "".join(row).strip():
+                    continue
+                t, p, o = _trace_row(path, reader.line_num, row, last)
+                first = t if first is None else first
+                last = t
+                seen += 1
+                if seen > skip:
+                    times.append(t)
+                    prompts.append(p)
+                    outputs.append(o)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        # Text is decoded ahead of the rows parsed: the bad byte is somewhere after them.
+        raise ConfigError(f"{path}: not UTF-8 text (a bad byte after line "
+                          f"{reader.line_num})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: line {reader.line_num}: {exc}") from None
+    if rows is None and len(times) > MAX_REQUESTS:
+        after = f" after skipping {skip:,}" if skip else ""
+        raise ConfigError(f"{path}: more than {MAX_REQUESTS:,} rows to replay{after}, the most "
+                          "one run holds: replay its first rows with `requests`")
+    if not seen:
         raise ConfigError(f"{path}: no requests")
-    arrivals = (np.asarray(times) - times[0]) / rate_scale
-    return arrivals, np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+    if not times:
+        raise ConfigError(f"{path}: {seen} requests, none left after skipping {skip}")
+    # As the whole trace's clock, then the window's: the same floats a window always had.
+    arrivals = (np.frombuffer(times, dtype=np.float64) - first) / rate_scale
+    if skip:
+        arrivals = arrivals - arrivals[0]
+    return (arrivals, np.frombuffer(prompts, dtype=np.int64).copy(),
+            np.frombuffer(outputs, dtype=np.int64).copy())
+
+
+def _bounded_lines(fh, path: Path):
+    """The lines of ``fh``, each refused past MAX_TRACE_LINE characters before it is held."""
+    number = 0
+    while True:
+        line = fh.readline(MAX_TRACE_LINE + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_TRACE_LINE:
+            raise ConfigError(f"{path}: line {number} is longer than {MAX_TRACE_LINE:,} "
+                              "characters; a trace row is three numbers")
+        yield line
+
+
+def _trace_row(path: Path, line: int, row: list, last: float | None) -> tuple:
+    """(arrival, prompt, output) of one row, checked: numbers, in range, in time order."""
+    if len(row) < 3:
+        raise ConfigError(f"{path}: line {line} has {len(row)} columns, expected 3")
+    try:
+        t, p, o = float(row[0]), int(row[1]), int(row[2])
+    except ValueError:
+        raise ConfigError(f"{path}: line {line}: not numbers: {','.join(row[:3])}") from None
+    if not np.isfinite(t) or t < 0 or p < 1 or o < 1:
+        raise ConfigError(f"{path}: line {line}: times must be >= 0 and token counts >= 1")
+    if max(p, o) > np.iinfo(np.int64).max:
+        raise ConfigError(f"{path}: line {line}: a token count beyond any model's")
+    if last is not None and t < last:
+        raise ConfigError(f"{path}: line {line}: arrival {t} is before the previous one "
+                          f"({last}); a trace must be sorted by time")
+    return t, p, o
 
 
 def _gaps(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -236,23 +353,23 @@ def replicate(spec: WorkloadSpec, index: int, size: int) -> WorkloadSpec:
 
 
 def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
-    """The requests of a workload (deterministic for its seed)."""
+    """The requests of a workload (deterministic for its seed); a trace it names by a
+    relative path is found under ``base_dir`` when given."""
     rng = np.random.default_rng(spec.seed)
     where = f"workload {spec.name}"
+    # Checked again here, before anything is drawn: a spec need not have been validated.
+    require(spec.requests * spec.calls <= MAX_REQUESTS, where,
+            f"{spec.requests:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, "
+            "the most one run holds")
     if spec.arrival == "trace":
-        trace = Path(spec.trace)
-        if not trace.is_absolute() and base_dir is not None:
-            trace = base_dir / trace
-        arrivals, prompts, outputs = load_trace(trace, spec.rate_scale)
-        if spec.skip >= len(arrivals):
-            raise ConfigError(f"{trace}: {len(arrivals)} requests, none left after skipping "
-                              f"{spec.skip}")
-        if spec.skip:
-            # Another window of the trace, its clock started at its first arrival.
-            arrivals, prompts, outputs = (a[spec.skip:] for a in (arrivals, prompts, outputs))
-            arrivals = arrivals - arrivals[0]
-        n = min(len(arrivals), spec.requests) if spec.requests else len(arrivals)
-        arrivals, prompts, outputs = arrivals[:n], prompts[:n], outputs[:n]
+        # Rows skip to skip + requests, read no further (requests 0: every row after skip);
+        # another window's clock starts at its first arrival.
+        arrivals, prompts, outputs = read_trace(
+            trace_path(spec.trace, base_dir), spec.rate_scale, spec.skip, spec.requests or None)
+        n = len(arrivals)
+        require(n * spec.calls <= MAX_REQUESTS, where,
+                f"{n:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, the "
+                "most one run holds")
     else:
         n = spec.requests
         arrivals = np.cumsum(_gaps(spec, rng, n))

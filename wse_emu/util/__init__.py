@@ -1,0 +1,1 @@
+"""Utilities every layer may use: they import nothing of the project's but its errors."""
