@@ -22,7 +22,7 @@ from wse_emu.runtime.accelerator_pool import (
 )
 from wse_emu.runtime.pools import WaferRegion
 from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.tables import build_table, grid_axes
+from wse_emu.runtime.tables import SERVER_AXES, build_table, grid_axes
 from wse_emu.runtime.workload import generate, workload_from_dict
 
 TRN2 = load_accelerator("trn2")
@@ -107,7 +107,7 @@ def test_an_instance_holds_its_copies_each_a_pool_on_its_system():
     assert len(pools) == 2 * TRN2.copies
     assert [p.system for p in pools] == [3] * TRN2.copies + [4] * TRN2.copies
     assert all(p.decode is None and p.prefill.cycles.shape[0] == 1 for p in pools)
-    tokens, prefixes = grid_axes("quick", "prefill")
+    tokens, prefixes = SERVER_AXES["prefill"]
     assert pools[0].prefill.cycles[0, 1, 0] == pytest.approx(step_seconds(
         TRN2, LLAMA, ly.MicroBatch("prefill", tokens=tokens[1], prefix=prefixes[0])) * 1.1e9)
 

@@ -8,7 +8,7 @@ from wse_emu import api
 from wse_emu.errors import UserError
 from wse_emu.model import load_model
 from wse_emu.runtime import gpu_pool
-from wse_emu.runtime.tables import grid_axes
+from wse_emu.runtime.tables import SERVER_AXES
 
 CLOCK_HZ = 1e9
 
@@ -34,11 +34,11 @@ def test_the_tables_hold_the_databases_step_times_in_serving_cycles(h200):
     assert len(pools) == 8 and {p.system for p in pools} == {0}  # tp 1, one node of 8
     engine = EngineHandle.compile(gpu_pool.MODELS[model.name], h200.system, gpu_pool.BACKEND,
                                   tp_size=1, pp_size=1)
-    tokens, prefixes = grid_axes("quick", "prefill")
+    tokens, prefixes = SERVER_AXES["prefill"]
     got = pools[0].prefill.cycles[0, 1, 1]  # a tile after a cached prefix
     assert got == pytest.approx(engine.predict_prefill_latency(
         1, prefixes[1] + tokens[1], prefixes[1]) * 1e-3 * CLOCK_HZ)
-    batches, contexts = grid_axes("quick", "decode")
+    batches, contexts = SERVER_AXES["decode"]
     assert pools[0].decode.cycles[0, 2, 1] == pytest.approx(
         engine.decode_step_latency(batches[2], contexts[1], 0) * 1e-3 * CLOCK_HZ)
     # The database's own KV estimate for one H200 holding the 16-bit 8B model.

@@ -9,8 +9,10 @@ from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, load_fabric
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec
+from wse_emu.pool_kinds.wafer import WAFER
 from wse_emu.runner import run_region
-from wse_emu.runtime.tables import build_table, check_in_grid, grid_axes
+from wse_emu.runtime.policies import check_in_tables
+from wse_emu.runtime.tables import build_table, grid_axes
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                               num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -126,10 +128,14 @@ def test_grids_are_named_and_bound_the_micro_batches():
     assert len(grid_axes("quick", "decode")[0]) < len(grid_axes("full", "decode")[0])
     with pytest.raises(UserError, match="`grid` must be one of full, quick"):
         grid_axes("fine", "decode")
-    check_in_grid({"batch_limit": 64, "prefill_tile": 256, "token_budget": 256}, "quick")
-    with pytest.raises(UserError, match="`prefill_tile` must be between 1 and 256"):
-        check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "quick")
-    check_in_grid({"batch_limit": 64, "prefill_tile": 512}, "full")
+    quick, full = WAFER.table_tops("quick"), WAFER.table_tops("full")
+    check_in_tables({"batch_limit": 64, "prefill_tile": 256, "token_budget": 256}, quick, "q")
+    with pytest.raises(UserError, match=r"`prefill_tile` must be between 1 and 256 \(the range "
+                                        "of the quick grid"):
+        check_in_tables({"batch_limit": 64, "prefill_tile": 512}, quick, "the quick grid")
+    check_in_tables({"batch_limit": 64, "prefill_tile": 512}, full, "the full grid")
+    # A knob that is not a micro-batch's size, and a phase left out, are not bounded.
+    check_in_tables({"max_running": 10_000, "batch_limit": 10_000}, {"prefill": 256}, "q")
 
 
 def _damaged(path, how):

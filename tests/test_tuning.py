@@ -1,8 +1,17 @@
 """Coordinate ascent over the plans' knobs (``tuning.tune``), on a made-up rate surface."""
 
+from dataclasses import replace
+
+import numpy as np
+
+from wse_emu.pool_kinds import SERVER_KNOBS
 from wse_emu.runtime.experiment import Point
+from wse_emu.runtime.knobs import EngineKnobs, info
+from wse_emu.runtime.policies import knob_fields
+from wse_emu.runtime.pools import StagePool
 from wse_emu.runtime.serve import ServeOptions
-from wse_emu.runtime.tuning import Choice, Knob, Layout, tune
+from wse_emu.runtime.tables import StageTable
+from wse_emu.runtime.tuning import KNOB_DEFAULTS, Choice, Knob, Layout, fitted, tune
 
 BASE = ServeOptions(clock_hz=1.0, kv_bytes_per_token=1)
 LAYOUTS = {("colocated", name): Layout("colocated", name, []) for name in ("small", "large")}
@@ -21,21 +30,42 @@ def run_points(jobs, done=None):
     return [Point(f, f <= capacity(c), None) for c, f in jobs]
 
 
-def test_a_knob_that_met_nothing_is_tuned_again_in_a_second_round():
-    """The policy is tried first, on the first layout, where no policy meets anything: the
-    tie says nothing. One pass keeps the default policy; a second tries the policies again on
-    the layout chosen."""
+def test_each_policy_is_tuned_on_its_own_before_the_policies_are_compared():
+    """On the first layout no policy meets anything: compared there, the tie says nothing
+    and the default policy would stay. Each policy's line tunes the layout itself, and the
+    policies are compared at their own best."""
     knobs = {"colocated": [Knob("policy", "policy", ("prefill-priority", "chunked")),
                            Knob("layout", "layout", ("small", "large"))]}
     initial = {"colocated": Choice("colocated", "small", "prefill-priority")}
-    _, _, once = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
-    assert (once["colocated"].layout, once["colocated"].policy) == ("large", "prefill-priority")
-    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0,
-                          rounds=3)
+    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run_points, lambda config: 4.0)
+    assert (best["colocated"].layout, best["colocated"].policy) == ("large", "chunked")
+    # The layout tuned on each policy's line, then what each policy bought at its best.
+    assert [s.knob for s in steps] == ["layout", "layout", "policy"]
+    assert [(v, c.layout) for v, c in steps[-1].tried] == [("prefill-priority", "large"),
+                                                           ("chunked", "large")]
+    assert steps[-1].chosen == best["colocated"]
+
+
+def test_a_knob_that_met_nothing_is_tuned_again_in_a_second_round():
+    """The chunk budget is tried first, on the small layout, where nothing meets anything:
+    one pass keeps the default budget on the large layout; a second tries the budgets again
+    there."""
+    def capacity(c):
+        if c.layout == "small":
+            return 0.0
+        return 2.0 if c.token_budget == 512 else 1.0
+
+    def run(jobs, done=None):
+        return [Point(f, f <= capacity(c), None) for c, f in jobs]
+    knobs = {"colocated": [Knob("chunk budget", "token_budget", (256, 512)),
+                           Knob("layout", "layout", ("small", "large"))]}
+    initial = {"colocated": Choice("colocated", "small", "chunked")}
+    _, _, once = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0)
+    assert (once["colocated"].layout, once["colocated"].token_budget) == ("large", 256)
+    _, steps, best = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0, rounds=3)
     # The third pass changes nothing, and ends the tuning.
-    assert [s.knob for s in steps] == ["policy", "layout"] * 3
-    assert best["colocated"].layout == "large"
-    assert best["colocated"].policy == "chunked"
+    assert [s.knob for s in steps] == ["chunk budget", "layout"] * 3
+    assert (best["colocated"].layout, best["colocated"].token_budget) == ("large", 512)
 
 
 def test_a_knob_that_met_nothing_anywhere_is_left_as_it_is():
@@ -86,4 +116,58 @@ def test_each_layout_tuned_finds_a_layout_that_needs_other_knobs():
     _, steps, each = tune(initial, knobs, LAYOUTS, BASE, run, lambda config: 4.0,
                           each_layout=True)
     assert (each["colocated"].layout, each["colocated"].token_budget) == ("large", 512)
-    assert {s.plan for s in steps} == {"colocated"} and len(steps) == 2
+    # The budget tuned on each layout's line, then what each layout bought at its best.
+    assert [s.knob for s in steps] == ["chunk budget", "chunk budget", "layout"]
+    assert [(v, c.token_budget) for v, c in steps[-1].tried] == [("small", 256),
+                                                                 ("large", 512)]
+
+
+def _pool(role: str, engine, prefill_top: int = 256, decode_top: int = 64):
+    """A pool whose stage tables stop at the given largest sizes (their times unused)."""
+    def table(phase, top):
+        return StageTable(phase, np.array([1.0, top]), np.array([0.0, 1.0]),
+                          np.ones((1, 2, 2)), np.zeros((2, 2)))
+    return StagePool("p", role, 1000, table("prefill", prefill_top) if role != "decode" else None,
+                     table("decode", decode_top) if role != "prefill" else None,
+                     engine=engine)
+
+
+def test_a_layout_tries_the_values_its_hardwares_engines_use_within_its_tables():
+    wafer = Layout("colocated", "wafer", [_pool("mixed", EngineKnobs(), 256, 64)])
+    declared = {f.name: info(f).tune for f in knob_fields()}
+    # A wafer's are the declarations', a micro-batch's size cut to its tables.
+    assert wafer.knob_values("token_budget") == tuple(
+        v for v in declared["token_budget"] if v <= 256)
+    assert wafer.knob_values("interleave") == declared["interleave"]
+    server = Layout("colocated", "gpu", [_pool("mixed", SERVER_KNOBS, 8192, 256)])
+    assert server.knob_values("token_budget")[-1] == 8192
+    assert server.knob_values("batch_limit")[-1] == 256
+    # Its engines' own defaults are where tuning starts, within what it tries.
+    assert server.knob_start("token_budget") == 8192
+    assert wafer.knob_start("token_budget") == KNOB_DEFAULTS["token_budget"]
+    # A split: prefill knobs from the prefill side's hardware, decode knobs from the decode's.
+    split = Layout("disaggregated", "gpu / wafer", [_pool("prefill", SERVER_KNOBS, 8192),
+                                                    _pool("decode", EngineKnobs(), 256, 64)])
+    assert split.knob_values("prefill_tile")[-1] == 8192
+    assert split.knob_values("batch_limit") == (16, 32, 64)
+    # Tables smaller than every value an engine uses: their largest size, nothing beyond.
+    small = Layout("colocated", "small", [_pool("mixed", SERVER_KNOBS, 128, 8)])
+    assert small.knob_values("token_budget") == (128,)
+    assert small.knob_values("batch_limit") == (8,)
+
+
+def test_a_choice_moved_to_another_kinds_layout_starts_its_knobs_where_that_kind_does():
+    layouts = {("colocated", "wafer"): Layout("colocated", "wafer",
+                                              [_pool("mixed", EngineKnobs(), 256, 64)]),
+               ("colocated", "gpu"): Layout("colocated", "gpu",
+                                            [_pool("mixed", SERVER_KNOBS, 8192, 256)])}
+    knobs = [Knob("layout", "layout", ("wafer", "gpu")),
+             Knob("chunk budget", "token_budget", None),
+             Knob("decode batch limit", "batch_limit", (16, 32))]
+    on_gpu = Choice("colocated", "gpu", "chunked", token_budget=8192, batch_limit=32)
+    moved = fitted(replace(on_gpu, layout="wafer"), knobs, layouts)
+    # 8,192 tokens is beyond a wafer's tables: its engines' start; a knob given values stays.
+    assert (moved.token_budget, moved.batch_limit) == (256, 32)
+    assert fitted(on_gpu, knobs, layouts) == on_gpu
+    assert knobs[1].values_for(moved, layouts) == layouts[("colocated", "wafer")].knob_values(
+        "token_budget")

@@ -14,6 +14,7 @@ line and exits with 2).
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from wse_emu.fmt import seconds
 from wse_emu.layer import MicroBatch
 from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
 from wse_emu.pool_kinds import Side
+from wse_emu.pool_kinds.wafer import WAFER
 from wse_emu.pool_names import parse_pool
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
@@ -50,6 +52,7 @@ from wse_emu.runtime.comparison import (
 from wse_emu.runtime.experiment import RunBook, Targets
 from wse_emu.runtime.metrics import RunMetrics, run_metrics
 from wse_emu.runtime.pairings import PairingsReport, pairing_label
+from wse_emu.runtime.policies import check_in_tables
 from wse_emu.runtime.pool_layouts import (
     Footprint,
     PoolCluster,
@@ -78,10 +81,9 @@ from wse_emu.runtime.sweep import (
     load_sweep,
     run_sweep,
 )
-from wse_emu.runtime.tables import check_in_grid
 from wse_emu.runtime.tuning import Layout, serve_choice
 from wse_emu.runtime.workers import HERE, point_pool
-from wse_emu.runtime.workload import Requests, WorkloadSpec, workload_spec
+from wse_emu.runtime.workload import MAX_DRAWS, Requests, WorkloadSpec, workload_spec
 from wse_emu.runtime.workload import generate as generate_requests
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_pools", "experiment",
@@ -152,12 +154,15 @@ def step_of(program: WaferProgram, phase: str, region: str | None = None, *, bat
 def check_serving(workload: WorkloadSpec | str | None = None, *,
                   trace: Path | str | None = None, rate: float | None = None,
                   requests: int | None = None, ttft_s: float | None = None,
-                  tpot_s: float | None = None, **options) -> WorkloadSpec:
+                  tpot_s: float | None = None, kinds: tuple = (WAFER,),
+                  **options) -> WorkloadSpec:
     """Check ``serve``'s arguments, all but the program, before any work: the workload (the
     one it reads is returned), the targets, and every serving option by name and range (the
-    micro-batch sizes within the stage tables' grid)."""
+    micro-batch sizes within the stage tables of every kind of hardware in ``kinds``)."""
     settings = ServeOptions.of(_NO_HARDWARE, _NO_HARDWARE, **options)
-    check_in_grid({name: getattr(settings, name) for name in setting_names()}, "full")
+    values = {name: getattr(settings, name) for name in setting_names()}
+    for kind in kinds:
+        check_in_tables(values, kind.table_tops("full"), kind.tables_named("full"))
     for name, value in (("ttft_s", ttft_s), ("tpot_s", tpot_s)):
         if value is not None:
             positive(name, value)
@@ -179,13 +184,40 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     one_of("loop", loop, LOOPS)
     settings = ServeOptions.of(program.fabric, program.model, **options)
     reqs = generate_requests(spec)
-    short = position_shortfall(reqs, program.model) or kv_shortfall(reqs, program.regions)
+    short = position_shortfall(reqs, program.model)
     if short:  # found before any table is timed
         raise UserError(short)
+    short = kv_shortfall(reqs, program.regions)
+    if short:
+        raise UserError(f"{short}: {room_advice(program, reqs)}")
     pools = wafer_pools(program, default_cache_dir(cache_dir))
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name
     return result, run_metrics(result, reqs, ttft_s, tpot_s)
+
+
+def room_advice(program: WaferProgram, requests: Requests) -> str:
+    """Where ``requests`` would find KV room on ``program``'s fabric: the smallest square
+    region (sides doubling, then the whole wafer) that, compiled as ``program`` was, holds
+    every request's KV; or what else to change when none does. Compiled to be sure, not
+    estimated: a larger region also spreads the weights thinner."""
+    fabric, options = program.fabric, program.options
+    largest = max(r.pes for r in program.regions)  # no larger than this fell short
+    sides = [(s, s) for s in (2 ** k for k in range(3, 16))
+             if s <= min(fabric.width, fabric.height)] + [(fabric.width, fabric.height)]
+    if options.plan == "colocated":
+        for side in (s for s in sides if s[0] * s[1] > largest):
+            try:
+                bigger = compile_model(program.model, ClusterSpec(fabric, program.systems),
+                                       replace(options, region=side))
+            except CompileError:
+                continue
+            if kv_shortfall(requests, bigger.regions) is None:
+                room = max(r.kv_capacity_tokens for r in bigger.regions)
+                return (f"a region of {side[0]}x{side[1]} PEs holds it (KV room for "
+                        f"{room:,} tokens): `region={side[0]}x{side[1]}`")
+    return ("no region of one system holds it as compiled: more systems (`systems`), a "
+            "fabric with more SRAM, or shorter requests")
 
 
 class _Clock:
@@ -254,13 +286,13 @@ def serve_pools(model: ModelSpec | str, workload: WorkloadSpec | str | None = No
     ``pool`` (a wafer cluster, accelerator instances or GPUs), or disaggregated with prefill
     on ``prefill_pool`` and decode on ``decode_pool``, every copy of one side able to hand its
     KV to any copy of the other. Everything is checked before any work."""
-    spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
-                         tpot_s=tpot_s, **options)
-    one_of("loop", loop, LOOPS)
     sides = pool_sides(pool, prefill_pool, decode_pool)
+    # Named wrongly: refused before any work; the kinds' tables bound the micro-batches.
+    kinds = tuple(parse_pool(text).kind for text in sides.values())
+    spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
+                         tpot_s=tpot_s, kinds=kinds, **options)
+    one_of("loop", loop, LOOPS)
     model = load_model(model) if isinstance(model, (str, Path)) else model
-    for text in sides.values():
-        parse_pool(text)  # named wrongly: refused before any work
     reqs = generate_requests(spec)
     short = position_shortfall(reqs, model)
     if short:
@@ -362,6 +394,28 @@ def _pools(pool, prefill_pool, decode_pool, split_pool, footprint: str,
     return (*plans, counted)
 
 
+def _check_space(space: Space, phases: dict) -> None:
+    """The micro-batch sizes ``space`` gives to try, within the tables of every kind of
+    hardware (kind -> the phases it serves in the experiment) at the space's grid; the
+    values left to the hardware are its own (``tuning.Layout.knob_values``)."""
+    largest = {name: max(values) for name, values in space.given().items()}
+    for kind, served in phases.items():
+        tops = {phase: top for phase, top in kind.table_tops(space.grid).items()
+                if phase in served}
+        check_in_tables(largest, tops, kind.tables_named(space.grid))
+
+
+def _phases_by_kind(splits: list, colocated: list) -> dict:
+    """Kind of hardware -> the phases its pools serve in the experiment: both where colocated,
+    a side's where split."""
+    phases: dict = {}
+    for names, served in [(colocated, ("prefill", "decode"))] + [
+            ([p], ("prefill",)) for p, _ in splits] + [([d], ("decode",)) for _, d in splits]:
+        for name in names:
+            phases[name.kind] = tuple(dict.fromkeys(phases.get(name.kind, ()) + served))
+    return phases
+
+
 class _Setup:
     """What ``experiment`` and ``frontier`` share: their arguments checked, before any work,
     the workload's draws, and ``runner(book)``, which runs one experiment."""
@@ -377,8 +431,10 @@ class _Setup:
         systems = 1 if systems is None else systems
         if not isinstance(space, Space):
             raise UserError(f"`space` must be a Space, got {short_repr(space)}")
-        whole("seeds", seeds, 1)
-        whole("workers", workers, 0)
+        if whole("seeds", seeds, 1) > MAX_DRAWS:
+            raise UserError(f"`seeds` must be at most {MAX_DRAWS} (draws of the workload, "
+                            f"each a whole search), got {seeds:,}")
+        _workers(workers)
         whole("systems", systems, 1)
         if not is_number(tolerance) or not 0 < tolerance < 1:
             raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
@@ -396,6 +452,7 @@ class _Setup:
         self.pools = pools
         if pools is None:
             self.cluster = ClusterSpec(_fabric(fabric), systems)
+            _check_space(space, {WAFER: ("prefill", "decode")})
         else:
             if routing != Routing() or attention_tile:
                 raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
@@ -413,6 +470,7 @@ class _Setup:
                 PoolHardware(pools_name(splits, colocated, footprint),
                              pools_clock([n for pair in splits for n in pair] + colocated)),
                 systems_of(list(splits[0])), footprint.unit)
+            _check_space(space, _phases_by_kind(splits, colocated))
         spec = _workload(workload, trace, None, requests)
         if requests is None:
             spec.requests = tuning_requests(spec, self.cluster.systems)
@@ -608,6 +666,21 @@ def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     return PairingsReport(model.name, name, kinds, unit, frontiers, skipped)
 
 
+# Local worker processes past a few per core only share the cores, and each holds its own
+# interpreter (about 100 MB measured before any work) and tables: a typo of 10**6 would start
+# processes until memory ran out.
+WORKERS_PER_CORE = 4
+
+
+def _workers(workers) -> int:
+    """``workers``, a whole number from 0 (one per core) to WORKERS_PER_CORE per core."""
+    cores = os.cpu_count() or 1
+    if whole("workers", workers, 0) > WORKERS_PER_CORE * cores:
+        raise UserError(f"`workers` must be at most {WORKERS_PER_CORE * cores} "
+                        f"({WORKERS_PER_CORE} per core, {cores} cores here), got {workers:,}")
+    return workers
+
+
 def _workload(workload, trace, rate, requests) -> WorkloadSpec:
     """A workload (a preset, a YAML or a WorkloadSpec) or a trace's replay, with ``rate`` and
     ``requests`` overriding its own."""
@@ -673,7 +746,7 @@ def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
     ``max_points`` (by default ``MAX_POINTS``), and the folder created or refused. Returns
     the folder and every row, in the order of the sweep's points."""
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
-    whole("workers", workers, 0)
+    _workers(workers)
     if max_points is not None:
         whole("max_points", max_points, 1)
     check_size(spec, max_points)
@@ -739,7 +812,9 @@ def evaluate_point(point: str, config: dict) -> dict:
 
 
 def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:
-    """Draw a run directory's figures and report.html; returns the report's path."""
+    """Draw a run directory's figures and report.html; returns the report's path. ``what``:
+    kinds of figures, from maps, roofline, serving, experiment and sweep (a list, or words
+    split by commas); a word that is none of them is refused by name."""
     from wse_emu.visualize.rundraw import draw_run
 
     return draw_run(Path(run_dir), what)

@@ -24,6 +24,15 @@ def _si(value: float, unit: str, digits: int) -> str:
     return f"{value:.{digits}g} {unit}".rstrip()
 
 
+def count(value: float) -> str:
+    """A count of things as people write a model's size: 8.03 B, 494 M, 107 k, 512 (billions
+    as B, not G: '0.000107 B parameters' tells a small model's size to nobody)."""
+    for factor, prefix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor * 0.9995:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.3g}"
+
+
 def gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.2f} GB"
 

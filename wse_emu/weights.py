@@ -23,7 +23,9 @@ import numpy as np
 
 from wse_emu import layer as ly
 from wse_emu import mxfp4, storage
+from wse_emu.configfile import regular_file
 from wse_emu.errors import UserError
+from wse_emu.fmt import count
 from wse_emu.hf_config import hf_config
 from wse_emu.model import ModelSpec, load_model
 
@@ -346,6 +348,7 @@ def _unpack_mxfp4(spec: ModelSpec, weights: dict[str, np.ndarray], where: str) -
 # --- helpers --------------------------------------------------------------------------------
 
 def _read_safetensors(file: Path, where: str) -> dict[str, np.ndarray]:
+    regular_file(file)
     safetensors_numpy = _safetensors_numpy()
     try:
         return safetensors_numpy.load_file(str(file))
@@ -446,7 +449,7 @@ def check_memory(model: ModelSpec) -> None:
     except (AttributeError, OSError, ValueError):  # not a POSIX system: nothing to check
         return
     if need > have:
-        raise UserError(f"{model.name}: its {model.params() / 1e9:.3g} G parameters take "
+        raise UserError(f"{model.name}: its {count(model.params())} parameters take "
                         f"{need / 1e9:.3g} GB in float32, more than this machine's "
                         f"{have / 1e9:.3g} GB of memory; the functional engine computes models "
                         "that fit (`run` times any model)")
@@ -462,6 +465,7 @@ def tokenizer_for(model_or_checkpoint: str | Path):
         from tokenizers import Tokenizer
     except ImportError:
         return None
+    regular_file(file)
     try:
         return Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises its own exception types

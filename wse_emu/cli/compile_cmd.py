@@ -11,10 +11,11 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions, parse_region
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
-from wse_emu.fmt import gb, seconds, si, table
+from wse_emu.fmt import count, gb, seconds, si, table
 from wse_emu.model import WEIGHT_FORMATS, ModelSpec, load_model, stored_as
 from wse_emu.program import WaferProgram, write_run_dir
 from wse_emu.routing import routing_for
+from wse_emu.util.atomic import write_text
 
 
 def add_fabric_args(p) -> None:
@@ -122,8 +123,8 @@ def run(args):
 
         def write(tmp: Path) -> None:
             program.save(tmp)
-            (tmp / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-            (tmp / "summary.json").write_text(json.dumps(program.summary, indent=1))
+            write_text(tmp / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+            write_text(tmp / "summary.json", json.dumps(program.summary, indent=1))
 
         write_run_dir(args.output, write)
     if args.json:
@@ -152,7 +153,7 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
     cats = s["sram_bytes_by_category"]
     first = s["regions"][0]
     lines = [
-        f"{s['model']} ({s['params'] / 1e9:.3g} B parameters) on {s['cluster']}, {s['plan']}: "
+        f"{s['model']} ({count(s['params'])} parameters) on {s['cluster']}, {s['plan']}: "
         f"{len(s['regions'])} region(s), {s['stages_per_region']} stages per region",
         f"  PEs used             {s['pes_used']:,} of {s['pes_total']:,}",
         f"  weights              {gb(s['weight_bytes_total'])} on-wafer = "

@@ -30,6 +30,8 @@ from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, Co
 from wse_emu.runtime.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
 from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.sensitivity import VARIABLES
+from wse_emu.runtime.workload import trace_names
+from wse_emu.util.atomic import write_text
 
 
 def add_parser(sub, summary: str) -> None:
@@ -92,7 +94,8 @@ def _add_common(d) -> None:
     d.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
     src = d.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="workload preset or YAML")
-    src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
+    src.add_argument("--trace", help=f"a shipped trace ({', '.join(trace_names())}) or a CSV "
+                     "of arrived_at,num_prefill_tokens,num_decode_tokens")
     d.add_argument("--requests", type=int,
                    help=f"requests (sessions) per tuning run (default: the workload's, at "
                    f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
@@ -229,8 +232,8 @@ def _written(args, report, text: str):
     text, to print."""
     data = report.to_json()
     if args.output:
-        write_run_dir(args.output, lambda tmp: (tmp / "experiment.json").write_text(
-            json.dumps(data, indent=1)))
+        write_run_dir(args.output, lambda tmp: write_text(tmp / "experiment.json",
+                                                          json.dumps(data, indent=1)))
     if args.json:
         return data
     return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
@@ -271,7 +274,7 @@ def run_pairings(args):
         def write(tmp):
             from wse_emu.visualize.curves import pairings as draw_pairings
 
-            (tmp / "pairings.json").write_text(json.dumps(data.to_json(), indent=1))
+            write_text(tmp / "pairings.json", json.dumps(data.to_json(), indent=1))
             (tmp / "figures").mkdir()
             draw_pairings(data, tmp / "figures" / "pairings")
         write_run_dir(args.output, write)
@@ -502,7 +505,8 @@ def render_tuning(steps: list[dict], per: str = "system") -> str:
         tried = ", ".join(f"{_value(st['knob'], t['value'])} {number(t['max_rate_per_system'])}"
                           for t in st["tried"])
         before = "-" if st["before_per_system"] is None else number(st["before_per_system"])
-        rows.append([st["plan"], st["knob"], tried, _value(st["knob"], st["chosen_value"]),
+        plan = st["plan"] + (f" ({st['line']})" if st.get("line") else "")
+        rows.append([plan, st["knob"], tried, _value(st["knob"], st["chosen_value"]),
                      f"{before} -> {number(st['after_per_system'])}"])
     return narrow_table(["plan", "knob", f"values tried: goodput/s/{per}", "kept",
                          f"goodput/s/{per}"], rows, "lllll")

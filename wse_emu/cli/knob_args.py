@@ -7,6 +7,7 @@ checked where they are used (``ServeOptions``, ``Space``); here they are only re
 from __future__ import annotations
 
 from wse_emu.errors import UserError
+from wse_emu.pool_kinds import SERVER_KNOBS
 from wse_emu.runtime.comparison import DEPTH_RULES
 from wse_emu.runtime.knobs import info
 from wse_emu.runtime.policies import POLICIES, knob_fields
@@ -53,8 +54,8 @@ def add_space_args(p, copies: tuple) -> None:
                             "plans at: matched (default), every depth some layout comes to by "
                             "itself; own, each layout at its own; or these, besides its own")
     for f in knob_fields():
-        tune = ",".join(map(str, info(f).tune))
-        group.add_argument(flag(f.name), default=tune, help=f"{info(f).help} (default {tune})")
+        group.add_argument(flag(f.name), help=f"{info(f).help} (default: the values each kind "
+                           f"of hardware's serving engines use, {_engine_values(f)})")
 
 
 def space_settings(args) -> dict:
@@ -63,7 +64,20 @@ def space_settings(args) -> dict:
             "copies": _ints(args.copies, "copies"),
             "layers_per_stage": (args.layers_per_stage if args.layers_per_stage in DEPTH_RULES
                                  else _ints(args.layers_per_stage, "layers_per_stage")),
-            **{f.name: _ints(getattr(args, f.name), f.name) for f in knob_fields()}}
+            **{f.name: None if getattr(args, f.name) is None else
+               _ints(getattr(args, f.name), f.name) for f in knob_fields()}}
+
+
+def _engine_values(f) -> str:
+    """A knob's default values as its help states them: each kind's own, a micro-batch's size
+    within the kind's tables."""
+    def listed(values) -> str:
+        return ",".join(map(str, values))
+    wafer = listed(info(f).tune)
+    server = listed(SERVER_KNOBS.values_of(f.name, info(f)))
+    cut = " up to the grid's largest" if info(f).sizes else ""
+    return (f"{wafer}{cut}" if wafer == server
+            else f"wafers {wafer}{cut}; accelerators and GPUs {server}")
 
 
 def _ints(text: str, name: str) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
 from wse_emu.pool_names import parse_pool
 from wse_emu.program import write_run_dir
 from wse_emu.runtime.metrics import ServeReport
+from wse_emu.runtime.workload import trace_names
 
 SHOWN_REGIONS = 8  # regions in the printed table
 
@@ -21,7 +22,8 @@ def add_parser(sub, summary: str) -> None:
     add_cluster_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="workload preset or YAML")
-    src.add_argument("--trace", help="CSV of arrived_at,num_prefill_tokens,num_decode_tokens")
+    src.add_argument("--trace", help=f"a shipped trace ({', '.join(trace_names())}) or a CSV "
+                     "of arrived_at,num_prefill_tokens,num_decode_tokens")
     p.add_argument("--rate", type=float, help="requests per second (synthetic) or a replay "
                    "speed-up (trace)")
     p.add_argument("--requests", type=int, help="serve only the first N requests (sessions)")
@@ -139,6 +141,8 @@ def render(report: ServeReport, result, metrics) -> str:
              f"{metrics.requests:,} requests over {seconds(metrics.duration_s)}",
              f"  output tokens/s      {si(metrics.output_tokens_per_s)}",
              f"  requests/s           {number(metrics.requests_per_s)}",
+             "  SLO attainment       no targets given (--ttft-slo, --tpot-slo)"
+             if metrics.slo_attainment is None else
              f"  SLO attainment       {metrics.slo_attainment:.1%} (goodput "
              f"{number(metrics.goodput_requests_per_s)} requests/s)", "",
              narrow_table(["latency", "p50", "p90", "p99"], rows)]

@@ -13,6 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from wse_emu.errors import UserError
+from wse_emu.runtime.knobs import EngineKnobs
+from wse_emu.runtime.tables import SERVER_AXES, grid_axes
+
+# What servers of continuous batching run with on accelerators and GPUs (vLLM, SGLang,
+# TensorRT-LLM; on Trainium, vLLM over NxD Inference): a step of up to 8,192 tokens (vLLM's
+# max_num_batched_tokens, TensorRT-LLM's max_num_tokens, SGLang's chunked_prefill_size reach
+# it; AIConfigurator's aggregated plans step 8,192 context tokens at a time) and up to 256
+# sequences at once (vLLM's max_num_seqs and trtllm-serve's max_batch_size default to 256),
+# several prompts packed into one chunk while its budget lasts, and a prompt prefilled whole
+# where chunking is off. Tuning starts where those servers start: chunks of 8,192 tokens,
+# batches of 256. The tables of such pools span it (``tables.SERVER_AXES``).
+SERVER_KNOBS = EngineKnobs(
+    values=(("prefill_tile", (256, 1024, 2048, 4096, 8192)),
+            ("token_budget", (256, 512, 1024, 2048, 4096, 8192)),
+            ("chunk_prompts", (1, 4)),
+            ("max_running", (0, 32, 128, 256)),
+            ("batch_limit", (16, 32, 64, 128, 256))),
+    start=(("prefill_tile", 8192), ("token_budget", 8192), ("batch_limit", 256)))
 
 
 class PoolKind(ABC):
@@ -80,6 +98,42 @@ class PoolKind(ABC):
     @abstractmethod
     def step_times_source(self, hardware: Any) -> str:
         """Where its step times come from, in a few words (a run states it)."""
+
+    def engine_knobs(self) -> EngineKnobs:
+        """The serving knobs' values its serving engines use, which the experiment's default
+        search tries on its pools (the knobs' declarations where it names none)."""
+        return EngineKnobs()
+
+    def table_axes(self, grid: str, phase: str) -> tuple:
+        """The micro-batch shapes its pools' tables for ``phase`` are timed at, given the
+        experiment's ``grid`` ("full" or "quick")."""
+        return grid_axes(grid, phase)
+
+    def tables_named(self, grid: str) -> str:
+        """Its tables' range as a message names it."""
+        return f"the stage tables' {grid} grid"
+
+    def table_tops(self, grid: str) -> dict:
+        """Phase -> the largest micro-batch size its tables hold (``policies.check_in_tables``
+        keeps sizes within)."""
+        return {phase: int(self.table_axes(grid, phase)[0][-1])
+                for phase in ("prefill", "decode")}
+
+
+class ServerKind(PoolKind, ABC):
+    """A kind whose steps are timed by a formula or from measured data (accelerators, GPUs),
+    served as servers of continuous batching serve it (``SERVER_KNOBS``), its tables over the
+    sizes those run (``SERVER_AXES``, whatever the grid: a shape costs next to nothing)."""
+
+    def engine_knobs(self) -> EngineKnobs:
+        return SERVER_KNOBS
+
+    def table_axes(self, grid: str, phase: str) -> tuple:
+        grid_axes(grid, phase)  # an unknown grid is refused all the same
+        return SERVER_AXES[phase]
+
+    def tables_named(self, grid: str) -> str:
+        return f"{self.noun}'s stage tables"
 
 
 @dataclass(frozen=True)

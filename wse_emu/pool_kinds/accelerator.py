@@ -4,15 +4,16 @@ system is one instance, drawing the instance power its file cites."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from wse_emu.accelerator import AcceleratorSpec, load_accelerator
 from wse_emu.configfile import preset_names
-from wse_emu.pool_kinds import PoolKind, Side
+from wse_emu.pool_kinds import ServerKind, Side
 from wse_emu.runtime.accelerator_pool import accelerator_pools
 
 
-class AcceleratorKind(PoolKind):
+class AcceleratorKind(ServerKind):
     noun = "an accelerator"
     file_mark = "its `device`"
 
@@ -41,7 +42,10 @@ class AcceleratorKind(PoolKind):
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
               cache: Path, grid: str, compile_model) -> list:
         name = side.pool
-        return accelerator_pools(name.hardware, model, role, clock_hz, name.count, first, grid)
+        axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
+        return [replace(pool, engine=self.engine_knobs())
+                for pool in accelerator_pools(name.hardware, model, role, clock_hz, name.count,
+                                              first, axes)]
 
     def step_times_source(self, hardware: AcceleratorSpec) -> str:
         return f"the roofline of {hardware.name} (lower bounds)"

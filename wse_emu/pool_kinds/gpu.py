@@ -6,13 +6,14 @@ database's GPU power."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from wse_emu.pool_kinds import PoolKind, Side
+from wse_emu.pool_kinds import ServerKind, Side
 from wse_emu.runtime.gpu_pool import GPUS, GpuSpec, gpu_pools, load_gpu, tensor_parallel
 
 
-class GpuKind(PoolKind):
+class GpuKind(ServerKind):
     noun = "a GPU"
     takes_tp = True
 
@@ -50,8 +51,10 @@ class GpuKind(PoolKind):
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
               cache: Path, grid: str, compile_model) -> list:
         name = side.pool
-        return gpu_pools(name.hardware, model, role, clock_hz, name.count, first, grid,
-                         side.tp or name.tensor_parallel)
+        axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
+        return [replace(pool, engine=self.engine_knobs())
+                for pool in gpu_pools(name.hardware, model, role, clock_hz, name.count, first,
+                                      axes, side.tp or name.tensor_parallel)]
 
     def step_times_source(self, hardware: GpuSpec) -> str:
         return hardware.source

@@ -22,7 +22,7 @@ from wse_emu.accelerator import AcceleratorSpec
 from wse_emu.errors import UserError
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.pools import PHASES, StagePool
-from wse_emu.runtime.tables import StageTable, timed_table
+from wse_emu.runtime.tables import SERVER_AXES, StageTable, timed_table
 
 # The ops a fused attention kernel runs as one, in the order the op graph lists them; the
 # ops that multiply by weight matrices.
@@ -78,13 +78,14 @@ def step_seconds(spec: AcceleratorSpec, model: ModelSpec, step: ly.MicroBatch,
 
 
 def step_table(spec: AcceleratorSpec, model: ModelSpec, phase: str, clock_hz: float,
-               grid: str = "quick", riding: bool = False) -> StageTable:
-    """``step_seconds`` over ``grid``'s micro-batch shapes for ``phase``, in serving cycles."""
+               axes: tuple, riding: bool = False) -> StageTable:
+    """``step_seconds`` over the micro-batch shapes ``axes`` for ``phase``, in serving
+    cycles."""
     def seconds(a: int, b: int) -> float:
         step = (ly.MicroBatch("decode", batch=a, context=b) if phase == "decode"
                 else ly.MicroBatch("prefill", tokens=a, prefix=b))
         return step_seconds(spec, model, step, riding)
-    return timed_table(phase, grid, clock_hz, seconds)
+    return timed_table(phase, axes, clock_hz, seconds)
 
 
 def kv_capacity_tokens(spec: AcceleratorSpec, model: ModelSpec) -> int:
@@ -102,17 +103,18 @@ def kv_capacity_tokens(spec: AcceleratorSpec, model: ModelSpec) -> int:
 
 def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_hz: float,
                       instances: int = 1, first_system: int = 0,
-                      grid: str = "quick") -> list[StagePool]:
+                      axes: dict = SERVER_AXES) -> list[StagePool]:
     """Every copy of ``model`` on ``instances`` instances of ``spec``, in ``role`` (mixed,
-    prefill or decode), timed for a serving clock of ``clock_hz``; instance k is system
-    ``first_system + k`` of the cluster."""
+    prefill or decode), timed for a serving clock of ``clock_hz`` over ``axes`` (phase -> its
+    table's axes); instance k is system ``first_system + k`` of the cluster."""
     if role not in PHASES:
         raise UserError(f"`role` must be one of {', '.join(PHASES)}, got {role!r}")
     if instances < 1:
         raise UserError(f"`instances` must be at least 1, got {instances}")
-    tables = {phase: step_table(spec, model, phase, clock_hz, grid) for phase in PHASES[role]}
+    tables = {phase: step_table(spec, model, phase, clock_hz, axes[phase])
+              for phase in PHASES[role]}
     # A copy runs a chunk and the decode micro-batch beside it as one step.
-    riding = step_table(spec, model, "decode", clock_hz, grid, riding=True) \
+    riding = step_table(spec, model, "decode", clock_hz, axes["decode"], riding=True) \
         if role == "mixed" else None
     capacity = kv_capacity_tokens(spec, model)
     return [StagePool(f"{spec.name}-{k}.{copy}", role, capacity, tables.get("prefill"),

@@ -35,9 +35,15 @@ from wse_emu.runtime.metrics import DRAIN, WARMUP
 from wse_emu.runtime.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
 from wse_emu.runtime.sensitivity import VARIABLES, Variation, apply, decode_step_s
 from wse_emu.runtime.serve import ServeOptions
-from wse_emu.runtime.tables import check_in_grid, grid_axes
-from wse_emu.runtime.tuning import Choice, Knob, config_of, serve_choice, tune
-from wse_emu.runtime.workload import Requests, WorkloadSpec, generate, replicate
+from wse_emu.runtime.tables import grid_axes
+from wse_emu.runtime.tuning import Choice, Knob, Layout, config_of, serve_choice, tune
+from wse_emu.runtime.workload import (
+    MAX_REQUESTS,
+    Requests,
+    WorkloadSpec,
+    generate,
+    replicate,
+)
 
 # The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
 # the window they reach is reported.
@@ -93,9 +99,9 @@ class _SpaceBase:
             policy_class(name)
         object.__setattr__(self, "policy", tuple(dict.fromkeys(self.policy)))
         for f in knob_fields():
-            values = check_values(f.name, info(f), getattr(self, f.name))
-            object.__setattr__(self, f.name, values)
-        check_in_grid({f.name: max(getattr(self, f.name)) for f in knob_fields()}, self.grid)
+            if getattr(self, f.name) is not None:
+                values = check_values(f.name, info(f), getattr(self, f.name))
+                object.__setattr__(self, f.name, values)
         flag("prefix_cache", self.prefix_cache)
         at_least_zero("window_s", self.window_s)
         whole("rounds", self.rounds, 1)
@@ -115,19 +121,30 @@ class _SpaceBase:
                 "disaggregated": [Knob("layout", "layout", tuple(splits))]
                 + [Knob(*k) for k in tuned if k[1] in split]}
 
-    def initial(self, plan: str, layout: str):
-        """Where tuning starts: each knob's default if it is among those to try."""
-        def pick(values, usual):
-            return usual if usual in values else values[0]
-        knobs = {f.name: pick(getattr(self, f.name), f.default) for f in knob_fields()}
+    def given(self) -> dict:
+        """Knob name -> the values given to try (the knobs left to each layout's hardware
+        left out)."""
+        return {f.name: getattr(self, f.name) for f in knob_fields()
+                if getattr(self, f.name) is not None}
+
+    def initial(self, plan: str, layout: Layout):
+        """Where tuning starts on ``layout``: for a knob left to the hardware, where its
+        serving engines start; for one given values, the engines' default if among them, else
+        the declaration's if among them, else the first (the same start whether a list is
+        given or left to the hardware)."""
+        def pick(values, *usual):
+            return next((u for u in usual if u in values), values[0])
+        knobs = {f.name: pick(getattr(self, f.name), layout.engine_start(f.name), f.default)
+                 if getattr(self, f.name) is not None else layout.knob_start(f.name)
+                 for f in knob_fields()}
         policy = pick(self.policy, _ServeDefaults.policy) if plan == "colocated" \
             else SPLIT_POLICY.name
-        return Choice(plan, layout, policy, **knobs)
+        return Choice(plan, layout.name, policy, **knobs)
 
 
 _ServeDefaults = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
 Space = make_dataclass(
-    "Space", [(f.name, tuple, field(default=info(f).tune)) for f in knob_fields()],
+    "Space", [(f.name, tuple | None, field(default=None)) for f in knob_fields()],
     bases=(_SpaceBase,), frozen=True, namespace={"__module__": __name__,
                                                  "__doc__": _SpaceBase.__doc__})
 
@@ -345,7 +362,8 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}
     knobs = space.knobs(names["disaggregated"], names["colocated"])
-    initial = {plan: space.initial(plan, names[plan][0]) for plan in names if names[plan]}
+    initial = {plan: space.initial(plan, layouts[(plan, names[plan][0])])
+               for plan in names if names[plan]}
     economy = (cluster.systems, fabric.system_power_w, price)
     book = RunBook(pool, serve_choice) if book is None else book
     run_points = book.run_points((layouts, base), requests, targets)
@@ -447,7 +465,8 @@ def _step(step, searches: dict, systems: int) -> dict:
     """A tuning step as reported: each value tried and its goodput per system."""
     def rate(c):
         return _rate_of(searches, c) / (searches[c].config.footprint or systems)
-    return {"plan": step.plan, "knob": step.knob,
+    return {"plan": step.plan, **({"line": step.line} if step.line else {}),
+            "knob": step.knob,
             "tried": [{"value": v, "configuration": c.label, "max_rate_per_system": rate(c)}
                       for v, c in step.tried],
             "chosen": step.chosen.label, "chosen_value": next(
@@ -588,11 +607,15 @@ def workload_draws(spec: WorkloadSpec, seeds: int) -> list[Requests]:
 def longer_draws(spec: WorkloadSpec, seeds: int, transform=lambda requests: requests):
     """``longer(draw, n)`` for the confirming runs: draw ``draw`` of the workload with ``n``
     requests (a trace's windows share its rows, one window per draw), through ``transform``."""
-    rows = len(generate(replace(spec, requests=0))) if spec.arrival == "trace" else None
+    # A trace's rows after its first window's start, counted no further than the draws can
+    # take (a confirming run holds at most MAX_CONFIRM_REQUESTS): a long trace is not read
+    # whole to learn its length.
+    most = min(seeds * MAX_CONFIRM_REQUESTS, MAX_REQUESTS)
+    rows = len(generate(replace(spec, requests=most))) if spec.arrival == "trace" else None
 
     def longer(draw: int, n: int) -> Requests:
         if rows is not None:
-            n = min(n, (rows - spec.skip) // seeds)
+            n = min(n, rows // seeds)
         return transform(generate(replace(replicate(spec, draw, n), requests=n)))
     return longer
 

@@ -28,7 +28,7 @@ from wse_emu.checks import positive
 from wse_emu.errors import UserError
 from wse_emu.fmt import duration as time_text
 from wse_emu.fmt import number
-from wse_emu.progress import duration
+from wse_emu.progress import Live
 from wse_emu.runtime.metrics import RunMetrics, UserSpeeds, judged_window, on_target, run_metrics
 from wse_emu.runtime.serve import ServeOptions, serve
 from wse_emu.runtime.workload import Requests
@@ -315,11 +315,11 @@ def run_searches(searches: dict, run_points, per_round: int = 3, tolerance: floa
         else:
             began = time.monotonic()
             what = f"{label}: round {round_ + 1}"
-            progress(f"{what}, {len(jobs)} runs")
+            progress(Live(f"{what}, 0 of {len(jobs)} runs done", 0.0, began))
 
             def done(count: int, what=what, began=began, total=len(jobs)) -> None:
-                left = (time.monotonic() - began) / count * (total - count)
-                progress(f"{what}, {count} of {total} runs done, about {duration(left)} left")
+                # The time left is worked out again whenever the line is shown (``Live``).
+                progress(Live(f"{what}, {count} of {total} runs done", count / total, began))
             points = run_points(jobs, done=done)
         for (key, f), point in zip(jobs, points):
             searches[key].points[f] = point
@@ -366,11 +366,18 @@ class Outcome:
         if m.too_short:
             return ("a run too short to judge (every session started before a session's "
                     "length had passed: run more requests)")
+        refused = (f"{m.refused:,} of its requests ({m.refused / m.requests:.1%}) need more "
+                   "KV cache than any of its regions holds") if m.refused else ""
+        if m.refused / m.requests > 1 - targets.attainment:
+            # What binds it is room, at any rate: more of its requests are refused than the
+            # attainment allows to miss.
+            return f"KV room: {refused}, refused at any rate"
         broke = [name for name, value, target in
                  ((f"{targets.at} TTFT", targets.ttft(m), targets.ttft_s),
                   (f"{targets.at} TPOT", targets.tpot(m), targets.tpot_s)) if value > target]
         if m.slo_attainment < targets.attainment:
-            broke.append(f"attainment ({m.slo_attainment:.1%} < {targets.attainment:.0%})")
+            broke.append(f"attainment ({m.slo_attainment:.1%} < {targets.attainment:.0%}"
+                         + (f"; {refused}" if refused else "") + ")")
         if not targets.stable(m):
             if m.pace is not None and m.pace > MAX_PACE:
                 broke.append(f"a growing queue (first tokens spread over {_plain(m.pace)}x the "

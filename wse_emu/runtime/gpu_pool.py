@@ -23,7 +23,7 @@ import yaml
 from wse_emu.errors import UserError
 from wse_emu.model import ModelSpec
 from wse_emu.runtime.pools import PHASES, StagePool
-from wse_emu.runtime.tables import StageTable, timed_table
+from wse_emu.runtime.tables import SERVER_AXES, StageTable, timed_table
 
 # Our names of the GPUs, and the database's.
 GPUS = {"a100": "a100_sxm", "h100": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm",
@@ -126,9 +126,9 @@ def tensor_parallel(gpu: GpuSpec, model: ModelSpec, gpus: int, asked: int | None
                     f"{gpu.gpus_per_node})")
 
 
-def step_table(engine, phase: str, clock_hz: float, grid: str,
+def step_table(engine, phase: str, clock_hz: float, axes: tuple,
                riding: bool = False) -> StageTable:
-    """The database's step times over ``grid``'s shapes for ``phase``, in serving cycles;
+    """The database's step times over the shapes ``axes`` for ``phase``, in serving cycles;
     ``riding``: a decode micro-batch's attention alone, what it adds to a step it shares
     with a prompt's chunk (the database's own split of a mixed step: the chunk's and the
     sequences' tokens through the other ops together, each one's attention apart)."""
@@ -141,14 +141,15 @@ def step_table(engine, phase: str, clock_hz: float, grid: str,
         else:
             ms = engine.predict_prefill_latency(1, b + a, b)
         return ms * 1e-3
-    return timed_table(phase, grid, clock_hz, seconds)
+    return timed_table(phase, axes, clock_hz, seconds)
 
 
 def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: int,
-              first_system: int = 0, grid: str = "quick",
+              first_system: int = 0, axes: dict = SERVER_AXES,
               tp: int | None = None) -> list[StagePool]:
     """The copies of ``model`` on ``gpus`` GPUs, ``tp`` each (``tensor_parallel``), in
-    ``role``; node k is system ``first_system + k``."""
+    ``role``, timed over ``axes`` (phase -> its table's axes); node k is system
+    ``first_system + k``."""
     _require()
     from aiconfigurator_core.sdk import EngineHandle
 
@@ -160,9 +161,9 @@ def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: 
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     engine = EngineHandle.compile(_model_name(model), gpu.system, BACKEND, tp_size=tp,
                                   pp_size=1)
-    tables = {phase: step_table(engine, phase, clock_hz, grid) for phase in PHASES[role]}
+    tables = {phase: step_table(engine, phase, clock_hz, axes[phase]) for phase in PHASES[role]}
     # A copy runs a chunk and the decode micro-batch beside it as one step.
-    riding = step_table(engine, "decode", clock_hz, grid, riding=True) \
+    riding = step_table(engine, "decode", clock_hz, axes["decode"], riding=True) \
         if role == "mixed" else None
     capacity = _kv_tokens(gpu, model, tp)
     return [StagePool(f"{gpu.name}-tp{tp}.{copy}", role, capacity, tables.get("prefill"),

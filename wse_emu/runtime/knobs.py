@@ -28,6 +28,12 @@ class KnobInfo:
     shown: str | None = None  # how a configuration's label shows it ("tile {}"); None: its
     # policy's title shows it
     unshown: int | None = None  # a value a label leaves out (a running cap of 0: none)
+    # The phase whose pools it shapes ("prefill", "decode"; None: both): on a split, the
+    # hardware of that side says which values its engines use (``EngineKnobs``).
+    phase: str | None = None
+    # Whether it is a micro-batch's size, read off its phase's stage tables: it must lie
+    # within their range (interpolated inside it, never guessed beyond).
+    sizes: bool = False
 
     def label_part(self, value: int) -> str | None:
         if self.shown is None or value == self.unshown:
@@ -35,10 +41,27 @@ class KnobInfo:
         return self.shown.format(value)
 
 
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The knob values a kind of hardware's serving engines use, which the experiment's default
+    search tries on it: per knob, the values (``values``) and where tuning starts (``start``,
+    the engines' own default). A knob it does not name takes its declaration's (``tune`` and
+    the default). Pairs, not dicts, so that it hashes and pickles as a constant."""
+
+    values: tuple = ()  # ((knob name, (value, ...)), ...)
+    start: tuple = ()  # ((knob name, value), ...)
+
+    def values_of(self, name: str, declared: KnobInfo) -> tuple:
+        return dict(self.values).get(name, declared.tune)
+
+    def start_of(self, name: str, default: int) -> int:
+        return dict(self.start).get(name, default)
+
+
 def knob(default: int, *, label: str, help: str, low: int, tune: tuple, shown: str | None = None,
-         unshown: int | None = None):
+         unshown: int | None = None, phase: str | None = None, sizes: bool = False):
     """A knob field of a policy's knob dataclass (an integer of at least ``low``)."""
-    info = KnobInfo(label, help, low, tuple(tune), shown, unshown)
+    info = KnobInfo(label, help, low, tuple(tune), shown, unshown, phase, sizes)
     for value in (default, *info.tune):
         check_value(f"the declaration of {label}", info, value)
     return field(default=default, metadata={"knob": info})

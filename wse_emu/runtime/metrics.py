@@ -177,7 +177,10 @@ def on_target(ttft_s: np.ndarray, tpot_s: np.ndarray, window: np.ndarray, span_s
               ttft_slo_s: float | None, tpot_slo_s: float | None) -> dict:
     """The metrics a run's targets decide, by their ``RunMetrics`` names: the share of the
     window's requests meeting both (``slo_attainment``) and the requests meeting both per
-    second of the whole run's makespan, the drain included (``goodput_requests_per_s``)."""
+    second of the whole run's makespan, the drain included (``goodput_requests_per_s``); both
+    None without a target (every request would count as meeting none)."""
+    if ttft_slo_s is None and tpot_slo_s is None:
+        return {"slo_attainment": None, "goodput_requests_per_s": None}
     ok = np.ones(len(ttft_s), dtype=bool)
     if ttft_slo_s is not None:
         ok &= ttft_s <= ttft_slo_s
@@ -207,8 +210,8 @@ class RunMetrics:
     itl_s: Percentiles  # every gap between consecutive tokens (TPOT is their mean per request)
     output_tokens_per_s: float
     requests_per_s: float
-    slo_attainment: float
-    goodput_requests_per_s: float
+    slo_attainment: float | None  # None: the run had no targets
+    goodput_requests_per_s: float | None
     user_tokens_per_s: UserSpeeds
     refused: int
     # The steady window (``steady=True``): its requests, span, output rate, TTFT trend and
@@ -265,8 +268,8 @@ class RunMetrics:
     def __repr__(self) -> str:
         return (f"RunMetrics({self.requests:,} requests over {seconds(self.duration_s)}, "
                 f"{with_unit(self.output_tokens_per_s, 'tok/s')}, p90 TTFT "
-                f"{_time(self.ttft_s.p90)}, p90 TPOT {_time(self.tpot_s.p90)}, "
-                f"{self.slo_attainment:.1%} on target"
+                f"{_time(self.ttft_s.p90)}, p90 TPOT {_time(self.tpot_s.p90)}"
+                + ("" if self.slo_attainment is None else f", {self.slo_attainment:.1%} on target")
                 + (f", {self.refused:,} refused" if self.refused else "") + ")")
 
 

@@ -31,6 +31,11 @@ class PeerAnswer:
     tokens_per_s_per_gpu: float
     tokens_per_s_per_user: float
     configuration: str  # its parallelism and batch, in its own words
+    # Disaggregated: its split as our pools name it (prefill, decode: ``h200x4tp1``) and its
+    # decode batch, to serve our runtime at its own configuration.
+    prefill_pool: str | None = None
+    decode_pool: str | None = None
+    decode_batch: int | None = None
 
 
 def aiconfigurator_default(model: ModelSpec, gpu: str, gpus: int, isl: int, osl: int,
@@ -56,17 +61,22 @@ def aiconfigurator_default(model: ModelSpec, gpu: str, gpus: int, isl: int, osl:
         if done.returncode or not all(tables.values()):
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise UserError(f"AIConfigurator gave no answer: {last}")
-        answers = {plan: _best(plan, path) for plan, path in tables.items()}
+        answers = {plan: _best(plan, path, gpu) for plan, path in tables.items()}
     return answers, f"aiconfigurator {metadata.version('aiconfigurator')}"
 
 
-def _best(plan: str, path: Path) -> PeerAnswer:
+def _best(plan: str, path: Path, gpu: str) -> PeerAnswer:
     """The first row of its table of best configurations (it sorts them best first)."""
     with path.open() as f:
         row = next(csv.DictReader(f))
+    speeds = float(row["tokens/s/gpu"]), float(row["tokens/s/user"])
     if plan == "agg":
         config = f"tp{row['tp']}, batch {row['bs']}, {row['ctx_tokens']} context tokens per step"
-    else:
-        config = (f"{row['(p)workers']} x tp{row['(p)tp']} prefill, {row['(d)workers']} x "
-                  f"tp{row['(d)tp']} decode at batch {row['(d)bs']}")
-    return PeerAnswer(plan, float(row["tokens/s/gpu"]), float(row["tokens/s/user"]), config)
+        return PeerAnswer(plan, *speeds, config)
+    config = (f"{row['(p)workers']} x tp{row['(p)tp']} prefill, {row['(d)workers']} x "
+              f"tp{row['(d)tp']} decode at batch {row['(d)bs']}")
+
+    def pool(side: str) -> str:
+        tp = int(row[f"({side})tp"])
+        return f"{gpu}x{int(row[f'({side})workers']) * tp}tp{tp}"
+    return PeerAnswer(plan, *speeds, config, pool("p"), pool("d"), int(row["(d)bs"]))

@@ -43,6 +43,7 @@ from wse_emu.runtime.knobs import info, knob
 class Tiles:
     prefill_tile: int = knob(
         64, label="prefill tile", low=1, tune=(8, 16, 32, 64, 128, 256), shown="tile {}",
+        phase="prefill", sizes=True,
         help="tokens per prefill micro-batch: a prompt streams through the stages in tiles of "
              "this many, so that it fills the pipeline like a flow shop")
 
@@ -50,11 +51,13 @@ class Tiles:
 @dataclass(frozen=True)
 class Budget:
     token_budget: int = knob(
-        256, label="chunk budget", low=1, tune=(16, 32, 64, 128, 256, 512),
+        256, label="chunk budget", low=1, tune=(16, 32, 64, 128, 256, 512), phase="prefill",
+        sizes=True,
         help="chunked prefill: tokens per micro-batch, the ready decode tokens first and the "
              "next prompt's after them")
     chunk_prompts: int = knob(
         1, label="prompts per chunk", low=1, tune=(1,), shown="{} prompts", unshown=1,
+        phase="prefill",
         help="chunked prefill: prompts a chunk may take, each to its end but the last, while "
              "the budget lasts (vLLM, SGLang and TensorRT-LLM pack several; 1 by default, as "
              "the published wafer results were tuned)")
@@ -71,10 +74,11 @@ class Turns:
 class Batching:
     max_running: int = knob(
         0, label="running cap", low=0, tune=(0, 32, 128), shown="cap {}", unshown=0,
+        phase="decode",
         help="sequences holding KV at once in a colocated or decode region (0: no cap)")
     batch_limit: int = knob(
         64, label="decode batch limit", low=1, tune=(16, 32, 64), shown="batch {}",
-        help="sequences per decode micro-batch")
+        phase="decode", sizes=True, help="sequences per decode micro-batch")
 
 
 # Every knob group, in the order the experiment tunes their knobs (and labels show them).
@@ -279,3 +283,16 @@ def knob_info(name: str):
         if f.name == name:
             return info(f)
     raise KeyError(name)
+
+
+def check_in_tables(values: dict, tops: dict, where: str) -> None:
+    """Micro-batch sizes (knob name -> value) must lie within stage tables whose largest
+    shapes are ``tops`` (phase -> the largest size they hold; a phase left out is not checked),
+    as ``where`` names them: their times are interpolated inside the tables, not guessed
+    beyond."""
+    sizes = {f.name: info(f).phase for f in knob_fields() if info(f).sizes}
+    for name, value in values.items():
+        phase = sizes.get(name)  # other settings and knobs are not sizes
+        if phase in tops and value > tops[phase]:
+            raise UserError(f"`{name}` must be between 1 and {tops[phase]} (the range of "
+                            f"{where}), got {value}")

@@ -16,12 +16,13 @@ their stage tables timed once, shared by replicas of one shape, and cached on di
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from wse_emu.program import WaferProgram
 from wse_emu.runner import signature
+from wse_emu.runtime.knobs import EngineKnobs
 from wse_emu.runtime.tables import StageTable, TableAsk, build_tables, grid_axes
 
 ROLES = ("mixed", "prefill", "decode")
@@ -65,6 +66,9 @@ class StagePool:
     link_bytes_per_cycle: float = float("inf")
     riding: StageTable | None = None
     link_latency_cycles: float = 0.0
+    # The knob values its kind's serving engines use: what an experiment tries on it by default
+    # (serving itself never reads it).
+    engine: EngineKnobs = field(default_factory=EngineKnobs)
 
     @property
     def stages(self) -> int:

@@ -47,22 +47,12 @@ QUICK_DECODE_CONTEXT = (64, 4096, 16384)
 QUICK_PREFILL_TOKENS = (16, 64, 256)
 QUICK_PREFILL_PREFIX = (0, 4096, 16384)
 VECTORS_KEPT = 100_000  # interpolated shapes remembered per table (about 30 MB at most)
-
-
-# The knobs that size a micro-batch, and the phase whose table times it.
-MICRO_BATCH_KNOBS = {"batch_limit": "decode", "prefill_tile": "prefill",
-                     "token_budget": "prefill"}
-
-
-def check_in_grid(values: dict, grid: str) -> None:
-    """Micro-batch sizes (knob name -> value) must lie within the tables of ``grid``: their
-    times are interpolated inside the grid, not guessed beyond."""
-    for name, value in values.items():
-        if name in MICRO_BATCH_KNOBS:
-            top = int(grid_axes(grid, MICRO_BATCH_KNOBS[name])[0][-1])
-            if value > top:
-                raise UserError(f"`{name}` must be between 1 and {top} (the range of the "
-                                f"stage tables' {grid} grid), got {value}")
+# Pools timed by a formula or from a measured database (accelerators, GPUs) cost next to
+# nothing per shape, so their tables span the sizes their serving engines run whatever the
+# grid: decode batches of up to 256 sequences, chunks of up to 8,192 tokens
+# (``pool_kinds.SERVER_KNOBS``).
+SERVER_AXES = {"decode": ((1, 2, 4, 8, 16, 32, 64, 128, 256), DECODE_CONTEXT),
+               "prefill": ((16, 64, 256, 1024, 2048, 4096, 8192), PREFILL_PREFIX)}
 
 
 @dataclass
@@ -284,12 +274,12 @@ def grid_axes(grid: str, phase: str) -> tuple:
     return GRIDS[grid][phase]
 
 
-def timed_table(phase: str, grid: str, clock_hz: float, seconds) -> StageTable:
-    """A one-stage table over ``grid``'s shapes for ``phase`` from ``seconds(a, b)``, a step's
-    time in seconds at each shape (decode: batch, context; prefill: tile tokens, tokens cached
-    before it), in cycles of a serving clock of ``clock_hz``: how a pool that is not a compiled
+def timed_table(phase: str, axes: tuple, clock_hz: float, seconds) -> StageTable:
+    """A one-stage table over ``axes`` (for ``phase``) from ``seconds(a, b)``, a step's time in
+    seconds at each shape (decode: batch, context; prefill: tile tokens, tokens cached before
+    it), in cycles of a serving clock of ``clock_hz``: how a pool that is not a compiled
     region (an accelerator's, a GPU's) is timed."""
-    axis0, axis1 = grid_axes(grid, phase)
+    axis0, axis1 = axes
     cycles = np.array([[[seconds(int(a), int(b)) * clock_hz for b in axis1] for a in axis0]])
     return StageTable(phase, np.asarray(axis0, float), np.asarray(axis1, float), cycles,
                       np.zeros((len(axis0), len(axis1))))
@@ -516,5 +506,9 @@ def time_blob(digest: str, blob: bytes, region: str, phase: str, engine: str, st
 def _on_threads(jobs: list, done) -> list:
     """``time_blob`` of every job on parallel threads, results in job order (the engine
     releases the GIL, and the results do not depend on the order)."""
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as threads:
+    threads = ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1))
+    try:
         return gathered([threads.submit(time_blob, *job) for job in jobs], as_completed, done)
+    finally:
+        # Not waited for: after Ctrl-C (or an error) the shapes still being timed are of no use.
+        threads.shutdown(wait=False, cancel_futures=True)
