@@ -26,13 +26,13 @@ def test_a_layout_that_cannot_hold_the_prompts_is_limited_by_kv_room():
     # A quarter of the requests refused for room: no rate can meet 90% attainment.
     failed = made_up_point(0.1, False, tpot_p90_s=0.001, slo_attainment=0.75, refused=25)
     why = outcomes([searched(failed)])[0].limit(TARGETS)
-    assert why.startswith("KV room: 25 of its requests (25.0%) need more KV cache")
+    assert why.startswith("KV room: 25 of its requests (25%) need more KV cache")
     assert "TTFT" not in why and "attainment" not in why
     # A few refused among other misses: the targets bound it, the refusals said beside them.
     few = made_up_point(2.0, False, ttft_p90_s=3.0, tpot_p90_s=0.001, slo_attainment=0.8,
                          refused=2)
     why = outcomes([searched(made_up_point(1.0, True), few)])[0].limit(TARGETS)
-    assert why.startswith("p90 TTFT and attainment (80.0% < 90%; 2 of its requests (2.0%)")
+    assert why.startswith("p90 TTFT and attainment (80.0% < 90%; 2 of its requests (2%)")
 
 
 def test_model_sizes_are_in_the_units_people_use():

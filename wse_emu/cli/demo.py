@@ -324,9 +324,12 @@ def _answer(exp: ExperimentReport, fast: Rung) -> str:
     if isinstance(capacity, float) and slow is not None:
         pays = [name for name, r in (("at the vendor's speed", capacity),
                                      (f"at {seconds(TARGETS.tpot_s)}", slow)) if r > 1]
+        # Why, where the two speeds disagree as the model's pipelines make them: a colocated
+        # copy's tokens wait behind prompts, which costs more the faster they must come.
+        why = (": the faster the per-user speed, the less load colocated serving takes "
+               "before its tokens wait behind prompts" if capacity > 1 >= slow else "")
         lines.append("  Disaggregation pays " + (" and ".join(pays) if pays else "at neither")
-                     + ": the faster the per-user speed, the less load colocated serving "
-                     "takes before its tokens wait behind prompts.")
+                     + why + ".")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from wse_emu.accelerator import load_accelerator
 from wse_emu.configfile import preset_names
 from wse_emu.fabric import load_fabric
-from wse_emu.fmt import table
+from wse_emu.fmt import count, table
 from wse_emu.model import load_model
 from wse_emu.runtime.workload import generate, load_workload, trace_names, workload_spec
 
@@ -31,8 +31,8 @@ def run(args):
                 "workloads": [w.__dict__ | generate(w).summary() for w in workloads],
                 "traces": [{"name": name, "file": f"{name}.csv"} | summary
                            for name, summary in traces.items()]}
-    mrows = [[m.name, m.family, f"{m.params() / 1e9:.3g} B",
-              f"{m.active_params() / 1e9:.3g} B" if m.is_moe else "",
+    mrows = [[m.name, m.family, count(m.params()),
+              count(m.active_params()) if m.is_moe else "",
               f"{m.experts.top_k} of {m.experts.count}" if m.is_moe else "", m.num_layers,
               m.hidden_size, f"{m.attention.num_heads}/{m.attention.num_kv_heads}",
               "tied" if m.tie_embeddings else ""]

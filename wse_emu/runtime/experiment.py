@@ -366,8 +366,9 @@ class Outcome:
         if m.too_short:
             return ("a run too short to judge (every session started before a session's "
                     "length had passed: run more requests)")
-        refused = (f"{m.refused:,} of its requests ({m.refused / m.requests:.1%}) need more "
-                   "KV cache than any of its regions holds") if m.refused else ""
+        refused = (f"{m.refused:,} of its requests ({100 * m.refused / m.requests:.2g}%) "
+                   f"need{'s' if m.refused == 1 else ''} more KV cache than any of its "
+                   "regions holds") if m.refused else ""
         if m.refused / m.requests > 1 - targets.attainment:
             # What binds it is room, at any rate: more of its requests are refused than the
             # attainment allows to miss.
