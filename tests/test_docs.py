@@ -147,3 +147,76 @@ def test_every_recipe_of_the_contributing_page_is_followed_in_a_test(recipe):
     assert f"tests/{test_file}" in section and f"`{example}`" in section
     assert re.search(rf"^(class {example}\b|{example} = )", (ROOT / "tests" / test_file)
                      .read_text(), re.M)
+
+
+def commands(page: Path):
+    """(line, words, before) of every ``wse-emu`` command a page shows: a fenced line starting
+    with it (``$ `` or not, continued by a trailing backslash: a whole command; ``before``,
+    the lines of its block before it), or an inline code span starting with it (in prose,
+    often a command's name or a part of one; ``before`` None)."""
+    text = page.read_text()
+    for block in re.finditer(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
+        start = text.count("\n", 0, block.start(1)) + 1
+        lines = block.group(1).split("\n")
+        k = 0
+        while k < len(lines):
+            line, first = lines[k].removeprefix("$ "), k
+            while line.endswith("\\") and k + 1 < len(lines):
+                k += 1
+                line = line[:-1] + lines[k]
+            k += 1
+            if line.startswith("wse-emu "):
+                yield start + first, line.split("  #")[0], "\n".join(lines[:first])
+    for m in re.finditer(r"`(wse-emu [^`]+)`", prose(text)):
+        yield text.count("\n", 0, m.start()) + 1, m.group(1), None
+
+
+def placeholder(value: str) -> bool:
+    """A value a reader fills in: written in capitals (DIR, CSV, SWEEP.yaml) or a path/to."""
+    return any(c.isupper() for c in value) or value.startswith("path/to")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_command_a_page_shows_parses_and_names_only_what_ships(page, tmp_path,
+                                                                     monkeypatch):
+    """Run from a folder of its own on a fresh install, every command shown is one the
+    command line takes, and every model, fabric, workload, trace, sweep and pool it names is a
+    shipped preset (or a value the reader fills in): nothing outside the installed project."""
+    import contextlib
+    import io
+    import shlex
+
+    from wse_emu.cli.main import build_parser
+    from wse_emu.configfile import find_named
+    from wse_emu.pool_names import parse_pool
+    from wse_emu.runtime.workload import trace_path
+
+    monkeypatch.chdir(tmp_path)
+    shipped = {"model": ("models", "model"), "fabric": ("fabrics", "fabric"),
+               "workload": ("workloads", "workload"), "sweep": ("sweeps", "sweep")}
+    bad = []
+    for line, command, before in commands(page):
+        if any(mark in command for mark in ("[", "...", "|", "{")):  # a usage line's syntax
+            continue
+        argv = shlex.split(command)[1:]
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                args = build_parser(argv).parse_args(argv)
+        except SystemExit:
+            if before is not None:  # prose may name a command, or a part of one
+                bad.append(f"line {line}: {command} (the command line refuses it)")
+            continue
+        for name, value in vars(args).items():
+            if not isinstance(value, str) or placeholder(value) \
+                    or (before and value in before):  # made by a line before it
+                continue
+            try:
+                if name in shipped:
+                    find_named(*shipped[name], value)
+                elif name == "trace":
+                    trace_path(value)
+                elif name.endswith("pool") or name == "pool":
+                    parse_pool(value)
+            except Exception as exc:  # noqa: BLE001 - any refusal is what this looks for
+                bad.append(f"line {line}: {command} ({name} {value}: {exc})")
+    assert not bad, "\n".join(bad)

@@ -112,6 +112,16 @@ def test_work_left_never_reads_as_no_time_left(clock, reporter, capsys):
     assert line.endswith(" 2/3, about 1 s left")
 
 
+def test_steps_of_no_weight_alone_read_as_done_when_done(clock, reporter, capsys):
+    """Every step of no weight (the cheap ones, all cached but them): once all are done the
+    line shows the count done, not "no estimate yet"."""
+    phase = progress.Phase("timing", 3, weights=[0.0, 0.0, 0.0])
+    clock.now += 30
+    phase.update(3)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith(" 3/3") and "#" * 20 in line
+
+
 def test_the_terminal_line_keeps_its_time_left_current(clock, reporter, monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)

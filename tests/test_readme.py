@@ -45,9 +45,11 @@ SHOWN = _by_command()
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("command", list(SHOWN), ids=lambda c: c[len("wse-emu "):][:60])
-def test_example_is_current(command, capsys):
-    # Progress lines (stderr, only on slow runs) are not part of what the example shows; on a
-    # terminal they are cleared before the results print.
+def test_example_is_current(command, capsys, tmp_path, monkeypatch):
+    # Run from a folder of its own, as a reader of a fresh install would: an example may read
+    # nothing of the checkout's. Progress lines (stderr, only on slow runs) are not part of
+    # what the example shows; on a terminal they are cleared before the results print.
+    monkeypatch.chdir(tmp_path)
     code = main(["--quiet"] + shlex.split(command)[1:])
     captured = capsys.readouterr()
     out = (captured.out + captured.err).rstrip("\n")
@@ -76,7 +78,8 @@ PYTHON = list(python_blocks())
 @pytest.mark.e2e
 @pytest.mark.parametrize("page,source", PYTHON,
                          ids=[f"{page}:{n}" for n, (page, _) in enumerate(PYTHON, 1)])
-def test_python_example_runs(page, source, capsys):
+def test_python_example_runs(page, source, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     exec(compile(source, page, "exec"), {"__name__": "__example__"})
     capsys.readouterr()
 

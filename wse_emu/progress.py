@@ -234,6 +234,8 @@ class Phase:
         if self.count < self.total:
             # Steps of no weight (cheap ones, last) may remain when the weights are all done.
             share = min(share, 0.999)
+        else:  # all done, whatever the weights said (steps of no weight alone: all zero)
+            share = 1.0
         filled = int(round(share * BAR))
         return Live(f"{self.label} [{'#' * filled}{'.' * (BAR - filled)}] "
                     f"{self.count}/{self.total}", share, self.started)

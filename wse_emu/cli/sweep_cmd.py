@@ -11,7 +11,8 @@ from wse_emu.runtime.sweep import MAX_POINTS, RESULTS, load_sweep
 
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("sweep", help=summary)
-    p.add_argument("sweep", help="sweep YAML: name, point (run or serve), base and axes")
+    p.add_argument("sweep", help="sweep YAML (name, point: run or serve, base and axes), or "
+                   "a shipped sweep by name (sram_clock_decode, ...)")
     p.add_argument("-o", "--output", help="directory of the results (default: the sweep's "
                    "name); a sweep stopped midway resumes there")
     where = p.add_mutually_exclusive_group()

@@ -13,6 +13,7 @@ from wse_emu.configfile import preset_names
 from wse_emu.errors import CompileError, UserError
 from wse_emu.fabric import FabricSpec, load_fabric
 from wse_emu.pool_kinds import PoolKind, Side
+from wse_emu.progress import status
 from wse_emu.runtime.pools import wafer_pools
 
 
@@ -58,6 +59,7 @@ class WaferKind(PoolKind):
         name, copies = side.pool, side.copies
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
+        status(f"compiling {model.name} onto {self.label(side)} ({role})")
         try:
             program = compile_model(model, fabric, name.count, plan="colocated",
                                     layers_per_stage=side.depth, **bands)

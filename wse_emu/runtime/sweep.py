@@ -16,7 +16,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wse_emu.configfile import preset_dir, read_yaml_mapping, regular_file, shown
+from wse_emu.configfile import (
+    find_named,
+    preset_dir,
+    read_yaml_mapping,
+    regular_file,
+    shown,
+)
 from wse_emu.errors import ConfigError, UserError
 from wse_emu.util.atomic import LineAppender, cannot_write, write_text
 
@@ -115,11 +121,12 @@ class SweepRow:
 
 
 def load_sweep(path: Path | str) -> SweepSpec:
-    """A sweep YAML: ``version: 1``, ``name``, ``point`` (run or serve), ``base`` (a mapping),
-    ``axes`` (a mapping of names to non-empty lists) and, optionally, ``metric`` (what to show:
-    one of ``METRICS[point]``)."""
-    where = str(path)
-    data = read_yaml_mapping(Path(path))
+    """A sweep YAML (a path, or a shipped sweep's name: ``sram_clock_decode``): ``version:
+    1``, ``name``, ``point`` (run or serve), ``base`` (a mapping), ``axes`` (a mapping of names
+    to non-empty lists) and, optionally, ``metric`` (what to show: one of
+    ``METRICS[point]``)."""
+    path, where = find_named("sweeps", "sweep", path)
+    data = read_yaml_mapping(path)
     unknown = sorted(set(data) - {"version", "name", "point", "base", "axes", "metric"})
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(map(shown, unknown[:3]))}")
