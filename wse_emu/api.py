@@ -9,33 +9,45 @@ the figures).
     print(f"{step.step_seconds * 1e6:.0f} us per token")
 
 Errors in the inputs raise ``wse_emu.errors.UserError`` (the command line prints them as one
-line and exits with 2).
+line and exits with 2), naming the argument, before any work: each function checks every
+argument against its annotation on entry (``checks.typed``), then by range.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from wse_emu.checks import is_number, one_of, positive, short_repr, whole
+from wse_emu.checks import is_number, of_type, one_of, positive, short_repr, typed, whole
 from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
+from wse_emu.compiler.options import CompileOptions, parse_region
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.errors import CompileError, UserError
-from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.fabric import ClusterSpec, FabricSpec, with_overrides
+from wse_emu.fabric import load_fabric as fabric_file
 from wse_emu.fmt import seconds
 from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, check_positions, formats_text, load_model, stored_as
+from wse_emu.model import ModelSpec, check_positions, formats_text, stored_as
+from wse_emu.model import load_model as model_file
 from wse_emu.pool_kinds import Side
 from wse_emu.pool_kinds.wafer import WAFER
 from wse_emu.pool_names import parse_pool
 from wse_emu.program import WaferProgram
 from wse_emu.routing import Routing
-from wse_emu.runner import DEFAULT_PREFILL_TILES, RegionRun, run_region, step_for
+from wse_emu.runner import (
+    DEFAULT_PREFILL_TILES,
+    ENGINES,
+    MAX_PREFILL_TILES,
+    RegionRun,
+    run_region,
+    step_for,
+)
 from wse_emu.runtime import frontier as frontier_mod
 from wse_emu.runtime.comparison import (
     ExperimentReport,
@@ -57,6 +69,7 @@ from wse_emu.runtime.pool_layouts import (
     Footprint,
     PoolCluster,
     PoolHardware,
+    per_kind_text,
     plan_pools,
     pool_layouts,
     pools_name,
@@ -91,36 +104,74 @@ __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_pools"
            "default_cache_dir"]
 
 
-def default_cache_dir(given: Path | str | None = None) -> Path:
-    """Where stage-time tables are kept: ``given``, else the user's cache directory."""
-    import os
+@typed
+def default_cache_dir(cache_dir: Path | str | None = None) -> Path:
+    """Where stage-time tables are kept: ``cache_dir``, else the user's cache directory. A
+    ``cache_dir`` no folder can be made at (empty, a file, under a file) is refused here, by
+    name: the functions that take one call this before any work, since the tables are
+    written only after minutes of timing them."""
+    if cache_dir is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        return Path(base) / "wse-emu"
+    if not str(cache_dir).strip():
+        # Not read as "the default": an empty --cache-dir is more likely a variable unset.
+        raise UserError("`cache_dir` is empty: give a folder (or none, for the user's cache)")
+    path = Path(cache_dir)
+    found = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not found.is_dir():
+        where = "is a file" if found == path else f"is under a file ({found})"
+        raise UserError(f"`cache_dir` {path} {where}: stage-time tables are kept in a folder")
+    return path
 
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "wse-emu"
+
+@typed
+def load_model(name_or_path: Path | str) -> ModelSpec:
+    """A model preset's name (``programs/models/``), a model YAML, or a Hugging Face
+    config.json (the file or its folder)."""
+    return model_file(name_or_path)
 
 
-def _model(model: ModelSpec | str) -> ModelSpec:
-    return model if isinstance(model, ModelSpec) else load_model(model)
+@typed
+def load_fabric(name_or_path: Path | str) -> FabricSpec:
+    """A fabric preset's name (``programs/fabrics/``) or a fabric YAML."""
+    return fabric_file(name_or_path)
 
 
-def _fabric(fabric: FabricSpec | str) -> FabricSpec:
-    return fabric if isinstance(fabric, FabricSpec) else load_fabric(fabric)
+def _model(model: ModelSpec | Path | str) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else model_file(model)
 
 
-def compile(model: ModelSpec | str, fabric: FabricSpec | str = "wse3", systems: int = 1, *,
-            weight_format: str | None = None, expert_weight_format: str | None = None,
-            **options) -> WaferProgram:
+def _fabric(fabric: FabricSpec | Path | str) -> FabricSpec:
+    return fabric if isinstance(fabric, FabricSpec) else fabric_file(fabric)
+
+
+def compile_options(**options) -> CompileOptions:
+    """``CompileOptions`` of the fields given by name (each checked there); a name that is
+    not one refused with the names that are."""
+    names = [f.name for f in fields(CompileOptions)]
+    unknown = [name for name in options if name not in names]
+    if unknown:
+        raise UserError(f"`{unknown[0]}` is not a compile option: the options are "
+                        f"{', '.join(names)}")
+    return CompileOptions(**options)
+
+
+@typed
+def compile(model: ModelSpec | Path | str, fabric: FabricSpec | Path | str = "wse3",
+            systems: int = 1, *, weight_format: str | None = None,
+            expert_weight_format: str | None = None, **options) -> WaferProgram:
     """Compile ``model`` (a preset, a model YAML or a Hugging Face config.json) onto
     ``systems`` wafers of ``fabric``, its weight matrices (and separately its experts') stored
     as ``weight_format`` (``expert_weight_format``) when given; ``options`` are
     ``compiler.options.CompileOptions`` fields (plan="disaggregated", region=(w, h),
-    layers_per_stage=...)."""
+    layers_per_stage=...). Every argument is checked before the compiler starts."""
+    settings = compile_options(**options)
     spec = stored_as(_model(model), weight_format, expert_weight_format)
-    return compile_model(spec, ClusterSpec(_fabric(fabric), systems), CompileOptions(**options))
+    return compile_model(spec, ClusterSpec(_fabric(fabric), systems), settings)
 
 
+@typed
 def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context: int = 4096,
         tokens: int = 4096, tiles: int = DEFAULT_PREFILL_TILES, region: str | None = None,
         engine: str = "fast") -> RegionRun:
@@ -128,11 +179,27 @@ def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context
     serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
     ``tiles`` tiles (4 by default, as ``wse-emu run``). Its ``to_json()`` is what
     ``wse-emu run --json`` prints, the kernels' lower bounds included."""
+    _check_step(phase, batch=batch, context=context, tokens=tokens, tiles=tiles, engine=engine)
     name, step = step_of(program, phase, region, batch=batch, context=context, tokens=tokens,
                          tiles=tiles)
     result = run_region(program, name, step, engine)
     result.bounds = stage_bounds(program, result)
     return result
+
+
+def _check_step(phase: str, *, batch: int, context: int, tokens: int, tiles: int,
+                engine: str) -> None:
+    """A step's arguments by name and range, whichever phase reads them, before any program
+    is needed (a sweep checks its points' before compiling any). What the model and the
+    program bound (positions, KV room) is ``step_of``'s: a sweep keeps such a point's row,
+    with why, as it keeps a point whose model does not fit."""
+    one_of("phase", phase, ("prefill", "decode"))
+    one_of("engine", engine, ENGINES)
+    for name, value in (("batch", batch), ("context", context), ("tokens", tokens),
+                        ("tiles", tiles)):
+        whole(name, value, 1)
+    if tiles > MAX_PREFILL_TILES:
+        raise UserError(f"`tiles` must be at most {MAX_PREFILL_TILES}, got {tiles}")
 
 
 def step_of(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
@@ -169,7 +236,8 @@ def check_serving(workload: WorkloadSpec | str | None = None, *,
     return _workload(workload, trace, rate, requests)
 
 
-def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
+@typed
+def serve(program: WaferProgram, workload: WorkloadSpec | Path | str | None = None, *,
           trace: Path | str | None = None, rate: float | None = None,
           requests: int | None = None, cache_dir: Path | str | None = None,
           ttft_s: float | None = None, tpot_s: float | None = None, loop: str = "compiled",
@@ -182,6 +250,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
                          tpot_s=tpot_s, **options)
     one_of("loop", loop, LOOPS)
+    cache = default_cache_dir(cache_dir)
     settings = ServeOptions.of(program.fabric, program.model, **options)
     reqs = generate_requests(spec)
     short = position_shortfall(reqs, program.model)
@@ -190,7 +259,7 @@ def serve(program: WaferProgram, workload: WorkloadSpec | str | None = None, *,
     short = kv_shortfall(reqs, program.regions)
     if short:
         raise UserError(f"{short}: {room_advice(program, reqs)}")
-    pools = wafer_pools(program, default_cache_dir(cache_dir))
+    pools = wafer_pools(program, cache)
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name
     return result, run_metrics(result, reqs, ttft_s, tpot_s)
@@ -275,7 +344,8 @@ def pool_sides(pool: str | None, prefill_pool: str | None,
     raise UserError("give `pool` (colocated), or `prefill_pool` and `decode_pool` (a split)")
 
 
-def serve_pools(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+@typed
+def serve_pools(model: ModelSpec | Path | str, workload: WorkloadSpec | Path | str | None = None, *,
                 pool: str | None = None, prefill_pool: str | None = None,
                 decode_pool: str | None = None, trace: Path | str | None = None,
                 rate: float | None = None, requests: int | None = None,
@@ -292,7 +362,8 @@ def serve_pools(model: ModelSpec | str, workload: WorkloadSpec | str | None = No
     spec = check_serving(workload, trace=trace, rate=rate, requests=requests, ttft_s=ttft_s,
                          tpot_s=tpot_s, kinds=kinds, **options)
     one_of("loop", loop, LOOPS)
-    model = load_model(model) if isinstance(model, (str, Path)) else model
+    default_cache_dir(cache_dir)
+    model = _model(model)
     reqs = generate_requests(spec)
     short = position_shortfall(reqs, model)
     if short:
@@ -318,15 +389,17 @@ class _NoHardware:
 _NO_HARDWARE = _NoHardware()
 
 
-def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+@typed
+def experiment(model: ModelSpec | Path | str,
+               workload: WorkloadSpec | Path | str | None = None, *,
                trace: Path | str | None = None, ttft_s: float, tpot_s: float,
                attainment: float | None = None, percentile: int = 90,
-               fabric: FabricSpec | str | None = None,
+               fabric: FabricSpec | Path | str | None = None,
                systems: int | None = None, space: Space | None = None,
                requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
                vary: str | None = None, price_per_system_hour: float | None = None,
                scheduler: str | None = None, workers: int = 0,
-               cache_dir: Path | str | None = None, progress=None,
+               cache_dir: Path | str | None = None, progress: Callable | None = None,
                routing: Routing = Routing(), attention_tile: int = 0,
                pool: str | None = None, prefill_pool: str | None = None,
                decode_pool: str | None = None, split_pool: str | None = None,
@@ -354,7 +427,7 @@ def experiment(model: ModelSpec | str, workload: WorkloadSpec | str | None = Non
     result per unit of it. Every argument is checked before any work. The
     report's ``to_json()`` is what the command prints with ``--json``."""
     targets = Targets(ttft_s, tpot_s, attainment, percentile)
-    variation = parse_vary(vary) if isinstance(vary, str) else vary
+    variation = None if vary is None else parse_vary(vary)
     pools = _pools(pool, prefill_pool, decode_pool, split_pool, footprint, prices,
                    units_per_rack)
     if pools is not None and variation is not None:
@@ -376,22 +449,41 @@ def _pools(pool, prefill_pool, decode_pool, split_pool, footprint: str,
     """The splits, the colocated hardware and the footprint of pools named by their
     hardware (``plan_pools``), or None for one compiled cluster (where only a footprint in
     systems applies)."""
-    given = {}
-    for what, values in (("prices", prices), ("units_per_rack", units_per_rack)):
-        if values is not None and not isinstance(values, dict):
-            raise UserError(f"`{what}` must be a mapping of hardware names to numbers, got "
-                            f"{short_repr(values)}")
-        for name, value in (values or {}).items():
-            positive(f"{what}[{name!r}]", value)
-        given[what] = tuple(sorted((values or {}).items()))
-    counted = Footprint(footprint, given["prices"], given["units_per_rack"])
+    counted = _footprint(footprint, prices, units_per_rack)
     plans = plan_pools(pool, prefill_pool, decode_pool, split_pool, counted)
     if plans is None:
         if counted != Footprint():
             raise UserError("`footprint`, `prices` and `units_per_rack` are for pools named "
                             "by their hardware; one compiled cluster counts its systems")
         return None
+    splits, colocated = plans
+    _given_for(counted, [n for pair in splits for n in pair] + colocated)
     return (*plans, counted)
+
+
+def _footprint(footprint: str, prices: dict | None, units_per_rack: dict | None) -> Footprint:
+    """The ``Footprint`` of the API's arguments: each number given per kind of hardware
+    checked there, by name."""
+    given = {}
+    for what, values in (("prices", prices), ("units_per_rack", units_per_rack)):
+        if values is not None and not isinstance(values, dict):
+            raise UserError(f"`{what}` must be a mapping of hardware names to numbers, got "
+                            f"{short_repr(values)}")
+        given[what] = tuple((values or {}).items())
+    return Footprint(footprint, given["prices"], given["units_per_rack"])
+
+
+def _given_for(counted: Footprint, names: list) -> None:
+    """Refuse a number given for a kind of hardware no pool of ``names`` is on: a typo
+    (h20 for h200) or a kind left out would otherwise be ignored without a word, and a
+    footprint in cost or racks, counted without it, would not be what the user meant."""
+    kinds = list(dict.fromkeys(n.hardware.name for n in names))
+    for what, given in (("prices", counted.prices), ("units_per_rack", counted.per_rack)):
+        for name, value in given:
+            if name not in kinds:
+                raise UserError(f"{per_kind_text(what, name, value)}: no pool of this "
+                                f"experiment is on {name}; its pools are on "
+                                f"{', '.join(kinds)}")
 
 
 def _check_space(space: Space, phases: dict) -> None:
@@ -435,6 +527,7 @@ class _Setup:
             raise UserError(f"`seeds` must be at most {MAX_DRAWS} (draws of the workload, "
                             f"each a whole search), got {seeds:,}")
         _workers(workers)
+        self.cache = default_cache_dir(cache_dir)
         whole("systems", systems, 1)
         if not is_number(tolerance) or not 0 < tolerance < 1:
             raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
@@ -478,7 +571,6 @@ class _Setup:
         self.model, self.spec, self.space, self.seeds = model, spec, space, seeds
         self.tolerance, self.price, self.progress = tolerance, price_per_system_hour, progress
         self.routing, self.attention_tile = routing, attention_tile
-        self.cache = default_cache_dir(cache_dir)
         self._layouts: dict = {}
 
     def draws_for(self, n_systems: int) -> list:
@@ -540,14 +632,18 @@ class _Setup:
         return one
 
 
-def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
+@typed
+def frontier(model: ModelSpec | Path | str,
+             workload: WorkloadSpec | Path | str | None = None, *,
              trace: Path | str | None = None, ttft_s: float, attainment: float | None = None,
-             user_speeds=None, user_speed: float | None = None,
-             step_scales=(0.7, 1.3), fabric: FabricSpec | str | None = None,
+             user_speeds: Sequence[float] | None = None, user_speed: float | None = None,
+             step_scales: Sequence[float] = (0.7, 1.3),
+             fabric: FabricSpec | Path | str | None = None,
              systems: int | None = None, space: Space | None = None,
              requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
              scheduler: str | None = None, workers: int = 0,
-             cache_dir: Path | str | None = None, progress=None, routing: Routing = Routing(),
+             cache_dir: Path | str | None = None, progress: Callable | None = None,
+             routing: Routing = Routing(),
              attention_tile: int = 0, pool: str | None = None,
              prefill_pool: str | None = None, decode_pool: str | None = None,
              split_pool: str | None = None, footprint: str = "systems",
@@ -568,7 +664,7 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
     if user_speeds is not None:
         user_speeds = frontier_mod.check_speeds(user_speeds)
     if user_speed is not None:
-        positive("user_speed", user_speed)
+        frontier_mod.check_speed("user_speed", user_speed)
     if isinstance(step_scales, (str, bytes)) or not hasattr(step_scales, "__iter__"):
         raise UserError(f"`step_scales` must be a sequence of factors, got "
                         f"{short_repr(step_scales)}")
@@ -620,26 +716,40 @@ def frontier(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
         experiments={f"{s:g}": d for s, d in rungs})
 
 
-def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None, *,
-             kinds, trace: Path | str | None = None, ttft_s: float,
-             attainment: float | None = None,
-             user_speeds=None, user_speed: float | None = None, footprint: str = "systems",
+@typed
+def pairings(model: ModelSpec | Path | str,
+             workload: WorkloadSpec | Path | str | None = None, *,
+             kinds: Sequence[str], trace: Path | str | None = None, ttft_s: float,
+             attainment: float | None = None, user_speeds: Sequence[float] | None = None,
+             user_speed: float | None = None, footprint: str = "systems",
              prices: dict | None = None, units_per_rack: dict | None = None,
              space: Space | None = None,
              requests: int | None = None, seeds: int = 1, tolerance: float = 0.05,
              scheduler: str | None = None, workers: int = 0,
-             cache_dir: Path | str | None = None, progress=None) -> PairingsReport:
+             cache_dir: Path | str | None = None,
+             progress: Callable | None = None) -> PairingsReport:
     """``frontier`` for every pairing of ``kinds`` (pool names: ``wse3``, ``trn2``,
     ``h200x8``; prefill on one, decode on another or the same), each against colocated
     serving on its kinds in its footprint: the report ``experiment pairings --json`` prints
     (without the step-time leaning, which each ``frontier`` can add). A pairing that cannot
     run (the model does not fit a side, the footprint holds no unit) is kept with why. The
     other arguments are ``frontier``'s."""
-    if isinstance(kinds, str) or not hasattr(kinds, "__iter__") or not list(kinds):
-        raise UserError(f"`kinds` must be one or more pool names, got {short_repr(kinds)}")
-    kinds = list(dict.fromkeys(str(k) for k in kinds))
-    for k in kinds:
-        parse_pool(k)  # named wrongly: refused before any work
+    kinds = list(dict.fromkeys(kinds))
+    if not kinds:
+        raise UserError("`kinds` must be one or more pool names, got none")
+    names = {k: parse_pool(k) for k in kinds}  # named wrongly: refused before any work
+    # Numbers per kind of hardware, checked against every kind before any pairing runs: a
+    # pairing takes those of its own kinds, so one missing or misnamed would otherwise only
+    # leave some pairings skipped, after the others' work.
+    counted = _footprint(footprint, prices, units_per_rack)
+    _given_for(counted, list(names.values()))
+    if counted.kind in ("cost", "racks"):
+        for name in names.values():
+            counted.of([name])
+
+    def own(values: dict | None, p: str, d: str) -> dict | None:
+        on = {names[p].hardware.name, names[d].hardware.name}
+        return None if values is None else {k: v for k, v in values.items() if k in on}
     model = _model(model)
     pairs = [(p, d) for p in kinds for d in kinds]
     frontiers, skipped, unit = {}, {}, "system"
@@ -653,8 +763,8 @@ def pairings(model: ModelSpec | str, workload: WorkloadSpec | str | None = None,
                 user_speeds=user_speeds, user_speed=user_speed, step_scales=(), space=space,
                 requests=requests, seeds=seeds, tolerance=tolerance, scheduler=scheduler,
                 workers=workers, cache_dir=cache_dir, progress=progress, prefill_pool=p,
-                decode_pool=d, footprint=footprint, prices=prices,
-                units_per_rack=units_per_rack)
+                decode_pool=d, footprint=footprint, prices=own(prices, p, d),
+                units_per_rack=own(units_per_rack, p, d))
         except (CompileError, UserError) as exc:  # checked before any work: cheap to skip
             skipped[label] = str(exc)
             continue
@@ -693,7 +803,8 @@ def _workload(workload, trace, rate, requests) -> WorkloadSpec:
     return workload_spec(workload, trace, rate, requests)
 
 
-def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, *,
+@typed
+def generate(program: WaferProgram, prompt_ids: Sequence, new_tokens: int = 8, *,
              checkpoint: Path | str | None = None, weights_seed: int = 0):
     """Greedy generation computed through ``program``'s tiles, with a checkpoint's weights
     (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``;
@@ -701,18 +812,43 @@ def generate(program: WaferProgram, prompt_ids: list[int], new_tokens: int = 8, 
     from wse_emu.functional.generate import Generator
     from wse_emu.weights import check_memory, load_checkpoint, random_weights
 
+    whole("new_tokens", new_tokens, 1)
+    whole("weights_seed", weights_seed, 0)
+    ids = list(prompt_ids)
+    # Whole numbers of any kind (a tokenizer's NumPy array too), read as Python ints.
+    wrong = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)),
+                 None)
+    if wrong is not None:
+        raise UserError(f"`prompt_ids` must be token ids (whole numbers), got "
+                        f"{short_repr(wrong)} among them")
+    ids = [int(i) for i in ids]
+    vocab = program.model.vocab_size
+    if not ids:
+        raise UserError("`prompt_ids` is empty: give at least one token id")
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise UserError(f"`prompt_ids`: token id {bad} is outside the vocabulary "
+                        f"(0..{vocab - 1})")
+    # Before the weights are drawn or read: the last new token is never fed back.
+    check_positions(program.model, len(ids) + new_tokens - 1,
+                    f"{len(ids):,} `prompt_ids` and `new_tokens={new_tokens}`")
     check_memory(program.model)
     if checkpoint is not None:
         _, weights = load_checkpoint(Path(checkpoint))
     else:
         weights = random_weights(program.model, weights_seed)
-    return Generator(program, weights).generate(list(prompt_ids), new_tokens)
+    return Generator(program, weights).generate(ids, new_tokens)
 
 
 # What a sweep point may set, beyond "fabric.FIELD" overrides of the fabric's parameters.
 CLUSTER_SETTINGS = ("model", "fabric", "systems", "plan", "prefill_share", "prefill_systems",
                     "region", "layers_per_stage", "routing", "routing_seed", "attention_tile",
                     "weight_format", "expert_weight_format")
+# Those of them that are compile options (region aside: a point may write it WxH).
+COMPILED_SETTINGS = ("plan", "prefill_share", "prefill_systems", "layers_per_stage", "routing",
+                     "routing_seed", "attention_tile")
+RUN_DEFAULTS = {"phase": "decode", "batch": 1, "context": 4096, "tokens": 4096,
+                "tiles": DEFAULT_PREFILL_TILES, "engine": "fast"}
 POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engine"),
                   "serve": ("workload", "rate", "requests", "ttft_s", "tpot_s", "cache_dir",
                             *(name for name in setting_names() if name != "timeline_events"))}
@@ -720,7 +856,8 @@ POINT_SETTINGS = {"run": ("phase", "batch", "context", "tokens", "tiles", "engin
 
 def check_sweep(spec) -> None:
     """Every setting a sweep's points take (a SweepSpec's base and axes), checked by name
-    before the first point runs: a name no point takes would fail at every point."""
+    before the first point runs: a name no point takes would fail at every point; then
+    every point's values (``point_plan``), nothing compiled."""
     allowed = CLUSTER_SETTINGS + POINT_SETTINGS[spec.point]
     fabric_fields = sorted(f.name for f in fields(FabricSpec) if f.name != "name")
     for name in [*spec.base, *spec.axes]:
@@ -734,11 +871,22 @@ def check_sweep(spec) -> None:
         elif name not in allowed:
             raise UserError(f"sweep {spec.name}: a {spec.point} point does not take "
                             f"{short_repr(name)} (it takes {', '.join(allowed)}, and fabric.FIELD)")
+    # Every point's values too: one every point would refuse (a batch of "8", a region of
+    # 8xq) would otherwise be found at each point in turn, after its compile.
+    loaded: dict = {}
+    for config in spec.points():
+        try:
+            point_plan(spec.point, config, loaded)
+        except UserError as exc:
+            at = {k: config[k] for k in spec.axes}
+            raise UserError(f"sweep {spec.name}, point {short_repr(at, 80)}: "
+                            f"{' '.join(str(exc).split())}") from None
 
 
+@typed
 def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
           scheduler: str | None = None, workers: int = 0, max_points: int | None = None,
-          progress=None) -> tuple[Path, list[SweepRow]]:
+          progress: Callable | None = None) -> tuple[Path, list[SweepRow]]:
     """Every point of a sweep (a SweepSpec or its YAML) not yet in ``output`` (by default a
     folder named after the sweep), on ``workers`` local processes as ``experiment`` takes
     them, or on a dask cluster (``scheduler``); ``progress(done, total)`` after each point.
@@ -757,39 +905,65 @@ def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
         return out, run_sweep(spec, out, pool, evaluate_point, progress, max_points)
 
 
-def evaluate_point(point: str, config: dict) -> dict:
-    """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
-    describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
-    commands print. A setting it does not know is refused by name."""
+def point_plan(point: str, config: dict, loaded: dict | None = None) -> tuple:
+    """What one sweep point (see ``wse_emu.runtime.sweep``) runs, every setting checked by
+    name and nothing compiled: the model as stored, the cluster, the compile options, and the
+    arguments of ``run`` or ``serve`` besides the program. ``loaded``: the models and fabrics
+    read so far, by name (``check_sweep`` reads each once for all the points)."""
     unknown = sorted(k for k in config if k not in CLUSTER_SETTINGS + POINT_SETTINGS[point]
                      and not k.startswith("fabric."))
     if unknown:
         raise UserError(f"a {point} point does not take {', '.join(unknown)}")
     if "model" not in config:
         raise UserError("a sweep point needs a model")
-    fabric = _fabric(config.get("fabric", "wse3"))
+    loaded = {} if loaded is None else loaded
+
+    def read(what: str, name, reader):
+        key = (what, str(of_type(what, name, Path | str)))
+        if key not in loaded:
+            loaded[key] = reader(name)
+        return loaded[key]
+    model = stored_as(read("model", config["model"], model_file), config.get("weight_format"),
+                      config.get("expert_weight_format"))
+    fabric = read("fabric", config.get("fabric", "wse3"), fabric_file)
     overrides = {k.split(".", 1)[1]: v for k, v in config.items() if k.startswith("fabric.")}
     if overrides:
         fabric = with_overrides(fabric, **overrides)
     region = config.get("region")
     if isinstance(region, str):
-        w, _, h = region.partition("x")
-        region = (int(w), int(h))
-    program = compile(config["model"], fabric, config.get("systems", 1),
-                      **{k: config[k] for k in ("plan", "prefill_share", "prefill_systems",
-                                                "layers_per_stage", "routing", "routing_seed",
-                                                "attention_tile", "weight_format",
-                                                "expert_weight_format") if k in config},
-                      region=tuple(region) if region else None)
+        region = parse_region(region)
+    elif isinstance(region, list):  # as YAML writes a pair
+        region = tuple(region)
+    options = compile_options(region=region, **{k: config[k] for k in COMPILED_SETTINGS
+                                                if k in config})
+    cluster = ClusterSpec(fabric, whole("systems", config.get("systems", 1), 1))
     if point == "run":
-        step = run(program, config.get("phase", "decode"), batch=config.get("batch", 1),
-                   context=config.get("context", 4096), tokens=config.get("tokens", 4096),
-                   tiles=config.get("tiles", DEFAULT_PREFILL_TILES),
-                   engine=config.get("engine", "fast"))
+        args = {name: config.get(name, default) for name, default in RUN_DEFAULTS.items()}
+        _check_step(**args)
+        return model, cluster, options, args
+    if "workload" not in config:
+        raise UserError("a serve point needs a workload")
+    knobs = {k: config[k] for k in setting_names() if k in config}
+    args = {k: config.get(k) for k in ("rate", "requests", "ttft_s", "tpot_s", "cache_dir")}
+    check_serving(config["workload"], **{k: v for k, v in args.items() if k != "cache_dir"},
+                  **knobs)
+    default_cache_dir(args["cache_dir"])
+    return model, cluster, options, {"workload": config["workload"], **args, **knobs}
+
+
+def evaluate_point(point: str, config: dict) -> dict:
+    """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
+    describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
+    commands print. A setting it does not know, or a value it refuses, is refused by name
+    before the compile (``point_plan``)."""
+    model, cluster, options, args = point_plan(point, config)
+    program = compile_model(model, cluster, options)
+    if point == "run":
+        step = run(program, **args)
         # The cluster's regions for this phase are replicas of the region timed, each with
         # its own pipeline; the compiler cuts them from the wafer evenly, so they differ by at
         # most one row or column of PEs, and each is counted at the timed one's rate.
-        phase = config.get("phase", "decode")
+        phase = args["phase"]
         replicas = sum(r.role in (phase, "mixed") for r in program.regions)
         out = {"region": step.region, "step_seconds": step.step_seconds,
                "tokens_per_s_alone": step.latency_tokens_per_s(),
@@ -799,19 +973,16 @@ def evaluate_point(point: str, config: dict) -> dict:
         if program.model.is_moe:
             out["expert_pe_utilization"] = step.experts()["expert_pe_utilization"]
         return out
-    if "workload" not in config:
-        raise UserError("a serve point needs a workload")
-    knobs = {k: config[k] for k in setting_names() if k in config}
-    _, metrics = serve(program, config["workload"], rate=config.get("rate"),
-                       requests=config.get("requests"), cache_dir=config.get("cache_dir"),
-                       ttft_s=config.get("ttft_s"), tpot_s=config.get("tpot_s"), **knobs)
+    _, metrics = serve(program, **args)
     reported = metrics.to_json()  # as serve --json prints them
     return {k: reported[k] for k in ("requests", "output_tokens_per_s", "requests_per_s",
                                      "slo_attainment", "goodput_requests_per_s", "ttft_s",
                                      "tpot_s", "itl_s")}
 
 
-def draw(run_dir: Path | str, what=("maps", "roofline", "serving", "experiment")) -> Path:
+@typed
+def draw(run_dir: Path | str,
+         what: Sequence | str = ("maps", "roofline", "serving", "experiment")) -> Path:
     """Draw a run directory's figures and report.html; returns the report's path. ``what``:
     kinds of figures, from maps, roofline, serving, experiment and sweep (a list, or words
     split by commas); a word that is none of them is refused by name."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from wse_emu.checks import check_fields, whole
 from wse_emu.errors import UserError
 from wse_emu.kernels import patterns
 from wse_emu.layer import attention_tile_of
@@ -57,6 +58,10 @@ class CompileOptions:
     matrix_patterns: tuple[str, str] = ("gemv_tree", "gemm_stream")
 
     def __post_init__(self):
+        check_fields(self)  # each field of its type first: the checks below compare values
+        for name in ("max_replicas_per_part", "bound_prefill_tokens", "bound_decode_batch",
+                     "bound_decode_context"):
+            whole(name, getattr(self, name), 1)
         if self.plan not in PLANS:
             raise UserError(f"`plan` must be one of {', '.join(PLANS)}, got {self.plan!r}")
         if self.prefill_share is not None and self.prefill_systems is not None:
@@ -73,9 +78,10 @@ class CompileOptions:
         if self.layers_per_stage is not None and self.layers_per_stage < 1:
             raise UserError(f"`layers_per_stage` must be at least 1, got {self.layers_per_stage}")
         if not 0.0 < self.weight_share_target <= 1.0:
-            raise UserError("weight_share_target must be in (0, 1]")
+            raise UserError(f"`weight_share_target` must be in (0, 1], got "
+                            f"{self.weight_share_target}")
         if self.buffer_tokens < 1:
-            raise UserError("buffer_tokens must be at least 1")
+            raise UserError(f"`buffer_tokens` must be at least 1, got {self.buffer_tokens}")
         if self.seed < 0:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         routing_of(self)  # a bad routing fails here, by name
@@ -87,7 +93,7 @@ class CompileOptions:
         for name in self.matrix_patterns:
             patterns.get("matrix", name)  # an unknown pattern fails here, by name
         if self.anneal_steps < 0:
-            raise UserError(f"anneal_steps must be 0 or more, got {self.anneal_steps}")
+            raise UserError(f"`anneal_steps` must be 0 or more, got {self.anneal_steps}")
 
     def to_dict(self) -> dict:
         """The JSON form a program keeps (``program.json``'s ``options``): every field, pairs

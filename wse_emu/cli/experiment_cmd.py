@@ -166,10 +166,14 @@ def _add_common(d) -> None:
                        help="what both plans hold equal and every result is per: systems "
                             "(default), racks (with --per-rack for every kind), kW of power "
                             "(the presets'), or cost per hour (with --price for every kind)")
-    pools.add_argument("--per-rack", action="append", default=[], metavar="NAME=N",
+    # Stored under the API's names, so that its errors read as these flags (`prices=h200=2`
+    # as --price h200=2).
+    pools.add_argument("--per-rack", dest="units_per_rack", action="append", default=[],
+                       metavar="NAME=N",
                        help="units of a kind of hardware one rack holds (wse3=..., trn2=...; "
                             "repeatable; none is invented)")
-    pools.add_argument("--price", action="append", default=[], metavar="NAME=PER_HOUR",
+    pools.add_argument("--price", dest="prices", action="append", default=[],
+                       metavar="NAME=PER_HOUR",
                        help="price of one unit of a kind of hardware for an hour, any currency "
                             "(wse3=..., trn2=... per instance, h200=... per GPU; repeatable; "
                             "none is invented)")
@@ -186,7 +190,7 @@ def _hardware(args) -> dict:
                                                     "split_pool")}
     footprint = _footprint(args)
     if all(v is None for v in pools.values()):
-        if args.footprint != "systems" or args.price or args.per_rack:
+        if args.footprint != "systems" or args.prices or args.units_per_rack:
             raise UserError("--footprint, --price and --per-rack are for pools named by their "
                             "hardware; one compiled cluster counts its systems")
         return {"fabric": fabric_from_args(args), "systems": args.systems}
@@ -200,23 +204,28 @@ def _hardware(args) -> dict:
 
 
 def _per_kind(items: list[str], flag: str, what: str) -> dict:
-    """NAME=NUMBER flags (--price NAME=PER_HOUR, --per-rack NAME=N): hardware name -> number."""
-    out = {}
+    """NAME=NUMBER flags (--price NAME=PER_HOUR, --per-rack NAME=N): hardware name -> number
+    (each checked by ``api.experiment``); a name given twice is refused, not the last kept."""
+    out: dict = {}
     for item in items:
         name, sep, value = item.partition("=")
         try:
-            out[name.strip()] = float(value) if sep else None
+            number = float(value) if sep else None
         except ValueError:
-            out[name.strip()] = None
-        if out[name.strip()] is None:
+            number = None
+        if number is None:
             raise UserError(f"{flag} needs NAME={what} (a number), got {item!r}")
+        if name.strip() in out:
+            raise UserError(f"{flag} {name.strip()}=...: given twice ({item!r} after "
+                            f"{name.strip()}={out[name.strip()]:g}); give one per kind")
+        out[name.strip()] = number
     return out
 
 
 def _footprint(args) -> dict:
     """--footprint and what it counts by, as ``api.experiment`` takes them."""
-    prices = _per_kind(args.price, "--price", "PER_HOUR")
-    per_rack = _per_kind(args.per_rack, "--per-rack", "N")
+    prices = _per_kind(args.prices, "--price", "PER_HOUR")
+    per_rack = _per_kind(args.units_per_rack, "--per-rack", "N")
     return {"footprint": args.footprint, "prices": prices or None,
             "units_per_rack": per_rack or None}
 
@@ -265,7 +274,7 @@ def run_pairings(args):
     model = model_from_args(args)
     speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
     data = api.pairings(
-        model, args.workload, kinds=[k for k in args.kinds.split(",") if k.strip()],
+        model, args.workload, kinds=[k.strip() for k in args.kinds.split(",") if k.strip()],
         trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment, user_speeds=speeds,
         user_speed=args.user_speed, **footprint, space=_space(args), requests=args.requests,
         seeds=args.seeds, tolerance=args.tolerance, scheduler=args.scheduler,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, make_dataclass, replace
 
 import numpy as np
 
-from wse_emu.checks import at_least_zero, flag, short_repr, whole
+from wse_emu.checks import at_least_zero, check_fields, flag, short_repr, whole
 from wse_emu.errors import UserError
 from wse_emu.fabric import ClusterSpec
 from wse_emu.model import ModelSpec
@@ -84,6 +84,7 @@ class _SpaceBase:
     each_layout: bool = False
 
     def __post_init__(self):
+        check_fields(self)  # each field of its type first: the checks below compare values
         grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
         copies = check_values("copies", KnobInfo("copies", "", 1, ()), self.copies)
         object.__setattr__(self, "copies", copies)

@@ -20,6 +20,7 @@ capacity of 0, and a ratio over a zero is reported as unbounded, never as a numb
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from wse_emu.checks import short_repr
+from wse_emu.checks import is_number, short_repr
 from wse_emu.errors import UserError
 from wse_emu.runtime.comparison import ExperimentReport, VaryReport
 from wse_emu.runtime.experiment import interval
@@ -69,15 +70,31 @@ def speed_ladder(floor_s: float, vendor: float | None = None, rungs: int = RUNGS
     return sorted({round(float(s), 6) for s in speeds}, reverse=True)
 
 
+def is_speed(value) -> bool:
+    """Whether ``value`` is a per-user speed a rung can aim at: a positive number of tokens/s
+    whose TPOT target, 1/speed, is a positive number too (inf has none, nor has 1e-320,
+    whose inverse overflows): refused here, not as a TPOT target after the tables are
+    timed."""
+    return is_number(value) and 0 < value < math.inf and 0 < 1.0 / value < math.inf
+
+
+def check_speed(name: str, value) -> float:
+    """``value`` if it is a per-user speed (``is_speed``), else a UserError naming ``name``."""
+    if not is_speed(value):
+        raise UserError(f"`{name}` must be a positive number of tokens/s (its TPOT target, 1 / "
+                        f"speed, a positive number too), got {short_repr(value)}")
+    return float(value)
+
+
 def check_speeds(speeds) -> tuple[float, ...]:
     """Per-user speeds given by hand: positive numbers, fastest first, each once."""
     if isinstance(speeds, (str, bytes)) or not hasattr(speeds, "__iter__"):
         raise UserError(f"`user_speeds` must be a sequence of tokens/s, got "
                         f"{short_repr(speeds)}")
     values = tuple(speeds)
-    if not values or any(not isinstance(v, (int, float)) or not v > 0 for v in values):
-        raise UserError(f"`user_speeds` must be one or more positive tokens/s, got "
-                        f"{short_repr(values)}")
+    if not values or not all(is_speed(v) for v in values):
+        raise UserError(f"`user_speeds` must be one or more positive tokens/s (each one's TPOT "
+                        f"target, 1 / speed, a positive number too), got {short_repr(values)}")
     return tuple(sorted(set(float(v) for v in values), reverse=True))
 
 

@@ -23,8 +23,10 @@ Nothing here times a step: a side's pools come from ``side_pools``, which the ca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from wse_emu.checks import is_number, short_repr
 from wse_emu.errors import UserError
 from wse_emu.pool_kinds import Side
 from wse_emu.pool_names import MAX_UNITS, PoolName, parse_pool
@@ -50,6 +52,17 @@ def systems_of(names: list[PoolName]) -> int:
 
 FOOTPRINTS = {"systems": "system", "racks": "rack", "kw": "kW",
               "cost": "cost/h"}  # name -> its unit
+# What the user gives per kind of hardware, by the API's parameter: what one number is (one,
+# then several), and the footprint it counts.
+PER_KIND = {"prices": ("a price per hour", "prices per hour", "cost"),
+            "units_per_rack": ("units per rack", "units per rack", "racks")}
+
+
+def per_kind_text(what: str, name, value) -> str:
+    """One number given per kind (``prices``, ``units_per_rack``) as a message names it:
+    `prices=h200=2`, which the command line writes as its flag, --price h200=2."""
+    shown = f"{value:g}" if is_number(value) else short_repr(value)
+    return f"`{what}={name}={shown}`"
 
 
 @dataclass(frozen=True)
@@ -65,13 +78,29 @@ class Footprint:
     per_rack: tuple = ()  # ((hardware name, units per rack), ...)
 
     def __post_init__(self):
-        if self.kind not in FOOTPRINTS:
+        if not isinstance(self.kind, str) or self.kind not in FOOTPRINTS:
             raise UserError(f"`footprint` must be one of {', '.join(FOOTPRINTS)}, got "
-                            f"{self.kind!r}")
-        if self.prices and self.kind != "cost":
-            raise UserError("prices are for a footprint counted in cost")
-        if self.per_rack and self.kind != "racks":
-            raise UserError("units per rack are for a footprint counted in racks")
+                            f"{short_repr(self.kind)}")
+        for what, given in (("prices", self.prices), ("units_per_rack", self.per_rack)):
+            noun, nouns, counted = PER_KIND[what]
+            for pair in given:
+                if not isinstance(pair, tuple) or len(pair) != 2:
+                    raise UserError(f"`{what}` must be (hardware name, number) pairs, got "
+                                    f"{short_repr(pair)}")
+                name, value = pair
+                if not isinstance(name, str) or not name.strip():
+                    raise UserError(f"{per_kind_text(what, name, value)}: name the kind of "
+                                    "hardware it is for (wse3, trn2, h200)")
+                if not is_number(value) or not 0 < value < math.inf:
+                    raise UserError(f"{per_kind_text(what, name, value)}: {noun} must be a "
+                                    "positive number")
+            if given and self.kind != counted:
+                raise UserError(f"{nouns} (`{what}`) are only for a footprint in {counted} "
+                                f"(`footprint={counted}`), not in {self.kind}")
+            names = [name for name, _ in given]
+            twice = next((n for n in names if names.count(n) > 1), None)
+            if twice is not None:
+                raise UserError(f"`{what}` gives {twice} more than once")
 
     @property
     def unit(self) -> str:
@@ -94,14 +123,14 @@ class Footprint:
         if self.kind == "racks":
             per_rack = dict(self.per_rack)
             if hw.name not in per_rack:
-                raise UserError(f"a footprint in racks needs how many {hw.name} units a rack "
-                                f"holds (per rack {hw.name}=N); given for: "
-                                f"{', '.join(per_rack) or 'none'}")
+                raise UserError(f"a footprint in racks (`footprint=racks`) needs how many "
+                                f"{hw.name} units a rack holds: `units_per_rack={hw.name}=N`; "
+                                f"given for: {', '.join(per_rack) or 'none'}")
             return 1.0 / per_rack[hw.name]
         prices = dict(self.prices)
         if hw.name not in prices:
-            raise UserError(f"a footprint in cost needs the price per hour of one {hw.name} "
-                            f"(price {hw.name}=PER_HOUR); given for: "
+            raise UserError(f"a footprint in cost (`footprint=cost`) needs the price per hour "
+                            f"of one {hw.name}: `prices={hw.name}=PER_HOUR`; given for: "
                             f"{', '.join(prices) or 'none'}")
         return prices[hw.name]
 

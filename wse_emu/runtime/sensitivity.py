@@ -9,11 +9,13 @@ decode step of the model alone, so that answers for different models and fabrics
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from wse_emu.errors import UserError
+from wse_emu.fabric import MAX_SYSTEMS
 from wse_emu.runtime.experiment import Targets
 from wse_emu.runtime.workload import Requests
 
@@ -76,10 +78,14 @@ def parse_vary(text: str) -> Variation:
         values = tuple(float(v) for v in rest.split(",") if v.strip())
     except ValueError:
         raise UserError(f"`vary={name}`: values must be numbers, got {rest!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise UserError(f"`vary={name}`: give one or more positive values, got {rest!r}")
+    # Finite, here: an infinite TPOT target or factor would pass until its value's turn came,
+    # after every value before it had run, and fail there naming the target, not `vary`.
+    if not values or any(not 0 < v < math.inf for v in values):
+        raise UserError(f"`vary={name}`: give one or more positive, finite values, got {rest!r}")
     if name == "systems" and any(v != int(v) for v in values):
         raise UserError(f"`vary=systems`: whole numbers only, got {rest!r}")
+    if name == "systems" and max(values) > MAX_SYSTEMS:
+        raise UserError(f"`vary=systems`: at most {MAX_SYSTEMS} systems, got {rest!r}")
     return Variation(name, values)
 
 
