@@ -5,8 +5,10 @@ of configurations, run to their answers; a made-up judged run; the command line 
 runs it, and its one-line errors; a generator checked against the reference forward pass; a
 stage's simulated FLOPs against the op graph's; and small mixtures of experts."""
 
+import json
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +176,37 @@ def routed_experts(reference, layer, prompt) -> set[int]:
     reference._route = spy
     reference.forward(prompt)
     return seen
+
+
+# --- what an interrupted or killed command leaves behind ----------------------------------
+
+def assert_whole(cache: Path, out: Path, killed: bool = False) -> None:
+    """Every table the cache reads whole, and the run directory absent or complete (it takes
+    its name only once written); unless the command was ``killed`` (SIGKILL: no handler runs,
+    so a temporary file may stay, under a name nothing reads), no file half-written under a
+    temporary name beside the cache either."""
+    from wse_emu.program import WaferProgram
+    from wse_emu.runtime.tables import StageTable
+
+    if not killed:
+        partial = [*cache.parent.rglob("*.partial"), *cache.parent.glob(".*")]
+        assert not partial, partial
+    for entry in [*cache.glob("stage-table-*.npz"), *cache.glob("stage-times-*.npz")]:
+        StageTable.from_npz(entry)  # raises if damaged or not matching its digest
+    if out.exists():
+        for path in out.glob("*.json"):
+            json.loads(path.read_text())
+        if (out / "program.json").exists():
+            WaferProgram.load(out)
+
+
+class ImageSources(HTMLParser):
+    """The ``src`` of every image of an HTML page (``feed`` it the page)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sources = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.sources.append(dict(attrs)["src"])

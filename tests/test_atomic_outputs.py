@@ -8,12 +8,11 @@ import errno
 import json
 import os
 import time
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMALL_CHAT
+from helpers import SMALL_CHAT, ImageSources
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
@@ -274,16 +273,6 @@ def test_a_serving_run_the_disk_cannot_take_leaves_no_run_directory(tmp_path, mo
     one_line(capsys, "not a run directory")
 
 
-class _Images(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.sources = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "img":
-            self.sources.append(dict(attrs)["src"])
-
-
 @pytest.fixture(scope="module")
 def drawn_bytes(served, tmp_path_factory):
     """format -> bytes a ``viz`` of the serving run writes (drawn once, on a copy)."""
@@ -328,7 +317,7 @@ def test_figures_the_disk_cannot_take_leave_no_half_report(served, drawn_bytes, 
             assert figure.read_bytes().endswith(b"IEND\xaeB`\x82")  # a PNG's last chunk
     monkeypatch.undo()
     assert main(["-q", "viz", str(run), "--format", fmt]) == 0
-    parser = _Images()
+    parser = ImageSources()
     parser.feed((run / "report.html").read_text())
     drawn = [f for f in (run / "figures").glob(f"*.{fmt}") if ".pixels" not in f.name]
     assert len(parser.sources) == len(drawn) > 5

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from wse_emu.program import WaferProgram
-from wse_emu.runtime.tables import StageTable
+from helpers import assert_whole
 
 WORKLOAD = """version: 1
 name: faults
@@ -49,18 +47,6 @@ def finish(proc: subprocess.Popen) -> tuple[str, str]:
     return stdout, stderr
 
 
-def assert_whole(cache: Path, out: Path) -> None:
-    """Every table under the name the cache reads is whole, and the run directory is absent
-    or complete (it takes its name only once written)."""
-    for entry in [*cache.glob("stage-table-*.npz"), *cache.glob("stage-times-*.npz")]:
-        StageTable.from_npz(entry)  # raises if damaged or not matching its digest
-    if out.exists():
-        for path in out.glob("*.json"):
-            json.loads(path.read_text())
-        if (out / "program.json").exists():
-            WaferProgram.load(out)
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_a_killed_run_leaves_nothing_damaged_and_its_rerun_gives_the_same_results(tmp_path,
@@ -83,10 +69,10 @@ def test_a_killed_run_leaves_nothing_damaged_and_its_rerun_gives_the_same_result
         killed += proc.poll() is None
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        assert_whole(cache, out)
+        assert_whole(cache, out, killed=True)
     assert killed >= 2  # the kills landed while the run was at work
     out = tmp_path / "rerun"
     stdout, stderr = finish(start(args, workload, cache, out))
     assert "unusable" not in stderr  # no damaged entry was met, let alone used
     assert json.loads(stdout) == json.loads(reference)
-    assert_whole(cache, out)
+    assert_whole(cache, out, killed=True)

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import assert_whole
 
 from wse_emu import api, progress
 from wse_emu.cli.main import main
-from wse_emu.program import WaferProgram
-from wse_emu.runtime.tables import StageTable
 
 SMALL_CHAT = Path(__file__).parent / "fixtures" / "small_chat.yaml"
 # Six layouts compiled on two workers, then a few seconds of stage tables timed on them, then
@@ -100,20 +99,6 @@ def in_group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(entry.name))
     return found
-
-
-def assert_whole(cache: Path, out: Path) -> None:
-    """No file half-written (under its own name or a temporary one), every table the cache
-    reads whole, the run directory absent or complete."""
-    partial = [*cache.parent.rglob("*.partial"), *cache.parent.glob(".*")]
-    assert not partial, partial
-    for entry in [*cache.glob("stage-table-*.npz"), *cache.glob("stage-times-*.npz")]:
-        StageTable.from_npz(entry)  # raises if damaged or not matching its digest
-    if out.exists():
-        for path in out.glob("*.json"):
-            json.loads(path.read_text())
-        if (out / "program.json").exists():
-            WaferProgram.load(out)
 
 
 @pytest.mark.e2e

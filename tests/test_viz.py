@@ -2,11 +2,11 @@
 that embeds them all, a valid trace, one-line errors."""
 
 import json
-from html.parser import HTMLParser
 
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
+from helpers import ImageSources
 
 from wse_emu.cli.main import main
 from wse_emu.program import WaferProgram
@@ -68,18 +68,8 @@ def test_maps_equal_the_simulators_counters(run_dir):
     assert np.array_equal(drawn.astype(np.uint8), expect)
 
 
-class _Images(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.sources = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "img":
-            self.sources.append(dict(attrs)["src"])
-
-
 def test_the_report_parses_and_embeds_every_figure(run_dir):
-    parser = _Images()
+    parser = ImageSources()
     parser.feed((run_dir / "report.html").read_text())
     figures = [f for f in (run_dir / "figures").glob("*.png") if ".pixels" not in f.name]
     assert len(parser.sources) == len(figures)
@@ -167,7 +157,7 @@ def test_a_serving_run_gets_its_latency_pipeline_and_kv_figures(tmp_path):
     names = {f.name for f in (out / "figures").iterdir()}
     assert {"latency_cdfs.png", "tpot_over_time.png", "pipeline.png", "kv.png",
             "map_placement.png", "roofline.png"} <= names
-    parser = _Images()
+    parser = ImageSources()
     parser.feed((out / "report.html").read_text())
     assert len(parser.sources) == len([n for n in names if n.endswith(".png")
                                        and ".pixels" not in n])
