@@ -9,6 +9,7 @@ import pytest
 from wse_emu.cli import demo
 from wse_emu.cli.main import main
 from wse_emu.layer import MicroBatch
+from wse_emu.runtime.frontier import VendorSpeed
 
 
 @pytest.mark.e2e
@@ -22,11 +23,15 @@ def test_demo_prints_each_section_and_writes_its_report(tmp_path, monkeypatch, c
         "output": {"kind": "lognormal", "median": 20, "sigma": 0.7, "low": 1, "high": 100}})
     monkeypatch.setattr(demo, "SPACE", replace(demo.SPACE, prefill_tile=(64,), interleave=(1,),
                                                policy=("interleaved",), window_s=0.0))
+    # The tiny model has no published vendor speed: one as fast as a lone step allows.
+    monkeypatch.setattr(demo, "vendor_speed", lambda name: VendorSpeed(10_000.0, "a test"))
     out = tmp_path / "demo"
     assert main(["demo", "-o", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
     text = capsys.readouterr().out
     for section in ("wse-emu demo:", "One decode step", "Stage-time tables: not cached yet",
-                    "The disaggregation experiment", "Computed through the tiles", "report:"):
+                    "The disaggregation experiment", "Computed through the tiles", "report:",
+                    "The answer on this workload, two ways", "at the vendor's speed, 10,000 "
+                    "tokens/s per user", "high-speed token capacity", "goodput, the highest"):
         assert section in text
     assert text.index("One decode step") < text.index("The disaggregation experiment")
     assert (out / "report.html").exists() and (out / demo.MARKER).exists()
