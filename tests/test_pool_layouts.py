@@ -118,6 +118,7 @@ def test_every_layout_is_named_and_a_side_that_does_not_fit_is_skipped_with_why(
         pool_layouts(model, splits, colocated, side({"mesh16x3", "trn2x3"}))
 
 
+@pytest.mark.e2e
 def test_the_experiment_compares_a_split_across_kinds_in_one_footprint(tmp_path):
     proc = run_cli("experiment", "disagg", "tiny", "--prefill-pool", "trn2",
                    "--decode-pool", "mesh16", "--workload", SMALL_CHAT, "--ttft-slo", "1",
@@ -138,6 +139,7 @@ def test_the_experiment_compares_a_split_across_kinds_in_one_footprint(tmp_path)
     assert {row["plan"] for row in report["final"]} == {"colocated", "disaggregated"}
 
 
+@pytest.mark.e2e
 def test_the_experiment_reports_per_unit_of_a_footprint_in_cost(tmp_path):
     proc = run_cli("experiment", "disagg", "tiny", "--prefill-pool", "trn2",
                    "--decode-pool", "mesh16", "--workload", SMALL_CHAT, "--ttft-slo", "1",
@@ -175,6 +177,7 @@ def test_an_experiment_on_pools_refuses_a_clusters_flags_in_one_line(args, needl
     assert_one_line_error(proc, needle)
 
 
+@pytest.mark.e2e
 def test_every_pairing_of_two_kinds_runs_and_is_drawn_on_one_figure(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("experiment", "pairings", "tiny", "--kinds", "trn2,mesh16", "--workload",

@@ -80,6 +80,7 @@ def test_sweep_refuses_more_workers_than_its_limit(tmp_path):
     assert not out.exists()  # nothing half-written
 
 
+@pytest.mark.e2e
 def test_a_trace_too_long_to_replay_whole_is_refused_and_its_first_rows_are_not(tmp_path):
     trace = tmp_path / "long.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"

@@ -95,6 +95,7 @@ def test_a_trace_a_workload_cannot_replay_is_refused_before_any_work(tmp_path):
         api.check_serving(workload=str(workload))
 
 
+@pytest.mark.e2e
 def test_the_command_line_takes_a_trace_by_name_and_by_path(tmp_path):
     by_name = run_cli("serve", "tiny", "--fabric", "mesh8", "--trace", "azure-conv",
                       "--requests", "10", "--cache-dir", tmp_path, "--json")
@@ -118,6 +119,7 @@ def test_list_shows_the_traces():
     assert re.search(r"^azure-conv\s+19,366\s", text, re.M)
 
 
+@pytest.mark.e2e
 def test_the_api_serves_a_trace_by_name(tmp_path):
     program = api.compile("tiny", "mesh8")
     result, metrics = api.serve(program, trace="azure-conv", requests=8, cache_dir=tmp_path)
@@ -126,6 +128,7 @@ def test_the_api_serves_a_trace_by_name(tmp_path):
 
 # --- read row by row, and no further than wanted -------------------------------------------
 
+@pytest.mark.e2e
 def test_rows_after_the_ones_wanted_are_never_read(tmp_path):
     """The row after the ten served is not a row at all: read, it would refuse the trace."""
     trace = tmp_path / "t.csv"
