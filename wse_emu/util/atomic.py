@@ -28,7 +28,7 @@ from pathlib import Path
 
 from wse_emu.errors import UserError
 
-PARTIAL = ".partial"  # the suffix of a file being written (``.NAME.XXXXXXXX.partial``)
+PARTIAL = ".partial"  # the suffix of a file being written (``.NAME.<random>.partial``)
 
 
 def _write(fd: int, data) -> int:
