@@ -44,6 +44,17 @@ def fill_disk(monkeypatch, room: int, code: int = errno.ENOSPC) -> Disk:
     return disk
 
 
+def fill_disk_at(monkeypatch, name: str, room: int) -> None:
+    """The disk fills (``room`` bytes left) once the file ``name`` is begun."""
+    real = atomic.replacing
+
+    def filling(path, *args, **kwargs):
+        if Path(path).name == name:
+            fill_disk(monkeypatch, room)
+        return real(path, *args, **kwargs)
+    monkeypatch.setattr(atomic, "replacing", filling)
+
+
 def one_line(capsys, *needles) -> str:
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
@@ -365,13 +376,7 @@ def test_a_report_the_disk_cannot_take_keeps_the_one_before(served, tmp_path, mo
     shutil.copytree(served[0], run)
     assert main(["viz", str(run), "--what", "serving"]) == 0
     before = (run / "report.html").read_bytes()
-    real = atomic.replacing
-
-    def report_fails(path, *args, **kwargs):
-        if Path(path).name == "report.html":
-            fill_disk(monkeypatch, 100)
-        return real(path, *args, **kwargs)
-    monkeypatch.setattr(atomic, "replacing", report_fails)
+    fill_disk_at(monkeypatch, "report.html", 100)
     assert main(["viz", str(run), "--what", "serving"]) == 2
     one_line(capsys, f"cannot write {run / 'report.html'}: No space left on device")
     assert (run / "report.html").read_bytes() == before
@@ -387,13 +392,7 @@ def test_a_program_saved_over_another_when_the_disk_fills_is_refused_not_mixed(
     tiny_8x8.save(tmp_path)
     other = replace(tiny_8x8, arrays={k: v + 1 if k.startswith("sram_") else v
                                       for k, v in tiny_8x8.arrays.items()})
-    real = atomic.replacing
-
-    def json_fails(path, *args, **kwargs):
-        if Path(path).name == "program.json":
-            fill_disk(monkeypatch, 0)
-        return real(path, *args, **kwargs)
-    monkeypatch.setattr(atomic, "replacing", json_fails)
+    fill_disk_at(monkeypatch, "program.json", 0)
     with pytest.raises(UserError, match="program.json: No space left on device"):
         other.save(tmp_path)
     monkeypatch.undo()

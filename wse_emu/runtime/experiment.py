@@ -369,7 +369,7 @@ class Outcome:
         refused = (f"{m.refused:,} of its requests ({100 * m.refused / m.requests:.2g}%) "
                    f"need{'s' if m.refused == 1 else ''} more KV cache than any of its "
                    "regions holds") if m.refused else ""
-        if m.refused / m.requests > 1 - targets.attainment:
+        if m.refused and m.refused / m.requests > 1 - targets.attainment:
             # What binds it is room, at any rate: more of its requests are refused than the
             # attainment allows to miss.
             return f"KV room: {refused}, refused at any rate"
