@@ -1,2 +1,2 @@
 """The mapping compiler: model config -> op graph -> regions -> stages -> tiles -> placement ->
-routes and colors -> SRAM/KV plan -> bounds, producing a ``wse_emu.program.WaferProgram``."""
+routes and colors -> SRAM/KV plan -> bounds, producing a ``wse_emu.program.format.WaferProgram``."""

@@ -10,12 +10,12 @@ the token first). The simulator's times must never be lower.
 
 from __future__ import annotations
 
-from wse_emu import layer as ly
-from wse_emu.fabric import FabricSpec
+from wse_emu.hardware.fabric import FabricSpec
 from wse_emu.kernels import patterns
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
-from wse_emu.program import Kernel, Rect, WaferProgram
+from wse_emu.models import layer as ly
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program.format import Kernel, Rect, WaferProgram
 
 
 def kernel_bound(kernel: Kernel, stage_rect: Rect, model: ModelSpec, fabric: FabricSpec,
@@ -108,7 +108,7 @@ def stage_bound(layer_kernels: dict[str, dict], dependencies: dict[str, list[str
 
 
 def stage_bounds(program: WaferProgram, run) -> dict[int, dict[str, float]]:
-    """Per stage of a simulated step (a ``wse_emu.runner.RegionRun``), each kernel's lower
+    """Per stage of a simulated step (a ``wse_emu.sim.runner.RegionRun``), each kernel's lower
     bound at the step's workload, in cycles: one layer, one token tile."""
     step = run.step
     work = MicroBatch(step.phase, tokens=max(step.tiles()[0].tokens, 1), batch=step.batch,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler import placement as pl
 from wse_emu.compiler.kvplan import kv_plan
 from wse_emu.compiler.layout import StageLayout
@@ -24,8 +23,9 @@ from wse_emu.errors import CompileError
 from wse_emu.kernels import patterns
 from wse_emu.kernels.patterns.vector import Site
 from wse_emu.kernels.primitives import CostModel
-from wse_emu.kernels.trees import MAX_LEVELS, choose_levels
-from wse_emu.program import Kernel, Rect, Route, Stage
+from wse_emu.models import layer as ly
+from wse_emu.program.format import Kernel, Rect, Route, Stage
+from wse_emu.program.trees import MAX_LEVELS, choose_levels
 
 
 @dataclass

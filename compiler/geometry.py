@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu.splits import even_split  # noqa: F401  (re-exported for the compiler)
+from wse_emu.util.splits import even_split  # noqa: F401  (re-exported for the compiler)
 
 
 def proportional_split(total: int, weights, minimum=None) -> np.ndarray:

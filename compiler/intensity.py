@@ -1,6 +1,6 @@
 """FLOPs, bytes moved and arithmetic intensity of every op, for a prefill or a decode step.
 
-The cost of each op is the layer description's (``wse_emu.layer.op_cost``). Conventions:
+The cost of each op is the layer description's (``wse_emu.models.layer.op_cost``). Conventions:
 - A prefill processes S new tokens of one sequence after ``prefix`` cached ones (causal
   attention); the final norm and the LM head run on the last position only, the one whose
   logits pick the first output token.
@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 
 import networkx as nx
 
-from wse_emu.fabric import FabricSpec
-from wse_emu.layer import ZERO, MicroBatch, OpCost, op_cost
-from wse_emu.model import ModelSpec
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models.layer import ZERO, MicroBatch, OpCost, op_cost
+from wse_emu.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
 """The KV plan: what each stage's PEs hold of the KV cache, from what its weights and buffers
-leave (``kernels.kvlayout`` lays the tokens and features out)."""
+leave (``program.kvlayout`` lays the tokens and features out)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from wse_emu.fabric import FabricSpec
-from wse_emu.kernels import kvlayout
-from wse_emu.model import ModelSpec
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program import kvlayout
 
 
 def kv_plan(b, model: ModelSpec, fabric: FabricSpec) -> list[dict[str, np.ndarray]]:
-    """The KV cache takes what weights and buffers leave, laid out as ``kernels.kvlayout``
+    """The KV cache takes what weights and buffers leave, laid out as ``program.kvlayout``
     says: each row of a stage a slice of the K and V features, each column a share of the
     tokens, as many as its tightest PE holds for all of the stage's layers."""
     d = model.storage.dtype_bytes

@@ -23,7 +23,7 @@ from wse_emu.compiler.stages import (
     strip_min_extent,
 )
 from wse_emu.errors import CompileError
-from wse_emu.program import Rect
+from wse_emu.program.format import Rect
 
 if TYPE_CHECKING:
     from wse_emu.compiler.placement import StageScorer

@@ -7,7 +7,6 @@ import logging
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler.build import RegionTemplate
 from wse_emu.compiler.layout import NoLayout
 from wse_emu.compiler.options import CompileOptions
@@ -16,9 +15,11 @@ from wse_emu.compiler.routing import color_masks, popcount
 from wse_emu.compiler.template import build_template
 from wse_emu.compiler.tiling import ownership_check
 from wse_emu.errors import CompileError
-from wse_emu.fabric import ClusterSpec
-from wse_emu.model import ModelSpec, formats_text, native
-from wse_emu.program import SRAM_CATEGORIES, Rect, Region, Route, WaferProgram
+from wse_emu.hardware.fabric import ClusterSpec
+from wse_emu.kernels import patterns
+from wse_emu.models import layer as ly
+from wse_emu.models.spec import ModelSpec, formats_text, native
+from wse_emu.program.format import SRAM_CATEGORIES, Rect, Region, Route, WaferProgram
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 def compile_model(model: ModelSpec, cluster: ClusterSpec,
                   options: CompileOptions | None = None) -> WaferProgram:
     options = options or CompileOptions()
+    patterns.check(options)
     plans, templates = _plan_and_template(model, cluster, options)
     program = _instantiate(model, cluster, options, plans, templates)
     verify(program)

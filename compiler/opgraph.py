@@ -1,6 +1,6 @@
 """Lower a ModelSpec into an op graph (a networkx DiGraph), one node per op.
 
-The ops, their shapes and their inputs are the layer description's (``wse_emu.layer``); this
+The ops, their shapes and their inputs are the layer description's (``wse_emu.models.layer``); this
 module only stamps that table out for every layer and joins the layers. Nodes carry the op
 row itself (``spec``) and, for readers of the graph, its name, kind, layer index (None for the
 ops before and after the layers), shape and weight parameters. Edges are data flow.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from wse_emu import layer as ly
-from wse_emu.model import ModelSpec
+from wse_emu.models import layer as ly
+from wse_emu.models.spec import ModelSpec
 
 
 def node_id(layer: int | None, op: str) -> str:

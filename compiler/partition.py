@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from wse_emu.compiler.geometry import even_split, grid_shape
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError
-from wse_emu.fabric import ClusterSpec, FabricSpec
-from wse_emu.model import WEIGHT_FORMATS, ModelSpec, formats_text, stored_as
-from wse_emu.program import Rect
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec
+from wse_emu.models.spec import WEIGHT_FORMATS, ModelSpec, formats_text, stored_as
+from wse_emu.program.format import Rect
 
 # Weights may fill at most this share of a PE's usable SRAM: the rest holds activation
 # buffers and absorbs tiling remainders.

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler.stages import StageSpec, home_strip
-from wse_emu.model import ModelSpec
-from wse_emu.program import Rect
+from wse_emu.models import layer as ly
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program.format import Rect
 
 if TYPE_CHECKING:
     from wse_emu.compiler.layout import StageLayout

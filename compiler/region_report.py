@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler.bounds import kernel_bound, stage_bound
 from wse_emu.compiler.routing import manhattan
-from wse_emu.program import Kernel, Rect
+from wse_emu.models import layer as ly
+from wse_emu.program.format import Kernel, Rect
 
 
 def placement_report(flat, homes, model) -> dict:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu.errors import CompileError
-from wse_emu.fabric import FabricSpec
-from wse_emu.program import Rect, Route
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.program.format import Rect, Route
 
 
 class ColorsExhausted(CompileError):

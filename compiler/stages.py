@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler.geometry import proportional_split
 from wse_emu.compiler.tiling import min_cross_extent
 from wse_emu.errors import CompileError
-from wse_emu.model import ModelSpec
+from wse_emu.models import layer as ly
+from wse_emu.models.spec import ModelSpec
 
 
 @dataclass

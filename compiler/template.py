@@ -18,9 +18,9 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.placement import arrange
 from wse_emu.compiler.routing import ColorsExhausted
 from wse_emu.errors import CompileError
-from wse_emu.fabric import FabricSpec
-from wse_emu.kernels.trees import MAX_LEVELS
-from wse_emu.model import ModelSpec
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program.trees import MAX_LEVELS
 
 INITIAL_BUFFER_RESERVE = 1024  # bytes per PE held back for activation buffers while sizing
 

@@ -13,8 +13,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 from wse_emu.compiler.mapper import compile_model  # noqa: E402
 from wse_emu.compiler.options import CompileOptions  # noqa: E402
-from wse_emu.fabric import ClusterSpec, load_fabric  # noqa: E402
-from wse_emu.model import load_model  # noqa: E402
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric  # noqa: E402
+from wse_emu.models.load import load_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

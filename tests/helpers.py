@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wse_emu import layer as ly
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import prompt_tiles
+from wse_emu.experiments.goodput import Point, Pressure, Search, run_searches
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import StageGraph
-from wse_emu.model import ModelSpec
-from wse_emu.runtime.experiment import Point, Pressure, Search, run_searches
-from wse_emu.runtime.metrics import Percentiles, RunMetrics, UserSpeeds
+from wse_emu.models import layer as ly
+from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.metrics import Percentiles, RunMetrics, UserSpeeds
+from wse_emu.sim.functional.generate import prompt_tiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_CONFIGS = FIXTURES / "hf_configs"  # one model per folder, as a downloaded snapshot has it
@@ -185,8 +185,8 @@ def assert_whole(cache: Path, out: Path, killed: bool = False) -> None:
     its name only once written); unless the command was ``killed`` (SIGKILL: no handler runs,
     so a temporary file may stay, under a name nothing reads), no file half-written under a
     temporary name beside the cache either."""
-    from wse_emu.program import WaferProgram
-    from wse_emu.runtime.tables import StageTable
+    from wse_emu.program.format import WaferProgram
+    from wse_emu.serving.tables import StageTable
 
     if not killed:
         partial = [*cache.parent.rglob("*.partial"), *cache.parent.glob(".*")]

@@ -32,9 +32,9 @@ differ from it only where their ``ModelSpec`` fields say:
   both sides at ``swiglu_limit``; every head's softmax over keys also holds a learned logit,
   its "sink", which takes probability and gives no value; q, k, v and o have biases.
 
-Experts are read in the layout the Hub's checkpoints store them (the family's row in
-``wse_emu.families``: ``expert_tensors``): one tensor per expert and projection for Mixtral and
-Qwen3-MoE, one per projection for all experts for gpt-oss.
+Experts are read in the layout the Hub's checkpoints store them (the family's row
+in ``wse_emu.models.families``: ``expert_tensors``): one tensor per expert and projection for
+Mixtral and Qwen3-MoE, one per projection for all experts for gpt-oss.
 
 A ``ReferenceModel`` holds one sequence's KV cache: ``prefill(ids)`` starts a sequence and returns
 the logits of every position, ``decode(next_id)`` appends one token and returns its logits, and
@@ -64,7 +64,7 @@ import math
 
 import numpy as np
 
-from wse_emu.model import ModelSpec
+from wse_emu.models.spec import ModelSpec
 
 SWIGLU_ALPHA = 1.702  # gpt-oss's sigmoid slope in its SwiGLU (a constant of its code)
 

@@ -8,22 +8,19 @@ import json
 import pytest
 from helpers import SMALL_CHAT, assert_one_line_error, run_cli
 
-from wse_emu import layer as ly
-from wse_emu.accelerator import accelerator_from_dict, load_accelerator
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import ConfigError, UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import load_model, stored_as
-from wse_emu.runtime.accelerator_pool import (
-    accelerator_pools,
-    kv_capacity_tokens,
-    step_seconds,
-)
-from wse_emu.runtime.pools import WaferRegion
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.tables import SERVER_AXES, build_table, grid_axes
-from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.hardware.accelerator import accelerator_from_dict, load_accelerator
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models import layer as ly
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import stored_as
+from wse_emu.pools.accelerator_roofline import accelerator_pools, kv_capacity_tokens, step_seconds
+from wse_emu.serving.pools import WaferRegion
+from wse_emu.serving.serve import ServeOptions, serve
+from wse_emu.serving.tables import SERVER_AXES, build_table, grid_axes
+from wse_emu.serving.workload import generate, workload_from_dict
 
 TRN2 = load_accelerator("trn2")
 LLAMA = load_model("llama-3.1-8b")

@@ -12,8 +12,8 @@ import wse_emu
 from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.fmt import seconds
-from wse_emu.runtime.comparison import ExperimentReport, Space
+from wse_emu.experiments.comparison import ExperimentReport, Space
+from wse_emu.util.fmt import seconds
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -61,7 +61,7 @@ def test_a_step_is_what_run_prints_and_shows_itself_in_a_line(capsys):
 
 @pytest.mark.e2e
 def test_a_handoff_is_what_run_prints(capsys):
-    from wse_emu.runner import handoff_for, kv_handoff
+    from wse_emu.sim.runner import handoff_for, kv_handoff
 
     program = api.compile("tiny", "mesh16", plan="disaggregated")
     handoff = kv_handoff(program, *handoff_for(program, None, 64), 64)

@@ -29,7 +29,7 @@ from helpers import SMALL_CHAT
 from wse_emu import api
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.runtime.serve import ServeOptions, setting_names
+from wse_emu.serving.serve import ServeOptions, setting_names
 
 # What a ``**options`` parameter gathers: the fields of the dataclass it fills.
 OPTIONS = {"compile": {f.name for f in dataclasses.fields(CompileOptions)},
@@ -141,7 +141,7 @@ def no_work(monkeypatch):
     starting workers, drawing, generating."""
     def work(*args, **kwargs):
         raise AssertionError("work started before every argument was checked")
-    from wse_emu.functional import generate
+    from wse_emu.sim.functional import generate
     from wse_emu.visualize import rundraw
 
     for name in ("compile_model", "run_region", "serve_requests", "wafer_pools",

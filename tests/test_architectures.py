@@ -15,20 +15,21 @@ import pytest
 from helpers import follows_reference, tasks_do_the_graphs_flops
 from reference_forward import ReferenceModel
 
-from wse_emu import layer as ly
 from wse_emu.cli.main import main
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator
-from wse_emu.hf_config import hf_config, hf_config_v5
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import StageGraph
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, load_model
-from wse_emu.runner import run_region
-from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint, unfused
+from wse_emu.models import layer as ly
+from wse_emu.models.hf_config import hf_config, hf_config_v5
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec
+from wse_emu.models.weights import load_checkpoint, random_weights, save_checkpoint, unfused
+from wse_emu.sim.functional.generate import Generator
+from wse_emu.sim.runner import run_region
 
 BASE = dict(hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
             head_dim=16, vocab_size=160)

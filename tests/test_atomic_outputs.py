@@ -16,8 +16,8 @@ from helpers import SMALL_CHAT, ImageSources
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.program import WaferProgram
-from wse_emu.runtime.sweep import RESULTS, read_rows
+from wse_emu.program.format import WaferProgram
+from wse_emu.sweeps.sweep import RESULTS, read_rows
 from wse_emu.util import atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +128,7 @@ def test_every_writer_goes_through_the_helper():
     no ``.write_text``/``.write_bytes``, no ``open`` for writing, and ``savefig``, ``imsave``,
     ``np.save``/``savez`` and ``json.dump`` only into a file object (a name), not a path.
     The stage tables and the weights keep their own whole-or-nothing writes."""
-    own = {"wse_emu/atomic.py", "wse_emu/runtime/tables.py", "wse_emu/weights.py"}
+    own = {"wse_emu/util/atomic.py", "wse_emu/serving/tables.py", "wse_emu/models/weights.py"}
     offenders = []
     for path in sorted([*ROOT.glob("wse_emu/**/*.py"), *ROOT.glob("compiler/**/*.py"),
                         *ROOT.glob("visualize/**/*.py")]):
@@ -216,7 +216,7 @@ def test_an_output_in_a_read_only_folder_is_one_line_before_any_work(tmp_path, c
 def test_a_read_only_folder_is_refused_by_the_library_check(tmp_path, monkeypatch):
     """(As root, where the folder above cannot be made read-only: the check asks
     ``os.access``, which answers for a read-only file system even to root.)"""
-    from wse_emu.program import check_run_dir
+    from wse_emu.program.format import check_run_dir
 
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path

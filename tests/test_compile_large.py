@@ -7,8 +7,8 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.routing import popcount
 from wse_emu.errors import CompileError, UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import load_model
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.load import load_model
 
 WSE3 = load_fabric("wse3")
 

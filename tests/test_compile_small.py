@@ -4,7 +4,7 @@ import numpy as np
 
 from wse_emu.compiler.geometry import even_split
 from wse_emu.compiler.routing import popcount
-from wse_emu.kernels import kvlayout
+from wse_emu.program import kvlayout
 
 
 def kernels_by_name(program, stage):

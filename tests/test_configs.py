@@ -5,17 +5,17 @@ import sys
 
 import pytest
 
-from wse_emu.configfile import preset_dir, preset_names, read_yaml_mapping
 from wse_emu.errors import ConfigError
-from wse_emu.fabric import (
+from wse_emu.hardware.fabric import (
     DEFAULT_QUEUE_WAVELETS,
     DEFAULT_VIRTUAL_CHANNELS,
     ClusterSpec,
     load_fabric,
     with_overrides,
 )
-from wse_emu.layer import ops_by_name
-from wse_emu.model import load_model
+from wse_emu.models.layer import ops_by_name
+from wse_emu.models.load import load_model
+from wse_emu.util.configfile import preset_dir, preset_names, read_yaml_mapping
 
 
 def test_wafer_presets_match_hardware_md():

@@ -8,8 +8,8 @@ import pytest
 from wse_emu.engines import cycle
 from wse_emu.engines.messages import LINE, Messages
 from wse_emu.engines.reference import cycle_twin
-from wse_emu.fabric import load_fabric, with_overrides
-from wse_emu.noc import (
+from wse_emu.hardware.fabric import load_fabric, with_overrides
+from wse_emu.sim.noc import (
     find_saturation,
     generate,
     mean_hops_uniform,

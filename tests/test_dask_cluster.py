@@ -13,7 +13,7 @@ import pytest
 from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
-from wse_emu.runtime.workers import dask_available
+from wse_emu.util.workers import dask_available
 
 pytestmark = pytest.mark.skipif(not dask_available(), reason="dask.distributed is not installed")
 

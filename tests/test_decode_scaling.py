@@ -6,9 +6,9 @@ region longer too, but slowly: its weights are already spread thin, so only the 
 import pytest
 
 from wse_emu.cli.bench_kernels import one_layer
-from wse_emu.fabric import load_fabric
-from wse_emu.layer import MicroBatch
-from wse_emu.runner import run_region
+from wse_emu.hardware.fabric import load_fabric
+from wse_emu.models.layer import MicroBatch
+from wse_emu.sim.runner import run_region
 
 
 def decode_cycles(program, context: int) -> int:

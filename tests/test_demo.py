@@ -8,8 +8,8 @@ import pytest
 
 from wse_emu.cli import demo
 from wse_emu.cli.main import main
-from wse_emu.layer import MicroBatch
-from wse_emu.runtime.frontier import VendorSpeed
+from wse_emu.experiments.frontier import VendorSpeed
+from wse_emu.models.layer import MicroBatch
 
 
 @pytest.mark.e2e

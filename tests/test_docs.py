@@ -187,9 +187,9 @@ def test_every_command_a_page_shows_parses_and_names_only_what_ships(page, tmp_p
     import shlex
 
     from wse_emu.cli.main import build_parser
-    from wse_emu.configfile import find_named
-    from wse_emu.pool_names import parse_pool
-    from wse_emu.runtime.workload import trace_path
+    from wse_emu.pools.names import parse_pool
+    from wse_emu.serving.workload import trace_path
+    from wse_emu.util.configfile import find_named
 
     monkeypatch.chdir(tmp_path)
     shipped = {"model": ("models", "model"), "fabric": ("fabrics", "fabric"),

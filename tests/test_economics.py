@@ -7,8 +7,8 @@ import pytest
 from helpers import QUICK_KNOBS
 
 from wse_emu.cli.main import main
-from wse_emu.fabric import load_fabric
-from wse_emu.runtime.comparison import economics
+from wse_emu.experiments.comparison import economics
+from wse_emu.hardware.fabric import load_fabric
 
 
 def test_energy_and_cost_follow_from_power_price_and_rate():

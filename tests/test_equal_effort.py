@@ -13,7 +13,7 @@ from functools import cache
 import pytest
 
 from wse_emu import api
-from wse_emu.runtime.comparison import Space
+from wse_emu.experiments.comparison import Space
 
 pytestmark = pytest.mark.slow
 SPEEDS = (1800.0, 200.0)  # the vendor's speed, and 5 ms per token

@@ -7,7 +7,7 @@ import pytest
 from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
-from wse_emu.runtime.workers import dask_available
+from wse_emu.util.workers import dask_available
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_experiment_reports_every_configuration_and_the_ratio(args, capsys):
 def test_both_plans_take_the_same_attention_tiles_and_formats_and_the_report_says_so(args,
                                                                                      capsys):
     from wse_emu.cli.experiment_cmd import render
-    from wse_emu.runtime.comparison import ExperimentReport
+    from wse_emu.experiments.comparison import ExperimentReport
 
     assert main(args + ["--workers", "1", "--attention-tile", "4", "--grid", "quick",
                         "--weight-format", "bf16", "--json"]) == 0

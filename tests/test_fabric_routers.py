@@ -7,16 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from wse_emu import runner
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric, with_overrides
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric, with_overrides
 from wse_emu.kernels.stage import stage_graph
-from wse_emu.layer import MicroBatch
-from wse_emu.model import load_model
-from wse_emu.program import WaferProgram, _digest_of
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.program.format import WaferProgram, _digest_of
+from wse_emu.sim import runner
 
 DECODE = MicroBatch("decode", batch=2, context=64)
 

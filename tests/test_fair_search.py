@@ -74,8 +74,8 @@ def test_each_plans_best_is_searched_again_on_longer_runs(tmp_path, capsys):
 def test_confirming_runs_of_agent_sessions_are_capped_by_model_calls():
     """Agentic workloads count sessions, each of several calls: the cap on a confirming run is in
     model calls, so a run of five-call sessions holds a fifth as many sessions."""
-    from wse_emu.runtime.comparison import MAX_CONFIRM_REQUESTS, confirm_cap
-    from wse_emu.runtime.workload import WorkloadSpec, generate
+    from wse_emu.experiments.comparison import MAX_CONFIRM_REQUESTS, confirm_cap
+    from wse_emu.serving.workload import WorkloadSpec, generate
 
     plain = generate(WorkloadSpec(name="plain", requests=50))
     agents = generate(WorkloadSpec(name="agents", requests=50, calls=5))

@@ -19,14 +19,15 @@ from reference_forward import ReferenceModel
 from wse_emu import api
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.configfile import preset_dir
 from wse_emu.errors import ConfigError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.families import FAMILIES, Family, family_of
-from wse_emu.functional.generate import Generator
-from wse_emu.hf_config import hf_config, model_from_hf_config
-from wse_emu.model import PARTS, ModelFields, ModelSpec, load_model, model_from_dict
-from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.families import FAMILIES, Family, family_of
+from wse_emu.models.hf_config import hf_config, model_from_hf_config
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import PARTS, ModelFields, ModelSpec, model_from_dict
+from wse_emu.models.weights import load_checkpoint, random_weights, save_checkpoint
+from wse_emu.sim.functional.generate import Generator
+from wse_emu.util.configfile import preset_dir
 
 HERE = Path(__file__).parent
 PRESETS = sorted(p.stem for p in preset_dir("models").glob("*.yaml"))

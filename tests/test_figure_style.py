@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from wse_emu.cli.main import main
-from wse_emu.fmt import WIDTH, duration, narrow_table, number, seconds, si, table
-from wse_emu.runtime.sweep import SweepRow, SweepSpec
+from wse_emu.sweeps.sweep import SweepRow, SweepSpec
+from wse_emu.util.fmt import WIDTH, duration, narrow_table, number, seconds, si, table
 from wse_emu.visualize import wafer
 from wse_emu.visualize.draw import DPI, LEVEL_PALETTE, level_cmap, map_figure, save_figure
 from wse_emu.visualize.style import (

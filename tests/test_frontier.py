@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 from wse_emu import api
 from wse_emu.cli.main import main
-from wse_emu.runtime.comparison import ExperimentReport, Space
-from wse_emu.runtime.experiment import Comparison, ConfigRow, Replicate, Targets
-from wse_emu.runtime.frontier import (
+from wse_emu.experiments.comparison import ExperimentReport, Space
+from wse_emu.experiments.frontier import (
     FrontierPoint,
     FrontierReport,
     capacity_ratio,
@@ -27,16 +26,11 @@ from wse_emu.runtime.frontier import (
     speed_ladder,
     vendor_speed,
 )
-from wse_emu.runtime.metrics import (
-    UserSpeeds,
-    percentiles,
-    run_metrics,
-    token_times,
-    user_speeds,
-)
-from wse_emu.runtime.sensitivity import StepScale
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.workload import Requests
+from wse_emu.experiments.goodput import Comparison, ConfigRow, Replicate, Targets
+from wse_emu.experiments.sensitivity import StepScale
+from wse_emu.serving.metrics import UserSpeeds, percentiles, run_metrics, token_times, user_speeds
+from wse_emu.serving.serve import ServeOptions, serve
+from wse_emu.serving.workload import Requests
 
 QUICK = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
               max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
@@ -208,7 +202,7 @@ def test_user_speeds_read_as_a_p90_target_does():
 @pytest.fixture(scope="module")
 def tiny_split(tmp_path_factory):
     program = api.compile("tiny", "mesh16", plan="disaggregated")
-    from wse_emu.runtime.pools import wafer_pools
+    from wse_emu.serving.pools import wafer_pools
     return program, wafer_pools(program, tmp_path_factory.mktemp("tables"), grid="quick")
 
 

@@ -10,17 +10,17 @@ from reference_forward import ReferenceModel, rope_frequencies
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator, prompt_tiles
 from wse_emu.functional.numerics import Numerics
-from wse_emu.functional.region import FunctionalRegion, inverse_frequencies
 from wse_emu.functional.trees import tree_plan, tree_reduce
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.kernels.primitives import line_reduce
-from wse_emu.kernels.trees import branching, choose_levels
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
-from wse_emu.weights import load_checkpoint, random_weights, save_checkpoint
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.spec import ModelSpec
+from wse_emu.models.weights import load_checkpoint, random_weights, save_checkpoint
+from wse_emu.program.trees import branching, choose_levels
+from wse_emu.sim.functional.generate import Generator, prompt_tiles
+from wse_emu.sim.functional.region import FunctionalRegion, inverse_frequencies
 
 # Llama 3.1-style rope scaling, with original positions so few that it matters in 20 tokens.
 LLAMA_MHA = ModelSpec.from_fields(name="f-llama", family="llama", hidden_size=64,

@@ -19,8 +19,8 @@ from helpers import assert_one_line_error, run_cli
 from reference_forward import ReferenceModel
 
 from wse_emu.cli.main import main
-from wse_emu.model import load_model
-from wse_emu.weights import expected_shapes, hf_config, load_checkpoint, random_weights
+from wse_emu.models.load import load_model
+from wse_emu.models.weights import expected_shapes, hf_config, load_checkpoint, random_weights
 
 FABRIC = ["--fabric", "mesh16", "--region", "8x8"]
 PROMPT = [3, 1, 4, 1, 5, 9]
@@ -68,7 +68,7 @@ def checkpoint(tmp_path_factory):
     """A saved checkpoint of SPEC, and the reference's greedy tokens and logits on the weights
     loaded back from it."""
     pytest.importorskip("safetensors")
-    from wse_emu.weights import save_checkpoint
+    from wse_emu.models.weights import save_checkpoint
 
     path = tmp_path_factory.mktemp("generate") / "ckpt"
     save_checkpoint(path, SPEC, random_weights(SPEC, seed=11))
@@ -203,7 +203,7 @@ def test_text_output_names_the_regions(capsys, checkpoint):
 @pytest.mark.e2e
 def test_config_disagreeing_with_the_tensors(tmp_path, field, value, tensor):
     pytest.importorskip("safetensors")
-    from wse_emu.weights import save_checkpoint
+    from wse_emu.models.weights import save_checkpoint
 
     ckpt = tmp_path / "ckpt"
     save_checkpoint(ckpt, SPEC, random_weights(SPEC, seed=1))

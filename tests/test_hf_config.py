@@ -1,5 +1,5 @@
-"""Reading Hugging Face ``config.json`` files through ``wse_emu.model.load_model``; writing them
-(``wse_emu.hf_config``).
+"""Reading Hugging Face ``config.json`` files through ``wse_emu.models.load.load_model``;
+writing them (``wse_emu.models.hf_config``).
 
 One fixture folder, ``tests/fixtures/hf_configs/``, one model per folder as a downloaded
 snapshot has it. JSON has no comments, so their provenance is here:
@@ -35,9 +35,10 @@ import pytest
 from helpers import assert_one_line_error, run_cli
 
 from wse_emu.errors import ConfigError, UserError
-from wse_emu.hf_config import HF_ARCHITECTURES, hf_config, hf_config_v5, model_from_hf_config
-from wse_emu.layer import ops_by_name
-from wse_emu.model import ModelSpec, load_model
+from wse_emu.models.hf_config import HF_ARCHITECTURES, hf_config, hf_config_v5, model_from_hf_config
+from wse_emu.models.layer import ops_by_name
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 HF_DIR = FIXTURES  # the configs read as a downloaded snapshot's folder

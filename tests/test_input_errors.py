@@ -29,12 +29,12 @@ from wse_emu.compiler.partition import (
     wafer_weight_capacity,
     wafers_needed,
 )
-from wse_emu.configfile import _coerce, preset_dir, preset_names
 from wse_emu.errors import CompileError, ConfigError, UserError
-from wse_emu.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides
-from wse_emu.model import load_model
-from wse_emu.program import write_run_dir
-from wse_emu.runtime.workload import load_workload
+from wse_emu.hardware.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides
+from wse_emu.models.load import load_model
+from wse_emu.program.format import write_run_dir
+from wse_emu.serving.workload import load_workload
+from wse_emu.util.configfile import _coerce, preset_dir, preset_names
 
 HF_LLAMA = Path(__file__).parent / "fixtures" / "hf_configs" / "llama-3.2-1b" / "config.json"
 TINY_YAML = preset_dir("models") / "tiny.yaml"
@@ -516,9 +516,9 @@ def test_every_command_refuses_an_unusable_run_dir_before_any_work(tmp_path, mon
     compile of Llama-3.1-8B took 16 s before the folder was refused)."""
     import importlib
 
-    import wse_emu.hf_config
-    import wse_emu.model
-    import wse_emu.program
+    import wse_emu.models.hf_config
+    import wse_emu.models.spec
+    import wse_emu.program.format
     from wse_emu.cli.commands import COMMANDS
     from wse_emu.cli.main import main
 
@@ -527,7 +527,7 @@ def test_every_command_refuses_an_unusable_run_dir_before_any_work(tmp_path, mon
     # Every command's work begins by reading its model. The command's modules are imported
     # first, so that none binds the stand-in by name and keeps it after this test.
     importlib.import_module(COMMANDS[command[0]][0])
-    monkeypatch.setattr(wse_emu.model, "model_from_dict", no_work)
+    monkeypatch.setattr(wse_emu.models.spec, "model_from_dict", no_work)
     full = tmp_path / "full"
     full.mkdir()
     (full / "kept.txt").write_text("x")
@@ -577,8 +577,8 @@ def test_the_last_position_is_allowed(tmp_path):
     """The bound is inclusive: a decode attending over all 512 positions, a 512-token prompt,
     and requests whose last decode step feeds position 511, all run."""
     from wse_emu import api
-    from wse_emu.runtime.serve import position_shortfall
-    from wse_emu.runtime.workload import Requests
+    from wse_emu.serving.serve import position_shortfall
+    from wse_emu.serving.workload import Requests
 
     model = load_model(str(short_model(tmp_path)))
     program = compile_model(model, ClusterSpec(load_fabric("mesh16")), CompileOptions())

@@ -16,11 +16,11 @@ import pytest
 from helpers import HF_CONFIGS, assert_one_line_error
 
 from wse_emu import api
-from wse_emu.configfile import preset_dir, read_text, read_yaml_mapping, regular_file
 from wse_emu.errors import ConfigError
-from wse_emu.model import load_model
-from wse_emu.program import WaferProgram
-from wse_emu.runtime.workload import load_workload
+from wse_emu.models.load import load_model
+from wse_emu.program.format import WaferProgram
+from wse_emu.serving.workload import load_workload
+from wse_emu.util.configfile import preset_dir, read_text, read_yaml_mapping, regular_file
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
 
@@ -37,9 +37,9 @@ def library(call: str, *paths) -> str:
     'ConfigError: message', run in a fresh Python given at most LIMIT_S."""
     code = "\n".join([
         "import sys", "from pathlib import Path", "from wse_emu import api",
-        "from wse_emu.errors import UserError", "from wse_emu.model import load_model",
-        "from wse_emu.program import WaferProgram",
-        "from wse_emu.weights import load_checkpoint, tokenizer_for",
+        "from wse_emu.errors import UserError", "from wse_emu.models.load import load_model",
+        "from wse_emu.program.format import WaferProgram",
+        "from wse_emu.models.weights import load_checkpoint, tokenizer_for",
         *(f"p{i} = Path(sys.argv[{i + 1}])" for i in range(len(paths))),
         "try:", f"    {call}", "except UserError as exc:",
         "    print(type(exc).__name__ + ': ' + str(exc))"])

@@ -5,9 +5,9 @@ import pytest
 
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph, graph_weight_params
-from wse_emu.fabric import load_fabric
-from wse_emu.layer import MicroBatch, op_cost, ops_by_name
-from wse_emu.model import load_model
+from wse_emu.hardware.fabric import load_fabric
+from wse_emu.models.layer import MicroBatch, op_cost, ops_by_name
+from wse_emu.models.load import load_model
 
 WSE3 = load_fabric("wse3")
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from helpers import assert_whole
 
-from wse_emu import api, progress
+from wse_emu import api
 from wse_emu.cli.main import main
+from wse_emu.util import progress
 
 SMALL_CHAT = Path(__file__).parent / "fixtures" / "small_chat.yaml"
 # Six layouts compiled on two workers, then a few seconds of stage tables timed on them, then

@@ -7,11 +7,11 @@ from wse_emu.compiler.bounds import kernel_bound
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.engines import cycle, fast
-from wse_emu.fabric import ClusterSpec, load_fabric
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import kernel_graph, stage_graph
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
-from wse_emu.runner import run_region
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.spec import ModelSpec
+from wse_emu.sim.runner import run_region
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                               num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,

@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from wse_emu import layer as ly
 from wse_emu.errors import CompileError, ConfigError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.layer import MicroBatch, expected_experts, op_cost, ops_by_name
-from wse_emu.model import load_model, model_from_dict
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models import layer as ly
+from wse_emu.models.layer import MicroBatch, expected_experts, op_cost, ops_by_name
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import model_from_dict
 
 
 # (preset, total, used per token, half a unit of the figures' last digit): the model cards'

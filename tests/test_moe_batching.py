@@ -16,8 +16,8 @@ from wse_emu.cli.main import main
 from wse_emu.compiler.stages import StripSpec
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.stage import stage_graph
-from wse_emu.layer import MicroBatch
-from wse_emu.runner import run_region, simulate_stage
+from wse_emu.models.layer import MicroBatch
+from wse_emu.sim.runner import run_region, simulate_stage
 
 DECODE = MicroBatch("decode", batch=8, context=40)
 

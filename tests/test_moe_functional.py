@@ -10,12 +10,12 @@ import pytest
 from helpers import FAMILIES, PROMPT, follows_reference, routed_experts
 from reference_forward import ReferenceModel
 
-from wse_emu import layer as ly
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator
-from wse_emu.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models import layer as ly
+from wse_emu.models.weights import expert_strips, load_checkpoint, random_weights, save_checkpoint
+from wse_emu.sim.functional.generate import Generator
 
 
 def compiled(spec, plan):

@@ -14,8 +14,8 @@ from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.layer import MicroBatch
-from wse_emu.runner import run_region
+from wse_emu.models.layer import MicroBatch
+from wse_emu.sim.runner import run_region
 
 STEPS = {"decode": MicroBatch("decode", batch=8, context=40),
          "prefill": MicroBatch("prefill", tokens=48, chunks=2)}

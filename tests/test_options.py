@@ -9,12 +9,12 @@ from helpers import SMALL_CHAT
 from wse_emu import api
 from wse_emu.cli.knob_args import add_serving_args, add_space_args, serving_settings, space_settings
 from wse_emu.errors import UserError
-from wse_emu.runner import DEFAULT_PREFILL_TILES
-from wse_emu.runtime.comparison import Space
-from wse_emu.runtime.experiment import Point, Search, Targets, run_searches
-from wse_emu.runtime.knobs import info
-from wse_emu.runtime.policies import POLICIES, knob_fields
-from wse_emu.runtime.serve import ServeOptions
+from wse_emu.experiments.comparison import Space
+from wse_emu.experiments.goodput import Point, Search, Targets, run_searches
+from wse_emu.serving.knobs import info
+from wse_emu.serving.policies import POLICIES, knob_fields
+from wse_emu.serving.serve import ServeOptions
+from wse_emu.sim.runner import DEFAULT_PREFILL_TILES
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,16 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.engines import fast
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels import patterns
 from wse_emu.kernels.patterns.matrix import DenseStrip
 from wse_emu.kernels.stage import kernel_graph
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, load_model
-from wse_emu.runner import run_region
-from wse_emu.weights import random_weights
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec
+from wse_emu.models.weights import random_weights
+from wse_emu.sim.functional.generate import Generator
+from wse_emu.sim.runner import run_region
 
 MOE = ModelSpec.from_fields("a-moe", "mixtral", hidden_size=64, intermediate_size=96, num_layers=2,
                             num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=160, num_experts=8,
@@ -57,9 +58,12 @@ def test_every_entry_is_used_and_every_kernel_holds_its_bound(programs):
     assert set(patterns.entries()) <= used, set(patterns.entries()) - used
 
 
-def test_an_unknown_pattern_is_refused_by_name():
+def test_an_unknown_pattern_is_refused_by_name_before_compiling():
+    options = CompileOptions(matrix_patterns=("gemv_sideways", "gemm_stream"))
     with pytest.raises(UserError, match="no kernel pattern 'gemv_sideways' for matrix"):
-        CompileOptions(matrix_patterns=("gemv_sideways", "gemm_stream"))
+        patterns.check(options)
+    with pytest.raises(UserError, match="no kernel pattern 'gemv_sideways' for matrix"):
+        compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 1), options)
 
 
 class GemvWhole(DenseStrip):

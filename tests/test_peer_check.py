@@ -14,13 +14,13 @@ says why)."""
 import pytest
 
 from wse_emu import api
-from wse_emu.model import load_model
-from wse_emu.runtime.comparison import Space
+from wse_emu.experiments.comparison import Space
+from wse_emu.models.load import load_model
 
 pytest.importorskip("aiconfigurator_core")
 pytest.importorskip("aiconfigurator")
 
-from wse_emu.runtime.peer_check import aiconfigurator_default  # noqa: E402
+from wse_emu.experiments.peer_check import aiconfigurator_default  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GPUS = 8

@@ -10,9 +10,9 @@ from helpers import SMALL_CHAT, made_up_point
 from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.fmt import count
-from wse_emu.runtime.experiment import Config, Search, Targets, outcomes
-from wse_emu.runtime.serve import ServeOptions
+from wse_emu.experiments.goodput import Config, Search, Targets, outcomes
+from wse_emu.serving.serve import ServeOptions
+from wse_emu.util.fmt import count
 
 TARGETS = Targets(1.0, 0.005)
 

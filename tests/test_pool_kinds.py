@@ -7,10 +7,11 @@ import pytest
 import yaml
 
 from wse_emu.errors import UserError
-from wse_emu.model import load_model
-from wse_emu.pool_kinds import PoolKind, kind_of, kinds
-from wse_emu.pool_names import parse_pool
-from wse_emu.runtime.gpu_pool import gpu_available
+from wse_emu.models.load import load_model
+from wse_emu.pools import kind_of, kinds
+from wse_emu.pools.gpu_measured import gpu_available
+from wse_emu.pools.kinds import PoolKind
+from wse_emu.pools.names import parse_pool
 
 FABRICS = Path(__file__).resolve().parents[1] / "programs" / "fabrics"
 FACES = ("presets", "load", "owns", "power_w", "label", "pools", "step_times_source")

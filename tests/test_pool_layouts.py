@@ -7,9 +7,7 @@ import pytest
 from helpers import SMALL_CHAT, assert_one_line_error, run_cli
 
 from wse_emu.errors import UserError
-from wse_emu.model import load_model
-from wse_emu.pool_names import parse_pool
-from wse_emu.runtime.pool_layouts import (
+from wse_emu.experiments.layouts import (
     Footprint,
     colocated_names,
     every_split,
@@ -18,7 +16,9 @@ from wse_emu.runtime.pool_layouts import (
     systems_of,
     variants,
 )
-from wse_emu.runtime.pools import StagePool
+from wse_emu.models.load import load_model
+from wse_emu.pools.names import parse_pool
+from wse_emu.serving.pools import StagePool
 
 
 def names(*texts):

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.tables import StageTable
-from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.serving.serve import ServeOptions, serve
+from wse_emu.serving.tables import StageTable
+from wse_emu.serving.workload import generate, workload_from_dict
 
 KV_BYTES_PER_TOKEN = 1024
 

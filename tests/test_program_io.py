@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from wse_emu.compile_options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.program import WaferProgram, write_run_dir
+from wse_emu.program.format import WaferProgram, write_run_dir
+from wse_emu.program.options import CompileOptions
 
 
 def test_round_trip(tiny_8x8, tmp_path):

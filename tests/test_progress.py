@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from wse_emu import progress
-from wse_emu.runtime.experiment import Search, run_searches
+from wse_emu.experiments.goodput import Search, run_searches
+from wse_emu.util import progress
 
 
 @pytest.mark.slow
@@ -187,7 +187,7 @@ def test_a_quick_step_says_nothing(clock, reporter, capsys):
 
 def test_the_serving_loop_says_it_compiles(clock, reporter, monkeypatch, capsys):
     """The serving loop's first compile (tens of seconds) is announced while it runs."""
-    from wse_emu.runtime import compiled_loop
+    from wse_emu.serving.loops import compiled as compiled_loop
 
     def slow_njit(*args, **kwargs):
         def compile_(function):

@@ -21,9 +21,9 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import wafers_needed
 from wse_emu.compiler.routing import popcount
 from wse_emu.errors import CompileError, UserError
-from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
-from wse_emu.model import ModelSpec
-from wse_emu.program import SRAM_CATEGORIES, WaferProgram
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program.format import SRAM_CATEGORIES, WaferProgram
 
 PROPERTY_SETTINGS = dict(deadline=None, derandomize=True,
                          suppress_health_check=[HealthCheck.too_slow])

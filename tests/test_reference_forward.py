@@ -17,8 +17,8 @@ from reference_forward import (
     softcap,
 )
 
-from wse_emu.model import ModelSpec
-from wse_emu.weights import random_weights
+from wse_emu.models.spec import ModelSpec
+from wse_emu.models.weights import random_weights
 
 GQA = ModelSpec.from_fields(name="gqa", family="llama", hidden_size=16, intermediate_size=24,
                             num_layers=2,

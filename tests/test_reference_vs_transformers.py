@@ -29,8 +29,8 @@ transformers = pytest.importorskip("transformers", minversion="5.0")
 
 from reference_forward import ReferenceModel  # noqa: E402
 
-from wse_emu.layer import EXPERT_TENSORS  # noqa: E402
-from wse_emu.model import ModelSpec  # noqa: E402
+from wse_emu.models.layer import EXPERT_TENSORS  # noqa: E402
+from wse_emu.models.spec import ModelSpec  # noqa: E402
 
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128, 64, 96, 4, 2
 PROMPT = [5, 99, 17, 3, 64, 127, 0, 42, 8, 71]

@@ -10,14 +10,8 @@ from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
-from wse_emu.runtime.experiment import (
-    Comparison,
-    ConfigRow,
-    Replicate,
-    interval,
-    over_replicates,
-)
-from wse_emu.runtime.workload import WorkloadSpec, generate, replicate
+from wse_emu.experiments.goodput import Comparison, ConfigRow, Replicate, interval, over_replicates
+from wse_emu.serving.workload import WorkloadSpec, generate, replicate
 
 
 def test_interval_is_students_t():

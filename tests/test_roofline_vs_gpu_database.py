@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from wse_emu import layer as ly
-from wse_emu.accelerator import AcceleratorSpec
-from wse_emu.model import load_model
-from wse_emu.runtime import gpu_pool
-from wse_emu.runtime.accelerator_pool import step_seconds
+from wse_emu.hardware.accelerator import AcceleratorSpec
+from wse_emu.models import layer as ly
+from wse_emu.models.load import load_model
+from wse_emu.pools import gpu_measured as gpu_pool
+from wse_emu.pools.accelerator_roofline import step_seconds
 
 pytest.importorskip("aiconfigurator_core")
 

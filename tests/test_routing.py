@@ -8,8 +8,8 @@ import pytest
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.layer import expected_experts
-from wse_emu.routing import Routing, load_summary, parse_routing
+from wse_emu.models.layer import expected_experts
+from wse_emu.models.routing import Routing, load_summary, parse_routing
 
 
 def test_each_token_takes_top_k_distinct_experts():

@@ -10,10 +10,10 @@ import pytest
 from wse_emu.cli.main import main
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.layer import MicroBatch
-from wse_emu.model import load_model
-from wse_emu.runner import kv_handoff, run_region
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.sim.runner import kv_handoff, run_region
 
 
 def test_decode_step_json(capsys):
@@ -113,7 +113,7 @@ def test_tied_embedding_lookup_is_timed_before_the_first_stage():
 def test_noc_checks_conservation_on_every_run(capsys):
     """The command reports a conservation count only because it ran the check; the library
     says None when it did not."""
-    from wse_emu.noc import run_noc
+    from wse_emu.sim.noc import run_noc
 
     assert main(["noc", "--mesh", "4", "--rate", "0.1", "--window", "500", "--json"]) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]

@@ -13,7 +13,7 @@ from helpers import QUICK_KNOBS, SMALL_CHAT, assert_one_line_error, run_cli
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.visualize.rundir import check_numbers, load_run
+from wse_emu.rundir.read import check_numbers, load_run
 
 NAN, INF = float("nan"), float("inf")
 

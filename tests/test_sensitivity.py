@@ -10,11 +10,11 @@ from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.runtime.comparison import vary_experiment
-from wse_emu.runtime.experiment import Targets
-from wse_emu.runtime.sensitivity import parse_vary, scaled
-from wse_emu.runtime.workload import WorkloadSpec, generate
+from wse_emu.experiments.comparison import vary_experiment
+from wse_emu.experiments.goodput import Targets
+from wse_emu.experiments.sensitivity import parse_vary, scaled
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.serving.workload import WorkloadSpec, generate
 
 
 @pytest.mark.parametrize("text", ["tpot", "speed=1,2", "tpot=", "tpot=a,b", "tpot=0,1",

@@ -7,12 +7,12 @@ import pytest
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import ModelSpec
-from wse_emu.runtime.pools import WaferRegion
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.tables import build_table
-from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.pools import WaferRegion
+from wse_emu.serving.serve import ServeOptions, serve
+from wse_emu.serving.tables import build_table
+from wse_emu.serving.workload import generate, workload_from_dict
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                               num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,

@@ -77,9 +77,9 @@ def test_requests_too_long_for_the_kv_cache(tmp_path, workload):
 def test_wafer_pools_know_their_wafer(tmp_path):
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.compiler.options import CompileOptions
-    from wse_emu.fabric import ClusterSpec, load_fabric
-    from wse_emu.model import load_model
-    from wse_emu.runtime.pools import wafer_pools
+    from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+    from wse_emu.models.load import load_model
+    from wse_emu.serving.pools import wafer_pools
 
     program = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 2),
                             CompileOptions(plan="disaggregated", prefill_systems=1))
@@ -93,7 +93,7 @@ def test_wafer_pools_know_their_wafer(tmp_path):
 def test_progress_lines_reach_a_log_file_unless_quiet(tmp_path, workload, capsys, monkeypatch):
     """stderr is not a terminal here: progress comes as plain lines (every PERIOD_S seconds,
     here every status), saying what is being timed; --quiet leaves only the results."""
-    from wse_emu import progress
+    from wse_emu.util import progress
 
     monkeypatch.setattr(progress, "PERIOD_S", 0.0)
     args = ["serve", "tiny", "--fabric", "mesh8", "--region", "8x8", "--workload",

@@ -17,9 +17,8 @@ import pytest
 from helpers import assert_one_line_error
 
 from wse_emu import api
-from wse_emu.configfile import preset_dir
 from wse_emu.errors import ConfigError, UserError
-from wse_emu.runtime.workload import (
+from wse_emu.serving.workload import (
     MAX_DRAWS,
     MAX_REQUESTS,
     WorkloadSpec,
@@ -27,6 +26,7 @@ from wse_emu.runtime.workload import (
     workload_from_dict,
     workload_spec,
 )
+from wse_emu.util.configfile import preset_dir
 
 LIMIT_S = 60
 ADDRESS_SPACE = 2 << 30  # ample for a refusal, far below a billion requests' 8 bytes each

@@ -13,17 +13,17 @@ import pytest
 from helpers import PROMPT, SPECS, follows_reference, routed_experts
 from reference_forward import ReferenceModel
 
-from wse_emu import layer as ly
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels.stage import StageGraph
-from wse_emu.layer import MicroBatch
-from wse_emu.runner import run_region, transfer_cycles
-from wse_emu.weights import random_weights
+from wse_emu.models import layer as ly
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.weights import random_weights
+from wse_emu.sim.functional.generate import Generator
+from wse_emu.sim.runner import run_region, transfer_cycles
 
 # 32 experts of 32 outputs, five layers, on 16x16 meshes of 12 KiB PEs: two hold the weights
 # by SRAM but only four whole layers, so layer 2 is cut between them.

@@ -6,13 +6,13 @@ import pytest
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
-from wse_emu.pool_kinds.wafer import WAFER
-from wse_emu.runner import run_region
-from wse_emu.runtime.policies import check_in_tables
-from wse_emu.runtime.tables import build_table, grid_axes
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.wafer import WAFER
+from wse_emu.serving.policies import check_in_tables
+from wse_emu.serving.tables import build_table, grid_axes
+from wse_emu.sim.runner import run_region
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
                               num_layers=2, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -86,7 +86,7 @@ def test_a_stage_timed_for_one_program_is_not_timed_again_for_another(program, t
     """Stages alike in shape and kernels take the same time in any program: another program
     with the same stages (here: other reference workloads for its stored bounds) reads their
     times back, and works out only the transfers between its stages."""
-    import wse_emu.runtime.tables as tables
+    import wse_emu.serving.tables as tables
 
     first = build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)),
                         cache_dir=tmp_path)
@@ -152,7 +152,7 @@ def _damaged(path, how):
         with path.open("wb") as fh:
             np.savez(fh, **arrays)
     elif how == "reshaped":  # whole and self-consistent, but not the table its name says
-        from wse_emu.runtime.tables import StageTable
+        from wse_emu.serving.tables import StageTable
         table = StageTable.from_npz(path)
         StageTable(table.phase, table.axis0, table.axis1[:1], table.cycles[:, :, :1],
                    table.transfers[:, :1]).to_npz(path)

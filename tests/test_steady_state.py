@@ -6,17 +6,12 @@ import pytest
 from helpers import made_up_point, search_all
 
 from wse_emu.errors import UserError
-from wse_emu.fabric import load_fabric
-from wse_emu.model import load_model
-from wse_emu.runtime.experiment import (
-    Config,
-    Targets,
-    compare,
-    outcomes,
-)
-from wse_emu.runtime.metrics import run_metrics, steady_window
-from wse_emu.runtime.serve import ServeOptions, ServeResult
-from wse_emu.runtime.workload import Requests
+from wse_emu.experiments.goodput import Config, Targets, compare, outcomes
+from wse_emu.hardware.fabric import load_fabric
+from wse_emu.models.load import load_model
+from wse_emu.serving.metrics import run_metrics, steady_window
+from wse_emu.serving.serve import ServeOptions, ServeResult
+from wse_emu.serving.workload import Requests
 
 CLOCK = 1e9
 OPTIONS = ServeOptions.of(load_fabric("wse3"), load_model("tiny"))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from wse_emu.cli.main import main
-from wse_emu.runtime.sweep import RESULTS, read_rows
+from wse_emu.sweeps.sweep import RESULTS, read_rows
 
 SWEEP = """version: 1
 name: tiny-sweep
@@ -100,7 +100,7 @@ def test_a_directory_of_another_sweep_is_refused(tmp_path, capsys):
 
 def test_the_example_sweeps_load_and_name_only_settings_a_point_takes():
     from wse_emu.api import CLUSTER_SETTINGS, POINT_SETTINGS
-    from wse_emu.runtime.sweep import load_sweep
+    from wse_emu.sweeps.sweep import load_sweep
 
     examples = sorted((Path(__file__).resolve().parent.parent / "programs" / "sweeps")
                       .glob("*.yaml"))
@@ -201,7 +201,7 @@ def test_the_library_checks_a_sweep_as_the_command_does(tmp_path):
     made."""
     from wse_emu import api
     from wse_emu.errors import UserError
-    from wse_emu.runtime.sweep import SweepSpec
+    from wse_emu.sweeps.sweep import SweepSpec
 
     def spec(**axes):
         return SweepSpec("lib", "run", {"model": "tiny", "fabric": "mesh8"}, axes)

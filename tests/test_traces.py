@@ -10,9 +10,8 @@ import pytest
 from helpers import assert_one_line_error, run_cli
 
 from wse_emu import api
-from wse_emu.configfile import preset_dir
 from wse_emu.errors import ConfigError
-from wse_emu.runtime.workload import (
+from wse_emu.serving.workload import (
     WorkloadSpec,
     generate,
     load_trace,
@@ -20,6 +19,7 @@ from wse_emu.runtime.workload import (
     trace_names,
     workload_spec,
 )
+from wse_emu.util.configfile import preset_dir
 
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
 # Name -> (rows, median prompt, median output), as the traces' README states them.

@@ -4,14 +4,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from wse_emu.pool_kinds import SERVER_KNOBS
-from wse_emu.runtime.experiment import Point
-from wse_emu.runtime.knobs import EngineKnobs, info
-from wse_emu.runtime.policies import knob_fields
-from wse_emu.runtime.pools import StagePool
-from wse_emu.runtime.serve import ServeOptions
-from wse_emu.runtime.tables import StageTable
-from wse_emu.runtime.tuning import KNOB_DEFAULTS, Choice, Knob, Layout, fitted, tune
+from wse_emu.experiments.goodput import Point
+from wse_emu.experiments.tuning import KNOB_DEFAULTS, Choice, Knob, Layout, fitted, tune
+from wse_emu.pools.kinds import SERVER_KNOBS
+from wse_emu.serving.knobs import EngineKnobs, info
+from wse_emu.serving.policies import knob_fields
+from wse_emu.serving.pools import StagePool
+from wse_emu.serving.serve import ServeOptions
+from wse_emu.serving.tables import StageTable
 
 BASE = ServeOptions(clock_hz=1.0, kv_bytes_per_token=1)
 LAYOUTS = {("colocated", name): Layout("colocated", name, []) for name in ("small", "large")}

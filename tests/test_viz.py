@@ -9,7 +9,7 @@ import pytest
 from helpers import ImageSources
 
 from wse_emu.cli.main import main
-from wse_emu.program import WaferProgram
+from wse_emu.program.format import WaferProgram
 from wse_emu.visualize.check_report import find_browser, inspect, screenshot
 from wse_emu.visualize.draw import MARGIN, pixels, quantity_cmap, scale_for
 from wse_emu.visualize.figures import utilization_scale
@@ -257,7 +257,7 @@ class _Report:
     """What the attainment figure reads of an experiment's report."""
 
     def __init__(self, points: dict, attainment: float = 0.9):
-        from wse_emu.runtime.experiment import Targets
+        from wse_emu.experiments.goodput import Targets
 
         self.targets = Targets(1.0, 0.005, attainment)
         self.points, self.final_points = points, {}
@@ -272,7 +272,7 @@ def test_the_attainment_plot_shows_the_rates_that_failed(monkeypatch, tmp_path):
     """Every rate the search ran is drawn at its own attainment, the failed ones hollow,
     on an axis reaching below the lowest; the pace of each run is drawn against the limit
     of a steady run, failed runs above it."""
-    from wse_emu.runtime.experiment import MAX_PACE
+    from wse_emu.experiments.goodput import MAX_PACE
     from wse_emu.visualize import curves
 
     points = {"colocated, 1 copy": [_point(100, True, 1.0), _point(200, True, 0.97),

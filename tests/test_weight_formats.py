@@ -12,10 +12,10 @@ import pytest
 from helpers import FAMILIES, PROMPT, compiled_on_mesh16, follows_reference
 from reference_forward import ReferenceModel
 
-from wse_emu import mxfp4, storage
 from wse_emu.errors import UserError
-from wse_emu.functional.generate import Generator
-from wse_emu.weights import as_stored, load_checkpoint, random_weights, save_checkpoint
+from wse_emu.models import mxfp4, storage
+from wse_emu.models.weights import as_stored, load_checkpoint, random_weights, save_checkpoint
+from wse_emu.sim.functional.generate import Generator
 
 SPEC = FAMILIES["gpt_oss"].replaced(name="a-gpt-oss-mxfp4",
                                     expert_weight_format="mxfp4").validate("test")
@@ -151,7 +151,8 @@ def test_a_format_is_set_by_option_and_a_model_that_fits_only_narrower_says_so(t
     import sys
 
     from wse_emu import api
-    from wse_emu.model import load_model, stored_as
+    from wse_emu.models.load import load_model
+    from wse_emu.models.spec import stored_as
 
     # Set by an option: fp8 halves a bfloat16 model's matrices; the rest stays in bfloat16.
     one_b = load_model("llama-3.2-1b")

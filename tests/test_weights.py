@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from wse_emu.errors import ConfigError, UserError
-from wse_emu.model import ModelSpec, load_model
-from wse_emu.weights import (
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec
+from wse_emu.models.weights import (
     check_weights,
     expected_shapes,
     load_checkpoint,

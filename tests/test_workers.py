@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from wse_emu.runtime import workers as pool_module
-from wse_emu.runtime.workers import point_pool
+from wse_emu.util import workers as pool_module
+from wse_emu.util.workers import point_pool
 
 
 def test_without_dask_points_run_on_worker_processes(monkeypatch):

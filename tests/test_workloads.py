@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from wse_emu.configfile import preset_dir
 from wse_emu.errors import ConfigError
-from wse_emu.runtime.workload import (
+from wse_emu.serving.workload import (
     WorkloadSpec,
     generate,
     load_trace,
     load_workload,
     workload_from_dict,
 )
+from wse_emu.util.configfile import preset_dir
 
 CONVERSATIONS = preset_dir("traces") / "azure-conv.csv"  # shipped with wse-emu
 

@@ -11,11 +11,11 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from wse_emu.fmt import number, seconds, with_unit
-from wse_emu.runtime.comparison import ExperimentReport, VaryReport
-from wse_emu.runtime.experiment import MAX_PACE
-from wse_emu.runtime.frontier import FrontierReport
-from wse_emu.runtime.pairings import PairingsReport
+from wse_emu.experiments.comparison import ExperimentReport, VaryReport
+from wse_emu.experiments.frontier import FrontierReport
+from wse_emu.experiments.goodput import MAX_PACE
+from wse_emu.experiments.pairings import PairingsReport
+from wse_emu.util.fmt import number, seconds, with_unit
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     axis_numbers,

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.fmt import number
-from wse_emu.layer import MicroBatch
+from wse_emu.models.layer import MicroBatch
+from wse_emu.rundir.read import RunDir
 from wse_emu.util.atomic import replacing
+from wse_emu.util.fmt import number
 from wse_emu.visualize import wafer
 from wse_emu.visualize.curves import draw_experiment
 from wse_emu.visualize.draw import map_figure, regions_figure
 from wse_emu.visualize.roofline import roofline_figure
-from wse_emu.visualize.rundir import RunDir
 from wse_emu.visualize.serving import draw_serving
 from wse_emu.visualize.style import percent_formatter
 from wse_emu.visualize.sweep import sweep_figure
@@ -92,8 +92,8 @@ def _roofline(model, fabric, out: Path, formats, step=None) -> list[tuple[Path, 
 
 def _inspected(run: RunDir):
     """The model and fabric an ``inspect -o`` run directory recorded."""
-    from wse_emu.fabric import fabric_from_dict
-    from wse_emu.model import model_from_dict
+    from wse_emu.hardware.fabric import fabric_from_dict
+    from wse_emu.models.spec import model_from_dict
 
     source = str(run.path / "inspect.json")
     return (model_from_dict({**run.inspect["model_spec"], "version": 1}, source),

@@ -7,8 +7,8 @@ import base64
 import html
 from pathlib import Path
 
-from wse_emu.fmt import number
 from wse_emu.util.atomic import write_text
+from wse_emu.util.fmt import number
 
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }

@@ -11,10 +11,10 @@ import numpy as np
 
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph
-from wse_emu.fabric import FabricSpec
-from wse_emu.fmt import number, si
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.spec import ModelSpec
+from wse_emu.util.fmt import number, si
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import log_axis, log_ticks, styled
 

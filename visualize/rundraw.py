@@ -8,15 +8,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from wse_emu.configfile import regular_file
 from wse_emu.errors import UserError
-from wse_emu.fmt import number, seconds, si, with_unit
-from wse_emu.runtime.comparison import ExperimentReport, VaryReport
-from wse_emu.runtime.frontier import FrontierReport
+from wse_emu.experiments.comparison import ExperimentReport, VaryReport
+from wse_emu.experiments.frontier import FrontierReport
+from wse_emu.rundir.read import load_run
 from wse_emu.util.atomic import WriteError, write_text
+from wse_emu.util.configfile import regular_file
+from wse_emu.util.fmt import number, seconds, si, with_unit
 from wse_emu.visualize.figures import check_kinds, draw_all
 from wse_emu.visualize.report import write_report
-from wse_emu.visualize.rundir import load_run
 
 CAPTIONS = "captions.json"  # in figures/: every figure the report shows, in order, with its caption
 

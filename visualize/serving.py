@@ -12,10 +12,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from wse_emu.configfile import regular_file
 from wse_emu.errors import UserError
-from wse_emu.fmt import duration, seconds
-from wse_emu.runtime.metrics import ServeReport
+from wse_emu.serving.metrics import ServeReport
+from wse_emu.util.configfile import regular_file
+from wse_emu.util.fmt import duration, seconds
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     SMALL_PT,

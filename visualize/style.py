@@ -1,5 +1,5 @@
 """How every figure reads: text that stays legible at the size it is saved (ticks 10 pt, no
-text under 9 pt), numbers on axes written as the command line writes them (``wse_emu.fmt``:
+text under 9 pt), numbers on axes written as the command line writes them (``wse_emu.util.fmt``:
 '8.48 k', '5 ms', never '8.48e+03' or '10^3'), log axes labelled only as densely as their labels
 fit, and categories in colours that neighbours never share.
 
@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from wse_emu.fmt import duration, number
+from wse_emu.util.fmt import duration, number
 
 TICK_PT = 10
 SMALL_PT = 9  # legends, annotations, labels inside a map: the smallest text a figure has

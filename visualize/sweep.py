@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.fmt import number, si
-from wse_emu.runtime.sweep import SweepRow, SweepSpec
+from wse_emu.sweeps.sweep import SweepRow, SweepSpec
+from wse_emu.util.fmt import number, si
 from wse_emu.visualize.draw import DPI, plt, quantity_cmap, save_figure
 from wse_emu.visualize.style import SMALL_PT, number_formatter, styled
 

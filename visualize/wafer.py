@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu.program import WaferProgram
+from wse_emu.program.format import WaferProgram
 
 DIRECTIONS = ("N", "E", "S", "W")
 KERNEL_KINDS = ("matrix", "attention", "norm", "elementwise", "gather")

@@ -23,33 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.checks import is_number, of_type, one_of, positive, short_repr, typed, whole
 from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions, parse_region
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
 from wse_emu.errors import CompileError, UserError
-from wse_emu.fabric import ClusterSpec, FabricSpec, with_overrides
-from wse_emu.fabric import load_fabric as fabric_file
-from wse_emu.fmt import seconds
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelSpec, check_positions, formats_text, stored_as
-from wse_emu.model import load_model as model_file
-from wse_emu.pool_kinds import Side
-from wse_emu.pool_kinds.wafer import WAFER
-from wse_emu.pool_names import parse_pool
-from wse_emu.program import WaferProgram
-from wse_emu.routing import Routing
-from wse_emu.runner import (
-    DEFAULT_PREFILL_TILES,
-    ENGINES,
-    MAX_PREFILL_TILES,
-    RegionRun,
-    run_region,
-    step_for,
-)
-from wse_emu.runtime import frontier as frontier_mod
-from wse_emu.runtime.comparison import (
+from wse_emu.experiments import frontier as frontier_mod
+from wse_emu.experiments.comparison import (
     ExperimentReport,
     Space,
     StepTiming,
@@ -61,11 +41,8 @@ from wse_emu.runtime.comparison import (
     vary_experiment,
     workload_draws,
 )
-from wse_emu.runtime.experiment import RunBook, Targets
-from wse_emu.runtime.metrics import RunMetrics, run_metrics
-from wse_emu.runtime.pairings import PairingsReport, pairing_label
-from wse_emu.runtime.policies import check_in_tables
-from wse_emu.runtime.pool_layouts import (
+from wse_emu.experiments.goodput import RunBook, Targets
+from wse_emu.experiments.layouts import (
     Footprint,
     PoolCluster,
     PoolHardware,
@@ -75,9 +52,23 @@ from wse_emu.runtime.pool_layouts import (
     pools_name,
     systems_of,
 )
-from wse_emu.runtime.pools import wafer_pools, wafer_pools_of
-from wse_emu.runtime.sensitivity import StepScale, decode_step_s, parse_vary
-from wse_emu.runtime.serve import (
+from wse_emu.experiments.pairings import PairingsReport, pairing_label
+from wse_emu.experiments.sensitivity import StepScale, decode_step_s, parse_vary
+from wse_emu.experiments.tuning import Layout, serve_choice
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, with_overrides
+from wse_emu.hardware.fabric import load_fabric as fabric_file
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model as model_file
+from wse_emu.models.routing import Routing
+from wse_emu.models.spec import ModelSpec, check_positions, formats_text, stored_as
+from wse_emu.pools.kinds import Side
+from wse_emu.pools.names import parse_pool
+from wse_emu.pools.wafer import WAFER
+from wse_emu.program.format import WaferProgram
+from wse_emu.serving.metrics import RunMetrics, run_metrics
+from wse_emu.serving.policies import check_in_tables
+from wse_emu.serving.pools import wafer_pools, wafer_pools_of
+from wse_emu.serving.serve import (
     LOOPS,
     ServeOptions,
     ServeResult,
@@ -85,8 +76,18 @@ from wse_emu.runtime.serve import (
     position_shortfall,
     setting_names,
 )
-from wse_emu.runtime.serve import serve as serve_requests
-from wse_emu.runtime.sweep import (
+from wse_emu.serving.serve import serve as serve_requests
+from wse_emu.serving.workload import MAX_DRAWS, Requests, WorkloadSpec, workload_spec
+from wse_emu.serving.workload import generate as generate_requests
+from wse_emu.sim.runner import (
+    DEFAULT_PREFILL_TILES,
+    ENGINES,
+    MAX_PREFILL_TILES,
+    RegionRun,
+    run_region,
+    step_for,
+)
+from wse_emu.sweeps.sweep import (
     SweepRow,
     SweepSpec,
     check_size,
@@ -94,10 +95,9 @@ from wse_emu.runtime.sweep import (
     load_sweep,
     run_sweep,
 )
-from wse_emu.runtime.tuning import Layout, serve_choice
-from wse_emu.runtime.workers import HERE, point_pool
-from wse_emu.runtime.workload import MAX_DRAWS, Requests, WorkloadSpec, workload_spec
-from wse_emu.runtime.workload import generate as generate_requests
+from wse_emu.util.checks import is_number, of_type, one_of, positive, short_repr, typed, whole
+from wse_emu.util.fmt import seconds
+from wse_emu.util.workers import HERE, point_pool
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "serve", "serve_pools", "experiment",
            "frontier", "pairings", "generate", "sweep", "draw", "Space", "Targets",
@@ -418,7 +418,7 @@ def experiment(model: ModelSpec | Path | str,
     99), and ``attainment`` of them (by default the percentile's share) must meet both.
 
     On ``fabric`` (default wse3) x ``systems`` (default 1), or on pools named by their
-    hardware instead (``pool_names``; ``runtime.pool_layouts``): a split with prefill on
+    hardware instead (``pool_names``; ``experiments.layouts``): a split with prefill on
     ``prefill_pool`` and decode on ``decode_pool`` against colocated serving in the same
     footprint on each kind of the split (or on ``pool``), or every split of ``split_pool``
     against colocated serving on all of it; the footprint counted in ``footprint``
@@ -809,8 +809,8 @@ def generate(program: WaferProgram, prompt_ids: Sequence, new_tokens: int = 8, *
     """Greedy generation computed through ``program``'s tiles, with a checkpoint's weights
     (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``;
     returns the generator's result (``generated_ids``, the regions used)."""
-    from wse_emu.functional.generate import Generator
-    from wse_emu.weights import check_memory, load_checkpoint, random_weights
+    from wse_emu.models.weights import check_memory, load_checkpoint, random_weights
+    from wse_emu.sim.functional.generate import Generator
 
     whole("new_tokens", new_tokens, 1)
     whole("weights_seed", weights_seed, 0)
@@ -906,7 +906,7 @@ def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
 
 
 def point_plan(point: str, config: dict, loaded: dict | None = None) -> tuple:
-    """What one sweep point (see ``wse_emu.runtime.sweep``) runs, every setting checked by
+    """What one sweep point (see ``wse_emu.sweeps.sweep``) runs, every setting checked by
     name and nothing compiled: the model as stored, the cluster, the compile options, and the
     arguments of ``run`` or ``serve`` besides the program. ``loaded``: the models and fabrics
     read so far, by name (``check_sweep`` reads each once for all the points)."""
@@ -952,7 +952,7 @@ def point_plan(point: str, config: dict, loaded: dict | None = None) -> tuple:
 
 
 def evaluate_point(point: str, config: dict) -> dict:
-    """One sweep point (see ``wse_emu.runtime.sweep``): compile the cluster ``config``
+    """One sweep point (see ``wse_emu.sweeps.sweep``): compile the cluster ``config``
     describes, then time one step (``run``) or serve a workload (``serve``); the numbers the
     commands print. A setting it does not know, or a value it refuses, is refused by name
     before the compile (``point_plan``)."""

@@ -20,20 +20,21 @@ import dataclasses
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.compiler.bounds import kernel_bound
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError
-from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.kernels import patterns
 from wse_emu.kernels.primitives import CostModel
 from wse_emu.kernels.stage import StageGraph, kernel_graph
-from wse_emu.kernels.trees import branching, choose_levels, tree_cycles
-from wse_emu.layer import MicroBatch
-from wse_emu.model import ModelFields, ModelSpec, load_model
-from wse_emu.program import Kernel, Rect, Region, Stage, WaferProgram
-from wse_emu.runner import execute, kv_handoff, makespan_of, run_region
+from wse_emu.models import layer as ly
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelFields, ModelSpec
+from wse_emu.program.format import Kernel, Rect, Region, Stage, WaferProgram
+from wse_emu.program.trees import branching, choose_levels, tree_cycles
+from wse_emu.sim.runner import execute, kv_handoff, makespan_of, run_region
 
 SIDES = (64, 128, 256, 420, 512, 720)
 GEMV_SIZES = (4096, 16384, 32768)

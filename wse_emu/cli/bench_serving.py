@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from wse_emu.errors import UserError
-from wse_emu.runtime.workload import trace_path
+from wse_emu.serving.workload import trace_path
 
 SERVE_CHILD = r"""
 import json, resource, sys, time
@@ -75,7 +75,7 @@ def _cache_dir() -> Path:
 
 
 def run_serve(args) -> dict:
-    from wse_emu.runtime.policies import POLICIES
+    from wse_emu.serving.policies import POLICIES
 
     case = {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 1,
             "trace": str(_trace(args)), "cache_dir": str(_cache_dir()),

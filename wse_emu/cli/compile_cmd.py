@@ -10,12 +10,13 @@ import yaml
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions, parse_region
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
-from wse_emu.fmt import count, gb, seconds, si, table
-from wse_emu.model import WEIGHT_FORMATS, ModelSpec, load_model, stored_as
-from wse_emu.program import WaferProgram, write_run_dir
-from wse_emu.routing import routing_for
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.models.load import load_model
+from wse_emu.models.routing import routing_for
+from wse_emu.models.spec import WEIGHT_FORMATS, ModelSpec, stored_as
+from wse_emu.program.format import WaferProgram, write_run_dir
 from wse_emu.util.atomic import write_text
+from wse_emu.util.fmt import count, gb, seconds, si, table
 
 
 def add_fabric_args(p) -> None:

@@ -30,34 +30,30 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.fmt import narrow_table, number, seconds, si
-from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
-from wse_emu.functional.timing import generation_time
-from wse_emu.layer import MicroBatch
-from wse_emu.model import load_model
-from wse_emu.outputs import (
-    TIMELINE_EVENTS,
-    write_serve_outputs,
-    write_step_outputs,
-)
-from wse_emu.program import check_parent
-from wse_emu.progress import clear, status
-from wse_emu.runner import run_region
-from wse_emu.runtime.comparison import ExperimentReport, Space, disagg_experiment
-from wse_emu.runtime.experiment import RunBook, Targets
-from wse_emu.runtime.frontier import Rung, rung_row, vendor_speed
-from wse_emu.runtime.metrics import ServeReport, run_metrics
-from wse_emu.runtime.serve import serve
-from wse_emu.runtime.tables import grid_axes, table_path
-from wse_emu.runtime.tuning import serve_choice
-from wse_emu.runtime.workers import point_pool
-from wse_emu.runtime.workload import generate, workload_from_dict
+from wse_emu.experiments.comparison import ExperimentReport, Space, disagg_experiment
+from wse_emu.experiments.frontier import Rung, rung_row, vendor_speed
+from wse_emu.experiments.goodput import RunBook, Targets
+from wse_emu.experiments.tuning import serve_choice
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.load import load_model
+from wse_emu.models.weights import random_weights
+from wse_emu.program.format import check_parent
+from wse_emu.rundir.write import TIMELINE_EVENTS, write_serve_outputs, write_step_outputs
+from wse_emu.serving.metrics import ServeReport, run_metrics
+from wse_emu.serving.serve import serve
+from wse_emu.serving.tables import grid_axes, table_path
+from wse_emu.serving.workload import generate, workload_from_dict
+from wse_emu.sim.functional.generate import DEFAULT_PREFILL_TILE, Generator
+from wse_emu.sim.functional.timing import generation_time
+from wse_emu.sim.runner import run_region
 from wse_emu.util.atomic import write_text
+from wse_emu.util.fmt import narrow_table, number, seconds, si
+from wse_emu.util.progress import clear, status
+from wse_emu.util.workers import point_pool
 from wse_emu.visualize.report import write_report
 from wse_emu.visualize.rundraw import draw_run
 from wse_emu.visualize.serving import read_requests, tpot_side_by_side
-from wse_emu.weights import random_weights
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_FABRIC = "wse3"
@@ -71,7 +67,7 @@ WORKLOAD = {"name": "demo-chat", "arrival": "poisson", "rate": 5.0, "requests": 
                        "high": 1000}}
 # The README's targets: p90 TTFT 1 s; p90 TPOT 5 ms (200 tokens/s per user) for goodput, as
 # DistServe reads a comparison; and the model's published vendor speed for high-speed token
-# capacity, the frontier's headline (``runtime.frontier``).
+# capacity, the frontier's headline (``experiments.frontier``).
 TARGETS = Targets(ttft_s=1.0, tpot_s=0.005)
 # A first look, done in about three minutes on two cores with nothing cached: both plans on one
 # layout each (colocated with one copy of the model, disaggregated at the middle split the

@@ -15,23 +15,23 @@ from wse_emu.cli.compile_cmd import (
 )
 from wse_emu.cli.knob_args import add_space_args, space_settings
 from wse_emu.errors import UserError
-from wse_emu.fmt import duration, narrow_table, number, seconds
-from wse_emu.program import write_run_dir
-from wse_emu.progress import status
-from wse_emu.routing import routing_for
-from wse_emu.runtime.comparison import (
+from wse_emu.experiments.comparison import (
     TUNING_REQUESTS,
     ExperimentReport,
     Space,
     StepTiming,
     VaryReport,
 )
-from wse_emu.runtime.experiment import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow
-from wse_emu.runtime.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
-from wse_emu.runtime.metrics import DRAIN, WARMUP
-from wse_emu.runtime.sensitivity import VARIABLES
-from wse_emu.runtime.workload import trace_names
+from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
+from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow
+from wse_emu.experiments.sensitivity import VARIABLES
+from wse_emu.models.routing import routing_for
+from wse_emu.program.format import write_run_dir
+from wse_emu.serving.metrics import DRAIN, WARMUP
+from wse_emu.serving.workload import trace_names
 from wse_emu.util.atomic import write_text
+from wse_emu.util.fmt import duration, narrow_table, number, seconds
+from wse_emu.util.progress import status
 
 
 def add_parser(sub, summary: str) -> None:

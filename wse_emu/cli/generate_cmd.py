@@ -17,17 +17,17 @@ from wse_emu.cli.compile_cmd import (
     options_from_args,
 )
 from wse_emu.errors import UserError
-from wse_emu.fabric import ClusterSpec
-from wse_emu.fmt import seconds, si
-from wse_emu.functional.generate import DEFAULT_PREFILL_TILE, Generator
 from wse_emu.functional.numerics import DTYPES
-from wse_emu.functional.region import check_token_ids
-from wse_emu.functional.timing import generation_time
-from wse_emu.model import formats_text
-from wse_emu.outputs import save_logits
-from wse_emu.runner import MAX_PREFILL_TILES as MAX_TILES
+from wse_emu.hardware.fabric import ClusterSpec
+from wse_emu.models.spec import formats_text
+from wse_emu.models.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
+from wse_emu.rundir.write import save_logits
+from wse_emu.sim.functional.generate import DEFAULT_PREFILL_TILE, Generator
+from wse_emu.sim.functional.region import check_token_ids
+from wse_emu.sim.functional.timing import generation_time
+from wse_emu.sim.runner import MAX_PREFILL_TILES as MAX_TILES
 from wse_emu.util.atomic import check_writable
-from wse_emu.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
+from wse_emu.util.fmt import seconds, si
 
 
 def add_parser(sub, summary: str) -> None:

@@ -15,12 +15,12 @@ from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.partition import wafers_needed
 from wse_emu.errors import UserError
-from wse_emu.fmt import si, table
-from wse_emu.layer import MicroBatch
-from wse_emu.model import check_positions, formats_text, native
-from wse_emu.program import write_run_dir
-from wse_emu.routing import load_summary, routing_for
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.routing import load_summary, routing_for
+from wse_emu.models.spec import check_positions, formats_text, native
+from wse_emu.program.format import write_run_dir
 from wse_emu.util.atomic import write_text
+from wse_emu.util.fmt import si, table
 
 
 def add_parser(sub, summary: str) -> None:

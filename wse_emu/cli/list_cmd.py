@@ -3,12 +3,12 @@ shipped request traces."""
 
 from __future__ import annotations
 
-from wse_emu.accelerator import load_accelerator
-from wse_emu.configfile import preset_names
-from wse_emu.fabric import load_fabric
-from wse_emu.fmt import count, table
-from wse_emu.model import load_model
-from wse_emu.runtime.workload import generate, load_workload, trace_names, workload_spec
+from wse_emu.hardware.accelerator import load_accelerator
+from wse_emu.hardware.fabric import load_fabric
+from wse_emu.models.load import load_model
+from wse_emu.serving.workload import generate, load_workload, trace_names, workload_spec
+from wse_emu.util.configfile import preset_names
+from wse_emu.util.fmt import count, table
 
 
 def add_parser(sub, summary: str) -> None:

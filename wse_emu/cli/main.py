@@ -22,9 +22,10 @@ import signal
 import sys
 import threading
 
-from wse_emu import __version__, progress
+from wse_emu import __version__
 from wse_emu.cli.commands import COMMANDS
 from wse_emu.errors import UserError
+from wse_emu.util import progress
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
@@ -130,7 +131,7 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "viz", False) and not args.output:
             raise UserError("--viz draws the run directory: give one with -o")
         if getattr(args, "writes_run_dir", False) and args.output:
-            from wse_emu.program import check_run_dir
+            from wse_emu.program.format import check_run_dir
             check_run_dir(args.output)  # before any work, not after it
         result = args.func(args)
         if getattr(args, "viz", False):

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
 from wse_emu.engines.cycle import MAX_QUEUE_BYTES, queue_bytes
-from wse_emu.engines.messages import MAX_VCS
 from wse_emu.errors import UserError
-from wse_emu.fabric import MAX_QUEUE_WAVELETS, with_overrides
-from wse_emu.fmt import table
-from wse_emu.noc import PATTERNS, find_saturation, run_noc, saturation_bound
+from wse_emu.hardware.fabric import MAX_QUEUE_WAVELETS, MAX_VCS, with_overrides
+from wse_emu.sim.noc import PATTERNS, find_saturation, run_noc, saturation_bound
+from wse_emu.util.fmt import table
 
 
 def add_parser(sub, summary: str) -> None:

@@ -13,14 +13,12 @@ from wse_emu.api import step_of
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
 from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.errors import UserError
-from wse_emu.fmt import seconds, si, table
-from wse_emu.layer import MicroBatch
-from wse_emu.model import check_positions
-from wse_emu.outputs import write_step_outputs
-from wse_emu.program import WaferProgram, write_run_dir
-from wse_emu.progress import Phase
-from wse_emu.routing import Routing, routing_for, routing_of
-from wse_emu.runner import (
+from wse_emu.models.layer import MicroBatch
+from wse_emu.models.routing import Routing, routing_for, routing_of
+from wse_emu.models.spec import check_positions
+from wse_emu.program.format import WaferProgram, write_run_dir
+from wse_emu.rundir.write import write_step_outputs
+from wse_emu.sim.runner import (
     DEFAULT_PREFILL_TILES,
     HandoffRun,
     RegionRun,
@@ -29,6 +27,8 @@ from wse_emu.runner import (
     run_region,
 )
 from wse_emu.util.atomic import replacing, write_text
+from wse_emu.util.fmt import seconds, si, table
+from wse_emu.util.progress import Phase
 
 
 def add_parser(sub, summary: str) -> None:

@@ -6,12 +6,12 @@ from wse_emu import api
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args, model_from_args
 from wse_emu.cli.knob_args import add_serving_args, serving_settings
 from wse_emu.errors import UserError
-from wse_emu.fmt import narrow_table, number, seconds, si
-from wse_emu.outputs import TIMELINE_EVENTS, write_serve_outputs
-from wse_emu.pool_names import parse_pool
-from wse_emu.program import write_run_dir
-from wse_emu.runtime.metrics import ServeReport
-from wse_emu.runtime.workload import trace_names
+from wse_emu.pools.names import parse_pool
+from wse_emu.program.format import write_run_dir
+from wse_emu.rundir.write import TIMELINE_EVENTS, write_serve_outputs
+from wse_emu.serving.metrics import ServeReport
+from wse_emu.serving.workload import trace_names
+from wse_emu.util.fmt import narrow_table, number, seconds, si
 
 SHOWN_REGIONS = 8  # regions in the printed table
 

@@ -1,12 +1,12 @@
 """``wse-emu sweep SWEEP.yaml``: every combination of a sweep's axes, on worker processes or
-a dask cluster, resumable (see ``wse_emu.runtime.sweep``)."""
+a dask cluster, resumable (see ``wse_emu.sweeps.sweep``)."""
 
 from __future__ import annotations
 
 from wse_emu.api import sweep
-from wse_emu.fmt import table
-from wse_emu.progress import Phase
-from wse_emu.runtime.sweep import MAX_POINTS, RESULTS, load_sweep
+from wse_emu.sweeps.sweep import MAX_POINTS, RESULTS, load_sweep
+from wse_emu.util.fmt import table
+from wse_emu.util.progress import Phase
 
 
 def add_parser(sub, summary: str) -> None:

@@ -47,8 +47,9 @@ from wse_emu.engines.cores import (
     push,
     ready_key,
 )
-from wse_emu.engines.messages import LINE, MAX_VCS, PORTS, RAMP, Messages
+from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.taskgraph import TaskGraph
+from wse_emu.hardware.fabric import MAX_VCS
 
 # The router queues' memory (bytes) beyond which a run is refused: a typo in the queue depth
 # must not ask for tens of GiB.

@@ -35,7 +35,7 @@ from wse_emu.engines.cores import (
 )
 from wse_emu.engines.messages import LINE
 from wse_emu.engines.taskgraph import TaskGraph
-from wse_emu.fabric import DEFAULT_QUEUE_WAVELETS
+from wse_emu.hardware.fabric import DEFAULT_QUEUE_WAVELETS
 
 
 @dataclass

@@ -20,10 +20,6 @@ LINE = 1
 NORTH, EAST, SOUTH, WEST, RAMP = 0, 1, 2, 3, 4
 PORTS = 5
 
-# Virtual channels the cycle engine can model: it names a queue's color with five bits and
-# keeps a router port's non-empty colors as one 32-bit mask.
-MAX_VCS = 32
-
 
 @dataclass
 class Messages:

@@ -1,4 +1,4 @@
-"""A stage's KV cache, held as ``kernels.kvlayout`` lays it out, and attention computed where
+"""A stage's KV cache, held as ``program.kvlayout`` lays it out, and attention computed where
 the timed decode pattern computes it.
 
 Each row across the stage holds a slice of the K and V features (the KV heads' features split
@@ -25,9 +25,9 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.trees import tree_reduce
-from wse_emu.kernels import kvlayout
-from wse_emu.model import ModelSpec
-from wse_emu.program import Kernel, Stage, WaferProgram
+from wse_emu.models.spec import ModelSpec
+from wse_emu.program import kvlayout
+from wse_emu.program.format import Kernel, Stage, WaferProgram
 
 
 def _column_along(kernel: Kernel, stage: Stage, edge: bool) -> int:

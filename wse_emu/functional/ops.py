@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.model import ModelSpec
+from wse_emu.models.spec import ModelSpec
 
 
 def silu(x: np.ndarray) -> np.ndarray:

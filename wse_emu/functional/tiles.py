@@ -19,8 +19,9 @@ import numpy as np
 
 from wse_emu.functional.numerics import Numerics
 from wse_emu.functional.trees import tree_reduce
-from wse_emu.program import Kernel
-from wse_emu.splits import even_split
+from wse_emu.program.expert_runs import run_columns, run_root
+from wse_emu.program.format import Kernel
+from wse_emu.util.splits import even_split
 
 
 def _bounds(sizes: np.ndarray) -> np.ndarray:
@@ -101,8 +102,6 @@ class MatrixTiles:
         expert order. Each run's partial sums, from the columns holding its inputs (a
         column's share of them only), meet on the run at the end nearer the strip's root,
         by the program's tree."""
-        from wse_emu.kernels.experts import run_columns, run_root
-
         k_each = x.shape[1]
         kb = _bounds(self.k_sizes)
         n = int(self.n_sizes.sum())

@@ -1,6 +1,6 @@
 """The program's reduction trees, followed value by value.
 
-``wse_emu.kernels.trees.tree_plan`` is the tree the timed program moves partial results along
+``wse_emu.program.trees.tree_plan`` is the tree the timed program moves partial results along
 (``primitives.line_reduce``); ``tree_reduce`` adds the same values at the same PEs in the same
 order, so that a wrong tree (a lost member, a doubled leader) changes the result. Each receiver
 starts from its own value and adds what arrives nearest first; the simulator's arrival order
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from wse_emu.kernels.trees import TreePlan, tree_plan
+from wse_emu.program.trees import TreePlan, tree_plan
 
 __all__ = ["TreePlan", "tree_plan", "tree_reduce"]
 

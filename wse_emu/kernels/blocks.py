@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu.splits import even_split
+from wse_emu.util.splits import even_split
 
 
 def block_bytes(k: int, n: int, cols: int, rows: int, layers: int,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from wse_emu import layer as ly
-from wse_emu.fabric import FabricSpec
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models import layer as ly
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -7,7 +7,7 @@ An expert strip holds the E experts of a projection one after another along the 
 as keep the rows' shares of their outputs even: ``ly.Op.experts_per_run``) reading the whole
 hidden vector, their partial sums meeting on the run; down with its inputs in ``down_order``,
 its reduction summing over the experts. A step's tokens pick their experts as the program's
-routing draws them (``wse_emu.routing``, one draw per token tile and layer: ``layer_loads``),
+routing draws them (``wse_emu.models.routing``, one draw per token tile and layer: ``layer_loads``),
 so a PE works for exactly the tokens routed to the experts its block holds, and a popular
 expert's PEs are the busiest.
 """
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.kernels.primitives import (
     VC_TRANSFER,
     line_broadcast,
     wavelets,
 )
-from wse_emu.routing import routing_of
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.models.routing import routing_of
+from wse_emu.util.splits import even_split
 
 
 class RoutedAxis:
@@ -103,26 +103,3 @@ def deliver_route(sg, tile, src_pe: int, src_ready: int, lines: np.ndarray,
                        targets=targets)
     else:
         sg.g.then(starts, targets[:, 0])
-
-
-def run_columns(k_sizes: np.ndarray, runs: int, k_each: int) -> list[np.ndarray]:
-    """Per run of experts, the columns along the strip holding its inputs (K = runs x k_each
-    split by ``k_sizes``): one or more columns, a column shared where a run ends inside
-    it."""
-    bounds = np.concatenate([[0], np.cumsum(k_sizes)])
-    first = np.searchsorted(bounds, np.arange(runs) * k_each, side="right") - 1
-    last = np.searchsorted(bounds, (np.arange(runs) + 1) * k_each, side="left") - 1
-    return [np.arange(a, b + 1) for a, b in zip(first, last)]
-
-
-def run_root(run: np.ndarray, strip_root: int) -> int:
-    """Where a run's partial sums meet: its end nearer the strip's root."""
-    return len(run) - 1 if strip_root > 0 else 0
-
-
-def input_share(k_sizes: np.ndarray, runs: int, k_each: int) -> np.ndarray:
-    """(columns, runs): how many of each run's inputs each column holds."""
-    bounds = np.concatenate([[0], np.cumsum(k_sizes)])
-    lo = np.arange(runs) * k_each
-    return np.clip(np.minimum(bounds[1:, None], lo[None, :] + k_each)
-                   - np.maximum(bounds[:-1, None], lo[None, :]), 0, None)

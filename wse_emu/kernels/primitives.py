@@ -11,7 +11,7 @@ import numpy as np
 
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.graph import GraphBuilder
-from wse_emu.kernels.trees import tree_plan
+from wse_emu.program.trees import tree_plan
 
 SLICE_TOKENS = 512  # tokens per multiply task of a prefill tile
 

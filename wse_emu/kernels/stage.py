@@ -1,16 +1,16 @@
 """One stage of a compiled program, for one micro-batch, as a task graph.
 
-Per layer, op by op as the layer description (``wse_emu.layer``) lists them, in the stage's own
-coordinates:
+Per layer, op by op as the layer description (``wse_emu.models.layer``) lists them, in the stage's
+own coordinates:
 - matrix kernels (q, k, v, o, gate, up, down, LM head): each line across the strip owns an
   input segment; each piece of it that a producer PE holds goes to the line's nearest PE and is
   multicast along the line; every PE multiplies its block for every token (a decode in pieces
   of output columns); partial sums meet at the root edge by the kernel's tree
-  (``kernels.trees``) along the strip, piece by piece;
+  (``program.trees``) along the strip, piece by piece;
 - vector kernels on an edge line (norms, rotary, residual adds, gated activations, scaling,
   soft caps): a task per PE on its segment; norms all-reduce the sum of squares along the line
   (per head's PEs for a per-head norm);
-- attention over the KV cache spread over the stage (``kernels.kvlayout``): each column along
+- attention over the KV cache spread over the stage (``program.kvlayout``): each column along
   the long side holds a share of the cached tokens, each row a slice of their K and V features;
   a decode scores each PE's tokens over its features and reduces partial scores across a
   head's rows and partial outputs along the long side (``decode_attention``); a prefill
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.kernels import patterns
 from wse_emu.kernels.experts import RoutedAxis, deliver_route, layer_loads
 from wse_emu.kernels.graph import GraphBuilder
@@ -40,9 +39,10 @@ from wse_emu.kernels.primitives import (
     transfer,
     wavelets,
 )
-from wse_emu.layer import MicroBatch
-from wse_emu.program import Kernel, Stage, WaferProgram
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.models.layer import MicroBatch
+from wse_emu.program.format import Kernel, Stage, WaferProgram
+from wse_emu.util.splits import even_split
 
 # Picking the greedy next token: compare each logit with the running best.
 ARGMAX = ly.PerElement(1, 1)

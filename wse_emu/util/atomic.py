@@ -9,7 +9,7 @@ the writer (a full disk, an error, a kill): ``replacing`` gives a file object to
 appended to a file (a sweep's row) is whole or cut back. A file that cannot be written is a
 ``UserError`` naming it, in one line.
 
-The stage-table cache (``runtime/tables.py``) and a weights checkpoint (``weights.py``) keep
+The stage-table cache (``serving/tables.py``) and a weights checkpoint (``weights.py``) keep
 their own whole-or-nothing writes.
 
 This module imports nothing of wse_emu but its errors, so the program format, the sweeps, the

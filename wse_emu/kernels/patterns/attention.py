@@ -1,7 +1,7 @@
 """Attention over a KV cache spread across the whole stage (``attention_kv_spread``).
 
 Each column along the stage's long side holds a share of the cached tokens and each row a slice
-of their K and V features (``kernels.kvlayout``; WaferLLM's layout). Queries and keys arrive
+of their K and V features (``program.kvlayout``; WaferLLM's layout). Queries and keys arrive
 split by feature across rows, like every vector of the stage. A decode scores each PE's tokens
 over its features, reduces the partial scores across a head's rows and the partial outputs
 along the long side (``decode_attention``); a prefill splits the queries along the long side
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.functional.kvstore import StageKV
-from wse_emu.kernels import kvlayout
 from wse_emu.kernels.bounds import ceil_div, result
-from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.base import Pattern, Tile, register
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
-from wse_emu.program import Rect
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.program import kvlayout
+from wse_emu.program.format import Rect
+from wse_emu.util.splits import even_split
 
 
 class KVSpread(Pattern):

@@ -6,7 +6,7 @@ An expert strip holds the E experts of a projection one after another along the 
 as keep the rows' shares of their outputs even: ``ly.Op.experts_per_run``) reading the whole
 hidden vector, their partial sums meeting on the run; down with its inputs in ``down_order``,
 its reduction summing over the experts. A step's tokens pick their experts as the program's
-routing draws them (``wse_emu.routing``, one draw per token tile and layer: ``layer_loads``),
+routing draws them (``wse_emu.models.routing``, one draw per token tile and layer: ``layer_loads``),
 so a PE works for exactly the tokens routed to the experts its block holds, and a popular
 expert's PEs are the busiest.
 """
@@ -15,18 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import port_cycles, result
-from wse_emu.kernels.experts import (
-    RoutedAxis,
-    deliver_route,
-    down_order,
-    input_share,
-    run_columns,
-    run_root,
-)
-from wse_emu.kernels.patterns import Pattern, Tile, get, register
+from wse_emu.kernels.experts import RoutedAxis, deliver_route, down_order
+from wse_emu.kernels.patterns.base import Pattern, Tile, get, register
 from wse_emu.kernels.patterns.matrix import plan_reduce, plan_strip
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
@@ -36,6 +28,8 @@ from wse_emu.kernels.primitives import (
     overlaps,
     wavelets,
 )
+from wse_emu.models import layer as ly
+from wse_emu.program.expert_runs import input_share, run_columns, run_root
 
 
 class ExpertRuns(Pattern):

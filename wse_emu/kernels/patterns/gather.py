@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import ceil_div, result
-from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.base import Pattern, Tile, register
 from wse_emu.kernels.patterns.matrix import plan_strip
 from wse_emu.kernels.primitives import wavelets
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.util.splits import even_split
 
 
 class RowGather(Pattern):

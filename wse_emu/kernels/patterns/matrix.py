@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.blocks import block_bytes, vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
-from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.base import Pattern, Tile, register
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
     VC_TRANSFER,
@@ -28,7 +27,8 @@ from wse_emu.kernels.primitives import (
     overlaps,
     wavelets,
 )
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.util.splits import even_split
 
 INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
 # The edge where a strip's sums collect, by the axis K splits along and whether it is the high

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wse_emu import layer as ly
 from wse_emu.functional.ops import SWIGLU_ALPHA, gelu_tanh, rotary, silu
 from wse_emu.functional.tiles import VectorTiles
 from wse_emu.functional.trees import tree_reduce
 from wse_emu.kernels.blocks import vector_bytes
 from wse_emu.kernels.bounds import ceil_div, port_cycles, result
-from wse_emu.kernels.patterns import Pattern, Tile, register
+from wse_emu.kernels.patterns.base import Pattern, Tile, register
 from wse_emu.kernels.patterns.matrix import INPUT_FIFO_BYTES
 from wse_emu.kernels.primitives import line_broadcast, line_reduce, wavelets
-from wse_emu.splits import even_split
+from wse_emu.models import layer as ly
+from wse_emu.util.splits import even_split
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,624 @@
+"""Colocated against disaggregated serving, end to end: the layouts each plan can use, each
+plan tuned knob by knob (``tuning``), each plan's best searched again on runs whose steady
+window holds minutes (the confirming runs), the answer over independent draws of the workload,
+and how the answer moves with one input (``sensitivity``). ``wse-emu experiment disagg`` prints
+what this returns: an ``ExperimentReport`` (with ``--vary``, a ``VaryReport``), whose
+``to_json()`` is its ``--json`` and the run directory's experiment.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+
+import numpy as np
+
+from wse_emu.errors import UserError
+from wse_emu.experiments.ceiling import ceiling_rate
+from wse_emu.experiments.goodput import (
+    Comparison,
+    Config,
+    ConfigRow,
+    Outcome,
+    Replicate,
+    RunBook,
+    Search,
+    Targets,
+    compare,
+    outcomes,
+    over_replicates,
+    run_searches,
+)
+from wse_emu.experiments.sensitivity import VARIABLES, Variation, apply, decode_step_s
+from wse_emu.experiments.tuning import Choice, Knob, Layout, config_of, serve_choice, tune
+from wse_emu.hardware.fabric import ClusterSpec
+from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.knobs import KnobInfo, check_values, info
+from wse_emu.serving.metrics import DRAIN, WARMUP
+from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
+from wse_emu.serving.serve import ServeOptions
+from wse_emu.serving.tables import grid_axes
+from wse_emu.serving.workload import MAX_REQUESTS, Requests, WorkloadSpec, generate, replicate
+from wse_emu.util.checks import at_least_zero, check_fields, flag, short_repr, whole
+
+# The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
+# the window they reach is reported.
+MAX_CONFIRM_REQUESTS = 20_000
+
+
+def confirm_cap(requests: Requests) -> int:
+    """The most sessions a confirming run of this workload holds: MAX_CONFIRM_REQUESTS model
+    calls, at the calls per session of ``requests``."""
+    return max(1, MAX_CONFIRM_REQUESTS * requests.sessions() // max(1, len(requests)))
+
+
+DEPTH_RULES = ("matched", "own")  # besides numbers: see ``Space``
+
+
+@dataclass(frozen=True)
+class _SpaceBase:
+    """What the experiment tunes: the copies of the model per wafer, the pipeline depths
+    (layers per stage) to try every layout at ("matched": each layout of both plans at every
+    depth some layout comes to by itself, so that neither plan has a depth the other lacks;
+    "own": each at its own; or numbers, tried besides each layout's own), the colocated
+    policies to try, and (generated from the policies' knob dataclasses) the values to try of
+    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
+    confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
+    stage tables' grid ("full", or "quick": fewer shapes, for a first look); how many
+    passes of coordinate ascent over the knobs tuning may take (``tuning.tune``: a further
+    pass only while the last changed a choice); and whether every layout has its knobs tuned
+    before the layouts are compared (``each_layout``). Every value is checked here, by
+    name."""
+
+    copies: tuple = (1, 2, 4)
+    layers_per_stage: tuple | str = "matched"
+    policy: tuple = tuple(POLICIES)
+    prefix_cache: bool = True
+    window_s: float = 120.0
+    grid: str = "full"
+    rounds: int = 1
+    each_layout: bool = False
+
+    def __post_init__(self):
+        check_fields(self)  # each field of its type first: the checks below compare values
+        grid_axes(self.grid, "decode")  # an unknown grid fails here, by name
+        copies = check_values("copies", KnobInfo("copies", "", 1, ()), self.copies)
+        object.__setattr__(self, "copies", copies)
+        if self.layers_per_stage not in DEPTH_RULES:
+            depths = check_values("layers_per_stage", KnobInfo("layers_per_stage", "", 1, ()),
+                                  self.layers_per_stage)
+            object.__setattr__(self, "layers_per_stage", depths)
+        if isinstance(self.policy, str) or not hasattr(self.policy, "__iter__") \
+                or not self.policy:
+            raise UserError(f"`policy` must be one or more of {', '.join(POLICIES)}, got "
+                            f"{short_repr(self.policy)}")
+        for name in self.policy:
+            policy_class(name)
+        object.__setattr__(self, "policy", tuple(dict.fromkeys(self.policy)))
+        for f in knob_fields():
+            if getattr(self, f.name) is not None:
+                values = check_values(f.name, info(f), getattr(self, f.name))
+                object.__setattr__(self, f.name, values)
+        flag("prefix_cache", self.prefix_cache)
+        at_least_zero("window_s", self.window_s)
+        whole("rounds", self.rounds, 1)
+        flag("each_layout", self.each_layout)
+
+    def knobs(self, splits: list[str], copies: list[str]) -> dict:
+        """Per plan, its knobs in the order they are tuned: colocated, its policy and layout
+        (copies per wafer and pipeline depth), then every knob some policy tried reads;
+        disaggregated, its layout (split and depth), then the knobs of the policy a split's
+        regions serve with."""
+        colocated = {name for p in self.policy for name in POLICIES[p].knob_names()}
+        split = set(SPLIT_POLICY.knob_names())
+        tuned = [(info(f).label, f.name, getattr(self, f.name)) for f in knob_fields()]
+        return {"colocated": [Knob("policy", "policy", self.policy),
+                              Knob("layout", "layout", tuple(copies))]
+                + [Knob(*k) for k in tuned if k[1] in colocated],
+                "disaggregated": [Knob("layout", "layout", tuple(splits))]
+                + [Knob(*k) for k in tuned if k[1] in split]}
+
+    def given(self) -> dict:
+        """Knob name -> the values given to try (the knobs left to each layout's hardware
+        left out)."""
+        return {f.name: getattr(self, f.name) for f in knob_fields()
+                if getattr(self, f.name) is not None}
+
+    def initial(self, plan: str, layout: Layout):
+        """Where tuning starts on ``layout``: for a knob left to the hardware, where its
+        serving engines start; for one given values, the engines' default if among them, else
+        the declaration's if among them, else the first (the same start whether a list is
+        given or left to the hardware)."""
+        def pick(values, *usual):
+            return next((u for u in usual if u in values), values[0])
+        knobs = {f.name: pick(getattr(self, f.name), layout.engine_start(f.name), f.default)
+                 if getattr(self, f.name) is not None else layout.knob_start(f.name)
+                 for f in knob_fields()}
+        policy = pick(self.policy, _ServeDefaults.policy) if plan == "colocated" \
+            else SPLIT_POLICY.name
+        return Choice(plan, layout.name, policy, **knobs)
+
+
+_ServeDefaults = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
+Space = make_dataclass(
+    "Space", [(f.name, tuple | None, field(default=None)) for f in knob_fields()],
+    bases=(_SpaceBase,), frozen=True, namespace={"__module__": __name__,
+                                                 "__doc__": _SpaceBase.__doc__})
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """How both plans' steps were timed, beside their results (``wse_emu.api`` states it):
+    a mixture of experts' routing, batch tiling on attention, weights stored narrower than
+    the model's dtype, step times scaled (each None where it does not apply)."""
+
+    routing: str | None = None
+    attention_tile: int | None = None
+    stored_formats: str | None = None
+    step_scale: str | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class ExperimentReport:
+    """An experiment's report (``disagg_experiment``): what ran where, the targets, each
+    configuration tuned (``configurations``), every tuning step and search point, each plan's
+    best searched again (``final``), the comparison, and over several draws each draw's
+    answer and the mean and 95% interval of each. ``to_json()`` is ``experiment disagg
+    --json`` and experiment.json.
+
+    Typed to the rows people read (each configuration's row, the comparison, each draw's);
+    the tuning steps, the search points (``points``, ``final_points``: the curves' data) and
+    the statistics over draws (``over_replicates``: intervals whose keys depend on how many
+    draws there were and whether a bracket bounds them) stay in their JSON form."""
+
+    model: str
+    cluster: str
+    workload: str
+    requests_per_run: int
+    targets: Targets
+    prefix_cache: bool
+    stage_grid: str
+    skipped: list[str]
+    system_power_w: float
+    configurations: list[ConfigRow]
+    tuning: list[dict]  # per knob tuned: each value tried, its goodput, the value kept
+    points: dict[str, list[dict]]  # per configuration, every tuning run (``_point``)
+    final: list[ConfigRow]
+    final_requests_per_run: int
+    confirmed: bool  # each best searched again on runs with long steady windows
+    final_points: dict[str, list[dict]]
+    comparison: Comparison
+    replicates: list[Replicate] | None = None  # with several draws of the workload
+    over_replicates: dict | None = None
+    timing: StepTiming | None = None
+    value: float | None = None  # the varied input's value, in a VaryReport's runs
+    # What "per system" counts: a system, or the unit of a footprint of several kinds of
+    # hardware (kW, cost/h: ``experiments.layouts.Footprint``).
+    footprint_unit: str = "system"
+
+    def rows(self) -> dict[str, ConfigRow]:
+        """Each plan's best searched again, by configuration (as tuned, in reports written
+        before the confirming runs existed)."""
+        return {c.configuration: c for c in self.final or self.configurations}
+
+    def draws(self) -> list[Replicate]:
+        """Every draw's answer (the one draw's, with one)."""
+        return self.replicates or [Replicate(self.final, self.comparison)]
+
+    def to_json(self) -> dict:
+        out = {} if self.value is None else {"value": self.value}
+        out.update({
+            "model": self.model, "cluster": self.cluster, "workload": self.workload,
+            "requests_per_run": self.requests_per_run, "targets": self.targets.to_json(),
+            "prefix_cache": self.prefix_cache, "stage_grid": self.stage_grid,
+            "skipped": self.skipped, "system_power_w": self.system_power_w,
+            "configurations": [c.to_json() for c in self.configurations],
+            "tuning": self.tuning, "points": self.points,
+            "final": [c.to_json() for c in self.final],
+            "final_requests_per_run": self.final_requests_per_run,
+            "confirmed": self.confirmed, "final_points": self.final_points,
+            "comparison": self.comparison.to_json()})
+        if self.replicates is not None:
+            out["replicates"] = [r.to_json() for r in self.replicates]
+        if self.over_replicates is not None:
+            out["over_replicates"] = self.over_replicates
+        if self.timing is not None:
+            out.update(self.timing.to_json())
+        if self.footprint_unit != "system":
+            out["footprint_unit"] = self.footprint_unit
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ExperimentReport":
+        """A report read back (experiment.json); the parts a report written before they
+        existed lacks are empty or None."""
+        timing = {f.name: data[f.name] for f in fields(StepTiming) if f.name in data}
+        return cls(
+            data["model"], data["cluster"], data["workload"], data["requests_per_run"],
+            Targets.from_json(data["targets"]), data.get("prefix_cache", True),
+            data.get("stage_grid", "full"), data.get("skipped", []),
+            data.get("system_power_w", 0.0),
+            [ConfigRow.from_json(c) for c in data["configurations"]], data.get("tuning", []),
+            data.get("points", {}), [ConfigRow.from_json(c) for c in data.get("final", [])],
+            data.get("final_requests_per_run", data["requests_per_run"]),
+            data.get("confirmed", False), data.get("final_points", {}),
+            Comparison.from_json(data["comparison"]),
+            [Replicate.from_json(r) for r in data["replicates"]]
+            if "replicates" in data else None, data.get("over_replicates"),
+            StepTiming(**timing) if timing else None, data.get("value"),
+            data.get("footprint_unit", "system"))
+
+    def __repr__(self) -> str:
+        cmp_ = self.comparison
+        ratio = "no comparison" if not cmp_.compared else (
+            "colocated met no rate" if cmp_.goodput_ratio is None
+            else f"disaggregated / colocated goodput {cmp_.goodput_ratio:.2f}x")
+        value = "" if self.value is None else f"at {self.value!r}, "
+        return (f"ExperimentReport({value}{self.model} on {self.cluster}, workload "
+                f"{self.workload}, {len(self.configurations)} configurations tuned, best "
+                f"{cmp_.colocated!r} and {cmp_.disaggregated!r}: {ratio})")
+
+
+@dataclass
+class SensitivityRow:
+    """The experiment at one value of the varied input: its TPOT target (in seconds and in
+    decode steps of one sequence alone), each plan's best, their goodputs per system and the
+    ratio; or, where it could not run, why (``error``)."""
+
+    value: float
+    tpot_s: float
+    systems: int
+    error: str | None = None
+    decode_step_s: float | None = None
+    tpot_in_decode_steps: float | None = None
+    colocated: str | None = None
+    disaggregated: str | None = None
+    max_rate_per_system: dict[str, float] | None = None  # by plan
+    goodput_ratio: float | None = None
+    goodput_ratio_interval: dict | None = None  # over several draws (``interval``)
+
+    def to_json(self) -> dict:
+        out = {"value": self.value, "tpot_s": self.tpot_s, "systems": self.systems}
+        if self.error is not None:
+            return {**out, "error": self.error}
+        out.update(decode_step_s=self.decode_step_s,
+                   tpot_in_decode_steps=self.tpot_in_decode_steps, colocated=self.colocated,
+                   disaggregated=self.disaggregated,
+                   max_rate_per_system=self.max_rate_per_system,
+                   goodput_ratio=self.goodput_ratio)
+        if self.goodput_ratio_interval is not None:
+            out["goodput_ratio_interval"] = self.goodput_ratio_interval
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SensitivityRow":
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass
+class VaryReport:
+    """The experiment at every value of one input (``vary_experiment``): a row per value and
+    each value's full report. ``to_json()`` is ``experiment disagg --vary --json``."""
+
+    model: str | None
+    workload: str | None
+    fabric: str
+    vary: str
+    description: str
+    sensitivity: list[SensitivityRow]
+    runs: list[ExperimentReport]  # each with its ``value``
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "workload": self.workload, "fabric": self.fabric,
+                "vary": self.vary, "description": self.description,
+                "sensitivity": [r.to_json() for r in self.sensitivity],
+                "runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "VaryReport":
+        return cls(data.get("model"), data.get("workload"), data["fabric"], data["vary"],
+                   data["description"],
+                   [SensitivityRow.from_json(r) for r in data["sensitivity"]],
+                   [ExperimentReport.from_json(r) for r in data.get("runs", [])])
+
+    def __repr__(self) -> str:
+        ratios = ", ".join(f"{r.value!r}: " + ("-" if r.goodput_ratio is None
+                                               else f"{r.goodput_ratio:.2f}x")
+                           for r in self.sensitivity)
+        return (f"VaryReport({self.model} on {self.fabric}, workload {self.workload}, "
+                f"{self.vary} at {len(self.sensitivity)} values; goodput ratio {ratios})")
+
+
+def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
+                      requests: Requests, targets: Targets, pool, layouts_for,
+                      space=None, tolerance: float = 0.05, progress=None,
+                      more_draws: list[Requests] = (), price: float | None = None,
+                      longer=None, book: RunBook | None = None) -> tuple[dict, dict]:
+    """Lay the plans out, tune each plan on ``pool`` and compare: the report, and every
+    configuration searched (label -> Config). ``layouts_for(probes)``: the layouts
+    ((plan, name) -> Layout) and why the others were skipped (``wse_emu.api.build_layouts``
+    compiles them); ``probes`` are every set of requests a run may serve, for it to check
+    against the model's positions. ``longer(draw, n)``: draw ``draw`` (0 for
+    ``requests``) of the workload with ``n`` requests, for the confirming runs. With
+    ``more_draws`` (independent draws of the same workload) the tuned configurations are
+    searched again on each (the knobs are tuned on the first draw only), and the report adds
+    every draw's answer and the mean and 95% interval over all of them. ``space``: a Space
+    (by default, every knob's default values). ``book``: where serving runs are kept (a
+    frontier shares one across its targets; by default a new one)."""
+    space = Space() if space is None else space
+    draws = [requests, *more_draws]
+    # Every request any run may serve, the confirming runs' included.
+    probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
+                      if longer is not None and space.window_s > 0 else [])
+    layouts, skipped = layouts_for(probes)
+    fabric = cluster.fabric
+    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache)
+    names = {plan: [name for (p, name) in layouts if p == plan]
+             for plan in ("colocated", "disaggregated")}
+    knobs = space.knobs(names["disaggregated"], names["colocated"])
+    initial = {plan: space.initial(plan, layouts[(plan, names[plan][0])])
+               for plan in names if names[plan]}
+    economy = (cluster.systems, fabric.system_power_w, price)
+    book = RunBook(pool, serve_choice) if book is None else book
+    run_points = book.run_points((layouts, base), requests, targets)
+
+    def ceiling_of(config) -> float:  # as a factor of the requests' own rate
+        return ceiling_rate(config.regions, config.options, requests) / requests.offered_rate()
+    searches, steps, tuned = tune(initial, knobs, layouts, base, run_points, ceiling_of,
+                                  tolerance, progress, space.rounds, space.each_layout)
+    configurations = [_row(o, targets, len(s.points), *economy, requests, s.config)
+                      for o, s in zip(outcomes(list(searches.values())), searches.values())]
+    finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,
+                    economy, searches, longer) for r, d in enumerate(draws)]
+    replicates = [Replicate(f.final, f.comparison, f.final_requests_per_run)
+                  for f in finals] if more_draws else None
+    report = ExperimentReport(
+        model.name, f"{cluster.systems} x {fabric.name}", workload, len(requests), targets,
+        space.prefix_cache, space.grid, skipped, fabric.system_power_w, configurations,
+        [_step(s, searches, cluster.systems) for s in steps],
+        {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+         for s in searches.values()},
+        finals[0].final, finals[0].final_requests_per_run, finals[0].confirmed,
+        finals[0].final_points, finals[0].comparison, replicates,
+        over_replicates(replicates) if replicates else None,
+        footprint_unit=getattr(cluster, "unit", "system"))
+    return report, {s.config.label: s.config for s in searches.values()}
+
+
+@dataclass
+class Final:
+    """Each plan's tuned configuration searched again on one draw (``final``)."""
+
+    final: list[ConfigRow]
+    final_requests_per_run: int
+    confirmed: bool
+    final_points: dict[str, list[dict]]
+    comparison: Comparison
+
+
+def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, draw: int,
+          targets: Targets, book: RunBook, space: Space, tolerance: float, progress, economy,
+          tuning: dict, longer=None) -> Final:
+    """Each plan's tuned configuration on one draw: searched again on runs long enough for a
+    steady window of ``space.window_s`` at the rates found (the confirming runs: sized by the
+    rates tuning found, and lengthened while the rates they find leave the window short), or,
+    without them, as tuning left it (``tuning``: the first draw's searches) or searched on this
+    draw's ``requests``. Returns its rows and the comparison."""
+    window = space.window_s if longer is not None else 0.0
+    guess = {c: _rate_of(tuning, c) for c in tuned.values()}  # requests (sessions) per s
+    if window <= 0 and draw == 0:
+        searches, runs = {c: tuning[c] for c in tuned.values()}, requests
+    else:
+        # Run sizes count sessions, as the rates do; ``cap`` keeps their model calls in bounds.
+        n, cap = requests.sessions(), confirm_cap(requests)
+        for _ in range(3):
+            if window > 0:
+                # The steady window is the middle of the arrivals (``metrics.steady_window``).
+                wanted = int(np.ceil(max(guess.values()) * window / (1 - WARMUP - DRAIN)))
+                n = max(n, min(cap, wanted))
+                runs = longer(draw, n)
+            else:
+                runs = requests
+            searches = _search_again(tuned, layouts, base, runs, targets, book, guess,
+                                     tolerance, progress)
+            reached = [s.points[s.best].metrics.window_s for s in searches.values()
+                       if s.best is not None]
+            longest = window <= 0 or runs.sessions() < n or n >= cap
+            if longest or min(reached, default=window) >= 0.9 * window:
+                break
+            guess = {c: _rate_of(searches, c) or guess[c] for c in tuned.values()}
+    results = outcomes(list(searches.values()))
+    return Final([_row(o, targets, len(s.points), *economy, runs, s.config)
+                  for o, s in zip(results, searches.values())], len(runs), window > 0,
+                 {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
+                  for s in searches.values()}, compare(results, targets, economy[0]))
+
+
+def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests,
+                  targets: Targets, book: RunBook, guess: dict, tolerance: float,
+                  progress) -> dict:
+    """The tuned configurations' rate searches on ``runs``, started near ``guess``."""
+    run_points = book.run_points((layouts, base), runs, targets)
+    searches = {}
+    for c in tuned.values():
+        config = config_of(c, layouts, base)
+        searches[c] = Search(config, start=guess[c] / runs.offered_rate() if guess[c] else None,
+                             ceiling=ceiling_rate(config.regions, config.options, runs)
+                             / runs.offered_rate())
+    run_searches(searches, run_points, tolerance=tolerance, progress=progress,
+                 label="searching the best again")
+    return searches
+
+
+def _rate_of(searches: dict, choice) -> float:
+    s = searches[choice]
+    return s.points[s.best].rate if s.best is not None else 0.0
+
+
+def _step(step, searches: dict, systems: int) -> dict:
+    """A tuning step as reported: each value tried and its goodput per system."""
+    def rate(c):
+        return _rate_of(searches, c) / (searches[c].config.footprint or systems)
+    return {"plan": step.plan, **({"line": step.line} if step.line else {}),
+            "knob": step.knob,
+            "tried": [{"value": v, "configuration": c.label, "max_rate_per_system": rate(c)}
+                      for v, c in step.tried],
+            "chosen": step.chosen.label, "chosen_value": next(
+                v for v, c in step.tried if c == step.chosen),
+            "before_per_system": rate(step.before) if step.before else None,
+            "after_per_system": rate(step.chosen)}
+
+
+def _point(p) -> dict:
+    """One serving run of the search, for curves: its rate and what it achieved."""
+    m = p.metrics
+    return {"rate_per_s": p.rate, "met": p.met, "ttft_p90_s": m.ttft_s.p90,
+            "tpot_p90_s": m.tpot_s.p90, "itl_p90_s": m.itl_s.p90,
+            # At the other percentiles targets may be held at (``Targets.percentile``).
+            **{f"{name}_p{q}_s": getattr(getattr(m, f"{name}_s"), f"p{q}")
+               for name in ("ttft", "tpot") for q in (50, 99)},
+            "slo_attainment": m.slo_attainment,
+            "ttft_growth_s": m.ttft_growth_s, "ttft_slope": m.ttft_slope,
+            "pace": m.pace, "output_tokens_per_s": m.output_tokens_per_s,
+            "window_output_tokens_per_s": m.window_output_tokens_per_s,
+            "user_tokens_per_s": m.user_tokens_per_s.to_json(), "refused": m.refused,
+            "goodput_requests_per_s": m.goodput_requests_per_s}
+
+
+def economics(tokens_per_s: float, systems: int, power_w: float,
+              price: float | None) -> dict:
+    """Energy per output token (the systems' wall power over their output rate) and, given a
+    price per system-hour, cost per million output tokens."""
+    out = {}
+    if tokens_per_s > 0 and power_w > 0:
+        out["energy_per_output_token_j"] = systems * power_w / tokens_per_s
+    if tokens_per_s > 0 and price is not None:
+        out["cost_per_million_output_tokens"] = systems * price / 3600 / tokens_per_s * 1e6
+    return out
+
+
+def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: float = 0.0,
+         price: float | None = None, requests: Requests | None = None,
+         config: Config | None = None) -> ConfigRow:
+    systems = r.footprint or systems  # per unit of its own footprint, where layouts differ
+    row = ConfigRow(r.label, r.plan, r.knob, runs, r.limit(targets))
+    if r.best is not None:
+        m, p = r.best.metrics, r.best.pressure
+        row = replace(
+            row, max_rate_per_s=r.best.rate, max_rate_per_system=r.best.rate / systems,
+            # The search's bracket: the true highest rate lies below the next one.
+            failed_rate_per_system=(r.failed.rate / systems if r.failed is not None
+                                    else None),
+            goodput_requests_per_s=r.goodput, output_tokens_per_s=r.tokens_per_s,
+            output_tokens_per_s_per_system=r.tokens_per_s / systems,
+            window_output_tokens_per_s_per_system=r.window_tokens_per_s / systems,
+            user_tokens_per_s=m.user_tokens_per_s, refused=m.refused,
+            window_requests=m.window_requests, window_s=m.window_s,
+            ttft_growth_s=m.ttft_growth_s, ttft_slope=m.ttft_slope, pace=m.pace,
+            ttft_p90_s=m.ttft_s.p90, tpot_p90_s=m.tpot_s.p90, itl_p90_s=m.itl_s.p90,
+            ttft_p50_s=m.ttft_s.p50, tpot_p50_s=m.tpot_s.p50, ttft_p99_s=m.ttft_s.p99,
+            tpot_p99_s=m.tpot_s.p99, slo_attainment=m.slo_attainment,
+            decode_stall_per_token_s=p.decode_stall_per_token_s,
+            prefill_utilization=p.prefill_utilization,
+            decode_utilization=p.decode_utilization, kv_peak_share=p.kv_peak_share,
+            **economics(r.tokens_per_s, systems, power_w, price))
+    if config is not None and requests is not None:
+        # At 100% busy stages: how close the configuration's best rate comes.
+        ceiling = ceiling_rate(config.regions, config.options, requests)
+        row = replace(row, ceiling_rate_per_s=ceiling, ceiling_rate_per_system=ceiling / systems,
+                      share_of_ceiling=row.max_rate_per_s / ceiling)
+    return row
+
+
+def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
+                    cluster: ClusterSpec, draws_for=None) -> VaryReport:
+    """``one(pool, draws, targets, cluster, transform, scale)`` at every value of
+    ``variation`` (``transform``: the value applied to a confirming run's requests;
+    ``scale``: the value's ``StepScale`` on the stage tables): each value's
+    full report, and a row per value with the best of each plan, their ratio and the TPOT
+    target in decode steps. A value the experiment cannot run (too few systems for a split)
+    keeps its row, with why. ``draws_for(systems)``, if given, draws the tuning runs' requests
+    afresh for a value's number of systems (agent sessions need more on more systems:
+    ``tuning_requests``); otherwise every value starts from ``draws``."""
+    rows, runs = [], []
+    for value in variation.values:
+        base = draws
+        if draws_for is not None:
+            base = draws_for(apply(variation, value, draws[0], targets, cluster.systems)[2])
+        varied = [apply(variation, value, d, targets, cluster.systems) for d in base]
+        v_targets, systems, scale = varied[0][1], varied[0][2], varied[0][3]
+        row = SensitivityRow(value, v_targets.tpot_s, systems)
+        try:
+            data, configs = one(pool, [v[0] for v in varied], v_targets,
+                                ClusterSpec(cluster.fabric, systems),
+                                lambda requests, value=value: apply(
+                                    variation, value, requests, targets, cluster.systems)[0],
+                                scale)
+        except UserError as exc:
+            rows.append(replace(row, error=str(exc)))
+            continue
+        # One sequence's decode step on a colocated region (any region, if none compiled).
+        unit = next((c for c in configs.values() if c.plan == "colocated"),
+                    next(iter(configs.values())))
+        step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz)
+        cmp_ = data.comparison
+        rows.append(replace(
+            row, decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,
+            colocated=cmp_.colocated, disaggregated=cmp_.disaggregated,
+            max_rate_per_system=cmp_.max_rate_per_system, goodput_ratio=cmp_.goodput_ratio,
+            goodput_ratio_interval=None if data.over_replicates is None
+            else data.over_replicates["goodput_ratio"]))
+        runs.append(replace(data, value=value))
+    first = runs[0] if runs else None
+    return VaryReport(first and first.model, first and first.workload, cluster.fabric.name,
+                      variation.name, VARIABLES[variation.name], rows, runs)
+
+
+TUNING_REQUESTS = 1000  # per tuning run: enough to load a cluster, few for a search of many
+
+
+def tuning_requests(spec: WorkloadSpec, systems: int) -> int:
+    """Requests (sessions) per tuning run: the workload's own count, at most TUNING_REQUESTS
+    model calls. Agent sessions get that many per system: their load builds up for a
+    session's length before a steady window can start (``metrics``), and a cluster of N systems
+    runs N times the sessions at once, so a run must hold N times as many to get there."""
+    if spec.calls > 1:
+        return min(spec.requests, max(TUNING_REQUESTS // spec.calls, 1)) * systems
+    return min(spec.requests, TUNING_REQUESTS)
+
+
+def workload_draws(spec: WorkloadSpec, seeds: int) -> list[Requests]:
+    """``seeds`` independent draws of a workload: its next seeds, or a trace's next windows."""
+    draws = [generate(replicate(spec, r, spec.requests)) for r in range(seeds)]
+    for draw in draws:
+        if draw.offered_rate() <= 0:
+            raise UserError(f"workload {spec.name}: its first arrivals all come at one instant, "
+                            "so it has no rate to scale; give it at least two distinct arrival "
+                            "times")
+    return draws
+
+
+def longer_draws(spec: WorkloadSpec, seeds: int, transform=lambda requests: requests):
+    """``longer(draw, n)`` for the confirming runs: draw ``draw`` of the workload with ``n``
+    requests (a trace's windows share its rows, one window per draw), through ``transform``."""
+    # A trace's rows after its first window's start, counted no further than the draws can
+    # take (a confirming run holds at most MAX_CONFIRM_REQUESTS): a long trace is not read
+    # whole to learn its length.
+    most = min(seeds * MAX_CONFIRM_REQUESTS, MAX_REQUESTS)
+    rows = len(generate(replace(spec, requests=most))) if spec.arrival == "trace" else None
+
+    def longer(draw: int, n: int) -> Requests:
+        if rows is not None:
+            n = min(n, rows // seeds)
+        return transform(generate(replace(replicate(spec, draw, n), requests=n)))
+    return longer
+
+
+def describe_draws(spec: WorkloadSpec, data: ExperimentReport) -> str:
+    """What the replicates of ``data`` (the report) were."""
+    sizes = sorted({r.requests_per_run for r in data.replicates})
+    size = f"{sizes[0]:,}" if len(sizes) == 1 else f"{sizes[0]:,} to {sizes[-1]:,}"
+    if spec.arrival == "trace":
+        return f"windows of {size} requests of the trace, one after another"
+    return f"seeds {spec.seed} to {spec.seed + len(data.replicates) - 1}"

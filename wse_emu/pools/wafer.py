@@ -1,0 +1,85 @@
+"""Wafers as pools: a fabric (a preset such as ``wse3``, or a fabric YAML), the model compiled
+onto it as colocated serving lays it out (``copies`` side by side in column bands, at a depth
+of layers per stage), its stage tables simulated and cached; each region then serves the
+side's role. A system is one wafer (a CS-3), drawing the preset's system power."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from wse_emu.errors import CompileError, UserError
+from wse_emu.hardware.fabric import FabricSpec, load_fabric
+from wse_emu.pools.kinds import PoolKind, Side
+from wse_emu.serving.pools import wafer_pools
+from wse_emu.util.configfile import preset_names
+from wse_emu.util.progress import status
+
+
+class WaferKind(PoolKind):
+    noun = "a fabric"
+    file_mark = "its `width`"
+    default_file = True  # fabric files came first: one with a field missing is told which
+
+    def presets(self) -> list[str]:
+        return preset_names("fabrics")
+
+    def load(self, name: str) -> FabricSpec:
+        return load_fabric(name)
+
+    def load_file(self, path: Path) -> FabricSpec:
+        return load_fabric(path)
+
+    def owns(self, hardware) -> bool:
+        return isinstance(hardware, FabricSpec)
+
+    def power_w(self, hardware: FabricSpec) -> float:
+        return hardware.system_power_w
+
+    def clock_hz(self, hardware: FabricSpec) -> float:
+        return hardware.clock_hz
+
+    def variants(self, name, model, copies: tuple, depths: tuple) -> list[Side]:
+        # As the wafer-only experiment tries them; a layout the model does not fit is
+        # skipped when compiled.
+        return [Side(name, copies=c, depth=d) for c in sorted(set(copies) | {1})
+                for d in (None, *sorted(set(depths)))]
+
+    def label(self, side: Side) -> str:
+        count, hw = side.pool.count, side.pool.hardware
+        name = hw.name if count == 1 else f"{count} x {hw.name}"
+        how = ([f"{side.copies} copies per wafer"] if side.copies > 1 else []) \
+            + ([f"{side.depth} layer{'s' if side.depth > 1 else ''} per stage"]
+               if side.depth else [])
+        return f"{name} ({', '.join(how)})" if how else name
+
+    def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
+              cache: Path, grid: str, compile_model) -> list:
+        name, copies = side.pool, side.copies
+        fabric = name.hardware
+        bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
+        status(f"compiling {model.name} onto {self.label(side)} ({role})")
+        try:
+            program = compile_model(model, fabric, name.count, plan="colocated",
+                                    layers_per_stage=side.depth, **bands)
+        except CompileError as exc:  # its advice in this command's terms: wse3x4
+            advice = re.sub(r"`systems=(\d+)`", rf"{fabric.name}x\1", str(exc))
+            raise UserError(f"{role} pool {name.text}: {advice}") from None
+        # The regions keep their layout and serve the side's role: only its tables are timed.
+        program = replace(program, regions=[replace(r, role=role) for r in program.regions])
+        # A wafer's tables count its own cycles: rescaled to the serving clock.
+        factor = clock_hz / fabric.clock_hz
+        return [replace(pool, name=f"{fabric.name}-{role}{k}",
+                        prefill=pool.prefill.scaled(factor) if pool.prefill else None,
+                        decode=pool.decode.scaled(factor) if pool.decode else None,
+                        system=pool.system + first,
+                        fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
+                        link_bytes_per_cycle=pool.link_bytes_per_cycle / factor)
+                for k, pool in enumerate(wafer_pools(program, cache, grid))]
+
+    def step_times_source(self, hardware: FabricSpec) -> str:
+        return f"simulated on {hardware.name}"
+
+
+WAFER = WaferKind()

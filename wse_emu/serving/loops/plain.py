@@ -1,0 +1,524 @@
+"""The serving loop in plain Python: the compiled loop's twin, kept to check it.
+
+Events are small classes, each with its own handler, ordered by (time, sequence number) on a
+heap; a region's state is split by concern (its pipeline, its KV space and prefix cache, its
+queues, its counters). A policy's ``dispatch`` (``policies.py``) starts micro-batches through
+the primitives of ``Simulation`` (``admit``, ``send``, ``batch_size``, ...), which mirror the
+compiled loop's one for one. On the same inputs both loops give the same times to the last
+bit (``tests/test_serve_twin.py``); ``serve(..., loop="plain")`` runs this one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from wse_emu.serving.loops.flowshop import advance
+
+
+class Pipeline:
+    """A region's stages: when each is next free, and when the last micro-batch started each.
+
+    A micro-batch that enters an idle pipeline (every stage free by the time it gets there)
+    leaves after its own time, the stages' sum and the hops': no stage has to wait, so that
+    closed form is the recurrence's answer, up to rounding. Its stage-by-stage times are
+    worked out only when a later micro-batch overlaps it (``lazy``). Most decode steps under
+    light load are such lone micro-batches."""
+
+    def __init__(self, stages: int, max_events: int):
+        self.free = np.zeros(stages)
+        self.starts = np.zeros(stages)
+        self.lazy = None  # (enter, vector) of a lone micro-batch not yet worked out by stage
+        self.dispatching = False  # the region's one Dispatch is in the heap
+        self.events: list = []  # (stage, start, end, label) for the timeline
+        self.max_events = max_events
+
+    def run(self, vec: np.ndarray, enter: float, label: str) -> float:
+        """Put one micro-batch through the stages; returns when it leaves the last one."""
+        stages = len(self.free)
+        if enter >= self.free[-1]:  # idle
+            done = enter + (vec[-1] + vec[-2] if stages > 1 else vec[-1])
+            self.free[0] = enter + vec[0]
+            self.free[-1] = done
+            self.lazy = (enter, vec)
+            if len(self.events) < self.max_events:  # the picture only
+                advance(np.zeros(stages), vec, enter, self.starts)
+                self._note(vec, label)
+            return done
+        self.work_out()
+        done = advance(self.free, vec, enter, self.starts)
+        if len(self.events) < self.max_events:
+            self._note(vec, label)
+        return done
+
+    def work_out(self) -> None:
+        """The stage-by-stage times of the lone micro-batch, if one is pending."""
+        if self.lazy is not None:
+            enter, vec = self.lazy
+            done = self.free[-1]
+            self.free[:] = 0.0
+            advance(self.free, vec, enter, self.starts)
+            self.free[-1] = done
+            self.lazy = None
+
+    def _note(self, vec: np.ndarray, label: str) -> None:
+        self.events.extend((s, self.starts[s], self.starts[s] + vec[s], label)
+                           for s in range(len(self.free)))
+
+
+class KVSpace:
+    """A region's KV cache: what running sequences hold, and the prefix cache of finished
+    calls kept for their sessions' next calls (least recently used first given up)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self.running = 0  # sequences holding KV here (admitted or handed over, not finished)
+        self.cache: dict = {}  # session -> (call, KV tokens), oldest first
+        self.cached = 0
+        self.trace: list = []  # (cycle, KV tokens held) after each change
+
+    def hold(self, tokens: int, now: float) -> None:
+        self.used += tokens
+        self.trace.append((now, self.used))
+
+    def keep(self, session: int, call: int, tokens: int) -> None:
+        old = self.cache.pop(session, None)
+        self.cached += tokens - (old[1] if old else 0)
+        self.cache[session] = (call, tokens)
+
+    def take_cached(self, session: int) -> tuple | None:
+        """The session's cache entry, given up (None if there is none)."""
+        entry = self.cache.pop(session, None)
+        if entry is not None:
+            self.cached -= entry[1]
+        return entry
+
+    def make_room(self, tokens: int, spare: int) -> bool:
+        """Whether ``tokens`` fit once cached KV is given up, least recently used first
+        (sparing session ``spare``'s); gives it up if so."""
+        if self.used + tokens > self.capacity:
+            return False
+        mine = self.cache[spare][1] if spare in self.cache else 0
+        over = self.used + self.cached - mine + tokens - self.capacity
+        while over > 0:
+            victim = next(v for v in self.cache if v != spare)
+            freed = self.cache.pop(victim)[1]
+            self.cached -= freed
+            over -= freed
+        return True
+
+
+@dataclass
+class Queues:
+    """What waits on a region: prompts (and how far each admitted one has got), sequences
+    ready for their next token, and sequences whose token is in the pipeline."""
+
+    prompts: deque = field(default_factory=deque)
+    progress: dict = field(default_factory=dict)
+    ready: list = field(default_factory=list)  # (sequence, context, since when)
+    flying: int = 0  # sequences whose next token is in the pipeline
+    turns: int = 1 << 30  # decode micro-batches since the last prefill-only one
+
+
+@dataclass
+class Counters:
+    busy_prefill: float = 0.0  # stage-cycles
+    busy_decode: float = 0.0
+    stall: float = 0.0  # decode: token-cycles beyond the tokens' own decode work
+    work: float = 0.0  # decode: token-cycles of the tokens' own decode work
+    decoded: int = 0
+    kv_blocked: float = 0.0  # cycles the prompt at the head of the queue waited for KV room
+    blocked_since: float | None = None
+    reused: int = 0  # prompt tokens not computed because their KV was cached
+
+
+class RegionState:
+    """One pool as the loop serves it."""
+
+    def __init__(self, index: int, pool, policy, max_events: int):
+        self.index, self.pool, self.policy = index, pool, policy
+        self.name, self.role = pool.name, pool.role
+        self.pipeline = Pipeline(pool.stages, max_events)
+        self.kv = KVSpace(pool.kv_capacity_tokens)
+        self.queues = Queues()
+        self.counters = Counters()
+        self.max_running = getattr(policy.knobs, "max_running", 0)
+        self.serves_prefill = pool.prefill is not None
+        self.serves_decode = pool.decode is not None
+
+
+class Event:
+    """Something that happens at a time; ``handle`` does what follows from it."""
+
+    __slots__ = ()
+
+    def handle(self, sim: "Simulation", now: float) -> None:
+        raise NotImplementedError
+
+
+class Arrival(Event):
+    __slots__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def handle(self, sim, now):
+        i = self.i
+        sim.arrival[i] = now
+        # Where the session's previous call is cached; else the shortest queue, then the
+        # pipeline free soonest.
+        home = None
+        if sim.caching and sim.call[i] > 0:
+            home = next((q for q in sim.entry if q.kv.cache.get(sim.session[i], (-1,))[0]
+                         == sim.call[i] - 1), None)
+        if home is None:
+            home = min((q for q in sim.entry if sim.holds(q, i) <= q.kv.capacity),
+                       key=lambda q: (len(q.queues.prompts), max(q.pipeline.free[0], now),
+                                      q.name))
+        home.queues.prompts.append(i)
+        sim.kick(home, now)
+
+
+class Dispatch(Event):
+    __slots__ = ("region",)
+
+    def __init__(self, region: RegionState):
+        self.region = region
+
+    def handle(self, sim, now):
+        r = self.region
+        r.pipeline.dispatching = False
+        if now < r.pipeline.free[0]:
+            r.pipeline.dispatching = True
+            sim.schedule(r.pipeline.free[0], self)
+            return
+        went = r.policy.dispatch(sim, r, now)
+        if went and (r.queues.prompts or r.queues.ready):  # more once stage 0 frees
+            r.pipeline.dispatching = True
+            sim.schedule(r.pipeline.free[0], Dispatch(r))
+        # else nothing waits: the next arrival or returning sequence kicks it
+
+
+class Decoded(Event):
+    """A decode micro-batch left the last stage: each of its sequences has one more token."""
+
+    __slots__ = ("region", "batch")
+
+    def __init__(self, region: RegionState, batch: list):
+        self.region, self.batch = region, batch
+
+    def handle(self, sim, now):
+        r = self.region
+        q = r.queues
+        q.flying -= len(self.batch)
+        for i, ctx, _ in self.batch:
+            sim.made[i] += 1
+            sim.gaps.append((i, now - sim.last[i]))
+            sim.last[i] = now
+            if sim.made[i] >= sim.output[i]:
+                sim.finish[i] = now
+                # A colocated region caches the whole context but the newest token, whose KV
+                # was never made; a decode region caches nothing.
+                sim.release(r, i, sim.need[i], sim.need[i] - 1 if r.role == "mixed" else 0,
+                            now)
+                sim.next_call(i, now)
+            else:
+                q.ready.append((i, ctx + 1, now))
+        if sim.handoffs:
+            sim.start_handoffs(now)  # KV room may have been freed
+        sim.kick(r, now)
+
+
+class Prefilled(Event):
+    """A prompt's last tile left the last stage: its first token is out."""
+
+    __slots__ = ("i", "region")
+
+    def __init__(self, i: int, region: RegionState):
+        self.i, self.region = i, region
+
+    def handle(self, sim, now):
+        i, r = self.i, self.region
+        sim.first[i] = now
+        sim.last[i] = now
+        sim.made[i] = 1
+        prompt = sim.prompt[i]
+        if sim.made[i] >= sim.output[i]:
+            sim.finish[i] = now
+            sim.release(r, i, sim.holds(r, i), prompt, now)
+            sim.next_call(i, now)
+            sim.kick(r, now)
+        elif r.role == "mixed":
+            r.queues.ready.append((i, prompt + 1, now))
+            sim.where[i] = r.name
+            sim.kick(r, now)
+        else:  # its KV moves to a decode region once one has room
+            sim.handoffs.append((i, r))
+            sim.start_handoffs(now)
+
+
+class Joined(Event):
+    """A prompt's KV cache arrived in its decode region."""
+
+    __slots__ = ("i", "region", "source")
+
+    def __init__(self, i: int, region: RegionState, source: RegionState):
+        self.i, self.region, self.source = i, region, source
+
+    def handle(self, sim, now):
+        i = self.i
+        prompt = sim.prompt[i]
+        sim.release(self.source, i, prompt, prompt, now)  # the transfer is done
+        sim.kick(self.source, now)
+        sim.where[i] = self.region.name
+        self.region.queues.ready.append((i, prompt + 1, now))
+        sim.kick(self.region, now)
+
+
+class Simulation:
+    """Serving ``requests`` on ``regions`` (RegionStates) with ``handoff(src, dst)`` giving a
+    transfer's links and bytes per cycle."""
+
+    def __init__(self, requests, regions: list[RegionState], clock_hz: float,
+                 kv_bytes_per_token: int, caching: bool):
+        n = len(requests)
+        self.regions = regions
+        self.entry = [q for q in regions if q.role in ("mixed", "prefill")]
+        self.decoders = [q for q in regions if q.role in ("mixed", "decode")]
+        self.prompt = requests.prompt_tokens.tolist()
+        self.output = requests.output_tokens.tolist()
+        self.need = [p + o for p, o in zip(self.prompt, self.output)]
+        self.session = requests.session.tolist()
+        self.call = requests.call.tolist()
+        self.think = (requests.think_s * clock_hz).tolist()
+        self.arrival = np.full(n, np.nan)
+        self.first = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.made = [0] * n
+        self.last = [0.0] * n
+        self.where = [""] * n
+        self.gaps: list = []  # (request, cycles since its token before)
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.caching = caching
+        self.handoffs: deque = deque()  # (request, prefill region), in order
+        self.link_free: dict = {}  # (system, "fabric" | "send" | "receive") -> when free
+        self.head_blocked: float | None = None  # when the first waiting handoff began waiting
+        self.events: list = []
+        self.seq = 0
+        calls = {(s, c): i for i, (s, c) in enumerate(zip(self.session, self.call))}
+        self.next_of = [calls.get((s, c + 1), -1) for s, c in zip(self.session, self.call)]
+        for i in range(n):
+            if not np.isnan(requests.arrival_s[i]):
+                self.schedule(requests.arrival_s[i] * clock_hz, Arrival(i))
+
+    def schedule(self, t: float, event: Event) -> None:
+        heapq.heappush(self.events, (t, self.seq, event))
+        self.seq += 1
+
+    def run(self) -> None:
+        while self.events:
+            now, _, event = heapq.heappop(self.events)
+            event.handle(self, now)
+
+    # --- the loop's own bookkeeping
+
+    def kick(self, r: RegionState, now: float) -> None:
+        """A dispatch of ``r`` once its stage 0 is free, unless one is in the heap already
+        (copies would only wait again, and pile up under load)."""
+        if not r.pipeline.dispatching:
+            r.pipeline.dispatching = True
+            self.schedule(max(now, r.pipeline.free[0]), Dispatch(r))
+
+    def holds(self, r: RegionState, i: int) -> int:
+        """KV tokens request ``i`` takes on entering ``r``: a colocated region keeps the
+        sequence's whole KV, a prefill region only the prompt's, until the handoff."""
+        return self.need[i] if r.role == "mixed" else self.prompt[i]
+
+    def release(self, r: RegionState, i: int, held: int, cached: int, now: float) -> None:
+        r.kv.hold(-held, now)
+        r.kv.running -= 1
+        if self.caching and cached:
+            r.kv.keep(self.session[i], self.call[i], cached)
+
+    def next_call(self, i: int, now: float) -> None:
+        nxt = self.next_of[i]
+        if nxt >= 0:
+            self.schedule(now + self.think[nxt], Arrival(nxt))
+
+    def start_handoffs(self, now: float) -> None:
+        """Finished prompts, in order, move to the decode region with room for their whole KV
+        that holds the least, over the links their transfer needs, one after another."""
+        while self.handoffs:
+            i, src = self.handoffs[0]
+            room = [q for q in self.decoders if q.kv.used + self.need[i] <= q.kv.capacity
+                    and not (q.max_running and q.kv.running >= q.max_running)]
+            if not room:
+                if self.head_blocked is None:
+                    self.head_blocked = now
+                return
+            if self.head_blocked is not None:
+                src.counters.kv_blocked += now - self.head_blocked
+                self.head_blocked = None
+            self.handoffs.popleft()
+            q = min(room, key=lambda x: (x.kv.used, x.name))
+            q.kv.hold(self.need[i], now)
+            q.kv.running += 1
+            sender, receiver = src.pool.system, q.pool.system
+            latency = 0.0
+            if sender == receiver:  # across the wafer's fabric
+                links, rate = [(sender, "fabric")], src.pool.fabric_bytes_per_cycle
+            else:  # out over one system's link and in over the other's
+                links = [(sender, "send"), (receiver, "receive")]
+                rate = min(src.pool.link_bytes_per_cycle, q.pool.link_bytes_per_cycle)
+                # The network's latency delays the arrival; the links are free again as the
+                # last byte leaves.
+                latency = max(src.pool.link_latency_cycles, q.pool.link_latency_cycles)
+            nbytes = self.prompt[i] * self.kv_bytes_per_token
+            sent = max([now] + [self.link_free.get(link, 0.0) for link in links]) \
+                + nbytes / rate
+            for link in links:
+                self.link_free[link] = sent
+            self.schedule(sent + latency, Joined(i, q, src))
+
+    # --- what a policy's dispatch is built from (as in compiled_loop)
+
+    def next_prompt(self, r: RegionState) -> int:
+        return r.queues.prompts[0] if r.queues.prompts else -1
+
+    def queued(self, r: RegionState, k: int) -> int:
+        """The ``k``-th prompt of ``r``'s queue (0: its head), or -1."""
+        return r.queues.prompts[k] if k < len(r.queues.prompts) else -1
+
+    def started(self, r: RegionState, i: int) -> bool:
+        return i in r.queues.progress
+
+    def remaining(self, r: RegionState, i: int) -> int:
+        return self.prompt[i] - r.queues.progress[i]
+
+    def batch_size(self, r: RegionState, limit: int) -> int:
+        """Sequences for the next decode micro-batch: the decoding sequences spread over as
+        many micro-batches as the pipeline has stages (so that every stage has one to work
+        on), at most ``limit``."""
+        decoding = len(r.queues.ready) + r.queues.flying
+        return max(1, min(limit, -(-decoding // len(r.pipeline.free))))
+
+    def admit(self, r: RegionState, i: int, now: float) -> bool:
+        """Admit request ``i``, at the head of ``r``'s queue, if its KV fits (giving up
+        cached KV if need be) and the running cap allows, timing its wait otherwise. Its
+        prompt starts after the prefix its session's previous call left in the cache."""
+        tokens = self.holds(r, i)
+        session = self.session[i]
+        c = r.counters
+        capped = r.max_running and r.role != "prefill" and r.kv.running >= r.max_running
+        if capped or not r.kv.make_room(tokens, session):
+            if c.blocked_since is None:
+                c.blocked_since = now
+            return False
+        if c.blocked_since is not None:
+            c.kv_blocked += now - c.blocked_since
+            c.blocked_since = None
+        reuse = 0
+        entry = r.kv.take_cached(session)
+        if entry is not None and entry[0] == self.call[i] - 1:  # else stale
+            reuse = min(entry[1], self.prompt[i] - 1)
+        c.reused += reuse
+        r.queues.progress[i] = reuse
+        r.kv.running += 1
+        r.kv.hold(tokens, now)
+        return True
+
+    def send(self, r: RegionState, now: float, sequences: int, i: int, tokens: int) -> None:
+        """Start one micro-batch on ``r``: a decode step of the next ``sequences`` ready
+        sequences (0: none) and the next ``tokens`` tokens of the admitted prompts from ``i``,
+        the head of its queue, on (-1: none): the rest of each but the last, which may stop
+        partway."""
+        q, c = r.queues, r.counters
+        batch = []
+        if sequences:
+            if sequences == 1:
+                batch = [q.ready.pop(0)]
+                context = batch[0][1]
+            else:
+                batch = q.ready[:sequences]
+                del q.ready[:sequences]
+                context = sum(ctx for _, ctx, _ in batch) / sequences
+        # Riding in a chunk's step (``Pool.riding``), the decode's share is its own table's
+        # and its sequences' tokens join the chunk's.
+        merged = sequences and i >= 0 and r.pool.riding is not None
+        if sequences:
+            own = (r.pool.riding if merged else r.pool.decode).vector(sequences, context)
+        if i >= 0:
+            # Several prompts' tokens are read as one chunk at their mean prefix,
+            # token-weighted.
+            left, k, weighted = tokens, 0, 0.0
+            while left > 0:
+                j = q.prompts[k]
+                take = min(left, self.prompt[j] - q.progress[j])
+                weighted += take * q.progress[j]
+                left -= take
+                k += 1
+            chunk = r.pool.prefill.vector(tokens + (sequences if merged else 0),
+                                          weighted / tokens)
+        if sequences and i >= 0:
+            c.busy_decode += own[-1]
+            c.busy_prefill += chunk[-1]
+            done = r.pipeline.run(own + chunk, now, "decode+prefill")
+        elif sequences:
+            c.busy_decode += own[-1]
+            done = r.pipeline.run(own, now, "decode")
+            q.turns += 1
+        else:
+            c.busy_prefill += chunk[-1]
+            done = r.pipeline.run(chunk, now, "prefill")
+            q.turns = 0
+        if sequences:
+            alone = own[-1] + own[-2]  # its stages and the hops between them
+            waited = done - batch[0][2] if sequences == 1 else \
+                sum(done - since for _, _, since in batch)
+            c.stall += waited - sequences * alone
+            c.work += sequences * alone
+            c.decoded += sequences
+            q.flying += sequences
+            self.schedule(done, Decoded(r, batch))
+        left = tokens if i >= 0 else 0
+        while left > 0:
+            j = q.prompts[0]
+            take = min(left, self.prompt[j] - q.progress[j])
+            q.progress[j] += take
+            left -= take
+            if q.progress[j] == self.prompt[j]:  # the whole prompt is in
+                q.prompts.popleft()
+                del q.progress[j]
+                self.schedule(done, Prefilled(j, r))
+
+    def send_decode(self, r: RegionState, now: float, limit: int) -> bool:
+        """A decode micro-batch of the ready sequences, at most ``limit``, if any."""
+        if not r.queues.ready or not r.serves_decode:
+            return False
+        self.send(r, now, min(self.batch_size(r, limit), len(r.queues.ready)), -1, 0)
+        return True
+
+
+def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -> tuple:
+    """Serve on this loop: the fields of ``serve.LoopOutput``. ``policies``: each role's
+    policy; ``caching``: whether the prefix cache is kept."""
+    regions = [RegionState(k, p, policies[p.role], options.timeline_events)
+               for k, p in enumerate(pools)]
+    sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching)
+    began = time.perf_counter()
+    sim.run()
+    loop_s = time.perf_counter() - began
+    gaps = np.array(sim.gaps, dtype=np.float64).reshape(-1, 2)
+    per_region = [(r.counters, r.kv.used, r.kv.trace, r.pipeline.events) for r in regions]
+    stats = [{"busy_prefill": c.busy_prefill, "busy_decode": c.busy_decode,
+              "decoded": c.decoded, "stall": c.stall, "work": c.work,
+              "kv_blocked": c.kv_blocked, "reused": c.reused, "kv_used": used,
+              "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
+             for c, used, trace, events in per_region]
+    return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,
+            gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats, loop_s)

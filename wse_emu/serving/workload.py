@@ -1,0 +1,403 @@
+"""Request workloads: synthetic arrivals, trace replay and agentic sessions.
+
+A workload becomes a table of requests (numpy columns, sorted by arrival): when each arrives,
+its prompt and output lengths, and for agentic sessions which session and call it is. A session
+makes its calls in sequence: call i+1 arrives only after call i has finished plus a think/tool
+time, so only the first call of a session has a fixed arrival; the others carry the gap.
+Everything is drawn from one seeded generator: the same spec and seed give the same requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+from array import array
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wse_emu.errors import ConfigError
+from wse_emu.util.configfile import (
+    build_dataclass,
+    check_version,
+    find_named,
+    is_preset_name,
+    preset_names,
+    read_yaml_mapping,
+    regular_file,
+    require,
+)
+
+ARRIVALS = ("poisson", "gamma", "trace")
+LENGTHS = ("fixed", "uniform", "lognormal", "table")
+TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+# The most model calls (requests, or sessions x calls) one workload holds, and so the most rows
+# of a trace one replay reads. Serving tiny on mesh16 (prompts ~300, outputs ~60 tokens) peaked
+# at 203 MB of resident memory for 10,000 requests, 434 MB for 100,000 and 2.75 GB for
+# 1,000,000 (3.0 GB writing its run directory): about 2.6 KB a request over a 180 MB base, so
+# this many keeps a run within a few GB (a billion would take 8 GB for each of the request
+# table's six columns before any serving began).
+MAX_REQUESTS = 1_000_000
+# The most independent draws of a workload an experiment repeats its whole search on: each
+# is one more full search (hours for a real model), and the 95% interval over draws narrows
+# little past a few tens of them, while a typo of 10**6 would hold a million draws at once.
+MAX_DRAWS = 100
+# The longest line a trace may have: a row is three numbers (and any columns beside them); a
+# file of one endless line (no newline) must not be read whole to find its first row.
+MAX_TRACE_LINE = 65536
+TRACES = "traces"  # the shipped traces' folder under programs/, each named by its file's stem
+
+
+@dataclass
+class LengthSpec:
+    """A distribution of token counts: fixed ``value``; uniform in [low, high]; lognormal with
+    ``median`` and ``sigma`` (clipped to [low, high]); or drawn from ``table`` values."""
+
+    kind: str = "fixed"
+    value: int = 128
+    low: int = 1
+    high: int = 131072
+    median: float = 512.0
+    sigma: float = 1.0
+    table: list = field(default_factory=list)
+
+    def validate(self, where: str) -> "LengthSpec":
+        require(self.kind in LENGTHS, where, f"'kind' must be one of {', '.join(LENGTHS)}")
+        require(self.value >= 1 and 1 <= self.low <= self.high, where,
+                "lengths must be at least 1 and low <= high")
+        require(self.median > 0 and self.sigma >= 0, where, "median > 0 and sigma >= 0")
+        if self.kind == "table":
+            require(bool(self.table) and all(isinstance(v, int) and v >= 1 for v in self.table),
+                    where, "'table' must list positive integers")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=n).astype(np.int64)
+        if self.kind == "lognormal":
+            x = rng.lognormal(np.log(self.median), self.sigma, size=n)
+            return np.clip(np.rint(x), self.low, self.high).astype(np.int64)
+        return rng.choice(np.asarray(self.table, dtype=np.int64), size=n)
+
+
+@dataclass
+class WorkloadSpec:
+    name: str
+    arrival: str = "poisson"  # poisson, gamma, or trace
+    rate: float = 1.0  # requests (or sessions) per second
+    cv: float = 1.0  # gamma arrivals: coefficient of variation of the gaps (1 = Poisson)
+    requests: int = 1000  # requests, or sessions for agentic workloads
+    prompt: dict = field(default_factory=dict)
+    output: dict = field(default_factory=dict)
+    trace: str = ""  # a CSV (arrived_at, num_prefill_tokens, num_decode_tokens)
+    rate_scale: float = 1.0  # trace replay: arrivals this many times faster
+    calls: int = 1  # agentic: model calls per session
+    tool_tokens: dict = field(default_factory=dict)  # agentic: new tokens per later call
+    think_s: float = 0.0  # agentic: think/tool time between calls
+    seed: int = 0
+    skip: int = 0  # trace replay: start after this many rows (another window of the trace)
+    description: str = ""
+
+    def validate(self, where: str) -> "WorkloadSpec":
+        require(self.arrival in ARRIVALS, where,
+                f"field 'arrival' must be one of {', '.join(ARRIVALS)}")
+        require(self.rate > 0 and self.cv > 0 and self.rate_scale > 0, where,
+                "'rate', 'cv' and 'rate_scale' must be positive")
+        require(self.requests >= 1 and self.calls >= 1, where,
+                "'requests' and 'calls' must be at least 1")
+        require(self.requests <= MAX_REQUESTS, where,
+                f"'requests' must be at most {MAX_REQUESTS:,} (the most one run holds), got "
+                f"{self.requests:,}")
+        require(self.requests * self.calls <= MAX_REQUESTS, where,
+                f"'requests' x 'calls' must be at most {MAX_REQUESTS:,} model calls (the most "
+                f"one run holds), got {self.requests:,} x {self.calls:,}")
+        require(self.think_s >= 0 and self.seed >= 0 and self.skip >= 0, where,
+                "'think_s', 'seed' and 'skip' must be >= 0")
+        require(self.arrival != "trace" or bool(self.trace), where,
+                "trace arrivals need a 'trace': a shipped trace's name or a CSV path")
+        require(self.arrival == "trace" or self.skip == 0, where,
+                "'skip' applies to trace replays only (a synthetic workload draws a new seed)")
+        for name in ("prompt", "output", "tool_tokens"):
+            length_spec(getattr(self, name), f"{where}: field '{name}'")
+        return self
+
+
+def length_spec(data: dict, where: str) -> LengthSpec:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    return build_dataclass(LengthSpec, data or {}, where).validate(where)
+
+
+@dataclass
+class Requests:
+    """One row per model call, by session then call, sessions in order of arrival;
+    ``arrival_s`` is NaN for a session's later calls (they follow the call before)."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    session: np.ndarray  # session id (a plain request is a session of one call)
+    call: np.ndarray  # index of the call within its session
+    think_s: np.ndarray  # wait after the previous call of the session before this one
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    def digest(self) -> str:
+        """A digest of every column: equal requests, equal digests."""
+        h = hashlib.sha256()
+        for f in dataclasses.fields(self):
+            column = np.ascontiguousarray(getattr(self, f.name))
+            h.update(f"{f.name}:{column.dtype}:{column.shape}".encode())
+            h.update(column.tobytes())
+        return h.hexdigest()
+
+    def faster(self, factor: float) -> "Requests":
+        """The same requests arriving ``factor`` times as fast (the same draws, so a rate
+        search compares like with like)."""
+        return Requests(self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
+                        self.session, self.call, self.think_s)
+
+    def sessions(self) -> int:
+        """How many sessions (plain requests) it holds: what a workload's size counts."""
+        return int(np.count_nonzero(~np.isnan(self.arrival_s)))
+
+    def offered_rate(self) -> float:
+        """Sessions (plain requests) per second over the span of their arrivals."""
+        first = self.arrival_s[~np.isnan(self.arrival_s)]
+        span = float(first.max() - first.min()) if len(first) > 1 else 0.0
+        return (len(first) - 1) / span if span > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        first = ~np.isnan(self.arrival_s)
+        span = float(np.nanmax(self.arrival_s) - np.nanmin(self.arrival_s)) if first.any() else 0
+        return {"requests": len(self), "sessions": self.sessions(),
+                "prompt_tokens_mean": float(self.prompt_tokens.mean()),
+                "output_tokens_mean": float(self.output_tokens.mean()),
+                "arrival_span_s": span}
+
+
+def workload_from_dict(data: dict, source: str) -> WorkloadSpec:
+    check_version(data, source)
+    return build_dataclass(WorkloadSpec, data, source, skip=("version",)).validate(source)
+
+
+def workload_spec(workload: "str | WorkloadSpec | None" = None,
+                  trace: str | Path | None = None, rate: float | None = None,
+                  requests: int | None = None) -> WorkloadSpec:
+    """A workload (a preset, a YAML or a WorkloadSpec, copied), or the replay of a trace (a
+    shipped trace's name or a CSV path); ``rate`` overrides a preset's rate, or speeds a trace
+    up; ``requests`` keeps the first so many (sessions). A whole trace (no ``requests``) is
+    read here, so that a bad or too long one is refused before any work."""
+    if isinstance(requests, int) and requests > MAX_REQUESTS:
+        raise ConfigError(f"`requests` must be at most {MAX_REQUESTS:,} (the most one run "
+                          f"holds), got {requests:,}")
+    if trace:
+        if requests is None:  # the whole trace: every row read now, to count them
+            requests = len(read_trace(trace_path(trace))[0])
+        spec = WorkloadSpec(name=Path(str(trace)).stem, arrival="trace", trace=str(trace),
+                            requests=requests, rate_scale=rate or 1.0).validate(f"trace {trace}")
+    else:
+        spec = replace(workload) if isinstance(workload, WorkloadSpec) \
+            else load_workload(workload)
+        if rate is not None:
+            spec.rate = rate
+        if requests is not None:
+            spec.requests = requests
+        spec.validate(f"workload {spec.name}")
+    if spec.arrival == "trace":
+        # The file found, its header and the first row replayed checked before any work (the
+        # rows a window skips are read through, not kept).
+        read_trace(trace_path(spec.trace), skip=spec.skip, rows=1)
+    return spec
+
+
+def load_workload(name_or_path: str | Path) -> WorkloadSpec:
+    """A preset under ``programs/workloads/`` or a workload YAML path. A trace it names by a
+    relative path is found beside the YAML (wherever the command runs); by name, shipped."""
+    path, source = find_named("workloads", "workload", name_or_path)
+    spec = workload_from_dict(read_yaml_mapping(path), source)
+    if spec.trace and not is_preset_name(TRACES, spec.trace, ".csv"):
+        spec.trace = str(path.parent / spec.trace)  # an absolute trace path stays as it is
+    return spec
+
+
+def trace_names() -> list[str]:
+    """The shipped traces' names (``programs/traces/*.csv``)."""
+    return preset_names(TRACES, ".csv")
+
+
+def trace_path(name_or_path: str | Path, base: Path | None = None) -> Path:
+    """The CSV a trace names: a shipped trace (``azure-conv``) or a path, relative to ``base``
+    when given; an unknown name lists the shipped traces."""
+    return find_named(TRACES, "trace", name_or_path, ".csv", base)[0]
+
+
+def load_trace(path: str | Path, rate_scale: float = 1.0) -> tuple[np.ndarray, ...]:
+    """(arrival s, prompt tokens, output tokens) of every row of a trace CSV (a path, or a
+    shipped trace's name); bad traces raise ConfigError naming the file, the line and the
+    problem, and a trace of more than MAX_REQUESTS rows is refused."""
+    return read_trace(trace_path(path), rate_scale=rate_scale)
+
+
+def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
+               rows: int | None = None) -> tuple[np.ndarray, ...]:
+    """(arrival s, prompt tokens, output tokens) of rows ``skip`` to ``skip + rows`` of a
+    trace CSV (every row after ``skip`` when ``rows`` is None, at most MAX_REQUESTS of them),
+    its clock started at the first row kept. The file is read row by row and no further than
+    the last row wanted: a long trace costs what is kept of it. Every row read is checked
+    (header, numbers, times in order), with its line."""
+    path = regular_file(path)
+    wanted = MAX_REQUESTS + 1 if rows is None else rows  # one more: to see there are more
+    times, prompts, outputs = array("d"), array("q"), array("q")
+    first = last = None  # the trace's first arrival, and the last one read
+    seen = 0  # data rows read, skipped ones included
+    try:
+        # utf-8-sig: a trace saved by a spreadsheet program may begin with a byte-order mark.
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            lines = _bounded_lines(fh, path)
+            reader = csv.reader(lines)
+            header = next(reader, None)
+            if header is None or [h.strip() for h in header[:3]] != list(TRACE_COLUMNS):
+                raise ConfigError(f"{path}: the first line must be the columns "
+                                  f"{','.join(TRACE_COLUMNS)}")
+            while len(times) < wanted:
+                row = next(reader, None)
+                if row is None:
+                    break
+                if not row or not "".join(row).strip():
+                    continue
+                t, p, o = _trace_row(path, reader.line_num, row, last)
+                first = t if first is None else first
+                last = t
+                seen += 1
+                if seen > skip:
+                    times.append(t)
+                    prompts.append(p)
+                    outputs.append(o)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        # Text is decoded ahead of the rows parsed: the bad byte is somewhere after them.
+        raise ConfigError(f"{path}: not UTF-8 text (a bad byte after line "
+                          f"{reader.line_num})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: line {reader.line_num}: {exc}") from None
+    if rows is None and len(times) > MAX_REQUESTS:
+        after = f" after skipping {skip:,}" if skip else ""
+        raise ConfigError(f"{path}: more than {MAX_REQUESTS:,} rows to replay{after}, the most "
+                          "one run holds: replay its first rows with `requests`")
+    if not seen:
+        raise ConfigError(f"{path}: no requests")
+    if not times:
+        raise ConfigError(f"{path}: {seen} requests, none left after skipping {skip}")
+    # As the whole trace's clock, then the window's: the same floats a window always had.
+    arrivals = (np.frombuffer(times, dtype=np.float64) - first) / rate_scale
+    if skip:
+        arrivals = arrivals - arrivals[0]
+    return (arrivals, np.frombuffer(prompts, dtype=np.int64).copy(),
+            np.frombuffer(outputs, dtype=np.int64).copy())
+
+
+def _bounded_lines(fh, path: Path):
+    """The lines of ``fh``, each refused past MAX_TRACE_LINE characters before it is held."""
+    number = 0
+    while True:
+        line = fh.readline(MAX_TRACE_LINE + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_TRACE_LINE:
+            raise ConfigError(f"{path}: line {number} is longer than {MAX_TRACE_LINE:,} "
+                              "characters; a trace row is three numbers")
+        yield line
+
+
+def _trace_row(path: Path, line: int, row: list, last: float | None) -> tuple:
+    """(arrival, prompt, output) of one row, checked: numbers, in range, in time order."""
+    if len(row) < 3:
+        raise ConfigError(f"{path}: line {line} has {len(row)} columns, expected 3")
+    try:
+        t, p, o = float(row[0]), int(row[1]), int(row[2])
+    except ValueError:
+        raise ConfigError(f"{path}: line {line}: not numbers: {','.join(row[:3])}") from None
+    if not np.isfinite(t) or t < 0 or p < 1 or o < 1:
+        raise ConfigError(f"{path}: line {line}: times must be >= 0 and token counts >= 1")
+    if max(p, o) > np.iinfo(np.int64).max:
+        raise ConfigError(f"{path}: line {line}: a token count beyond any model's")
+    if last is not None and t < last:
+        raise ConfigError(f"{path}: line {line}: arrival {t} is before the previous one "
+                          f"({last}); a trace must be sorted by time")
+    return t, p, o
+
+
+def _gaps(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    mean = 1.0 / spec.rate
+    if spec.arrival == "poisson":
+        return rng.exponential(mean, size=n)
+    shape = 1.0 / spec.cv ** 2  # gamma gaps with the given coefficient of variation
+    return rng.gamma(shape, mean / shape, size=n)
+
+
+def replicate(spec: WorkloadSpec, index: int, size: int) -> WorkloadSpec:
+    """The ``index``-th independent draw of a workload: the next seed for a synthetic one, the
+    next window of ``size`` requests for a trace."""
+    if spec.arrival == "trace":
+        return replace(spec, skip=spec.skip + index * size)
+    return replace(spec, seed=spec.seed + index)
+
+
+def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
+    """The requests of a workload (deterministic for its seed); a trace it names by a
+    relative path is found under ``base_dir`` when given."""
+    rng = np.random.default_rng(spec.seed)
+    where = f"workload {spec.name}"
+    # Checked again here, before anything is drawn: a spec need not have been validated.
+    require(spec.requests * spec.calls <= MAX_REQUESTS, where,
+            f"{spec.requests:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, "
+            "the most one run holds")
+    if spec.arrival == "trace":
+        # Rows skip to skip + requests, read no further (requests 0: every row after skip);
+        # another window's clock starts at its first arrival.
+        arrivals, prompts, outputs = read_trace(
+            trace_path(spec.trace, base_dir), spec.rate_scale, spec.skip, spec.requests or None)
+        n = len(arrivals)
+        require(n * spec.calls <= MAX_REQUESTS, where,
+                f"{n:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, the "
+                "most one run holds")
+    else:
+        n = spec.requests
+        arrivals = np.cumsum(_gaps(spec, rng, n))
+        arrivals -= arrivals[0]
+        prompts = length_spec(spec.prompt, f"{where}: prompt").draw(rng, n)
+        outputs = length_spec(spec.output, f"{where}: output").draw(rng, n)
+    calls = spec.calls
+    if calls == 1:
+        zeros = np.zeros(n, dtype=np.int64)
+        return Requests(arrivals.astype(float), prompts, outputs, np.arange(n), zeros,
+                        np.zeros(n))
+    # Agentic sessions: call i's prompt is the whole context so far (the previous prompt, its
+    # output and the new tool output).
+    tools = length_spec(spec.tool_tokens or {"kind": "fixed", "value": 256},
+                        f"{where}: tool_tokens").draw(rng, n * (calls - 1)).reshape(n, calls - 1)
+    out_later = length_spec(spec.output, f"{where}: output").draw(
+        rng, n * (calls - 1)).reshape(n, calls - 1)
+    prompt = np.zeros((n, calls), dtype=np.int64)
+    output = np.zeros((n, calls), dtype=np.int64)
+    prompt[:, 0], output[:, 0] = prompts, outputs
+    for c in range(1, calls):
+        prompt[:, c] = prompt[:, c - 1] + output[:, c - 1] + tools[:, c - 1]
+        output[:, c] = out_later[:, c - 1]
+    arrival = np.full((n, calls), np.nan)
+    arrival[:, 0] = arrivals
+    think = np.full((n, calls), spec.think_s)
+    think[:, 0] = 0.0
+    session = np.repeat(np.arange(n), calls)
+    call = np.tile(np.arange(calls), n)
+    return Requests(arrival.ravel(), prompt.ravel(), output.ravel(), session, call,
+                    think.ravel())

@@ -1,0 +1,1 @@
+"""Sweeps: every combination of a base configuration's axes, keyed, resumable."""
