@@ -5,8 +5,8 @@ of the knob groups below, each knob declared once with ``knobs.knob``) and dispa
 over: ``dispatch`` for the plain loop (``plain_loop.Simulation``'s primitives) and
 ``compiled`` for the compiled loop (``compiled_loop``'s primitives, compiled with the signature
 ``DISPATCH``), the two line for line alike. A new policy is one class here, registered with
-``@register``, and its test (``tests/test_serve_twin.py`` runs every registered policy through
-both loops).
+``@register``, and its test (``tests/serving/test_serve_twin.py`` runs every registered policy
+through both loops).
 
 Colocated regions serve with the policy the options name. The regions of a disaggregated
 split serve first come first served (``PrefillPriority``: a prefill region has no decode

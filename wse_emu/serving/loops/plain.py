@@ -5,7 +5,7 @@ heap; a region's state is split by concern (its pipeline, its KV space and prefi
 queues, its counters). A policy's ``dispatch`` (``policies.py``) starts micro-batches through
 the primitives of ``Simulation`` (``admit``, ``send``, ``batch_size``, ...), which mirror the
 compiled loop's one for one. On the same inputs both loops give the same times to the last
-bit (``tests/test_serve_twin.py``); ``serve(..., loop="plain")`` runs this one.
+bit (``tests/serving/test_serve_twin.py``); ``serve(..., loop="plain")`` runs this one.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Bottom to top. A module may import its own layer and the layers before it in this list.
 # ``errors`` is the floor every layer stands on; the compiler, the figures and the presets keep
@@ -148,7 +148,8 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import wse_emu.api\n"
                    "def f():\n    from wse_emu.compiler.mapper import compile_model\n")
-    assert imports(bad, "wse_emu.bad") == {"wse_emu.compiler.mapper", "wse_emu.compiler.mapper.compile_model"}
+    assert imports(bad, "wse_emu.bad") == {"wse_emu.compiler.mapper",
+                                          "wse_emu.compiler.mapper.compile_model"}
 
 
 def test_only_the_command_line_imports_the_command_line():

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 from helpers import assert_one_line_error, run_cli
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu.cli.main import main
 from wse_emu.models.load import load_model

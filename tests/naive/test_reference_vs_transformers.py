@@ -27,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
-from reference_forward import ReferenceModel  # noqa: E402
+from naive.reference_forward import ReferenceModel  # noqa: E402
 
 from wse_emu.models.layer import EXPERT_TENSORS  # noqa: E402
 from wse_emu.models.spec import ModelSpec  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import follows_reference, relative
-from reference_forward import ReferenceModel, rope_frequencies
+from naive.reference_forward import ReferenceModel, rope_frequencies
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions

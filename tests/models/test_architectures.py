@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 from helpers import follows_reference, tasks_do_the_graphs_flops
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu.cli.main import main
 from wse_emu.compiler.intensity import analyze

@@ -40,7 +40,7 @@ from wse_emu.models.layer import ops_by_name
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import ModelSpec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 HF_DIR = FIXTURES  # the configs read as a downloaded snapshot's folder
 SUPPORTED = ["llama-3.2-1b", "qwen2.5-7b-instruct", "mistral-7b-v0.3"]
 # Fixtures of every supported family, and the ones refused with what the refusal names.

@@ -36,7 +36,7 @@ from wse_emu.program.format import write_run_dir
 from wse_emu.serving.workload import load_workload
 from wse_emu.util.configfile import _coerce, preset_dir, preset_names
 
-HF_LLAMA = Path(__file__).parent / "fixtures" / "hf_configs" / "llama-3.2-1b" / "config.json"
+HF_LLAMA = Path(__file__).parents[1] / "fixtures" / "hf_configs" / "llama-3.2-1b" / "config.json"
 TINY_YAML = preset_dir("models") / "tiny.yaml"
 MESH8_YAML = preset_dir("fabrics") / "mesh8.yaml"
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 from helpers import PROMPT, SPECS, follows_reference, routed_experts
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.mapper import compile_model

@@ -10,7 +10,7 @@ import pytest
 from wse_emu.cli import reference
 from wse_emu.cli.commands import COMMANDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = [README] + sorted(DOCS.glob("*.md"))
@@ -133,10 +133,10 @@ def test_no_page_names_a_path_of_the_machine_it_was_written_on():
 
 
 # Each recipe of the contributing page, and the test that follows it once.
-RECIPES = {"A new architecture family": ("test_families.py", "RENAMED"),
-           "A new serving policy": ("test_serve_twin.py", "DecodeFirst"),
-           "A new pool": ("test_pools.py", "StepModelPool"),
-           "A new kernel pattern": ("test_patterns.py", "GemvWhole")}
+RECIPES = {"A new architecture family": ("models/test_families.py", "RENAMED"),
+           "A new serving policy": ("serving/test_serve_twin.py", "DecodeFirst"),
+           "A new pool": ("pools/test_pools.py", "StepModelPool"),
+           "A new kernel pattern": ("kernels/test_patterns.py", "GemvWhole")}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

@@ -102,7 +102,7 @@ def test_the_example_sweeps_load_and_name_only_settings_a_point_takes():
     from wse_emu.api import CLUSTER_SETTINGS, POINT_SETTINGS
     from wse_emu.sweeps.sweep import load_sweep
 
-    examples = sorted((Path(__file__).resolve().parent.parent / "programs" / "sweeps")
+    examples = sorted((Path(__file__).resolve().parents[2] / "programs" / "sweeps")
                       .glob("*.yaml"))
     assert len(examples) >= 3
     for path in examples:
@@ -162,7 +162,7 @@ def test_a_folder_that_cannot_be_made_is_refused_up_front(tmp_path, capsys):
 
 def test_a_resumed_sweep_runs_failed_points_again_and_keys_files_by_content(tmp_path, capsys):
     fabric = tmp_path / "fabric.yaml"
-    preset = Path(__file__).resolve().parent.parent / "programs" / "fabrics" / "mesh16.yaml"
+    preset = Path(__file__).resolve().parents[2] / "programs" / "fabrics" / "mesh16.yaml"
     fabric.write_text(preset.read_text())
     text = SWEEP.replace("fabric: mesh16", f"fabric: {fabric}").split("axes:")[0] + \
         "axes: {context: [64]}\n"

@@ -23,7 +23,7 @@ axes:
   batch: [1, 2]
 """
 # Commands left out, and why: the demo runs in CI's first step (``.ci/run``); a benchmark
-# measures the project's speed targets, minutes each (``tests/test_bench_kernels.py`` runs
+# measures the project's speed targets, minutes each (``tests/kernels/test_bench_kernels.py`` runs
 # the kernels' own).
 LEFT_OUT = {"demo", "bench"}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import follows_reference
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu import api
 from wse_emu.compiler.mapper import compile_model
@@ -29,7 +29,7 @@ from wse_emu.models.weights import load_checkpoint, random_weights, save_checkpo
 from wse_emu.sim.functional.generate import Generator
 from wse_emu.util.configfile import preset_dir
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/
 PRESETS = sorted(p.stem for p in preset_dir("models").glob("*.yaml"))
 # The fixtures read as models (the others are there to be refused: a vision model, GPT-2, a
 # Mixtral-like config with a key we do not model).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import FAMILIES, PROMPT, follows_reference, routed_experts
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions

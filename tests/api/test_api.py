@@ -15,7 +15,7 @@ from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, Space
 from wse_emu.util.fmt import seconds
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.e2e

@@ -20,7 +20,7 @@ from wse_emu.program.format import WaferProgram
 from wse_emu.sweeps.sweep import RESULTS, read_rows
 from wse_emu.util import atomic
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Disk:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from reference_forward import (
+from naive.reference_forward import (
     ReferenceModel,
     apply_rope,
     gelu_tanh,

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from helpers import FAMILIES, PROMPT, compiled_on_mesh16, follows_reference
-from reference_forward import ReferenceModel
+from naive.reference_forward import ReferenceModel
 
 from wse_emu.errors import UserError
 from wse_emu.models import mxfp4, storage

@@ -24,7 +24,7 @@ from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.util import progress
 
-SMALL_CHAT = Path(__file__).parent / "fixtures" / "small_chat.yaml"
+SMALL_CHAT = Path(__file__).parents[1] / "fixtures" / "small_chat.yaml"
 # Six layouts compiled on two workers, then a few seconds of stage tables timed on them, then
 # serving runs on them: about 15 s in all.
 COMMAND = ["experiment", "disagg", "tiny", "--fabric", "mesh8", "--workload", str(SMALL_CHAT),

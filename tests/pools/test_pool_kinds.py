@@ -13,7 +13,7 @@ from wse_emu.pools.gpu_measured import gpu_available
 from wse_emu.pools.kinds import PoolKind
 from wse_emu.pools.names import parse_pool
 
-FABRICS = Path(__file__).resolve().parents[1] / "programs" / "fabrics"
+FABRICS = Path(__file__).resolve().parents[2] / "programs" / "fabrics"
 FACES = ("presets", "load", "owns", "power_w", "label", "pools", "step_times_source")
 
 
