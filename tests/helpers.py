@@ -210,3 +210,34 @@ class ImageSources(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag == "img":
             self.sources.append(dict(attrs)["src"])
+
+
+def forbid_work(monkeypatch, functions, message: str) -> None:
+    """Every binding of ``functions`` in a loaded module of wse_emu replaced by one that fails
+    the test with ``message``: the ways into work (compiling, timing, serving, starting
+    workers) are found wherever they were imported, not listed module by module."""
+    import sys
+
+    def work(*args, **kwargs):
+        raise AssertionError(message)
+    for module in [m for name, m in list(sys.modules.items())
+                   if name.startswith("wse_emu") and m is not None]:
+        for name, value in list(vars(module).items()):
+            if any(value is f for f in functions):
+                monkeypatch.setattr(module, name, work)
+
+
+def work_entries() -> list:
+    """The functions every piece of work starts in: compiling a model, simulating a region's
+    step, serving requests, building pools and their tables, starting workers, running or
+    claiming a sweep."""
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.pools.named import side_pools
+    from wse_emu.serving.pools import wafer_pools, wafer_pools_of
+    from wse_emu.serving.serve import serve
+    from wse_emu.sim.runner import run_region
+    from wse_emu.sweeps.sweep import claim_directory, run_sweep
+    from wse_emu.util.workers import point_pool
+
+    return [compile_model, run_region, serve, wafer_pools, wafer_pools_of, point_pool,
+            side_pools, run_sweep, claim_directory]

@@ -74,15 +74,17 @@ def test_a_handoff_is_what_run_prints(capsys):
 @pytest.mark.e2e
 def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
     program = api.compile("tiny", "mesh16", region=(8, 8))
-    result, metrics = api.serve(program, str(SMALL_CHAT), cache_dir=tmp_path, ttft_s=1.0,
-                                tpot_s=1.0)
+    served = api.serve(program, str(SMALL_CHAT), cache_dir=tmp_path, ttft_s=1.0, tpot_s=1.0)
+    result, metrics = served.result, served.metrics
+    assert served.report.to_json()["workload"] == result.workload
     assert metrics.requests == len(result.tokens) == 40
     assert metrics.slo_attainment == 1.0
     assert repr(metrics).startswith("RunMetrics(40 requests over ")
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
                   max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
-    data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
-                          space=space, cache_dir=tmp_path, workers=1)
+    data = api.experiment(api.ExperimentSpec(
+        "tiny", api.Load(str(SMALL_CHAT)), api.Targets(0.05, 0.001), api.Hardware("mesh16"),
+        space, api.Execution(workers=1, cache_dir=tmp_path)))
     assert {c.plan for c in data.final} == {"colocated", "disaggregated"}
     assert data.comparison.goodput_ratio > 0
     assert repr(data).startswith("ExperimentReport(tiny on 1 x mesh16, workload ")
@@ -91,9 +93,9 @@ def test_serve_and_experiment_return_what_the_commands_print(tmp_path):
     assert ExperimentReport.from_json(written) == data
     assert ExperimentReport.from_json(written).to_json() == written
     with pytest.raises(UserError, match="systems"):
-        api.experiment("llama-3.1-70b", str(SMALL_CHAT), ttft_s=1, tpot_s=0.01, space=space,
-                       workers=1,
-                       cache_dir=tmp_path)
+        api.experiment(api.ExperimentSpec(
+            "llama-3.1-70b", api.Load(str(SMALL_CHAT)), api.Targets(1, 0.01), space=space,
+            execution=api.Execution(workers=1, cache_dir=tmp_path)))
 
 
 def test_generate_computes_through_the_tiles():
@@ -109,8 +111,9 @@ def test_an_experiment_held_at_the_median_says_so_throughout(tmp_path):
 
     space = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
                   max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own")
-    data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
-                          space=space, cache_dir=tmp_path, workers=1, percentile=50)
+    data = api.experiment(api.ExperimentSpec(
+        "tiny", api.Load(str(SMALL_CHAT)), api.Targets(0.05, 0.001, percentile=50),
+        api.Hardware("mesh16"), space, api.Execution(workers=1, cache_dir=tmp_path)))
     assert (data.targets.at, data.targets.attainment) == ("p50", 0.5)
     written = json.loads(json.dumps(data.to_json()))
     assert "tpot_p50_s" in written["targets"]

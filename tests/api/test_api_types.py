@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SMALL_CHAT
+from helpers import SMALL_CHAT, forbid_work, work_entries
 
 from wse_emu import api
 from wse_emu.compiler.options import CompileOptions
@@ -33,8 +33,10 @@ from wse_emu.serving.serve import ServeOptions, setting_names
 
 # What a ``**options`` parameter gathers: the fields of the dataclass it fills.
 OPTIONS = {"compile": {f.name for f in dataclasses.fields(CompileOptions)},
-           "serve": set(setting_names()), "serve_pools": set(setting_names())}
-OPTION_HINTS = {"compile": CompileOptions, "serve": ServeOptions, "serve_pools": ServeOptions}
+           "serve": set(setting_names()), "serve_pools": set(setting_names()),
+           "check_serving": set(setting_names())}
+OPTION_HINTS = {"compile": CompileOptions, "serve": ServeOptions, "serve_pools": ServeOptions,
+                "check_serving": ServeOptions}
 
 
 def _callable(name: str):
@@ -113,19 +115,33 @@ def _sweep_file(folder: Path) -> Path:
 def BASE(name: str, program, tmp: Path) -> dict:
     """Arguments each public name is valid with (the others left at their defaults)."""
     cache = tmp / "cache"
-    experiment = dict(model="tiny", workload=SMALL_CHAT, ttft_s=0.05, fabric="mesh16",
-                      workers=1, cache_dir=cache)
+    load, execution = api.Load(SMALL_CHAT), api.Execution(workers=1, cache_dir=cache)
+    frontier = dict(model="tiny", load=load, ttft_s=0.05, hardware=api.Hardware("mesh16"),
+                    execution=execution)
+    experiment = {**{k: v for k, v in frontier.items() if k != "ttft_s"},
+                  "targets": api.Targets(0.05, 0.001)}
+    pairings = {**{k: v for k, v in frontier.items() if k != "hardware"}, "kinds": ["mesh16"]}
     return {
         "load_model": dict(name_or_path="tiny"),
         "load_fabric": dict(name_or_path="mesh16"),
         "compile": dict(model="tiny", fabric="mesh16", region=(8, 8)),
         "run": dict(program=program, phase="decode"),
+        "handoff": dict(program=program),
+        "check_serving": dict(workload=SMALL_CHAT),
         "serve": dict(program=program, workload=SMALL_CHAT, cache_dir=cache),
-        "serve_pools": dict(model="tiny", workload=SMALL_CHAT, pool="mesh16", cache_dir=cache),
-        "experiment": {**experiment, "tpot_s": 0.001},
-        "frontier": experiment,
-        "pairings": {**{k: v for k, v in experiment.items() if k != "fabric"},
-                     "kinds": ["mesh16"]},
+        "serve_pools": dict(model="tiny", workload=SMALL_CHAT, sides="mesh16", cache_dir=cache),
+        "experiment": dict(spec=api.ExperimentSpec(**experiment)),
+        "frontier": dict(spec=api.FrontierSpec(**frontier)),
+        "pairings": dict(spec=api.PairingsSpec(**pairings)),
+        "ExperimentSpec": experiment,
+        "FrontierSpec": frontier,
+        "PairingsSpec": pairings,
+        "Load": dict(workload=SMALL_CHAT),
+        "Hardware": {},
+        "Counting": {},
+        "WaferTiming": {},
+        "Execution": dict(workers=1, cache_dir=cache),
+        "Speeds": {},
         "generate": dict(program=program, prompt_ids=[1, 2], new_tokens=1),
         "sweep": dict(sweep=_sweep_file(tmp), output=tmp / "out", workers=1),
         "draw": dict(run_dir=tmp),
@@ -144,9 +160,7 @@ def no_work(monkeypatch):
     from wse_emu.sim.functional import generate
     from wse_emu.visualize import rundraw
 
-    for name in ("compile_model", "run_region", "serve_requests", "wafer_pools",
-                 "wafer_pools_of", "point_pool", "run_sweep", "claim_directory", "side_pools"):
-        monkeypatch.setattr(api, name, work)
+    forbid_work(monkeypatch, work_entries(), "work started before every argument was checked")
     monkeypatch.setattr(generate, "Generator", work)
     # Drawing checks its kinds of figures first (``check_kinds``), then reads the directory.
     monkeypatch.setattr(rundraw, "load_run", work)
@@ -204,11 +218,15 @@ def test_a_wrong_type_is_refused_by_name_before_any_work(name, parameter, progra
     (lambda p: api.generate(p, [1], 0), "new_tokens"),
     (lambda p: api.generate(p, [1], 1, weights_seed=-1), "weights_seed"),
     (lambda p: api.compile("tiny", "mesh16", bound_decode_batch=0), "bound_decode_batch"),
-    (lambda p: api.frontier("tiny", SMALL_CHAT, ttft_s=1, user_speeds=[math.inf]),
+    (lambda p: api.frontier(api.from_flat(
+        api.FrontierSpec, model="tiny", workload=SMALL_CHAT, ttft_s=1, user_speeds=[math.inf])),
      "user_speeds"),
-    (lambda p: api.frontier("tiny", SMALL_CHAT, ttft_s=1, user_speeds=[1e-320]),
+    (lambda p: api.frontier(api.from_flat(
+        api.FrontierSpec, model="tiny", workload=SMALL_CHAT, ttft_s=1, user_speeds=[1e-320])),
      "user_speeds"),
-    (lambda p: api.frontier("tiny", SMALL_CHAT, ttft_s=1, user_speed=1e-320), "user_speed"),
+    (lambda p: api.frontier(api.from_flat(
+        api.FrontierSpec, model="tiny", workload=SMALL_CHAT, ttft_s=1, user_speed=1e-320)),
+        "user_speed"),
     (lambda p: api.serve(p, SMALL_CHAT, cache_dir=""), "cache_dir"),
     (lambda p: api.serve(p, SMALL_CHAT, cache_dir=Path(__file__)), "cache_dir"),
     (lambda p: api.serve(p, SMALL_CHAT, cache_dir=Path(__file__) / "tables"), "cache_dir"),

@@ -80,7 +80,8 @@ def test_experiment_arguments_are_checked_by_name(settings, name, tmp_path):
     arguments = {"ttft_s": 0.05, "tpot_s": 0.001, "fabric": "mesh16", "workers": 1,
                  "cache_dir": tmp_path, **settings}
     with pytest.raises(UserError, match=f"`{name}"):
-        api.experiment("tiny", SMALL_CHAT, **arguments)
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="tiny", workload=SMALL_CHAT, **arguments))
     assert not list(tmp_path.iterdir())
 
 

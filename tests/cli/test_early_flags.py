@@ -13,7 +13,7 @@ Each runs the command in this process with every way into work made to fail the 
 from __future__ import annotations
 
 import pytest
-from helpers import SMALL_CHAT, assert_one_line_error, run_cli
+from helpers import SMALL_CHAT, assert_one_line_error, forbid_work, run_cli, work_entries
 
 from wse_emu import api
 from wse_emu.cli.main import main
@@ -28,11 +28,9 @@ POOLS = ["llama-3.1-8b", "--prefill-pool", "wse3", "--decode-pool", "trn2", "--w
 @pytest.fixture
 def no_work(monkeypatch):
     """Every way into work fails the test: compiling, timing a table, starting workers."""
-    def work(*args, **kwargs):
-        raise AssertionError("work started before every flag was checked")
-    for name in ("compile_model", "run_region", "serve_requests", "wafer_pools",
-                 "wafer_pools_of", "point_pool", "side_pools", "run_sweep"):
-        monkeypatch.setattr(api, name, work)
+    import wse_emu.cli.main  # noqa: F401 - every module the command line reaches, loaded
+
+    forbid_work(monkeypatch, work_entries(), "work started before every flag was checked")
 
 
 def refused(capsys, tmp_path, *argv) -> str:
@@ -111,12 +109,14 @@ def test_the_api_names_them_as_it_spells_them(no_work, tmp_path):
     arguments = dict(ttft_s=0.05, tpot_s=0.01, prefill_pool="wse3", decode_pool="trn2",
                      workers=1, cache_dir=tmp_path)
     with pytest.raises(UserError, match=r"^`units_per_rack=trn2=0`: units per rack must be"):
-        api.experiment("llama-3.1-8b", SMALL_CHAT, footprint="racks",
-                       units_per_rack={"wse3": 1, "trn2": 0}, **arguments)
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="llama-3.1-8b", workload=SMALL_CHAT, footprint="racks",
+                       units_per_rack={"wse3": 1, "trn2": 0}, **arguments))
     with pytest.raises(UserError, match=r"^`prices=h200=2`: no pool of this experiment is on "
                                         r"h200; its pools are on wse3, trn2"):
-        api.experiment("llama-3.1-8b", SMALL_CHAT, footprint="cost",
-                       prices={"wse3": 1, "trn2": 2, "h200": 2}, **arguments)
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="llama-3.1-8b", workload=SMALL_CHAT, footprint="cost",
+                       prices={"wse3": 1, "trn2": 2, "h200": 2}, **arguments))
     assert not list(tmp_path.iterdir())
 
 

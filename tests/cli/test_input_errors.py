@@ -32,7 +32,7 @@ from wse_emu.compiler.partition import (
 from wse_emu.errors import CompileError, ConfigError, UserError
 from wse_emu.hardware.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides
 from wse_emu.models.load import load_model
-from wse_emu.program.format import write_run_dir
+from wse_emu.rundir.directory import write_run_dir
 from wse_emu.serving.workload import load_workload
 from wse_emu.util.configfile import _coerce, preset_dir, preset_names
 

@@ -47,10 +47,10 @@ def program():
 
 @pytest.mark.e2e
 def test_no_attainment_is_reported_without_targets(program, tmp_path, capsys):
-    _, metrics = api.serve(program, SMALL_CHAT, requests=20, cache_dir=tmp_path)
+    metrics = api.serve(program, SMALL_CHAT, requests=20, cache_dir=tmp_path).metrics
     assert metrics.slo_attainment is None and metrics.goodput_requests_per_s is None
     assert "on target" not in repr(metrics)
-    _, judged = api.serve(program, SMALL_CHAT, requests=20, cache_dir=tmp_path, tpot_s=1.0)
+    judged = api.serve(program, SMALL_CHAT, requests=20, cache_dir=tmp_path, tpot_s=1.0).metrics
     assert judged.slo_attainment == 1.0
     args = ["serve", "tiny", "--fabric", "mesh16", "--region", "16x16", "--workload",
             str(SMALL_CHAT), "--requests", "20", "--cache-dir", str(tmp_path)]
@@ -68,6 +68,6 @@ def test_a_region_too_small_for_a_request_is_refused_with_one_that_holds_it(tmp_
                                         r"PEs holds it .*`region=16x16`"):
         api.serve(small, "chat", requests=200, cache_dir=tmp_path)
     # The region it names serves the same requests.
-    _, metrics = api.serve(api.compile("tiny", "mesh16", region=(16, 16)), "chat",
-                           requests=200, cache_dir=tmp_path)
+    metrics = api.serve(api.compile("tiny", "mesh16", region=(16, 16)), "chat",
+                        requests=200, cache_dir=tmp_path).metrics
     assert metrics.refused == 0

@@ -122,7 +122,8 @@ def test_list_shows_the_traces():
 @pytest.mark.e2e
 def test_the_api_serves_a_trace_by_name(tmp_path):
     program = api.compile("tiny", "mesh8")
-    result, metrics = api.serve(program, trace="azure-conv", requests=8, cache_dir=tmp_path)
+    served = api.serve(program, trace="azure-conv", requests=8, cache_dir=tmp_path)
+    result, metrics = served.result, served.metrics
     assert result.workload == "azure-conv" and metrics.requests == 8
 
 

@@ -39,17 +39,20 @@ def best(report) -> dict:
 def wafer(space: tuple = ()) -> dict:
     """Speed (tokens/s per user) -> each plan's best there: both speeds of one frontier, so
     that they share every serving run they have in common."""
-    report = api.frontier("llama-3.1-8b", trace="azure-conv", ttft_s=1.0, fabric="wse3",
+    report = api.frontier(api.from_flat(
+        api.FrontierSpec, model="llama-3.1-8b", trace="azure-conv", ttft_s=1.0, fabric="wse3",
                           user_speeds=SPEEDS, step_scales=(), workers=1,
-                          space=Space(grid="quick", window_s=0, **dict(space)))
+                          space=Space(grid="quick", window_s=0, **dict(space))))
     return {float(speed): best(data) for speed, data in report.experiments.items()}
 
 
 @cache
 def gpus(space: tuple = ()) -> dict:
-    return best(api.experiment("llama-3.1-8b", "steady-1024-256", ttft_s=1.0, tpot_s=0.005,
+    return best(api.experiment(api.from_flat(
+        api.ExperimentSpec, model="llama-3.1-8b", workload="steady-1024-256", ttft_s=1.0,
+        tpot_s=0.005,
                                split_pool="h200x8", percentile=50, workers=1,
-                               space=Space(window_s=0, **dict(space))))
+                               space=Space(window_s=0, **dict(space)))))
 
 
 def assert_within_5_percent(default: dict, harder: dict) -> None:

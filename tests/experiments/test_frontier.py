@@ -39,7 +39,8 @@ QUICK = Space(copies=(1,), prefill_tile=(64,), token_budget=(64,), interleave=(1
 def tiny_frontier(tmp_path, **settings):
     defaults = dict(ttft_s=0.05, fabric="mesh16", space=QUICK, cache_dir=tmp_path / "cache",
                     workers=1, step_scales=())
-    return api.frontier("tiny", str(SMALL_CHAT), **{**defaults, **settings})
+    return api.frontier(api.from_flat(
+        api.FrontierSpec, model="tiny", workload=str(SMALL_CHAT), **{**defaults, **settings}))
 
 
 @pytest.fixture(scope="module")
@@ -259,9 +260,11 @@ def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):
 
 @pytest.mark.e2e
 def test_both_plans_are_tried_at_the_same_pipeline_depths(tmp_path):
-    data = api.experiment("tiny", str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001, fabric="mesh16",
+    data = api.experiment(api.from_flat(
+        api.ExperimentSpec, model="tiny", workload=str(SMALL_CHAT), ttft_s=0.05, tpot_s=0.001,
+        fabric="mesh16",
                           space=replace(QUICK, layers_per_stage="matched"),
-                          cache_dir=tmp_path, workers=1)
+                          cache_dir=tmp_path, workers=1))
     layouts = {t["value"] for s in data.tuning if s["knob"] == "layout" for t in s["tried"]}
     deeper = {name for name in layouts if "/stage" in name}
     assert any(name.startswith("1 copy") for name in deeper) or \

@@ -13,6 +13,7 @@ from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import vary_experiment
 from wse_emu.experiments.goodput import Targets
 from wse_emu.experiments.sensitivity import parse_vary, scaled
+from wse_emu.experiments.setup import Job
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.serving.workload import WorkloadSpec, generate
 
@@ -38,13 +39,15 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
                         output={"kind": "fixed", "value": 4}).validate("test")
     seen = {}
 
-    def one(pool, draws, targets, cluster, transform=None, scale=None):
-        seen[cluster.systems] = len(draws[0])
-        raise UserError("enough: the draws were seen")
+    class Seen:  # an experiment's setup that records each value's job and stops there
+        @staticmethod
+        def run(job):
+            seen[job.cluster.systems] = len(job.draws[0])
+            raise UserError("enough: the draws were seen")
 
     cluster = ClusterSpec(load_fabric("wse3"), 1)
-    data = vary_experiment(parse_vary("systems=1,3"), one, None, [generate(spec)],
-                           Targets(1.0, 0.01), cluster,
+    job = Job(None, None, [generate(spec)], Targets(1.0, 0.01), cluster)
+    data = vary_experiment(parse_vary("systems=1,3"), Seen, job,
                            lambda systems: [generate(replace(spec, requests=10 * systems))])
     assert seen == {1: 10, 3: 30}
     assert [r.error for r in data.sensitivity] == ["enough: the draws were seen"] * 2
@@ -52,8 +55,7 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
     assert data.to_json()["sensitivity"][0] == {"value": 1, "tpot_s": 0.01, "systems": 1,
                                                 "error": "enough: the draws were seen"}
     seen.clear()
-    vary_experiment(parse_vary("systems=1,3"), one, None, [generate(spec)], Targets(1.0, 0.01),
-                    cluster)
+    vary_experiment(parse_vary("systems=1,3"), Seen, job)
     assert seen == {1: 10, 3: 10}  # without draws_for, every value starts from the same
 
 

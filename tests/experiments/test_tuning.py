@@ -1,14 +1,15 @@
 """Coordinate ascent over the plans' knobs (``tuning.tune``), on a made-up rate surface."""
 
-from dataclasses import replace
+from dataclasses import fields, replace
+from typing import get_type_hints
 
 import numpy as np
 
+from wse_emu.experiments.comparison import Space
 from wse_emu.experiments.goodput import Point
 from wse_emu.experiments.tuning import KNOB_DEFAULTS, Choice, Knob, Layout, fitted, tune
 from wse_emu.pools.kinds import SERVER_KNOBS
-from wse_emu.serving.knobs import EngineKnobs, info
-from wse_emu.serving.policies import knob_fields
+from wse_emu.serving.knobs import KNOB_NAMES, EngineKnobs, info, knob_fields
 from wse_emu.serving.pools import StagePool
 from wse_emu.serving.serve import ServeOptions
 from wse_emu.serving.tables import StageTable
@@ -171,3 +172,19 @@ def test_a_choice_moved_to_another_kinds_layout_starts_its_knobs_where_that_kind
     assert fitted(on_gpu, knobs, layouts) == on_gpu
     assert knobs[1].values_for(moved, layouts) == layouts[("colocated", "wafer")].knob_values(
         "token_budget")
+
+
+def test_the_search_space_has_one_field_of_values_per_declared_knob():
+    """``Space`` writes the knobs out again, as values to try: these fields and the
+    declarations must not drift apart."""
+    hints = get_type_hints(Space)
+    to_try = [f.name for f in fields(Space) if hints[f.name] == tuple | None]
+    assert to_try == list(KNOB_NAMES)
+    assert all(getattr(Space(), name) is None for name in KNOB_NAMES)
+
+
+def test_a_choice_holds_every_knob_at_its_declared_default():
+    choice = Choice("colocated", "small")
+    assert {name: getattr(choice, name) for name in KNOB_NAMES} == KNOB_DEFAULTS
+    assert choice.policy == "prefill-priority"
+    assert choice.label == "colocated, small, prefill priority, tile 64, batch 64"

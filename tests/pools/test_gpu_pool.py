@@ -62,8 +62,10 @@ def test_a_model_the_database_does_not_describe_is_refused_by_name(h200):
 
 
 def test_gpu_prefill_feeds_accelerator_decode(h200):
-    result, metrics = api.serve_pools("llama-3.1-8b", "chat", prefill_pool="h200x8",
-                                      decode_pool="trn2", requests=200)
+    served = api.serve_pools("llama-3.1-8b", "chat", sides={"prefill": "h200x8", "decode": "trn2"},
+                             requests=200)
+    result, metrics = served.result, served.metrics
+    assert served.report.step_times.keys() == {"prefill step times", "decode step times"}
     roles = {name: r["role"] for name, r in result.regions.items()}
     assert {roles[n] for n in roles if n.startswith("h200")} == {"prefill"}
     assert {roles[n] for n in roles if n.startswith("trn2")} == {"decode"}

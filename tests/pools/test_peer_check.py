@@ -37,8 +37,10 @@ def per_gpu(report) -> dict:
 def ours(percentile: int) -> dict:
     """Each plan's best on one node, every knob at its default values, targets held at
     ``percentile``."""
-    return per_gpu(api.experiment("llama-3.1-8b", "steady-1024-256", split_pool=f"h200x{GPUS}",
-                                  space=Space(window_s=0), percentile=percentile, **SETUP))
+    return per_gpu(api.experiment(api.from_flat(
+        api.ExperimentSpec, model="llama-3.1-8b", workload="steady-1024-256",
+        split_pool=f"h200x{GPUS}",
+                                  space=Space(window_s=0), percentile=percentile, **SETUP)))
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +63,10 @@ def test_the_disaggregated_plan_at_its_configuration_is_within_20_percent(peer, 
     """Served at AIConfigurator's own split and decode batch, ours is within 20% of its
     answer; tuned freely, ours finds at least as much."""
     theirs = peer["disagg"]
-    report = api.experiment(
-        "llama-3.1-8b", "steady-1024-256", prefill_pool=theirs.prefill_pool,
+    report = api.experiment(api.from_flat(api.ExperimentSpec,
+        model="llama-3.1-8b", workload="steady-1024-256", prefill_pool=theirs.prefill_pool,
         decode_pool=theirs.decode_pool, space=Space(window_s=0, batch_limit=(
-            theirs.decode_batch,)), percentile=50, **SETUP)
+            theirs.decode_batch,)), percentile=50, **SETUP))
     at_theirs = per_gpu(report)["disagg"]
     assert at_theirs == pytest.approx(theirs.tokens_per_s_per_gpu, rel=0.2)
     assert at_the_median["disagg"] >= at_theirs * (1 - 1e-9)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from wse_emu.errors import UserError
-from wse_emu.program.format import WaferProgram, write_run_dir
+from wse_emu.program.format import WaferProgram
 from wse_emu.program.options import CompileOptions
+from wse_emu.rundir.directory import write_run_dir
 
 
 def test_round_trip(tiny_8x8, tmp_path):

@@ -3,7 +3,7 @@ for every registered policy, colocated and disaggregated, handoffs inside and be
 the prefix cache of agentic sessions, the running cap and KV admission. A policy added by one
 class (here, in the test) runs on both loops alike."""
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +13,7 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.spec import ModelSpec
 from wse_emu.serving import policies
+from wse_emu.serving.knobs import BATCH_LIMIT, PREFILL_TILE
 from wse_emu.serving.loops import compiled as compiled_loop
 from wse_emu.serving.loops import state as compiled_state
 from wse_emu.serving.loops.compiled import admit, next_prompt, ready, remaining, send, send_decode
@@ -192,10 +193,7 @@ class DecodeFirst(policies.Policy):
     """A policy written for this test: a ready decode micro-batch goes before any prompt."""
 
     name = "decode-first"
-
-    @dataclass(frozen=True)
-    class Knobs(policies.Batching, policies.Tiles):
-        pass
+    reads = ("prefill_tile", "max_running", "batch_limit")
 
     def dispatch(self, sim, r, now):
         if r.queues.ready:
@@ -209,10 +207,10 @@ class DecodeFirst(policies.Policy):
     @staticmethod
     def compiled(st, r, now, knobs):
         if ready(st, r) > 0:
-            return send_decode(st, r, now, knobs[2])
+            return send_decode(st, r, now, knobs[BATCH_LIMIT])
         i = next_prompt(st, r)
         if i >= 0 and (st.progress[i] >= 0 or admit(st, r, i, now)):
-            send(st, r, now, 0, i, min(knobs[0], remaining(st, i)))
+            send(st, r, now, 0, i, min(knobs[PREFILL_TILE], remaining(st, i)))
             return True
         return False
 

@@ -99,7 +99,7 @@ def test_a_directory_of_another_sweep_is_refused(tmp_path, capsys):
 
 
 def test_the_example_sweeps_load_and_name_only_settings_a_point_takes():
-    from wse_emu.api import CLUSTER_SETTINGS, POINT_SETTINGS
+    from wse_emu.sweeps.points import CLUSTER_SETTINGS, POINT_SETTINGS
     from wse_emu.sweeps.sweep import load_sweep
 
     examples = sorted((Path(__file__).resolve().parents[2] / "programs" / "sweeps")

@@ -216,7 +216,7 @@ def test_an_output_in_a_read_only_folder_is_one_line_before_any_work(tmp_path, c
 def test_a_read_only_folder_is_refused_by_the_library_check(tmp_path, monkeypatch):
     """(As root, where the folder above cannot be made read-only: the check asks
     ``os.access``, which answers for a read-only file system even to root.)"""
-    from wse_emu.program.format import check_run_dir
+    from wse_emu.rundir.directory import check_run_dir
 
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path

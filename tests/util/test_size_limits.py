@@ -115,8 +115,10 @@ def test_the_api_refuses_too_many_requests():
 ])
 def test_the_api_refuses_too_many_draws_or_workers(tmp_path, name, value, needle):
     with pytest.raises(UserError, match=needle):
-        api.experiment("tiny", "chat", fabric="mesh8", ttft_s=1, tpot_s=1, tolerance=2,
-                       **{name: value})
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="tiny", workload="chat", fabric="mesh8", ttft_s=1, tpot_s=1,
+            tolerance=2,
+                       **{name: value}))
     if name == "workers":
         with pytest.raises(UserError, match=needle):
             api.sweep(SWEEP, tmp_path / "out", workers=value, max_points=0)
@@ -127,9 +129,13 @@ def test_the_limits_themselves_are_allowed():
     """At each limit, the next check is reached (and refuses the tolerance given wrong)."""
     cores = os.cpu_count() or 1
     with pytest.raises(UserError, match=rf"at most {4 * cores} \(4 per core, {cores} cores"):
-        api.experiment("tiny", "chat", fabric="mesh8", ttft_s=1, tpot_s=1, tolerance=2,
-                       workers=4 * cores + 1)
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="tiny", workload="chat", fabric="mesh8", ttft_s=1, tpot_s=1,
+            tolerance=2,
+                       workers=4 * cores + 1))
     for limits in ({"workers": 4 * cores}, {"seeds": MAX_DRAWS}):
         with pytest.raises(UserError, match="`tolerance`"):
-            api.experiment("tiny", "chat", fabric="mesh8", ttft_s=1, tpot_s=1, tolerance=2,
-                           **limits)
+            api.experiment(api.from_flat(
+                api.ExperimentSpec, model="tiny", workload="chat", fabric="mesh8", ttft_s=1,
+                tpot_s=1, tolerance=2,
+                           **limits))

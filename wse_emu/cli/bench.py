@@ -23,8 +23,8 @@ CHILD = r"""
 import json, resource, sys, time
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import load_model
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.load import load_model
 case = json.loads(sys.argv[1])
 model = load_model(case["model"])
 cluster = ClusterSpec(load_fabric(case["fabric"]), case["systems"])
@@ -44,7 +44,7 @@ import json, resource, sys, time
 case = json.loads(sys.argv[1])
 if case["kind"] == "noc":
     from wse_emu.engines import cycle
-    from wse_emu.noc import generate, saturation_bound
+    from wse_emu.sim.noc import generate, saturation_bound
     k = case["mesh"]
     rate = case["fraction"] * saturation_bound("uniform", k)
     msgs = generate("uniform", k, rate, case["cycles"], 1, 4, 0)
@@ -60,10 +60,10 @@ if case["kind"] == "noc":
 else:
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.compiler.options import CompileOptions
-    from wse_emu.fabric import ClusterSpec, load_fabric
-    from wse_emu.layer import MicroBatch
-    from wse_emu.model import load_model
-    from wse_emu.runner import run_region
+    from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+    from wse_emu.models.layer import MicroBatch
+    from wse_emu.models.load import load_model
+    from wse_emu.sim.runner import run_region
     program = compile_model(load_model(case["model"]), ClusterSpec(load_fabric(case["fabric"])),
                             CompileOptions())
     step = MicroBatch(**case["step"])
@@ -160,10 +160,10 @@ FUNCTIONAL_CHILD = r"""
 import json, resource, sys, time
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.functional.generate import Generator
-from wse_emu.model import load_model
-from wse_emu.weights import random_weights
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.sim.functional.generate import Generator
+from wse_emu.models.load import load_model
+from wse_emu.models.weights import random_weights
 case = json.loads(sys.argv[1])
 model = load_model("tiny").replaced(**case["model"])
 program = compile_model(model, ClusterSpec(load_fabric(case["fabric"])),

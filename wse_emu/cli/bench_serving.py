@@ -25,11 +25,11 @@ import json, resource, sys, time
 from pathlib import Path
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.fabric import ClusterSpec, load_fabric
-from wse_emu.model import load_model
-from wse_emu.runtime.pools import wafer_pools
-from wse_emu.runtime.serve import ServeOptions, serve
-from wse_emu.runtime.workload import generate, workload_spec
+from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+from wse_emu.models.load import load_model
+from wse_emu.serving.pools import wafer_pools
+from wse_emu.serving.serve import ServeOptions, serve
+from wse_emu.serving.workload import generate, workload_spec
 case = json.loads(sys.argv[1])
 program = compile_model(load_model(case["model"]),
                         ClusterSpec(load_fabric(case["fabric"]), case["systems"]),

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import yaml
-
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions, parse_region
+from wse_emu import api
+from wse_emu.compiler.options import parse_region
 from wse_emu.errors import UserError
-from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric, with_overrides
+from wse_emu.hardware.fabric import FabricSpec, load_fabric, with_overrides
 from wse_emu.models.load import load_model
 from wse_emu.models.routing import routing_for
 from wse_emu.models.spec import WEIGHT_FORMATS, ModelSpec, stored_as
-from wse_emu.program.format import WaferProgram, write_run_dir
-from wse_emu.util.atomic import write_text
+from wse_emu.program.format import WaferProgram
+from wse_emu.rundir.directory import write_run_dir
+from wse_emu.rundir.write import write_compiled
 from wse_emu.util.fmt import count, gb, seconds, si, table
 
 
@@ -99,8 +95,9 @@ def add_parser(sub, summary: str) -> None:
     p.set_defaults(func=run, writes_run_dir=True)
 
 
-def options_from_args(args) -> CompileOptions:
-    return CompileOptions(
+def options_from_args(args) -> dict:
+    """The compile options the flags give, by their ``CompileOptions`` names."""
+    return dict(
         plan=args.plan, prefill_share=args.prefill_share, prefill_systems=args.prefill_systems,
         region=parse_region(args.region) if args.region else None,
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
@@ -108,26 +105,18 @@ def options_from_args(args) -> CompileOptions:
         attention_tile=args.attention_tile or 0)
 
 
-def compile_from_args(args) -> WaferProgram:
-    model = model_from_args(args)
+def compile_from_args(args, model: ModelSpec | None = None) -> WaferProgram:
+    """The cluster the flags describe, compiled (``model``: one read already, such as a
+    checkpoint's, with the flags' storage formats applied)."""
+    model = model or model_from_args(args)
     routing_for(model, args.routing, args.routing_seed)
-    cluster = ClusterSpec(fabric_from_args(args), args.systems)
-    return compile_model(model, cluster, options_from_args(args))
+    return api.compile(model, fabric_from_args(args), args.systems, **options_from_args(args))
 
 
 def run(args):
     program = compile_from_args(args)
     if args.output:
-        resolved = {"command": "compile", "model": program.model.to_dict(),
-                    "fabric": program.fabric.to_dict(), "systems": program.systems,
-                    "options": program.options.to_dict()}
-
-        def write(tmp: Path) -> None:
-            program.save(tmp)
-            write_text(tmp / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
-            write_text(tmp / "summary.json", json.dumps(program.summary, indent=1))
-
-        write_run_dir(args.output, write)
+        write_run_dir(args.output, lambda tmp: write_compiled(tmp, program))
     if args.json:
         return program.summary
     text = render(program)

@@ -14,43 +14,41 @@ that the tokens agree.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from wse_emu.api import build_layouts, default_cache_dir
+from wse_emu import api
 from wse_emu.cli.compile_cmd import render
 from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.main import in_flags
-from wse_emu.compiler.bounds import stage_bounds
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
-from wse_emu.compiler.partition import disaggregated_splits
 from wse_emu.errors import UserError
-from wse_emu.experiments.comparison import ExperimentReport, Space, disagg_experiment
-from wse_emu.experiments.frontier import Rung, rung_row, vendor_speed
-from wse_emu.experiments.goodput import RunBook, Targets
-from wse_emu.experiments.tuning import serve_choice
+from wse_emu.experiments.comparison import ExperimentReport, Space
+from wse_emu.experiments.frontier import Rung, vendor_speed
+from wse_emu.experiments.goodput import Targets
+from wse_emu.experiments.spec import Execution, FrontierSpec, Hardware, Load, Speeds
+from wse_emu.experiments.wafer_layouts import proposed_splits
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.layer import MicroBatch
 from wse_emu.models.load import load_model
-from wse_emu.models.weights import random_weights
-from wse_emu.program.format import check_parent
-from wse_emu.rundir.write import TIMELINE_EVENTS, write_serve_outputs, write_step_outputs
+from wse_emu.rundir.directory import check_parent
+from wse_emu.rundir.write import (
+    TIMELINE_EVENTS,
+    write_json,
+    write_serve_outputs,
+    write_step_outputs,
+)
 from wse_emu.serving.metrics import ServeReport, run_metrics
 from wse_emu.serving.serve import serve
-from wse_emu.serving.tables import grid_axes, table_path
+from wse_emu.serving.tables import default_cache_dir, grid_axes, table_path
 from wse_emu.serving.workload import generate, workload_from_dict
-from wse_emu.sim.functional.generate import DEFAULT_PREFILL_TILE, Generator
+from wse_emu.sim.functional.generate import DEFAULT_PREFILL_TILE
 from wse_emu.sim.functional.timing import generation_time
-from wse_emu.sim.runner import run_region
 from wse_emu.util.atomic import write_text
 from wse_emu.util.fmt import narrow_table, number, seconds, si
 from wse_emu.util.progress import clear, status
-from wse_emu.util.workers import point_pool
 from wse_emu.visualize.report import write_report
 from wse_emu.visualize.rundraw import draw_run
 from wse_emu.visualize.serving import read_requests, tpot_side_by_side
@@ -77,7 +75,8 @@ TARGETS = Targets(ttft_s=1.0, tpot_s=0.005)
 # runs whose steady windows hold a minute. ``experiment disagg`` searches every layout on the
 # full grid.
 SPACE = Space(copies=(1,), prefill_tile=(16, 64, 256), token_budget=(64, 256), interleave=(1, 2),
-              max_running=(0,), batch_limit=(64,), window_s=60.0, grid="quick")
+              max_running=(0,), batch_limit=(64,), window_s=60.0, grid="quick",
+              splits="middle")
 # The functional part: a model small enough to compute through every tile in a second.
 FUNCTIONAL = {"model": "tiny", "fabric": "mesh16", "region": (8, 8), "prompt": [1, 2, 3, 4, 5],
               "new_tokens": 8}
@@ -140,15 +139,15 @@ def run(args):
     model = load_model(DEFAULT_MODEL)
     cluster = ClusterSpec(load_fabric(DEFAULT_FABRIC), 1)
     status("compiling Llama-3.1-8B onto one WSE-3, colocated and disaggregated")
-    programs = {plan: compile_model(model, cluster, CompileOptions(plan=plan))
+    programs = {plan: api.compile(model, cluster.fabric, cluster.systems, plan=plan)
                 for plan in ("colocated", "disaggregated")}
     show(_compiled(programs))
     status("simulating one decode step of each plan")
     runs, cpu = {}, {}
     for plan, region in (("colocated", "mixed0"), ("disaggregated", "decode0")):
         began = time.process_time()  # every thread's: the stages run on several
-        runs[plan] = run_region(programs[plan], region, DECODE)
-        runs[plan].bounds = stage_bounds(programs[plan], runs[plan])
+        runs[plan] = api.run(programs[plan], "decode", batch=DECODE.batch,
+                             context=DECODE.context, region=region)
         cpu[plan] = time.process_time() - began
     show(_decode_steps(programs, runs))
     cache = default_cache_dir(args.cache_dir)
@@ -221,7 +220,7 @@ def _table_estimate(model, cluster, programs: dict, cpu_per_shape: float, cache:
     if table_path(colocated, "mixed0", "decode", cache,
                   axes=grid_axes(SPACE.grid, "decode")).exists():
         return f"Stage-time tables: cached in {cache} from an earlier run."
-    layouts = len(set(SPACE.copies) | {1}) + len(_splits(model, cluster))
+    layouts = len(set(SPACE.copies) | {1}) + len(proposed_splits(model, cluster, SPACE.splits))
     shapes = layouts * sum(len(a) * len(b) for a, b in (grid_axes(SPACE.grid, "decode"),
                                                           grid_axes(SPACE.grid, "prefill")))
     cores = os.cpu_count() or 1
@@ -232,22 +231,13 @@ def _table_estimate(model, cluster, programs: dict, cpu_per_shape: float, cache:
             f"then kept in {cache}).")
 
 
-def _splits(model, cluster) -> list[dict]:
-    """The disaggregated split the demo tries: the middle one the compiler proposes."""
-    splits = disaggregated_splits(model, cluster)
-    return splits[len(splits) // 2:][:1]
-
-
 def _generate() -> list[dict]:
     """Greedy tokens of the tiny model, colocated and disaggregated, with emulated times."""
     f = FUNCTIONAL
-    model = load_model(f["model"])
-    weights = random_weights(model, 0)
     out = []
     for plan in ("colocated", "disaggregated"):
-        program = compile_model(model, ClusterSpec(load_fabric(f["fabric"]), 1),
-                                CompileOptions(plan=plan, region=f["region"]))
-        result = Generator(program, weights).generate(f["prompt"], f["new_tokens"])
+        program = api.compile(f["model"], f["fabric"], plan=plan, region=f["region"])
+        result = api.generate(program, f["prompt"], f["new_tokens"], weights_seed=0)
         timing = generation_time(program, result.prefill_region, result.decode_region,
                                  len(f["prompt"]), f["new_tokens"], DEFAULT_PREFILL_TILE)
         later = timing.per_token[1:]
@@ -265,35 +255,26 @@ def _experiment(model, cluster, cache: Path) -> tuple:
     its serving runs shared with the first), and the best colocated and disaggregated
     configurations at 5 ms served side by side at twice the colocated one's highest rate:
     label -> (result, requests)."""
-    requests = generate(workload_from_dict(WORKLOAD, "the demo's workload"))
+    workload = workload_from_dict(WORKLOAD, "the demo's workload")
+    slow = 1.0 / TARGETS.tpot_s  # tokens/s per user at the goodput target
     vendor = vendor_speed(model.name)  # None: no speed published for it, one target only
-    speeds = [] if vendor is None else [vendor.tokens_per_s]
-    layouts: dict = {}
-
-    def layouts_for(probes):  # compiled and timed once, for both targets
-        if not layouts:
-            layouts["built"] = build_layouts(model, cluster, probes, cache, SPACE.copies, status,
-                                             _splits(model, cluster), SPACE.grid, pool=pool)
-        return layouts["built"]
-    with point_pool() as pool:
-        book = RunBook(pool, serve_choice)
-        runs = [disagg_experiment(
-            model, cluster, WORKLOAD["name"], requests, targets, pool, layouts_for, SPACE,
-            progress=status, book=book,
-            longer=lambda draw, n: generate(workload_from_dict(
-                {**WORKLOAD, "seed": WORKLOAD["seed"] + draw, "requests": n},
-                "the demo's workload")))
-            for targets in [TARGETS] + [replace(TARGETS, tpot_s=1.0 / s) for s in speeds]]
-    exp, chosen = runs[0]
-    fast = rung_row(speeds[0], runs[1][0]) if speeds else None
+    fast_speed = None if vendor is None else vendor.tokens_per_s
+    # Both speeds are rungs of one frontier, without the step-time leaning.
+    report = api.frontier(FrontierSpec(
+        model, Load(workload), TARGETS.ttft_s, TARGETS.attainment,
+        Speeds((slow,), fast_speed, ()), Hardware(cluster.fabric, cluster.systems), SPACE,
+        Execution(cache_dir=cache, progress=status)))
+    exp = report.experiments[f"{slow:g}"]
+    fast = next((row for row in report.rungs if row.user_speed == fast_speed), None)
     best = exp.rows()
     cmp_ = exp.comparison
     side = {}
     if cmp_.compared:
+        requests = generate(workload)
         rate = 2 * best[cmp_.colocated].max_rate_per_s or WORKLOAD["rate"]
         faster = requests.faster(rate / requests.offered_rate())
         for label in (cmp_.colocated, cmp_.disaggregated):
-            config = chosen[label]
+            config = exp.configs[label]
             options = replace(config.options, timeline_events=TIMELINE_EVENTS)
             side[f"{label} at {number(rate)}/s"] = (serve(faster, config.regions, options), faster)
     return exp, fast, side
@@ -351,7 +332,7 @@ def _write_runs(out: Path, programs: dict, runs: dict, exp: ExperimentReport,
             write_step_outputs(sub, programs[plan], r)
             draw_run(sub, ("maps", "roofline"))
         (staging / "experiment").mkdir()
-        write_text(staging / "experiment" / "experiment.json", json.dumps(exp.to_json(), indent=1))
+        write_json(staging / "experiment", "experiment.json", exp.to_json())
         draw_run(staging / "experiment", ("experiment",))
         served = {}
         for n, (label, (result, reqs)) in enumerate(side.items()):

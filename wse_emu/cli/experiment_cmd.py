@@ -3,7 +3,6 @@ the same token speed, each at the highest request rate that meets the latency ta
 
 from __future__ import annotations
 
-import json
 import os
 
 from wse_emu import api
@@ -23,13 +22,24 @@ from wse_emu.experiments.comparison import (
     VaryReport,
 )
 from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
-from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow
+from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow, Targets
 from wse_emu.experiments.sensitivity import VARIABLES
+from wse_emu.experiments.spec import (
+    Counting,
+    Execution,
+    ExperimentSpec,
+    FrontierSpec,
+    Hardware,
+    Load,
+    PairingsSpec,
+    Speeds,
+    WaferTiming,
+)
 from wse_emu.models.routing import routing_for
-from wse_emu.program.format import write_run_dir
+from wse_emu.rundir.directory import write_run_dir
+from wse_emu.rundir.write import write_json
 from wse_emu.serving.metrics import DRAIN, WARMUP
 from wse_emu.serving.workload import trace_names
-from wse_emu.util.atomic import write_text
 from wse_emu.util.fmt import duration, narrow_table, number, seconds
 from wse_emu.util.progress import status
 
@@ -183,24 +193,24 @@ def _add_common(d) -> None:
     d.add_argument("--json", action="store_true")
 
 
-def _hardware(args) -> dict:
-    """The hardware both plans run on, as ``api.experiment`` takes it: pools named by their
-    hardware, or a fabric and a count of systems (refused beside pools)."""
+def _hardware(args) -> Hardware:
+    """The hardware both plans run on: pools named by their hardware, or a fabric and a count
+    of systems (refused beside pools)."""
     pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
                                                     "split_pool")}
-    footprint = _footprint(args)
+    counting = _counting(args)
     if all(v is None for v in pools.values()):
         if args.footprint != "systems" or args.prices or args.units_per_rack:
             raise UserError("--footprint, --price and --per-rack are for pools named by their "
                             "hardware; one compiled cluster counts its systems")
-        return {"fabric": fabric_from_args(args), "systems": args.systems}
+        return Hardware(fabric=fabric_from_args(args), systems=args.systems)
     given = [flag for flag, changed in (("--fabric", args.fabric != "wse3"),
                                         ("--set", bool(args.fabric_set)),
                                         ("--systems", args.systems != 1)) if changed]
     if given:
         raise UserError(f"{given[0]} describes one compiled cluster; pools named by their "
                         "hardware say it themselves")
-    return pools | footprint
+    return Hardware(**pools, counting=counting)
 
 
 def _per_kind(items: list[str], flag: str, what: str) -> dict:
@@ -222,12 +232,30 @@ def _per_kind(items: list[str], flag: str, what: str) -> dict:
     return out
 
 
-def _footprint(args) -> dict:
-    """--footprint and what it counts by, as ``api.experiment`` takes them."""
+def _counting(args) -> Counting:
+    """--footprint and what it counts by."""
     prices = _per_kind(args.prices, "--price", "PER_HOUR")
     per_rack = _per_kind(args.units_per_rack, "--per-rack", "N")
-    return {"footprint": args.footprint, "prices": prices or None,
-            "units_per_rack": per_rack or None}
+    return Counting(args.footprint, prices or None, per_rack or None)
+
+
+def _load(args) -> Load:
+    return Load(args.workload, args.trace, args.requests, args.seeds)
+
+
+def _execution(args) -> Execution:
+    return Execution(args.scheduler, args.workers, args.cache_dir, status)
+
+
+def _speeds(args, scales: bool = True) -> Speeds:
+    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
+    if not scales or args.step_scales.strip() == "none":
+        return Speeds(speeds, args.user_speed, ())
+    return Speeds(speeds, args.user_speed, _floats(args.step_scales, "step_scales"))
+
+
+def _timing(args, model) -> WaferTiming:
+    return WaferTiming(routing_for(model, args.routing, args.routing_seed), args.attention_tile)
 
 
 def _space(args) -> Space:
@@ -241,8 +269,7 @@ def _written(args, report, text: str):
     text, to print."""
     data = report.to_json()
     if args.output:
-        write_run_dir(args.output, lambda tmp: write_text(tmp / "experiment.json",
-                                                          json.dumps(data, indent=1)))
+        write_run_dir(args.output, lambda tmp: write_json(tmp, "experiment.json", data))
     if args.json:
         return data
     return text + (f"\n\nwrote {args.output}{os.sep} (experiment.json)" if args.output else "")
@@ -250,17 +277,10 @@ def _written(args, report, text: str):
 
 def run_frontier(args):
     model = model_from_args(args)
-    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
-    scales = () if args.step_scales.strip() == "none" else _floats(args.step_scales,
-                                                                    "step_scales")
-    data = api.frontier(
-        model, args.workload, trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment,
-        user_speeds=speeds, user_speed=args.user_speed, step_scales=scales,
-        **_hardware(args), space=_space(args),
-        requests=args.requests, seeds=args.seeds, tolerance=args.tolerance,
-        scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
-        progress=status, routing=routing_for(model, args.routing, args.routing_seed),
-        attention_tile=args.attention_tile)
+    spec = FrontierSpec(model, _load(args), args.ttft_s, args.attainment, _speeds(args),
+                        _hardware(args), _space(args), _execution(args), _timing(args, model),
+                        args.tolerance)
+    data = api.frontier(spec)
     return _written(args, data, render_frontier(data) if not args.json else "")
 
 
@@ -270,20 +290,17 @@ def run_pairings(args):
             or args.fabric_set or args.systems != 1:
         raise UserError("--kinds names the hardware of every pairing; --fabric, --set, "
                         "--systems and the pool flags do not go with it")
-    footprint = _footprint(args)
+    counting = _counting(args)
     model = model_from_args(args)
-    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
-    data = api.pairings(
-        model, args.workload, kinds=[k.strip() for k in args.kinds.split(",") if k.strip()],
-        trace=args.trace, ttft_s=args.ttft_s, attainment=args.attainment, user_speeds=speeds,
-        user_speed=args.user_speed, **footprint, space=_space(args), requests=args.requests,
-        seeds=args.seeds, tolerance=args.tolerance, scheduler=args.scheduler,
-        workers=args.workers, cache_dir=args.cache_dir, progress=status)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    data = api.pairings(PairingsSpec(model, _load(args), kinds, args.ttft_s, args.attainment,
+                                     _speeds(args, scales=False), counting, _space(args),
+                                     _execution(args), args.tolerance))
     if args.output:
         def write(tmp):
             from wse_emu.visualize.curves import pairings as draw_pairings
 
-            write_text(tmp / "pairings.json", json.dumps(data.to_json(), indent=1))
+            write_json(tmp, "pairings.json", data.to_json())
             (tmp / "figures").mkdir()
             draw_pairings(data, tmp / "figures" / "pairings")
         write_run_dir(args.output, write)
@@ -403,15 +420,11 @@ def _tokens_per_system(point: FrontierPoint) -> str:
 def run(args):
     space = _space(args)
     model = model_from_args(args)
-    data = api.experiment(
-        model, args.workload, trace=args.trace, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
-        attainment=args.attainment, percentile=args.percentile, **_hardware(args), space=space,
-        requests=args.requests,
-        seeds=args.seeds, tolerance=args.tolerance,
-        vary=args.vary, price_per_system_hour=args.price_per_system_hour,
-        scheduler=args.scheduler, workers=args.workers, cache_dir=args.cache_dir,
-        progress=status, routing=routing_for(model, args.routing, args.routing_seed),
-        attention_tile=args.attention_tile)
+    spec = ExperimentSpec(model, _load(args), Targets(args.ttft_s, args.tpot_s, args.attainment,
+                                                      args.percentile),
+                          _hardware(args), space, _execution(args), _timing(args, model),
+                          args.tolerance, args.price_per_system_hour, args.vary)
+    data = api.experiment(spec)
     if args.json:
         return _written(args, data, "")
     return _written(args, data, render(data) if args.vary is None else render_sensitivity(data))

@@ -12,13 +12,11 @@ from pathlib import Path
 
 from wse_emu.cli.compile_cmd import (
     add_cluster_args,
-    fabric_from_args,
+    compile_from_args,
     model_from_args,
-    options_from_args,
 )
 from wse_emu.errors import UserError
 from wse_emu.functional.numerics import DTYPES
-from wse_emu.hardware.fabric import ClusterSpec
 from wse_emu.models.spec import formats_text
 from wse_emu.models.weights import TOKENIZER_FILE, model_and_weights, tokenizer_for
 from wse_emu.rundir.write import save_logits
@@ -106,8 +104,6 @@ def run(args):
         raise UserError(f"--dump-logits writes a .npy file, got {args.dump_logits!r}")
     if args.dump_logits:
         check_writable(args.dump_logits)  # before any work, not after it
-    from wse_emu.compiler.mapper import compile_model
-
     model, weights, source = model_and_weights(args.model, args.weights_seed)
     model = model_from_args(args, model)
     if formats_text(model):
@@ -115,8 +111,7 @@ def run(args):
     tokenizer = tokenizer_for(args.model)
     ids = prompt_ids(args, tokenizer)
     check_lengths(args, model, ids)
-    program = compile_model(model, ClusterSpec(fabric_from_args(args), args.systems),
-                            options_from_args(args))
+    program = compile_from_args(args, model)
     generator = Generator(program, weights, args.dtype, args.prefill_region, args.decode_region,
                           args.prefill_tile)
     del weights  # the tiles hold their own copy

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 from wse_emu.cli.compile_cmd import (
@@ -18,8 +17,8 @@ from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch
 from wse_emu.models.routing import load_summary, routing_for
 from wse_emu.models.spec import check_positions, formats_text, native
-from wse_emu.program.format import write_run_dir
-from wse_emu.util.atomic import write_text
+from wse_emu.rundir.directory import write_run_dir
+from wse_emu.rundir.write import write_json
 from wse_emu.util.fmt import si, table
 
 
@@ -80,8 +79,7 @@ def run(args) -> dict | str:
     if args.output:
         # Everything to redraw it: the model and the fabric as resolved, beside the table.
         record = {**data, "model_spec": model.to_dict(), "fabric_spec": fabric.to_dict()}
-        write_run_dir(args.output, lambda tmp: write_text(tmp / "inspect.json",
-                                                          json.dumps(record, indent=1)))
+        write_run_dir(args.output, lambda tmp: write_json(tmp, "inspect.json", record))
     if args.json:
         return data
     # Layers whose costs match share one listing (Gemma's sliding and full layers differ).

@@ -1,4 +1,4 @@
-"""The serving knobs' flags, made from their declarations (``wse_emu.serving.policies``): one
+"""The serving knobs' flags, made from their declarations (``wse_emu.serving.knobs``): one
 flag per knob, named as its parameter (``prefill_tile`` -> ``--prefill-tile``), with its
 declared default and help. ``serve`` takes one value each; ``experiment disagg`` takes the
 values to try, comma-separated, defaulting to the values the declaration tunes. The values are
@@ -9,8 +9,8 @@ from __future__ import annotations
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import DEPTH_RULES
 from wse_emu.pools.kinds import SERVER_KNOBS
-from wse_emu.serving.knobs import info
-from wse_emu.serving.policies import POLICIES, knob_fields
+from wse_emu.serving.knobs import info, knob_fields
+from wse_emu.serving.policies import POLICIES
 from wse_emu.serving.serve import ServeOptions
 
 

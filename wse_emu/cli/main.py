@@ -131,7 +131,7 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "viz", False) and not args.output:
             raise UserError("--viz draws the run directory: give one with -o")
         if getattr(args, "writes_run_dir", False) and args.output:
-            from wse_emu.program.format import check_run_dir
+            from wse_emu.rundir.directory import check_run_dir
             check_run_dir(args.output)  # before any work, not after it
         result = args.func(args)
         if getattr(args, "viz", False):

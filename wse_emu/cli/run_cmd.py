@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from wse_emu.api import step_of
+from wse_emu import api
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args
-from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.errors import UserError
-from wse_emu.models.layer import MicroBatch
 from wse_emu.models.routing import Routing, routing_for, routing_of
-from wse_emu.models.spec import check_positions
-from wse_emu.program.format import WaferProgram, write_run_dir
-from wse_emu.rundir.write import write_step_outputs
+from wse_emu.program.format import WaferProgram
+from wse_emu.rundir.directory import write_run_dir
+from wse_emu.rundir.write import write_handoff, write_step_outputs
 from wse_emu.sim.runner import (
     DEFAULT_PREFILL_TILES,
-    HandoffRun,
     RegionRun,
-    handoff_for,
-    kv_handoff,
-    run_region,
 )
-from wse_emu.util.atomic import replacing, write_text
 from wse_emu.util.fmt import seconds, si, table
 from wse_emu.util.progress import Phase
 
@@ -86,27 +76,10 @@ def with_step_options(program: WaferProgram, args) -> WaferProgram:
     return program
 
 
-def pick_region(program: WaferProgram, phase: str, name: str | None) -> str:
-    return program.region_for(phase, name).name
-
-
-def make_step(args, program: WaferProgram, region: str) -> MicroBatch:
-    return step_of(program, args.phase, region, batch=args.batch, context=args.context,
-                   tokens=args.tokens, tiles=args.tiles)[1]
-
-
 def run_handoff(args, program: WaferProgram):
-    check_positions(program.model, args.tokens, f"a prompt of --tokens {args.tokens}")
-    src, dst = handoff_for(program, args.run_region, args.tokens)
-    h: HandoffRun = kv_handoff(program, src, dst, args.tokens)
+    h = api.handoff(program, args.tokens, args.run_region)
     if args.output:
-        def write(tmp: Path) -> None:
-            program.save(tmp)  # so that the run directory alone can be drawn
-            write_text(tmp / "results.json", json.dumps(h.to_json(), indent=1))
-            if h.links is not None:
-                with replacing(tmp / "counters.npz") as fh:
-                    np.savez_compressed(fh, link_wavelets_nesw=h.links)
-        write_run_dir(args.output, write)
+        write_run_dir(args.output, lambda tmp: write_handoff(tmp, program, h))
     if args.json:
         return h.to_json()
     route = "the off-wafer link" if h.offwafer else "the wafer's fabric"
@@ -123,17 +96,15 @@ def run(args):
     program = load_or_compile(args)
     if args.phase == "handoff":
         return run_handoff(args, program)
-    region = pick_region(program, args.phase, args.run_region)
-    step = make_step(args, program, region)
     bar = None
 
     def progress(done, total):
         nonlocal bar
         bar = bar or Phase(f"simulating the {args.phase} step's stages", total)
         bar.update(done)
-    result = run_region(program, region, step, args.engine, reuse=not args.no_reuse,
-                        progress=progress)
-    result.bounds = stage_bounds(program, result)
+    result = api.run(program, args.phase, batch=args.batch, context=args.context,
+                     tokens=args.tokens, tiles=args.tiles, region=args.run_region,
+                     engine=args.engine, reuse=not args.no_reuse, progress=progress)
     if args.output:
         write_run_dir(args.output, lambda tmp: write_step_outputs(tmp, program, result))
     if args.json:

@@ -6,8 +6,7 @@ from wse_emu import api
 from wse_emu.cli.compile_cmd import add_cluster_args, compile_from_args, model_from_args
 from wse_emu.cli.knob_args import add_serving_args, serving_settings
 from wse_emu.errors import UserError
-from wse_emu.pools.names import parse_pool
-from wse_emu.program.format import write_run_dir
+from wse_emu.rundir.directory import write_run_dir
 from wse_emu.rundir.write import TIMELINE_EVENTS, write_serve_outputs
 from wse_emu.serving.metrics import ServeReport
 from wse_emu.serving.workload import trace_names
@@ -80,57 +79,38 @@ def run(args):
     # Every option is checked before anything is compiled or timed.
     api.check_serving(workload=args.workload, trace=args.trace, rate=args.rate,
                       requests=args.requests, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
-                      **settings)
+                      cache_dir=args.cache_dir, **settings)
     program = compile_from_args(args)
-    result, metrics = api.serve(
+    served = api.serve(
         program, args.workload, trace=args.trace, rate=args.rate, requests=args.requests,
         cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
         timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
-    reqs = result.requests
-    report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
-                         result.regions, model=program.model.name,
-                         cluster=f"{program.systems} x {program.fabric.name}",
-                         plan=program.options.plan, policy=args.policy,
-                         workload=result.workload)
     if args.output:
-        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result, reqs, report,
-                                                                   program))
+        write_run_dir(args.output, lambda tmp: write_serve_outputs(
+            tmp, served.result, served.requests, served.report, program))
     if args.json:
-        return report.to_json()
-    return render(report, result, metrics)
-
-
-def _source(pool) -> str:
-    """Where a pool's step times come from, as its kind says."""
-    return pool.kind.step_times_source(pool.hardware)
+        return served.report.to_json()
+    return render(served.report, served.result, served.metrics)
 
 
 def run_pools(args, settings: dict):
     check_pool_args(args)
     model = model_from_args(args)
-    sides = api.pool_sides(args.pool, args.prefill_pool, args.decode_pool)
-    result, metrics = api.serve_pools(
-        model, args.workload, pool=args.pool, prefill_pool=args.prefill_pool,
-        decode_pool=args.decode_pool, trace=args.trace, rate=args.rate, requests=args.requests,
-        cache_dir=args.cache_dir, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
-        timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
-    colocated = "mixed" in sides
-    sources = {"step times" if role == "mixed" else f"{role} step times":
-               _source(parse_pool(name)) for role, name in sides.items()}
-    report = ServeReport({"ttft_s": args.ttft_s, "tpot_s": args.tpot_s}, metrics,
-                         result.regions, model=model.name,
-                         cluster=args.pool if colocated else
-                         f"{args.prefill_pool} (prefill) + {args.decode_pool} (decode)",
-                         plan="colocated" if colocated else "disaggregated",
-                         policy=args.policy, workload=result.workload, step_times=sources)
+    sides = args.pool if args.pool is not None else {"prefill": args.prefill_pool,
+                                                      "decode": args.decode_pool}
+    served = api.serve_pools(
+        model, args.workload, sides=sides, trace=args.trace, rate=args.rate,
+        requests=args.requests, cache_dir=args.cache_dir, ttft_s=args.ttft_s,
+        tpot_s=args.tpot_s, timeline_events=TIMELINE_EVENTS if args.output else 0, **settings)
+    report = served.report
     if args.output:  # no compiled program to save: the serving outputs alone
-        write_run_dir(args.output, lambda tmp: write_serve_outputs(tmp, result,
-                                                                   result.requests, report))
+        write_run_dir(args.output, lambda tmp: write_serve_outputs(
+            tmp, served.result, served.requests, report))
     if args.json:
         return report.to_json()
-    text = render(report, result, metrics).split("\n")
-    return "\n".join(text[:1] + [f"  {label:<20} {source}" for label, source in sources.items()]
-                     + text[1:])
+    text = render(report, served.result, served.metrics).split("\n")
+    return "\n".join(text[:1] + [f"  {label:<20} {source}"
+                                 for label, source in report.step_times.items()] + text[1:])
 
 
 def render(report: ServeReport, result, metrics) -> str:

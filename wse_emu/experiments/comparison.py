@@ -7,7 +7,7 @@ what this returns: an ``ExperimentReport`` (with ``--vary``, a ``VaryReport``), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, make_dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -27,10 +27,9 @@ from wse_emu.experiments.goodput import (
     over_replicates,
     run_searches,
 )
-from wse_emu.experiments.sensitivity import VARIABLES, Variation, apply, decode_step_s
-from wse_emu.experiments.tuning import Choice, Knob, Layout, config_of, serve_choice, tune
+from wse_emu.experiments.sensitivity import VARIABLES, Applied, Variation, apply, decode_step_s
+from wse_emu.experiments.tuning import Choice, Knob, Layout, config_of, tune
 from wse_emu.hardware.fabric import ClusterSpec
-from wse_emu.models.spec import ModelSpec
 from wse_emu.serving.knobs import KnobInfo, check_values, info
 from wse_emu.serving.metrics import DRAIN, WARMUP
 from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
@@ -51,21 +50,26 @@ def confirm_cap(requests: Requests) -> int:
 
 
 DEPTH_RULES = ("matched", "own")  # besides numbers: see ``Space``
+# The disaggregated splits of one compiled cluster to try: every one the compiler proposes, or
+# only the middle one (a first look, as the demo takes).
+SPLIT_RULES = ("all", "middle")
 
 
 @dataclass(frozen=True)
-class _SpaceBase:
+class Space:
     """What the experiment tunes: the copies of the model per wafer, the pipeline depths
     (layers per stage) to try every layout at ("matched": each layout of both plans at every
     depth some layout comes to by itself, so that neither plan has a depth the other lacks;
     "own": each at its own; or numbers, tried besides each layout's own), the colocated
-    policies to try, and (generated from the policies' knob dataclasses) the values to try of
-    every knob (a single value fixes it); whether agentic calls reuse cached KV; how long the
-    confirming runs' steady windows must be (emulated seconds; 0: no confirming runs); and the
-    stage tables' grid ("full", or "quick": fewer shapes, for a first look); how many
-    passes of coordinate ascent over the knobs tuning may take (``tuning.tune``: a further
-    pass only while the last changed a choice); and whether every layout has its knobs tuned
-    before the layouts are compared (``each_layout``). Every value is checked here, by
+    policies to try, and the values to try of every serving knob (one field per knob of
+    ``ServingKnobs``; a single value fixes it; None leaves it to each layout's hardware);
+    whether agentic calls reuse cached KV; how long the confirming runs' steady windows must
+    be (emulated seconds; 0: no confirming runs); and the stage tables' grid ("full", or
+    "quick": fewer shapes, for a first look); how many passes of coordinate ascent over the
+    knobs tuning may take (``tuning.tune``: a further pass only while the last changed a
+    choice); and whether every layout has its knobs tuned before the layouts are compared
+    (``each_layout``); and which of the disaggregated splits a compiled cluster proposes to
+    try (``splits``: "all", or "middle" for a first look). Every value is checked here, by
     name."""
 
     copies: tuple = (1, 2, 4)
@@ -76,6 +80,15 @@ class _SpaceBase:
     grid: str = "full"
     rounds: int = 1
     each_layout: bool = False
+    splits: str = "all"
+    # The serving knobs' values to try, one field per knob of ``ServingKnobs``, in its order
+    # (a test holds the two alike).
+    prefill_tile: tuple | None = None
+    token_budget: tuple | None = None
+    chunk_prompts: tuple | None = None
+    interleave: tuple | None = None
+    max_running: tuple | None = None
+    batch_limit: tuple | None = None
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values
@@ -101,6 +114,9 @@ class _SpaceBase:
         at_least_zero("window_s", self.window_s)
         whole("rounds", self.rounds, 1)
         flag("each_layout", self.each_layout)
+        if self.splits not in SPLIT_RULES:
+            raise UserError(f"`splits` must be one of {', '.join(SPLIT_RULES)}, got "
+                            f"{short_repr(self.splits)}")
 
     def knobs(self, splits: list[str], copies: list[str]) -> dict:
         """Per plan, its knobs in the order they are tuned: colocated, its policy and layout
@@ -138,10 +154,6 @@ class _SpaceBase:
 
 
 _ServeDefaults = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
-Space = make_dataclass(
-    "Space", [(f.name, tuple | None, field(default=None)) for f in knob_fields()],
-    bases=(_SpaceBase,), frozen=True, namespace={"__module__": __name__,
-                                                 "__doc__": _SpaceBase.__doc__})
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,9 @@ class ExperimentReport:
     # What "per system" counts: a system, or the unit of a footprint of several kinds of
     # hardware (kW, cost/h: ``experiments.layouts.Footprint``).
     footprint_unit: str = "system"
+    # Every configuration searched, by label, with its pools and options, to serve again (not
+    # part of the JSON: a report read back has none).
+    configs: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rows(self) -> dict[str, ConfigRow]:
         """Each plan's best searched again, by configuration (as tuned, in reports written
@@ -330,28 +345,26 @@ class VaryReport:
                 f"{self.vary} at {len(self.sensitivity)} values; goodput ratio {ratios})")
 
 
-def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
-                      requests: Requests, targets: Targets, pool, layouts_for,
-                      space=None, tolerance: float = 0.05, progress=None,
-                      more_draws: list[Requests] = (), price: float | None = None,
-                      longer=None, book: RunBook | None = None) -> tuple[dict, dict]:
-    """Lay the plans out, tune each plan on ``pool`` and compare: the report, and every
-    configuration searched (label -> Config). ``layouts_for(probes)``: the layouts
-    ((plan, name) -> Layout) and why the others were skipped (``wse_emu.api.build_layouts``
-    compiles them); ``probes`` are every set of requests a run may serve, for it to check
-    against the model's positions. ``longer(draw, n)``: draw ``draw`` (0 for
-    ``requests``) of the workload with ``n`` requests, for the confirming runs. With
-    ``more_draws`` (independent draws of the same workload) the tuned configurations are
-    searched again on each (the knobs are tuned on the first draw only), and the report adds
-    every draw's answer and the mean and 95% interval over all of them. ``space``: a Space
-    (by default, every knob's default values). ``book``: where serving runs are kept (a
-    frontier shares one across its targets; by default a new one)."""
-    space = Space() if space is None else space
-    draws = [requests, *more_draws]
+def disagg_experiment(setup, job) -> tuple[dict, dict]:
+    """Lay the plans out, tune each plan on ``job``'s pool and compare: the report, and every
+    configuration searched (label -> Config). ``setup`` (``setup.Setup``) holds what every
+    run of an experiment shares: the model, the workload, the search space, the tolerance, the
+    progress and the price; the layouts (``setup.layouts_of(job, probes)``: (plan, name) ->
+    Layout, and why the others were skipped; ``probes`` are every set of requests a run may
+    serve, for it to check against the model's positions); and the confirming runs' draws
+    (``setup.longer(job)``: ``longer(draw, n)``, draw ``draw`` of the workload with ``n``
+    requests). ``job`` (``setup.Job``) says on what: its draws (the first tunes; with more,
+    the tuned configurations are searched again on each, and the report adds every draw's
+    answer and the mean and 95% interval over all of them), its targets and cluster, and its
+    book, where serving runs are kept (a frontier shares one across its targets)."""
+    model, cluster, targets, space = setup.model, job.cluster, job.targets, setup.space
+    tolerance, progress, price, book = setup.tolerance, setup.progress, setup.price, job.book
+    requests, more_draws, draws = job.draws[0], job.draws[1:], list(job.draws)
+    longer = setup.longer(job)
     # Every request any run may serve, the confirming runs' included.
     probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
-                      if longer is not None and space.window_s > 0 else [])
-    layouts, skipped = layouts_for(probes)
+                      if space.window_s > 0 else [])
+    layouts, skipped = setup.layouts_of(job, probes)
     fabric = cluster.fabric
     base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache)
     names = {plan: [name for (p, name) in layouts if p == plan]
@@ -360,7 +373,6 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     initial = {plan: space.initial(plan, layouts[(plan, names[plan][0])])
                for plan in names if names[plan]}
     economy = (cluster.systems, fabric.system_power_w, price)
-    book = RunBook(pool, serve_choice) if book is None else book
     run_points = book.run_points((layouts, base), requests, targets)
 
     def ceiling_of(config) -> float:  # as a factor of the requests' own rate
@@ -374,7 +386,7 @@ def disagg_experiment(model: ModelSpec, cluster: ClusterSpec, workload: str,
     replicates = [Replicate(f.final, f.comparison, f.final_requests_per_run)
                   for f in finals] if more_draws else None
     report = ExperimentReport(
-        model.name, f"{cluster.systems} x {fabric.name}", workload, len(requests), targets,
+        model.name, f"{cluster.systems} x {fabric.name}", setup.spec.name, len(requests), targets,
         space.prefix_cache, space.grid, skipped, fabric.system_power_w, configurations,
         [_step(s, searches, cluster.systems) for s in steps],
         {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
@@ -531,16 +543,16 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
     return row
 
 
-def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targets: Targets,
-                    cluster: ClusterSpec, draws_for=None) -> VaryReport:
-    """``one(pool, draws, targets, cluster, transform, scale)`` at every value of
-    ``variation`` (``transform``: the value applied to a confirming run's requests;
-    ``scale``: the value's ``StepScale`` on the stage tables): each value's
-    full report, and a row per value with the best of each plan, their ratio and the TPOT
-    target in decode steps. A value the experiment cannot run (too few systems for a split)
-    keeps its row, with why. ``draws_for(systems)``, if given, draws the tuning runs' requests
-    afresh for a value's number of systems (agent sessions need more on more systems:
-    ``tuning_requests``); otherwise every value starts from ``draws``."""
+def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryReport:
+    """``setup.run(job)`` at every value of ``variation``, the value applied to the job's
+    draws, targets and cluster, to a confirming run's requests and as a ``StepScale`` on the
+    stage tables: each value's full report, and a row per value with the best of each plan,
+    their ratio and the TPOT target in decode steps. A value the experiment cannot run (too
+    few systems for a split) keeps its row, with why. ``draws_for(systems)``, if given, draws
+    the tuning runs' requests afresh for a value's number of systems (agent sessions need
+    more on more systems: ``tuning_requests``); otherwise every value starts from the job's
+    draws."""
+    draws, targets, cluster = job.draws, job.targets, job.cluster
     rows, runs = [], []
     for value in variation.values:
         base = draws
@@ -550,11 +562,10 @@ def vary_experiment(variation: Variation, one, pool, draws: list[Requests], targ
         v_targets, systems, scale = varied[0][1], varied[0][2], varied[0][3]
         row = SensitivityRow(value, v_targets.tpot_s, systems)
         try:
-            data, configs = one(pool, [v[0] for v in varied], v_targets,
-                                ClusterSpec(cluster.fabric, systems),
-                                lambda requests, value=value: apply(
-                                    variation, value, requests, targets, cluster.systems)[0],
-                                scale)
+            data, configs = setup.run(replace(
+                job, draws=[v[0] for v in varied], targets=v_targets,
+                cluster=ClusterSpec(cluster.fabric, systems),
+                transform=Applied(variation, value, targets, cluster.systems), scale=scale))
         except UserError as exc:
             rows.append(replace(row, error=str(exc)))
             continue
@@ -599,20 +610,35 @@ def workload_draws(spec: WorkloadSpec, seeds: int) -> list[Requests]:
     return draws
 
 
-def longer_draws(spec: WorkloadSpec, seeds: int, transform=lambda requests: requests):
+def unchanged(requests: Requests) -> Requests:
+    return requests
+
+
+@dataclass(frozen=True)
+class LongerDraws:
     """``longer(draw, n)`` for the confirming runs: draw ``draw`` of the workload with ``n``
-    requests (a trace's windows share its rows, one window per draw), through ``transform``."""
+    requests (a trace's windows share its ``rows``, one window per draw), through
+    ``transform``."""
+
+    spec: WorkloadSpec
+    seeds: int
+    transform: object = unchanged
+    rows: int | None = None  # a trace's rows after its first window's start; None: synthetic
+
+    def __call__(self, draw: int, n: int) -> Requests:
+        if self.rows is not None:
+            n = min(n, self.rows // self.seeds)
+        return self.transform(generate(replace(replicate(self.spec, draw, n), requests=n)))
+
+
+def longer_draws(spec: WorkloadSpec, seeds: int, transform=unchanged) -> LongerDraws:
+    """The confirming runs' draws of ``spec`` (``LongerDraws``)."""
     # A trace's rows after its first window's start, counted no further than the draws can
     # take (a confirming run holds at most MAX_CONFIRM_REQUESTS): a long trace is not read
     # whole to learn its length.
     most = min(seeds * MAX_CONFIRM_REQUESTS, MAX_REQUESTS)
     rows = len(generate(replace(spec, requests=most))) if spec.arrival == "trace" else None
-
-    def longer(draw: int, n: int) -> Requests:
-        if rows is not None:
-            n = min(n, rows // seeds)
-        return transform(generate(replace(replicate(spec, draw, n), requests=n)))
-    return longer
+    return LongerDraws(spec, seeds, transform, rows)
 
 
 def describe_draws(spec: WorkloadSpec, data: ExperimentReport) -> str:

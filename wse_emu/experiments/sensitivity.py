@@ -99,6 +99,19 @@ def scaled(requests: Requests, prompt: float = 1.0, output: float = 1.0) -> Requ
                    output_tokens=scale(requests.output_tokens, output))
 
 
+@dataclass(frozen=True)
+class Applied:
+    """The variable at ``value`` applied to a confirming run's requests (``apply``'s first)."""
+
+    variation: Variation
+    value: float
+    targets: Targets
+    systems: int
+
+    def __call__(self, requests: Requests) -> Requests:
+        return apply(self.variation, self.value, requests, self.targets, self.systems)[0]
+
+
 def apply(variation: Variation, value: float, requests: Requests, targets: Targets,
           systems: int) -> tuple[Requests, Targets, int, StepScale]:
     """The experiment's inputs at one value of the variable."""

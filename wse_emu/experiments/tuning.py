@@ -2,13 +2,13 @@
 
 A plan's configuration is a ``Choice``: its layout (copies of the model per wafer for colocated
 serving, the prefill/decode split for disaggregated), its colocated policy and its serving
-knobs (generated from the policies' knob dataclasses: each applies where the configuration's
-policy reads it; a split's regions serve first come first served, with that policy's
-knobs). Starting from a default, the knobs are tuned one at a time (coordinate ascent): every
-value of the next knob is searched for its highest rate met, with the knobs before it as
-chosen, and the best value stays (a tie keeps the earlier choice). Both plans take their steps
-together, so that each round's serving runs go to the pool at once. The steps, with the rate of
-every value tried, say what each knob bought.
+knobs (``ServingKnobs``: each applies where the configuration's policy reads it; a split's
+regions serve first come first served, with that policy's knobs). Starting from a default,
+the knobs are tuned one at a time (coordinate ascent): every value of the next knob is
+searched for its highest rate met, with the knobs before it as chosen, and the best value
+stays (a tie keeps the earlier choice). Both plans take their steps together, so that each
+round's serving runs go to the pool at once. The steps, with the rate of every value tried,
+say what each knob bought.
 
 A grid over every combination would cost the product of the knobs' values; coordinate ascent
 costs their sum, and can miss a combination whose knobs only pay together.
@@ -16,20 +16,25 @@ costs their sum, and can miss a combination whose knobs only pay together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, make_dataclass, replace
+from dataclasses import dataclass, replace
 from itertools import product
 
 from wse_emu.experiments.goodput import Config, Run, Search, run_searches, serve_run
-from wse_emu.serving.knobs import info
-from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields, knob_info
+from wse_emu.serving.knobs import KNOB_NAMES, ServingKnobs, info, knob_fields, knob_info
+from wse_emu.serving.policies import POLICIES, SPLIT_POLICY
 from wse_emu.serving.serve import ServeOptions
 from wse_emu.serving.workload import Requests
 
 
-class _ChoiceBase:
+@dataclass(frozen=True)
+class Choice(ServingKnobs):
     """One configuration of one plan: its layout ("1 copy", "2 copies", ...; "share 0.5",
-    "1 prefill system", ...), the colocated policy, and (generated from the policies' knob
-    dataclasses) every knob's value."""
+    "1 prefill system", ...), the colocated policy, and every serving knob's value (its
+    ``ServingKnobs`` fields, each applying where the configuration's policy reads it)."""
+
+    plan: str
+    layout: str
+    policy: str = SPLIT_POLICY.name
 
     def policy_class(self):
         """The policy its regions serve with: the colocated one it names, or a split's."""
@@ -53,14 +58,6 @@ class _ChoiceBase:
     @property
     def label(self) -> str:
         return f"{self.plan}, {self.knob}"
-
-
-Choice = make_dataclass(
-    "Choice", [("plan", str), ("layout", str),
-               ("policy", str, field(default=SPLIT_POLICY.name))]
-    + [(f.name, int, field(default=f.default)) for f in knob_fields()],
-    bases=(_ChoiceBase,), frozen=True, namespace={"__module__": __name__,
-                                                  "__doc__": _ChoiceBase.__doc__})
 
 
 KNOB_DEFAULTS = {f.name: f.default for f in knob_fields()}
@@ -146,7 +143,7 @@ def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
     """The ``Config`` a choice serves with."""
     layout = layouts[(choice.plan, choice.layout)]
     options = replace(base, policy=choice.policy,
-                      **{f.name: getattr(choice, f.name) for f in knob_fields()})
+                      **{name: getattr(choice, name) for name in KNOB_NAMES})
     return Config(choice.plan, choice.knob, layout.regions, options, layout.footprint)
 
 

@@ -88,12 +88,10 @@ class PoolKind(ABC):
 
     @abstractmethod
     def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile_model) -> list:
+              cache: Path, grid: str) -> list:
         """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
         numbered from ``first``, its steps timed for a serving clock of ``clock_hz``; stage
-        tables kept in ``cache`` over ``grid``'s shapes. ``compile_model(model, fabric,
-        systems, **options)`` is the compiler (``wse_emu.api.compile``), given for a kind
-        that compiles the model onto its hardware: the core does not import it."""
+        tables kept in ``cache`` over ``grid``'s shapes."""
 
     @abstractmethod
     def step_times_source(self, hardware: Any) -> str:

@@ -9,8 +9,10 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from wse_emu.compiler.mapper import compile_model
+from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError, UserError
-from wse_emu.hardware.fabric import FabricSpec, load_fabric
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.pools.kinds import PoolKind, Side
 from wse_emu.serving.pools import wafer_pools
 from wse_emu.util.configfile import preset_names
@@ -55,14 +57,14 @@ class WaferKind(PoolKind):
         return f"{name} ({', '.join(how)})" if how else name
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str, compile_model) -> list:
+              cache: Path, grid: str) -> list:
         name, copies = side.pool, side.copies
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
         status(f"compiling {model.name} onto {self.label(side)} ({role})")
         try:
-            program = compile_model(model, fabric, name.count, plan="colocated",
-                                    layers_per_stage=side.depth, **bands)
+            program = compile_model(model, ClusterSpec(fabric, name.count), CompileOptions(
+                plan="colocated", layers_per_stage=side.depth, **bands))
         except CompileError as exc:  # its advice in this command's terms: wse3x4
             advice = re.sub(r"`systems=(\d+)`", rf"{fabric.name}x\1", str(exc))
             raise UserError(f"{role} pool {name.text}: {advice}") from None

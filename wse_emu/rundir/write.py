@@ -1,8 +1,8 @@
 """What a run directory holds, written: a simulated step's counters, summary and trace; a
 serving run's per-request rows, metrics, timeline and KV occupancy; generated logits.
 
-Every writer puts its files in the directory it is given; ``program.write_run_dir`` gives it a
-temporary one and renames it into place only once all is written. Each file is written whole
+Every writer puts its files in the directory it is given; ``directory.write_run_dir`` gives it
+a temporary one and renames it into place only once all is written. Each file is written whole
 or not at all too (``wse_emu.util.atomic``), so a directory filled some other way never holds a
 half-written one under its name, and a full disk is one line naming the file."""
 
@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.metrics import REQUEST_COLUMNS, ServeReport, request_rows
-from wse_emu.sim.runner import RegionRun
+from wse_emu.sim.runner import HandoffRun, RegionRun
 from wse_emu.sim.timeline import chrome_trace
 from wse_emu.util.atomic import replacing, write_text
 
@@ -64,3 +65,29 @@ def save_logits(path: str, logits: np.ndarray) -> None:
     """Written under a temporary name and renamed, so a failure leaves no half file."""
     with replacing(path) as fh:
         np.save(fh, logits.astype(np.float32))
+
+
+def write_compiled(directory: Path, program: WaferProgram) -> None:
+    """A compiled program's run directory: the program, the configuration it was compiled
+    from as resolved (config.yaml: enough to compile it again) and its summary."""
+    resolved = {"command": "compile", "model": program.model.to_dict(),
+                "fabric": program.fabric.to_dict(), "systems": program.systems,
+                "options": program.options.to_dict()}
+    program.save(directory)
+    write_text(directory / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    write_text(directory / "summary.json", json.dumps(program.summary, indent=1))
+
+
+def write_handoff(directory: Path, program: WaferProgram, handoff: HandoffRun) -> None:
+    """A KV handoff's run directory: the program (so that it alone can be drawn), the
+    results and, on one wafer, the wavelets each link carried."""
+    program.save(directory)
+    write_text(directory / "results.json", json.dumps(handoff.to_json(), indent=1))
+    if handoff.links is not None:
+        with replacing(directory / "counters.npz") as fh:
+            np.savez_compressed(fh, link_wavelets_nesw=handoff.links)
+
+
+def write_json(directory: Path, name: str, data: dict) -> None:
+    """A report's JSON (experiment.json, pairings.json, inspect.json) in its run directory."""
+    write_text(directory / name, json.dumps(data, indent=1))

@@ -1,12 +1,13 @@
 """Batching policies: how a region picks its next micro-batch.
 
-A policy is a class chosen by name from ``POLICIES``. It owns a dataclass of its knobs (made
-of the knob groups below, each knob declared once with ``knobs.knob``) and dispatches twice
-over: ``dispatch`` for the plain loop (``plain_loop.Simulation``'s primitives) and
-``compiled`` for the compiled loop (``compiled_loop``'s primitives, compiled with the signature
-``DISPATCH``), the two line for line alike. A new policy is one class here, registered with
-``@register``, and its test (``tests/serving/test_serve_twin.py`` runs every registered policy
-through both loops).
+A policy is a class chosen by name from ``POLICIES``. It names the knobs it reads (``reads``;
+each knob is declared once, in ``knobs.ServingKnobs``), which also say what it must keep
+within a pool's stage tables (``limits``), and dispatches twice over: ``dispatch`` for the
+plain loop (``plain_loop.Simulation``'s primitives) and ``compiled`` for the compiled loop
+(``compiled_loop``'s primitives, compiled with the signature ``DISPATCH``; it reads its knobs
+at the positions ``knobs`` names after them), the two line for line alike. A new policy is one
+class here, registered with ``@register``, and its test (``tests/serving/test_serve_twin.py``
+runs every registered policy through both loops).
 
 Colocated regions serve with the policy the options name. The regions of a disaggregated
 split serve first come first served (``PrefillPriority``: a prefill region has no decode
@@ -15,14 +16,24 @@ step, a decode region no prompts).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.serving.knobs import info, knob
+from wse_emu.serving.knobs import (
+    BATCH_LIMIT,
+    CHUNK_PROMPTS,
+    INTERLEAVE,
+    KNOB_NAMES,
+    PREFILL_TILE,
+    TOKEN_BUDGET,
+    ServingKnobs,
+    info,
+    knob_fields,
+    knob_info,
+    knobs_of,
+)
 from wse_emu.serving.loops.compiled import (
     admit,
     batch_size,
@@ -39,83 +50,54 @@ from wse_emu.serving.loops.compiled import (
 )
 
 
-@dataclass(frozen=True)
-class Tiles:
-    prefill_tile: int = knob(
-        64, label="prefill tile", low=1, tune=(8, 16, 32, 64, 128, 256), shown="tile {}",
-        phase="prefill", sizes=True,
-        help="tokens per prefill micro-batch: a prompt streams through the stages in tiles of "
-             "this many, so that it fills the pipeline like a flow shop")
-
-
-@dataclass(frozen=True)
-class Budget:
-    token_budget: int = knob(
-        256, label="chunk budget", low=1, tune=(16, 32, 64, 128, 256, 512), phase="prefill",
-        sizes=True,
-        help="chunked prefill: tokens per micro-batch, the ready decode tokens first and the "
-             "next prompt's after them")
-    chunk_prompts: int = knob(
-        1, label="prompts per chunk", low=1, tune=(1,), shown="{} prompts", unshown=1,
-        phase="prefill",
-        help="chunked prefill: prompts a chunk may take, each to its end but the last, while "
-             "the budget lasts (vLLM, SGLang and TensorRT-LLM pack several; 1 by default, as "
-             "the published wafer results were tuned)")
-
-
-@dataclass(frozen=True)
-class Turns:
-    interleave: int = knob(
-        1, label="interleave ratio", low=1, tune=(1, 2, 4),
-        help="interleaved: decode micro-batches per prefill tile when both wait")
-
-
-@dataclass(frozen=True)
-class Batching:
-    max_running: int = knob(
-        0, label="running cap", low=0, tune=(0, 32, 128), shown="cap {}", unshown=0,
-        phase="decode",
-        help="sequences holding KV at once in a colocated or decode region (0: no cap)")
-    batch_limit: int = knob(
-        64, label="decode batch limit", low=1, tune=(16, 32, 64), shown="batch {}",
-        phase="decode", sizes=True, help="sequences per decode micro-batch")
-
-
-# Every knob group, in the order the experiment tunes their knobs (and labels show them).
-KNOB_GROUPS = (Tiles, Budget, Turns, Batching)
-
-
-def knob_fields() -> list[dataclasses.Field]:
-    """Every serving knob, once, in the order of ``KNOB_GROUPS``."""
-    return [f for group in KNOB_GROUPS for f in dataclasses.fields(group)]
-
-
 class Policy:
-    """A batching policy with its knobs (an instance of ``Knobs``)."""
+    """A batching policy with the serving knobs' values (a ``ServingKnobs``), of which it reads
+    those it names (``reads``)."""
 
     name: ClassVar[str]
-    Knobs: ClassVar[type]
+    # The knobs it serves with, by name: its dispatch reads them, but for the running cap,
+    # which the loops read (``running_cap``).
+    reads: ClassVar[tuple[str, ...]]
 
-    def __init__(self, knobs=None):
-        self.knobs = self.Knobs() if knobs is None else knobs
+    def __init__(self, knobs: ServingKnobs | None = None):
+        self.knobs = ServingKnobs() if knobs is None else knobs
 
     @classmethod
     def knob_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls.Knobs))
+        return cls.reads
 
     @classmethod
     def of(cls, settings) -> "Policy":
         """The policy with its knobs read off ``settings`` (anything with them as
         attributes: ``ServeOptions``, a tuning ``Choice``)."""
-        return cls(cls.Knobs(**{name: getattr(settings, name) for name in cls.knob_names()}))
+        return cls(knobs_of(settings))
 
     def title(self) -> str:
         """The policy as a configuration's label shows it."""
         return self.name.replace("-", " ")
 
+    def running_cap(self) -> int:
+        """Sequences that may hold KV at once on a pool it serves (0: no cap, as for a policy
+        that does not read ``max_running``)."""
+        return self.knobs.max_running if "max_running" in self.reads else 0
+
     def packed(self) -> np.ndarray:
-        """The knobs' values in field order: what ``compiled`` reads."""
-        return np.array([getattr(self.knobs, n) for n in self.knob_names()], dtype=np.int64)
+        """Every knob's value in declaration order: what ``compiled`` reads, at the positions
+        ``knobs`` names after them (``PREFILL_TILE``, ...)."""
+        return np.array([getattr(self.knobs, name) for name in KNOB_NAMES], dtype=np.int64)
+
+    def limits(self, pool) -> list[tuple[str, int, int]]:
+        """The micro-batch sizes it sends on ``pool``, as (knob name, value, the largest size
+        the pool's stage table of that knob's phase holds): their times are interpolated
+        inside the table, never guessed beyond it. A size is a knob it reads that is declared
+        one (``KnobInfo.sizes``); a pool without a table of its phase is sent none."""
+        out = []
+        for name in self.reads:
+            declared = knob_info(name)
+            table = getattr(pool, declared.phase) if declared.sizes else None
+            if table is not None:
+                out.append((name, getattr(self.knobs, name), int(table.axis0[-1])))
+        return out
 
     def compiled_dispatch(self):
         return compile_dispatch(type(self).compiled)
@@ -134,6 +116,11 @@ POLICIES: dict[str, type[Policy]] = {}
 
 
 def register(cls: type[Policy]) -> type[Policy]:
+    """Register ``cls`` by its name; a knob it reads that is not declared fails here, at
+    import, rather than on its first dispatch."""
+    unknown = [name for name in cls.reads if name not in KNOB_NAMES]
+    if unknown:
+        raise TypeError(f"policy {cls.name} reads undeclared knobs {', '.join(unknown)}")
     POLICIES[cls.name] = cls
     return cls
 
@@ -150,10 +137,7 @@ class PrefillPriority(Policy):
     frees); decode micro-batches when no prompt can be admitted."""
 
     name = "prefill-priority"
-
-    @dataclass(frozen=True)
-    class Knobs(Batching, Tiles):
-        pass
+    reads = ("prefill_tile", "max_running", "batch_limit")
 
     def dispatch(self, sim, r, now):
         i = sim.next_prompt(r)
@@ -165,7 +149,7 @@ class PrefillPriority(Policy):
 
     @staticmethod
     def compiled(st, r, now, knobs):
-        tile, limit = knobs[0], knobs[2]
+        tile, limit = knobs[PREFILL_TILE], knobs[BATCH_LIMIT]
         i = next_prompt(st, r)
         if i >= 0 and serves_prefill(st, r) and admit(st, r, i, now):
             while next_prompt(st, r) == i:
@@ -182,10 +166,7 @@ class Chunked(Policy):
     where the pool runs both as one (``pools.Pool.riding``)."""
 
     name = "chunked"
-
-    @dataclass(frozen=True)
-    class Knobs(Batching, Budget):
-        pass
+    reads = ("token_budget", "chunk_prompts", "max_running", "batch_limit")
 
     def title(self) -> str:
         return f"chunked {self.knobs.token_budget}"
@@ -214,7 +195,7 @@ class Chunked(Policy):
 
     @staticmethod
     def compiled(st, r, now, knobs):
-        budget, prompts, limit = knobs[0], knobs[1], knobs[3]
+        budget, prompts, limit = knobs[TOKEN_BUDGET], knobs[CHUNK_PROMPTS], knobs[BATCH_LIMIT]
         sequences = min(batch_size(st, r, min(limit, budget)), ready(st, r))
         room = budget - sequences
         i, tokens = next_prompt(st, r), 0
@@ -243,10 +224,7 @@ class Interleaved(Policy):
     prompt (prefill priority), and never carries prefill work itself (chunked)."""
 
     name = "interleaved"
-
-    @dataclass(frozen=True)
-    class Knobs(Batching, Turns, Tiles):
-        pass
+    reads = ("prefill_tile", "interleave", "max_running", "batch_limit")
 
     def title(self) -> str:
         ratio = self.knobs.interleave
@@ -263,7 +241,7 @@ class Interleaved(Policy):
 
     @staticmethod
     def compiled(st, r, now, knobs):
-        tile, ratio, limit = knobs[0], knobs[1], knobs[3]
+        tile, ratio, limit = knobs[PREFILL_TILE], knobs[INTERLEAVE], knobs[BATCH_LIMIT]
         i = next_prompt(st, r)
         if ready(st, r) > 0 and (turns(st, r) < ratio or i < 0):
             return send_decode(st, r, now, limit)
@@ -275,14 +253,6 @@ class Interleaved(Policy):
 
 # A disaggregated split's prefill and decode regions serve first come first served.
 SPLIT_POLICY = PrefillPriority
-
-
-def knob_info(name: str):
-    """The declaration of knob ``name``."""
-    for f in knob_fields():
-        if f.name == name:
-            return info(f)
-    raise KeyError(name)
 
 
 def check_in_tables(values: dict, tops: dict, where: str) -> None:

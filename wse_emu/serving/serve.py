@@ -33,27 +33,26 @@ twin (``plain_loop.py``); on the same inputs they give the same times.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from wse_emu.errors import UserError
-from wse_emu.serving.knobs import check_value, info
+from wse_emu.serving.knobs import ServingKnobs
 from wse_emu.serving.loops.plain import serve_plain
 from wse_emu.serving.loops.state import serve_compiled
-from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields
+from wse_emu.serving.policies import POLICIES, SPLIT_POLICY
 from wse_emu.serving.workload import Requests
 from wse_emu.util.checks import flag, one_of, positive, short_repr, whole
 
 LOOPS = ("compiled", "plain")
 
 
-@dataclass(kw_only=True)
-class _ServeBase:
-    """How requests are served. The hardware's numbers have no defaults: ``ServeOptions.of``
-    takes them from the fabric and the model; the rest are the policy, the prefix cache, the
-    timeline, and (generated from the policies' knob dataclasses) every knob."""
+@dataclass(frozen=True, kw_only=True)
+class _ServeSettings:
+    """What ``ServeOptions`` holds besides the knobs. The hardware's numbers have no defaults:
+    ``ServeOptions.of`` takes them from the fabric and the model."""
 
     clock_hz: float
     kv_bytes_per_token: int  # KV cache bytes per token (all layers)
@@ -61,14 +60,22 @@ class _ServeBase:
     prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
     timeline_events: int = 0  # stage events kept per pool for the timeline (0: none)
 
+
+# The knobs are the first base so that their fields come after the settings' (a dataclass
+# lists its bases' fields from the last base to the first): options are listed, and checked,
+# hardware first.
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions(ServingKnobs, _ServeSettings):
+    """How requests are served: the hardware's clock and KV bytes per token, the colocated
+    policy, the prefix cache, the timeline, and every serving knob (``ServingKnobs``)."""
+
     def __post_init__(self):
         positive("clock_hz", self.clock_hz)
         whole("kv_bytes_per_token", self.kv_bytes_per_token, 0)
         whole("timeline_events", self.timeline_events, 0)
         one_of("policy", self.policy, POLICIES)
         flag("prefix_cache", self.prefix_cache)
-        for f in knob_fields():
-            check_value(f.name, info(f), getattr(self, f.name))
+        super().__post_init__()
 
     @classmethod
     def of(cls, fabric, model, **settings) -> "ServeOptions":
@@ -85,13 +92,6 @@ class _ServeBase:
         """Each role's policy with its knobs."""
         split = SPLIT_POLICY.of(self)
         return {"mixed": POLICIES[self.policy].of(self), "prefill": split, "decode": split}
-
-
-ServeOptions = make_dataclass(
-    "ServeOptions",
-    [(f.name, int, field(default=f.default, metadata=f.metadata)) for f in knob_fields()],
-    bases=(_ServeBase,), kw_only=True, namespace={"__module__": __name__,
-                                                  "__doc__": _ServeBase.__doc__})
 
 
 def setting_names() -> tuple[str, ...]:
@@ -149,18 +149,11 @@ class ServeResult:
                 f"{int(self.tokens.sum()):,} output tokens, pools {', '.join(self.regions)})")
 
 
-def check_micro_batches(pools: list, options) -> None:
-    """Micro-batch sizes must lie within every pool's tables (their times are interpolated
-    there, not guessed beyond)."""
+def check_micro_batches(pools: list, policies: dict) -> None:
+    """Every micro-batch size a pool's policy (``policies``: role -> policy) sends there must
+    lie within the pool's stage tables (``Policy.limits``)."""
     for p in pools:
-        for name, table, applies in (
-                ("batch_limit", p.decode, True),
-                ("prefill_tile", p.prefill, True),
-                ("token_budget", p.prefill, options.policy == "chunked" and p.role == "mixed")):
-            if table is None or not applies:
-                continue
-            top = int(table.axis0[-1])
-            value = getattr(options, name)
+        for name, value, top in policies[p.role].limits(p):
             if value > top:
                 raise UserError(f"`{name}` must be between 1 and {top} (the range of pool "
                                 f"{p.name}'s stage tables), got {value}")
@@ -223,14 +216,14 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
     roles = {p.role for p in pools}
     if not roles & {"mixed", "prefill"} or not roles & {"mixed", "decode"}:
         raise UserError("serving needs regions for both prefill and decode")
-    check_micro_batches(pools, options)
+    policies = options.policies()
+    check_micro_batches(pools, policies)
     short = kv_shortfall(requests, pools)
     if short and not refuse:
         raise UserError(short)
     if short:
         return _refusing(requests, pools, options, loop)
     caching = bool(options.prefix_cache) and len(np.unique(requests.session)) < len(requests)
-    policies = options.policies()
     run = serve_plain if loop == "plain" else serve_compiled
     return _result(requests, pools, options,
                    LoopOutput(*run(requests, pools, options, policies, caching)))

@@ -31,6 +31,7 @@ from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
 from wse_emu.sim.runner import region_transfers, signature, simulate_stage
+from wse_emu.util.checks import typed
 from wse_emu.util.progress import Phase, warn
 from wse_emu.util.workers import gathered
 
@@ -518,3 +519,24 @@ def _on_threads(jobs: list, done) -> list:
     finally:
         # Not waited for: after Ctrl-C (or an error) the shapes still being timed are of no use.
         threads.shutdown(wait=False, cancel_futures=True)
+
+
+@typed
+def default_cache_dir(cache_dir: Path | str | None = None) -> Path:
+    """Where stage-time tables are kept: ``cache_dir``, else the user's cache directory. A
+    ``cache_dir`` no folder can be made at (empty, a file, under a file) is refused here, by
+    name: the functions that take one call this before any work, since the tables are
+    written only after minutes of timing them."""
+    if cache_dir is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".cache")
+        return Path(base) / "wse-emu"
+    if not str(cache_dir).strip():
+        # Not read as "the default": an empty --cache-dir is more likely a variable unset.
+        raise UserError("`cache_dir` is empty: give a folder (or none, for the user's cache)")
+    path = Path(cache_dir)
+    found = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not found.is_dir():
+        where = "is a file" if found == path else f"is under a file ({found})"
+        raise UserError(f"`cache_dir` {path} {where}: stage-time tables are kept in a folder")
+    return path

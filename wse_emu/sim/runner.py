@@ -323,18 +323,28 @@ MAX_PREFILL_TILES = 128
 ENGINES = ("fast", "cycle")
 
 
+def check_step(phase: str, *, batch: int, context: int, tokens: int, tiles: int,
+               engine: str = "fast") -> None:
+    """A step's arguments by name and range, whichever phase reads them, before any program
+    is needed (a sweep checks its points' before compiling any). What the model and the
+    program bound (positions, KV room) is checked where the step is made: a sweep keeps such
+    a point's row, with why, as it keeps a point whose model does not fit."""
+    one_of("phase", phase, ("prefill", "decode"))
+    one_of("engine", engine, ENGINES)
+    for name, value in (("batch", batch), ("context", context), ("tokens", tokens),
+                        ("tiles", tiles)):
+        whole(name, value, 1)
+    if tiles > MAX_PREFILL_TILES:
+        raise UserError(f"`tiles` must be at most {MAX_PREFILL_TILES}, got {tiles}")
+
+
 def step_for(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
              context: int = 4096, tokens: int = 4096,
              tiles: int = DEFAULT_PREFILL_TILES) -> tuple[str, MicroBatch]:
     """The region (by default the first that serves ``phase``) and the step to simulate on
     it: a decode of ``batch`` sequences at ``context`` each, or a prefill of ``tokens`` in
     ``tiles`` tiles; checked, by name, against the region's KV capacity."""
-    one_of("phase", phase, ("prefill", "decode"))
-    for name, value in (("batch", batch), ("context", context), ("tokens", tokens),
-                        ("tiles", tiles)):
-        whole(name, value, 1)
-    if tiles > MAX_PREFILL_TILES:
-        raise UserError(f"`tiles` must be at most {MAX_PREFILL_TILES}, got {tiles}")
+    check_step(phase, batch=batch, context=context, tokens=tokens, tiles=tiles)
     if region is not None and not isinstance(region, str):
         raise UserError(f"the region must be given by its name, got {short_repr(region)}")
     name = program.region_for(phase, region).name

@@ -41,6 +41,7 @@ from multiprocessing.connection import wait
 
 from wse_emu.errors import UserError
 from wse_emu.util import progress
+from wse_emu.util.checks import whole
 
 # How long ended workers get to stop by themselves (a SIGTERM is handled between two Python
 # instructions: at once, unless inside a long compiled call, whose work is of no use anyway)
@@ -427,3 +428,18 @@ def point_pool(scheduler: str | None = None, workers: int = 0):
     finally:
         with _interrupts_deferred():  # a second Ctrl-C must not leave the client open
             client.close()
+
+
+# Local worker processes past a few per core only share the cores, and each holds its own
+# interpreter (about 100 MB measured before any work) and tables: a typo of 10**6 would start
+# processes until memory ran out.
+WORKERS_PER_CORE = 4
+
+
+def check_workers(workers) -> int:
+    """``workers``, a whole number from 0 (one per core) to WORKERS_PER_CORE per core."""
+    cores = os.cpu_count() or 1
+    if whole("workers", workers, 0) > WORKERS_PER_CORE * cores:
+        raise UserError(f"`workers` must be at most {WORKERS_PER_CORE * cores} "
+                        f"({WORKERS_PER_CORE} per core, {cores} cores here), got {workers:,}")
+    return workers

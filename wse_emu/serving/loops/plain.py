@@ -147,7 +147,7 @@ class RegionState:
         self.kv = KVSpace(pool.kv_capacity_tokens)
         self.queues = Queues()
         self.counters = Counters()
-        self.max_running = getattr(policy.knobs, "max_running", 0)
+        self.max_running = policy.running_cap()
         self.serves_prefill = pool.prefill is not None
         self.serves_decode = pool.decode is not None
 

@@ -120,7 +120,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         st.cap[r] = p.kv_capacity_tokens
         st.system[r] = systems.index(p.system)
         st.stages[r] = p.stages
-        st.maxrun[r] = getattr(policies[p.role].knobs, "max_running", 0)
+        st.maxrun[r] = policies[p.role].running_cap()
         st.fabric_rate[r] = p.fabric_bytes_per_cycle
         st.link_rate[r] = p.link_bytes_per_cycle
         st.link_lat[r] = p.link_latency_cycles

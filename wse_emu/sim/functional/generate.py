@@ -9,8 +9,10 @@ out the same either way.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from wse_emu.functional.numerics import Numerics
 from wse_emu.models.spec import check_positions
 from wse_emu.program.format import WaferProgram
 from wse_emu.sim.functional.region import FunctionalRegion, check_token_ids
+from wse_emu.util.checks import short_repr, whole
 from wse_emu.util.splits import even_split
 
 DEFAULT_PREFILL_TILE = 64  # prompt tokens per prefill tile, as ``wse-emu serve`` streams them
@@ -118,3 +121,38 @@ class Generator:
             raise UserError(f"the logits are not finite in {self.numerics.name}: the values "
                             "overflowed; try `dtype=float32`")
         return int(np.argmax(logits))
+
+
+def generate(program: WaferProgram, prompt_ids, new_tokens: int = 8, checkpoint=None,
+             weights_seed: int = 0) -> Generation:
+    """Greedy generation computed through ``program``'s tiles, with a checkpoint's weights
+    (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``,
+    every argument checked before the weights are drawn or read."""
+    from wse_emu.models.weights import check_memory, load_checkpoint, random_weights
+
+    whole("new_tokens", new_tokens, 1)
+    whole("weights_seed", weights_seed, 0)
+    ids = list(prompt_ids)
+    # Whole numbers of any kind (a tokenizer's NumPy array too), read as Python ints.
+    wrong = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)),
+                 None)
+    if wrong is not None:
+        raise UserError(f"`prompt_ids` must be token ids (whole numbers), got "
+                        f"{short_repr(wrong)} among them")
+    ids = [int(i) for i in ids]
+    vocab = program.model.vocab_size
+    if not ids:
+        raise UserError("`prompt_ids` is empty: give at least one token id")
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise UserError(f"`prompt_ids`: token id {bad} is outside the vocabulary "
+                        f"(0..{vocab - 1})")
+    # Before the weights are drawn or read: the last new token is never fed back.
+    check_positions(program.model, len(ids) + new_tokens - 1,
+                    f"{len(ids):,} `prompt_ids` and `new_tokens={new_tokens}`")
+    check_memory(program.model)
+    if checkpoint is not None:
+        _, weights = load_checkpoint(Path(checkpoint))
+    else:
+        weights = random_weights(program.model, weights_seed)
+    return Generator(program, weights).generate(ids, new_tokens)

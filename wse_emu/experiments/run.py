@@ -1,0 +1,116 @@
+"""The experiments, run from their specs (``spec``): ``experiment`` (colocated against
+disaggregated serving, or the same at each value of one input), ``frontier`` (both plans'
+throughput against per-user speed, and the headline at one speed) and ``pairings`` (a frontier
+for every pairing of kinds of hardware). ``wse_emu.api`` and the command line call these."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from wse_emu.errors import CompileError, UserError
+from wse_emu.experiments import frontier as frontiers
+from wse_emu.experiments.comparison import ExperimentReport, VaryReport, vary_experiment
+from wse_emu.experiments.goodput import RunBook
+from wse_emu.experiments.pairings import PairingsReport, pairing_label
+from wse_emu.experiments.sensitivity import StepScale, decode_step_s
+from wse_emu.experiments.setup import Job, Setup
+from wse_emu.experiments.spec import ExperimentSpec, FrontierSpec, PairingsSpec
+from wse_emu.experiments.tuning import serve_choice
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec
+from wse_emu.util.fmt import seconds
+from wse_emu.util.workers import point_pool
+
+
+def experiment(spec: ExperimentSpec) -> ExperimentReport | VaryReport:
+    """The report ``experiment disagg --json`` prints (``ExperimentSpec`` says what)."""
+    setup = Setup(spec)
+    execution = spec.execution
+    with point_pool(execution.scheduler, execution.workers) as pool:
+        job = Job(pool, RunBook(pool, serve_choice), setup.draws, spec.targets, setup.cluster)
+        if spec.variation is None:
+            return setup.run(job)[0]
+        return vary_experiment(spec.variation, setup, job,
+                               None if spec.load.requests is not None else setup.draws_for)
+
+
+def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
+    """The report ``experiment frontier --json`` prints: every rung of the ladder is
+    ``experiment`` at a p90 TPOT target of 1/speed, the same tuning for both plans, the rungs
+    sharing their serving runs; then the headline read again with each step-time factor."""
+    setup = Setup(spec)
+    vendor = frontiers.vendor_speed(setup.model.name)
+    speeds, progress = spec.speeds, setup.progress
+    speed = speeds.user_speed if speeds.user_speed is not None else (
+        vendor.tokens_per_s if vendor else None)
+    with point_pool(spec.execution.scheduler, spec.execution.workers) as pool:
+        job = Job(pool, RunBook(pool, serve_choice), setup.draws, None, setup.cluster)
+        floor = decode_floor(setup, job)
+        ladder = speeds.user_speeds or tuple(frontiers.speed_ladder(floor, speed))
+        if speed is not None and not any(np.isclose(speed, s) for s in ladder):
+            ladder = tuple(sorted((*ladder, speed), reverse=True))
+        rungs = []
+        for k, s in enumerate(ladder):
+            if progress:
+                progress(f"rung {k + 1} of {len(ladder)}: {s:,.0f} tokens/s per user "
+                         f"(p90 TPOT <= {seconds(1.0 / s)})")
+            rungs.append((s, setup.run(replace(job, targets=spec.targets(s)))[0]))
+        leaning = [] if speed is None else step_time_leaning(setup, job, spec, speed)
+    rows = [frontiers.rung_row(s, d) for s, d in rungs]
+    first = rungs[0][1]
+    return frontiers.FrontierReport(
+        setup.model.name, first.cluster, setup.spec.name, first.requests_per_run,
+        spec.load.seeds, spec.ttft_s, spec.attainment, setup.space.grid, floor, rows,
+        **frontiers.summarize(rows, vendor, speed), step_time_leaning=leaning,
+        experiments={f"{s:g}": d for s, d in rungs})
+
+
+def decode_floor(setup: Setup, job: Job) -> float:
+    """The fastest lone decode step of any layout either plan may take: the depth of a
+    pipeline and the PEs a layer gets set it, so no single layout is the floor."""
+    layouts, _ = setup.layouts(job.pool, job.cluster, job.draws)
+    return min(decode_step_s(lay.regions, job.draws[0], job.cluster.fabric.clock_hz)
+               for lay in layouts.values())
+
+
+def step_time_leaning(setup: Setup, job: Job, spec: FrontierSpec, speed: float) -> list:
+    """The headline at ``speed`` read again with the prefill, then the decode, step times
+    scaled by each of the spec's factors (the hardware unchanged)."""
+    leaning = []
+    for phase in ("prefill", "decode"):
+        for f in spec.speeds.step_scales:
+            if setup.progress:
+                setup.progress(f"the headline with {phase} step times x{f:g}")
+            data, _ = setup.run(replace(job, targets=spec.targets(speed),
+                                        scale=StepScale(**{phase: f})))
+            leaning.append(replace(frontiers.rung_row(speed, data), phase=phase, factor=f))
+    return leaning
+
+
+def pairings(spec: PairingsSpec) -> PairingsReport:
+    """The report ``experiment pairings --json`` prints: ``frontier`` for every pairing of the
+    spec's kinds, each against colocated serving on its kinds in its footprint. A pairing that
+    cannot run (the model does not fit a side, the footprint holds no unit) is kept with
+    why."""
+    if not isinstance(spec.model, ModelSpec):  # read once, for every pairing
+        spec = replace(spec, model=load_model(spec.model))
+    kinds, progress = spec.kinds, spec.execution.progress
+    pairs = [(p, d) for p in kinds for d in kinds]
+    found, skipped, unit = {}, {}, "system"
+    for n, (p, d) in enumerate(pairs):
+        label = pairing_label(p, d)
+        if progress:
+            progress(f"pairing {n + 1} of {len(pairs)}: {label}")
+        try:
+            report = frontier(spec.pairing(p, d))
+        except (CompileError, UserError) as exc:  # checked before any work: cheap to skip
+            skipped[label] = str(exc)
+            continue
+        found[label] = report
+        unit = report.footprint_unit
+    if not found:  # an argument wrong for every pairing, or none fits: refused
+        raise UserError(next(iter(skipped.values())))
+    return PairingsReport(spec.model.name, spec.load.spec().name, list(kinds), unit, found,
+                          skipped)

@@ -1,0 +1,192 @@
+"""What every experiment shares before it runs: its arguments checked together (``Setup``), the
+cluster both plans share (one compiled cluster, or pools named by their hardware counted as a
+footprint), the workload's draws, and the layouts each plan may take, compiled and timed once
+(``wafer_layouts`` for a compiled cluster, ``layouts.pool_layouts`` for pools). One run of the
+experiment is a ``Job``: the runs' pool and book, the draws, the targets, the cluster and how
+the requests and the step times are varied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from wse_emu.errors import UserError
+from wse_emu.experiments.comparison import (
+    StepTiming,
+    describe_draws,
+    disagg_experiment,
+    longer_draws,
+    tuning_requests,
+    workload_draws,
+)
+from wse_emu.experiments.goodput import RunBook, Targets
+from wse_emu.experiments.layouts import (
+    PoolCluster,
+    PoolHardware,
+    pool_layouts,
+    pools_name,
+    systems_of,
+)
+from wse_emu.experiments.sensitivity import StepScale
+from wse_emu.experiments.wafer_layouts import build_layouts, proposed_splits
+from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
+from wse_emu.models.load import load_model
+from wse_emu.models.spec import ModelSpec, formats_text
+from wse_emu.pools.named import pools_clock, side_pools
+from wse_emu.pools.wafer import WAFER
+from wse_emu.serving.policies import check_in_tables
+from wse_emu.serving.serve import position_shortfall
+
+
+def unchanged(requests):
+    return requests
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of the experiment: on ``pool``'s workers (its serving runs kept in ``book``),
+    the tuning runs' ``draws``, the ``targets``, the ``cluster``; ``transform`` applied to a
+    confirming run's requests and ``scale`` to the stage tables (a varied input's)."""
+
+    pool: object
+    book: RunBook
+    draws: list
+    targets: Targets
+    cluster: object
+    transform: object = unchanged
+    scale: StepScale = field(default_factory=StepScale)
+
+
+class Setup:
+    """An experiment's arguments (an ``ExperimentSpec`` or a ``FrontierSpec``) checked
+    together, before any work, and what its runs share: the model, the cluster, the workload
+    and its draws, the search space, the layouts of each cluster size (built once: a frontier
+    asks on every rung)."""
+
+    def __init__(self, spec):
+        hardware, self.space = spec.hardware, spec.space
+        self.model = spec.model if isinstance(spec.model, ModelSpec) else load_model(spec.model)
+        spec.timing.check_for(self.model, hardware)
+        self.pools = hardware.named
+        self.cache, self.progress = spec.execution.cache, spec.execution.progress
+        if self.pools is None:
+            fabric = "wse3" if hardware.fabric is None else hardware.fabric
+            fabric = fabric if isinstance(fabric, FabricSpec) else load_fabric(fabric)
+            self.cluster = ClusterSpec(fabric, 1 if hardware.systems is None
+                                       else hardware.systems)
+            check_space(self.space, {WAFER: ("prefill", "decode")})
+        else:
+            splits, colocated, footprint = self.pools
+            self.cluster = PoolCluster(
+                PoolHardware(pools_name(splits, colocated, footprint),
+                             pools_clock([n for pair in splits for n in pair] + colocated)),
+                systems_of(list(splits[0])), footprint.unit)
+            check_space(self.space, phases_by_kind(splits, colocated))
+        self.price = getattr(spec, "price_per_system_hour", None)
+        if self.pools is not None and self.pools[2].kind == "cost":
+            # A footprint in cost per hour: a unit of it costs 1 an hour, so the cost per
+            # million output tokens follows (``comparison.economics``).
+            self.price = 1.0
+        self.spec = spec.load.spec()
+        if spec.load.requests is None:
+            self.spec.requests = tuning_requests(self.spec, self.cluster.systems)
+        self.seeds, self.tolerance, self.timing = spec.load.seeds, spec.tolerance, spec.timing
+        self.draws = workload_draws(self.spec, self.seeds)
+        self._layouts: dict = {}
+
+    def draws_for(self, n_systems: int) -> list:
+        """The tuning runs' requests for ``n_systems`` systems (the base draws if the same)."""
+        n = tuning_requests(self.spec, n_systems)
+        return self.draws if n == self.spec.requests else workload_draws(
+            replace(self.spec, requests=n), self.seeds)
+
+    def layouts(self, pool, cluster, probes: list) -> tuple[dict, list]:
+        """``build_layouts`` for ``cluster``, built once; the ``probes`` are checked against
+        the model's positions every time."""
+        key = cluster.systems
+        if key in self._layouts or self.pools is not None:
+            # (``build_layouts`` checks them the first time)
+            short = next(filter(None, (position_shortfall(r, self.model) for r in probes)), None)
+            if short:
+                raise UserError(short)
+        if key not in self._layouts:
+            self._layouts[key] = self._pool_layouts(cluster) if self.pools is not None \
+                else build_layouts(
+                    self.model, cluster, probes, self.cache, self.space.copies, self.progress,
+                    splits=proposed_splits(self.model, cluster, self.space.splits),
+                    grid=self.space.grid, routing=self.timing.routing,
+                    attention_tile=self.timing.attention_tile, pool=pool,
+                    layers_per_stage=self.space.layers_per_stage)
+        return self._layouts[key]
+
+    def layouts_of(self, job: Job, probes: list) -> tuple[dict, list]:
+        """The layouts ``job`` tunes over: its cluster's, their tables scaled as it asks."""
+        layouts, skipped = self.layouts(job.pool, job.cluster, probes)
+        return job.scale.layouts(layouts), skipped
+
+    def longer(self, job: Job):
+        """``longer(draw, n)`` for ``job``'s confirming runs (``comparison.longer_draws``)."""
+        return longer_draws(self.spec, self.seeds, job.transform)
+
+    def _pool_layouts(self, cluster) -> tuple[dict, list]:
+        """``pool_layouts`` of the pools named, every side timed for the cluster's clock."""
+        splits, colocated, footprint = self.pools
+        # Depths named are tried besides each wafer side's own ("matched" and "own": its own
+        # only, since the sides are not compiled before they are laid out).
+        depths = self.space.layers_per_stage
+        return pool_layouts(self.model, splits, colocated, self._side(cluster), footprint,
+                            self.space.copies, depths if isinstance(depths, tuple) else ())
+
+    def _side(self, cluster):
+        """The pools of one side of a layout (``pool_layouts`` asks for each), timed for the
+        cluster's clock."""
+        return SideBuilder(self.model, cluster.fabric.clock_hz, self.cache, self.space.grid)
+
+    def run(self, job: Job):
+        """One experiment: its report and configurations, its serving runs kept in the job's
+        book."""
+        data, configs = disagg_experiment(self, job)
+        data.configs = configs
+        if len(job.draws) > 1:
+            data.over_replicates["draws"] = describe_draws(self.spec, data)
+        # How both plans' steps were timed, beside their results.
+        model = self.model
+        data.timing = StepTiming(self.timing.routing.describe() if model.is_moe else None,
+                                 self.timing.attention_tile or None,
+                                 formats_text(model) or None, job.scale.describe() or None)
+        return data, configs
+
+
+@dataclass(frozen=True)
+class SideBuilder:
+    """The pools of one side of a layout of pools named by their hardware (``side(side,
+    role, first)``, as ``layouts.pool_layouts`` calls it), on systems from ``first`` on."""
+
+    model: ModelSpec
+    clock_hz: float
+    cache: object
+    grid: str
+
+    def __call__(self, side, role: str, first: int) -> list:
+        return side_pools(self.model, side, role, first, self.clock_hz, self.cache, self.grid)
+
+
+def check_space(space, phases: dict) -> None:
+    """The micro-batch sizes ``space`` gives to try, within the tables of every kind of
+    hardware (kind -> the phases it serves in the experiment) at the space's grid; the
+    values left to the hardware are its own (``tuning.Layout.knob_values``)."""
+    largest = {name: max(values) for name, values in space.given().items()}
+    for kind, served in phases.items():
+        tops = {phase: top for phase, top in kind.table_tops(space.grid).items()
+                if phase in served}
+        check_in_tables(largest, tops, kind.tables_named(space.grid))
+
+
+def phases_by_kind(splits: list, colocated: list) -> dict:
+    """Kind of hardware -> the phases its pools serve in the experiment: both where colocated,
+    a side's where split."""
+    phases: dict = {}
+    for names, served in [(colocated, ("prefill", "decode"))] + [
+            ([p], ("prefill",)) for p, _ in splits] + [([d], ("decode",)) for _, d in splits]:
+        for name in names:
+            phases[name.kind] = tuple(dict.fromkeys(phases.get(name.kind, ()) + served))
+    return phases

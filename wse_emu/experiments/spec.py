@@ -1,0 +1,381 @@
+"""What an experiment is asked, as objects: what is served (``Load``), on what hardware
+(``Hardware``, its footprint counted as ``Counting`` says), how steps are timed on compiled
+wafers (``WaferTiming``), where the work runs (``Execution``), and, for the frontier, the
+per-user speeds it reads (``Speeds``). ``ExperimentSpec``, ``FrontierSpec`` and
+``PairingsSpec`` gather them with the targets and the search space (``comparison.Space``).
+
+Each is a frozen dataclass checked where it is made: a value of the wrong type or out of range
+raises a ``UserError`` naming the field as the Python API spells it, before any work. The
+command line builds the same objects from its flags (``cli/experiment_cmd.py``)."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from wse_emu.errors import UserError
+from wse_emu.experiments.comparison import Space
+from wse_emu.experiments.goodput import Targets
+from wse_emu.experiments.layouts import Footprint, per_kind_text, plan_pools
+from wse_emu.experiments.sensitivity import parse_vary
+from wse_emu.hardware.fabric import FabricSpec
+from wse_emu.models.routing import Routing
+from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.tables import default_cache_dir
+from wse_emu.serving.workload import MAX_DRAWS, WorkloadSpec, workload_spec
+from wse_emu.util.checks import check_fields, is_number, positive, short_repr, whole
+from wse_emu.util.workers import check_workers
+
+
+def workload_of(workload, trace, rate=None, requests=None) -> WorkloadSpec:
+    """A workload (a preset, a YAML or a WorkloadSpec) or a trace's replay, with ``rate`` and
+    ``requests`` overriding its own."""
+    if (workload is None) == (trace is None):
+        raise UserError("give a `workload` or a `trace`, one of them")
+    if rate is not None:
+        positive("rate", rate)
+    if requests is not None:
+        whole("requests", requests, 1)
+    return workload_spec(workload, trace, rate, requests)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What is served: a ``workload`` (a preset, a YAML or a WorkloadSpec) or a ``trace``'s
+    replay; ``requests`` (sessions) per tuning run (None: the workload's, at most
+    ``comparison.TUNING_REQUESTS`` model calls); ``seeds`` independent draws of it."""
+
+    workload: WorkloadSpec | Path | str | None = None
+    trace: Path | str | None = None
+    requests: int | None = None
+    seeds: int = 1
+
+    def __post_init__(self):
+        check_fields(self)
+        if whole("seeds", self.seeds, 1) > MAX_DRAWS:
+            raise UserError(f"`seeds` must be at most {MAX_DRAWS} (draws of the workload, "
+                            f"each a whole search), got {self.seeds:,}")
+        if self.requests is not None and whole("requests", self.requests, 1) < 2:
+            raise UserError(f"`requests` must be at least 2 (a rate needs two arrivals), got "
+                            f"{self.requests}")
+        if (self.workload is None) == (self.trace is None):
+            raise UserError("give a `workload` or a `trace`, one of them")
+
+    def spec(self) -> WorkloadSpec:
+        """The workload as the experiment draws it (its file read and checked)."""
+        return workload_of(self.workload, self.trace, None, self.requests)
+
+
+@dataclass(frozen=True)
+class Counting:
+    """How the footprint both plans share is counted (``layouts.Footprint``): in ``systems``;
+    ``racks`` with ``units_per_rack`` (hardware name -> units one rack holds); ``kw``; or
+    ``cost`` with ``prices`` (hardware name -> price of one unit for an hour)."""
+
+    footprint: str = "systems"
+    prices: dict | None = None
+    units_per_rack: dict | None = None
+
+    def __post_init__(self):
+        check_fields(self)
+        object.__setattr__(self, "counted", self._counted())
+
+    def _counted(self) -> Footprint:
+        given = {}
+        for what, values in (("prices", self.prices), ("units_per_rack", self.units_per_rack)):
+            if values is not None and not isinstance(values, dict):
+                raise UserError(f"`{what}` must be a mapping of hardware names to numbers, got "
+                                f"{short_repr(values)}")
+            given[what] = tuple((values or {}).items())
+        return Footprint(self.footprint, given["prices"], given["units_per_rack"])
+
+    def given_for(self, names: list) -> None:
+        """Refuse a number given for a kind of hardware no pool of ``names`` is on: a typo
+        (h20 for h200) or a kind left out would otherwise be ignored without a word, and a
+        footprint in cost or racks, counted without it, would not be what the user meant."""
+        kinds = list(dict.fromkeys(n.hardware.name for n in names))
+        counted = self.counted
+        for what, given in (("prices", counted.prices), ("units_per_rack", counted.per_rack)):
+            for name, value in given:
+                if name not in kinds:
+                    raise UserError(f"{per_kind_text(what, name, value)}: no pool of this "
+                                    f"experiment is on {name}; its pools are on "
+                                    f"{', '.join(kinds)}")
+
+    def own(self, names: set) -> "Counting":
+        """The numbers given for the kinds of hardware in ``names`` only."""
+        def mine(values):
+            return None if values is None else {k: v for k, v in values.items() if k in names}
+        return Counting(self.footprint, mine(self.prices), mine(self.units_per_rack))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Where both plans run: ``fabric`` (default wse3) x ``systems`` (default 1), one compiled
+    cluster; or pools named by their hardware (``pools.names``; ``experiments.layouts``): a
+    split with prefill on ``prefill_pool`` and decode on ``decode_pool`` against colocated
+    serving in the same footprint on each kind of the split (or on ``pool``), or every split
+    of ``split_pool`` against colocated serving on all of it, the footprint counted as
+    ``counting`` says."""
+
+    fabric: FabricSpec | Path | str | None = None
+    systems: int | None = None
+    pool: str | None = None
+    prefill_pool: str | None = None
+    decode_pool: str | None = None
+    split_pool: str | None = None
+    counting: Counting = field(default_factory=Counting)
+
+    def __post_init__(self):
+        check_fields(self)
+        counted = self.counting.counted
+        plans = plan_pools(self.pool, self.prefill_pool, self.decode_pool, self.split_pool,
+                           counted)
+        if plans is None:
+            if counted != Footprint():
+                raise UserError("`footprint`, `prices` and `units_per_rack` are for pools "
+                                "named by their hardware; one compiled cluster counts its "
+                                "systems")
+            if self.systems is not None:
+                whole("systems", self.systems, 1)
+            named = None
+        else:
+            splits, colocated = plans
+            self.counting.given_for([n for pair in splits for n in pair] + colocated)
+            if self.fabric is not None or self.systems is not None:
+                raise UserError("`fabric` and `systems` describe one compiled cluster; pools "
+                                "named by their hardware say both")
+            named = (*plans, counted)
+        # (splits, colocated, footprint) of pools named by their hardware; None for a cluster.
+        object.__setattr__(self, "named", named)
+
+
+@dataclass(frozen=True)
+class WaferTiming:
+    """How steps are timed on compiled wafers, the same for both plans: a mixture of experts'
+    ``routing`` and batch tiling on attention (``attention_tile``, 0: none)."""
+
+    routing: Routing = Routing()
+    attention_tile: int = 0
+
+    def __post_init__(self):
+        check_fields(self)
+        whole("attention_tile", self.attention_tile, 0)
+
+    def check_for(self, model: ModelSpec, hardware: Hardware) -> None:
+        """Refuse what does not apply: routing on a dense model, either on pools named by
+        their hardware (they time their steps themselves)."""
+        if not model.is_moe and self.routing != Routing():
+            raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
+        if hardware.named is not None and self != WaferTiming():
+            raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
+                            "named by their hardware time their steps themselves")
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where the work runs: a dask ``scheduler``'s address, else ``workers`` local processes
+    (0: one per core; 1: none, run here; without dask they are started fresh, so a script
+    with ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard); stage
+    tables kept in ``cache_dir`` (None: the user's cache); ``progress(text)`` told of each
+    step of the work."""
+
+    scheduler: str | None = None
+    workers: int = 0
+    cache_dir: Path | str | None = None
+    progress: Callable | None = None
+
+    def __post_init__(self):
+        check_fields(self)
+        check_workers(self.workers)
+        object.__setattr__(self, "cache", default_cache_dir(self.cache_dir))
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """The per-user speeds a frontier reads: its ladder (``user_speeds``, tokens/s per user;
+    None: from a little slower than a lone sequence's decode step to 50), the headline's speed
+    (``user_speed``; None: the model's published vendor speed), and the factors on the prefill
+    and on the decode step times at which the headline is read again (``step_scales``; empty:
+    not read)."""
+
+    user_speeds: Sequence[float] | None = None
+    user_speed: float | None = None
+    step_scales: Sequence[float] = (0.7, 1.3)
+
+    def __post_init__(self):
+        from wse_emu.experiments.frontier import check_speed, check_speeds
+
+        check_fields(self)
+        if self.user_speeds is not None:
+            object.__setattr__(self, "user_speeds", check_speeds(self.user_speeds))
+        if self.user_speed is not None:
+            check_speed("user_speed", self.user_speed)
+        scales = self.step_scales
+        if isinstance(scales, (str, bytes)) or not hasattr(scales, "__iter__"):
+            raise UserError(f"`step_scales` must be a sequence of factors, got "
+                            f"{short_repr(scales)}")
+        object.__setattr__(self, "step_scales", tuple(scales))
+        for f in self.step_scales:
+            positive("step_scales", f)
+
+
+def check_tolerance(tolerance) -> None:
+    if not is_number(tolerance) or not 0 < tolerance < 1:
+        raise UserError(f"`tolerance` must be between 0 and 1, got {short_repr(tolerance)}")
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """Colocated against disaggregated serving of ``model`` (a ModelSpec, a preset, a model
+    YAML or a Hugging Face config.json) under ``load``: both plans tuned over ``space``, each
+    plan's best confirmed on long runs, judged against ``targets``; or, with ``vary``
+    (``NAME=V1,V2,...``), the same at each value of one input. ``tolerance``: the rate
+    search's relative precision; ``price_per_system_hour``: for the cost per token of one
+    compiled cluster."""
+
+    model: ModelSpec | Path | str
+    load: Load
+    targets: Targets
+    hardware: Hardware = field(default_factory=Hardware)
+    space: Space = field(default_factory=Space)
+    execution: Execution = field(default_factory=Execution)
+    timing: WaferTiming = field(default_factory=WaferTiming)
+    tolerance: float = 0.05
+    price_per_system_hour: float | None = None
+    vary: str | None = None
+
+    def __post_init__(self):
+        check_fields(self)
+        check_tolerance(self.tolerance)
+        if self.price_per_system_hour is not None:
+            positive("price_per_system_hour", self.price_per_system_hour)
+            if self.hardware.named is not None:
+                raise UserError("`price_per_system_hour` is for one compiled cluster; pools "
+                                "named by their hardware take `prices` per kind, with "
+                                "footprint 'cost'")
+        variation = None if self.vary is None else parse_vary(self.vary)
+        if variation is not None and self.hardware.named is not None:
+            raise UserError("`vary` is for one compiled cluster, not for pools named by their "
+                            "hardware")
+        object.__setattr__(self, "variation", variation)
+
+
+@dataclass(frozen=True)
+class FrontierSpec:
+    """Each plan's frontier of output tokens/s per system against tokens/s per user: every
+    rung of ``speeds``' ladder is an experiment at a TTFT target ``ttft_s`` and a p90 TPOT
+    target of 1/speed, ``attainment`` of the requests meeting both (None: 0.9). The other
+    fields are ``ExperimentSpec``'s."""
+
+    model: ModelSpec | Path | str
+    load: Load
+    ttft_s: float
+    attainment: float | None = None
+    speeds: Speeds = field(default_factory=Speeds)
+    hardware: Hardware = field(default_factory=Hardware)
+    space: Space = field(default_factory=Space)
+    execution: Execution = field(default_factory=Execution)
+    timing: WaferTiming = field(default_factory=WaferTiming)
+    tolerance: float = 0.05
+
+    def __post_init__(self):
+        check_fields(self)
+        # Checked as the rungs' targets will be, before any work.
+        object.__setattr__(self, "attainment", Targets(self.ttft_s, 1.0, self.attainment)
+                           .attainment)
+        check_tolerance(self.tolerance)
+
+    def targets(self, speed: float) -> Targets:
+        """The targets of the rung at ``speed`` tokens/s per user."""
+        return Targets(self.ttft_s, 1.0 / speed, self.attainment)
+
+
+@dataclass(frozen=True)
+class PairingsSpec:
+    """A frontier for every pairing of ``kinds`` (pool names: ``wse3``, ``trn2``, ``h200x8``;
+    prefill on one, decode on another or the same), each against colocated serving on its
+    kinds in its footprint (``counting``). The speeds' step-time factors are not read (each
+    frontier can add them)."""
+
+    model: ModelSpec | Path | str
+    load: Load
+    kinds: Sequence[str]
+    ttft_s: float
+    attainment: float | None = None
+    speeds: Speeds = field(default_factory=lambda: Speeds(step_scales=()))
+    counting: Counting = field(default_factory=Counting)
+    space: Space = field(default_factory=Space)
+    execution: Execution = field(default_factory=Execution)
+    tolerance: float = 0.05
+
+    def __post_init__(self):
+        from wse_emu.pools.names import parse_pool
+
+        check_fields(self)
+        kinds = tuple(dict.fromkeys(self.kinds))
+        if not kinds:
+            raise UserError("`kinds` must be one or more pool names, got none")
+        object.__setattr__(self, "kinds", kinds)
+        names = {k: parse_pool(k) for k in kinds}  # named wrongly: refused before any work
+        # Numbers per kind of hardware, checked against every kind before any pairing runs: a
+        # pairing takes those of its own kinds, so one missing or misnamed would otherwise
+        # only leave some pairings skipped, after the others' work.
+        self.counting.given_for(list(names.values()))
+        if self.counting.counted.kind in ("cost", "racks"):
+            for name in names.values():
+                self.counting.counted.of([name])
+        object.__setattr__(self, "names", names)
+        FrontierSpec(self.model, self.load, self.ttft_s, self.attainment, tolerance=self
+                     .tolerance, execution=self.execution)  # the same checks, before any work
+
+    def pairing(self, prefill: str, decode: str) -> FrontierSpec:
+        """The frontier of prefill on ``prefill`` and decode on ``decode``."""
+        on = {self.names[prefill].hardware.name, self.names[decode].hardware.name}
+        hardware = Hardware(prefill_pool=prefill, decode_pool=decode,
+                            counting=self.counting.own(on))
+        return FrontierSpec(self.model, self.load, self.ttft_s, self.attainment,
+                            Speeds(self.speeds.user_speeds, self.speeds.user_speed, ()),
+                            hardware, self.space, self.execution, tolerance=self.tolerance)
+
+
+# The parts a spec is made of: a flat field name belongs to exactly one of them (or to the spec
+# itself), which is what lets ``from_flat`` place it.
+PARTS = (Load, Targets, Hardware, Counting, Space, Execution, WaferTiming, Speeds)
+
+
+def from_flat(cls, **values):
+    """A spec (or a part) of class ``cls`` from values given by their fields' names, each
+    placed in the part that declares it (``from_flat(ExperimentSpec, model="tiny",
+    workload="chat", ttft_s=1, tpot_s=0.005, fabric="mesh16")``); a name no part declares is
+    refused with the names that are."""
+    hints = typing.get_type_hints(cls)
+    kwargs, left = {}, dict(values)
+    for f in fields(cls):
+        if f.name in left:
+            kwargs[f.name] = left.pop(f.name)
+        elif hints.get(f.name) in PARTS:
+            part = hints[f.name]
+            mine = {k: left.pop(k) for k in list(left) if k in _names(part)}
+            if mine:
+                kwargs[f.name] = from_flat(part, **mine)
+    if left:
+        raise UserError(f"`{next(iter(left))}` is not a field of {cls.__name__} (its fields: "
+                        f"{', '.join(sorted(_names(cls)))})")
+    return cls(**kwargs)
+
+
+def _names(cls) -> set:
+    """Every flat name ``cls`` takes: its fields' and its parts', all the way down."""
+    hints = typing.get_type_hints(cls)
+    names = set()
+    for f in fields(cls):
+        names |= _names(hints[f.name]) if hints.get(f.name) in PARTS else {f.name}
+    return names
+
+
+__all__ = ["Counting", "Execution", "ExperimentSpec", "FrontierSpec", "Hardware", "Load",
+           "PairingsSpec", "Speeds", "WaferTiming", "default_cache_dir", "from_flat",
+           "workload_of"]
