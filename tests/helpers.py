@@ -232,8 +232,8 @@ def work_entries() -> list:
     step, serving requests, building pools and their tables, starting workers, running or
     claiming a sweep."""
     from wse_emu.compiler.mapper import compile_model
+    from wse_emu.pools.kinds.wafer import wafer_pools, wafer_pools_of
     from wse_emu.pools.named import side_pools
-    from wse_emu.serving.pools import wafer_pools, wafer_pools_of
     from wse_emu.serving.serve import serve
     from wse_emu.sim.runner import run_region
     from wse_emu.sweeps.sweep import claim_directory, run_sweep

@@ -79,7 +79,7 @@ def test_wafer_pools_know_their_wafer(tmp_path):
     from wse_emu.compiler.options import CompileOptions
     from wse_emu.hardware.fabric import ClusterSpec, load_fabric
     from wse_emu.models.load import load_model
-    from wse_emu.serving.pools import wafer_pools
+    from wse_emu.pools.kinds.wafer import wafer_pools
 
     program = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 2),
                             CompileOptions(plan="disaggregated", prefill_systems=1))

@@ -12,8 +12,8 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.experiments.goodput import Config, Outcome, Point, Targets, compare, evaluate, outcomes
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.wafer import WaferRegion
 from wse_emu.serving.metrics import run_metrics
-from wse_emu.serving.pools import WaferRegion
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.tables import build_table
 from wse_emu.serving.workload import generate, workload_from_dict

@@ -203,7 +203,7 @@ def test_user_speeds_read_as_a_p90_target_does():
 @pytest.fixture(scope="module")
 def tiny_split(tmp_path_factory):
     program = api.compile("tiny", "mesh16", plan="disaggregated")
-    from wse_emu.serving.pools import wafer_pools
+    from wse_emu.pools.kinds.wafer import wafer_pools
     return program, wafer_pools(program, tmp_path_factory.mktemp("tables"), grid="quick")
 
 

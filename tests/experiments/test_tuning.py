@@ -8,7 +8,7 @@ import numpy as np
 from wse_emu.experiments.comparison import Space
 from wse_emu.experiments.goodput import Point
 from wse_emu.experiments.tuning import KNOB_DEFAULTS, Choice, Knob, Layout, fitted, tune
-from wse_emu.pools.kinds import SERVER_KNOBS
+from wse_emu.pools.kinds.base import SERVER_KNOBS
 from wse_emu.serving.knobs import KNOB_NAMES, EngineKnobs, info, knob_fields
 from wse_emu.serving.pools import StagePool
 from wse_emu.serving.serve import ServeOptions

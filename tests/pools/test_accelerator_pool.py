@@ -16,8 +16,8 @@ from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models import layer as ly
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import stored_as
-from wse_emu.pools.accelerator_roofline import accelerator_pools, kv_capacity_tokens, step_seconds
-from wse_emu.serving.pools import WaferRegion
+from wse_emu.pools.kinds.accelerator import accelerator_pools, kv_capacity_tokens, step_seconds
+from wse_emu.pools.kinds.wafer import WaferRegion
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.tables import SERVER_AXES, build_table, grid_axes
 from wse_emu.serving.workload import generate, workload_from_dict

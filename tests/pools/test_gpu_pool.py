@@ -7,7 +7,7 @@ import pytest
 from wse_emu import api
 from wse_emu.errors import UserError
 from wse_emu.models.load import load_model
-from wse_emu.pools import gpu_measured as gpu_pool
+from wse_emu.pools.kinds import gpu as gpu_pool
 from wse_emu.serving.tables import SERVER_AXES
 
 CLOCK_HZ = 1e9

@@ -8,9 +8,9 @@ import yaml
 
 from wse_emu.errors import UserError
 from wse_emu.models.load import load_model
-from wse_emu.pools import kind_of, kinds
-from wse_emu.pools.gpu_measured import gpu_available
-from wse_emu.pools.kinds import PoolKind
+from wse_emu.pools.kinds import kind_of, kinds
+from wse_emu.pools.kinds.base import PoolKind
+from wse_emu.pools.kinds.gpu import gpu_available
 from wse_emu.pools.names import parse_pool
 
 FABRICS = Path(__file__).resolve().parents[2] / "programs" / "fabrics"

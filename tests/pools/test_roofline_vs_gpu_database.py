@@ -14,8 +14,8 @@ import yaml
 from wse_emu.hardware.accelerator import AcceleratorSpec
 from wse_emu.models import layer as ly
 from wse_emu.models.load import load_model
-from wse_emu.pools import gpu_measured as gpu_pool
-from wse_emu.pools.accelerator_roofline import step_seconds
+from wse_emu.pools.kinds import gpu as gpu_pool
+from wse_emu.pools.kinds.accelerator import step_seconds
 
 pytest.importorskip("aiconfigurator_core")
 

@@ -10,7 +10,7 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.spec import ModelSpec
-from wse_emu.serving.pools import WaferRegion
+from wse_emu.pools.kinds.wafer import WaferRegion
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.tables import build_table
 from wse_emu.serving.workload import generate, workload_from_dict

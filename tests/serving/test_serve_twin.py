@@ -12,12 +12,12 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.wafer import WaferRegion
 from wse_emu.serving import policies
 from wse_emu.serving.knobs import BATCH_LIMIT, PREFILL_TILE
 from wse_emu.serving.loops import compiled as compiled_loop
 from wse_emu.serving.loops import state as compiled_state
 from wse_emu.serving.loops.compiled import admit, next_prompt, ready, remaining, send, send_decode
-from wse_emu.serving.pools import WaferRegion
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.tables import build_table
 from wse_emu.serving.workload import generate, workload_from_dict

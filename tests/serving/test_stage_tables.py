@@ -9,7 +9,7 @@ from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.layer import MicroBatch
 from wse_emu.models.spec import ModelSpec
-from wse_emu.pools.wafer import WAFER
+from wse_emu.pools.kinds.wafer import WAFER
 from wse_emu.serving.policies import check_in_tables
 from wse_emu.serving.tables import build_table, grid_axes
 from wse_emu.sim.runner import run_region

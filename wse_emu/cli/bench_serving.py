@@ -27,7 +27,7 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.load import load_model
-from wse_emu.serving.pools import wafer_pools
+from wse_emu.pools.kinds.wafer import wafer_pools
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.workload import generate, workload_spec
 case = json.loads(sys.argv[1])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import DEPTH_RULES
-from wse_emu.pools.kinds import SERVER_KNOBS
+from wse_emu.pools.kinds.base import SERVER_KNOBS
 from wse_emu.serving.knobs import info, knob_fields
 from wse_emu.serving.policies import POLICIES
 from wse_emu.serving.serve import ServeOptions

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.tuning import Layout
-from wse_emu.pools.kinds import Side
+from wse_emu.pools.kinds.base import Side
 from wse_emu.pools.names import MAX_UNITS, PoolName, parse_pool
 from wse_emu.util.checks import is_number, short_repr
 

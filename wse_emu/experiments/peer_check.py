@@ -20,7 +20,7 @@ from pathlib import Path
 
 from wse_emu.errors import UserError
 from wse_emu.models.spec import ModelSpec
-from wse_emu.pools.gpu_measured import BACKEND, GPUS, MODELS
+from wse_emu.pools.kinds.gpu import BACKEND, GPUS, MODELS
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from wse_emu.experiments.wafer_layouts import build_layouts, proposed_splits
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import ModelSpec, formats_text
+from wse_emu.pools.kinds.wafer import WAFER
 from wse_emu.pools.named import pools_clock, side_pools
-from wse_emu.pools.wafer import WAFER
 from wse_emu.serving.policies import check_in_tables
 from wse_emu.serving.serve import position_shortfall
 

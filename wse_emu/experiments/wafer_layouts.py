@@ -16,8 +16,8 @@ from wse_emu.experiments.tuning import Layout
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec
 from wse_emu.models.routing import Routing
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.wafer import wafer_pools_of
 from wse_emu.program.format import WaferProgram
-from wse_emu.serving.pools import wafer_pools_of
 from wse_emu.serving.serve import position_shortfall
 from wse_emu.serving.workload import Requests
 from wse_emu.util.workers import HERE

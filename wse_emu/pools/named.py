@@ -8,7 +8,7 @@ from pathlib import Path
 
 from wse_emu.errors import UserError
 from wse_emu.models.spec import ModelSpec
-from wse_emu.pools.kinds import Side
+from wse_emu.pools.kinds.base import Side
 from wse_emu.pools.names import parse_pool
 from wse_emu.serving.tables import default_cache_dir
 

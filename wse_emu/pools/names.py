@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from wse_emu.errors import UserError
-from wse_emu.pools import kind_of, kinds
-from wse_emu.pools.kinds import PoolKind
+from wse_emu.pools.kinds import kind_of, kinds
+from wse_emu.pools.kinds.base import PoolKind
 from wse_emu.util.configfile import read_yaml_mapping
 
 MAX_UNITS = 64

@@ -13,13 +13,12 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.wafer import WAFER, wafer_pools
 from wse_emu.pools.named import named_pools, pool_sides
 from wse_emu.pools.names import parse_pool
-from wse_emu.pools.wafer import WAFER
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.metrics import RunMetrics, ServeReport, run_metrics
 from wse_emu.serving.policies import check_in_tables
-from wse_emu.serving.pools import wafer_pools
 from wse_emu.serving.serve import (
     LOOPS,
     ServeOptions,

@@ -1,4 +1,10 @@
-"""GPU pools from measured data: AIConfigurator's performance databases (``aiconfigurator-core``
+"""GPUs as pools: GPUs timed from AIConfigurator's measured data (the ``gpu``
+extra; refused by name without it), named by our names for them (``h200``) with the
+GPUs per copy when fixed (``h200x8tp2``), else tried at every tensor parallel degree that holds
+the model. A system is one node of them (part of a node counts whole); a unit draws the
+database's GPU power.
+
+GPU pools from measured data: AIConfigurator's performance databases (``aiconfigurator-core``
 on PyPI, Apache-2.0; per-op timings collected on real GPUs with TensorRT-LLM), an optional
 extra (``pip install -e '.[gpu]'``). Without it a GPU pool is refused by name.
 
@@ -14,7 +20,7 @@ Every result names the database it came from (``GpuSpec.source``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata, resources
 from pathlib import Path
 
@@ -22,6 +28,7 @@ import yaml
 
 from wse_emu.errors import UserError
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.base import ServerKind, Side
 from wse_emu.serving.pools import PHASES, StagePool
 from wse_emu.serving.tables import SERVER_AXES, StageTable, timed_table
 
@@ -173,3 +180,54 @@ def gpu_pools(gpu: GpuSpec, model: ModelSpec, role: str, clock_hz: float, gpus: 
                       gpu.network_latency_s * clock_hz)
             for copy in range(gpus // tp)]
 
+
+class GpuKind(ServerKind):
+    order = 2  # where its names are tried: third
+    noun = "a GPU"
+    takes_tp = True
+
+    def presets(self) -> list[str]:
+        return list(GPUS)
+
+    def load(self, name: str) -> GpuSpec:
+        return load_gpu(name)  # refused by name without the extra
+
+    def owns(self, hardware) -> bool:
+        return isinstance(hardware, GpuSpec)
+
+    def per_system(self, hardware: GpuSpec) -> int:
+        return hardware.gpus_per_node
+
+    def power_w(self, hardware: GpuSpec) -> float:
+        return hardware.power_w
+
+    def variants(self, name, model, copies: tuple, depths: tuple) -> list[Side]:
+        """At the degree named, or each power of two from the fewest GPUs that hold the
+        model to a node or the pool's GPUs (the splits AIConfigurator tries)."""
+        gpu = name.hardware
+        if name.tensor_parallel is not None:
+            return [Side(name, tensor_parallel(gpu, model, name.count, name.tensor_parallel))]
+        tp, out = tensor_parallel(gpu, model, name.count), []
+        while tp <= min(name.count, gpu.gpus_per_node):
+            if name.count % tp == 0:
+                out.append(Side(name, tp))
+            tp *= 2
+        return out
+
+    def label(self, side: Side) -> str:
+        return f"{side.pool.count} x {side.pool.hardware.name} tp{side.tp}"
+
+    def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
+              cache: Path, grid: str) -> list:
+        name = side.pool
+        axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
+        return [replace(pool, engine=self.engine_knobs())
+                for pool in gpu_pools(name.hardware, model, role, clock_hz, name.count, first,
+                                      axes, side.tp or name.tensor_parallel)]
+
+    def step_times_source(self, hardware: GpuSpec) -> str:
+        return hardware.source
+
+
+GPU = GpuKind()
+KIND = GPU  # found by ``kinds.kinds()``

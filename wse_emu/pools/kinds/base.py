@@ -1,9 +1,8 @@
-"""The kinds of hardware a pool may be named by (``pool_names``): wafers compiled and simulated
-(``wafer``), accelerators timed by a stated roofline (``accelerator``), GPUs timed from measured
-data (``gpu``). Each kind is one module with the face ``PoolKind`` describes, and nothing
-outside them asks which kind a pool is: naming, the footprint, the layouts an experiment tries
-and the pools that serve all go through it. A new kind is a module here and a line in
-``kinds``."""
+"""What a kind of hardware a pool may be named by (``pools.names``) answers: the face
+``PoolKind`` describes (and ``ServerKind``, its common answers for accelerators and GPUs), and
+``Side``, a pool as named in one of its layouts. Nothing outside the kinds' own modules asks
+which kind a pool is: naming, the footprint, the layouts an experiment tries and the pools
+that serve all go through this face."""
 
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ class PoolKind(ABC):
     abstract methods ask; the others have the answer most kinds give."""
 
     noun = ""  # as an error message lists it: "a fabric"
+    order = 100  # where its names are tried and listed among the kinds (lowest first)
     takes_tp = False  # whether its names may say GPUs per copy (``h200x8tp2``)
     # What marks a YAML file of this kind, as an error names it ("": it has no files).
     file_mark = ""

@@ -1,4 +1,8 @@
-"""Accelerator pools: copies of a model on accelerator instances, timed by their roofline.
+"""Accelerators as pools: an instance (a preset such as ``trn2``, or an accelerator YAML)
+timed by its stated roofline (below), laid out as its file says. A
+system is one instance, drawing the instance power its file cites.
+
+Accelerator pools: copies of a model on accelerator instances, timed by their roofline.
 
 A copy spans ``tensor_parallel`` chips of one instance (``AcceleratorSpec``). A step of a
 micro-batch runs every op of the model's op graph (``wse_emu.models.layer``: the same FLOPs and
@@ -17,12 +21,17 @@ cycles of the serving clock, so serving treats the copy as it treats a wafer reg
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 from wse_emu.errors import UserError
-from wse_emu.hardware.accelerator import AcceleratorSpec
+from wse_emu.hardware.accelerator import AcceleratorSpec, load_accelerator
 from wse_emu.models import layer as ly
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.base import ServerKind, Side
 from wse_emu.serving.pools import PHASES, StagePool
 from wse_emu.serving.tables import SERVER_AXES, StageTable, timed_table
+from wse_emu.util.configfile import preset_names
 
 # The ops a fused attention kernel runs as one, in the order the op graph lists them; the
 # ops that multiply by weight matrices.
@@ -123,3 +132,46 @@ def accelerator_pools(spec: AcceleratorSpec, model: ModelSpec, role: str, clock_
                       spec.network_bytes_per_s / clock_hz, riding,
                       spec.network_latency_s * clock_hz)
             for k in range(instances) for copy in range(spec.copies)]
+
+
+class AcceleratorKind(ServerKind):
+    order = 1  # where its names are tried: second
+    noun = "an accelerator"
+    file_mark = "its `device`"
+
+    def presets(self) -> list[str]:
+        return preset_names("accelerators")
+
+    def load(self, name: str) -> AcceleratorSpec:
+        return load_accelerator(name)
+
+    def describes(self, mapping: dict) -> bool:
+        return "device" in mapping  # an accelerator names its chip
+
+    def load_file(self, path: Path) -> AcceleratorSpec:
+        return load_accelerator(path)
+
+    def owns(self, hardware) -> bool:
+        return isinstance(hardware, AcceleratorSpec)
+
+    def power_w(self, hardware: AcceleratorSpec) -> float:
+        return hardware.instance_power_w
+
+    def label(self, side: Side) -> str:
+        count, hw = side.pool.count, side.pool.hardware
+        return hw.name if count == 1 else f"{count} x {hw.name}"
+
+    def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
+              cache: Path, grid: str) -> list:
+        name = side.pool
+        axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
+        return [replace(pool, engine=self.engine_knobs())
+                for pool in accelerator_pools(name.hardware, model, role, clock_hz, name.count,
+                                              first, axes)]
+
+    def step_times_source(self, hardware: AcceleratorSpec) -> str:
+        return f"the roofline of {hardware.name} (lower bounds)"
+
+
+ACCELERATOR = AcceleratorKind()
+KIND = ACCELERATOR  # found by ``kinds.kinds()``

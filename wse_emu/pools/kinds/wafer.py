@@ -1,25 +1,32 @@
 """Wafers as pools: a fabric (a preset such as ``wse3``, or a fabric YAML), the model compiled
 onto it as colocated serving lays it out (``copies`` side by side in column bands, at a depth
 of layers per stage), its stage tables simulated and cached; each region then serves the
-side's role. A system is one wafer (a CS-3), drawing the preset's system power."""
+side's role. A system is one wafer (a CS-3), drawing the preset's system power.
+
+A compiled wafer region is a ``WaferRegion``; ``wafer_pools`` makes them from a program, with
+their stage tables timed once, shared by replicas of one shape, and cached on disk."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
-from wse_emu.pools.kinds import PoolKind, Side
-from wse_emu.serving.pools import wafer_pools
+from wse_emu.pools.kinds.base import PoolKind, Side
+from wse_emu.program.format import WaferProgram
+from wse_emu.serving.pools import PHASES, StagePool
+from wse_emu.serving.tables import TableAsk, build_tables, grid_axes
+from wse_emu.sim.runner import signature
 from wse_emu.util.configfile import preset_names
 from wse_emu.util.progress import status
 
 
 class WaferKind(PoolKind):
+    order = 0  # where its names are tried: first
     noun = "a fabric"
     file_mark = "its `width`"
     default_file = True  # fabric files came first: one with a field missing is told which
@@ -85,3 +92,54 @@ class WaferKind(PoolKind):
 
 
 WAFER = WaferKind()
+KIND = WAFER  # found by ``kinds.kinds()``
+
+
+@dataclass
+class WaferRegion(StagePool):
+    """A compiled wafer region as a pool. KV handoffs inside a wafer cross the fabric at the
+    boundary between regions (a link per row); between wafers they go over the off-wafer
+    links. ``for_fabric`` sets both."""
+
+    def for_fabric(self, fabric) -> "WaferRegion":
+        """This region with the handoff rates of ``fabric`` (a FabricSpec)."""
+        self.fabric_bytes_per_cycle = float(fabric.height * fabric.link_bytes_per_cycle)
+        self.link_bytes_per_cycle = fabric.offwafer_bytes_per_cycle()
+        return self
+
+
+def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full",
+                pool=None) -> list[WaferRegion]:
+    """``wafer_pools_of`` one program."""
+    return wafer_pools_of([program], cache, grid, pool)[0]
+
+
+def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full",
+                   pool=None) -> list[list[WaferRegion]]:
+    """Each program's regions as pools: one pair of tables per distinct region (replicas of
+    one shape and role share them), over the micro-batch shapes of ``grid`` ("full", or
+    "quick" for a first look), every program's timed together (``build_tables``) so that
+    stages alike across them are timed once; with ``pool`` (a worker pool,
+    ``workers.point_pool``) on its workers."""
+    asks, where = [], []  # per program, per region: the asks' indices by phase
+    for program in programs:
+        shared: dict[tuple, dict] = {}
+        per_region = []
+        for r in program.regions:
+            key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
+            if key not in shared:
+                shared[key] = {}
+                for ph in PHASES[r.role]:
+                    shared[key][ph] = len(asks)
+                    asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph)))
+            per_region.append(shared[key])
+        where.append(per_region)
+    tables = build_tables(asks, cache_dir=cache, pool=pool)
+    out = []
+    for program, per_region in zip(programs, where):
+        out.append([WaferRegion(r.name, r.role, r.kv_capacity_tokens,
+                                tables[t["prefill"]] if "prefill" in t else None,
+                                tables[t["decode"]] if "decode" in t else None,
+                                system=r.parts[0].system).for_fabric(program.fabric)
+                    for r, t in zip(program.regions, per_region)])
+    return out
