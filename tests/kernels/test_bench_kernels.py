@@ -2,7 +2,7 @@
 
 import pytest
 
-from wse_emu.cli import bench_kernels as bk
+from wse_emu.cli.bench import kernels as bk
 
 
 @pytest.mark.parametrize("side,k", [(64, 4096), (128, 4096)])

@@ -5,7 +5,7 @@ region longer too, but slowly: its weights are already spread thin, so only the 
 
 import pytest
 
-from wse_emu.cli.bench_kernels import one_layer
+from wse_emu.cli.bench.kernels import one_layer
 from wse_emu.hardware.fabric import load_fabric
 from wse_emu.models.layer import MicroBatch
 from wse_emu.sim.runner import run_region

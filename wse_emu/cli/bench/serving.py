@@ -12,48 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from wse_emu.cli.bench.case import child
 from wse_emu.errors import UserError
 from wse_emu.serving.workload import trace_path
 
-SERVE_CHILD = r"""
-import json, resource, sys, time
-from pathlib import Path
-from wse_emu.compiler.mapper import compile_model
-from wse_emu.compiler.options import CompileOptions
-from wse_emu.hardware.fabric import ClusterSpec, load_fabric
-from wse_emu.models.load import load_model
-from wse_emu.pools.kinds.wafer import wafer_pools
-from wse_emu.serving.serve import ServeOptions, serve
-from wse_emu.serving.workload import generate, workload_spec
-case = json.loads(sys.argv[1])
-program = compile_model(load_model(case["model"]),
-                        ClusterSpec(load_fabric(case["fabric"]), case["systems"]),
-                        CompileOptions())
-began = time.perf_counter()
-pools = wafer_pools(program, Path(case["cache_dir"]))
-tables_s = time.perf_counter() - began
-reqs = generate(workload_spec(trace=case["trace"]))
-policies = {}
-for policy in case["policies"]:
-    options = ServeOptions.of(program.fabric, program.model, policy=policy)
-    serve(reqs, pools, options)  # the loop loaded from numba's cache (or compiled) and warm
-    loops, calls = [], []
-    for _ in range(case["repeat"]):
-        began = time.perf_counter()
-        result = serve(reqs, pools, options)
-        calls.append(time.perf_counter() - began)
-        loops.append(result.loop_s)
-    policies[policy] = {"seconds": min(loops), "seconds_all": loops,
-                        "serve_seconds": min(calls), "serve_seconds_all": calls,
-                        "output_tokens": int(result.tokens.sum())}
-print(json.dumps({"policies": policies, "tables_seconds": tables_s, "requests": len(reqs),
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
 DEFAULT_TRACE = "azure-conv"  # the conversation trace shipped with wse-emu, by its name
 SERVE_GOAL_S = 0.5  # the loop's time on the whole trace, once its tables are cached
 EXPERIMENT_GOALS_S = {"cold": 15 * 60.0, "cached": 5 * 60.0}
@@ -80,8 +46,8 @@ def run_serve(args) -> dict:
     case = {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 1,
             "trace": str(_trace(args)), "cache_dir": str(_cache_dir()),
             "policies": list(POLICIES), "repeat": max(1, args.repeat)}
-    _child(SERVE_CHILD, {**case, "policies": case["policies"][:1], "repeat": 1})
-    measured = _child(SERVE_CHILD, case)
+    child("serve_case", {**case, "policies": case["policies"][:1], "repeat": 1})
+    measured = child("serve_case", case)
     headline = measured["policies"][case["policies"][0]]["seconds"]
     return {"benchmark": "serve",
             "case": {k: v for k, v in case.items() if k not in ("cache_dir", "repeat")},
@@ -148,33 +114,11 @@ def run_frontier(args) -> dict:
             and run["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
 
 
-# Runs a command and reports its wall time and the largest resident memory of any process of
-# its tree (each worker was waited for by its own parent, so it counts): a bound on each
-# process, not their sum. A process of its own, so that one run's peak is not another's.
-TIMED_CHILD = r"""
-import json, resource, subprocess, sys, time
-began = time.perf_counter()
-proc = subprocess.run(json.loads(sys.argv[1]), capture_output=True, text=True, check=False)
-print(json.dumps({"seconds": time.perf_counter() - began, "returncode": proc.returncode,
-                  "stderr": proc.stderr[-2000:], "stdout": proc.stdout,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-                  / 1024}))
-"""
-
-
 def _timed(command: list[str]) -> dict:
     """``command`` (its JSON report on stdout) run to its end: its wall time, the largest
     resident memory of its processes, and its report."""
-    run = _child(TIMED_CHILD, command)
+    run = child("timed", command)
     if run["returncode"] != 0:
         raise RuntimeError(f"benchmark command failed:\n{run['stderr']}")
     return {"seconds": run["seconds"], "peak_rss_mib": run["peak_rss_mib"],
             "report": json.loads(run["stdout"])}
-
-
-def _child(script: str, payload) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(payload)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark case {payload} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,0 +1,23 @@
+"""A compile case: the fastest of ``repeat`` compiles of a model onto a cluster."""
+
+from __future__ import annotations
+
+import time
+
+from wse_emu import api
+from wse_emu.cli.bench.case import peak_rss_mib, report
+
+
+def measure(case: dict) -> dict:
+    model, fabric = api.load_model(case["model"]), api.load_fabric(case["fabric"])
+    times = []
+    for _ in range(case["repeat"]):
+        start = time.perf_counter()
+        program = api.compile(model, fabric, case["systems"], plan=case["plan"])
+        times.append(time.perf_counter() - start)
+    return {"seconds": min(times), "seconds_all": times, "peak_rss_mib": peak_rss_mib(),
+            "stages": len(program.stages), "regions": len(program.regions)}
+
+
+if __name__ == "__main__":
+    report(measure)
