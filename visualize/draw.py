@@ -8,6 +8,7 @@ stage 13 nearly the same colour). PEs a map says nothing about are light grey.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -77,17 +78,32 @@ def pixels(array: np.ndarray, cmap, vmin: float, vmax: float) -> np.ndarray:
     return cmap(norm(np.ma.masked_invalid(array)), bytes=True)
 
 
+@dataclass(frozen=True)
+class MapLook:
+    """How a map's values look: a colour map and its range (``cmap``, ``vmin``, ``vmax``; by
+    default a quantity's scale over the finite values), or a legend of ``categories``, or
+    ``levels`` distinct colours for the integers 0 .. levels - 1 (such as pipeline stages, no
+    two touching levels alike); ``names`` ``(x, y, w, h, text)`` written inside their
+    rectangles where they fit; ``ticks`` formatting a quantity's colour bar (``fmt.number``
+    by default)."""
+
+    cmap: object = None
+    vmin: float | None = None
+    vmax: float | None = None
+    categories: tuple | None = None
+    levels: int | None = None
+    names: tuple = ()
+    ticks: object = None
+
+
 @styled
 def map_figure(array: np.ndarray, title: str, label: str, path: Path, formats=("png",),
-               cmap=None, vmin: float | None = None, vmax: float | None = None,
-               outlines=(), categories: tuple | None = None,
-               levels: int | None = None, names=(), ticks=None) -> list[Path]:
-    """Draw ``array`` (height x width) with a colour bar (or a legend of ``categories``, or
-    ``levels`` distinct colours for the integers 0 .. levels - 1, such as pipeline stages, no two
-    touching levels alike) and region outlines ``(x, y, w, h, label)``; ``names``
-    ``(x, y, w, h, text)`` are written inside their rectangles where they fit; ``ticks`` formats
-    a quantity's colour bar (``fmt.number`` by default). Writes ``path`` in every format and the
-    exact one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
+               outlines=(), look: MapLook = MapLook()) -> list[Path]:
+    """Draw ``array`` (height x width) as ``look`` says, with a colour bar or a legend and
+    region outlines ``(x, y, w, h, label)``. Writes ``path`` in every format and the exact
+    one-pixel-per-PE image as ``<path>.pixels.png``. Returns the files written."""
+    cmap, vmin, vmax, categories, levels, names, ticks = (
+        look.cmap, look.vmin, look.vmax, look.categories, look.levels, look.names, look.ticks)
     height, width = array.shape
     finite = array[np.isfinite(array)]
     if vmin is None:

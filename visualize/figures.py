@@ -16,7 +16,7 @@ from wse_emu.util.atomic import replacing
 from wse_emu.util.fmt import number
 from wse_emu.visualize import wafer
 from wse_emu.visualize.curves import draw_experiment
-from wse_emu.visualize.draw import map_figure, regions_figure
+from wse_emu.visualize.draw import MapLook, map_figure, regions_figure
 from wse_emu.visualize.roofline import roofline_figure
 from wse_emu.visualize.serving import draw_serving
 from wse_emu.visualize.style import percent_formatter
@@ -65,7 +65,7 @@ def draw_all(run: RunDir, out: Path, what=KINDS, formats=("png",),
         where = f"{program.fabric.name} system {system}"
         for name, (array, title, label, extra) in maps.items():
             files = map_figure(array, f"{title} ({where})", label, out / f"map_{name}",
-                               formats, outlines=outlines, **extra)
+                               formats, outlines, MapLook(**extra))
             figures.append((files[0], f"{title}: {label}. One pixel (or block) per PE; grey "
                                       "where the map has no value."))
         parts = _one_part_per_role(program, system)

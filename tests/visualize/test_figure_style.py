@@ -23,7 +23,7 @@ from wse_emu.cli.main import main
 from wse_emu.sweeps.sweep import SweepRow, SweepSpec
 from wse_emu.util.fmt import WIDTH, duration, narrow_table, number, seconds, si, table
 from wse_emu.visualize import wafer
-from wse_emu.visualize.draw import DPI, LEVEL_PALETTE, level_cmap, map_figure, save_figure
+from wse_emu.visualize.draw import DPI, LEVEL_PALETTE, MapLook, level_cmap, map_figure, save_figure
 from wse_emu.visualize.style import (
     TICK_PT,
     distinct_colours,
@@ -80,7 +80,8 @@ def test_the_stage_map_is_discrete_and_its_pixels_tell_touching_stages_apart(tmp
     assert isinstance(cmap, ListedColormap) and cmap.N == 35
     names = [(c * 4, r * 4, 4, 4, str(int(levels[r * 4, c * 4]))) for r in range(5)
              for c in range(7)]
-    map_figure(levels, "Pipeline stages", "stage", tmp_path / "stages", levels=35, names=names)
+    map_figure(levels, "Pipeline stages", "stage", tmp_path / "stages",
+               look=MapLook(levels=35, names=names))
     drawn = (mpimg.imread(tmp_path / "stages.pixels.png")[:, :, :3] * 255).round()
     for (y, x), (y1, x1) in _touching_pes(levels):
         assert not np.array_equal(drawn[y, x], drawn[y1, x1]), (levels[y, x], levels[y1, x1])

@@ -381,8 +381,8 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
                                   tolerance, progress, space.rounds, space.each_layout)
     configurations = [_row(o, targets, len(s.points), *economy, requests, s.config)
                       for o, s in zip(outcomes(list(searches.values())), searches.values())]
-    finals = [final(tuned, layouts, base, d, r, targets, book, space, tolerance, progress,
-                    economy, searches, longer) for r, d in enumerate(draws)]
+    finals = [final(setup, job, r, tuned, layouts, base, economy, searches)
+              for r in range(len(draws))]
     replicates = [Replicate(f.final, f.comparison, f.final_requests_per_run)
                   for f in finals] if more_draws else None
     report = ExperimentReport(
@@ -409,15 +409,17 @@ class Final:
     comparison: Comparison
 
 
-def final(tuned: dict, layouts: dict, base: ServeOptions, requests: Requests, draw: int,
-          targets: Targets, book: RunBook, space: Space, tolerance: float, progress, economy,
-          tuning: dict, longer=None) -> Final:
-    """Each plan's tuned configuration on one draw: searched again on runs long enough for a
-    steady window of ``space.window_s`` at the rates found (the confirming runs: sized by the
-    rates tuning found, and lengthened while the rates they find leave the window short), or,
-    without them, as tuning left it (``tuning``: the first draw's searches) or searched on this
-    draw's ``requests``. Returns its rows and the comparison."""
-    window = space.window_s if longer is not None else 0.0
+def final(setup, job, draw: int, tuned: dict, layouts: dict, base: ServeOptions, economy,
+          tuning: dict) -> Final:
+    """Each plan's tuned configuration on draw ``draw`` of ``job``'s: searched again on runs
+    long enough for a steady window of the space's ``window_s`` at the rates found (the
+    confirming runs, ``setup.longer``: sized by the rates tuning found, and lengthened while
+    the rates they find leave the window short), or, without them, as tuning left it
+    (``tuning``: the first draw's searches) or searched on this draw's requests. Returns its
+    rows and the comparison."""
+    requests, targets, book = job.draws[draw], job.targets, job.book
+    tolerance, progress, longer = setup.tolerance, setup.progress, setup.longer(job)
+    window = setup.space.window_s
     guess = {c: _rate_of(tuning, c) for c in tuned.values()}  # requests (sessions) per s
     if window <= 0 and draw == 0:
         searches, runs = {c: tuning[c] for c in tuned.values()}, requests

@@ -16,6 +16,7 @@ from wse_emu.experiments.comparison import (
     disagg_experiment,
     longer_draws,
     tuning_requests,
+    unchanged,
     workload_draws,
 )
 from wse_emu.experiments.goodput import RunBook, Targets
@@ -27,7 +28,7 @@ from wse_emu.experiments.layouts import (
     systems_of,
 )
 from wse_emu.experiments.sensitivity import StepScale
-from wse_emu.experiments.wafer_layouts import build_layouts, proposed_splits
+from wse_emu.experiments.wafer_layouts import build_layouts
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import ModelSpec, formats_text
@@ -35,10 +36,6 @@ from wse_emu.pools.kinds.wafer import WAFER
 from wse_emu.pools.named import pools_clock, side_pools
 from wse_emu.serving.policies import check_in_tables
 from wse_emu.serving.serve import position_shortfall
-
-
-def unchanged(requests):
-    return requests
 
 
 @dataclass(frozen=True)
@@ -110,12 +107,8 @@ class Setup:
                 raise UserError(short)
         if key not in self._layouts:
             self._layouts[key] = self._pool_layouts(cluster) if self.pools is not None \
-                else build_layouts(
-                    self.model, cluster, probes, self.cache, self.space.copies, self.progress,
-                    splits=proposed_splits(self.model, cluster, self.space.splits),
-                    grid=self.space.grid, routing=self.timing.routing,
-                    attention_tile=self.timing.attention_tile, pool=pool,
-                    layers_per_stage=self.space.layers_per_stage)
+                else build_layouts(self.model, cluster, probes, self.cache, self.space,
+                                   self.timing, pool, self.progress)
         return self._layouts[key]
 
     def layouts_of(self, job: Job, probes: list) -> tuple[dict, list]:

@@ -14,7 +14,6 @@ from wse_emu.errors import CompileError, UserError
 from wse_emu.experiments.comparison import Space
 from wse_emu.experiments.tuning import Layout
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec
-from wse_emu.models.routing import Routing
 from wse_emu.models.spec import ModelSpec
 from wse_emu.pools.kinds.wafer import wafer_pools_of
 from wse_emu.program.format import WaferProgram
@@ -24,25 +23,25 @@ from wse_emu.util.workers import HERE
 
 
 def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests], cache: Path,
-                  copies=(1,), progress=None, splits: list[dict] | None = None,
-                  grid: str = "full", routing: Routing = Routing(),
-                  attention_tile: int = 0, pool=None,
-                  layers_per_stage="own") -> tuple[dict, list[str]]:
-    """Every layout to tune: colocated with each number of ``copies`` of the model per wafer
-    (side by side in column bands), and disaggregated at each of ``splits`` (by default every
-    split ``disaggregated_splits`` proposes), each at the compiler's own pipeline depth and at
-    the other depths (layers per stage) ``layers_per_stage`` asks for: "own", none; "matched",
-    every depth some layout came to by itself, so that both plans get the same choice; or
-    numbers. A layout that does not compile is
-    skipped, with why (colocated with one copy at its own depth must compile). A layout whose
-    regions cannot hold some request stays: serving refuses that request, which then misses its
+                  space: Space, timing, pool=None, progress=None) -> tuple[dict, list[str]]:
+    """Every layout to tune, as ``space`` asks (a ``comparison.Space``): colocated with each
+    number of its ``copies`` of the model per wafer (side by side in column bands), and
+    disaggregated at each of its ``splits`` of the cluster (``proposed_splits``), each at the
+    compiler's own pipeline depth and at the other depths (layers per stage) its
+    ``layers_per_stage`` asks for: "own", none; "matched", every depth some layout came to by
+    itself, so that both plans get the same choice; or numbers; every step timed as
+    ``timing`` (a ``spec.WaferTiming``) says. A layout that does not compile is skipped, with
+    why (colocated with one copy at its own depth must compile). A layout whose regions
+    cannot hold some request stays: serving refuses that request, which then misses its
     targets, so which layouts are tried does not depend on how long the runs are. ``probes``
     (every set of requests the experiment may serve) are checked against the model's
-    positions. Layouts are compiled, and their stage tables timed over ``grid``'s shapes, on
+    positions. Layouts are compiled, and their stage tables timed over the space's grid, on
     ``pool``'s workers (in this process without one). Returns (plan, name) -> Layout, and the
     skipped."""
+    copies, grid, layers_per_stage = space.copies, space.grid, space.layers_per_stage
+    routing, attention_tile = timing.routing, timing.attention_tile
+    splits = proposed_splits(model, cluster, space.splits)
     fabric = cluster.fabric
-    splits = disaggregated_splits(model, cluster) if splits is None else splits
     span = wafers_needed(model, fabric)
     if not splits:
         raise UserError(f"{model.name} spans {span} x {fabric.name} per replica, so "

@@ -19,7 +19,7 @@ from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import port_cycles, result
 from wse_emu.kernels.experts import RoutedAxis, deliver_route, down_order
 from wse_emu.kernels.patterns.base import Pattern, Tile, get, register
-from wse_emu.kernels.patterns.matrix import plan_reduce, plan_strip
+from wse_emu.kernels.patterns.matrix import StripSite, plan_reduce, plan_strip
 from wse_emu.kernels.primitives import (
     SLICE_TOKENS,
     VC_TRANSFER,
@@ -41,7 +41,7 @@ class ExpertRuns(Pattern):
         works for a token only when the token routes to its experts, one such token after
         another; gate's and up's sums meet on their own runs of columns (each run and the
         column it may share with the next), down's along the whole strip."""
-        k = plan_strip(b, stage, lay, strip, body, edge, high, self.kind, names, 1)
+        k = plan_strip(b, stage, lay, strip, StripSite(body, edge, high), self.kind, names, 1)
         e = lay.extents[strip.name]
         per_run = strip.k // k.matrix[0]  # gate's and up's experts sharing a run
         length = k.grid[0] if strip.experts_summed else \

@@ -14,7 +14,7 @@ import numpy as np
 from wse_emu.functional.tiles import MatrixTiles
 from wse_emu.kernels.bounds import ceil_div, result
 from wse_emu.kernels.patterns.base import Pattern, Tile, register
-from wse_emu.kernels.patterns.matrix import plan_strip
+from wse_emu.kernels.patterns.matrix import StripSite, plan_strip
 from wse_emu.kernels.primitives import wavelets
 from wse_emu.models import layer as ly
 from wse_emu.util.splits import even_split
@@ -27,7 +27,7 @@ class RowGather(Pattern):
     def plan(self, b, stage, lay, strip, body, edge, high: bool, names: dict):
         """The table's strip (``matrix.plan_strip``); each PE buffers its output row slices
         with the token ids, and nothing is reduced."""
-        return plan_strip(b, stage, lay, strip, body, edge, high, self.kind, names,
+        return plan_strip(b, stage, lay, strip, StripSite(body, edge, high), self.kind, names,
                           b.options.buffer_tokens, ly.TOKEN_ID_BYTES)
 
     def expand(self, sg, tile: Tile, st, tied: bool) -> np.ndarray:

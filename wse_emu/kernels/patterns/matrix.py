@@ -13,6 +13,8 @@ tile's reduction with the next tile's multiply.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from wse_emu.functional.tiles import MatrixTiles
@@ -41,13 +43,23 @@ EDGE = {("x", True): "east", ("x", False): "west", ("y", True): "south", ("y", F
 MAX_CHUNKS, MIN_CHUNK_CYCLES = 4, 128
 
 
-def plan_strip(b, stage, lay, strip, body, edge, high: bool, kind: str, names: dict,
+class StripSite(NamedTuple):
+    """Where a strip's kernel lies: its PEs (``body``) and the edge its sums collect on, the
+    high end of its axis if ``high``."""
+
+    body: object
+    edge: object
+    high: bool
+
+
+def plan_strip(b, stage, lay, strip, site: StripSite, kind: str, names: dict,
                buffer_tokens: int, token_bytes: int = 0):
-    """A strip's kernel on ``body`` (its sums collecting on ``edge``, the high end of its
-    axis if ``high``) with its weights, buffers and bias vectors per PE and the route of its
-    input broadcast: what every strip pattern plans alike. ``names``: its pattern per phase;
-    ``buffer_tokens``: tokens of partial sums each PE keeps; ``token_bytes``: bytes more per
-    buffered token (a gather's token ids). ``b`` is the compiler's region builder."""
+    """A strip's kernel on its ``site`` with its weights, buffers and bias vectors per PE and
+    the route of its input broadcast: what every strip pattern plans alike. ``names``: its
+    pattern per phase; ``buffer_tokens``: tokens of partial sums each PE keeps;
+    ``token_bytes``: bytes more per buffered token (a gather's token ids). ``b`` is the
+    compiler's region builder."""
+    body, edge, high = site
     d = b.d
     e, short = lay.extents[strip.name], lay.short
     vec_bytes = sum(length * strip.vector_layers[n] * d for n, length in strip.vectors.items()
@@ -111,7 +123,7 @@ class DenseStrip(Pattern):
     def plan(self, b, stage, lay, strip, body, edge, high: bool, names: dict):
         """The kernel, its SRAM and its routes (``plan_strip``), its sums reduced along the
         whole strip."""
-        k = plan_strip(b, stage, lay, strip, body, edge, high, self.kind, names,
+        k = plan_strip(b, stage, lay, strip, StripSite(body, edge, high), self.kind, names,
                        b.options.buffer_tokens)
         plan_reduce(b, stage, k, strip, k.grid[0])
         return k
