@@ -1,21 +1,28 @@
 """The serving loop, compiled: the same events, handled the same way and in the same order, as
-the plain loop in ``plain_loop.py``, on arrays instead of objects.
+the plain loop in ``plain.py``, on arrays instead of objects.
+
+Each event kind of the plain loop (``Arrival``, ``Dispatch``, ``Decoded``, ``Prefilled``,
+``Joined``) has its handler here (``_on_arrival``, ...), inlined into ``_loop``, which only
+takes the next event and hands it to its handler.
 
 Everything the loop changes lives in one state of arrays (a region's queues as linked lists
 through per-request arrays, its prefix cache as a least-recently-used list over sessions, the
-stage tables packed end to end). ``LoopArrays`` holds them on the Python side; the compiled
-code sees a ``LoopState``: a pointer to a structure of their data pointers, made on the loop's
-stack. (A tuple of a hundred arrays would be copied into every call, a structure of arrays
-would count a reference at every read, and one counted by reference at every call.)
-Two-dimensional arrays are read row-major: row ``r`` of ``free`` starts at
-``r * params[WIDTH]``.
+stage tables packed end to end), each declared once in ``FIELDS``: its name, dtype and the
+axes it is sized by; its type and its shape for a run follow from that row alone.
+``LoopArrays`` holds them on the Python side; the compiled code sees a ``LoopState``: a pointer
+to a structure of their data pointers, made on the loop's stack. (A tuple of a hundred arrays
+would be copied into every call, a structure of arrays would count a reference at every read,
+and one counted by reference at every call.) Arrays of two axes are read row-major: row ``r``
+of ``free`` starts at ``r * params[WIDTH]``.
 
 A policy's compiled dispatch is a function of (state, region, now, knobs) with the signature
 ``DISPATCH``, handed to the loop as a first-class function, so that the loop never names a
 policy; the primitives below (``admit``, ``send``, ``batch_size``, ...) are what a dispatch is
-built from. Numba's cache does not follow a cached function into the functions it calls in
-other files, so the state's type carries a digest of this file: a change here compiles every
-policy's dispatch again.
+built from. Its knobs are read through a pointer into the state, like every other array: an
+array handed from the loop to a dispatch would be counted by reference on the way, which
+cost a tenth of the loop's time. Numba's cache does not follow a cached function into the
+functions it calls in other files, so the state's type carries a digest of this file: a
+change here compiles every policy's dispatch again.
 
 Events are ordered by (time, sequence number), as the plain loop's heap orders them. First
 calls arrive in order of (time, request), with the lowest sequence numbers (the plain loop
@@ -29,6 +36,7 @@ from __future__ import annotations
 import hashlib
 from collections import namedtuple
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, typeof, types
@@ -49,83 +57,207 @@ LABEL_PREFILL, LABEL_DECODE, LABEL_BOTH = 0, 1, 2
 # position between grid points, and whether it lies outside the grid.
 NO_CELL = (-1, -1, 0.0, False)  # no part of that phase in the micro-batch
 
-_FIELDS = {
-    # per request
-    "prompt": np.int64, "output": np.int64, "need": np.int64, "session": np.int64,
-    "call": np.int64, "think": np.float64, "next_call": np.int64,
-    "arrival": np.float64, "first": np.float64, "finish": np.float64, "made": np.int64,
-    "last": np.float64, "where": np.int64, "progress": np.int64,
-    "ctx": np.int64, "since": np.float64,  # a ready sequence's context and since when
-    "nxt": np.int64,  # the next sequence in its region's ready or in-flight list
-    "pnext": np.int64,  # the next prompt in its region's queue
-    "hnext": np.int64, "hsrc": np.int64,  # a finished prompt's next in the handoff queue,
-    # and the region it waits in
-    # per region
-    "role": np.int64, "cap": np.int64, "system": np.int64, "stages": np.int64,
-    "rank": np.int64, "ptab": np.int64, "dtab": np.int64,
-    "rtab": np.int64,  # the decode table of a step riding in a chunk's (-1: added instead)
-    "maxrun": np.int64,
-    "fabric_rate": np.float64, "link_rate": np.float64, "link_lat": np.float64,
-    "kv_used": np.int64, "running": np.int64, "cached": np.int64, "reused": np.int64,
-    "decoded": np.int64, "in_flight": np.int64, "turns": np.int64,
-    "busy_prefill": np.float64, "busy_decode": np.float64, "stall": np.float64,
-    "work": np.float64, "kv_blocked": np.float64, "blocked_since": np.float64,
-    "dispatching": np.int64,
-    "pq_head": np.int64, "pq_tail": np.int64, "pq_len": np.int64,
-    "rq_head": np.int64, "rq_tail": np.int64, "rq_len": np.int64,
-    "fq_head": np.int64, "fq_tail": np.int64,
-    "c_head": np.int64, "c_tail": np.int64, "ev_n": np.int64,
-    # a lone micro-batch not yet worked out by stage: whether there is one, when it entered,
-    # and the cells its decode and prefill parts are read at
-    "lz_on": np.int64, "lz_enter": np.float64,
-    "lz_d0": np.int64, "lz_d1": np.int64, "lz_df": np.float64, "lz_dc": np.int64,
-    "lz_p0": np.int64, "lz_p1": np.int64, "lz_pf": np.float64, "lz_pc": np.int64,
-    # per region and stage (row width params[WIDTH])
-    "free": np.float64, "starts": np.float64,
-    "times": np.float64,  # the stages' times of the micro-batch going through (scratch)
-    # per region and session: the prefix cache (call -1: nothing cached; params[SESSIONS])
-    "c_call": np.int64, "c_tok": np.int64, "c_prev": np.int64, "c_next": np.int64,
-    # the stage tables, packed: axes, grids (axis0 x axis1 x vector), lines kept by axis0
-    "tab_x": np.float64, "tab_xo": np.int64, "tab_xn": np.int64,
-    "tab_y": np.float64, "tab_yo": np.int64, "tab_yn": np.int64,
-    "tab_g": np.float64, "tab_go": np.int64, "tab_k": np.int64,
-    "tab_lo": np.int64, "tab_so": np.int64, "tab_amax": np.int64, "lines": np.float64,
-    "line_ok": np.int64,
-    # the cluster's links, by system: fabric, out, in (three a row)
-    "link_free": np.float64,
-    # outputs: every gap between tokens, the KV trace, the timeline (params[EVENTS] a row)
-    "gap_req": np.int64, "gap_cyc": np.float64,
-    "tr_reg": np.int64, "tr_t": np.float64, "tr_k": np.int64,
-    "ev_stage": np.int64, "ev_start": np.float64, "ev_end": np.float64, "ev_label": np.int64,
-    # the events one handled event schedules (four numbers a row), counters, parameters
-    "out_t": np.float64, "out_d": np.int64,
-    # the event heap: times, sequence numbers, and four numbers an event (params[HEAP] room)
-    "ht": np.float64, "hs": np.int64, "hd": np.int64,
-    # the finished prompts waiting for a handoff, in order (one queue)
-    "hq_head": np.int64, "hq_tail": np.int64, "hq_len": np.int64,
-    "counts": np.int64,  # gaps, trace entries, events scheduled
-    "params": np.int64,  # caching (0/1), timeline events kept, regions, the rows' widths
-    "fparams": np.float64,  # KV bytes per token, when the handoff at the queue's head
-    # began waiting (NaN: it is not waiting)
-}
-# Fields of two dimensions, each row one region's (or system's, or event's).
-_MATRICES = ("free", "starts", "c_call", "c_tok", "c_prev", "c_next", "link_free", "ev_stage",
-             "ev_start", "ev_end", "ev_label", "out_d")
-# counts[...], params[...], fparams[...]
-GAPS, TRACE, OUT = range(3)
-CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP = range(7)
+# The entries of counts[...], params[...] and fparams[...].
+GAPS, TRACE, OUT = range(3)  # gaps between tokens, KV trace entries, events just scheduled
+# Whether the prefix cache is kept, timeline events kept per region, regions, the widths of
+# the rows of two-axis arrays, heap room, first calls in the arrival stream.
+CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS = range(8)
+# KV bytes per token; when the handoff at the queue's head began waiting (NaN: it is not).
 KV_BYTES, HEAD_BLOCKED = range(2)
+
+
+class Field(NamedTuple):
+    """One array of the loop's state: its dtype, the axes it is sized by (``state.py`` gives
+    each axis its size for a run), and the value it starts at."""
+
+    name: str
+    dtype: type
+    axes: tuple
+    start: float = 0
+
+
+INT, REAL = np.int64, np.float64
+NAN, NONE = float("nan"), -1  # not yet happened; no request, region or session
+# The axes, as ``state.py`` sizes them.
+BY_REQUEST = ("requests",)
+BY_REGION = ("regions",)
+BY_STAGE = ("stages",)  # the longest pipeline's
+BY_REGION_STAGE = ("regions", "stages")
+BY_REGION_SESSION = ("regions", "sessions")  # sessions: 1 without the prefix cache
+BY_REGION_EVENT = ("regions", "events")  # events: the timeline's room for one region
+BY_SYSTEM_LINK = ("systems", "links")
+BY_GAP = ("gaps",)  # every gap between two tokens of a request
+BY_TRACE = ("trace",)  # every change of a region's KV occupancy
+BY_SCHEDULED = ("scheduled",)  # events one handled event schedules
+BY_SCHEDULED_WORD = ("scheduled", "words")
+BY_HEAP = ("heap",)
+BY_HEAP_WORD = ("heap", "words")
+BY_FIRST_CALL = ("first_calls",)  # calls that arrive by themselves, not after a previous one
+BY_TABLE = ("tables",)  # the distinct stage tables, packed end to end
+BY_KNOB = ("knobs",)  # the serving knobs, in the order ``Policy.packed`` gives them
+# The axes of a size fixed by the loop itself.
+FIXED_AXES = {"words": 4,  # an event's kind and its three numbers
+              "links": 3,  # a system's fabric, its link out and its link in
+              "queue": 1,  # the handoff queue: one, shared by the regions
+              "counters": OUT + 1, "params": FIRST_CALLS + 1, "fparams": HEAD_BLOCKED + 1}
+
+FIELDS = (
+    # --- each request's shape, and where it is
+    Field("prompt", INT, BY_REQUEST),
+    Field("output", INT, BY_REQUEST),
+    Field("need", INT, BY_REQUEST),  # KV tokens of the whole sequence
+    Field("session", INT, BY_REQUEST),
+    Field("call", INT, BY_REQUEST),
+    Field("think", REAL, BY_REQUEST),  # cycles after the previous call finished
+    Field("next_call", INT, BY_REQUEST, NONE),  # the session's next call
+    Field("arrival", REAL, BY_REQUEST, NAN),
+    Field("first", REAL, BY_REQUEST, NAN),
+    Field("finish", REAL, BY_REQUEST, NAN),
+    Field("made", INT, BY_REQUEST),  # tokens out
+    Field("last", REAL, BY_REQUEST),  # when its last token came out
+    Field("where", INT, BY_REQUEST, NONE),  # the region it decodes on
+    Field("progress", INT, BY_REQUEST, NONE),  # prompt tokens sent (-1: not admitted)
+    Field("ctx", INT, BY_REQUEST),  # a ready sequence's context
+    Field("since", REAL, BY_REQUEST),  # and since when it is ready
+    Field("nxt", INT, BY_REQUEST, NONE),  # the next in its region's ready or in-flight list
+    Field("pnext", INT, BY_REQUEST, NONE),  # the next prompt in its region's queue
+    Field("hnext", INT, BY_REQUEST, NONE),  # a finished prompt's next in the handoff queue
+    Field("hsrc", INT, BY_REQUEST, NONE),  # and the region it waits in
+    # --- each region's hardware and policy
+    Field("role", INT, BY_REGION),
+    Field("cap", INT, BY_REGION),  # KV tokens it holds
+    Field("system", INT, BY_REGION),
+    Field("stages", INT, BY_REGION),
+    Field("rank", INT, BY_REGION),  # its place in the order of names (ties go to the first)
+    Field("ptab", INT, BY_REGION),  # its prefill table (-1: none)
+    Field("dtab", INT, BY_REGION),  # its decode table (-1: none)
+    Field("rtab", INT, BY_REGION),  # the decode table of a step riding in a chunk's
+    # (-1: added instead)
+    Field("maxrun", INT, BY_REGION),  # the running cap (0: none)
+    Field("fabric_rate", REAL, BY_REGION),  # bytes per cycle of a handoff, in a system
+    Field("link_rate", REAL, BY_REGION),  # and between systems
+    Field("link_lat", REAL, BY_REGION),
+    # --- each role's policy: the knobs its dispatch reads
+    Field("knobs_mixed", INT, BY_KNOB),
+    Field("knobs_prefill", INT, BY_KNOB),
+    Field("knobs_decode", INT, BY_KNOB),
+    # --- each region's KV cache and counters
+    Field("kv_used", INT, BY_REGION),
+    Field("running", INT, BY_REGION),  # sequences holding KV
+    Field("cached", INT, BY_REGION),  # KV tokens of the prefix cache
+    Field("reused", INT, BY_REGION),
+    Field("decoded", INT, BY_REGION),
+    Field("in_flight", INT, BY_REGION),  # sequences whose token is in the pipeline
+    Field("turns", INT, BY_REGION, 1 << 30),  # decode micro-batches since a prefill-only one
+    Field("busy_prefill", REAL, BY_REGION),
+    Field("busy_decode", REAL, BY_REGION),
+    Field("stall", REAL, BY_REGION),
+    Field("work", REAL, BY_REGION),
+    Field("kv_blocked", REAL, BY_REGION),
+    Field("blocked_since", REAL, BY_REGION, NAN),
+    Field("dispatching", INT, BY_REGION),  # its one dispatch is in the heap
+    # --- each region's queues, as linked lists: prompts, ready and in-flight sequences
+    Field("pq_head", INT, BY_REGION),
+    Field("pq_tail", INT, BY_REGION),
+    Field("pq_len", INT, BY_REGION),
+    Field("rq_head", INT, BY_REGION),
+    Field("rq_tail", INT, BY_REGION),
+    Field("rq_len", INT, BY_REGION),
+    Field("fq_head", INT, BY_REGION),
+    Field("fq_tail", INT, BY_REGION),
+    Field("c_head", INT, BY_REGION, NONE),  # the prefix cache, least recently used first
+    Field("c_tail", INT, BY_REGION, NONE),
+    Field("ev_n", INT, BY_REGION),  # timeline events kept
+    # --- each region's lone micro-batch not yet worked out by stage: whether there is one,
+    # when it entered, and the cells its decode and prefill parts are read at
+    Field("lz_on", INT, BY_REGION),
+    Field("lz_enter", REAL, BY_REGION),
+    Field("lz_d0", INT, BY_REGION),
+    Field("lz_d1", INT, BY_REGION),
+    Field("lz_df", REAL, BY_REGION),
+    Field("lz_dc", INT, BY_REGION),
+    Field("lz_p0", INT, BY_REGION),
+    Field("lz_p1", INT, BY_REGION),
+    Field("lz_pf", REAL, BY_REGION),
+    Field("lz_pc", INT, BY_REGION),
+    # --- each region's stages
+    Field("free", REAL, BY_REGION_STAGE),  # when each is free
+    Field("starts", REAL, BY_REGION_STAGE),  # when the last micro-batch started each
+    Field("times", REAL, BY_STAGE),  # the stages' times of the micro-batch going through
+    # --- each region's prefix cache, by session (call -1: nothing cached)
+    Field("c_call", INT, BY_REGION_SESSION, NONE),
+    Field("c_tok", INT, BY_REGION_SESSION),
+    Field("c_prev", INT, BY_REGION_SESSION, NONE),
+    Field("c_next", INT, BY_REGION_SESSION, NONE),
+    # --- the stage tables, packed: each one's axes, its grid (axis0 x axis1 x vector), and
+    # the lines interpolated along axis0 kept by size
+    Field("tab_x", REAL, ("axis0_points",)),
+    Field("tab_xo", INT, BY_TABLE),
+    Field("tab_xn", INT, BY_TABLE),
+    Field("tab_y", REAL, ("axis1_points",)),
+    Field("tab_yo", INT, BY_TABLE),
+    Field("tab_yn", INT, BY_TABLE),
+    Field("tab_g", REAL, ("grid_values",)),
+    Field("tab_go", INT, BY_TABLE),
+    Field("tab_k", INT, BY_TABLE),  # the vector's length
+    Field("tab_lo", INT, BY_TABLE),  # where its lines start in ``lines``
+    Field("tab_so", INT, BY_TABLE),  # and their slots in ``line_ok``
+    Field("tab_amax", INT, BY_TABLE),  # the largest size kept
+    Field("lines", REAL, ("line_values",)),
+    Field("line_ok", INT, ("line_slots",)),
+    # --- the cluster's links, by system
+    Field("link_free", REAL, BY_SYSTEM_LINK),
+    # --- outputs: every gap between tokens, the KV trace, the timeline
+    Field("gap_req", INT, BY_GAP),
+    Field("gap_cyc", REAL, BY_GAP),
+    Field("tr_reg", INT, BY_TRACE),
+    Field("tr_t", REAL, BY_TRACE),
+    Field("tr_k", INT, BY_TRACE),
+    Field("ev_stage", INT, BY_REGION_EVENT),
+    Field("ev_start", REAL, BY_REGION_EVENT),
+    Field("ev_end", REAL, BY_REGION_EVENT),
+    Field("ev_label", INT, BY_REGION_EVENT),
+    # --- the events: those one handled event schedules, the heap of those due, the first
+    # calls' arrival stream (times, sequence numbers, requests; in order)
+    Field("out_t", REAL, BY_SCHEDULED),
+    Field("out_d", INT, BY_SCHEDULED_WORD),
+    Field("ht", REAL, BY_HEAP),
+    Field("hs", INT, BY_HEAP),
+    Field("hd", INT, BY_HEAP_WORD),
+    Field("stream_t", REAL, BY_FIRST_CALL),
+    Field("stream_seq", INT, BY_FIRST_CALL),
+    Field("stream_req", INT, BY_FIRST_CALL),
+    # --- the finished prompts waiting for a handoff, in order
+    Field("hq_head", INT, ("queue",)),
+    Field("hq_tail", INT, ("queue",)),
+    Field("hq_len", INT, ("queue",)),
+    # --- counters and parameters (GAPS, ...; CACHING, ...; KV_BYTES, ...)
+    Field("counts", INT, ("counters",)),
+    Field("params", INT, ("params",)),
+    Field("fparams", REAL, ("fparams",)),
+)
+FIELD = {f.name: f for f in FIELDS}
+AXES = sorted({axis for f in FIELDS for axis in f.axes} - set(FIXED_AXES))
 # The field that carries this file's digest into the state's type (see the module's notes).
 _DIGEST = "source_" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-LoopArrays = namedtuple("LoopArrays", [*_FIELDS, _DIGEST])
+LoopArrays = namedtuple("LoopArrays", [*(f.name for f in FIELDS), _DIGEST])
 
 
-def new_state(shapes: dict) -> LoopArrays:
-    """A state with every array of the shape ``shapes`` gives it (missing: one element), of
-    the dtype ``_FIELDS`` gives it; the loop's types follow from these alone."""
-    return LoopArrays(*(np.zeros(shapes.get(name, (1, 1) if name in _MATRICES else 1),
-                                 dtype=dtype) for name, dtype in _FIELDS.items()),
+def new_state(sizes: dict) -> LoopArrays:
+    """A state with every array sized by its axes (``sizes``: every one of ``AXES``) and set
+    to its start value; the loop's types follow from ``FIELDS`` alone."""
+    sizes = {**sizes, **FIXED_AXES}
+    return LoopArrays(*(_new_array([sizes[axis] for axis in f.axes], f.start, f.dtype)
+                        for f in FIELDS),
                       np.zeros(1, dtype=np.int64))
+
+
+def _new_array(shape: list, start: float, dtype) -> np.ndarray:
+    # Zeros come from pages the system zeroes when first written, so that the large outputs
+    # (every gap between tokens) cost nothing until the loop fills them.
+    if start == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.full(shape, start, dtype=dtype)
 
 
 class LoopStateType(types.Type):
@@ -139,7 +271,7 @@ class LoopStateType(types.Type):
         super().__init__(name="LoopState_" + _DIGEST)
 
 
-ARRAYS = typeof(new_state({}))
+ARRAYS = typeof(new_state(dict.fromkeys(AXES, 1)))
 _POINTERS = types.Tuple([types.CPointer(t.dtype) for t in ARRAYS.types])
 _FIELD_INDEX = {name: k for k, name in enumerate(LoopArrays._fields)}
 STATE = LoopStateType()
@@ -180,7 +312,7 @@ def _state_of(typingctx, arrays):
     return STATE(arrays), codegen
 
 
-KNOBS = types.int64[::1]
+KNOBS = types.CPointer(types.int64)
 # A policy's compiled dispatch: start the next micro-batch on region r at ``now`` if there is
 # one, saying whether it did.
 DISPATCH = types.boolean(STATE, types.int64, types.float64, KNOBS)
@@ -623,7 +755,7 @@ def send_decode(st, r, now, limit) -> bool:
     return True
 
 
-# --- the loop's own bookkeeping --------------------------------------------------------------
+# --- the loop's own bookkeeping (as ``plain.Simulation``'s) ----------------------------------
 
 @njit(cache=True, inline="always")
 def _enqueue(link, head, tail, length, q, i) -> None:
@@ -646,6 +778,34 @@ def _make_ready(st, r, i, context, now) -> None:
     _enqueue(st.nxt, st.rq_head, st.rq_tail, st.rq_len, r, i)
 
 
+@njit(cache=True, inline="always")
+def _kick(st, r, now) -> None:
+    """A dispatch of region ``r`` once its stage 0 is free, unless one is in the heap already:
+    a second, due at the same stage-0 time, would only find the stage taken and wait again,
+    and under load such copies pile up (tens of millions of events on 20,000 requests)."""
+    if st.dispatching[r] == 0:
+        st.dispatching[r] = 1
+        _schedule(st, max(now, st.free[r * st.params[WIDTH]]), DISPATCH_EVENT, r, 0, 0)
+
+
+@njit(cache=True, inline="always")
+def _holds(st, r, i) -> int:
+    """KV tokens request ``i`` takes on entering region ``r``: a colocated region keeps the
+    sequence's whole KV, a prefill region only the prompt's, until the handoff."""
+    return st.need[i] if st.role[r] == MIXED else st.prompt[i]
+
+
+@njit(cache=True, inline="always")
+def _finish(st, r, i, now, held, cached) -> None:
+    """Request ``i`` has its last token: it leaves region ``r`` (``_release``), and its
+    session's next call, if any, arrives after its think time."""
+    st.finish[i] = now
+    _release(st, r, i, held, cached, now)
+    nxt = st.next_call[i]
+    if nxt >= 0:
+        _schedule(st, now + st.think[nxt], ARRIVE, nxt, 0, 0)
+
+
 @njit(cache=True)
 def _start_handoffs(st, now) -> None:
     """Finished prompts, in order, move to the decode region with room for their whole KV
@@ -653,15 +813,7 @@ def _start_handoffs(st, now) -> None:
     while st.hq_len[0] > 0:
         i = st.hq_head[0]
         src = st.hsrc[i]
-        best = -1
-        for q in range(st.params[REGIONS]):
-            if st.role[q] == PREFILL or st.kv_used[q] + st.need[i] > st.cap[q]:
-                continue
-            if st.maxrun[q] > 0 and st.running[q] >= st.maxrun[q]:
-                continue
-            if best < 0 or st.kv_used[q] < st.kv_used[best] or (
-                    st.kv_used[q] == st.kv_used[best] and st.rank[q] < st.rank[best]):
-                best = q
+        best = _handoff_target(st, i)
         if best < 0:
             if np.isnan(st.fparams[HEAD_BLOCKED]):
                 st.fparams[HEAD_BLOCKED] = now
@@ -673,29 +825,188 @@ def _start_handoffs(st, now) -> None:
         st.hq_len[0] -= 1
         hold(st, best, st.need[i], now)
         st.running[best] += 1
-        sender, receiver = st.system[src], st.system[best]
-        nbytes = st.prompt[i] * st.fparams[KV_BYTES]
-        if sender == receiver:  # across the wafer's fabric
-            done = max(now, st.link_free[3 * sender]) + nbytes / st.fabric_rate[src]
-            st.link_free[3 * sender] = done
-        else:  # out over one system's link and in over the other's
-            rate = min(st.link_rate[src], st.link_rate[best])
-            sent = max(now, st.link_free[3 * sender + 1],
-                       st.link_free[3 * receiver + 2]) + nbytes / rate
-            st.link_free[3 * sender + 1] = sent
-            st.link_free[3 * receiver + 2] = sent
-            # The network's latency delays the arrival; the links are free as the last byte
-            # leaves.
-            done = sent + max(st.link_lat[src], st.link_lat[best])
-        _schedule(st, done, JOINED, i, best, src)
+        _schedule(st, _transfer(st, i, src, best, now), JOINED, i, best, src)
 
 
 @njit(cache=True, inline="always")
-def _holds(st, r, i) -> int:
-    return st.need[i] if st.role[r] == MIXED else st.prompt[i]
+def _handoff_target(st, i) -> int:
+    """The region that would take request ``i``'s KV: of those that decode, with room for it
+    under the running cap, the one that holds the least (-1: none has room)."""
+    best = -1
+    for q in range(st.params[REGIONS]):
+        if st.role[q] == PREFILL or st.kv_used[q] + st.need[i] > st.cap[q]:
+            continue
+        if st.maxrun[q] > 0 and st.running[q] >= st.maxrun[q]:
+            continue
+        if best < 0 or st.kv_used[q] < st.kv_used[best] or (
+                st.kv_used[q] == st.kv_used[best] and st.rank[q] < st.rank[best]):
+            best = q
+    return best
+
+
+@njit(cache=True, inline="always")
+def _transfer(st, i, src, dst, now) -> float:
+    """Request ``i``'s prompt KV sent from region ``src`` to ``dst`` over the links between
+    them, once each is free; returns when it has arrived."""
+    sender, receiver = st.system[src], st.system[dst]
+    nbytes = st.prompt[i] * st.fparams[KV_BYTES]
+    if sender == receiver:  # across the wafer's fabric
+        done = max(now, st.link_free[3 * sender]) + nbytes / st.fabric_rate[src]
+        st.link_free[3 * sender] = done
+        return done
+    # out over one system's link and in over the other's
+    rate = min(st.link_rate[src], st.link_rate[dst])
+    sent = max(now, st.link_free[3 * sender + 1], st.link_free[3 * receiver + 2]) + nbytes / rate
+    st.link_free[3 * sender + 1] = sent
+    st.link_free[3 * receiver + 2] = sent
+    # The network's latency delays the arrival; the links are free as the last byte leaves.
+    return sent + max(st.link_lat[src], st.link_lat[dst])
+
+
+# --- the events, one handler each (as ``plain.py``'s event classes) -------------------------
+
+@njit(cache=True, inline="always")
+def _on_arrival(st, now, i) -> None:
+    """``plain.Arrival``: call ``i`` joins the queue of the region that holds its session's
+    previous call, if one does; else of the one with the shortest queue, then the pipeline
+    free soonest."""
+    st.arrival[i] = now
+    home = _cached_home(st, i)
+    if home < 0:
+        home = _least_busy(st, i, now)
+    _enqueue(st.pnext, st.pq_head, st.pq_tail, st.pq_len, home, i)
+    _kick(st, home, now)
+
+
+@njit(cache=True, inline="always")
+def _cached_home(st, i) -> int:
+    """The region whose prefix cache holds the previous call of request ``i``'s session
+    (-1: none does, or nothing is cached)."""
+    if not st.params[CACHING] or st.call[i] <= 0:
+        return -1
+    s, sessions = st.session[i], st.params[SESSIONS]
+    for q in range(st.params[REGIONS]):
+        if st.role[q] != DECODE and st.c_call[q * sessions + s] == st.call[i] - 1:
+            return q
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _least_busy(st, i, now) -> int:
+    """Of the regions that take prompts and can hold request ``i``, the one with the shortest
+    queue, then the pipeline free soonest, then the first by name."""
+    home = -1
+    width = st.params[WIDTH]
+    for q in range(st.params[REGIONS]):
+        if st.role[q] == DECODE or _holds(st, q, i) > st.cap[q]:
+            continue
+        if home < 0:
+            home = q
+            continue
+        lq, lh = st.pq_len[q], st.pq_len[home]
+        fq = max(st.free[q * width], now)
+        fh = max(st.free[home * width], now)
+        if lq < lh or (lq == lh and (fq < fh or (fq == fh and st.rank[q] < st.rank[home]))):
+            home = q
+    return home
+
+
+@njit(cache=True, inline="always")
+def _on_dispatch(st, now, r, mixed, prefill, decode) -> None:
+    """``plain.Dispatch``: region ``r``'s policy starts its next micro-batch, if stage 0 is
+    free (else the dispatch is due again when it is); another dispatch follows once stage 0
+    frees, while anything waits."""
+    free0 = st.free[r * st.params[WIDTH]]
+    st.dispatching[r] = 0  # this was the region's one dispatch in the heap
+    if now < free0:
+        st.dispatching[r] = 1
+        _schedule(st, free0, DISPATCH_EVENT, r, 0, 0)
+        return
+    went = _dispatch(st, r, now, mixed, prefill, decode)
+    if went and (st.pq_len[r] > 0 or st.rq_len[r] > 0):
+        st.dispatching[r] = 1
+        _schedule(st, st.free[r * st.params[WIDTH]], DISPATCH_EVENT, r, 0, 0)
+    # else nothing waits: the next arrival or returning sequence kicks it
+
+
+@njit(cache=True, inline="always")
+def _dispatch(st, r, now, mixed, prefill, decode) -> bool:
+    """The dispatch of region ``r``'s role (``mixed``, ``prefill`` or ``decode``), with the
+    role's knobs."""
+    role = st.role[r]
+    if role == MIXED:
+        return mixed(st, r, now, st.knobs_mixed)
+    if role == PREFILL:
+        return prefill(st, r, now, st.knobs_prefill)
+    return decode(st, r, now, st.knobs_decode)
+
+
+@njit(cache=True, inline="always")
+def _on_decoded(st, now, r, size) -> None:
+    """``plain.Decoded``: the ``size`` sequences at the head of region ``r``'s in-flight list
+    have one more token each; those done leave, the others are ready for the next."""
+    st.in_flight[r] -= size
+    for _ in range(size):
+        i = st.fq_head[r]
+        st.fq_head[r] = st.nxt[i]
+        _token_out(st, i, now)
+        if st.made[i] >= st.output[i]:
+            # A colocated region caches the whole context but the newest token, whose KV
+            # was never made; a decode region caches nothing.
+            _finish(st, r, i, now, st.need[i], st.need[i] - 1 if st.role[r] == MIXED else 0)
+        else:
+            _make_ready(st, r, i, st.ctx[i] + 1, now)
+    if st.hq_len[0] > 0:
+        _start_handoffs(st, now)  # KV room may have been freed
+    _kick(st, r, now)
+
+
+@njit(cache=True, inline="always")
+def _token_out(st, i, now) -> None:
+    """Request ``i``'s next token is out: the gap since its previous one is noted."""
+    st.made[i] += 1
+    g = st.counts[GAPS]
+    st.gap_req[g] = i
+    st.gap_cyc[g] = now - st.last[i]
+    st.counts[GAPS] = g + 1
+    st.last[i] = now
+
+
+@njit(cache=True, inline="always")
+def _on_prefilled(st, now, i, r) -> None:
+    """``plain.Prefilled``: prompt ``i``'s last tile left region ``r``'s last stage, and its
+    first token is out. It decodes where it is, if the region is colocated; else its KV moves
+    to a decode region once one has room."""
+    st.first[i] = now
+    st.last[i] = now
+    st.made[i] = 1
+    if st.made[i] >= st.output[i]:
+        _finish(st, r, i, now, _holds(st, r, i), st.prompt[i])
+        _kick(st, r, now)
+    elif st.role[r] == MIXED:
+        _make_ready(st, r, i, st.prompt[i] + 1, now)
+        st.where[i] = r
+        _kick(st, r, now)
+    else:
+        st.hsrc[i] = r
+        _enqueue(st.hnext, st.hq_head, st.hq_tail, st.hq_len, 0, i)
+        _start_handoffs(st, now)
+
+
+@njit(cache=True, inline="always")
+def _on_joined(st, now, i, q, src) -> None:
+    """``plain.Joined``: request ``i``'s KV arrived in decode region ``q`` from ``src``, which
+    gives it up; it is ready there for its next token."""
+    _release(st, src, i, st.prompt[i], st.prompt[i], now)  # the transfer is done
+    _kick(st, src, now)
+    st.where[i] = q
+    _make_ready(st, q, i, st.prompt[i] + 1, now)
+    _kick(st, q, now)
 
 
 # --- the event heap (time, then sequence number) ---------------------------------------------
+# ``heap``: the times, the sequence numbers and the events (kind and three numbers each) of
+# the events due, a binary heap over its first ``n``.
 
 @njit(cache=True, inline="always")
 def _before(t1, s1, t2, s2) -> bool:
@@ -703,7 +1014,9 @@ def _before(t1, s1, t2, s2) -> bool:
 
 
 @njit(cache=True, inline="always")
-def _push(ht, hs, hd, n, t, s, kind, a, b, c) -> None:
+def _push(heap, n, t, s, event) -> None:
+    """Add ``event`` (kind and three numbers), due at ``t`` with sequence number ``s``."""
+    ht, hs, hd = heap
     k = n
     while k > 0:
         parent = (k - 1) >> 1
@@ -714,12 +1027,14 @@ def _push(ht, hs, hd, n, t, s, kind, a, b, c) -> None:
             hd[4 * k + f] = hd[4 * parent + f]
         k = parent
     ht[k], hs[k] = t, s
-    hd[4 * k], hd[4 * k + 1], hd[4 * k + 2], hd[4 * k + 3] = kind, a, b, c
+    hd[4 * k], hd[4 * k + 1], hd[4 * k + 2], hd[4 * k + 3] = event
 
 
 @njit(cache=True, inline="always")
-def _pop(ht, hs, hd, n) -> None:
-    """Remove the first of ``n`` events (the caller has read it)."""
+def _pop(heap, n):
+    """Remove the first of ``n`` events; returns its time and the event."""
+    ht, hs, hd = heap
+    first = ht[0], (hd[0], hd[1], hd[2], hd[3])
     n -= 1
     t, s = ht[n], hs[n]
     d0, d1, d2, d3 = hd[4 * n], hd[4 * n + 1], hd[4 * n + 2], hd[4 * n + 3]
@@ -738,170 +1053,73 @@ def _pop(ht, hs, hd, n) -> None:
         k = child
     ht[k], hs[k] = t, s
     hd[4 * k], hd[4 * k + 1], hd[4 * k + 2], hd[4 * k + 3] = d0, d1, d2, d3
+    return first
+
+
+@njit(cache=True, inline="always")
+def _scheduled(st, e):
+    """The ``e``-th event the handled event scheduled (kind and three numbers)."""
+    return st.out_d[4 * e], st.out_d[4 * e + 1], st.out_d[4 * e + 2], st.out_d[4 * e + 3]
 
 
 # --- the loop ---------------------------------------------------------------------------------
 
-def _loop(arrays, mixed, prefill, decode, k_mixed, k_prefill, k_decode, arr_t, arr_s, arr_i):
-    """Serve every request; returns the number of events handled. ``mixed``, ``prefill``,
-    ``decode``: each role's dispatch, with its knobs ``k_...``; ``arr_t``, ``arr_s``,
-    ``arr_i``: the first calls' arrival times, sequence numbers and requests, in order of
-    (time, sequence number). Returns -1 if the heap ran out of room (``params[HEAP]``)."""
+def _loop(arrays, mixed, prefill, decode):
+    """Serve every request; returns the number of events handled, or -1 if the heap ran out
+    of room (``params[HEAP]``). ``mixed``, ``prefill``, ``decode``: each role's compiled
+    dispatch, each a function of its own (a tuple of them would be typed afresh at every
+    call, with a warning that first-class functions are experimental)."""
     st = _state_of(arrays)
-    ht, hs, hd = st.ht, st.hs, st.hd
-    cap = st.params[HEAP]
-    n = 0
-    seq = len(arr_t)  # the first calls took the numbers before
-    ap = 0
-    handled = 0
-    regions = st.params[REGIONS]
-    width, sessions = st.params[WIDTH], st.params[SESSIONS]
-    pending = False  # an event to handle next, without the heap
-    p_t, p_kind, p_a, p_b, p_c = 0.0, 0, 0, 0, 0
+    heap = (st.ht, st.hs, st.hd)
+    ht, hs = st.ht, st.hs
+    stream_t, stream_seq = st.stream_t, st.stream_seq
+    first_calls, room = st.params[FIRST_CALLS], st.params[HEAP]
+    n = ap = handled = 0  # events in the heap; first calls taken from the stream
+    seq = first_calls  # the first calls took the numbers before
+    at_once = False  # the event scheduled last is the next, without the heap
+    now, event = 0.0, (0, 0, 0, 0)
     while True:
         # The next event: the next first call's arrival, unless the heap's first comes before.
-        if pending:
-            now, kind, a, b, c = p_t, p_kind, p_a, p_b, p_c
-            pending = False
-        elif ap < len(arr_t) and (n == 0 or _before(arr_t[ap], arr_s[ap], ht[0], hs[0])):
-            now, kind, a, b, c = arr_t[ap], ARRIVE, arr_i[ap], 0, 0
+        if at_once:
+            at_once = False
+        elif ap < first_calls and (n == 0 or _before(stream_t[ap], stream_seq[ap], ht[0],
+                                                      hs[0])):
+            now, event = stream_t[ap], (ARRIVE, st.stream_req[ap], 0, 0)
             ap += 1
         elif n > 0:
-            now, kind, a, b, c = ht[0], hd[0], hd[1], hd[2], hd[3]
-            _pop(ht, hs, hd, n)
+            now, event = _pop(heap, n)
             n -= 1
         else:
-            break
+            return handled
         handled += 1
         st.counts[OUT] = 0
-        kick = -1  # regions to kick once the event is handled (-1: none)
-        kick2 = -1
+        kind, a, b, c = event
         if kind == DECODED:
-            r, size = a, b
-            st.in_flight[r] -= size
-            for _ in range(size):
-                i = st.fq_head[r]
-                st.fq_head[r] = st.nxt[i]
-                st.made[i] += 1
-                g = st.counts[GAPS]
-                st.gap_req[g] = i
-                st.gap_cyc[g] = now - st.last[i]
-                st.counts[GAPS] = g + 1
-                st.last[i] = now
-                if st.made[i] >= st.output[i]:
-                    st.finish[i] = now
-                    # A colocated region caches the whole context but the newest token, whose
-                    # KV was never made; a decode region caches nothing.
-                    _release(st, r, i, st.need[i],
-                             st.need[i] - 1 if st.role[r] == MIXED else 0, now)
-                    nxt = st.next_call[i]
-                    if nxt >= 0:
-                        _schedule(st, now + st.think[nxt], ARRIVE, nxt, 0, 0)
-                else:
-                    _make_ready(st, r, i, st.ctx[i] + 1, now)
-            if st.hq_len[0] > 0:
-                _start_handoffs(st, now)  # KV room may have been freed
-            kick = r
+            _on_decoded(st, now, a, b)
         elif kind == ARRIVE:
-            i = a
-            st.arrival[i] = now
-            # Where the session's previous call is cached; else the shortest queue, then the
-            # pipeline free soonest.
-            home = -1
-            if st.params[CACHING] and st.call[i] > 0:
-                s = st.session[i]
-                for q in range(regions):
-                    if st.role[q] != DECODE and st.c_call[q * sessions + s] == st.call[i] - 1:
-                        home = q
-                        break
-            if home < 0:
-                for q in range(regions):
-                    if st.role[q] == DECODE or _holds(st, q, i) > st.cap[q]:
-                        continue
-                    if home < 0:
-                        home = q
-                        continue
-                    lq, lh = st.pq_len[q], st.pq_len[home]
-                    fq = max(st.free[q * width], now)
-                    fh = max(st.free[home * width], now)
-                    if lq < lh or (lq == lh and (fq < fh or (fq == fh
-                                                            and st.rank[q] < st.rank[home]))):
-                        home = q
-            _enqueue(st.pnext, st.pq_head, st.pq_tail, st.pq_len, home, i)
-            kick = home
+            _on_arrival(st, now, a)
         elif kind == DISPATCH_EVENT:
-            r = a
-            role = st.role[r]
-            free0 = st.free[r * width]
-            st.dispatching[r] = 0  # this was the region's one dispatch in the heap
-            if now < free0:  # due again once stage 0 is free
-                st.dispatching[r] = 1
-                _schedule(st, free0, DISPATCH_EVENT, r, 0, 0)
-            else:
-                if role == MIXED:
-                    went = mixed(st, r, now, k_mixed)
-                elif role == PREFILL:
-                    went = prefill(st, r, now, k_prefill)
-                else:
-                    went = decode(st, r, now, k_decode)
-                if went and (st.pq_len[r] > 0 or st.rq_len[r] > 0):
-                    st.dispatching[r] = 1
-                    _schedule(st, st.free[r * width], DISPATCH_EVENT, r, 0, 0)
-                # else nothing waits: the next arrival or returning sequence kicks it
+            _on_dispatch(st, now, a, mixed, prefill, decode)
         elif kind == PREFILLED:
-            i, r = a, b
-            st.first[i] = now
-            st.last[i] = now
-            st.made[i] = 1
-            if st.made[i] >= st.output[i]:
-                st.finish[i] = now
-                _release(st, r, i, _holds(st, r, i), st.prompt[i], now)
-                nxt = st.next_call[i]
-                if nxt >= 0:
-                    _schedule(st, now + st.think[nxt], ARRIVE, nxt, 0, 0)
-                kick = r
-            elif st.role[r] == MIXED:
-                _make_ready(st, r, i, st.prompt[i] + 1, now)
-                st.where[i] = r
-                kick = r
-            else:  # its KV moves to a decode region once one has room
-                st.hsrc[i] = r
-                _enqueue(st.hnext, st.hq_head, st.hq_tail, st.hq_len, 0, i)
-                _start_handoffs(st, now)
-        else:  # JOINED: the transfer is done
-            i, q, src = a, b, c
-            _release(st, src, i, st.prompt[i], st.prompt[i], now)
-            kick = src
-            st.where[i] = q
-            _make_ready(st, q, i, st.prompt[i] + 1, now)
-            kick2 = q
-        for r in (kick, kick2):
-            # One dispatch per region in the heap at most: a second, due at the same stage-0
-            # time, would only find the stage taken and wait again, and under load such
-            # copies pile up (tens of millions of events on 20,000 requests).
-            if r >= 0 and st.dispatching[r] == 0:
-                st.dispatching[r] = 1
-                _schedule(st, max(now, st.free[r * width]), DISPATCH_EVENT, r, 0, 0)
-        if st.counts[OUT] == 1 and (n == 0 or st.out_t[0] < ht[0]) and (
-                ap >= len(arr_t) or st.out_t[0] < arr_t[ap]):
-            pending = True
-            p_t, p_kind = st.out_t[0], st.out_d[0]
-            p_a, p_b, p_c = st.out_d[1], st.out_d[2], st.out_d[3]
+            _on_prefilled(st, now, a, b)
+        else:
+            _on_joined(st, now, a, b, c)
+        scheduled = st.counts[OUT]
+        if scheduled == 1 and (n == 0 or st.out_t[0] < ht[0]) and (
+                ap >= first_calls or st.out_t[0] < stream_t[ap]):
+            at_once = True
+            now, event = st.out_t[0], _scheduled(st, 0)
             seq += 1
             continue
-        for e in range(st.counts[OUT]):
-            if n == cap:
-                return -1
-            _push(ht, hs, hd, n, st.out_t[e], seq, st.out_d[4 * e], st.out_d[4 * e + 1],
-                  st.out_d[4 * e + 2], st.out_d[4 * e + 3])
+        if n + scheduled > room:
+            return -1
+        for e in range(scheduled):
+            _push(heap, n, st.out_t[e], seq, _scheduled(st, e))
             n += 1
             seq += 1
-    return handled
 
 
-_LOOP_SIGNATURE = types.int64(ARRAYS, DISPATCH_FUNCTION, DISPATCH_FUNCTION, DISPATCH_FUNCTION,
-                              KNOBS, KNOBS, KNOBS, types.float64[::1], types.int64[::1],
-                              types.int64[::1])
+_LOOP_SIGNATURE = types.int64(ARRAYS, DISPATCH_FUNCTION, DISPATCH_FUNCTION, DISPATCH_FUNCTION)
 _compiled: dict = {}
 # Loading from Numba's cache takes under a second; compiling (once after install, or after
 # this file or a policy's dispatch changed) takes long, and says so (``progress.slow``).
@@ -917,12 +1135,10 @@ def compile_dispatch(function):
     return _compiled[function]
 
 
-def run_loop(arrays: LoopArrays, dispatch: tuple, knobs: tuple, arr_t: np.ndarray,
-             arr_s: np.ndarray, arr_i: np.ndarray) -> int:
+def run_loop(arrays: LoopArrays, dispatch: tuple) -> int:
     """Run the compiled loop on ``arrays`` (changed in place) with the roles' dispatch
-    functions (mixed, prefill, decode: compiled by ``compile_dispatch``) and their knobs
-    (int64 arrays)."""
+    functions (mixed, prefill, decode: compiled by ``compile_dispatch``)."""
     if "loop" not in _compiled:
         with slow(COMPILING):
             _compiled["loop"] = njit(_LOOP_SIGNATURE, cache=True)(_loop)
-    return _compiled["loop"](arrays, *dispatch, *knobs, arr_t, arr_s, arr_i)
+    return _compiled["loop"](arrays, *dispatch)

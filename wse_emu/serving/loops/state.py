@@ -19,12 +19,11 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
     role's policy; ``caching``: whether the prefix cache is kept."""
     dispatch = tuple(policies[role].compiled_dispatch() for role in ("mixed", "prefill",
                                                                       "decode"))
-    knobs = tuple(policies[role].packed() for role in ("mixed", "prefill", "decode"))
     heap = heap_room(len(requests))
     while True:
-        st, arrivals = _state(requests, pools, options, policies, caching, heap)
+        st = _state(requests, pools, options, policies, caching, heap)
         began = time.perf_counter()
-        handled = cl.run_loop(st, dispatch, knobs, *arrivals)
+        handled = cl.run_loop(st, dispatch)
         loop_s = time.perf_counter() - began
         if handled >= 0:
             break
@@ -61,58 +60,70 @@ def heap_room(requests: int) -> int:
 def _state(requests: Requests, pools: list, options, policies: dict, caching: bool,
            heap: int):
     """The compiled loop's state for these requests and pools, with room for ``heap`` events
-    in its heap, and the first calls' arrival stream (times, sequence numbers, requests) in
-    order."""
-    n, regions = len(requests), len(pools)
-    sessions, session = np.unique(requests.session, return_inverse=True)
-    stages = [p.stages for p in pools]
+    in its heap."""
     tables, ptab, dtab, rtab = _pack_tables(pools, options)
-    systems = sorted({p.system for p in pools})
-    events = options.timeline_events
-    shapes = {name: n for name in ("prompt", "output", "need", "session", "call", "think",
-                                   "next_call", "arrival", "first", "finish", "made", "last",
-                                   "where", "progress", "ctx", "since", "nxt", "pnext",
-                                   "hnext", "hsrc")}
-    shapes.update({name: regions for name in (
-        "role", "cap", "system", "stages", "rank", "ptab", "dtab", "rtab", "maxrun", "fabric_rate",
-        "link_rate", "link_lat", "kv_used", "running", "cached", "reused", "decoded", "in_flight",
-        "turns", "busy_prefill", "busy_decode", "stall", "work", "kv_blocked",
-        "blocked_since", "dispatching", "pq_head", "pq_tail", "pq_len", "rq_head", "rq_tail",
-        "rq_len", "fq_head", "fq_tail", "c_head", "c_tail", "ev_n", "lz_on", "lz_enter",
-        "lz_d0", "lz_d1", "lz_df", "lz_dc", "lz_p0", "lz_p1", "lz_pf", "lz_pc")})
-    shapes.update({"free": (regions, max(stages)), "starts": (regions, max(stages)),
-                   "times": max(stages),
-                   "link_free": (len(systems), 3),
-                   "gap_req": max(int((requests.output_tokens - 1).sum()), 1),
-                   "gap_cyc": max(int((requests.output_tokens - 1).sum()), 1),
-                   "tr_reg": 4 * n + 4, "tr_t": 4 * n + 4, "tr_k": 4 * n + 4,
-                   "out_t": 2 * n + 16, "out_d": (2 * n + 16, 4), "counts": 3, "params": 7,
-                   "fparams": 2, "ht": heap, "hs": heap, "hd": 4 * heap})
-    for name in ("c_call", "c_tok", "c_prev", "c_next"):
-        shapes[name] = (regions, len(sessions) if caching else 1)
-    for name in ("ev_stage", "ev_start", "ev_end", "ev_label"):
-        shapes[name] = (regions, events + max(stages) if events else 1)
-    for name, values in tables.items():
-        shapes[name] = len(values)
-    st = cl.new_state(shapes)
+    knobs = {role: policies[role].packed() for role in cl.ROLES}
+    sizes = _sizes(requests, pools, options, caching, heap)
+    # The packed tables and the knobs are as long as what was packed.
+    sizes.update({axis: len(values) for name, values in tables.items()
+                  for axis in cl.FIELD[name].axes})
+    sizes["knobs"] = len(knobs["mixed"])
+    st = cl.new_state(sizes)
     for name, values in tables.items():
         getattr(st, name)[:] = values
+    _set_requests(st, requests, options.clock_hz)
+    _set_regions(st, pools, policies)
+    st.ptab[:], st.dtab[:], st.rtab[:] = ptab, dtab, rtab
+    st.knobs_mixed[:], st.knobs_prefill[:] = knobs["mixed"], knobs["prefill"]
+    st.knobs_decode[:] = knobs["decode"]
+    _set_stream(st, requests, options.clock_hz)
+    st.params[cl.CACHING] = int(caching)
+    st.params[cl.MAX_EVENTS] = options.timeline_events
+    st.params[cl.REGIONS] = len(pools)
+    st.params[cl.WIDTH] = st.free.shape[1]
+    st.params[cl.SESSIONS] = st.c_call.shape[1]
+    st.params[cl.EVENTS] = st.ev_stage.shape[1]
+    st.params[cl.HEAP] = heap
+    st.params[cl.FIRST_CALLS] = len(st.stream_t)
+    st.fparams[cl.KV_BYTES] = options.kv_bytes_per_token
+    st.fparams[cl.HEAD_BLOCKED] = np.nan
+    return st
+
+
+def _sizes(requests: Requests, pools: list, options, caching: bool, heap: int) -> dict:
+    """The size of each axis of the state (``compiled.FIELDS``) for this run, but those of
+    what is packed (the stage tables, the knobs)."""
+    n = len(requests)
+    stages = max(p.stages for p in pools)
+    events = options.timeline_events
+    return {"requests": n, "regions": len(pools), "stages": stages,
+            "sessions": len(np.unique(requests.session)) if caching else 1,
+            "events": events + stages if events else 1,
+            "systems": len({p.system for p in pools}),
+            "gaps": max(int((requests.output_tokens - 1).sum()), 1),
+            "trace": 4 * n + 4,  # KV taken and given back, on two regions at most
+            "scheduled": 2 * n + 16, "heap": heap,
+            "first_calls": int(np.count_nonzero(~np.isnan(requests.arrival_s)))}
+
+
+def _set_requests(st, requests: Requests, clock_hz: float) -> None:
+    """Each request's shape and session, sessions numbered from 0, and its session's next
+    call."""
+    _, session = np.unique(requests.session, return_inverse=True)
     prompt, output = requests.prompt_tokens, requests.output_tokens
     st.prompt[:], st.output[:], st.need[:] = prompt, output, prompt + output
     st.session[:], st.call[:] = session, requests.call
-    st.think[:] = requests.think_s * options.clock_hz
+    st.think[:] = requests.think_s * clock_hz
     calls = {(s, c): i for i, (s, c) in enumerate(zip(session.tolist(),
                                                        requests.call.tolist()))}
     st.next_call[:] = [calls.get((s, c + 1), -1) for s, c in zip(session.tolist(),
                                                                   requests.call.tolist())]
-    for name in ("arrival", "first", "finish"):
-        getattr(st, name)[:] = np.nan
-    for name in ("where", "progress", "nxt", "pnext", "hnext", "hsrc", "c_head", "c_tail"):
-        getattr(st, name)[:] = -1
-    st.c_call[:] = -1
-    st.c_prev[:] = -1
-    st.c_next[:] = -1
-    order = sorted(range(regions), key=lambda r: pools[r].name)
+
+
+def _set_regions(st, pools: list, policies: dict) -> None:
+    """Each region's role, room, hardware and running cap, and its rank by name."""
+    systems = sorted({p.system for p in pools})
+    order = sorted(range(len(pools)), key=lambda r: pools[r].name)
     for rank, r in enumerate(order):
         st.rank[r] = rank
     for r, p in enumerate(pools):
@@ -124,23 +135,15 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         st.fabric_rate[r] = p.fabric_bytes_per_cycle
         st.link_rate[r] = p.link_bytes_per_cycle
         st.link_lat[r] = p.link_latency_cycles
-    st.ptab[:], st.dtab[:], st.rtab[:] = ptab, dtab, rtab
-    st.turns[:] = 1 << 30
-    st.blocked_since[:] = np.nan
-    st.params[cl.CACHING] = int(caching)
-    st.params[cl.MAX_EVENTS] = events
-    st.params[cl.REGIONS] = regions
-    st.params[cl.WIDTH] = st.free.shape[1]
-    st.params[cl.SESSIONS] = st.c_call.shape[1]
-    st.params[cl.EVENTS] = st.ev_stage.shape[1]
-    st.params[cl.HEAP] = heap
-    st.fparams[cl.KV_BYTES] = options.kv_bytes_per_token
-    st.fparams[cl.HEAD_BLOCKED] = np.nan
+
+
+def _set_stream(st, requests: Requests, clock_hz: float) -> None:
+    """The first calls' arrivals, in order of (time, request): their times, sequence numbers
+    (the plain loop schedules them first, by request) and requests."""
     first = np.flatnonzero(~np.isnan(requests.arrival_s))
-    times = requests.arrival_s[first] * options.clock_hz
-    order = np.argsort(times, kind="stable")  # by time, then by request (the order scheduled)
-    return st, (np.ascontiguousarray(times[order]), order.astype(np.int64),
-                first[order].astype(np.int64))
+    times = requests.arrival_s[first] * clock_hz
+    order = np.argsort(times, kind="stable")
+    st.stream_t[:], st.stream_seq[:], st.stream_req[:] = times[order], order, first[order]
 
 
 def _pack_tables(pools: list, options) -> tuple[dict, list, list, list]:
