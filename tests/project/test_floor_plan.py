@@ -12,11 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("wse_emu", "compiler", "visualize")
 MOST_PUBLIC = 10
 MOST_JITTED = 12
-# The engines' drivers and event handlers that still take their arrays one by one, to be
-# grouped into records (strike an entry when it is: an entry that no longer offends fails).
-STILL_ARRAYS = {"wse_emu/engines/cores.py core_event", "wse_emu/engines/cycle.py _switch_router",
-                "wse_emu/engines/cycle.py _switch", "wse_emu/engines/cycle.py _simulate",
-                "wse_emu/engines/fast.py _simulate", "wse_emu/engines/fast.py _send"}
+
 
 
 def sources() -> list[Path]:
@@ -56,20 +52,9 @@ def too_many(path: Path) -> list[str]:
     return found
 
 
-def _where(finding: str) -> str:
-    """'path name' of a finding 'path:line name (...)'."""
-    place, name = finding.split(" ")[:2]
-    return f"{place.split(':')[0]} {name}"
-
-
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_function_takes_more_arguments_than_a_reader_holds(path):
-    assert [f for f in too_many(path) if _where(f) not in STILL_ARRAYS] == []
-
-
-def test_the_list_of_those_still_to_group_only_shrinks():
-    found = {_where(f) for p in sources() for f in too_many(p)}
-    assert STILL_ARRAYS <= found, STILL_ARRAYS - found
+    assert too_many(path) == []
 
 
 def test_the_count_sees_what_it_counts(tmp_path):

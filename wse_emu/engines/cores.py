@@ -6,25 +6,10 @@ queued starts at once (READYs of one cycle are taken best first, so none better 
 otherwise the task waits in its PE's queue until a DISPATCH, due when the PE frees.
 
 The helpers are inlined into the engines' loops: as calls, each would pay for passing (and
-reference counting) its many arrays, a large share of a step's time. They take the arrays one
-by one, as measured for speed (bundling them into named tuples would change the compiled code),
-and each documents every one of them. The names recur across the module with one meaning each:
-
-- the event heap: ``ht`` (cycle of each entry) and ``hk`` (its key: event kind in the bits
-  from ``ID_BITS`` up, below them an id whose meaning depends on the kind), int64 arrays of
-  equal length (the capacity), of which the first ``size`` entries are in use;
-- the task graph's columns (``TaskGraph``), int64, one entry per task and never written:
-  ``task_pe`` (the PE that runs it, ``y * width + x``), ``task_priority`` (0..255, lower
-  first), ``task_cycles`` (core cycles it takes), and the successor lists in CSR form,
-  ``succ_ptr`` (tasks + 1 offsets) into ``succ_task`` (task ids);
-- per-task state, int64, one entry per task: ``need`` (inputs still awaited), ``ready_at``
-  (latest cycle of an input counted ahead of its arrival), ``start`` and ``end`` (cycles, -1
-  until then);
-- per-PE core state (``new_cores``), one entry per PE: ``busy`` (core cycles spent in
-  tasks), ``running`` (the task on the core, or -1), ``dispatch_due`` (a DISPATCH event is
-  queued), ``q_count`` (tasks in its ready queue), and its ready queue, a binary heap kept in
-  the slice ``q_base[p]:q_base[p + 1]`` of ``qa`` (priority << PRIORITY_SHIFT | ready cycle)
-  and ``qb`` (task id).
+reference counting) its arrays, a large share of a step's time. They take records
+(``records``): the task graph's columns (``TaskColumns``, read only), the tasks' progress
+(``TaskProgress``), the cores (``Cores``) and the event heap (``EventHeap``, with its size
+beside it, a scalar the loops keep in a register).
 
 All cycles are simulated clock cycles of the wafer, counted from 0.
 """
@@ -34,10 +19,71 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from wse_emu.engines.records import Fill, TaskColumns, make, record
+
 EV_DELIVERY, EV_RELEASE, EV_DONE, EV_READY, EV_DISPATCH = 0, 1, 2, 3, 4
 ID_BITS = 40
 TASK_BITS = 32  # a READY event's id: priority above the task, so equal-time READYs go best first
 PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
+
+
+@record
+class EventHeap:
+    """The pending events: a min-heap on (cycle, key) whose first ``size`` entries (kept by
+    the caller) are in use."""
+
+    time: np.int64  # (capacity,): cycle of each entry
+    key: np.int64  # (capacity,): event kind << ID_BITS | an id whose meaning depends on the kind
+
+
+@record
+class TaskProgress:
+    """Where each task stands (one entry per task)."""
+
+    need: np.int64  # inputs still awaited
+    ready_at: np.int64  # latest arrival of an input counted ahead of time (the fast engine's)
+    start: np.int64  # cycle it started, -1 until then
+    end: np.int64  # cycle it finished, -1 until then
+
+
+@record
+class Cores:
+    """Each PE's core and its ready queue, a binary heap kept in the slice
+    ``q_base[p]:q_base[p + 1]`` of ``qa`` and ``qb``."""
+
+    busy: np.int64  # (PEs,): core cycles spent in tasks
+    running: np.int64  # (PEs,): the task on the core, -1: idle
+    dispatch_due: np.bool_  # (PEs,): a DISPATCH event is queued
+    q_count: np.int64  # (PEs,): tasks in the ready queue
+    q_base: np.int64  # (PEs + 1,): where each PE's queue starts in qa and qb
+    qa: np.int64  # (max(tasks, 1),): queue key, priority << PRIORITY_SHIFT | ready cycle
+    qb: np.int64  # (max(tasks, 1),): queue entry's task id (the tie-break)
+
+
+def new_heap(tasks: int, pes: int, releases: int = 0) -> EventHeap:
+    """An empty event heap with room for every event that can be pending at once, so that it
+    never grows: per task one READY or DONE (READY is queued once, when its last input
+    arrives, and DONE once it has started), per PE one DISPATCH (``dispatch_due``), and the
+    ``releases`` of external messages the fast engine queues at the start."""
+    capacity = max(tasks + pes + releases, 1)
+    return make(EventHeap, time=Fill(capacity), key=Fill(capacity))
+
+
+def new_progress(tasks: TaskColumns) -> TaskProgress:
+    """No task started, each awaiting all of its inputs."""
+    n = len(tasks.pe)
+    return make(TaskProgress, need=tasks.need.copy(), ready_at=Fill(n, 0), start=Fill(n, -1),
+                end=Fill(n, -1))
+
+
+def new_cores(n: int, tasks: TaskColumns) -> Cores:
+    """The ``n`` PEs' cores idle, their ready queues empty, each with room for all of its
+    tasks."""
+    q_base = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tasks.pe, minlength=n), out=q_base[1:])
+    room = max(len(tasks.pe), 1)
+    return make(Cores, busy=Fill(n, 0), running=Fill(n, -1), dispatch_due=Fill(n, False),
+                q_count=Fill(n, 0), q_base=q_base, qa=Fill(room, 0), qb=Fill(room, 0))
 
 
 # --- the event heap ---------------------------------------------------------------------------
@@ -47,26 +93,10 @@ PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
 # min-heap pops the same sequence of (cycle, key) pairs, so the shape changes no result.
 
 @njit(cache=True, inline="always")
-def push(ht, hk, size, t, key):
-    """Add the entry (``t``, ``key``) to the event heap.
-
-    Parameters
-    ----------
-    ht, hk : int64 array, shape (capacity,)
-        The heap's cycles and keys; entry ``size`` must exist (the caller grows the heap
-        first, or sized it for the most events ever queued at once).
-    size : int
-        Entries in use.
-    t : int
-        Cycle of the event.
-    key : int
-        Its key: kind << ID_BITS | id. Equal cycles pop in increasing key order.
-
-    Returns
-    -------
-    int
-        The new size, ``size + 1``.
-    """
+def push(heap, size, t, key):
+    """Add the event (``t``, ``key``) to a ``heap`` of ``size`` entries (which has room for
+    it: see ``new_heap``). Equal cycles pop in increasing key order. Returns the new size."""
+    ht, hk = heap.time, heap.key
     i = size
     while i > 0:  # sift up: move parents down until the new entry's place is found
         parent = (i - 1) >> 2
@@ -81,25 +111,10 @@ def push(ht, hk, size, t, key):
 
 
 @njit(cache=True, inline="always")
-def pop(ht, hk, size):
-    """Remove the smallest (cycle, key) entry of a non-empty event heap.
-
-    Parameters
-    ----------
-    ht, hk : int64 array, shape (capacity,)
-        The heap's cycles and keys.
-    size : int
-        Entries in use, at least 1.
-
-    Returns
-    -------
-    t : int
-        Cycle of the entry removed.
-    key : int
-        Its key.
-    size : int
-        The new size, ``size - 1``.
-    """
+def pop(heap, size):
+    """Remove the smallest (cycle, key) entry of a ``heap`` of ``size`` >= 1 entries.
+    Returns its cycle, its key and the new size."""
+    ht, hk = heap.time, heap.key
     t, key = ht[0], hk[0]
     size -= 1
     lt, lk = ht[size], hk[size]  # the last entry, sifted down from the root
@@ -123,31 +138,6 @@ def pop(ht, hk, size):
 
 
 @njit(cache=True, inline="always")
-def grow(ht, hk, size):
-    """Make room for one more event: the same arrays if there is, else copies twice as long.
-
-    Parameters
-    ----------
-    ht, hk : int64 array, shape (capacity,)
-        The heap's cycles and keys.
-    size : int
-        Entries in use.
-
-    Returns
-    -------
-    ht, hk : int64 array, shape (capacity,) or (2 * capacity,)
-        The arrays to use from now on (the caller must rebind its names to them).
-    """
-    if size < len(ht):
-        return ht, hk
-    nt = np.empty(2 * len(ht), dtype=np.int64)
-    nk = np.empty(2 * len(hk), dtype=np.int64)
-    nt[:size] = ht[:size]
-    nk[:size] = hk[:size]
-    return nt, nk
-
-
-@njit(cache=True, inline="always")
 def ready_key(priority, task):
     """The heap key of task ``task``'s READY event: kind EV_READY, then ``priority`` (0..255)
     above the task id (below 2**32), so that READYs of one cycle pop best first."""
@@ -157,22 +147,12 @@ def ready_key(priority, task):
 # --- per-PE ready queues: heaps keyed (priority, ready cycle, task id), one slice per PE ----
 
 @njit(cache=True, inline="always")
-def _qpush(qa, qb, base, count, a, b):
-    """Add (``a``, ``b``) to the binary heap of one PE's ready queue; the caller then adds one
-    to the PE's ``q_count``.
-
-    Parameters
-    ----------
-    qa, qb : int64 array, shape (max(tasks, 1),)
-        Every PE's queue keys: ``qa`` priority << PRIORITY_SHIFT | ready cycle, ``qb`` task id.
-    base : int
-        Where the PE's slice starts (``q_base[p]``).
-    count : int
-        Entries in the PE's queue before this one.
-    a, b : int
-        The new entry's keys (ties on ``a`` go to the smaller ``b``).
-    """
-    i = count
+def _qpush(cores, p, a, b):
+    """Add (``a``, ``b``) to PE ``p``'s ready queue: ``a`` is priority << PRIORITY_SHIFT |
+    ready cycle, ``b`` the task id, which breaks ties."""
+    qa, qb, base = cores.qa, cores.qb, cores.q_base[p]
+    i = cores.q_count[p]
+    cores.q_count[p] = i + 1
     qa[base + i] = a
     qb[base + i] = b
     while i > 0:
@@ -187,26 +167,13 @@ def _qpush(qa, qb, base, count, a, b):
 
 
 @njit(cache=True, inline="always")
-def _qpop(qa, qb, base, count):
-    """Remove the best entry, smallest (``qa``, ``qb``), of one PE's ready queue; the caller
-    then takes one from the PE's ``q_count``.
-
-    Parameters
-    ----------
-    qa, qb : int64 array, shape (max(tasks, 1),)
-        Every PE's queue keys (see ``_qpush``).
-    base : int
-        Where the PE's slice starts (``q_base[p]``).
-    count : int
-        Entries in the PE's queue, at least 1.
-
-    Returns
-    -------
-    int
-        The task id (``qb``) of the entry removed.
-    """
+def _qpop(cores, p):
+    """Remove the best entry, smallest (``qa``, ``qb``), of PE ``p``'s non-empty ready queue;
+    returns its task id."""
+    qa, qb, base = cores.qa, cores.qb, cores.q_base[p]
     best = qb[base]
-    count -= 1
+    count = cores.q_count[p] - 1
+    cores.q_count[p] = count
     qa[base] = qa[base + count]
     qb[base] = qb[base + count]
     i = 0
@@ -228,197 +195,73 @@ def _qpop(qa, qb, base, count):
     return best
 
 
-@njit(cache=True)
-def new_cores(n, task_pe):
-    """Idle cores with empty ready queues.
+# --- the cores' events -------------------------------------------------------------------
 
-    Parameters
-    ----------
-    n : int
-        PEs of the mesh (width * height).
-    task_pe : int64 array, shape (tasks,)
-        The PE of each task; a PE's queue gets room for all of its tasks.
-
-    Returns
-    -------
-    q_base : int64 array, shape (n + 1,)
-        PE ``p``'s queue lives in ``qa``/``qb`` at ``q_base[p]:q_base[p + 1]``.
-    qa, qb : int64 array, shape (max(tasks, 1),)
-        The queues' keys (see ``_qpush``).
-    q_count : int64 array, shape (n,)
-        Entries in each PE's queue (0).
-    running : int64 array, shape (n,)
-        The task running on each core (-1: idle).
-    dispatch_due : bool array, shape (n,)
-        Whether a DISPATCH event is queued for the PE (False).
-    """
-    n_tasks = len(task_pe)
-    q_base = np.zeros(n + 1, dtype=np.int64)
-    for t in range(n_tasks):
-        q_base[task_pe[t] + 1] += 1
-    for p in range(n):
-        q_base[p + 1] += q_base[p]
-    qa = np.zeros(max(n_tasks, 1), dtype=np.int64)
-    qb = np.zeros(max(n_tasks, 1), dtype=np.int64)
-    return (q_base, qa, qb, np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64),
-            np.zeros(n, dtype=np.bool_))
+@njit(cache=True, inline="always")
+def _start(task, p, now, tasks, progress, cores, heap, size):
+    """Task ``task`` starts on the idle core of PE ``p`` at cycle ``now`` and queues its
+    DONE. Returns the heap's new size."""
+    cores.running[p] = task
+    progress.start[task] = now
+    cores.busy[p] += tasks.cycles[task]
+    return push(heap, size, now + tasks.cycles[task], (EV_DONE << ID_BITS) | task)
 
 
 @njit(cache=True, inline="always")
-def _start(task, p, now, task_cycles, start, busy, running, ht, hk, size):
-    """Task ``task`` starts on the idle core of PE ``p`` at cycle ``now`` and queues its DONE.
-
-    Parameters
-    ----------
-    task, p, now : int
-        The task id, its PE and the cycle.
-    task_cycles : int64 array, shape (tasks,)
-        Core cycles of each task.
-    start : int64 array, shape (tasks,)
-        Start cycle per task; written for ``task``.
-    busy : int64 array, shape (n,)
-        Core cycles per PE; ``p``'s grows by the task's cycles.
-    running : int64 array, shape (n,)
-        Task on each core; set to ``task`` for ``p``.
-    ht, hk : int64 array, shape (capacity,)
-        The event heap (grown if full).
-    size : int
-        Its entries in use.
-
-    Returns
-    -------
-    ht, hk : int64 array
-        The heap's arrays from now on.
-    size : int
-        Its new size.
-    """
-    running[p] = task
-    start[task] = now
-    busy[p] += task_cycles[task]
-    ht, hk = grow(ht, hk, size)
-    size = push(ht, hk, size, now + task_cycles[task], (EV_DONE << ID_BITS) | task)
-    return ht, hk, size
-
-
-@njit(cache=True, inline="always")
-def core_event(kind, ident, now, ht, hk, size, task_pe, task_priority, task_cycles, succ_ptr,
-               succ_task, need, ready_at, start, end, busy, q_base, qa, qb, q_count, running,
-               dispatch_due):
-    """Handle one READY, DISPATCH or DONE event popped from the heap.
+def core_event(kind, ident, now, tasks, progress, cores, heap, size):
+    """Handle one READY, DISPATCH or DONE event popped from the heap at cycle ``now``.
 
     READY: the task starts if its core is idle with nothing queued and no DISPATCH due, else
     joins the PE's ready queue. DISPATCH: an idle core starts the best task queued. DONE: the
     core frees (queuing a DISPATCH if tasks wait) and each successor counts one input; one
-    that has all of them is READY at the later of ``now`` and its ``ready_at``. The caller
+    that has all of them is READY at the later of ``now`` and its ``ready_at`` (the fast
+    engine counts a delivery when it times the message; the cycle engine's stay 0). The caller
     sends the finished task's messages.
 
-    Parameters
-    ----------
-    kind : int
-        EV_READY, EV_DISPATCH or EV_DONE (the key's bits from ``ID_BITS`` up).
-    ident : int
-        The key's low ``ID_BITS`` bits: for READY, priority << TASK_BITS | task id; for
-        DISPATCH, the PE; for DONE, the task id.
-    now : int
-        The event's cycle.
-    ht, hk : int64 array, shape (capacity,)
-        The event heap (grown when an event is added to a full one).
-    size : int
-        Its entries in use.
-    task_pe, task_priority, task_cycles : int64 array, shape (tasks,)
-        Each task's PE, priority (0..255) and core cycles.
-    succ_ptr : int64 array, shape (tasks + 1,)
-        CSR offsets of each task's successors in ``succ_task``.
-    succ_task : int64 array, shape (edges,)
-        Successor task ids.
-    need : int64 array, shape (tasks,)
-        Inputs each task still awaits; successors' counts fall by one on DONE.
-    ready_at : int64 array, shape (tasks,)
-        Per task, the latest cycle at which one of its inputs arrives that was counted ahead
-        of time (the fast engine counts a delivery when it times the message; the cycle
-        engine passes zeros): a successor is READY at that cycle if it is later than now.
-    start, end : int64 array, shape (tasks,)
-        Start and end cycle of each task (-1 until then); written here.
-    busy : int64 array, shape (n,)
-        Core cycles spent in tasks per PE.
-    q_base, qa, qb, q_count, running, dispatch_due : arrays, see ``new_cores``
-        The cores' ready queues and state.
+    ``kind`` is the key's bits from ``ID_BITS`` up, ``ident`` its low bits: for READY,
+    priority << TASK_BITS | task id; for DISPATCH, the PE; for DONE, the task id.
 
-    Returns
-    -------
-    ht, hk : int64 array
-        The heap's arrays from now on.
-    size : int
-        Its new size.
-    finished : int
-        The task that finished (DONE), or -1.
+    Returns the heap's new size and the task that finished (DONE) or -1.
     """
     if kind == EV_READY:
         task = ident & ((1 << TASK_BITS) - 1)
-        p = task_pe[task]
-        if running[p] < 0 and q_count[p] == 0 and not dispatch_due[p]:
-            ht, hk, size = _start(task, p, now, task_cycles, start, busy, running, ht, hk, size)
+        p = tasks.pe[task]
+        if cores.running[p] < 0 and cores.q_count[p] == 0 and not cores.dispatch_due[p]:
+            size = _start(task, p, now, tasks, progress, cores, heap, size)
         else:
-            _qpush(qa, qb, q_base[p], q_count[p], (task_priority[task] << PRIORITY_SHIFT) | now,
-                   task)
-            q_count[p] += 1
-        return ht, hk, size, -1
+            _qpush(cores, p, (tasks.priority[task] << PRIORITY_SHIFT) | now, task)
+        return size, -1
     if kind == EV_DISPATCH:
         p = ident
-        dispatch_due[p] = False
-        if running[p] < 0 and q_count[p] > 0:
-            task = _qpop(qa, qb, q_base[p], q_count[p])
-            q_count[p] -= 1
-            ht, hk, size = _start(task, p, now, task_cycles, start, busy, running, ht, hk, size)
-        return ht, hk, size, -1
+        cores.dispatch_due[p] = False
+        if cores.running[p] < 0 and cores.q_count[p] > 0:
+            task = _qpop(cores, p)
+            size = _start(task, p, now, tasks, progress, cores, heap, size)
+        return size, -1
     # EV_DONE
-    end[ident] = now
-    p = task_pe[ident]
-    running[p] = -1
-    if q_count[p] > 0 and not dispatch_due[p]:
-        dispatch_due[p] = True
-        ht, hk = grow(ht, hk, size)
-        size = push(ht, hk, size, now, (EV_DISPATCH << ID_BITS) | p)
-    for i in range(succ_ptr[ident], succ_ptr[ident + 1]):
-        s = succ_task[i]
+    progress.end[ident] = now
+    p = tasks.pe[ident]
+    cores.running[p] = -1
+    if cores.q_count[p] > 0 and not cores.dispatch_due[p]:
+        cores.dispatch_due[p] = True
+        size = push(heap, size, now, (EV_DISPATCH << ID_BITS) | p)
+    need, ready_at = progress.need, progress.ready_at
+    for i in range(tasks.succ_ptr[ident], tasks.succ_ptr[ident + 1]):
+        s = tasks.succ_task[i]
         need[s] -= 1
         if need[s] == 0:
-            ht, hk = grow(ht, hk, size)
             at = now if now > ready_at[s] else ready_at[s]
-            size = push(ht, hk, size, at, ready_key(task_priority[s], s))
-    return ht, hk, size, ident
+            size = push(heap, size, at, ready_key(tasks.priority[s], s))
+    return size, ident
 
 
-@njit(cache=True)
-def feed(target, now, need, task_priority, ht, hk, size):
-    """A delivery to ``target``: the task counts one input more and is READY at ``now`` once
-    it has them all (the cycle engine, which counts inputs as they arrive).
-
-    Parameters
-    ----------
-    target : int
-        The task the delivery point feeds, or -1 (nothing happens).
-    now : int
-        The cycle of the delivery.
-    need : int64 array, shape (tasks,)
-        Inputs each task still awaits.
-    task_priority : int64 array, shape (tasks,)
-        Each task's priority (0..255), for its READY key.
-    ht, hk : int64 array, shape (capacity,)
-        The event heap (grown if full).
-    size : int
-        Its entries in use.
-
-    Returns
-    -------
-    ht, hk : int64 array
-        The heap's arrays from now on.
-    size : int
-        Its new size.
-    """
+@njit(cache=True, inline="always")
+def feed(target, now, tasks, progress, heap, size):
+    """A delivery at cycle ``now`` to task ``target`` (-1: none, nothing happens): it counts
+    one input more and is READY at ``now`` once it has them all (the cycle engine, which
+    counts inputs as they arrive). Returns the heap's new size."""
     if target >= 0:
-        need[target] -= 1
-        if need[target] == 0:
-            ht, hk = grow(ht, hk, size)
-            size = push(ht, hk, size, now, ready_key(task_priority[target], target))
-    return ht, hk, size
+        progress.need[target] -= 1
+        if progress.need[target] == 0:
+            size = push(heap, size, now, ready_key(tasks.priority[target], target))
+    return size

@@ -13,13 +13,15 @@ classes (``kernels.primitives``: broadcasts, the two alternating levels of a red
 transfers), so with four or more virtual channels each class has queues of its own and more
 change nothing; with fewer, classes share queues and a blocked one can hold up another.
 
-One cycle, in order: wavelets reach PEs (feeding the tasks that wait for them); tasks start and
-finish (as in ``taskgraph``; finished ones queue their messages to send), and external messages
-whose time has come queue too; wavelets arrive from links and ramps; every router moves at most
-one wavelet per input port and one per output port (input ports tried round-robin starting at
-``(cycle + router) % 5``, colors round-robin per port); every PE injects at most one wavelet;
-freed credits return. A line multicast moves only when all the outputs it needs (the next hop
-and the local ramp) are free at once.
+One cycle, in order (the phases of ``_simulate``): wavelets reach PEs, feeding the tasks that
+wait for them (``_reach_pes``); tasks start and finish (as in ``taskgraph``; finished ones queue
+their messages to send), and external messages whose time has come queue too (``_run_tasks``,
+``_release_external``); wavelets arrive from links and ramps (``_land_in_queues``); every router
+moves at most one wavelet per input port and one per output port (``_switch``: input ports
+tried round-robin starting at ``(cycle + router) % 5``, colors round-robin per port); every PE
+injects at most one wavelet (``_inject``); freed credits return (``_return_credits``). A line
+multicast moves only when all the outputs it needs (the next hop and the local ramp) are free
+at once.
 
 Only routers with queued wavelets are visited, in index order. The order cannot change the
 outcome: a router's grants depend on its own queues and credits alone, each queue takes at most
@@ -43,11 +45,25 @@ from wse_emu.engines.cores import (
     core_event,
     feed,
     new_cores,
+    new_heap,
+    new_progress,
     pop,
     push,
     ready_key,
 )
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
+from wse_emu.engines.records import (
+    Fill,
+    Mesh,
+    MessageColumns,
+    borrow,
+    make,
+    message_columns,
+    new_message_times,
+    record,
+    task_columns,
+    with_shape,
+)
 from wse_emu.engines.taskgraph import TaskGraph
 from wse_emu.hardware.fabric import MAX_VCS
 
@@ -172,21 +188,328 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
             f"{graph.height} PEs need {need / 2**30:.1f} GiB of router queues; the cycle "
             f"engine allows {MAX_QUEUE_BYTES / 2**30:.0f} GiB")
     graph.check_ranges()
-    msgs = graph.msgs
-    base = graph.point_base()
-    external = np.flatnonzero(msgs.t_ready >= 0)
-    external = external[np.argsort(msgs.t_ready[external], kind="stable")]
-    out = _simulate(graph.width, graph.height, vcs, queue_wavelets, hop, ramp, msgs.t_ready,
-                    msgs.src, msgs.dst, msgs.length, msgs.mode, msgs.vc % vcs, base,
-                    external, graph.task_pe, graph.task_priority, graph.task_cycles,
-                    graph.task_need, graph.out_ptr,
-                    graph.out_msg, graph.succ_ptr, graph.succ_task, graph.msg_target,
-                    max_cycles, check)
-    (cycles, start, end, t_first, t_done, point_done, links, injected, delivered, occupancy,
-     violation) = out
-    return CycleResult(int(cycles), start, end, t_first, t_done, point_done, base[:-1], links,
-                       int(injected), int(delivered), int(occupancy), int(violation))
+    mesh = make(Mesh, width=graph.width, height=graph.height, hop=hop, ramp=ramp,
+                qcap=queue_wavelets, vcs=vcs)
+    tasks, msgs = task_columns(graph), message_columns(graph, vcs)
+    n = graph.width * graph.height
+    progress, cores = new_progress(tasks), new_cores(n, tasks)
+    heap, times = new_heap(graph.tasks, n), new_message_times(msgs)
+    routers, flight, mail = _new_routers(mesh), _new_flight(mesh), _new_mailboxes(mesh, msgs)
+    cycles, injected, delivered, occupancy, violation = _simulate(
+        mesh, tasks, msgs, progress, cores, heap, times, routers, flight, mail, max_cycles,
+        check)
+    return CycleResult(int(cycles), progress.start, progress.end, times.first, times.done,
+                       times.point_done, msgs.point_base[:-1], routers.links, int(injected),
+                       int(delivered), int(occupancy), int(violation))
 
+
+# --- the engine's state -------------------------------------------------------------------
+
+# Per-router scalars packed in one 64-byte row (one cache line): per input port a bit mask of
+# its non-empty color queues, the total of queued wavelets, a bit mask of the input ports with
+# anything queued, the arbitration start port, color round-robin pointers, x, y.
+_POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
+
+
+@record
+class Routers:
+    """Every router's input queues, credits and link counts."""
+
+    rinfo: np.int32  # (routers, _RINFO): per-router scalars (see the _POCC... offsets)
+    qinfo: np.int32  # (routers, PORTS, vcs, 2): per queue, its head's index in qbuf, its length
+    qbuf: np.int64  # (routers, PORTS, vcs, qcap): the queues' ring buffers of packed wavelets
+    # (routers, PORTS, vcs): free slots in the queue each output may still fill (0..3: the
+    # neighbour's facing input port; RAMP: this router's injection queue)
+    cred: np.int32
+    links: np.int64  # (routers, 4): wavelets sent per direction N, E, S, W
+    active: np.int64  # (ceil(routers / 64),): bit set of the routers with queued wavelets
+    step: np.int64  # (4,): router index offset of the neighbour in each direction
+    opposite: np.int64  # (4,): the input port a wavelet sent in each direction arrives on
+    # (PORTS * routers,): queues freed of a wavelet this cycle (``_queue_id``), whose feeder
+    # gets a credit back at its end
+    freed: np.int64
+
+
+@record
+class InFlight:
+    """Wavelets on links and ramps, as lists per arrival slot (the arrival cycle modulo the
+    latency), each in the first ``*_count[slot]`` entries of its row."""
+
+    link_q: np.int64  # (hop, 4 * routers): on links, the queue each will join (_queue_id)
+    link_e: np.int64  # (hop, 4 * routers): and the packed wavelet (_pack)
+    link_count: np.int64  # (hop,)
+    in_r: np.int64  # (ramp, routers): on ramps into routers, the router
+    in_m: np.int64  # (ramp, routers): and the message
+    in_count: np.int64  # (ramp,)
+    out_r: np.int64  # (ramp, routers): on ramps out to PEs, the router
+    out_m: np.int64  # (ramp, routers): and the message
+    out_count: np.int64  # (ramp,)
+
+
+@record
+class Mailboxes:
+    """Each PE's send queue, a linked list of the messages released to it, and the wavelets
+    each delivery point has received."""
+
+    head: np.int64  # (routers,): first message of each PE's send queue (-1: empty)
+    tail: np.int64  # (routers,): its last
+    after: np.int64  # (messages,): the message after each in its send queue (-1: last)
+    sent: np.int64  # (messages,): wavelets injected so far
+    senders: np.int64  # (routers,): the PEs with a non-empty send queue (a prefix of it)
+    point_count: np.int64  # (points,): wavelets received
+    points_left: np.int64  # (messages,): its delivery points still short of wavelets
+
+
+def _new_routers(mesh: Mesh) -> Routers:
+    """Empty queues, every credit free, arbitration starting at port ``r % PORTS``."""
+    n, w = mesh.width * mesh.height, mesh.width
+    routers = make(Routers, rinfo=Fill((n, _RINFO), 0),
+                   qinfo=Fill((n, PORTS, mesh.vcs, 2), 0),
+                   qbuf=Fill((n, PORTS, mesh.vcs, mesh.qcap), 0),
+                   cred=Fill((n, PORTS, mesh.vcs), mesh.qcap), links=Fill((n, 4), 0),
+                   active=Fill((n + 63) // 64, 0), step=[-w, 1, w, -1], opposite=[2, 3, 0, 1],
+                   freed=Fill(n * PORTS, 0))
+    r = np.arange(n)
+    routers.rinfo[:, _START] = r % PORTS
+    routers.rinfo[:, _X] = r % w
+    routers.rinfo[:, _Y] = r // w
+    return routers
+
+
+def _new_flight(mesh: Mesh) -> InFlight:
+    """Nothing on links or ramps."""
+    n, hop, ramp = mesh.width * mesh.height, mesh.hop, mesh.ramp
+    return make(InFlight, link_q=Fill((hop, 4 * n), 0), link_e=Fill((hop, 4 * n), 0),
+                link_count=Fill(hop, 0), in_r=Fill((ramp, n), 0), in_m=Fill((ramp, n), 0),
+                in_count=Fill(ramp, 0), out_r=Fill((ramp, n), 0), out_m=Fill((ramp, n), 0),
+                out_count=Fill(ramp, 0))
+
+
+def _new_mailboxes(mesh: Mesh, msgs: MessageColumns) -> Mailboxes:
+    """Empty send queues; no wavelet received."""
+    n, n_msgs = mesh.width * mesh.height, len(msgs.src)
+    return make(Mailboxes, head=Fill(n, -1), tail=Fill(n, -1), after=Fill(n_msgs, -1),
+                sent=Fill(n_msgs, 0), senders=Fill(n, 0),
+                point_count=Fill(len(msgs.target), 0), points_left=np.diff(msgs.point_base))
+
+
+# --- the driver and its phases ------------------------------------------------------------
+
+@njit(cache=True)
+def _simulate(mesh, tasks, msgs, progress, cores, heap, times, routers, flight, mail,
+              max_cycles, check):
+    """The cycle engine's driver: simulate cycle by cycle, each the six phases of the
+    module's docstring, until every message is delivered and every task done, or
+    ``max_cycles``; with ``check``, recount the wavelets in flight every cycle.
+
+    Fills ``progress``, ``cores``, ``times``, ``routers``, ``flight`` and ``mail``, as
+    ``_new_*`` and ``new_*`` made them; ``heap`` is empty. Returns the cycles simulated, the
+    wavelets injected by PEs and delivered to them, the sum over cycles of the wavelets in
+    flight, and the first cycle the conservation check failed (-1: never, or not checked).
+    """
+    # The caller holds every array until this returns: none need counting (``borrow``).
+    tasks, msgs, progress, cores = borrow(tasks), borrow(msgs), borrow(progress), borrow(cores)
+    heap, times, routers = borrow(heap), borrow(times), borrow(routers)
+    flight, mail = borrow(flight), borrow(mail)
+    routers = _shaped(routers, mesh)
+    size = _queue_tasks_without_inputs(tasks, progress, heap)
+    n_tasks, n_msgs = len(tasks.pe), len(msgs.src)
+    tasks_done = finished = n_senders = released = 0
+    injected = delivered = copies = occupancy = queued = 0
+    violation = -1
+    t = 0
+    while t < max_cycles and (finished < n_msgs or tasks_done < n_tasks):
+        # The slots of the wavelets on links and ramps that arrive at t, and leave now.
+        ls, rs = t % mesh.hop, t % mesh.ramp
+        size, got, completed = _reach_pes(t, rs, msgs, tasks, progress, heap, size, times,
+                                          routers, flight, mail)
+        delivered += got
+        finished += completed
+        size, ended, n_senders = _run_tasks(t, tasks, progress, cores, heap, size, msgs, mail,
+                                            n_senders)
+        tasks_done += ended
+        n_senders, released = _release_external(t, msgs, mail, n_senders, released)
+        queued += _land_in_queues(ls, rs, mesh, msgs, routers, flight)
+        n_freed, moved, made = _switch(t, ls, rs, mesh, routers, flight)
+        queued -= moved
+        copies += made
+        n_senders, sent = _inject(t, rs, msgs, times, routers, flight, mail, n_senders)
+        injected += sent
+        _return_credits(routers, n_freed)
+        in_flight = injected + copies - delivered
+        occupancy += in_flight
+        if check and violation < 0 and not _conserved(mesh, routers, flight, queued,
+                                                      in_flight):
+            violation = t
+        t += 1
+    return t, injected, delivered, occupancy, violation
+
+
+@njit(cache=True, inline="always")
+def _shaped(routers, mesh):
+    """``routers`` with its arrays' fixed dimensions (ports, the row of per-router scalars,
+    the two numbers per queue, the four directions) known to the compiler (``with_shape``)."""
+    n, vcs = mesh.width * mesh.height, mesh.vcs
+    return Routers(with_shape(routers.rinfo, (n, _RINFO)),
+                   with_shape(routers.qinfo, (n, PORTS, vcs, 2)),
+                   with_shape(routers.qbuf, (n, PORTS, vcs, mesh.qcap)),
+                   with_shape(routers.cred, (n, PORTS, vcs)),
+                   with_shape(routers.links, (n, 4)), routers.active, routers.step,
+                   routers.opposite, routers.freed)
+
+
+@njit(cache=True, inline="always")
+def _queue_tasks_without_inputs(tasks, progress, heap):
+    """Every task that waits for nothing is READY at cycle 0. Returns the heap's size."""
+    size = 0
+    for k in range(len(tasks.pe)):
+        if progress.need[k] == 0:
+            size = push(heap, size, 0, ready_key(tasks.priority[k], k))
+    return size
+
+
+@njit(cache=True, inline="always")
+def _reach_pes(t, rs, msgs, tasks, progress, heap, size, times, routers, flight, mail):
+    """Phase 1: the wavelets at the end of a ramp out (slot ``rs``) reach their PE. A delivery
+    point that has all of its message's wavelets is done, and feeds its task; a message whose
+    points are all done is delivered. Returns the heap's size, the wavelets delivered and the
+    messages completed."""
+    delivered = completed = 0
+    for i in range(flight.out_count[rs]):
+        r = flight.out_r[rs, i]
+        m = flight.out_m[rs, i]
+        delivered += 1
+        dist = (abs(routers.rinfo[r, _X] - msgs.src_x[m])
+                + abs(routers.rinfo[r, _Y] - msgs.src_y[m]))
+        idx = msgs.point_base[m] + (dist - 1 if msgs.mode[m] == LINE and dist > 0 else 0)
+        mail.point_count[idx] += 1
+        if mail.point_count[idx] == msgs.length[m]:
+            times.point_done[idx] = t
+            size = feed(msgs.target[idx], t, tasks, progress, heap, size)
+            mail.points_left[m] -= 1
+            if mail.points_left[m] == 0:
+                times.done[m] = t
+                completed += 1
+    flight.out_count[rs] = 0
+    return size, delivered, completed
+
+
+@njit(cache=True, inline="always")
+def _run_tasks(t, tasks, progress, cores, heap, size, msgs, mail, n_senders):
+    """Phase 2: the cores' events due by cycle ``t``: ready tasks claim their PE's core,
+    finished ones queue their messages to send. Returns the heap's size, the tasks finished
+    and the number of PEs with messages to send."""
+    ended = 0
+    while size > 0 and heap.time[0] <= t:
+        _, key, size = pop(heap, size)
+        size, done_task = core_event(key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, tasks,
+                                     progress, cores, heap, size)
+        if done_task >= 0:
+            ended += 1
+            for i in range(tasks.out_ptr[done_task], tasks.out_ptr[done_task + 1]):
+                n_senders = _queue_send(tasks.out_msg[i], msgs, mail, n_senders)
+    return size, ended, n_senders
+
+
+@njit(cache=True, inline="always")
+def _release_external(t, msgs, mail, n_senders, released):
+    """Phase 2 too: external messages whose time has come join their PE's send queue
+    (``released`` of them already have). Returns the number of PEs with messages to send and
+    of external messages released."""
+    while released < len(msgs.external) and msgs.t_ready[msgs.external[released]] <= t:
+        n_senders = _queue_send(msgs.external[released], msgs, mail, n_senders)
+        released += 1
+    return n_senders, released
+
+
+@njit(cache=True, inline="always")
+def _land_in_queues(ls, rs, mesh, msgs, routers, flight):
+    """Phase 3: wavelets at the end of a link (slot ``ls``) or of a ramp in (slot ``rs``) join
+    their router's queue (which has room: their sender held its credit). Returns how many."""
+    for i in range(flight.link_count[ls]):
+        r, p, v = _queue_parts(flight.link_q[ls, i])
+        _enqueue(routers, mesh, r, p, v, flight.link_e[ls, i])
+    for i in range(flight.in_count[rs]):
+        m = flight.in_m[rs, i]
+        e = _pack(m, msgs.dst_x[m], msgs.dst_y[m], 1 if msgs.mode[m] == LINE else 0)
+        _enqueue(routers, mesh, flight.in_r[rs, i], RAMP, msgs.vc[m], e)
+    landed = flight.link_count[ls] + flight.in_count[rs]
+    flight.link_count[ls] = 0
+    flight.in_count[rs] = 0
+    return landed
+
+
+@njit(cache=True, inline="always")
+def _inject(t, rs, msgs, times, routers, flight, mail, n_senders):
+    """Phase 5: each PE with messages to send injects one wavelet of the first onto its ramp
+    in (slot ``rs``), if its ramp queue has a credit; a PE whose queue empties leaves the
+    senders. Returns the number of senders left and of wavelets injected."""
+    injected = 0
+    keep = 0
+    for a in range(n_senders):
+        s = mail.senders[a]
+        m = mail.head[s]
+        v = msgs.vc[m]
+        if routers.cred[s, RAMP, v] > 0:
+            routers.cred[s, RAMP, v] -= 1
+            c = flight.in_count[rs]
+            flight.in_r[rs, c] = s
+            flight.in_m[rs, c] = m
+            flight.in_count[rs] = c + 1
+            injected += 1
+            if mail.sent[m] == 0:
+                times.first[m] = t
+            mail.sent[m] += 1
+            if mail.sent[m] == msgs.length[m]:
+                mail.head[s] = mail.after[m]
+                if mail.head[s] < 0:
+                    mail.tail[s] = -1
+        if mail.head[s] >= 0:
+            mail.senders[keep] = s
+            keep += 1
+    return keep, injected
+
+
+@njit(cache=True, inline="always")
+def _return_credits(routers, n_freed):
+    """Phase 6: the slots freed this cycle become credits for the next."""
+    for i in range(n_freed):
+        r, p, v = _queue_parts(routers.freed[i])
+        routers.cred[r, p, v] += 1
+
+
+@njit(cache=True, inline="always")
+def _conserved(mesh, routers, flight, queued, in_flight):
+    """Whether the wavelets are all accounted for: those on links and ramps and in queues
+    make the ``in_flight`` count (injected + copies - delivered), and the routers' own
+    counts make ``queued``."""
+    counted = queued
+    for i in range(mesh.hop):
+        counted += flight.link_count[i]
+    for i in range(mesh.ramp):
+        counted += flight.in_count[i] + flight.out_count[i]
+    recount = 0
+    for r in range(mesh.width * mesh.height):
+        recount += routers.rinfo[r, _ROCC]
+    return counted == in_flight and in_flight >= 0 and recount == queued
+
+
+@njit(cache=True)
+def _queue_send(m, msgs, mail, n_senders):
+    """Message ``m`` joins the end of its PE's send queue; a PE whose queue was empty joins
+    the first ``n_senders`` entries of ``mail.senders``. Returns the new number of senders."""
+    s = msgs.src[m]
+    if mail.tail[s] < 0:
+        mail.head[s] = m
+        mail.senders[n_senders] = s
+        n_senders += 1
+    else:
+        mail.after[mail.tail[s]] = m
+    mail.tail[s] = m
+    return n_senders
+
+
+# --- the routers -------------------------------------------------------------------------
 
 @njit(cache=True)
 def _xy_port(x, y, dx, dy):
@@ -214,41 +537,6 @@ def _xy_port(x, y, dx, dy):
     if dy < y:
         return 0  # NORTH
     return RAMP
-
-
-@njit(cache=True)
-def _queue_send(m, src, pe_head, pe_tail, nxt, senders, n_senders):
-    """Message ``m`` joins the end of its PE's send queue (a linked list of messages).
-
-    Parameters
-    ----------
-    m : int
-        The message id.
-    src : int64 array, shape (messages,)
-        Source PE of each message.
-    pe_head, pe_tail : int64 array, shape (routers,)
-        First and last message of each PE's send queue (-1: empty).
-    nxt : int64 array, shape (messages,)
-        The message after each in its send queue (-1: last).
-    senders : int64 array, shape (routers,)
-        The PEs with a non-empty send queue, in its first ``n_senders`` entries.
-    n_senders : int
-        How many.
-
-    Returns
-    -------
-    int
-        The new number of senders.
-    """
-    s = src[m]
-    if pe_tail[s] < 0:
-        pe_head[s] = m
-        senders[n_senders] = s
-        n_senders += 1
-    else:
-        nxt[pe_tail[s]] = m
-    pe_tail[s] = m
-    return n_senders
 
 
 # A queued wavelet is one int64: its message id (low 32 bits) and what routing needs, so that
@@ -280,12 +568,6 @@ def _queue_id(r, p, v):
 def _queue_parts(q):
     """(router, port, color) of a ``_queue_id``."""
     return q >> 8, (q >> 5) & 7, q & 31
-
-
-# Per-router scalars packed in one 64-byte row (one cache line): per input port a bit mask of
-# its non-empty color queues, the total of queued wavelets, a bit mask of the input ports with
-# anything queued, the arbitration start port, color round-robin pointers, x, y.
-_POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
 
 
 @intrinsic
@@ -323,137 +605,100 @@ def _rotate(mask, first, size):
 
 
 @njit(cache=True)
-def _enqueue(r, p, v, e, qcap, qbuf, qinfo, rinfo, active):
-    """Wavelet ``e`` joins queue (port ``p``, color ``v``) of router ``r``, which has room
-    (its sender held a credit).
-
-    Parameters
-    ----------
-    r, p, v : int
-        Router, input port (0..4) and color (0..vcs - 1).
-    e : int
-        The packed wavelet (``_pack``).
-    qcap : int
-        Wavelets one queue holds.
-    qbuf : int64 array, shape (routers, PORTS, vcs, qcap)
-        The queues' ring buffers of packed wavelets (``_pack``).
-    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
-        Per queue: index of its head in ``qbuf``, and its length.
-    rinfo : int32 array, shape (routers, _RINFO)
-        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
-        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
-        arbitration start port, per port the color to try first, x and y.
-    active : int64 array, shape (ceil(routers / 64),)
-        Bit set of the routers with queued wavelets; ``r``'s bit is set.
-    """
+def _enqueue(routers, mesh, r, p, v, e):
+    """Wavelet ``e`` (``_pack``) joins queue (port ``p``, color ``v``) of router ``r``, which
+    has room (its sender held a credit); the router becomes active."""
+    rinfo, qinfo = routers.rinfo, routers.qinfo
     pos = qinfo[r, p, v, 0] + qinfo[r, p, v, 1]
-    if pos >= qcap:
-        pos -= qcap
-    qbuf[r, p, v, pos] = e
+    if pos >= mesh.qcap:
+        pos -= mesh.qcap
+    routers.qbuf[r, p, v, pos] = e
     qinfo[r, p, v, 1] += 1
     rinfo[r, p] |= 1 << v
     rinfo[r, _PMASK] |= 1 << p
     rinfo[r, _ROCC] += 1
-    active[r >> 6] |= 1 << (r & 63)
+    routers.active[r >> 6] |= 1 << (r & 63)
 
 
 @njit(cache=True)
-def _dequeue(r, p, v, vcs, qcap, qinfo, rinfo):
-    """The head wavelet of queue (port ``p``, color ``v``) of router ``r`` leaves, and the
-    port's color pointer moves past ``v``.
-
-    Parameters
-    ----------
-    r, p, v : int
-        Router, input port (0..4) and color (0..vcs - 1); the queue is not empty.
-    vcs : int
-        Virtual channels per port.
-    qcap : int
-        Wavelets one queue holds.
-    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
-        Per queue: index of its head in ``qbuf``, and its length.
-    rinfo : int32 array, shape (routers, _RINFO)
-        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
-        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
-        arbitration start port, per port the color to try first, x and y.
-    """
+def _dequeue(routers, mesh, r, p, v):
+    """The head wavelet of the non-empty queue (port ``p``, color ``v``) of router ``r``
+    leaves, and the port's color pointer moves past ``v``."""
+    rinfo, qinfo = routers.rinfo, routers.qinfo
     h = qinfo[r, p, v, 0] + 1
-    qinfo[r, p, v, 0] = 0 if h == qcap else h
+    qinfo[r, p, v, 0] = 0 if h == mesh.qcap else h
     qinfo[r, p, v, 1] -= 1
     if qinfo[r, p, v, 1] == 0:
         rinfo[r, p] &= ~(1 << v)
         if rinfo[r, p] == 0:
             rinfo[r, _PMASK] &= ~(1 << p)
     rinfo[r, _ROCC] -= 1
-    rinfo[r, _VRR + p] = 0 if v + 1 == vcs else v + 1
+    rinfo[r, _VRR + p] = 0 if v + 1 == mesh.vcs else v + 1
 
 
-# The switch functions are inlined by Numba itself: called, each would take its many arrays
-# with reference counting, per router (measured: about 40% slower overall).
+@record
+class Moves:
+    """What the routers move in one cycle, each list in the first entries of its array:
+    views of this cycle's rows of ``InFlight`` and of ``Routers.freed``."""
+
+    link_q: np.int64  # (4 * routers,): wavelets put on links: the queue each joins
+    link_e: np.int64  # (4 * routers,): and the wavelet
+    out_r: np.int64  # (routers,): wavelets put on ramps out: the router
+    out_m: np.int64  # (routers,): and the message id
+    freed: np.int64  # (PORTS * routers,): queues freed of a wavelet
+
+
 @njit(cache=True, inline="always")
-def _switch_router(r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
-                   link_q, link_e, n_link, out_r, out_m, n_out, ret, n_ret):
+def _switch(t, ls, rs, mesh, routers, flight):
+    """Phase 4: every router with queued wavelets switches (``_switch_router``); emptied
+    ones leave the ``active`` bit set. Routers are taken in index order from the bit set, so
+    their state is walked forwards in memory rather than at random.
+
+    The wavelets moved go on slot ``ls`` of the links and ``rs`` of the ramps out of
+    ``flight``. Returns the number of queues freed (the first entries of ``routers.freed``),
+    the wavelets that left a queue and the extra copies made by line multicasts.
+    """
+    moves = Moves(flight.link_q[ls], flight.link_e[ls], flight.out_r[rs], flight.out_m[rs],
+                  routers.freed)
+    t_port = t % PORTS
+    active = routers.active
+    n_link = n_out = n_freed = moved = copies = 0
+    for word in range(len(active)):
+        bits = active[word]
+        while bits != 0:
+            b = _lowest_bit(bits)
+            bits ^= 1 << b  # not bits & (bits - 1): for bit 63 that subtraction overflows
+            r = (word << 6) + b
+            n_link, n_out, n_freed, m, c = _switch_router(r, t_port, mesh, routers, moves,
+                                                          n_link, n_out, n_freed)
+            moved += m
+            copies += c
+            if routers.rinfo[r, _ROCC] == 0:
+                active[word] &= ~(1 << (r & 63))
+    flight.link_count[ls] = n_link
+    flight.out_count[rs] = n_out
+    return n_freed, moved, copies
+
+
+# The switch functions are inlined by Numba itself: a call per router would pass all of the
+# routers' arrays each time (measured, when they were loose arrays: about 40% slower overall).
+@njit(cache=True, inline="always")
+def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
     """Router ``r`` moves at most one wavelet per input port and one per output port: input
-    ports round-robin from ``(t + r) % 5``, colors round-robin per port. A moved wavelet joins
-    the link list (``link_q``, ``link_e``) and/or the ramp-out list (``out_r``, ``out_m``), the
-    slot it frees the credit list ``ret``.
+    ports round-robin from ``(t_port + r) % PORTS`` (``t_port``: the cycle modulo PORTS),
+    colors round-robin per port. A moved wavelet joins the link list and/or the ramp-out list
+    of ``moves``, the slot it frees the freed list; ``n_link``, ``n_out`` and ``n_freed`` are
+    their lengths so far.
 
     A wavelet at the head of its queue is granted when its output port is not taken this
     cycle and, for a link, the next router's queue of its color has a credit; a line
     multicast passing through also needs the ramp out (its tap) free.
 
-    Parameters
-    ----------
-    r : int
-        The router.
-    t_port : int
-        The cycle modulo PORTS (input ports are tried from ``(t_port + r) % PORTS``).
-    vcs : int
-        Virtual channels per port.
-    qcap : int
-        Wavelets one queue holds.
-    rinfo : int32 array, shape (routers, _RINFO)
-        Per-router scalars (see the ``_POCC``... offsets): per input port a mask of its
-        non-empty colors, the wavelets queued, a mask of non-empty input ports, the
-        arbitration start port, per port the color to try first, x and y.
-    qinfo : int32 array, shape (routers, PORTS, vcs, 2)
-        Per queue: index of its head in ``qbuf``, and its length.
-    qbuf : int64 array, shape (routers, PORTS, vcs, qcap)
-        The queues' ring buffers of packed wavelets (``_pack``).
-    cred : int32 array, shape (routers, PORTS, vcs)
-        Credits: free slots in the queue each output (0..3: the neighbour's facing input
-        port; RAMP: this router's injection queue) may still fill.
-    links : int64 array, shape (routers, 4)
-        Wavelets sent per router and direction N, E, S, W.
-    step : int64 array, shape (4,)
-        Router index offset of the neighbour in each direction.
-    opposite : int64 array, shape (4,)
-        The input port a wavelet sent in each direction arrives on.
-    link_q, link_e : int64 array, shape (4 * routers,)
-        Wavelets put on links this cycle: the queue each joins (``_queue_id``) and the
-        wavelet, in the first ``n_link`` entries.
-    n_link : int
-        Entries of the link list in use.
-    out_r, out_m : int64 array, shape (routers,)
-        Wavelets put on ramps out this cycle: the router and the message id, in the first
-        ``n_out`` entries.
-    n_out : int
-        Entries of the ramp-out list in use.
-    ret : int64 array, shape (PORTS * routers,)
-        Queues freed of a wavelet this cycle, whose feeder gets a credit back at its end,
-        in the first ``n_ret`` entries.
-    n_ret : int
-        Entries of the credit list in use.
-
-    Returns
-    -------
-    n_link, n_out, n_ret : int
-        The three lists' new lengths.
-    moved : int
-        Wavelets that left a queue.
-    copies : int
-        Extra copies made by line multicasts (a wavelet both passed on and delivered).
+    Returns the three lists' new lengths, the wavelets that left a queue, and the extra
+    copies made by line multicasts (a wavelet both passed on and delivered).
     """
+    rinfo, qinfo, qbuf, cred = routers.rinfo, routers.qinfo, routers.qbuf, routers.cred
+    vcs = mesh.vcs
     rx = rinfo[r, _X]
     ry = rinfo[r, _Y]
     used = 0  # bit mask of output ports taken this cycle
@@ -487,330 +732,27 @@ def _switch_router(r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, 
             if tap and used & (1 << RAMP):
                 continue
             # Granted: the slot it frees is a credit for whoever feeds this queue.
-            _dequeue(r, p, v, vcs, qcap, qinfo, rinfo)
+            _dequeue(routers, mesh, r, p, v)
             moved += 1
             if p < 4:
-                ret[n_ret] = _queue_id(r + step[p], opposite[p], v)
+                moves.freed[n_freed] = _queue_id(r + routers.step[p], routers.opposite[p], v)
             else:
-                ret[n_ret] = _queue_id(r, RAMP, v)
-            n_ret += 1
+                moves.freed[n_freed] = _queue_id(r, RAMP, v)
+            n_freed += 1
             used |= 1 << out
             if out < 4:
-                link_q[n_link] = _queue_id(r + step[out], opposite[out], v)
-                link_e[n_link] = e
+                moves.link_q[n_link] = _queue_id(r + routers.step[out], routers.opposite[out],
+                                                 v)
+                moves.link_e[n_link] = e
                 n_link += 1
                 cred[r, out, v] -= 1
-                links[r, out] += 1
+                routers.links[r, out] += 1
             if out == RAMP or tap:
-                out_r[n_out] = r
-                out_m[n_out] = e & _MSG_MASK
+                moves.out_r[n_out] = r
+                moves.out_m[n_out] = e & _MSG_MASK
                 n_out += 1
                 if tap:
                     used |= 1 << RAMP
                     copies += 1
             break
-    return n_link, n_out, n_ret, moved, copies
-
-
-@njit(cache=True, inline="always")
-def _switch(active, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
-            link_q, link_e, out_r, out_m, ret):
-    """Every router with queued wavelets switches; emptied ones leave the ``active`` bit set.
-    Routers are taken in index order from the bit set, so their state is walked forwards in
-    memory rather than at random.
-
-    Parameters
-    ----------
-    active : int64 array, shape (ceil(routers / 64),)
-        Bit set of the routers with queued wavelets.
-    t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite
-        As in ``_switch_router``.
-    link_q, link_e, out_r, out_m, ret : int64 array
-        The link, ramp-out and credit lists of ``_switch_router``, filled from empty.
-
-    Returns
-    -------
-    n_link, n_out, n_ret : int
-        The lengths of the link list, the ramp-out list and the credit list.
-    moved : int
-        Wavelets that left a queue.
-    copies : int
-        Extra copies made by line multicasts.
-    """
-    n_link = 0
-    n_out = 0
-    n_ret = 0
-    moved = 0
-    copies = 0
-    for word in range(len(active)):
-        bits = active[word]
-        while bits != 0:
-            b = _lowest_bit(bits)
-            bits ^= 1 << b  # not bits & (bits - 1): for bit 63 that subtraction overflows
-            r = (word << 6) + b
-            n_link, n_out, n_ret, m, c = _switch_router(
-                r, t_port, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite, link_q,
-                link_e, n_link, out_r, out_m, n_out, ret, n_ret)
-            moved += m
-            copies += c
-            if rinfo[r, _ROCC] == 0:
-                active[word] &= ~(1 << (r & 63))
-    return n_link, n_out, n_ret, moved, copies
-
-
-@njit(cache=True)
-def _simulate(width, height, vcs, qcap, hop, ramp, t_ready, src, dst, length, mode, vc,
-              point_base, external, task_pe, task_priority, task_cycles, task_need, out_ptr,
-              out_msg, succ_ptr, succ_task, msg_target, max_cycles, check):
-    """The cycle engine's driver: simulate cycle by cycle (the six phases of the module's
-    docstring) until every message is delivered and every task done, or ``max_cycles``.
-
-    Parameters
-    ----------
-    width, height : int
-        The mesh, in PEs (one router each); PE ``p`` sits at x = p % width, y = p // width.
-    vcs : int
-        Virtual channels per router port, 1..MAX_VCS.
-    qcap : int
-        Wavelets each virtual channel's queue holds, >= 1.
-    hop : int
-        Cycles to cross one link, >= 1.
-    ramp : int
-        Cycles between a core and its router, each way, >= 1.
-    t_ready : int64 array, shape (messages,)
-        Cycle an external message may start, or -1 for one a task sends.
-    src, dst : int64 array, shape (messages,)
-        Source and destination PE of each message.
-    length : int64 array, shape (messages,)
-        Wavelets (32 bits each) of each message, >= 1.
-    mode : int64 array, shape (messages,)
-        UNICAST or LINE (a multicast delivered at every router after its source).
-    vc : int64 array, shape (messages,)
-        Virtual channel of each message, 0..vcs - 1 (its color class modulo ``vcs``).
-    point_base : int64 array, shape (messages + 1,)
-        Index of each message's first delivery point.
-    external : int64 array, shape (external messages,)
-        Ids of the messages with ``t_ready`` >= 0, in order of ``t_ready``.
-    task_pe, task_priority, task_cycles, task_need : int64 array, shape (tasks,)
-        Each task's PE, priority (0..255, lower first), core cycles and inputs awaited
-        (copied, not written).
-    out_ptr : int64 array, shape (tasks + 1,)
-        CSR offsets of each task's messages in ``out_msg``.
-    out_msg : int64 array, shape (sent,)
-        Message ids each task sends when done, in order.
-    succ_ptr : int64 array, shape (tasks + 1,)
-        CSR offsets of each task's successors in ``succ_task``.
-    succ_task : int64 array, shape (edges,)
-        Successor task ids.
-    msg_target : int64 array, shape (points,)
-        The task each delivery point feeds, or -1.
-    max_cycles : int
-        Cycles after which the run stops.
-    check : bool
-        Recount the wavelets in flight every cycle and note the first cycle they disagree.
-
-    Returns
-    -------
-    t : int
-        Cycles simulated.
-    start_t, end_t : int64 array, shape (tasks,)
-        Start and end cycle of each task (-1: not).
-    t_first : int64 array, shape (messages,)
-        Cycle each message's first wavelet was injected (-1: never).
-    t_done : int64 array, shape (messages,)
-        Cycle its last delivery point had every wavelet (-1: not).
-    point_done : int64 array, shape (points,)
-        Cycle each delivery point had every wavelet (-1: not).
-    links : int64 array, shape (routers, 4)
-        Wavelets sent per router and direction N, E, S, W.
-    injected, delivered : int
-        Wavelets injected by PEs and delivered to them.
-    occupancy : int
-        Sum over cycles of the wavelets in flight.
-    violation : int
-        First cycle the conservation check failed (-1: never, or not checked).
-    """
-    n = width * height
-    m_count = len(src)
-    opposite = np.array([2, 3, 0, 1], dtype=np.int64)
-    step = np.array([-width, 1, width, -1], dtype=np.int64)  # router offset per direction
-    rinfo = np.zeros((n, _RINFO), dtype=np.int32)
-    for r in range(n):
-        rinfo[r, _START] = r % PORTS
-        rinfo[r, _X] = r % width
-        rinfo[r, _Y] = r // width
-    mdx = np.empty(m_count, dtype=np.int32)
-    mdy = np.empty(m_count, dtype=np.int32)
-    msx = np.empty(m_count, dtype=np.int32)
-    msy = np.empty(m_count, dtype=np.int32)
-    for m in range(m_count):
-        mdx[m] = dst[m] % width
-        mdy[m] = dst[m] // width
-        msx[m] = src[m] % width
-        msy[m] = src[m] // width
-    qbuf = np.zeros((n, PORTS, vcs, qcap), dtype=np.int64)
-    qinfo = np.zeros((n, PORTS, vcs, 2), dtype=np.int32)  # head, length
-    cred = np.full((n, PORTS, vcs), qcap, dtype=np.int32)  # port RAMP: the PE's injection
-    ret = np.zeros(n * PORTS, dtype=np.int64)  # queues whose freed slot is credited next
-
-    # Wavelets on links and ramps, as lists per arrival slot (cycle modulo the latency).
-    l_q = np.zeros((hop, 4 * n), dtype=np.int64)  # the queue it will join (_queue_id)
-    l_m = np.zeros((hop, 4 * n), dtype=np.int64)  # the wavelet
-    l_n = np.zeros(hop, dtype=np.int64)
-    i_r = np.zeros((ramp, n), dtype=np.int64)
-    i_m = np.zeros((ramp, n), dtype=np.int64)
-    i_n = np.zeros(ramp, dtype=np.int64)
-    o_r = np.zeros((ramp, n), dtype=np.int64)
-    o_m = np.zeros((ramp, n), dtype=np.int64)
-    o_n = np.zeros(ramp, dtype=np.int64)
-
-    # Send queues: per PE a linked list of released messages; PEs with one are listed.
-    pe_head = np.full(n, -1, dtype=np.int64)
-    pe_tail = np.full(n, -1, dtype=np.int64)
-    nxt = np.full(m_count, -1, dtype=np.int64)
-    sent = np.zeros(m_count, dtype=np.int64)
-    senders = np.zeros(n, dtype=np.int64)
-    n_senders = 0
-    active = np.zeros((n + 63) // 64, dtype=np.int64)  # bit r: router r has queued wavelets
-
-    total_points = point_base[m_count]
-    point_count = np.zeros(total_points, dtype=np.int64)
-    point_done = np.full(total_points, -1, dtype=np.int64)
-    points_left = np.zeros(m_count, dtype=np.int64)
-    for m in range(m_count):
-        points_left[m] = point_base[m + 1] - point_base[m]
-    t_first = np.full(m_count, -1, dtype=np.int64)
-    t_done = np.full(m_count, -1, dtype=np.int64)
-    links = np.zeros((n, 4), dtype=np.int64)
-
-    # Tasks: an event heap of (cycle, kind, task), as in the fast engine.
-    n_tasks = len(task_pe)
-    need = task_need.copy()
-    no_wait = np.zeros(len(need), dtype=np.int64)  # inputs are counted as they arrive
-    start_t = np.full(n_tasks, -1, dtype=np.int64)
-    end_t = np.full(n_tasks, -1, dtype=np.int64)
-    q_base, qa, qb, q_count, running, dispatch_due = new_cores(n, task_pe)
-    busy = np.zeros(n, dtype=np.int64)
-    ht = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
-    hk = np.empty(1024 + 2 * n_tasks, dtype=np.int64)
-    hsize = 0
-    for k in range(n_tasks):
-        if need[k] == 0:
-            hsize = push(ht, hk, hsize, 0, ready_key(task_priority[k], k))
-    tasks_done = 0
-
-    released = 0
-    finished = 0
-    injected = 0
-    delivered = 0
-    copies = 0
-    occupancy = 0
-    queued = 0
-    violation = -1
-    t = 0
-    while t < max_cycles and (finished < m_count or tasks_done < n_tasks):
-        # 1. Arrivals at PEs: a delivery point with all its wavelets may make a task ready.
-        rs = t % ramp
-        ls = t % hop
-        for i in range(o_n[rs]):
-            r = o_r[rs, i]
-            m = o_m[rs, i]
-            delivered += 1
-            dist = abs(rinfo[r, _X] - msx[m]) + abs(rinfo[r, _Y] - msy[m])
-            idx = point_base[m] + (dist - 1 if mode[m] == LINE and dist > 0 else 0)
-            point_count[idx] += 1
-            if point_count[idx] == length[m]:
-                point_done[idx] = t
-                # Only a point some task waits on calls feed (whose array arguments cost
-                # reference counting per call).
-                if msg_target[idx] >= 0:
-                    ht, hk, hsize = feed(msg_target[idx], t, need, task_priority, ht, hk, hsize)
-                points_left[m] -= 1
-                if points_left[m] == 0:
-                    t_done[m] = t
-                    finished += 1
-        o_n[rs] = 0
-
-        # 2. Tasks: ready ones claim their PE's core, finished ones send their messages.
-        #    External messages whose time has come join their PE's send queue too.
-        while hsize > 0 and ht[0] <= t:
-            _, key, hsize = pop(ht, hk, hsize)
-            ht, hk, hsize, done_task = core_event(
-                key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, ht, hk, hsize, task_pe,
-                task_priority, task_cycles, succ_ptr, succ_task, need, no_wait, start_t, end_t,
-                busy, q_base, qa, qb, q_count, running, dispatch_due)
-            if done_task >= 0:
-                tasks_done += 1
-                for i in range(out_ptr[done_task], out_ptr[done_task + 1]):
-                    n_senders = _queue_send(out_msg[i], src, pe_head, pe_tail, nxt, senders,
-                                            n_senders)
-        while released < len(external) and t_ready[external[released]] <= t:
-            n_senders = _queue_send(external[released], src, pe_head, pe_tail, nxt, senders,
-                                    n_senders)
-            released += 1
-
-        # 3. Arrivals from links and ramps into router queues.
-        for i in range(l_n[ls]):
-            r, p, v = _queue_parts(l_q[ls, i])
-            _enqueue(r, p, v, l_m[ls, i], qcap, qbuf, qinfo, rinfo, active)
-        for i in range(i_n[rs]):
-            m = i_m[rs, i]
-            e = _pack(m, mdx[m], mdy[m], 1 if mode[m] == LINE else 0)
-            _enqueue(i_r[rs, i], RAMP, vc[m], e, qcap, qbuf, qinfo, rinfo, active)
-        queued += l_n[ls] + i_n[rs]
-        l_n[ls] = 0
-        i_n[rs] = 0
-
-        # 4. Switch: one wavelet per input port and per output port.
-        l_n[ls], o_n[rs], n_ret, moved, made = _switch(
-            active, t % PORTS, vcs, qcap, rinfo, qinfo, qbuf, cred, links, step, opposite,
-            l_q[ls], l_m[ls], o_r[rs], o_m[rs], ret)
-        queued -= moved
-        copies += made
-
-        # 5. Each PE injects at most one wavelet of the message at the head of its queue.
-        keep = 0
-        for a in range(n_senders):
-            s = senders[a]
-            m = pe_head[s]
-            v = vc[m]
-            if cred[s, RAMP, v] > 0:
-                cred[s, RAMP, v] -= 1
-                c = i_n[rs]
-                i_r[rs, c] = s
-                i_m[rs, c] = m
-                i_n[rs] = c + 1
-                injected += 1
-                if sent[m] == 0:
-                    t_first[m] = t
-                sent[m] += 1
-                if sent[m] == length[m]:
-                    pe_head[s] = nxt[m]
-                    if pe_head[s] < 0:
-                        pe_tail[s] = -1
-            if pe_head[s] >= 0:
-                senders[keep] = s
-                keep += 1
-        n_senders = keep
-
-        # 6. Credits freed this cycle become usable next cycle.
-        for i in range(n_ret):
-            r, p, v = _queue_parts(ret[i])
-            cred[r, p, v] += 1
-
-        flight = injected + copies - delivered
-        occupancy += flight
-        if check and violation < 0:
-            counted = queued
-            for i in range(hop):
-                counted += l_n[i]
-            for i in range(ramp):
-                counted += i_n[i] + o_n[i]
-            recount = 0
-            for r in range(n):
-                recount += rinfo[r, _ROCC]
-            if counted != flight or flight < 0 or recount != queued:
-                violation = t
-        t += 1
-    return (t, start_t, end_t, t_first, t_done, point_done, links, injected, delivered,
-            occupancy, violation)
+    return n_link, n_out, n_freed, moved, copies
