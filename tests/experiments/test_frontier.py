@@ -168,13 +168,15 @@ def test_the_ladder_runs_from_near_the_floor_to_20_ms_with_the_vendor_speed_on_i
 def test_the_floor_is_the_fastest_lone_step_of_any_layout(tmp_path, monkeypatch):
     """The ladder starts from the fastest layout either plan may take, not from the first one
     built: a deeper or a wider pipeline steps at its own pace."""
-    real, seen = api.decode_step_s, []
+    from wse_emu.experiments import run
+
+    real, seen = run.decode_step_s, []
 
     def recorded(regions, requests, clock_hz):
         seen.append(real(regions, requests, clock_hz))
         return seen[-1]
 
-    monkeypatch.setattr(api, "decode_step_s", recorded)
+    monkeypatch.setattr(run, "decode_step_s", recorded)
     report = tiny_frontier(tmp_path, user_speeds=(1000,))
     assert len(seen) >= 2 and report.lone_decode_step_s == min(seen)
 
