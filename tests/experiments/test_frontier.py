@@ -65,6 +65,7 @@ def test_every_point_reached_meets_its_targets(ladder):
             assert point.tokens_per_s_per_system > 0
 
 
+@pytest.mark.e2e
 def test_the_frontier_never_gains_throughput_as_speed_rises(ladder):
     for plan, front in ladder.frontier.items():
         assert front, plan

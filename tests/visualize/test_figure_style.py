@@ -278,6 +278,7 @@ def test_a_log_axis_of_any_span_has_two_labels_or_more_and_none_collide(tmp_path
     assert checked["span.png"] == []
 
 
+@pytest.mark.e2e  # its fixture runs an experiment, a frontier and a serve: 20 s
 def test_the_report_writes_numbers_as_the_command_line_does(runs):
     for name in ("run", "serve", "experiment", "frontier"):
         page = (runs[name][0] / "report.html").read_text()
@@ -314,6 +315,7 @@ def test_every_printed_table_fits_in_100_columns(runs, name):
     assert wide == []
 
 
+@pytest.mark.e2e  # its fixture runs an experiment, a frontier and a serve: 20 s
 def test_the_experiment_prints_each_number_it_printed_in_one_row(runs):
     data = json.loads((runs["experiment"][0] / "experiment.json").read_text())
     text = runs["experiment"][1]
