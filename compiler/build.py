@@ -147,8 +147,8 @@ class _Builder:
         """The registry entry that plans a strip's kernel, and its pattern per phase."""
         role = "gather" if strip.name == "embedding" else "experts" if strip.experts \
             else "matrix"
-        kind = "matrix" if role == "experts" else role
-        return self.entry(kind, {ph: self.pattern_name(role, ph) for ph in ly.PHASES})
+        return self.entry(patterns.kind_of(role),
+                          {ph: self.pattern_name(role, ph) for ph in ly.PHASES})
 
     def entry(self, kind: str, names: dict) -> tuple[patterns.Pattern, dict]:
         """The entry that plans a kernel running pattern ``names[phase]`` in each phase: its

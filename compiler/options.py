@@ -5,9 +5,9 @@ options given by name (``compile_options``)."""
 from dataclasses import fields
 
 from wse_emu.errors import UserError
-from wse_emu.program.options import PLANS, CompileOptions, parse_region
+from wse_emu.program.options import DEFAULT_PATTERNS, PLANS, CompileOptions, parse_region
 
-__all__ = ["PLANS", "CompileOptions", "compile_options", "parse_region"]
+__all__ = ["DEFAULT_PATTERNS", "PLANS", "CompileOptions", "compile_options", "parse_region"]
 
 
 def compile_options(**options) -> CompileOptions:

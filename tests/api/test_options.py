@@ -7,10 +7,12 @@ import pytest
 from helpers import SMALL_CHAT
 
 from wse_emu import api
-from wse_emu.cli.knob_args import add_serving_args, add_space_args, serving_settings, space_settings
+from wse_emu.cli.knob_args import add_serving_args, serving_settings
+from wse_emu.cli.spec_args import add_spec_args, spec_from_args
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import Space
 from wse_emu.experiments.goodput import Point, Search, Targets, run_searches
+from wse_emu.experiments.spec import ExperimentSpec
 from wse_emu.serving.knobs import info
 from wse_emu.serving.policies import POLICIES, knob_fields
 from wse_emu.serving.serve import ServeOptions
@@ -110,13 +112,13 @@ def test_the_command_lines_flags_are_the_knobs_with_their_defaults():
     assert defaults == {name: getattr(options, name) for name in defaults}
     assert set(defaults) == {f.name for f in knob_fields()} | {"policy", "prefix_cache"}
     experiment = argparse.ArgumentParser()
-    add_space_args(experiment, Space().copies)
-    parsed = experiment.parse_args([])
+    add_spec_args(experiment, ExperimentSpec)
+    parsed = experiment.parse_args(["--workload", "chat", "--ttft-slo", "1", "--tpot-slo", "1"])
+    space = spec_from_args(ExperimentSpec, parsed, model="tiny").space
     for f in knob_fields():
         # Left to each kind of hardware's engines (``Layout.knob_values``) unless given.
-        assert getattr(parsed, f.name) is None and getattr(Space(), f.name) is None
-        assert space_settings(parsed)[f.name] is None
-    assert parsed.policy == ",".join(POLICIES)
+        assert getattr(space, f.name) is None and getattr(Space(), f.name) is None
+    assert space.policy == tuple(POLICIES)
 
 
 def test_one_default_for_a_steps_prefill_tiles():

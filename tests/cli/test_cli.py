@@ -102,4 +102,5 @@ def test_help_imports_no_command_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "experiment" in out and "viz" in out  # the listing
-    assert out.strip().splitlines()[-1] == "['wse_emu.cli.commands', 'wse_emu.cli.main']"
+    assert out.strip().splitlines()[-1] == ("['wse_emu.cli.commands', 'wse_emu.cli.flag_names', "
+                                            "'wse_emu.cli.main']")

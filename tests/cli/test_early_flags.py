@@ -105,6 +105,24 @@ def test_a_footprints_numbers_are_refused_as_the_flags_they_were_typed_as(capsys
     assert "units_per_rack" not in line and "prices=" not in line and "`" not in line, line
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--fabric", "mesh16"], "--fabric and --systems describe one compiled cluster"),
+    (["--set", "clock_hz=1e9"], "--fabric and --systems describe one compiled cluster"),
+    (["--systems", "2"], "--fabric and --systems describe one compiled cluster"),
+    (["--splits", "middle"], "--splits chooses among one compiled cluster's splits"),
+])
+def test_a_compiled_clusters_flags_are_refused_beside_pools(capsys, tmp_path, no_work, flags,
+                                                            says):
+    line = refused(capsys, tmp_path, "experiment", "disagg", *POOLS, *flags)
+    assert says in line, line
+
+
+def test_a_footprint_is_refused_on_one_compiled_cluster(capsys, tmp_path, no_work):
+    line = refused(capsys, tmp_path, "experiment", "disagg", *TINY, "--tpot-slo", "1",
+                   "--footprint", "kw")
+    assert "--footprint, --price and --per-rack are for pools named by their hardware" in line
+
+
 def test_the_api_names_them_as_it_spells_them(no_work, tmp_path):
     arguments = dict(ttft_s=0.05, tpot_s=0.01, prefill_pool="wse3", decode_pool="trn2",
                      workers=1, cache_dir=tmp_path)

@@ -75,6 +75,7 @@ def test_the_frontier_never_gains_throughput_as_speed_rises(ladder):
         assert tokens == sorted(tokens)  # fastest first: throughput only grows as speed falls
 
 
+@pytest.mark.e2e  # the module's frontier: 13 s
 def test_the_headline_is_read_at_the_speed_asked_for(ladder):
     head = ladder.headline
     assert head.user_speed == 20_000
@@ -84,6 +85,7 @@ def test_the_headline_is_read_at_the_speed_asked_for(ladder):
     assert head.capacity_ratio == rung.capacity_ratio
 
 
+@pytest.mark.e2e  # the module's frontier: 13 s
 def test_the_report_reads_back_from_its_json_as_it_was(ladder):
     """experiment.json holds ``to_json()``; read back, it is the same report, and its JSON
     the same JSON."""

@@ -13,6 +13,7 @@ from wse_emu.engines import fast
 from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.kernels import patterns
+from wse_emu.kernels.patterns.attention import KVSpread
 from wse_emu.kernels.patterns.matrix import DenseStrip
 from wse_emu.kernels.stage import kernel_graph
 from wse_emu.models.layer import MicroBatch
@@ -59,11 +60,37 @@ def test_every_entry_is_used_and_every_kernel_holds_its_bound(programs):
 
 
 def test_an_unknown_pattern_is_refused_by_name_before_compiling():
-    options = CompileOptions(matrix_patterns=("gemv_sideways", "gemm_stream"))
+    options = CompileOptions(patterns=("matrix=gemv_sideways,gemm_stream",))
     with pytest.raises(UserError, match="no kernel pattern 'gemv_sideways' for matrix"):
         patterns.check(options)
     with pytest.raises(UserError, match="no kernel pattern 'gemv_sideways' for matrix"):
         compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 1), options)
+
+
+def test_any_role_of_kernel_runs_the_pattern_chosen_for_it():
+    """A pattern of another kind than matrix is chosen the same way: an attention entry under
+    a new name runs as the default does; a name no attention entry has is refused by it."""
+    class Spread(KVSpread):
+        name = "attention_spread_again"
+
+    patterns.register(Spread())
+    try:
+        mesh = ClusterSpec(load_fabric("mesh16"), 1)
+        model = load_model("tiny").replaced(num_layers=1).validate("test")
+        default = compile_model(model, mesh, CompileOptions(region=(16, 16)))
+        chosen = compile_model(model, mesh, CompileOptions(
+            region=(16, 16), patterns=("attention=attention_spread_again",)))
+        attention = [k for k in chosen.kernels if k.kind == "attention"]
+        assert attention and all(k.pattern == {"decode": "attention_spread_again",
+                                               "prefill": "attention_spread_again"}
+                                 for k in attention)
+        step = MicroBatch("decode", batch=2, context=64)
+        assert run_region(chosen, "mixed0", step).step_cycles == \
+            run_region(default, "mixed0", step).step_cycles
+    finally:
+        del patterns.PATTERNS[("attention", "attention_spread_again")]
+    with pytest.raises(UserError, match="no kernel pattern 'gemv_tree' for attention"):
+        patterns.check(CompileOptions(patterns=("attention=gemv_tree",)))
 
 
 class GemvWhole(DenseStrip):
@@ -86,7 +113,7 @@ def test_a_new_pattern_is_one_entry(gemv_whole):
     mesh = ClusterSpec(load_fabric("mesh16"), 1)
     tree = compile_model(model, mesh, CompileOptions(region=(16, 16)))
     whole = compile_model(model, mesh, CompileOptions(
-        region=(16, 16), matrix_patterns=("gemv_whole", "gemm_stream")))
+        region=(16, 16), patterns=("matrix=gemv_whole,gemm_stream",)))
     q = next(k for k in whole.kernels if k.name == "q_proj")
     assert q.pattern == {"decode": "gemv_whole", "prefill": "gemm_stream"}
     step = MicroBatch("decode", batch=1, context=64)
@@ -115,6 +142,6 @@ def test_a_kernel_cannot_run_patterns_that_plan_it_differently(gemv_whole):
         with pytest.raises(UserError, match="plan a kernel's SRAM differently"):
             compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 1),
                           CompileOptions(region=(16, 16),
-                                         matrix_patterns=("gemv_planned", "gemm_stream")))
+                                         patterns=("matrix=gemv_planned,gemm_stream",)))
     finally:
         del patterns.PATTERNS[("matrix", "gemv_planned")]

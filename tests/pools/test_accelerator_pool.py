@@ -145,6 +145,7 @@ def test_accelerator_prefill_feeds_wafer_decode():
     assert res.finish[0] - res.first_token[0] == pytest.approx(handoff + steps)
 
 
+@pytest.mark.e2e  # a command, end to end: 3 s
 def test_the_command_line_serves_a_split_between_two_kinds_of_hardware(tmp_path):
     proc = run_cli("serve", "tiny", "--prefill-pool", "trn2", "--decode-pool", "mesh16",
                    "--workload", SMALL_CHAT, "--cache-dir", tmp_path, "--json")
@@ -178,6 +179,7 @@ def test_a_split_named_wrongly_is_refused_in_one_line(args, needle):
     assert_one_line_error(run_cli("serve", "tiny", "--workload", "chat", *args), needle)
 
 
+@pytest.mark.e2e  # a command and its figures, end to end: 8 s
 def test_a_run_directory_of_pools_named_by_their_hardware_is_written_and_drawn(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("serve", "tiny", "--prefill-pool", "trn2", "--decode-pool", "mesh16",

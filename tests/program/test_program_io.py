@@ -38,10 +38,28 @@ def test_options_are_reloaded_as_the_dataclass_in_the_same_json(tiny_8x8, tmp_pa
 def test_options_a_program_was_written_without_take_their_defaults(tiny_8x8, tmp_path):
     tiny_8x8.save(tmp_path)
     _edit_json(tmp_path, lambda data: (data.pop("digest"), data["options"].pop("attention_tile"),
-                                       data["options"].pop("matrix_patterns")))
+                                       data["options"].pop("patterns")))
     options = WaferProgram.load(tmp_path).options
-    assert options.attention_tile == 0 and options.matrix_patterns == ("gemv_tree", "gemm_stream")
+    assert options.attention_tile == 0 and options.patterns == ()
     assert options.region == tiny_8x8.options.region
+
+
+def test_a_program_from_before_any_pattern_could_be_chosen_keeps_its_dense_strips(tiny_8x8,
+                                                                                 tmp_path):
+    """Programs once kept their dense strips' pair of patterns as ``matrix_patterns``."""
+    tiny_8x8.save(tmp_path)
+
+    def older(data):
+        data.pop("digest")
+        data["options"].pop("patterns")
+        data["options"]["matrix_patterns"] = ["gemv_tree", "gemm_stream"]
+    _edit_json(tmp_path, older)
+    assert WaferProgram.load(tmp_path).options == tiny_8x8.options
+    options = tiny_8x8.options.to_dict()
+    options.pop("patterns")
+    chosen = CompileOptions.from_json({**options, "matrix_patterns": ["gemv_tree", "gemv_tree"]})
+    assert chosen.patterns == ("matrix=gemv_tree",)
+    assert chosen.pattern_names()["matrix"] == {"decode": "gemv_tree", "prefill": "gemv_tree"}
 
 
 def test_version_mismatch_is_refused(tiny_8x8, tmp_path):

@@ -307,6 +307,7 @@ def tables(text: str):
             yield lines[start:end]
 
 
+@pytest.mark.e2e  # its fixture runs an experiment, a frontier and a serve: 20 s
 @pytest.mark.parametrize("name", ["serve", "experiment", "vary", "frontier"])
 def test_every_printed_table_fits_in_100_columns(runs, name):
     found = list(tables(runs[name][1]))

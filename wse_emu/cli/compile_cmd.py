@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wse_emu import api
-from wse_emu.compiler.options import parse_region
+from wse_emu.compiler.options import DEFAULT_PATTERNS, parse_region
 from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import FabricSpec, load_fabric, with_overrides
 from wse_emu.models.load import load_model
@@ -59,6 +59,14 @@ def model_from_args(args, model: ModelSpec | None = None) -> ModelSpec:
                      args.expert_weight_format)
 
 
+def add_routing_args(p) -> None:
+    """A mixture of experts' routing in the steps a command times (``routing_for``)."""
+    p.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
+                   help="a mixture of experts: how a timed step's tokens pick their experts "
+                        "(skewed: Zipf popularity with exponent S; default uniform)")
+    p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+
+
 def add_cluster_args(p) -> None:
     add_fabric_args(p)
     add_format_args(p)
@@ -74,14 +82,18 @@ def add_cluster_args(p) -> None:
                    "(default: the fewest that map)")
     p.add_argument("--no-optimize", action="store_true", help="keep the baseline placement")
     p.add_argument("--seed", type=int, default=0, help="placement optimizer seed")
-    p.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
-                   help="a mixture of experts: how a timed step's tokens pick their experts "
-                        "(Zipf skew S; default uniform)")
-    p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+    add_routing_args(p)
     p.add_argument("--attention-tile", type=int, metavar="B",
                    help="batch tiling on attention: a decode micro-batch's attention runs B "
                         "sequences at a time and the MLP or the experts take the whole "
                         "micro-batch at once (default: the whole micro-batch throughout)")
+    p.add_argument("--pattern", dest="patterns", action="append", default=[],
+                   metavar="ROLE=NAME[,PREFILL]",
+                   help="run a role of kernel (" + ", ".join(DEFAULT_PATTERNS) + ") as another "
+                   "registered kernel pattern, in both phases or in decode then prefill "
+                   "(repeatable; default: " + "; ".join(
+                       f"{role} {','.join(dict.fromkeys(names))}"
+                       for role, names in DEFAULT_PATTERNS.items()) + ")")
 
 
 def add_parser(sub, summary: str) -> None:
@@ -102,7 +114,7 @@ def options_from_args(args) -> dict:
         region=parse_region(args.region) if args.region else None,
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
         seed=args.seed, routing=args.routing, routing_seed=args.routing_seed,
-        attention_tile=args.attention_tile or 0)
+        attention_tile=args.attention_tile or 0, patterns=tuple(args.patterns))
 
 
 def compile_from_args(args, model: ModelSpec | None = None) -> WaferProgram:

@@ -1,5 +1,8 @@
 """``wse-emu experiment disagg``: colocated versus disaggregated serving at the same hardware and
-the same token speed, each at the highest request rate that meets the latency targets."""
+the same token speed, each at the highest request rate that meets the latency targets;
+``experiment frontier`` and ``experiment pairings``, the same along a ladder of token speeds.
+Their flags are generated from the specs' declarations (``spec_args``); here they are parsed
+into a spec, handed to one ``api`` function, and its report rendered."""
 
 from __future__ import annotations
 
@@ -9,37 +12,19 @@ from wse_emu import api
 from wse_emu.cli.compile_cmd import (
     add_fabric_args,
     add_format_args,
+    add_routing_args,
     fabric_from_args,
     model_from_args,
 )
-from wse_emu.cli.knob_args import add_space_args, space_settings
-from wse_emu.errors import UserError
-from wse_emu.experiments.comparison import (
-    TUNING_REQUESTS,
-    ExperimentReport,
-    Space,
-    StepTiming,
-    VaryReport,
-)
+from wse_emu.cli.spec_args import add_spec_args, spec_from_args
+from wse_emu.experiments.comparison import ExperimentReport, StepTiming, VaryReport
 from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
-from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, PERCENTILES, ConfigRow, Targets
-from wse_emu.experiments.sensitivity import VARIABLES
-from wse_emu.experiments.spec import (
-    Counting,
-    Execution,
-    ExperimentSpec,
-    FrontierSpec,
-    Hardware,
-    Load,
-    PairingsSpec,
-    Speeds,
-    WaferTiming,
-)
+from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, ConfigRow
+from wse_emu.experiments.spec import ExperimentSpec, FrontierSpec, PairingsSpec, flat_names
 from wse_emu.models.routing import routing_for
 from wse_emu.rundir.directory import write_run_dir
 from wse_emu.rundir.write import write_json
 from wse_emu.serving.metrics import DRAIN, WARMUP
-from wse_emu.serving.workload import trace_names
 from wse_emu.util.fmt import duration, narrow_table, number, seconds
 from wse_emu.util.progress import status
 
@@ -50,218 +35,49 @@ def add_parser(sub, summary: str) -> None:
     kinds.required = True
     d = kinds.add_parser("disagg", help="colocated versus disaggregated prefill and decode, at "
                          "the highest rate that meets the latency targets")
-    _add_common(d)
-    d.add_argument("--tpot-slo", dest="tpot_s", type=float, required=True,
-                   help="time-per-output-token target at --slo-percentile, seconds (the token "
-                        "speed every configuration must reach)")
-    d.add_argument("--slo-percentile", dest="percentile", type=int, default=90,
-                   choices=PERCENTILES,
-                   help="the percentile of requests both targets hold at (default 90; 50: "
-                        "the typical request, as a planner's steady state reads it; 99: "
-                        "MLPerf's)")
-    d.add_argument("--price-per-system-hour", type=float,
-                   help="price of one system for an hour (any currency): adds the cost per "
-                   "million output tokens at each plan's best (no default: none is published)")
-    d.add_argument("--vary", metavar="NAME=V1,V2,...",
-                   help="repeat the experiment at each value of one input and report how the "
-                   "ratio moves: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
+    _add_args(d, ExperimentSpec)
     d.set_defaults(func=run, writes_run_dir=True)
     f = kinds.add_parser("frontier", help="each plan's output tokens/s per system against "
                          "tokens/s per user, and the ratio at the vendor's token speed")
-    _add_common(f)
-    f.add_argument("--user-speeds", metavar="S1,S2,...",
-                   help="per-user speeds to aim at, output tokens/s (each a p90 TPOT target "
-                   "of 1/S; default: a ladder from a little slower than a lone sequence's "
-                   "decode step to 50, with --user-speed among them)")
-    f.add_argument("--user-speed", type=float,
-                   help="where to read the headline, output tokens/s per user (default: the "
-                   "model's published vendor speed, programs/vendor_speeds.yaml)")
-    f.add_argument("--step-scales", default="0.7,1.3", metavar="F1,F2|none",
-                   help="read the headline again with the prefill, then the decode, step "
-                   "times times each factor, the hardware unchanged (default 0.7,1.3; none: "
-                   "not)")
+    _add_args(f, FrontierSpec)
     f.set_defaults(func=run_frontier, writes_run_dir=True)
     g = kinds.add_parser("pairings", help="every pairing of kinds of hardware (prefill on one, "
                          "decode on another or the same) as a frontier, against colocated "
                          "serving in the same footprint, on one figure")
-    _add_common(g)
-    g.add_argument("--kinds", required=True, metavar="POOL,POOL,...",
-                   help="kinds of hardware to pair, as --prefill-pool names them (wse3,trn2; "
-                        "h200x8 with the gpu extra)")
-    g.add_argument("--user-speeds", metavar="S1,S2,...",
-                   help="per-user speeds to aim at (default: each pairing's own ladder)")
-    g.add_argument("--user-speed", type=float,
-                   help="the speed to mark, output tokens/s per user (default: the model's "
-                   "published vendor speed)")
+    # A pairing's frontier reads no step-time factors (each frontier can add them).
+    _add_args(g, PairingsSpec, leave_out=("step_scales",))
     g.set_defaults(func=run_pairings, writes_run_dir=True)
 
 
-def _add_common(d) -> None:
-    """The arguments both experiments take."""
+def _add_args(d, spec, leave_out: tuple = ()) -> None:
+    """The model's flags, the flags the fields of ``spec`` declare (``spec_args``), those of
+    the fields built from other flags (``spec_args.BUILT``) where ``spec`` has them, and the
+    output's."""
     d.add_argument("model", help="model preset, model YAML or Hugging Face config.json")
-    add_fabric_args(d)
     add_format_args(d)
-    d.add_argument("--systems", type=int, default=1, help="systems (wafers) in the cluster")
-    src = d.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", help="workload preset or YAML")
-    src.add_argument("--trace", help=f"a shipped trace ({', '.join(trace_names())}) or a CSV "
-                     "of arrived_at,num_prefill_tokens,num_decode_tokens")
-    d.add_argument("--requests", type=int,
-                   help=f"requests (sessions) per tuning run (default: the workload's, at "
-                   f"most {TUNING_REQUESTS} model calls; agent sessions: that many per system)")
-    d.add_argument("--ttft-slo", dest="ttft_s", type=float, required=True,
-                   help="time-to-first-token target, seconds (at the p90; experiment disagg: "
-                        "at --slo-percentile)")
-    d.add_argument("--attainment", type=float,
-                   help="share of requests that must meet both targets (default 0.9; "
-                        "experiment disagg: the --slo-percentile's share)")
-    space = Space()
-    add_space_args(d, space.copies)
-    d.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="recompute every agentic call's whole context (by default a call "
-                   "reuses its session's KV while it is still cached)")
-    d.add_argument("--window-s", type=float, default=space.window_s,
-                   help="after tuning, search each plan's best again on runs long enough that "
-                   "the steady window holds this many emulated seconds at the rate found "
-                   f"(default {space.window_s:g}; 0: no confirming runs)")
-    d.add_argument("--seeds", type=int, default=1,
-                   help="independent draws of the workload to repeat the whole search on "
-                   "(the next seeds; for a trace, the next windows of --requests rows): with "
-                   "2 or more, the mean and 95%% interval of every goodput and of the ratio")
-    d.add_argument("--rounds", type=int, default=space.rounds,
-                   help="passes of the knob-by-knob tuning, a further one only while the last "
-                        f"changed a choice (default {space.rounds}; knobs that pay only "
-                        "together need more)")
-    d.add_argument("--each-layout", action="store_true",
-                   help="tune every layout's other knobs before comparing the layouts (as "
-                        "many tunings as layouts; by default the layout is one knob among "
-                        "the others)")
-    d.add_argument("--tolerance", type=float, default=0.05,
-                   help="stop a search when the failed rate is within this of the met one")
-    where = d.add_mutually_exclusive_group()
-    where.add_argument("--scheduler",
-                       help="dask scheduler address (default: local worker processes)")
-    where.add_argument("--workers", type=int, default=0,
-                       help="local worker processes (default: one per core; 1: none, run here)")
-    d.add_argument("--cache-dir", help="where stage-time tables are kept")
-    d.add_argument("--grid", default=space.grid, metavar="full|quick",
-                   help="stage tables' micro-batch shapes: full (55 per region), or quick (21, "
-                   "within 5%% of full on Llama-3.1-8B, for a first look; sequences per "
-                   "micro-batch up to 64, prefill tiles up to 256 tokens)")
-    d.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
-                   help="a mixture of experts: how the timed steps' tokens pick their experts "
-                        "(Zipf skew S; default uniform)")
-    d.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
-    d.add_argument("--attention-tile", type=int, default=0, metavar="B",
-                   help="batch tiling on attention in both plans' decode steps: attention takes "
-                        "B sequences at a time, the MLP or experts the whole micro-batch "
-                        "(default 0: off)")
-    pools = d.add_argument_group("pools named by their hardware (instead of --fabric and "
-                                 "--systems; the same footprint of systems for both plans)")
-    pools.add_argument("--prefill-pool", metavar="POOL",
-                       help="the split's prefill on POOL: a fabric (wse3, or wse3x4 for four "
-                            "systems), an accelerator timed by its roofline (trn2, trn2x2), or "
-                            "their YAML; or GPUs timed from AIConfigurator's measured data "
-                            "(h200x8; h200x8tp2 for two per copy, else every degree; the gpu "
-                            "extra)")
-    pools.add_argument("--decode-pool", metavar="POOL",
-                       help="the split's decode on POOL (as --prefill-pool)")
-    pools.add_argument("--pool", metavar="POOL",
-                       help="colocated serving on POOL, in the split's footprint (default: "
-                            "each kind of hardware in the split, the better tuned)")
-    pools.add_argument("--split-pool", metavar="POOL",
-                       help="every split of POOL's units between prefill and decode (h200x8: "
-                            "1 to 7 GPUs of prefill), against colocated serving on all of it")
-    pools.add_argument("--footprint", default="systems", metavar="systems|racks|kw|cost",
-                       help="what both plans hold equal and every result is per: systems "
-                            "(default), racks (with --per-rack for every kind), kW of power "
-                            "(the presets'), or cost per hour (with --price for every kind)")
-    # Stored under the API's names, so that its errors read as these flags (`prices=h200=2`
-    # as --price h200=2).
-    pools.add_argument("--per-rack", dest="units_per_rack", action="append", default=[],
-                       metavar="NAME=N",
-                       help="units of a kind of hardware one rack holds (wse3=..., trn2=...; "
-                            "repeatable; none is invented)")
-    pools.add_argument("--price", dest="prices", action="append", default=[],
-                       metavar="NAME=PER_HOUR",
-                       help="price of one unit of a kind of hardware for an hour, any currency "
-                            "(wse3=..., trn2=... per instance, h200=... per GPU; repeatable; "
-                            "none is invented)")
+    names = flat_names(spec)
+    if "fabric" in names:
+        add_fabric_args(d)
+    if "routing" in names:
+        add_routing_args(d)
+    add_spec_args(d, spec, leave_out)
     d.add_argument("-o", "--output", help="run directory: experiment.json (every search point)")
     d.add_argument("--viz", action="store_true",
                    help="draw the run directory (figures/, report.html) at the end")
     d.add_argument("--json", action="store_true")
 
 
-def _hardware(args) -> Hardware:
-    """The hardware both plans run on: pools named by their hardware, or a fabric and a count
-    of systems (refused beside pools)."""
-    pools = {name: getattr(args, name) for name in ("pool", "prefill_pool", "decode_pool",
-                                                    "split_pool")}
-    counting = _counting(args)
-    if all(v is None for v in pools.values()):
-        if args.footprint != "systems" or args.prices or args.units_per_rack:
-            raise UserError("--footprint, --price and --per-rack are for pools named by their "
-                            "hardware; one compiled cluster counts its systems")
-        return Hardware(fabric=fabric_from_args(args), systems=args.systems)
-    given = [flag for flag, changed in (("--fabric", args.fabric != "wse3"),
-                                        ("--set", bool(args.fabric_set)),
-                                        ("--systems", args.systems != 1)) if changed]
-    if given:
-        raise UserError(f"{given[0]} describes one compiled cluster; pools named by their "
-                        "hardware say it themselves")
-    return Hardware(**pools, counting=counting)
-
-
-def _per_kind(items: list[str], flag: str, what: str) -> dict:
-    """NAME=NUMBER flags (--price NAME=PER_HOUR, --per-rack NAME=N): hardware name -> number
-    (each checked by ``api.experiment``); a name given twice is refused, not the last kept."""
-    out: dict = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value) if sep else None
-        except ValueError:
-            number = None
-        if number is None:
-            raise UserError(f"{flag} needs NAME={what} (a number), got {item!r}")
-        if name.strip() in out:
-            raise UserError(f"{flag} {name.strip()}=...: given twice ({item!r} after "
-                            f"{name.strip()}={out[name.strip()]:g}); give one per kind")
-        out[name.strip()] = number
-    return out
-
-
-def _counting(args) -> Counting:
-    """--footprint and what it counts by."""
-    prices = _per_kind(args.prices, "--price", "PER_HOUR")
-    per_rack = _per_kind(args.units_per_rack, "--per-rack", "N")
-    return Counting(args.footprint, prices or None, per_rack or None)
-
-
-def _load(args) -> Load:
-    return Load(args.workload, args.trace, args.requests, args.seeds)
-
-
-def _execution(args) -> Execution:
-    return Execution(args.scheduler, args.workers, args.cache_dir, status)
-
-
-def _speeds(args, scales: bool = True) -> Speeds:
-    speeds = None if args.user_speeds is None else _floats(args.user_speeds, "user_speeds")
-    if not scales or args.step_scales.strip() == "none":
-        return Speeds(speeds, args.user_speed, ())
-    return Speeds(speeds, args.user_speed, _floats(args.step_scales, "step_scales"))
-
-
-def _timing(args, model) -> WaferTiming:
-    return WaferTiming(routing_for(model, args.routing, args.routing_seed), args.attention_tile)
-
-
-def _space(args) -> Space:
-    return Space(**space_settings(args), prefix_cache=args.prefix_cache,
-                 window_s=args.window_s, grid=args.grid, rounds=args.rounds,
-                 each_layout=args.each_layout)
+def _spec(spec, args):
+    """The experiment's spec from its flags: the declared fields' and those built from the
+    model's, the fabric's and the routing's flags, with progress lines on stderr."""
+    model = model_from_args(args)
+    names = flat_names(spec)
+    built = {"model": model, "progress": status}
+    if "fabric" in names and (args.fabric != "wse3" or args.fabric_set):
+        built["fabric"] = fabric_from_args(args)
+    if "routing" in names:
+        built["routing"] = routing_for(model, args.routing, args.routing_seed)
+    return spec_from_args(spec, args, **built)
 
 
 def _written(args, report, text: str):
@@ -276,26 +92,12 @@ def _written(args, report, text: str):
 
 
 def run_frontier(args):
-    model = model_from_args(args)
-    spec = FrontierSpec(model, _load(args), args.ttft_s, args.attainment, _speeds(args),
-                        _hardware(args), _space(args), _execution(args), _timing(args, model),
-                        args.tolerance)
-    data = api.frontier(spec)
+    data = api.frontier(_spec(FrontierSpec, args))
     return _written(args, data, render_frontier(data) if not args.json else "")
 
 
 def run_pairings(args):
-    pools = ("pool", "prefill_pool", "decode_pool", "split_pool")
-    if any(getattr(args, k) is not None for k in pools) or args.fabric != "wse3" \
-            or args.fabric_set or args.systems != 1:
-        raise UserError("--kinds names the hardware of every pairing; --fabric, --set, "
-                        "--systems and the pool flags do not go with it")
-    counting = _counting(args)
-    model = model_from_args(args)
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    data = api.pairings(PairingsSpec(model, _load(args), kinds, args.ttft_s, args.attainment,
-                                     _speeds(args, scales=False), counting, _space(args),
-                                     _execution(args), args.tolerance))
+    data = api.pairings(_spec(PairingsSpec, args))
     if args.output:
         def write(tmp):
             from wse_emu.visualize.curves import pairings as draw_pairings
@@ -322,13 +124,6 @@ def render_pairings(data) -> str:
         lines += ["", f"{label} ({f.cluster}):", "", render_rungs(f.rungs, per)]
     lines += [f"skipped {label}: {why}" for label, why in data.skipped.items()]
     return "\n".join(lines)
-
-
-def _floats(text: str, name: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise UserError(f"`{name}` must be comma-separated numbers, got {text!r}") from None
 
 
 def _ratio_text(capacity: CapacityRatio) -> str:
@@ -418,16 +213,11 @@ def _tokens_per_system(point: FrontierPoint) -> str:
 
 
 def run(args):
-    space = _space(args)
-    model = model_from_args(args)
-    spec = ExperimentSpec(model, _load(args), Targets(args.ttft_s, args.tpot_s, args.attainment,
-                                                      args.percentile),
-                          _hardware(args), space, _execution(args), _timing(args, model),
-                          args.tolerance, args.price_per_system_hour, args.vary)
-    data = api.experiment(spec)
+    data = api.experiment(_spec(ExperimentSpec, args))
     if args.json:
         return _written(args, data, "")
-    return _written(args, data, render(data) if args.vary is None else render_sensitivity(data))
+    text = render_sensitivity(data) if isinstance(data, VaryReport) else render(data)
+    return _written(args, data, text)
 
 
 def render_sensitivity(data: VaryReport) -> str:

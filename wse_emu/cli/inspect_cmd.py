@@ -7,6 +7,7 @@ import os
 from wse_emu.cli.compile_cmd import (
     add_fabric_args,
     add_format_args,
+    add_routing_args,
     fabric_from_args,
     model_from_args,
 )
@@ -32,10 +33,7 @@ def add_parser(sub, summary: str) -> None:
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
     p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
     p.add_argument("--all-layers", action="store_true", help="list the ops of every layer")
-    p.add_argument("--routing", default="uniform", metavar="uniform|skewed:S",
-                   help="mixture of experts: how tokens pick experts in the drawn step (skewed: "
-                   "Zipf popularity with exponent S)")
-    p.add_argument("--routing-seed", type=int, default=0, help="seed of the drawn routing")
+    add_routing_args(p)
     p.add_argument("-o", "--output",
                    help="run directory: inspect.json (the op table, the model and the fabric)")
     p.add_argument("--viz", action="store_true",

@@ -17,13 +17,13 @@ import importlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
 
 from wse_emu import __version__
 from wse_emu.cli.commands import COMMANDS
+from wse_emu.cli.flag_names import flags_of, in_flags
 from wse_emu.errors import UserError
 from wse_emu.util import progress
 
@@ -55,37 +55,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module).add_parser(sub, summary)
         else:
             sub.add_parser(name, help=summary)
-    parser.set_defaults(flags=_flags(sub.choices.get(chosen)))
+    parser.set_defaults(flags=flags_of(sub.choices.get(chosen)))
     return parser
-
-
-def _flags(command: argparse.ArgumentParser | None) -> dict[str, str]:
-    """Parameter name -> the command's flag for it (its long form), its subcommands'
-    (``experiment disagg``) included."""
-    if command is None:
-        return {}
-    flags = {}
-    for action in command._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                flags.update(_flags(child))
-        elif action.option_strings and action.dest != "help":
-            flags[action.dest] = max(action.option_strings, key=len)
-    return flags
-
-
-PARAMETER = re.compile(r"`([A-Za-z_][A-Za-z0-9_.]*)(?:=([^`]*))?`")
-
-
-def in_flags(message: str, flags: dict[str, str]) -> str:
-    """``message`` with each `name` or `name=value` written as the command's flag (the name
-    alone where the command has no flag for it)."""
-    def flag(m: re.Match) -> str:
-        name, value = m.group(1), m.group(2)
-        if name not in flags:
-            return name if value is None else f"{name}={value}"
-        return flags[name] if value is None else f"{flags[name]} {value}"
-    return PARAMETER.sub(flag, message)
 
 
 def _command(argv: list[str]) -> str | None:

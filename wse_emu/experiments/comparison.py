@@ -30,13 +30,14 @@ from wse_emu.experiments.goodput import (
 from wse_emu.experiments.sensitivity import VARIABLES, Applied, Variation, apply, decode_step_s
 from wse_emu.experiments.tuning import Choice, Knob, Layout, config_of, tune
 from wse_emu.hardware.fabric import ClusterSpec
-from wse_emu.serving.knobs import KnobInfo, check_values, info
+from wse_emu.serving.knobs import KnobInfo, check_values, info, knob_info
 from wse_emu.serving.metrics import DRAIN, WARMUP
 from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
 from wse_emu.serving.serve import ServeOptions
 from wse_emu.serving.tables import grid_axes
 from wse_emu.serving.workload import MAX_REQUESTS, Requests, WorkloadSpec, generate, replicate
 from wse_emu.util.checks import at_least_zero, check_fields, flag, short_repr, whole
+from wse_emu.util.flags import flagged
 
 # The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
 # the window they reach is reported.
@@ -47,6 +48,11 @@ def confirm_cap(requests: Requests) -> int:
     """The most sessions a confirming run of this workload holds: MAX_CONFIRM_REQUESTS model
     calls, at the calls per session of ``requests``."""
     return max(1, MAX_CONFIRM_REQUESTS * requests.sessions() // max(1, len(requests)))
+
+
+def values_of(knob: str) -> dict:
+    """The metadata of a field holding the values to try of ``knob``: its declaration."""
+    return {"knob": knob_info(knob)}
 
 
 DEPTH_RULES = ("matched", "own")  # besides numbers: see ``Space``
@@ -72,23 +78,47 @@ class Space:
     try (``splits``: "all", or "middle" for a first look). Every value is checked here, by
     name."""
 
-    copies: tuple = (1, 2, 4)
-    layers_per_stage: tuple | str = "matched"
-    policy: tuple = tuple(POLICIES)
-    prefix_cache: bool = True
-    window_s: float = 120.0
-    grid: str = "full"
-    rounds: int = 1
-    each_layout: bool = False
-    splits: str = "all"
+    copies: tuple = flagged(
+        "copies of the model per wafer, colocated (side by side in column bands; a model on "
+        "one wafer only)", (1, 2, 4), reads="whole numbers", section="knobs")
+    layers_per_stage: tuple | str = flagged(
+        "pipeline depths (layers per stage) to try every layout of both plans at: matched, "
+        "every depth some layout comes to by itself; own, each layout at its own; or these, "
+        "besides its own", "matched", reads="whole numbers", words=DEPTH_RULES,
+        metavar="matched|own|L1,L2", section="knobs")
+    policy: tuple = flagged("colocated batching policies", tuple(POLICIES), reads="words",
+                            section="knobs")
+    prefix_cache: bool = flagged(
+        "recompute every agentic call's whole context (by default a call reuses its "
+        "session's KV while it is still cached)", True, name="--no-prefix-cache",
+        reads="switch")
+    window_s: float = flagged(
+        "after tuning, search each plan's best again on runs long enough that the steady "
+        "window holds this many emulated seconds at the rate found (0: no confirming runs)",
+        120.0)
+    grid: str = flagged(
+        "stage tables' micro-batch shapes: full (55 per region), or quick (21, within 5% of "
+        "full on Llama-3.1-8B, for a first look; sequences per micro-batch up to 64, prefill "
+        "tiles up to 256 tokens)", "full", metavar="full|quick")
+    rounds: int = flagged(
+        "passes of the knob-by-knob tuning, a further one only while the last changed a "
+        "choice (knobs that pay only together need more)", 1)
+    each_layout: bool = flagged(
+        "tune every layout's other knobs before comparing the layouts (as many tunings as "
+        "layouts; by default the layout is one knob among the others)", False,
+        reads="switch")
+    splits: str = flagged(
+        "the disaggregated splits of a compiled cluster to try: all the compiler proposes, "
+        "or the middle one of them (a first look)", "all", choices=SPLIT_RULES)
     # The serving knobs' values to try, one field per knob of ``ServingKnobs``, in its order
-    # (a test holds the two alike).
-    prefill_tile: tuple | None = None
-    token_budget: tuple | None = None
-    chunk_prompts: tuple | None = None
-    interleave: tuple | None = None
-    max_running: tuple | None = None
-    batch_limit: tuple | None = None
+    # (a test holds the two alike), each carrying its knob's declaration: the command line's
+    # flag for its values is generated from it.
+    prefill_tile: tuple | None = field(default=None, metadata=values_of("prefill_tile"))
+    token_budget: tuple | None = field(default=None, metadata=values_of("token_budget"))
+    chunk_prompts: tuple | None = field(default=None, metadata=values_of("chunk_prompts"))
+    interleave: tuple | None = field(default=None, metadata=values_of("interleave"))
+    max_running: tuple | None = field(default=None, metadata=values_of("max_running"))
+    batch_limit: tuple | None = field(default=None, metadata=values_of("batch_limit"))
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values

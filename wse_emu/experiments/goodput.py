@@ -29,6 +29,7 @@ from wse_emu.serving.metrics import RunMetrics, UserSpeeds, judged_window, on_ta
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.workload import Requests
 from wse_emu.util.checks import positive
+from wse_emu.util.flags import flagged
 from wse_emu.util.fmt import duration as time_text
 from wse_emu.util.fmt import number
 from wse_emu.util.progress import Live
@@ -65,12 +66,21 @@ PERCENTILES = (50, 90, 99)
 
 @dataclass(frozen=True)
 class Targets:
-    ttft_s: float  # time to first token at the ``percentile``, seconds
-    tpot_s: float  # time per output token at the ``percentile``, seconds
+    ttft_s: float = flagged(
+        "time-to-first-token target at `percentile`, seconds", name="--ttft-slo",
+        required=True)
+    tpot_s: float = flagged(
+        "time-per-output-token target at `percentile`, seconds (the token speed every "
+        "configuration must reach)", name="--tpot-slo", required=True)
     # Share of requests that must meet both (None: the percentile's, 0.9 at p90). Resolved
     # when made, so a copy with another percentile keeps it: give None again to follow.
-    attainment: float | None = None
-    percentile: int = 90
+    attainment: float | None = flagged(
+        "share of requests that must meet both targets (default: the share `percentile` "
+        "names, 0.9 at the p90)", None)
+    percentile: int = flagged(
+        "the percentile of requests both targets hold at (50: the typical request, as a "
+        "planner's steady state reads it; 99: MLPerf's)", 90, name="--slo-percentile",
+        choices=PERCENTILES)
 
     def __post_init__(self):
         if type(self.percentile) is not int or self.percentile not in PERCENTILES:

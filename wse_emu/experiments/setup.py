@@ -73,6 +73,9 @@ class Setup:
             check_space(self.space, {WAFER: ("prefill", "decode")})
         else:
             splits, colocated, footprint = self.pools
+            if self.space.splits != "all":
+                raise UserError("`splits` chooses among one compiled cluster's splits; pools "
+                                "named by their hardware are split as they are named")
             self.cluster = PoolCluster(
                 PoolHardware(pools_name(splits, colocated, footprint),
                              pools_clock([n for pair in splits for n in pair] + colocated)),

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from wse_emu.errors import UserError
-from wse_emu.experiments.comparison import Space
+from wse_emu.experiments.comparison import TUNING_REQUESTS, Space
 from wse_emu.experiments.goodput import Targets
 from wse_emu.experiments.layouts import Footprint, per_kind_text, plan_pools
-from wse_emu.experiments.sensitivity import parse_vary
+from wse_emu.experiments.sensitivity import VARIABLES, parse_vary
 from wse_emu.hardware.fabric import FabricSpec
 from wse_emu.models.routing import Routing
 from wse_emu.models.spec import ModelSpec
 from wse_emu.serving.tables import default_cache_dir
-from wse_emu.serving.workload import MAX_DRAWS, WorkloadSpec, workload_spec
+from wse_emu.serving.workload import MAX_DRAWS, WorkloadSpec, trace_names, workload_spec
 from wse_emu.util.checks import check_fields, is_number, positive, short_repr, whole
+from wse_emu.util.flags import flagged
 from wse_emu.util.workers import check_workers
 
 
@@ -47,10 +48,18 @@ class Load:
     replay; ``requests`` (sessions) per tuning run (None: the workload's, at most
     ``comparison.TUNING_REQUESTS`` model calls); ``seeds`` independent draws of it."""
 
-    workload: WorkloadSpec | Path | str | None = None
-    trace: Path | str | None = None
-    requests: int | None = None
-    seeds: int = 1
+    workload: WorkloadSpec | Path | str | None = flagged(
+        "workload preset or YAML", None, one_of="load", required=True)
+    trace: Path | str | None = flagged(
+        f"a shipped trace ({', '.join(trace_names())}) or a CSV of "
+        "arrived_at,num_prefill_tokens,num_decode_tokens", None, one_of="load", required=True)
+    requests: int | None = flagged(
+        f"requests (sessions) per tuning run (default: the workload's, at most "
+        f"{TUNING_REQUESTS} model calls; agent sessions: that many per system)", None)
+    seeds: int = flagged(
+        "independent draws of the workload to repeat the whole search on (the next seeds; "
+        "for a trace, the next windows of `requests` rows): with 2 or more, the mean and 95% "
+        "interval of every goodput and of the ratio", 1)
 
     def __post_init__(self):
         check_fields(self)
@@ -74,9 +83,18 @@ class Counting:
     ``racks`` with ``units_per_rack`` (hardware name -> units one rack holds); ``kw``; or
     ``cost`` with ``prices`` (hardware name -> price of one unit for an hour)."""
 
-    footprint: str = "systems"
-    prices: dict | None = None
-    units_per_rack: dict | None = None
+    footprint: str = flagged(
+        "what both plans hold equal and every result is per: systems, racks (with "
+        "`units_per_rack` for every kind), kW of power (the presets'), or cost per hour (with "
+        "`prices` for every kind)", "systems", metavar="systems|racks|kw|cost",
+        section="pools")
+    prices: dict | None = flagged(
+        "price of one unit of a kind of hardware for an hour, any currency (wse3=..., "
+        "trn2=... per instance, h200=... per GPU; none is invented)", None, name="--price",
+        reads="per kind", metavar="NAME=PER_HOUR", section="pools")
+    units_per_rack: dict | None = flagged(
+        "units of a kind of hardware one rack holds (wse3=..., trn2=...; none is invented)",
+        None, name="--per-rack", reads="per kind", metavar="NAME=N", section="pools")
 
     def __post_init__(self):
         check_fields(self)
@@ -120,12 +138,23 @@ class Hardware:
     of ``split_pool`` against colocated serving on all of it, the footprint counted as
     ``counting`` says."""
 
-    fabric: FabricSpec | Path | str | None = None
-    systems: int | None = None
-    pool: str | None = None
-    prefill_pool: str | None = None
-    decode_pool: str | None = None
-    split_pool: str | None = None
+    fabric: FabricSpec | Path | str | None = None  # the command line's --fabric and --set
+    systems: int | None = flagged("systems (wafers) in the cluster (default 1)", None)
+    pool: str | None = flagged(
+        "colocated serving on POOL, in the split's footprint (default: each kind of hardware "
+        "in the split, the better tuned)", None, metavar="POOL", section="pools")
+    prefill_pool: str | None = flagged(
+        "the split's prefill on POOL: a fabric (wse3, or wse3x4 for four systems), an "
+        "accelerator timed by its roofline (trn2, trn2x2), or their YAML; or GPUs timed from "
+        "AIConfigurator's measured data (h200x8; h200x8tp2 for two per copy, else every "
+        "degree; the gpu extra)", None, metavar="POOL", section="pools")
+    decode_pool: str | None = flagged(
+        "the split's decode on POOL (as `prefill_pool`)", None, metavar="POOL",
+        section="pools")
+    split_pool: str | None = flagged(
+        "every split of POOL's units between prefill and decode (h200x8: 1 to 7 GPUs of "
+        "prefill), against colocated serving on all of it", None, metavar="POOL",
+        section="pools")
     counting: Counting = field(default_factory=Counting)
 
     def __post_init__(self):
@@ -157,8 +186,10 @@ class WaferTiming:
     """How steps are timed on compiled wafers, the same for both plans: a mixture of experts'
     ``routing`` and batch tiling on attention (``attention_tile``, 0: none)."""
 
-    routing: Routing = Routing()
-    attention_tile: int = 0
+    routing: Routing = Routing()  # the command line's --routing and --routing-seed
+    attention_tile: int = flagged(
+        "batch tiling on attention in both plans' decode steps: attention takes B sequences "
+        "at a time, the MLP or experts the whole micro-batch (0: off)", 0, metavar="B")
 
     def __post_init__(self):
         check_fields(self)
@@ -182,10 +213,13 @@ class Execution:
     tables kept in ``cache_dir`` (None: the user's cache); ``progress(text)`` told of each
     step of the work."""
 
-    scheduler: str | None = None
-    workers: int = 0
-    cache_dir: Path | str | None = None
-    progress: Callable | None = None
+    scheduler: str | None = flagged(
+        "dask scheduler address (default: local worker processes)", None, one_of="where")
+    workers: int = flagged("local worker processes (0: one per core; 1: none, run here)", 0,
+                           one_of="where")
+    cache_dir: Path | str | None = flagged(
+        "where stage-time tables are kept (default: the user's cache)", None)
+    progress: Callable | None = None  # the command line's progress lines
 
     def __post_init__(self):
         check_fields(self)
@@ -201,9 +235,17 @@ class Speeds:
     and on the decode step times at which the headline is read again (``step_scales``; empty:
     not read)."""
 
-    user_speeds: Sequence[float] | None = None
-    user_speed: float | None = None
-    step_scales: Sequence[float] = (0.7, 1.3)
+    user_speeds: Sequence[float] | None = flagged(
+        "per-user speeds to aim at, output tokens/s (each a p90 TPOT target of 1/S; default: "
+        "a ladder from a little slower than a lone sequence's decode step to 50, with "
+        "`user_speed` among them)", None, reads="numbers", metavar="S1,S2,...")
+    user_speed: float | None = flagged(
+        "where to read the headline, output tokens/s per user (default: the model's "
+        "published vendor speed, programs/vendor_speeds.yaml)", None)
+    step_scales: Sequence[float] = flagged(
+        "read the headline again with the prefill, then the decode, step times times each "
+        "factor, the hardware unchanged (none: not)", (0.7, 1.3), reads="numbers",
+        metavar="F1,F2|none")
 
     def __post_init__(self):
         from wse_emu.experiments.frontier import check_speed, check_speeds
@@ -220,6 +262,14 @@ class Speeds:
         object.__setattr__(self, "step_scales", tuple(scales))
         for f in self.step_scales:
             positive("step_scales", f)
+
+
+TOLERANCE = dict(help="stop a rate search when the failed rate is within this share of the "
+                 "met one")
+# A frontier's targets: a TTFT target and the share of requests meeting it and each rung's.
+FRONTIER_TTFT = dict(help="time-to-first-token target at the p90, seconds", name="--ttft-slo",
+                     required=True)
+FRONTIER_ATTAINMENT = dict(help="share of requests that must meet both targets (default 0.9)")
 
 
 def check_tolerance(tolerance) -> None:
@@ -243,9 +293,14 @@ class ExperimentSpec:
     space: Space = field(default_factory=Space)
     execution: Execution = field(default_factory=Execution)
     timing: WaferTiming = field(default_factory=WaferTiming)
-    tolerance: float = 0.05
-    price_per_system_hour: float | None = None
-    vary: str | None = None
+    tolerance: float = flagged(default=0.05, **TOLERANCE)
+    price_per_system_hour: float | None = flagged(
+        "price of one system for an hour (any currency): adds the cost per million output "
+        "tokens at each plan's best (no default: none is published)", None)
+    vary: str | None = flagged(
+        "repeat the experiment at each value of one input and report how the ratio moves: "
+        + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()), None,
+        metavar="NAME=V1,V2,...")
 
     def __post_init__(self):
         check_fields(self)
@@ -272,14 +327,14 @@ class FrontierSpec:
 
     model: ModelSpec | Path | str
     load: Load
-    ttft_s: float
-    attainment: float | None = None
+    ttft_s: float = flagged(**FRONTIER_TTFT)
+    attainment: float | None = flagged(default=None, **FRONTIER_ATTAINMENT)
     speeds: Speeds = field(default_factory=Speeds)
     hardware: Hardware = field(default_factory=Hardware)
     space: Space = field(default_factory=Space)
     execution: Execution = field(default_factory=Execution)
     timing: WaferTiming = field(default_factory=WaferTiming)
-    tolerance: float = 0.05
+    tolerance: float = flagged(default=0.05, **TOLERANCE)
 
     def __post_init__(self):
         check_fields(self)
@@ -302,19 +357,24 @@ class PairingsSpec:
 
     model: ModelSpec | Path | str
     load: Load
-    kinds: Sequence[str]
-    ttft_s: float
-    attainment: float | None = None
+    kinds: Sequence[str] = flagged(
+        "kinds of hardware to pair, named as a split's pools are (wse3,trn2; h200x8 with "
+        "the gpu extra)", reads="words", metavar="POOL,POOL,...", required=True)
+    ttft_s: float = flagged(**FRONTIER_TTFT)
+    attainment: float | None = flagged(default=None, **FRONTIER_ATTAINMENT)
     speeds: Speeds = field(default_factory=lambda: Speeds(step_scales=()))
     counting: Counting = field(default_factory=Counting)
     space: Space = field(default_factory=Space)
     execution: Execution = field(default_factory=Execution)
-    tolerance: float = 0.05
+    tolerance: float = flagged(default=0.05, **TOLERANCE)
 
     def __post_init__(self):
         from wse_emu.pools.names import parse_pool
 
         check_fields(self)
+        if self.speeds.step_scales:
+            raise UserError("`step_scales` are read by one frontier (experiment frontier), "
+                            "not by the pairings")
         kinds = tuple(dict.fromkeys(self.kinds))
         if not kinds:
             raise UserError("`kinds` must be one or more pool names, got none")
@@ -349,33 +409,44 @@ PARTS = (Load, Targets, Hardware, Counting, Space, Execution, WaferTiming, Speed
 def from_flat(cls, **values):
     """A spec (or a part) of class ``cls`` from values given by their fields' names, each
     placed in the part that declares it (``from_flat(ExperimentSpec, model="tiny",
-    workload="chat", ttft_s=1, tpot_s=0.005, fabric="mesh16")``); a name no part declares is
-    refused with the names that are."""
-    hints = typing.get_type_hints(cls)
-    kwargs, left = {}, dict(values)
-    for f in fields(cls):
-        if f.name in left:
-            kwargs[f.name] = left.pop(f.name)
-        elif hints.get(f.name) in PARTS:
-            part = hints[f.name]
-            mine = {k: left.pop(k) for k in list(left) if k in _names(part)}
-            if mine:
-                kwargs[f.name] = from_flat(part, **mine)
+    workload="chat", ttft_s=1, tpot_s=0.005, fabric="mesh16")``), a part's other fields as
+    its default has them (a pairings' ``speeds`` keep no step scales); a name no part
+    declares is refused with the names that are."""
+    left = dict(values)
+    spec = _placed(cls, None, left)
     if left:
         raise UserError(f"`{next(iter(left))}` is not a field of {cls.__name__} (its fields: "
-                        f"{', '.join(sorted(_names(cls)))})")
+                        f"{', '.join(sorted(flat_names(cls)))})")
+    return spec
+
+
+def _placed(cls, start, left: dict):
+    """A ``cls`` made of the values in ``left`` it declares (taken out of it), its other
+    fields those of ``start`` (None: its defaults)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in fields(cls):
+        part = hints.get(f.name)
+        if f.name in left:
+            kwargs[f.name] = left.pop(f.name)
+        elif part in PARTS and any(k in flat_names(part) for k in left):
+            inner = (getattr(start, f.name) if start is not None
+                     else None if f.default_factory is MISSING else f.default_factory())
+            kwargs[f.name] = _placed(part, inner, left)
+        elif start is not None:
+            kwargs[f.name] = getattr(start, f.name)
     return cls(**kwargs)
 
 
-def _names(cls) -> set:
+def flat_names(cls) -> set:
     """Every flat name ``cls`` takes: its fields' and its parts', all the way down."""
     hints = typing.get_type_hints(cls)
     names = set()
     for f in fields(cls):
-        names |= _names(hints[f.name]) if hints.get(f.name) in PARTS else {f.name}
+        names |= flat_names(hints[f.name]) if hints.get(f.name) in PARTS else {f.name}
     return names
 
 
 __all__ = ["Counting", "Execution", "ExperimentSpec", "FrontierSpec", "Hardware", "Load",
-           "PairingsSpec", "Speeds", "WaferTiming", "default_cache_dir", "from_flat",
+           "PairingsSpec", "Speeds", "WaferTiming", "default_cache_dir", "flat_names", "from_flat",
            "workload_of"]

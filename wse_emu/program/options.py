@@ -17,6 +17,16 @@ from wse_emu.models.routing import routing_of
 from wse_emu.util.checks import check_fields, whole
 
 PLANS = ("colocated", "disaggregated")
+# The pattern (``kernels.patterns``) each role of kernel runs by default, in decode and in
+# prefill: a role is a kernel kind, or ``experts`` for an expert strip (a matrix kernel). The
+# patterns are registered a layer above the program format, so the compiler checks the names
+# (``patterns.check``).
+DEFAULT_PATTERNS = {
+    "matrix": ("gemv_tree", "gemm_stream"), "experts": ("expert_runs", "expert_runs"),
+    "gather": ("row_gather", "row_gather"), "norm": ("norm", "norm"),
+    "elementwise": ("elementwise", "elementwise"), "route": ("route", "route"),
+    "attention": ("attention_kv_spread", "attention_kv_spread"),
+}
 
 
 @dataclass(frozen=True)
@@ -52,10 +62,9 @@ class CompileOptions:
     # tiles of this many, one after another, and the MLP or the experts take them together
     # (0: the whole micro-batch at once). It changes how a step runs, not the mapping.
     attention_tile: int = 0
-    # The kernel patterns dense matrix strips run (``kernels.patterns``): in decode, then in
-    # prefill. Every other kernel runs its kind's one pattern. The patterns are registered a
-    # layer above the program format, so the compiler checks the names (``patterns.check``).
-    matrix_patterns: tuple[str, str] = ("gemv_tree", "gemm_stream")
+    # Kernel patterns chosen instead of their role's default (``DEFAULT_PATTERNS``), each
+    # "ROLE=NAME" (in both phases) or "ROLE=DECODE,PREFILL": "matrix=gemv_whole,gemm_stream".
+    patterns: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values
@@ -86,10 +95,12 @@ class CompileOptions:
             raise UserError(f"`seed` must be 0 or more, got {self.seed}")
         routing_of(self)  # a bad routing fails here, by name
         attention_tile_of(self)  # a negative tile fails here, by name
-        if (not isinstance(self.matrix_patterns, (tuple, list)) or len(self.matrix_patterns) != 2
-                or not all(isinstance(n, str) for n in self.matrix_patterns)):
-            raise UserError("`matrix_patterns` must be two pattern names (decode, prefill), got "
-                            f"{self.matrix_patterns!r}")
+        object.__setattr__(self, "patterns", tuple(self.patterns))
+        chosen = pattern_choices(self.patterns)  # a choice that does not read fails here
+        # One spelling per choice: "matrix=gemv_tree,gemv_tree" is "matrix=gemv_tree".
+        object.__setattr__(self, "patterns", tuple(
+            f"{role}={decode}" if decode == prefill else f"{role}={decode},{prefill}"
+            for role, (decode, prefill) in chosen.items()))
         if self.anneal_steps < 0:
             raise UserError(f"`anneal_steps` must be 0 or more, got {self.anneal_steps}")
 
@@ -98,7 +109,7 @@ class CompileOptions:
         as lists."""
         out = asdict(self)
         out["region"] = list(self.region) if self.region else None
-        out["matrix_patterns"] = list(self.matrix_patterns)
+        out["patterns"] = list(self.patterns)
         return out
 
     @classmethod
@@ -109,9 +120,9 @@ class CompileOptions:
         lacks takes its default."""
         from wse_emu.program.schema import check_fields
 
-        check_fields("options", data, cls)
-        values = dict(data)
-        for name in ("region", "matrix_patterns"):
+        values = _renamed(data)
+        check_fields("options", values, cls)
+        for name in ("region", "patterns"):
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         try:
@@ -128,13 +139,42 @@ class CompileOptions:
 
     def pattern_names(self) -> dict[str, dict[str, str]]:
         """Per kernel role (its kind; ``experts`` for an expert strip), the pattern it runs
-        in each phase."""
-        decode, prefill = self.matrix_patterns
-        one = {role: {"decode": name, "prefill": name} for role, name in (
-            ("gather", "row_gather"), ("experts", "expert_runs"), ("norm", "norm"),
-            ("elementwise", "elementwise"), ("route", "route"),
-            ("attention", "attention_kv_spread"))}
-        return {"matrix": {"decode": decode, "prefill": prefill}, **one}
+        in each phase: its default, or the one ``patterns`` chooses."""
+        chosen = {**DEFAULT_PATTERNS, **pattern_choices(self.patterns)}
+        return {role: {"decode": decode, "prefill": prefill}
+                for role, (decode, prefill) in chosen.items()}
+
+
+def pattern_choices(choices) -> dict[str, tuple[str, str]]:
+    """Role -> (decode, prefill) pattern names of ``CompileOptions.patterns``; a choice that
+    does not read, or a role chosen twice, is refused by name."""
+    if isinstance(choices, str):
+        choices = (choices,)
+    out = {}
+    for choice in choices:
+        role, sep, names = choice.partition("=") if isinstance(choice, str) else ("", "", "")
+        role, names = role.strip(), [n.strip() for n in names.split(",")]
+        if not sep or role not in DEFAULT_PATTERNS or len(names) > 2 or not all(names):
+            raise UserError(f"`patterns` takes ROLE=NAME or ROLE=DECODE,PREFILL, ROLE one of "
+                            f"{', '.join(DEFAULT_PATTERNS)}; got {choice!r}")
+        if role in out:
+            raise UserError(f"`patterns` chooses the {role} pattern twice; choose it once")
+        out[role] = (names[0], names[-1])
+    return out
+
+
+def _renamed(data: dict) -> dict:
+    """The options of a program written before any kernel's pattern could be chosen, in
+    today's fields: its dense strips' pair of patterns (``matrix_patterns``), a choice."""
+    if not isinstance(data, dict) or "matrix_patterns" not in data:
+        return data
+    values = {k: v for k, v in data.items() if k != "matrix_patterns"}
+    pair = data["matrix_patterns"]
+    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) for n in pair)):
+        raise ValueError(f"options.matrix_patterns: must be two pattern names, got {pair!r}")
+    if tuple(pair) != DEFAULT_PATTERNS["matrix"]:
+        values["patterns"] = [f"matrix={pair[0]},{pair[1]}"]
+    return values
 
 
 def parse_region(text: str) -> tuple[int, int]:

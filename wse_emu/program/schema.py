@@ -239,6 +239,7 @@ _TYPES = {
     "float": _is_float, "float | None": _or_none(_is_float),
     "tuple[int, int] | None": _or_none(_pair_of(_is_int)),
     "tuple[str, str]": _pair_of(lambda v: isinstance(v, str)),
+    "tuple[str, ...]": _list_of(lambda v: isinstance(v, str)),
 }
 _WORDS = {"int": "a whole number", "str": "a string", "bool": "true or false",
           "Rect": "a rectangle [system, x, y, w, h]", "list[Rect]": "a list of rectangles",
@@ -246,7 +247,7 @@ _WORDS = {"int": "a whole number", "str": "a string", "bool": "true or false",
           "list[int] | None": "a list of whole numbers or null", "float": "a number",
           "float | None": "a number or null",
           "tuple[int, int] | None": "two whole numbers or null",
-          "tuple[str, str]": "two strings"}
+          "tuple[str, str]": "two strings", "tuple[str, ...]": "a list of strings"}
 
 
 def _of_type(value, annotation: str) -> bool:

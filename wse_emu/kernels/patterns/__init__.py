@@ -15,9 +15,9 @@ dispatches on the registry instead of switching on the kernel's kind:
   hold them and the numbers it computes from its inputs, as its dataflow would.
 
 A new pattern is a subclass of its kind's class registered here (``register``) and selected
-by a compile option (``CompileOptions.matrix_patterns`` for dense matrix strips); the
-consistency tests iterate over the registry. The entries live in the modules of this
-package, one per kind.
+by a compile option for any role of kernel (``CompileOptions.patterns``:
+``("attention=my_attention",)``); the consistency tests iterate over the registry. The
+entries live in the modules of this package, one per kind.
 """
 
 from __future__ import annotations
@@ -27,14 +27,20 @@ from __future__ import annotations
 from wse_emu.kernels.patterns import attention, experts, gather, matrix, route, vector  # noqa: F401
 from wse_emu.kernels.patterns.base import PATTERNS, Pattern, Tile, get, register
 
-__all__ = ["PATTERNS", "Pattern", "Tile", "check", "entries", "get", "of", "register"]
+__all__ = ["PATTERNS", "Pattern", "Tile", "check", "entries", "get", "kind_of", "of", "register"]
 
 
 def check(options) -> None:
-    """The patterns compile ``options`` select are registered: an unknown name fails here, by
-    name, before anything is compiled."""
-    for name in options.matrix_patterns:
-        get("matrix", name)
+    """The patterns compile ``options`` select are registered for their roles' kinds: an
+    unknown name fails here, by name, before anything is compiled."""
+    for role, names in options.pattern_names().items():
+        for name in set(names.values()):
+            get(kind_of(role), name)
+
+
+def kind_of(role: str) -> str:
+    """The kernel kind a role of kernel is (an expert strip is a matrix kernel)."""
+    return "matrix" if role == "experts" else role
 
 
 def of(kernel, phase: str) -> Pattern:
