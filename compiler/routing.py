@@ -10,6 +10,7 @@ those the runtime reserves.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from wse_emu.errors import CompileError
 from wse_emu.hardware.fabric import FabricSpec
@@ -53,17 +54,23 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
     return int(best.max()) + 1
 
 
+@njit(cache=True)
 def _greedy(fp: np.ndarray, order: np.ndarray) -> np.ndarray:
     """Smallest free color for each route in ``order``, given overlapping footprints."""
-    sys_, x0, y0 = fp[:, 0], fp[:, 1], fp[:, 2]
-    x1, y1 = x0 + fp[:, 3], y0 + fp[:, 4]
-    colors = np.full(len(fp), -1, dtype=np.int64)
+    n = len(fp)
+    colors = np.full(n, -1, dtype=np.int64)
+    taken = np.zeros(n + 1, dtype=np.bool_)
     for i in order:
-        overlap = ((sys_ == sys_[i]) & (x0 < x1[i]) & (x0[i] < x1) & (y0 < y1[i]) & (y0[i] < y1)
-                   & (colors >= 0))
-        taken = np.zeros(len(fp) + 1, dtype=bool)
-        taken[colors[overlap]] = True
-        colors[i] = int(np.argmin(taken))
+        s, x0, y0, x1, y1 = fp[i, 0], fp[i, 1], fp[i, 2], fp[i, 1] + fp[i, 3], fp[i, 2] + fp[i, 4]
+        taken[:] = False
+        for j in range(n):
+            if colors[j] >= 0 and fp[j, 0] == s and fp[j, 1] < x1 and x0 < fp[j, 1] + fp[j, 3] \
+                    and fp[j, 2] < y1 and y0 < fp[j, 2] + fp[j, 4]:
+                taken[colors[j]] = True
+        c = 0
+        while taken[c]:
+            c += 1
+        colors[i] = c
     return colors
 
 
