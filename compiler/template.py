@@ -32,9 +32,11 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
     automatic layers per stage, with more layers per stage (fewer stages, so fewer routes
     crossing)."""
     fewest, max_levels = 1, MAX_LEVELS
+    laid: dict = {}  # the layouts and arrangements tried, which no tree depth changes
     while True:
         try:
-            return _build_template(model, fabric, part_shapes, options, fewest, max_levels)
+            return _build_template(model, fabric, part_shapes, options, fewest, max_levels,
+                                   laid)
         except ColorsExhausted as exc:
             if max_levels > 2:
                 max_levels -= 1
@@ -44,12 +46,16 @@ def build_template(model: ModelSpec, fabric: FabricSpec, part_shapes: list[tuple
             fewest = exc.layers_per_stage + 1
 
 
-def _build_template(model, fabric, part_shapes, options, fewest, max_levels) -> RegionTemplate:
+def _build_template(model, fabric, part_shapes, options, fewest, max_levels,
+                    laid: dict) -> RegionTemplate:
     reserve = INITIAL_BUFFER_RESERVE
     for _ in range(4):
         budget = fabric.usable_bytes_per_pe - reserve
-        layouts = layout_region(model, part_shapes, options, budget, fewest)
-        arrange(layouts, model, options)
+        if (budget, fewest) not in laid:
+            layouts = layout_region(model, part_shapes, options, budget, fewest)
+            arrange(layouts, model, options)
+            laid[(budget, fewest)] = layouts
+        layouts = laid[(budget, fewest)]
         template = assemble(model, fabric, part_shapes, layouts, options, max_levels)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
                    for a in template.arrays) - fabric.usable_bytes_per_pe

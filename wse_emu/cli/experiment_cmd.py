@@ -9,13 +9,8 @@ from __future__ import annotations
 import os
 
 from wse_emu import api
-from wse_emu.cli.compile_cmd import (
-    add_fabric_args,
-    add_format_args,
-    add_routing_args,
-    fabric_from_args,
-    model_from_args,
-)
+from wse_emu.cli.compile_cmd import add_format_args, add_routing_args, model_from_args
+from wse_emu.cli.fabric_args import add_fabric_args, fabric_from_args
 from wse_emu.cli.spec_args import add_spec_args, spec_from_args
 from wse_emu.experiments.comparison import ExperimentReport, StepTiming, VaryReport
 from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import os
 
-from wse_emu.cli.compile_cmd import (
-    add_fabric_args,
-    add_format_args,
-    add_routing_args,
-    fabric_from_args,
-    model_from_args,
-)
+from wse_emu.cli.compile_cmd import add_format_args, add_routing_args, model_from_args
+from wse_emu.cli.fabric_args import add_fabric_args, fabric_from_args
 from wse_emu.compiler.intensity import analyze
 from wse_emu.compiler.opgraph import build_op_graph
 from wse_emu.compiler.partition import wafers_needed

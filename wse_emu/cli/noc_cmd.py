@@ -3,7 +3,7 @@ of a fabric (``--fabric``, ``--set``): its virtual channels, queue depth, hop an
 
 from __future__ import annotations
 
-from wse_emu.cli.compile_cmd import add_fabric_args, fabric_from_args
+from wse_emu.cli.fabric_args import add_fabric_args, fabric_from_args
 from wse_emu.engines.cycle import MAX_QUEUE_BYTES, queue_bytes
 from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import MAX_QUEUE_WAVELETS, MAX_VCS, with_overrides
