@@ -10,7 +10,6 @@ those the runtime reserves.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from wse_emu.errors import CompileError
 from wse_emu.hardware.fabric import FabricSpec
@@ -35,9 +34,9 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
     idx = np.arange(len(routes))
     orders = [np.lexsort((idx, -area)), np.lexsort((idx, -area, fp[:, 1], fp[:, 0])),
               np.lexsort((idx, -area, fp[:, 2], fp[:, 0]))]
-    best = None
+    best, neighbours = None, _neighbours(fp)
     for order in orders:
-        colors = _greedy(fp, order)
+        colors = _greedy(neighbours, order)
         if best is None or colors.max() < best.max():
             best = colors
     if best.max() >= budget:
@@ -54,24 +53,35 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
     return int(best.max()) + 1
 
 
-@njit(cache=True)
-def _greedy(fp: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Smallest free color for each route in ``order``, given overlapping footprints."""
-    n = len(fp)
-    colors = np.full(n, -1, dtype=np.int64)
-    taken = np.zeros(n + 1, dtype=np.bool_)
-    for i in order:
-        s, x0, y0, x1, y1 = fp[i, 0], fp[i, 1], fp[i, 2], fp[i, 1] + fp[i, 3], fp[i, 2] + fp[i, 4]
-        taken[:] = False
-        for j in range(n):
-            if colors[j] >= 0 and fp[j, 0] == s and fp[j, 1] < x1 and x0 < fp[j, 1] + fp[j, 3] \
-                    and fp[j, 2] < y1 and y0 < fp[j, 2] + fp[j, 4]:
-                taken[colors[j]] = True
-        c = 0
-        while taken[c]:
-            c += 1
-        colors[i] = c
-    return colors
+NEIGHBOUR_ROWS = 512  # routes compared with all the others at once (memory: rows x routes)
+
+
+def _neighbours(fp: np.ndarray) -> list[list[int]]:
+    """Per route, the routes whose footprints share a PE with its own."""
+    s, x0, y0 = fp[:, 0], fp[:, 1], fp[:, 2]
+    x1, y1 = x0 + fp[:, 3], y0 + fp[:, 4]
+    out = []
+    for lo in range(0, len(fp), NEIGHBOUR_ROWS):
+        rows = slice(lo, lo + NEIGHBOUR_ROWS)
+        overlap = ((s[rows, None] == s[None, :]) & (x0[rows, None] < x1[None, :])
+                   & (x0[None, :] < x1[rows, None]) & (y0[rows, None] < y1[None, :])
+                   & (y0[None, :] < y1[rows, None]))
+        for i, row in enumerate(overlap, start=lo):
+            row[i] = False
+            out.append(np.flatnonzero(row).tolist())
+    return out
+
+
+def _greedy(neighbours: list[list[int]], order: np.ndarray) -> np.ndarray:
+    """Smallest free color for each route in ``order``, given its neighbours'."""
+    colors = [-1] * len(neighbours)
+    for i in order.tolist():
+        used = {colors[j] for j in neighbours[i]}
+        color = 0
+        while color in used:
+            color += 1
+        colors[i] = color
+    return np.array(colors, dtype=np.int64)
 
 
 def check_colors(routes: list[Route]) -> None:
