@@ -245,6 +245,32 @@ def load_trace(path: str | Path, rate_scale: float = 1.0) -> tuple[np.ndarray, .
     return read_trace(trace_path(path), rate_scale=rate_scale)
 
 
+# The rows of traces read in this process, by the file as it was (path, inode, size,
+# modification time) and the rows skipped: a command reads its trace more than once (to count
+# it, to check it, to replay it); a read that went as far as another asks, or to the end,
+# answers it with the rows that read would have kept.
+_READ: dict[tuple, "_Rows"] = {}
+_READ_KEPT = 8
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What one read of a trace kept: the rows after ``skip`` (at most ``wanted``), the
+    trace's first arrival, and the data rows read (skipped ones included)."""
+
+    times: np.ndarray
+    prompts: np.ndarray
+    outputs: np.ndarray
+    first: float | None
+    seen: int
+    wanted: int
+
+    def answers(self, wanted: int) -> bool:
+        """Whether a read keeping at most ``wanted`` rows would keep the first of these: it
+        asks for no more than this one did, or this one ran out of rows before."""
+        return wanted <= self.wanted or len(self.times) < self.wanted
+
+
 def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
                rows: int | None = None) -> tuple[np.ndarray, ...]:
     """(arrival s, prompt tokens, output tokens) of rows ``skip`` to ``skip + rows`` of a
@@ -254,6 +280,37 @@ def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
     (header, numbers, times in order), with its line."""
     path = regular_file(path)
     wanted = MAX_REQUESTS + 1 if rows is None else rows  # one more: to see there are more
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, skip)
+    except OSError:
+        key = None  # read it, and let the read say what is wrong
+    kept = _READ.get(key)
+    if kept is None or not kept.answers(wanted):
+        kept = _read_rows(path, skip, wanted)
+        if key is not None:
+            if len(_READ) >= _READ_KEPT:
+                _READ.clear()
+            _READ[key] = kept
+    times = kept.times[:wanted]
+    if rows is None and len(times) > MAX_REQUESTS:
+        after = f" after skipping {skip:,}" if skip else ""
+        raise ConfigError(f"{path}: more than {MAX_REQUESTS:,} rows to replay{after}, the most "
+                          "one run holds: replay its first rows with `requests`")
+    if not kept.seen:
+        raise ConfigError(f"{path}: no requests")
+    if not len(times):
+        raise ConfigError(f"{path}: {kept.seen} requests, none left after skipping {skip}")
+    # As the whole trace's clock, then the window's: the same floats a window always had.
+    arrivals = (times - kept.first) / rate_scale
+    if skip:
+        arrivals = arrivals - arrivals[0]
+    return (arrivals, kept.prompts[:wanted].copy(), kept.outputs[:wanted].copy())
+
+
+def _read_rows(path: Path, skip: int, wanted: int) -> _Rows:
+    """Read ``path`` up to its ``wanted``-th row after ``skip`` (or its end), each row
+    checked."""
     times, prompts, outputs = array("d"), array("q"), array("q")
     first = last = None  # the trace's first arrival, and the last one read
     seen = 0  # data rows read, skipped ones included
@@ -288,20 +345,9 @@ def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
                           f"{reader.line_num})") from None
     except csv.Error as exc:
         raise ConfigError(f"{path}: line {reader.line_num}: {exc}") from None
-    if rows is None and len(times) > MAX_REQUESTS:
-        after = f" after skipping {skip:,}" if skip else ""
-        raise ConfigError(f"{path}: more than {MAX_REQUESTS:,} rows to replay{after}, the most "
-                          "one run holds: replay its first rows with `requests`")
-    if not seen:
-        raise ConfigError(f"{path}: no requests")
-    if not times:
-        raise ConfigError(f"{path}: {seen} requests, none left after skipping {skip}")
-    # As the whole trace's clock, then the window's: the same floats a window always had.
-    arrivals = (np.frombuffer(times, dtype=np.float64) - first) / rate_scale
-    if skip:
-        arrivals = arrivals - arrivals[0]
-    return (arrivals, np.frombuffer(prompts, dtype=np.int64).copy(),
-            np.frombuffer(outputs, dtype=np.int64).copy())
+    return _Rows(np.frombuffer(times, dtype=np.float64).copy(),
+                 np.frombuffer(prompts, dtype=np.int64).copy(),
+                 np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted)
 
 
 def _bounded_lines(fh, path: Path):
