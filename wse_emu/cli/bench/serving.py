@@ -2,7 +2,7 @@
 
 ``serve`` times the serving loop on the 19,366-request conversation trace, Llama-3.1-8B on one
 WSE-3, its stage tables cached (the first child process times and caches them; the measured
-one reads them back), for every colocated policy. ``experiment`` runs the README's one-wafer
+one reads them back), for every colocated policy, and the whole ``wse-emu serve`` command. ``experiment`` runs the README's one-wafer
 chat-trace experiment at one TPOT target with three draws as the command line does, first
 with no stage table cached (a fresh cache folder), then again with them cached, and reports
 each run's wall time and the largest resident memory of any of its processes.
@@ -22,7 +22,8 @@ from wse_emu.serving.workload import trace_path
 
 DEFAULT_TRACE = "azure-conv"  # the conversation trace shipped with wse-emu, by its name
 SERVE_GOAL_S = 0.5  # the loop's time on the whole trace, once its tables are cached
-EXPERIMENT_GOALS_S = {"cold": 15 * 60.0, "cached": 5 * 60.0}
+SERVE_COMMAND_GOAL_S = 1.5  # the whole wse-emu serve, start-up included, tables cached
+EXPERIMENT_GOALS_S = {"cold": 4 * 60.0, "cached": 5 * 60.0}
 PEAK_MEMORY_GOAL_MIB = 4096
 
 
@@ -49,14 +50,25 @@ def run_serve(args) -> dict:
     child("serve_case", {**case, "policies": case["policies"][:1], "repeat": 1})
     measured = child("serve_case", case)
     headline = measured["policies"][case["policies"][0]]["seconds"]
+    command = [sys.executable, "-m", "wse_emu.cli.main", "--quiet", "serve", case["model"],
+               "--fabric", case["fabric"], "--trace", case["trace"], "--cache-dir",
+               case["cache_dir"], "--json"]
+    whole = [child("timed", command) for _ in range(case["repeat"])]
+    if any(run["returncode"] != 0 for run in whole):
+        raise RuntimeError(f"benchmark command failed:\n{whole[-1]['stderr']}")
+    command_s = min(run["seconds"] for run in whole)
     return {"benchmark": "serve",
             "case": {k: v for k, v in case.items() if k not in ("cache_dir", "repeat")},
             "what": "wall time of the compiled event loop serving the whole trace, the "
                     "fastest of --repeat runs (serve_seconds: the whole serve() call, its "
-                    "checks, the loop's state made and its result read back)",
+                    "checks, the loop's state made and its result read back; "
+                    "command_seconds: the whole command, start-up and compile included)",
             "seconds": headline, **measured,
-            "goal": {"seconds": SERVE_GOAL_S, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
-            "goal_met": headline < SERVE_GOAL_S
+            "command": "wse-emu serve llama-3.1-8b --fabric wse3 --trace TRACE (tables cached)",
+            "command_seconds": command_s,
+            "goal": {"seconds": SERVE_GOAL_S, "command_seconds": SERVE_COMMAND_GOAL_S,
+                     "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
+            "goal_met": headline < SERVE_GOAL_S and command_s < SERVE_COMMAND_GOAL_S
             and measured["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB}
 
 
@@ -86,7 +98,7 @@ def run_experiment(args) -> dict:
                             and runs[k]["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB for k in runs)}
 
 
-FRONTIER_GOAL_S = 10 * 60.0  # cold, on the quick grid
+FRONTIER_GOAL_S = 2 * 60.0  # cold, on the quick grid
 
 
 def frontier_command(trace: str, cache_dir: Path) -> list[str]:
