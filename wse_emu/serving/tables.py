@@ -31,6 +31,7 @@ from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
 from wse_emu.sim.runner import region_transfers, signature, simulate_stage
+from wse_emu.sim.warm import warm_engine
 from wse_emu.util.checks import typed
 from wse_emu.util.progress import Phase, warn
 from wse_emu.util.workers import gathered
@@ -455,6 +456,7 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
     if pool is not None and pool.parallel:
         timed = pool.bind(time_blob, ())(ordered, done=lambda n: progress(n, len(jobs)))
     else:
+        warm_engine(engine)  # a first compile said, before the threads wait on it
         timed = _on_threads(ordered, lambda n: progress(n, len(jobs)))
     timed = timed[len(jobs) - first_stage_job:] + timed[:len(jobs) - first_stage_job]
     at = first_stage_job

@@ -17,6 +17,7 @@ from wse_emu.sim.runner import (
     run_region,
     step_for,
 )
+from wse_emu.sim.warm import warm_engine
 from wse_emu.util.checks import whole
 
 
@@ -46,6 +47,7 @@ def run_step(program: WaferProgram, phase: str, region: str | None = None,
              **shape}
     check_step(phase, engine=engine, **asked)
     name, step = step_of(program, phase, region, **asked)
+    warm_engine(engine)  # a first compile said, not waited through in silence
     return run_region(program, name, step, engine, reuse=reuse, progress=progress)
 
 

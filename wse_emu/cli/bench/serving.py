@@ -2,10 +2,11 @@
 
 ``serve`` times the serving loop on the 19,366-request conversation trace, Llama-3.1-8B on one
 WSE-3, its stage tables cached (the first child process times and caches them; the measured
-one reads them back), for every colocated policy, and the whole ``wse-emu serve`` command. ``experiment`` runs the README's one-wafer
-chat-trace experiment at one TPOT target with three draws as the command line does, first
-with no stage table cached (a fresh cache folder), then again with them cached, and reports
-each run's wall time and the largest resident memory of any of its processes.
+one reads them back), for every colocated policy, and the whole ``wse-emu serve`` command.
+``experiment`` runs the README's one-wafer chat-trace experiment at one TPOT target with
+three draws as the command line does, first with no stage table cached (a fresh cache
+folder), then again with them cached, and reports each run's wall time and the largest
+resident memory of any of its processes.
 """
 
 from __future__ import annotations
