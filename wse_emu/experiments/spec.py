@@ -5,8 +5,9 @@ per-user speeds it reads (``Speeds``). ``ExperimentSpec``, ``FrontierSpec`` and
 ``PairingsSpec`` gather them with the targets and the search space (``comparison.Space``).
 
 Each is a frozen dataclass checked where it is made: a value of the wrong type or out of range
-raises a ``UserError`` naming the field as the Python API spells it, before any work. The
-command line builds the same objects from its flags (``cli/experiment_cmd.py``)."""
+raises a ``UserError`` naming the field as the Python API spells it, before any work. Each
+field the command line takes is declared with its flag (``util.flags.flagged``): the
+experiments' flags are generated from these declarations (``cli/spec_args.py``)."""
 
 from __future__ import annotations
 
