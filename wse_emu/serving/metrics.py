@@ -118,17 +118,24 @@ class UserSpeeds:
         return cls(data["p50"], data["p90"], data["mean"])
 
 
+QUANTILES = (50, 90, 99)  # the percentiles reported, as ``Percentiles`` holds them
+
+
 def percentiles(values: np.ndarray) -> Percentiles:
     """p50, p90 and p99; infinite (a refused request's times) where the rank falls on an
     infinite value (numpy would interpolate to NaN)."""
     values = np.asarray(values, dtype=float)
     ranked = np.sort(values) if np.isinf(values).any() else None
+    # The three at once: one partition of the values, each interpolated as alone (one whose
+    # rank falls on an infinite value interpolates to NaN, and is replaced below).
+    with np.errstate(invalid="ignore"):
+        interpolated = np.percentile(values, QUANTILES)
     out = []
-    for q in (50, 90, 99):
+    for q, value in zip(QUANTILES, interpolated):
         if ranked is not None and np.isinf(ranked[int(np.ceil((len(values) - 1) * q / 100))]):
             out.append(float("inf"))
         else:
-            out.append(float(np.percentile(values, q)))
+            out.append(float(value))
     return Percentiles(*out)
 
 
@@ -155,10 +162,15 @@ def token_times(res: ServeResult) -> np.ndarray:
     order = np.argsort(res.gap_request, kind="stable")  # a request's gaps, in order
     gaps = res.gap_cycles[order]
     owner = res.gap_request[order]
-    # Cumulative gaps within each request, from its first token.
+    # Cumulative gaps within each request, from its first token: the running total less what
+    # it held before the request's first gap (found where the owner changes).
     total = np.cumsum(gaps)
-    start = np.searchsorted(owner, owner, side="left")
-    before = np.where(start > 0, total[np.maximum(start - 1, 0)], 0.0)
+    first = np.empty(len(owner), dtype=bool)
+    first[:1] = True
+    np.not_equal(owner[1:], owner[:-1], out=first[1:])
+    heads = np.flatnonzero(first)
+    start = np.repeat(heads, np.diff(np.append(heads, len(owner))))
+    before = np.concatenate(([0.0], total))[start]
     later = res.first_token[owner] + total - before
     return np.concatenate([res.first_token[served], later])
 
