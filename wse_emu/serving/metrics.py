@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from wse_emu.serving.serve import ServeResult
 from wse_emu.serving.workload import Requests
@@ -157,22 +158,42 @@ def user_speeds(tpot_s: np.ndarray, tokens: np.ndarray) -> UserSpeeds:
 
 
 def token_times(res: ServeResult) -> np.ndarray:
-    """The cycle every output token came out at: each request's first, then each gap's."""
+    """The cycle every output token came out at: each request's first, then each gap's (the
+    gaps of one request after another, each request's in order)."""
     served = res.served() & (res.tokens > 0)
-    order = np.argsort(res.gap_request, kind="stable")  # a request's gaps, in order
-    gaps = res.gap_cycles[order]
-    owner = res.gap_request[order]
-    # Cumulative gaps within each request, from its first token: the running total less what
-    # it held before the request's first gap (found where the owner changes).
-    total = np.cumsum(gaps)
-    first = np.empty(len(owner), dtype=bool)
-    first[:1] = True
-    np.not_equal(owner[1:], owner[:-1], out=first[1:])
-    heads = np.flatnonzero(first)
-    start = np.repeat(heads, np.diff(np.append(heads, len(owner))))
-    before = np.concatenate(([0.0], total))[start]
-    later = res.first_token[owner] + total - before
+    later = _later_tokens(res.gap_request, res.gap_cycles, res.first_token)
     return np.concatenate([res.first_token[served], later])
+
+
+@njit(cache=True)
+def _later_tokens(owner, gaps, first_token):
+    """Each gap's token time: its request's first token plus the request's gaps up to it.
+    The gaps are put in request order (stably: each request's keep their order), and the
+    sums are those of one running total over them, less what it held before the request's
+    first gap, so that every time is the same float however the requests interleaved."""
+    n, requests = len(owner), len(first_token)
+    at = np.zeros(requests + 1, dtype=np.int64)  # where each request's gaps begin
+    for i in range(n):
+        at[owner[i] + 1] += 1
+    for r in range(requests):
+        at[r + 1] += at[r]
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        order[at[owner[i]]] = i
+        at[owner[i]] += 1
+    out = np.empty(n, dtype=np.float64)
+    total = 0.0
+    before = 0.0
+    previous = -1
+    for k in range(n):
+        i = order[k]
+        r = owner[i]
+        if r != previous:
+            before = total
+            previous = r
+        total += gaps[i]
+        out[k] = first_token[r] + total - before
+    return out
 
 
 def window_tokens_per_s(res: ServeResult, begin: float, end: float) -> float:
