@@ -79,7 +79,7 @@ def spec_from_args(cls, args, **built):
     """The spec of class ``cls`` the parsed ``args`` give, with the fields ``built`` from
     the command's other flags (``BUILT``)."""
     values = {}
-    for f, hint in declared(cls):
+    for f, _ in declared(cls):
         if hasattr(args, f.name):
             values[f.name] = _value(f, getattr(args, f.name))
     return from_flat(cls, **values, **built)

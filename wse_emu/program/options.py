@@ -146,13 +146,12 @@ class CompileOptions:
 
 
 def pattern_choices(choices) -> dict[str, tuple[str, str]]:
-    """Role -> (decode, prefill) pattern names of ``CompileOptions.patterns``; a choice that
-    does not read, or a role chosen twice, is refused by name."""
-    if isinstance(choices, str):
-        choices = (choices,)
+    """Role -> (decode, prefill) pattern names of ``CompileOptions.patterns`` (strings, as
+    the field's type is checked first); a choice that does not read, or a role chosen twice,
+    is refused by name."""
     out = {}
     for choice in choices:
-        role, sep, names = choice.partition("=") if isinstance(choice, str) else ("", "", "")
+        role, sep, names = choice.partition("=")
         role, names = role.strip(), [n.strip() for n in names.split(",")]
         if not sep or role not in DEFAULT_PATTERNS or len(names) > 2 or not all(names):
             raise UserError(f"`patterns` takes ROLE=NAME or ROLE=DECODE,PREFILL, ROLE one of "
