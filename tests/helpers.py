@@ -228,9 +228,10 @@ def forbid_work(monkeypatch, functions, message: str) -> None:
 
 
 def work_entries() -> list:
-    """The functions every piece of work starts in: compiling a model, simulating a region's
-    step, serving requests, building pools and their tables, starting workers, running or
-    claiming a sweep."""
+    """The functions every piece of work starts in: compiling a model (or reading it back),
+    simulating a region's step, serving requests, building pools and their tables, starting
+    workers, running or claiming a sweep."""
+    from wse_emu.compiler.cache import compile_cached
     from wse_emu.compiler.mapper import compile_model
     from wse_emu.pools.kinds.wafer import wafer_pools, wafer_pools_of
     from wse_emu.pools.named import side_pools
@@ -239,5 +240,5 @@ def work_entries() -> list:
     from wse_emu.sweeps.sweep import claim_directory, run_sweep
     from wse_emu.util.workers import point_pool
 
-    return [compile_model, run_region, serve, wafer_pools, wafer_pools_of, point_pool,
-            side_pools, run_sweep, claim_directory]
+    return [compile_model, compile_cached, run_region, serve, wafer_pools, wafer_pools_of,
+            point_pool, side_pools, run_sweep, claim_directory]

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from wse_emu.compiler.bounds import stage_bounds
+from wse_emu.compiler.cache import compile_cached
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import compile_options
 from wse_emu.experiments import run as experiments
@@ -95,7 +96,8 @@ def compile(model: ModelSpec | Path | str, fabric: FabricSpec | Path | str = "ws
     settings = compile_options(**options)
     spec = stored_as(_model(model), weight_format, expert_weight_format)
     fabric = fabric if isinstance(fabric, FabricSpec) else fabric_file(fabric)
-    return compile_model(spec, ClusterSpec(fabric, systems), settings)
+    # Read back when the same inputs were compiled by the same code before (``cache``).
+    return compile_cached(spec, ClusterSpec(fabric, systems), settings, compile_model)
 
 
 @typed

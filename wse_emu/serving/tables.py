@@ -32,6 +32,7 @@ from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
 from wse_emu.sim.runner import region_transfers, signature, simulate_stage
 from wse_emu.sim.warm import warm_engine
+from wse_emu.util.cachedir import user_cache_dir
 from wse_emu.util.checks import typed
 from wse_emu.util.progress import Phase, warn
 from wse_emu.util.workers import gathered
@@ -530,9 +531,7 @@ def default_cache_dir(cache_dir: Path | str | None = None) -> Path:
     name: the functions that take one call this before any work, since the tables are
     written only after minutes of timing them."""
     if cache_dir is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                                ".cache")
-        return Path(base) / "wse-emu"
+        return user_cache_dir()
     if not str(cache_dir).strip():
         # Not read as "the default": an empty --cache-dir is more likely a variable unset.
         raise UserError("`cache_dir` is empty: give a folder (or none, for the user's cache)")

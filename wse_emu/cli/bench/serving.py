@@ -12,7 +12,6 @@ resident memory of any of its processes.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from wse_emu.cli.bench.case import child
 from wse_emu.errors import UserError
 from wse_emu.serving.workload import trace_path
+from wse_emu.util.cachedir import user_cache_dir
 
 DEFAULT_TRACE = "azure-conv"  # the conversation trace shipped with wse-emu, by its name
 SERVE_GOAL_S = 0.5  # the loop's time on the whole trace, once its tables are cached
@@ -37,16 +37,11 @@ def _trace(args) -> str:
     return trace
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "wse-emu"
-
-
 def run_serve(args) -> dict:
     from wse_emu.serving.policies import POLICIES
 
     case = {"model": "llama-3.1-8b", "fabric": "wse3", "systems": 1,
-            "trace": str(_trace(args)), "cache_dir": str(_cache_dir()),
+            "trace": str(_trace(args)), "cache_dir": str(user_cache_dir()),
             "policies": list(POLICIES), "repeat": max(1, args.repeat)}
     child("serve_case", {**case, "policies": case["policies"][:1], "repeat": 1})
     measured = child("serve_case", case)
