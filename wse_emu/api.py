@@ -54,7 +54,7 @@ from wse_emu.serving.tables import default_cache_dir
 from wse_emu.serving.workload import WorkloadSpec
 from wse_emu.sim.functional.generate import Generation
 from wse_emu.sim.functional.generate import generate as generate_tokens
-from wse_emu.sim.runner import DEFAULT_PREFILL_TILES, HandoffRun, RegionRun
+from wse_emu.sim.runner import HandoffRun, RegionRun
 from wse_emu.sim.steps import handoff as move_kv
 from wse_emu.sim.steps import run_step
 from wse_emu.sweeps.points import run_points
@@ -101,16 +101,17 @@ def compile(model: ModelSpec | Path | str, fabric: FabricSpec | Path | str = "ws
 
 
 @typed
-def run(program: WaferProgram, phase: str = "decode", *, batch: int = 1, context: int = 4096,
-        tokens: int = 4096, tiles: int = DEFAULT_PREFILL_TILES, region: str | None = None,
-        engine: str = "fast", reuse: bool = True, progress: Callable | None = None) -> RegionRun:
+def run(program: WaferProgram, phase: str = "decode", *, region: str | None = None,
+        engine: str = "fast", reuse: bool = True, progress: Callable | None = None,
+        **shape) -> RegionRun:
     """Simulate one step of ``phase`` on a region of ``program`` (by default the first that
-    serves the phase): decode ``batch`` sequences at ``context``, or prefill ``tokens`` in
-    ``tiles`` tiles (4 by default, as ``wse-emu run``); stages alike are timed once unless
+    serves the phase), of the ``shape`` given by name: decode ``batch`` sequences (1) at
+    ``context`` (4096), with ``draft_tokens`` (0) the verify step of speculative decoding
+    (each sequence's next token and that many drafted after it); or prefill ``tokens``
+    (4096) in ``tiles`` tiles (4, as ``wse-emu run``). Stages alike are timed once unless
     ``reuse`` is off; ``progress(done, total)`` as stages finish. Its ``to_json()`` is what
     ``wse-emu run --json`` prints, the kernels' lower bounds included."""
-    result = run_step(program, phase, region, engine, reuse, progress, batch=batch,
-                      context=context, tokens=tokens, tiles=tiles)
+    result = run_step(program, phase, region, engine, reuse, progress, **shape)
     result.bounds = stage_bounds(program, result)
     return result
 

@@ -30,13 +30,15 @@ from wse_emu import api
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.serving.serve import ServeOptions, setting_names
+from wse_emu.sim.steps import StepShape
 
 # What a ``**options`` parameter gathers: the fields of the dataclass it fills.
 OPTIONS = {"compile": {f.name for f in dataclasses.fields(CompileOptions)},
            "serve": set(setting_names()), "serve_pools": set(setting_names()),
-           "check_serving": set(setting_names())}
+           "check_serving": set(setting_names()),
+           "run": {f.name for f in dataclasses.fields(StepShape)}}
 OPTION_HINTS = {"compile": CompileOptions, "serve": ServeOptions, "serve_pools": ServeOptions,
-                "check_serving": ServeOptions}
+                "check_serving": ServeOptions, "run": StepShape}
 
 
 def _callable(name: str):

@@ -123,11 +123,10 @@ def test_the_command_lines_flags_are_the_knobs_with_their_defaults():
 
 def test_one_default_for_a_steps_prefill_tiles():
     """The API's run takes as many prefill tiles as the command line's by default."""
-    import inspect
-
     from wse_emu.cli.run_cmd import add_parser
+    from wse_emu.sim.steps import StepShape
 
-    assert inspect.signature(api.run).parameters["tiles"].default == DEFAULT_PREFILL_TILES
+    assert StepShape().tiles == DEFAULT_PREFILL_TILES
     sub = argparse.ArgumentParser().add_subparsers()
     add_parser(sub, "")
     assert sub.choices["run"].parse_args(["tiny"]).tiles == DEFAULT_PREFILL_TILES

@@ -33,6 +33,9 @@ def add_parser(sub, summary: str) -> None:
                    help="prefill: token tiles streamed through each stage")
     p.add_argument("--batch", type=int, default=1, help="decode: sequences B")
     p.add_argument("--context", type=int, default=4096, help="decode: cached tokens L")
+    p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                   help="decode: time speculative decoding's verify step, each sequence's "
+                   "next token and K drafted after it (K+1 tokens per sequence)")
     p.add_argument("--engine", choices=["fast", "cycle"], default="fast")
     p.add_argument("--region-name", dest="run_region", metavar="NAME",
                    help="region to run (default: the first of the phase's role)")
@@ -93,6 +96,9 @@ def run(args):
     if args.attention_tile and args.phase != "decode":
         raise UserError(f"--attention-tile tiles a decode step's attention; a {args.phase} step "
                         "has none to tile (--tiles splits a prefill)")
+    if args.draft_tokens and args.phase != "decode":
+        raise UserError(f"--draft-tokens times a decode's verify step; a {args.phase} step "
+                        "verifies no drafted tokens")
     program = load_or_compile(args)
     if args.phase == "handoff":
         return run_handoff(args, program)
@@ -103,7 +109,8 @@ def run(args):
         bar = bar or Phase(f"simulating the {args.phase} step's stages", total)
         bar.update(done)
     result = api.run(program, args.phase, batch=args.batch, context=args.context,
-                     tokens=args.tokens, tiles=args.tiles, region=args.run_region,
+                     tokens=args.tokens, tiles=args.tiles, draft_tokens=args.draft_tokens,
+                     region=args.run_region,
                      engine=args.engine, reuse=not args.no_reuse, progress=progress)
     if args.output:
         write_run_dir(args.output, lambda tmp: write_step_outputs(tmp, program, result))
@@ -122,7 +129,8 @@ def render(run: RegionRun, output: str | None) -> str:
         + (f", {routing}" if routing else ""),
         f"  step                 {run.step_cycles:,.0f} cycles = {seconds(run.step_seconds)}",
         f"  tokens/s             {si(run.latency_tokens_per_s())} for one micro-batch alone, "
-        f"{si(run.tokens_per_s())} with the pipeline full",
+        f"{si(run.tokens_per_s())} with the pipeline full"
+        + (" (every token checked, accepted or not)" if run.step.drafted else ""),
         f"  bottleneck           stage {slowest.stage}: {slowest.cycles:,} cycles",
         f"  utilization          compute {run.compute_utilization():.1%}, links "
         f"{run.link_utilization():.1%}",

@@ -54,7 +54,12 @@ class MicroBatch:
     """What one step pushes through the layers: a prefill of ``tokens`` of one sequence
     (streamed in ``chunks`` tiles, each attending to the tiles before it, after ``prefix``
     tokens already cached) or a decode of one new token for each of ``batch`` sequences with
-    ``context`` cached tokens each (the new token's own entry included)."""
+    ``context`` cached tokens each (the new token's own entry included).
+
+    A speculative decode's verify step (``drafted`` > 0) takes, for each sequence, its next
+    token and the ``drafted`` tokens a draft proposed after it: ``drafted + 1`` tokens per
+    sequence, the first at ``context`` (its own entry included, as a decode's) and each next
+    one attending to one entry more, causally."""
 
     phase: str
     tokens: int = 1
@@ -62,6 +67,7 @@ class MicroBatch:
     context: int = 1
     chunks: int = 1
     prefix: int = 0
+    drafted: int = 0
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -71,14 +77,30 @@ class MicroBatch:
                 raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.prefix < 0:
             raise UserError(f"prefix must be at least 0, got {self.prefix}")
+        if self.drafted < 0:
+            raise UserError(f"drafted must be at least 0, got {self.drafted}")
+        if self.drafted and self.phase != "decode":
+            raise UserError("drafted tokens are verified in a decode step, not a prefill")
+
+    @property
+    def per_sequence(self) -> int:
+        """New tokens of each sequence in this step: 1 for a decode, ``drafted + 1`` for a
+        verify step (a prefill's one sequence: all its tokens)."""
+        return self.tokens if self.phase == "prefill" else self.drafted + 1
 
     @property
     def new_tokens(self) -> int:
         """Tokens flowing through every layer in this step."""
-        return self.tokens if self.phase == "prefill" else self.batch
+        return self.tokens if self.phase == "prefill" else self.batch * self.per_sequence
 
     def tiles(self) -> list["MicroBatch"]:
-        """A prefill's token tiles, in order; a decode is one tile."""
+        """A prefill's token tiles, in order; a decode is one tile, and a verify step one per
+        token of each sequence (the next, then each drafted one, every sequence's in one
+        tile at its own position): the drafted tokens are known at once, so they stream
+        through the stages one after another as a prompt's tiles do."""
+        if self.phase == "decode" and self.drafted:
+            return [MicroBatch("decode", batch=self.batch, context=self.context + j)
+                    for j in range(self.drafted + 1)]
         if self.phase != "prefill" or self.chunks <= 1:
             return [self]
         sizes = even_split(self.tokens, min(self.chunks, self.tokens))
@@ -90,12 +112,15 @@ class MicroBatch:
         after another (batch tiling on attention); a prefill, or ``size`` 0, is one tile."""
         if self.phase != "decode" or size <= 0 or size >= self.batch:
             return [self]
-        return [MicroBatch("decode", batch=int(n), context=self.context)
+        return [MicroBatch("decode", batch=int(n), context=self.context, drafted=self.drafted)
                 for n in even_split(self.batch, -(-self.batch // size))]
 
     def describe(self) -> str:
         if self.phase == "prefill":
             return f"prefill of {self.tokens} tokens"
+        if self.drafted:
+            return (f"verify of {self.drafted} drafted tokens for batch {self.batch} at context "
+                    f"{self.context}")
         return f"decode of batch {self.batch} at context {self.context}"
 
 
@@ -562,7 +587,11 @@ def attended_pairs(window: int | None, mb: MicroBatch) -> float:
     """Sum over the step's query tokens of the KV entries each one attends to (causal, after
     ``prefix`` cached tokens; a sliding window caps each)."""
     if mb.phase == "decode":
-        return mb.batch * (min(mb.context, window) if window else mb.context)
+        # Query j of a sequence (0 its next token, then the drafted ones) sees context + j.
+        visible = mb.context + np.arange(mb.per_sequence, dtype=np.int64)
+        if window:
+            visible = np.minimum(visible, window)
+        return mb.batch * (int(visible[0]) if mb.per_sequence == 1 else float(visible.sum()))
     s, p = mb.tokens, mb.prefix
     visible = np.arange(p + 1, p + s + 1, dtype=np.int64)  # keys seen by each query
     if window:
@@ -573,7 +602,8 @@ def attended_pairs(window: int | None, mb: MicroBatch) -> float:
 def kv_entries_read(window: int | None, mb: MicroBatch) -> int:
     """Distinct cached tokens whose K (or V) must be read, per KV head."""
     if mb.phase == "decode":
-        return mb.batch * (min(mb.context, window) if window else mb.context)
+        last = mb.context + mb.drafted  # the newest entry a verify step's last query sees
+        return mb.batch * (min(last, window) if window else last)
     return mb.prefix + mb.tokens if not window else min(mb.prefix + mb.tokens, window
                                                          + mb.tokens - 1)
 

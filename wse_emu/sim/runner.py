@@ -171,7 +171,7 @@ class RegionRun:
         program = self._program()
         opts, step = program.options, self.step
         same = (step.phase == "prefill" and step.tokens == opts.bound_prefill_tokens) or (
-            step.phase == "decode" and step.batch == opts.bound_decode_batch
+            step.phase == "decode" and not step.drafted and step.batch == opts.bound_decode_batch
             and step.context == opts.bound_decode_context)
         if not same:
             return None  # the compiler's bounds are for another workload
@@ -205,6 +205,7 @@ class RegionRun:
             else None,
             "step": {"phase": self.step.phase, "tokens": self.step.tokens,
                      "batch": self.step.batch, "context": self.step.context,
+                     "draft_tokens": self.step.drafted,
                      "tiles": len(self.step.tiles()), "attention_tile": self.attention_tile()},
             "experts": self.experts(),
             "step_cycles": self.step_cycles, "step_seconds": self.step_seconds,
@@ -320,11 +321,14 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
 
 DEFAULT_PREFILL_TILES = 4  # a prefill step's token tiles, as the command line and the API take it
 MAX_PREFILL_TILES = 128
+# Drafted tokens a verify step checks per sequence, at most (published drafts propose up to
+# about ten; a larger count is more likely a slip than a plan).
+MAX_DRAFTED = 16
 ENGINES = ("fast", "cycle")
 
 
 def check_step(phase: str, *, batch: int, context: int, tokens: int, tiles: int,
-               engine: str = "fast") -> None:
+               engine: str = "fast", draft_tokens: int = 0) -> None:
     """A step's arguments by name and range, whichever phase reads them, before any program
     is needed (a sweep checks its points' before compiling any). What the model and the
     program bound (positions, KV room) is checked where the step is made: a sweep keeps such
@@ -336,15 +340,24 @@ def check_step(phase: str, *, batch: int, context: int, tokens: int, tiles: int,
         whole(name, value, 1)
     if tiles > MAX_PREFILL_TILES:
         raise UserError(f"`tiles` must be at most {MAX_PREFILL_TILES}, got {tiles}")
+    whole("draft_tokens", draft_tokens, 0)
+    if draft_tokens > MAX_DRAFTED:
+        raise UserError(f"`draft_tokens` must be at most {MAX_DRAFTED}, got "
+                        f"{draft_tokens}")
+    if draft_tokens and phase != "decode":
+        raise UserError("drafted tokens are verified in a decode step: give `phase=decode` "
+                        "with `draft_tokens`")
 
 
 def step_for(program: WaferProgram, phase: str, region: str | None = None, *, batch: int = 1,
-             context: int = 4096, tokens: int = 4096,
-             tiles: int = DEFAULT_PREFILL_TILES) -> tuple[str, MicroBatch]:
+             context: int = 4096, tokens: int = 4096, tiles: int = DEFAULT_PREFILL_TILES,
+             draft_tokens: int = 0) -> tuple[str, MicroBatch]:
     """The region (by default the first that serves ``phase``) and the step to simulate on
-    it: a decode of ``batch`` sequences at ``context`` each, or a prefill of ``tokens`` in
-    ``tiles`` tiles; checked, by name, against the region's KV capacity."""
-    check_step(phase, batch=batch, context=context, tokens=tokens, tiles=tiles)
+    it: a decode of ``batch`` sequences at ``context`` each (with ``draft_tokens`` drafted
+    tokens each to verify after the next), or a prefill of ``tokens`` in ``tiles`` tiles;
+    checked, by name, against the region's KV capacity."""
+    check_step(phase, batch=batch, context=context, tokens=tokens, tiles=tiles,
+               draft_tokens=draft_tokens)
     if region is not None and not isinstance(region, str):
         raise UserError(f"the region must be given by its name, got {short_repr(region)}")
     name = program.region_for(phase, region).name
@@ -354,10 +367,14 @@ def step_for(program: WaferProgram, phase: str, region: str | None = None, *, ba
             raise UserError(f"a prompt of {tokens:,} tokens does not fit the KV cache of region "
                             f"{name} ({capacity:,} tokens)")
         return name, MicroBatch("prefill", tokens=tokens, chunks=min(tiles, tokens))
-    if batch * context > capacity:
-        raise UserError(f"`batch={batch}` x `context={context}` = {batch * context:,} cached "
-                        f"tokens do not fit the KV cache of region {name} ({capacity:,} tokens)")
-    return name, MicroBatch("decode", batch=batch, context=context)
+    held = batch * (context + draft_tokens)
+    if held > capacity:
+        what = f"`context={context}`" if not draft_tokens else \
+            f"(`context={context}` + `draft_tokens={draft_tokens}`)"
+        raise UserError(f"`batch={batch}` x {what} = {held:,} cached tokens do not fit the KV "
+                        f"cache of region {name} ({capacity:,} tokens)")
+    return name, MicroBatch("decode", batch=batch, context=context,
+                            drafted=draft_tokens)
 
 
 def run_region(program: WaferProgram, region_name: str, step: MicroBatch, engine: str = "fast",

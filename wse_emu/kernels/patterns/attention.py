@@ -308,6 +308,11 @@ def decode_attention(sg, tile: Tile, q_ready, a_q: int, k_ready, a_k: int, a_o: 
         sg.g.send(k_ready, grid[a_k], grid[a_new], wavelets(2 * kv_sizes * t, d), kv_new,
                     0, 3)
     sg.g.then(kv_new, scores[a_new])
+    if tile.keys_before is not None:
+        # A verify step's next tile (each sequence's next drafted token) attends to this
+        # tile's entries too: its scores at the edge column wait until they are in.
+        sg.g.then(tile.keys_before[tile.layer], scores[a_new])
+    tile.keys_placed[tile.layer] = kv_new
     step_dir = 1 if a_new == 0 else -1
     senders = np.arange(length - 1) if step_dir == 1 else np.arange(1, length)
     if len(senders):
