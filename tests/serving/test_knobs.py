@@ -25,8 +25,10 @@ def test_the_options_inherit_every_knob_with_its_declaration():
     for name, f in inherited.items():
         assert info(f) is info(declared[name]) and f.default == declared[name].default
     # The hardware and the other settings come first, as they are listed and checked.
-    assert setting_names()[:3] == ("policy", "prefix_cache", "timeline_events")
-    assert setting_names()[3:] == KNOB_NAMES
+    settings = ("policy", "prefix_cache", "timeline_events", "draft_tokens", "acceptance",
+                "acceptance_seed")
+    assert setting_names()[:len(settings)] == settings
+    assert setting_names()[len(settings):] == KNOB_NAMES
 
 
 def test_a_knob_out_of_range_is_refused_by_its_name():

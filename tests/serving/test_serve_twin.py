@@ -19,7 +19,7 @@ from wse_emu.serving.loops import compiled as compiled_loop
 from wse_emu.serving.loops import state as compiled_state
 from wse_emu.serving.loops.compiled import admit, next_prompt, ready, remaining, send, send_decode
 from wse_emu.serving.serve import ServeOptions, serve
-from wse_emu.serving.tables import build_table
+from wse_emu.serving.tables import build_table, verify_phase
 from wse_emu.serving.workload import generate, workload_from_dict
 
 SMALL = ModelSpec.from_fields(name="small", family="llama", hidden_size=512, intermediate_size=1536,
@@ -31,15 +31,23 @@ FABRIC = load_fabric("mesh64")
 OPTIONS = ServeOptions.of(FABRIC, SMALL, batch_limit=16)
 
 
-def pools_of(program, cache, capacity=None, systems=None):
+def pools_of(program, cache, capacity=None, systems=None, drafts=0):
+    """The program's regions as pools; with ``drafts``, verifying that many drafted tokens per
+    step (the later tiles' table timed by the engine; no draft's steps in the first stage:
+    the loops alone are compared here)."""
     out = []
     for k, r in enumerate(program.regions):
         tables = {ph: build_table(program, r.name, ph, axes=AXES[ph], cache_dir=cache)
                   for ph in ("prefill", "decode")}
+        decodes = r.role != "prefill"
+        verify = build_table(program, r.name, verify_phase(drafts), axes=AXES["decode"],
+                             cache_dir=cache) if drafts and decodes else None
         out.append(WaferRegion(r.name, r.role, capacity(r) if capacity else r.kv_capacity_tokens,
                                tables["prefill"] if r.role != "decode" else None,
-                               tables["decode"] if r.role != "prefill" else None,
-                               system=systems(k) if systems else 0).for_fabric(FABRIC))
+                               tables["decode"] if decodes else None,
+                               system=systems(k) if systems else 0, verify=verify,
+                               draft_tokens=drafts if verify is not None else 0,
+                               ).for_fabric(FABRIC))
     return out
 
 
@@ -242,3 +250,24 @@ def test_a_region_has_one_dispatch_due_at_a_time(colocated, split, cache, monkey
         serve(requests, pools_of(program, cache), replace(OPTIONS, policy=policy))
         assert len(handled) == 1 and 0 < handled[0]  # no rerun for want of heap room
         assert handled[0] < 3 * (len(requests) + int(requests.output_tokens.sum()))
+
+
+@pytest.mark.parametrize("policy", sorted(policies.POLICIES))
+def test_speculative_decoding_on_both_loops(colocated, cache, policy):
+    """Verify steps of three drafted tokens: the later tiles through the pipeline, the
+    accepted tokens out in bursts, on both loops alike, at the ends of the acceptance and
+    between them."""
+    pools = pools_of(colocated, cache, drafts=3)
+    requests = chat(20000.0)
+    for acceptance in (0.0, 0.6, 1.0):
+        options = replace(OPTIONS, policy=policy, prefill_tile=32, token_budget=64,
+                          draft_tokens=3, acceptance=acceptance, acceptance_seed=5)
+        served = assert_twins(requests, pools, options)
+        together = np.count_nonzero(served.gap_cycles == 0)
+        assert (together > 0) == (acceptance > 0)
+
+
+@pytest.mark.slow
+def test_speculative_decoding_split_on_both_loops(split, cache):
+    assert_twins(chat(20000.0), pools_of(split, cache, drafts=2),
+                 replace(OPTIONS, prefill_tile=64, draft_tokens=2, acceptance=0.8))

@@ -38,6 +38,12 @@ class Pool(Protocol):
     # None: the two are timed apart and added (a wafer's pipeline runs them as two passes
     # of its stages' kernels).
     riding: StageTable | None
+    # Speculative decoding (optional; a pool without these decodes one token per step): the
+    # drafted tokens a verify step checks, and each later tile's cycles per stage, following
+    # the first through the stages (its first tile is read off ``decode``, the draft's steps
+    # before it in its first stage).
+    # verify: StageTable | None
+    # draft_tokens: int
     system: int  # which system it sits on: its handoffs' links are that system's
     fabric_bytes_per_cycle: float  # a handoff to a pool of the same system
     link_bytes_per_cycle: float  # ... to another system, each way, over this system's link
@@ -66,6 +72,9 @@ class StagePool:
     # The knob values its kind's serving engines use: what an experiment tries on it by default
     # (serving itself never reads it).
     engine: EngineKnobs = field(default_factory=EngineKnobs)
+    # Speculative decoding (``Pool``): each later tile of a verify step, and the drafted tokens.
+    verify: StageTable | None = None
+    draft_tokens: int = 0
 
     @property
     def stages(self) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -43,6 +44,7 @@ from wse_emu.serving.knobs import ServingKnobs
 from wse_emu.serving.loops.plain import serve_plain
 from wse_emu.serving.loops.state import serve_compiled
 from wse_emu.serving.policies import POLICIES, SPLIT_POLICY
+from wse_emu.serving.speculation import Speculation, speculating
 from wse_emu.serving.workload import Requests
 from wse_emu.util.checks import flag, one_of, positive, short_repr, whole
 
@@ -59,6 +61,12 @@ class _ServeSettings:
     policy: str = "prefill-priority"  # colocated pools
     prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
     timeline_events: int = 0  # stage events kept per pool for the timeline (0: none)
+    # Speculative decoding: tokens drafted per verify step (0: none), the probability that
+    # each is accepted (or an acceptance table's path: ``speculation``), and the seed of the
+    # acceptances drawn. The pools that decode must be built to verify as many.
+    draft_tokens: int = 0
+    acceptance: float | str | Path | None = None
+    acceptance_seed: int = 0
 
 
 # The knobs are the first base so that their fields come after the settings' (a dataclass
@@ -75,7 +83,19 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         whole("timeline_events", self.timeline_events, 0)
         one_of("policy", self.policy, POLICIES)
         flag("prefix_cache", self.prefix_cache)
+        whole("draft_tokens", self.draft_tokens, 0)
+        whole("acceptance_seed", self.acceptance_seed, 0)
+        if (self.draft_tokens > 0) != (self.acceptance is not None):
+            raise UserError("speculative decoding takes `draft_tokens` and `acceptance` "
+                            "together: the acceptance is an input, never assumed")
+        self.speculation()  # checked by name now, not when serving begins
         super().__post_init__()
+
+    def speculation(self) -> Speculation | None:
+        """Speculative decoding as these options ask for it, or None."""
+        if not self.draft_tokens:
+            return None
+        return Speculation.of(self.draft_tokens, self.acceptance, self.acceptance_seed)
 
     @classmethod
     def of(cls, fabric, model, **settings) -> "ServeOptions":
@@ -218,6 +238,7 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
         raise UserError("serving needs regions for both prefill and decode")
     policies = options.policies()
     check_micro_batches(pools, policies)
+    check_speculation(pools, options)
     short = kv_shortfall(requests, pools)
     if short and not refuse:
         raise UserError(short)
@@ -227,6 +248,20 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
     run = serve_plain if loop == "plain" else serve_compiled
     return _result(requests, pools, options,
                    LoopOutput(*run(requests, pools, options, policies, caching)))
+
+
+def check_speculation(pools: list, options) -> None:
+    """Every pool that decodes verifies as many drafted tokens as the options ask (none,
+    without speculation): a verify step is timed for its number of tokens, never scaled."""
+    asked = options.draft_tokens
+    for p in pools:
+        if p.decode is None:
+            continue
+        _, drafts = speculating(p)
+        if drafts != asked:
+            what = f"verifies {drafts} drafted tokens" if drafts else "has no draft"
+            raise UserError(f"pool {p.name} {what}; serving asks for "
+                            f"`draft_tokens={asked}`")
 
 
 def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResult:

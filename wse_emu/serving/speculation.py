@@ -139,3 +139,20 @@ class Speculation:
             # numpy's geometric counts the trials to the first rejection, that one included.
             runs = rng.geometric(1.0 - self.acceptance, size=total) - 1
         return np.minimum(runs, self.draft_tokens).astype(np.int8), begin
+
+
+def speculating(pool) -> tuple:
+    """A pool's verify table and drafted tokens per step: (None, 0) for plain decode. A pool
+    that speculates (``Pool.verify``) times a verify step's first tile with its decode table
+    (the draft's steps before it in its first stage) and each later tile with ``verify``."""
+    verify = getattr(pool, "verify", None)
+    return (verify, int(pool.draft_tokens)) if verify is not None else (None, 0)
+
+
+def acceptance_runs(requests, options) -> tuple[np.ndarray, np.ndarray]:
+    """The acceptance runs both loops read (``Speculation.runs``), or none without
+    speculation."""
+    spec = options.speculation()
+    if spec is None:
+        return np.zeros(0, dtype=np.int8), np.zeros(len(requests) + 1, dtype=np.int64)
+    return spec.runs(requests.output_tokens)

@@ -273,14 +273,14 @@ GRIDS = {"full": {"decode": (DECODE_BATCH, DECODE_CONTEXT),
 
 
 def default_axes(phase: str) -> tuple:
-    return GRIDS["full"][phase]
+    return grid_axes("full", phase)
 
 
 def grid_axes(grid: str, phase: str) -> tuple:
     """The axes of ``grid`` ("full" or "quick") for ``phase``."""
     if grid not in GRIDS:
         raise UserError(f"`grid` must be one of {', '.join(GRIDS)}, got {grid!r}")
-    return GRIDS[grid][phase]
+    return GRIDS[grid]["decode" if phase.startswith(VERIFY) else phase]
 
 
 def timed_table(phase: str, axes: tuple, clock_hz: float, seconds) -> StageTable:
@@ -302,20 +302,41 @@ def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
     return Path(cache_dir) / f"stage-table-{_key(what, [region], phase, engine, axes)}.npz"
 
 
+VERIFY = "verify"  # a verify table's phase: "verify4", for four drafted tokens
+
+
+def verify_phase(draft_tokens: int) -> str:
+    """The phase a table of the later tiles of verify steps of ``draft_tokens`` goes by: it is
+    keyed, cached and checked as a phase of its own."""
+    return f"{VERIFY}{int(draft_tokens)}"
+
+
+def drafted_of(phase: str) -> int:
+    """The drafted tokens of a verify table's phase (0 for a decode's or a prefill's)."""
+    return int(phase[len(VERIFY):]) if phase.startswith(VERIFY) else 0
+
+
 def _step(phase: str, x: int, y: int) -> MicroBatch:
-    """A decode of ``x`` sequences at context ``y``, or a prefill tile of ``x`` tokens after
-    ``y`` already cached."""
-    return (MicroBatch("decode", batch=x, context=y) if phase == "decode"
-            else MicroBatch("prefill", tokens=x, prefix=y))
+    """A decode of ``x`` sequences at context ``y`` (a verify step, for a verify table), or a
+    prefill tile of ``x`` tokens after ``y`` already cached."""
+    if phase == "prefill":
+        return MicroBatch("prefill", tokens=x, prefix=y)
+    return MicroBatch("decode", batch=x, context=y, drafted=drafted_of(phase))
 
 
 def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stage: int, x: int,
                y: int) -> float:
     """One grid point of a table: the cycles of stage ``stage`` (an id) for shape (x, y), or,
-    for ``stage`` -1, the cycles between the region's stages in all."""
+    for ``stage`` -1, the cycles between the region's stages in all. For a verify table, a
+    stage's cycles per later tile: the verify step's time in the stage beyond its first
+    tile's, over the drafted tokens, as the engine times the whole step (its tiles follow
+    each other through the stage); between stages, each tile hops as a decode step's does."""
     step = _step(phase, x, y)
     if stage >= 0:
-        return float(simulate_stage(program, program.stages[stage], step, engine).cycles)
+        run = simulate_stage(program, program.stages[stage], step, engine)
+        if step.drafted:
+            return (run.cycles - run.first_tile_cycles) / step.drafted
+        return float(run.cycles)
     stages = [program.stages[i] for i in program.region(region).stage_ids]
     return float(sum(region_transfers(program, stages, step, engine)[0]))
 

@@ -51,8 +51,8 @@ MIXED, PREFILL, DECODE = 0, 1, 2
 ROLES = {"mixed": MIXED, "prefill": PREFILL, "decode": DECODE}
 ARRIVE, DISPATCH_EVENT, DECODED, PREFILLED, JOINED = 0, 1, 2, 3, 4
 # Timeline labels of a micro-batch, by what it carries.
-LABELS = ("prefill", "decode", "decode+prefill")
-LABEL_PREFILL, LABEL_DECODE, LABEL_BOTH = 0, 1, 2
+LABELS = ("prefill", "decode", "decode+prefill", "verify")
+LABEL_PREFILL, LABEL_DECODE, LABEL_BOTH, LABEL_VERIFY = 0, 1, 2, 3
 # A cell of a stage table (``_cell``): where its line and steps start in ``lines``, the
 # position between grid points, and whether it lies outside the grid.
 NO_CELL = (-1, -1, 0.0, False)  # no part of that phase in the micro-batch
@@ -123,6 +123,7 @@ FIELDS = (
     Field("pnext", INT, BY_REQUEST, NONE),  # the next prompt in its region's queue
     Field("hnext", INT, BY_REQUEST, NONE),  # a finished prompt's next in the handoff queue
     Field("hsrc", INT, BY_REQUEST, NONE),  # and the region it waits in
+    Field("run_at", INT, BY_REQUEST),  # where its next acceptance run is in ``runs``
     # --- each region's hardware and policy
     Field("role", INT, BY_REGION),
     Field("cap", INT, BY_REGION),  # KV tokens it holds
@@ -133,6 +134,8 @@ FIELDS = (
     Field("dtab", INT, BY_REGION),  # its decode table (-1: none)
     Field("rtab", INT, BY_REGION),  # the decode table of a step riding in a chunk's
     # (-1: added instead)
+    Field("vtab", INT, BY_REGION),  # a verify step's later tiles' table (-1: no speculation)
+    Field("drafts", INT, BY_REGION),  # and the drafted tokens each verify step checks
     Field("maxrun", INT, BY_REGION),  # the running cap (0: none)
     Field("fabric_rate", REAL, BY_REGION),  # bytes per cycle of a handoff, in a system
     Field("link_rate", REAL, BY_REGION),  # and between systems
@@ -207,6 +210,8 @@ FIELDS = (
     Field("line_ok", INT, ("line_slots",)),
     # --- the cluster's links, by system
     Field("link_free", REAL, BY_SYSTEM_LINK),
+    # --- speculative decoding's acceptance runs, every request's in turn
+    Field("runs", INT, ("runs",)),
     # --- outputs: every gap between tokens, the KV trace, the timeline
     Field("gap_req", INT, BY_GAP),
     Field("gap_cyc", REAL, BY_GAP),
@@ -674,6 +679,7 @@ def send(st, r, now, sequences, i, tokens) -> None:
     first = -1
     d = p = NO_CELL
     tokens_read = tokens
+    context = 0.0
     if sequences > 0:
         total = 0
         for n in range(sequences):  # from the ready list to the in-flight list
@@ -692,8 +698,8 @@ def send(st, r, now, sequences, i, tokens) -> None:
         # Riding in a chunk's step (``Pool.riding``), the decode's share is its own table's
         # and its sequences' tokens join the chunk's.
         merged = i >= 0 and st.rtab[r] >= 0
-        d = _cell(st, st.rtab[r] if merged else st.dtab[r], sequences,
-                  st.ctx[first] if sequences == 1 else total / sequences)
+        context = st.ctx[first] if sequences == 1 else total / sequences
+        d = _cell(st, st.rtab[r] if merged else st.dtab[r], sequences, context)
         if merged:
             tokens_read = tokens + sequences
     if i >= 0:
@@ -720,19 +726,30 @@ def send(st, r, now, sequences, i, tokens) -> None:
         own = _element(st.lines, d, k - 1)
         st.busy_decode[r] += own
         alone = own + _element(st.lines, d, k - 2)
+        verified = done  # when the decode's tokens are out
+        if st.drafts[r] > 0:
+            # A verify step: the later tiles follow the first, one per drafted token.
+            v = _cell(st, st.vtab[r], sequences, context)
+            slowest = 0.0
+            for s in range(k - 2):
+                slowest = max(slowest, _element(st.lines, v, s))
+            for _ in range(st.drafts[r]):
+                st.busy_decode[r] += _element(st.lines, v, k - 1)
+                verified = _pass(st, r, now, v, NO_CELL, LABEL_VERIFY)
+            alone += st.drafts[r] * slowest  # its later tiles, at its slowest stage's pace
         if sequences == 1:
-            waited = done - st.since[first]
+            waited = verified - st.since[first]
         else:
             waited = 0.0
             seq = first
             for _ in range(sequences):
-                waited += done - st.since[seq]
+                waited += verified - st.since[seq]
                 seq = st.nxt[seq]
         st.stall[r] += waited - sequences * alone
         st.work[r] += sequences * alone
         st.decoded[r] += sequences
         st.in_flight[r] += sequences
-        _schedule(st, done, DECODED, r, sequences, 0)
+        _schedule(st, verified, DECODED, r, sequences, 0)
     left = tokens if i >= 0 else 0
     while left > 0:
         j = st.pq_head[r]
@@ -944,18 +961,25 @@ def _dispatch(st, r, now, mixed, prefill, decode) -> bool:
 @njit(cache=True, inline="always")
 def _on_decoded(st, now, r, size) -> None:
     """``plain.Decoded``: the ``size`` sequences at the head of region ``r``'s in-flight list
-    have one more token each; those done leave, the others are ready for the next."""
+    have one more token each (verified with speculation, and the drafted ones accepted
+    before it); those done leave, the others are ready for the next."""
     st.in_flight[r] -= size
     for _ in range(size):
         i = st.fq_head[r]
         st.fq_head[r] = st.nxt[i]
-        _token_out(st, i, now)
+        tokens = 1
+        if st.drafts[r] > 0:
+            tokens = min(1 + min(st.runs[st.run_at[i]], st.drafts[r]),
+                         st.output[i] - st.made[i])
+            st.run_at[i] += 1
+        for _ in range(tokens):  # the gap before the first; the others come with it
+            _token_out(st, i, now)
         if st.made[i] >= st.output[i]:
             # A colocated region caches the whole context but the newest token, whose KV
             # was never made; a decode region caches nothing.
             _finish(st, r, i, now, st.need[i], st.need[i] - 1 if st.role[r] == MIXED else 0)
         else:
-            _make_ready(st, r, i, st.ctx[i] + 1, now)
+            _make_ready(st, r, i, st.ctx[i] + tokens, now)
     if st.hq_len[0] > 0:
         _start_handoffs(st, now)  # KV room may have been freed
     _kick(st, r, now)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wse_emu.serving.loops.flowshop import advance
+from wse_emu.serving.speculation import acceptance_runs, speculating
 
 
 class Pipeline:
@@ -150,6 +151,9 @@ class RegionState:
         self.max_running = policy.running_cap()
         self.serves_prefill = pool.prefill is not None
         self.serves_decode = pool.decode is not None
+        # Speculative decoding: K drafted tokens checked per verify step, whose later tiles
+        # follow the first through the stages at ``verify``'s times (None, 0: plain decode).
+        self.verify, self.drafts = speculating(pool)
 
 
 class Event:
@@ -205,7 +209,8 @@ class Dispatch(Event):
 
 
 class Decoded(Event):
-    """A decode micro-batch left the last stage: each of its sequences has one more token."""
+    """A decode micro-batch left the last stage: each of its sequences has one more token, or,
+    verified with speculation, one more and the drafted ones accepted before it."""
 
     __slots__ = ("region", "batch")
 
@@ -217,9 +222,15 @@ class Decoded(Event):
         q = r.queues
         q.flying -= len(self.batch)
         for i, ctx, _ in self.batch:
-            sim.made[i] += 1
-            sim.gaps.append((i, now - sim.last[i]))
-            sim.last[i] = now
+            tokens = 1
+            if r.drafts:
+                tokens = min(1 + min(sim.runs[sim.run_at[i]], r.drafts),
+                             sim.output[i] - sim.made[i])
+                sim.run_at[i] += 1
+            for _ in range(tokens):  # the gap before the first; the others come with it
+                sim.made[i] += 1
+                sim.gaps.append((i, now - sim.last[i]))
+                sim.last[i] = now
             if sim.made[i] >= sim.output[i]:
                 sim.finish[i] = now
                 # A colocated region caches the whole context but the newest token, whose KV
@@ -228,7 +239,7 @@ class Decoded(Event):
                             now)
                 sim.next_call(i, now)
             else:
-                q.ready.append((i, ctx + 1, now))
+                q.ready.append((i, ctx + tokens, now))
         if sim.handoffs:
             sim.start_handoffs(now)  # KV room may have been freed
         sim.kick(r, now)
@@ -285,8 +296,10 @@ class Simulation:
     transfer's links and bytes per cycle."""
 
     def __init__(self, requests, regions: list[RegionState], clock_hz: float,
-                 kv_bytes_per_token: int, caching: bool):
+                 kv_bytes_per_token: int, caching: bool, runs: tuple):
         n = len(requests)
+        # Speculative decoding's acceptance runs, and where each request's next one is.
+        self.runs, self.run_at = runs[0].tolist(), runs[1][:-1].tolist()
         self.regions = regions
         self.entry = [q for q in regions if q.role in ("mixed", "prefill")]
         self.decoders = [q for q in regions if q.role in ("mixed", "decode")]
@@ -476,15 +489,24 @@ class Simulation:
             c.busy_prefill += chunk[-1]
             done = r.pipeline.run(chunk, now, "prefill")
             q.turns = 0
+        verified = done  # when the decode's tokens are out
+        if sequences and r.drafts:
+            # A verify step: the later tiles follow the first, one per drafted token.
+            period = r.verify.vector(sequences, context)
+            for _ in range(r.drafts):
+                c.busy_decode += period[-1]
+                verified = r.pipeline.run(period, now, "verify")
         if sequences:
             alone = own[-1] + own[-2]  # its stages and the hops between them
-            waited = done - batch[0][2] if sequences == 1 else \
-                sum(done - since for _, _, since in batch)
+            if r.drafts:  # and its later tiles, at the pace of its slowest stage
+                alone += r.drafts * float(period[:-2].max())
+            waited = verified - batch[0][2] if sequences == 1 else \
+                sum(verified - since for _, _, since in batch)
             c.stall += waited - sequences * alone
             c.work += sequences * alone
             c.decoded += sequences
             q.flying += sequences
-            self.schedule(done, Decoded(r, batch))
+            self.schedule(verified, Decoded(r, batch))
         left = tokens if i >= 0 else 0
         while left > 0:
             j = q.prompts[0]
@@ -509,7 +531,8 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
     policy; ``caching``: whether the prefix cache is kept."""
     regions = [RegionState(k, p, policies[p.role], options.timeline_events)
                for k, p in enumerate(pools)]
-    sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching)
+    sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching,
+                     acceptance_runs(requests, options))
     began = time.perf_counter()
     sim.run()
     loop_s = time.perf_counter() - began

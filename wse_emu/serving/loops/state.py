@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from wse_emu.serving.loops import compiled as cl
+from wse_emu.serving.speculation import acceptance_runs, speculating
 from wse_emu.serving.workload import Requests
 
 
@@ -61,9 +62,11 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
            heap: int):
     """The compiled loop's state for these requests and pools, with room for ``heap`` events
     in its heap."""
-    tables, ptab, dtab, rtab = _pack_tables(pools, options)
+    tables, ptab, dtab, rtab, vtab = _pack_tables(pools, options)
     knobs = {role: policies[role].packed() for role in cl.ROLES}
+    runs, begin = acceptance_runs(requests, options)
     sizes = _sizes(requests, pools, options, caching, heap)
+    sizes["runs"] = max(len(runs), 1)
     # The packed tables and the knobs are as long as what was packed.
     sizes.update({axis: len(values) for name, values in tables.items()
                   for axis in cl.FIELD[name].axes})
@@ -73,7 +76,9 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
         getattr(st, name)[:] = values
     _set_requests(st, requests, options.clock_hz)
     _set_regions(st, pools, policies)
-    st.ptab[:], st.dtab[:], st.rtab[:] = ptab, dtab, rtab
+    st.ptab[:], st.dtab[:], st.rtab[:], st.vtab[:] = ptab, dtab, rtab, vtab
+    st.drafts[:] = [speculating(p)[1] for p in pools]
+    st.runs[:len(runs)], st.run_at[:] = runs, begin[:-1]
     st.knobs_mixed[:], st.knobs_prefill[:] = knobs["mixed"], knobs["prefill"]
     st.knobs_decode[:] = knobs["decode"]
     _set_stream(st, requests, options.clock_hz)
@@ -146,9 +151,9 @@ def _set_stream(st, requests: Requests, clock_hz: float) -> None:
     st.stream_t[:], st.stream_seq[:], st.stream_req[:] = times[order], order, first[order]
 
 
-def _pack_tables(pools: list, options) -> tuple[dict, list, list, list]:
+def _pack_tables(pools: list, options) -> tuple[dict, list, list, list, list]:
     """The distinct stage tables of ``pools``, packed end to end for the compiled loop, and
-    each pool's prefill, decode and riding decode table (index, or -1)."""
+    each pool's prefill, decode, riding decode and verify table (index, or -1)."""
     tables: list = []
     index: dict = {}
 
@@ -166,6 +171,7 @@ def _pack_tables(pools: list, options) -> tuple[dict, list, list, list]:
     ptab = [add(p.prefill, tile) for p in pools]
     dtab = [add(p.decode, options.batch_limit) for p in pools]
     rtab = [add(p.riding, options.batch_limit) for p in pools]
+    vtab = [add(speculating(p)[0], options.batch_limit) for p in pools]
     packed = {name: [] for name in ("tab_x", "tab_xo", "tab_xn", "tab_y", "tab_yo", "tab_yn",
                                     "tab_g", "tab_go", "tab_k", "tab_lo", "tab_so",
                                     "tab_amax")}
@@ -188,4 +194,4 @@ def _pack_tables(pools: list, options) -> tuple[dict, list, list, list]:
     out = {name: np.asarray(values) for name, values in packed.items()}
     out["lines"] = np.zeros(max(lines, 1))
     out["line_ok"] = np.zeros(max(slots, 1), dtype=np.int64)
-    return out, ptab, dtab, rtab
+    return out, ptab, dtab, rtab, vtab
