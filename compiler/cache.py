@@ -23,6 +23,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from wse_emu.compiler.draft import draft_model
 from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import ClusterSpec
 from wse_emu.kernels import patterns
@@ -59,6 +60,8 @@ def program_key(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions)
         return None
     what = {"model": model.to_dict(), "fabric": cluster.fabric.to_dict(),
             "systems": cluster.systems, "options": options.to_dict()}
+    if options.draft is not None:  # a file it names may change under the same name
+        what["draft"] = draft_model(model, options.draft).to_dict()
     digest = hashlib.sha256(_code_digest().encode())
     digest.update(json.dumps(what, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:32]

@@ -8,6 +8,7 @@ import logging
 import numpy as np
 
 from wse_emu.compiler.build import RegionTemplate
+from wse_emu.compiler.draft import compile_with_draft
 from wse_emu.compiler.layout import NoLayout
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import RegionPlan, partition, wafers_needed
@@ -28,6 +29,8 @@ def compile_model(model: ModelSpec, cluster: ClusterSpec,
                   options: CompileOptions | None = None) -> WaferProgram:
     options = options or CompileOptions()
     patterns.check(options)
+    if options.draft is not None:  # the target beside its draft, each compiled alone
+        return compile_with_draft(model, cluster, options, compile_model)
     plans, templates = _plan_and_template(model, cluster, options)
     program = _instantiate(model, cluster, options, plans, templates)
     verify(program)

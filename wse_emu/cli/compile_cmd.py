@@ -53,6 +53,10 @@ def add_cluster_args(p) -> None:
     p.add_argument("--no-optimize", action="store_true", help="keep the baseline placement")
     p.add_argument("--seed", type=int, default=0, help="placement optimizer seed")
     add_routing_args(p)
+    p.add_argument("--draft", metavar="MODEL|mtp",
+                   help="speculative decoding's draft, compiled beside the target on a strip "
+                        "of each wafer: a model preset, YAML or config.json of the target's "
+                        "vocabulary, or mtp (a one-layer head of the target's architecture)")
     p.add_argument("--attention-tile", type=int, metavar="B",
                    help="batch tiling on attention: a decode micro-batch's attention runs B "
                         "sequences at a time and the MLP or the experts take the whole "
@@ -84,7 +88,8 @@ def options_from_args(args) -> dict:
         region=parse_region(args.region) if args.region else None,
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
         seed=args.seed, routing=args.routing, routing_seed=args.routing_seed,
-        attention_tile=args.attention_tile or 0, patterns=tuple(args.patterns))
+        attention_tile=args.attention_tile or 0, patterns=tuple(args.patterns),
+        draft=args.draft)
 
 
 def compile_from_args(args, model: ModelSpec | None = None) -> WaferProgram:
@@ -120,6 +125,17 @@ def _formats_line(s: dict) -> list[str]:
     return [text]
 
 
+def _draft_line(s: dict) -> list[str]:
+    """What a draft beside the target takes (``compiler.draft``)."""
+    d = s.get("draft")
+    if not d:
+        return []
+    return [f"  draft                {d['model']} on a strip of {d['strip_columns']} columns "
+            f"({d['share_of_wafer_pes']:.1%} of the PEs): {gb(d['weight_bytes'])} of weights, "
+            f"{gb(d['sram_bytes'])} of SRAM, KV for {d['kv_capacity_tokens']:,} tokens; the "
+            f"target keeps KV for {d['target_kv_capacity_tokens']:,}"]
+
+
 def render(program: WaferProgram, max_stages: int = 6) -> str:
     s = program.summary
     cats = s["sram_bytes_by_category"]
@@ -136,6 +152,7 @@ def render(program: WaferProgram, max_stages: int = 6) -> str:
         "  SRAM by category     " + ", ".join(f"{c} {gb(v)}" for c, v in cats.items()),
         f"  colors per PE, max   {s['colors_max_per_pe']} of {s['colors_available']} available",
         f"  KV cache per token   {s['kv_bytes_per_token'] / 1024:g} KiB (all layers)",
+        *_draft_line(s),
         "",
         "Regions",
     ]

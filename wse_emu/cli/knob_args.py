@@ -30,12 +30,33 @@ def add_serving_args(p) -> None:
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="recompute every agentic call's whole context (by default a call "
                         "reuses its session's KV while it is still cached)")
+    p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                   help="speculative decoding: tokens the draft (--draft) proposes per verify "
+                        "step (default 0: none)")
+    p.add_argument("--acceptance", metavar="A|CSV",
+                   help="speculative decoding: the probability that each drafted token is "
+                        "accepted, or a CSV of draft_tokens,mean_tokens_per_step measured; an "
+                        "input, never assumed")
+    p.add_argument("--acceptance-seed", type=int, default=0,
+                   help="seed of the acceptances drawn (default 0)")
 
 
 def serving_settings(args) -> dict:
     """The serving options the flags of ``add_serving_args`` give, by parameter name."""
     return {"policy": args.policy, "prefix_cache": args.prefix_cache,
+            "draft_tokens": args.draft_tokens, "acceptance": _acceptance(args.acceptance),
+            "acceptance_seed": args.acceptance_seed,
             **{f.name: getattr(args, f.name) for f in knob_fields()}}
+
+
+def _acceptance(text: str | None) -> float | str | None:
+    """A probability as a number, anything else as the path of a table."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def knob_values_arg(group, f) -> None:

@@ -54,7 +54,7 @@ def add_parser(sub, summary: str) -> None:
 # hardware take none of them.
 CLUSTER_DEFAULTS = {"fabric": "wse3", "fabric_set": [], "systems": 1, "plan": "colocated",
                     "prefill_share": None, "prefill_systems": None, "region": None,
-                    "layers_per_stage": None}
+                    "layers_per_stage": None, "draft": None}
 
 
 def check_pool_args(args) -> None:
@@ -126,6 +126,18 @@ def render(report: ServeReport, result, metrics) -> str:
              f"  SLO attainment       {metrics.slo_attainment:.1%} (goodput "
              f"{number(metrics.goodput_requests_per_s)} requests/s)", "",
              narrow_table(["latency", "p50", "p90", "p99"], rows)]
+    spec = report.speculation
+    if spec:
+        alone = spec["step_alone"]
+        lines[1:1] = [
+            f"  speculation          draft {spec['draft']}, {spec['draft_tokens']} drafted "
+            f"tokens per verify step, each accepted with probability {spec['acceptance']:.3g}: "
+            f"{spec['tokens_per_step']:.2f} tokens per step (expected "
+            f"{spec['tokens_per_step_expected']:.2f})",
+            f"  one verify round     {seconds(alone['draft_s'] + alone['verify_s'])} alone at "
+            f"batch 1, context {alone['context']:,} (the draft's steps "
+            f"{alone['draft_share']:.0%}); the draft takes {spec['draft_strip_columns']} "
+            f"columns, {spec['draft_share_of_wafer_pes']:.1%} of the PEs"]
     regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
              f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]
             for name, r in list(result.regions.items())[:SHOWN_REGIONS]]

@@ -16,6 +16,7 @@ from wse_emu.models.spec import ModelSpec
 from wse_emu.pools.kinds.wafer import WAFER, wafer_pools
 from wse_emu.pools.named import named_pools, pool_sides
 from wse_emu.pools.names import parse_pool
+from wse_emu.pools.speculative import step_alone
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.metrics import RunMetrics, ServeReport, run_metrics
 from wse_emu.serving.policies import check_in_tables
@@ -28,6 +29,7 @@ from wse_emu.serving.serve import (
     setting_names,
 )
 from wse_emu.serving.serve import serve as serve_requests
+from wse_emu.serving.speculation import speculation_report
 from wse_emu.serving.tables import default_cache_dir
 from wse_emu.serving.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.serving.workload import generate as generate_requests
@@ -100,13 +102,20 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
     short = kv_shortfall(reqs, program.regions)
     if short:
         raise UserError(f"{short}: {room_advice(program, reqs)}")
-    result = serve_requests(reqs, wafer_pools(program, cache), settings, loop=loop)
+    pools = wafer_pools(program, cache, draft_tokens=settings.draft_tokens)
+    result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name
     metrics = run_metrics(result, reqs, demand.ttft_s, demand.tpot_s)
     report = ServeReport(demand.targets, metrics, result.regions, model=program.model.name,
                          cluster=f"{program.systems} x {program.fabric.name}",
                          plan=program.options.plan, policy=settings.policy,
                          workload=result.workload)
+    spec = settings.speculation()
+    if spec is not None:
+        draft_stages = len(program.draft.regions[0].stage_ids)
+        report.speculation = speculation_report(
+            spec, result.gap_request, result.gap_cycles,
+            step_alone(pools[0], draft_stages, settings.clock_hz), program.summary["draft"])
     return ServeRun(result, metrics, report)
 
 

@@ -207,6 +207,9 @@ class WaferProgram:
     routes: list[Route]
     arrays: dict[str, np.ndarray]  # name -> (systems, height, width)
     summary: dict[str, Any] = field(default_factory=dict)
+    # Speculative decoding's draft, compiled on its own strip of the wafer (its fabric is that
+    # strip), beside each replica of this program's model (``compiler.draft``); None: none.
+    draft: "WaferProgram | None" = None
 
     def __post_init__(self):
         # Options handed over in their JSON form (as the compiler's mapper does) are kept as
@@ -253,7 +256,7 @@ class WaferProgram:
                 out[f.name] = value
             return out
 
-        return {
+        out = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "fabric": self.fabric.to_dict(),
@@ -266,6 +269,15 @@ class WaferProgram:
             "kernels": [dump(k) for k in self.kernels],
             "routes": [dump(r) for r in self.routes],
         }
+        if self.draft is not None:  # a program without a draft reads as before
+            out["draft"] = self.draft.to_json()
+        return out
+
+    def all_arrays(self) -> dict[str, np.ndarray]:
+        """Its per-PE arrays and its draft's, the draft's named ``draft.NAME``."""
+        if self.draft is None:
+            return self.arrays
+        return {**self.arrays, **{f"{DRAFT_PREFIX}{k}": v for k, v in self.draft.arrays.items()}}
 
     def save(self, directory: str | Path) -> None:
         """Write program.json and program.npz into ``directory`` (created if needed), with a
@@ -276,11 +288,12 @@ class WaferProgram:
         except OSError as exc:
             raise cannot_write(directory, exc) from None
         data = json.loads(json.dumps(self.to_json(), default=_json_default))
-        data["digest"] = _digest_of(data, self.arrays)
+        arrays = self.all_arrays()
+        data["digest"] = _digest_of(data, arrays)
         # Each file whole or not at all; the arrays first, so that a program.json is never
         # there before the program.npz its digest was taken with.
         with replacing(directory / "program.npz") as fh:
-            np.savez_compressed(fh, format_version=np.int32(FORMAT_VERSION), **self.arrays)
+            np.savez_compressed(fh, format_version=np.int32(FORMAT_VERSION), **arrays)
         write_text(directory / "program.json", json.dumps(data, indent=1))
 
     @classmethod
@@ -338,6 +351,12 @@ class WaferProgram:
                 kwargs[f.name] = value
             return cls_(**kwargs)
 
+        draft = None
+        if "draft" in data:
+            own = {k[len(DRAFT_PREFIX):]: v for k, v in arrays.items()
+                   if k.startswith(DRAFT_PREFIX)}
+            arrays = {k: v for k, v in arrays.items() if not k.startswith(DRAFT_PREFIX)}
+            draft = cls._from_data(data["draft"], own, path)
         fabric = fabric_from_dict(data["fabric"], str(path))
         model = model_from_dict(data["model"], str(path))
         check_program(data, fabric, model, arrays, {"regions": Region, "stages": Stage,
@@ -354,7 +373,11 @@ class WaferProgram:
             routes=[build(Route, r) for r in data["routes"]],
             arrays=arrays,
             summary=data.get("summary", {}),
+            draft=draft,
         )
+
+
+DRAFT_PREFIX = "draft."  # the draft's arrays in program.npz
 
 
 def _digest_of(data: dict, arrays: dict) -> str:

@@ -65,6 +65,10 @@ class CompileOptions:
     # Kernel patterns chosen instead of their role's default (``DEFAULT_PATTERNS``), each
     # "ROLE=NAME" (in both phases) or "ROLE=DECODE,PREFILL": "matrix=gemv_whole,gemm_stream".
     patterns: tuple[str, ...] = ()
+    # Speculative decoding's draft, compiled beside the target on a strip of the wafer
+    # (``compiler.draft``): a model preset, a model YAML or config.json, or "mtp" (a one-layer
+    # head of the target's architecture). None: no draft.
+    draft: str | None = None
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values
@@ -89,6 +93,8 @@ class CompileOptions:
         if not 0.0 < self.weight_share_target <= 1.0:
             raise UserError(f"`weight_share_target` must be in (0, 1], got "
                             f"{self.weight_share_target}")
+        if self.draft is not None and not self.draft.strip():
+            raise UserError("`draft` is empty: name a model, or mtp")
         if self.buffer_tokens < 1:
             raise UserError(f"`buffer_tokens` must be at least 1, got {self.buffer_tokens}")
         if self.seed < 0:

@@ -231,6 +231,7 @@ def _or_none(test):
 
 _TYPES = {
     "int": _is_int, "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
+    "str | None": _or_none(lambda v: isinstance(v, str)),
     "Rect": _is_rect, "list[Rect]": _list_of(_is_rect), "list[int]": _list_of(_is_int),
     "list[str]": _list_of(lambda v: isinstance(v, str)),
     "list[int] | None": _or_none(_list_of(_is_int)), "int | None": _or_none(_is_int),
@@ -242,6 +243,7 @@ _TYPES = {
     "tuple[str, ...]": _list_of(lambda v: isinstance(v, str)),
 }
 _WORDS = {"int": "a whole number", "str": "a string", "bool": "true or false",
+          "str | None": "a string or null",
           "Rect": "a rectangle [system, x, y, w, h]", "list[Rect]": "a list of rectangles",
           "list[int]": "a list of whole numbers", "int | None": "a whole number or null",
           "list[int] | None": "a list of whole numbers or null", "float": "a number",

@@ -334,11 +334,15 @@ class ServeReport:
     # Pools named by their hardware: where each side's step times come from (a simulated
     # wafer, a roofline, a GPU database and its version), by side.
     step_times: dict | None = None
+    # Speculative decoding, when the run used it (``speculation.speculation_report``).
+    speculation: dict | None = None
 
     def to_json(self) -> dict:
         head = {name: getattr(self, name) for name in REPORT_HEAD
                 if getattr(self, name) is not None}
         tail = {"step_times": self.step_times} if self.step_times else {}
+        if self.speculation:
+            tail["speculation"] = self.speculation
         return {**head, "targets": self.targets, **self.metrics.to_json(),
                 "regions": self.regions, **tail}
 
@@ -346,7 +350,7 @@ class ServeReport:
     def from_json(cls, data: dict) -> "ServeReport":
         return cls(data.get("targets") or {}, RunMetrics.from_json(data),
                    data.get("regions") or {}, **{name: data.get(name) for name in REPORT_HEAD},
-                   step_times=data.get("step_times"))
+                   step_times=data.get("step_times"), speculation=data.get("speculation"))
 
     def __repr__(self) -> str:
         what = self.configuration or f"{self.model} on {self.cluster}, {self.plan}"

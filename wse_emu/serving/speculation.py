@@ -156,3 +156,35 @@ def acceptance_runs(requests, options) -> tuple[np.ndarray, np.ndarray]:
     if spec is None:
         return np.zeros(0, dtype=np.int8), np.zeros(len(requests) + 1, dtype=np.int64)
     return spec.runs(requests.output_tokens)
+
+
+def bursts(gap_request: np.ndarray, gap_cycles: np.ndarray) -> np.ndarray:
+    """Tokens per verify step as a run served them: every token after a request's first comes
+    with a gap since the token before, and a verify step's tokens after its first come at
+    once (a gap of zero), so a step's tokens are a positive gap and the zeros after it."""
+    order = np.argsort(gap_request, kind="stable")  # each request's tokens in their order
+    starts = np.flatnonzero(gap_cycles[order] > 0)
+    return np.diff(np.append(starts, len(order)))
+
+
+def speculation_report(spec: Speculation, gap_request: np.ndarray, gap_cycles: np.ndarray,
+                       step: dict, draft: dict) -> dict:
+    """What speculation did in a run: the acceptance it assumed, tokens per verify step (the
+    formula's mean, and the run's mean and distribution), one step's time alone at a
+    reference shape (``step``: the draft's K steps and the target's verify, in seconds), and
+    what the draft takes (``draft``: the compiler's summary of it)."""
+    sizes = bursts(gap_request, gap_cycles)
+    counts = np.bincount(sizes, minlength=spec.draft_tokens + 2)[1:]
+    total = step["draft_s"] + step["verify_s"]
+    return {"draft": draft.get("model"), "draft_tokens": spec.draft_tokens,
+            "acceptance": spec.acceptance, "acceptance_seed": spec.seed,
+            "tokens_per_step_expected": spec.mean_tokens_per_step,
+            "tokens_per_step": float(sizes.mean()) if len(sizes) else None,
+            "tokens_per_step_share": {str(k + 1): float(c / max(len(sizes), 1))
+                                      for k, c in enumerate(counts) if k < spec.draft_tokens
+                                      + 1},
+            "step_alone": {**step, "draft_share": step["draft_s"] / total if total else None},
+            "draft_sram_bytes": draft.get("sram_bytes"),
+            "draft_strip_columns": draft.get("strip_columns"),
+            "draft_share_of_wafer_pes": draft.get("share_of_wafer_pes"),
+            "kv_capacity_tokens": draft.get("target_kv_capacity_tokens")}

@@ -17,9 +17,10 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
 from wse_emu.pools.kinds.base import PoolKind, Side
+from wse_emu.pools.speculative import hop_to_target, with_draft
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.pools import PHASES, StagePool
-from wse_emu.serving.tables import TableAsk, build_tables, grid_axes
+from wse_emu.serving.tables import TableAsk, build_tables, grid_axes, verify_phase
 from wse_emu.sim.runner import signature
 from wse_emu.util.configfile import preset_names
 from wse_emu.util.progress import status
@@ -108,38 +109,67 @@ class WaferRegion(StagePool):
         return self
 
 
-def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full",
-                pool=None) -> list[WaferRegion]:
+def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full", pool=None,
+                draft_tokens: int = 0) -> list[WaferRegion]:
     """``wafer_pools_of`` one program."""
-    return wafer_pools_of([program], cache, grid, pool)[0]
+    return wafer_pools_of([program], cache, grid, pool, draft_tokens)[0]
 
 
 def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full",
-                   pool=None) -> list[list[WaferRegion]]:
+                   pool=None, draft_tokens: int = 0) -> list[list[WaferRegion]]:
     """Each program's regions as pools: one pair of tables per distinct region (replicas of
     one shape and role share them), over the micro-batch shapes of ``grid`` ("full", or
     "quick" for a first look), every program's timed together (``build_tables``) so that
     stages alike across them are timed once; with ``pool`` (a worker pool,
-    ``workers.point_pool``) on its workers."""
+    ``workers.point_pool``) on its workers. With ``draft_tokens``, a program's regions that
+    decode do so speculatively, its draft their first stage (``pools.speculative``): each
+    program must have a draft."""
     asks, where = [], []  # per program, per region: the asks' indices by phase
     for program in programs:
+        if draft_tokens and program.draft is None:
+            raise UserError("speculative decoding needs a draft beside the target: compile "
+                            "with `draft` (a model, or mtp)")
         shared: dict[tuple, dict] = {}
         per_region = []
         for r in program.regions:
             key = (r.role, tuple(signature(program, program.stages[i]) for i in r.stage_ids))
             if key not in shared:
                 shared[key] = {}
-                for ph in PHASES[r.role]:
+                phases = PHASES[r.role]
+                if draft_tokens and "decode" in phases:
+                    phases = (*phases, verify_phase(draft_tokens))
+                for ph in phases:
                     shared[key][ph] = len(asks)
                     asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph)))
             per_region.append(shared[key])
-        where.append(per_region)
+        drafts = {}
+        if draft_tokens:  # the draft's own tables, on its strip
+            side = program.draft
+            for ph in ("prefill", "decode"):
+                drafts[ph] = len(asks)
+                asks.append(TableAsk(side, side.regions[0].name, ph, grid_axes(grid, ph)))
+        where.append((per_region, drafts))
     tables = build_tables(asks, cache_dir=cache, pool=pool)
     out = []
-    for program, per_region in zip(programs, where):
-        out.append([WaferRegion(r.name, r.role, r.kv_capacity_tokens,
-                                tables[t["prefill"]] if "prefill" in t else None,
-                                tables[t["decode"]] if "decode" in t else None,
-                                system=r.parts[0].system).for_fabric(program.fabric)
+    for program, (per_region, drafts) in zip(programs, where):
+        draft = {ph: tables[k] for ph, k in drafts.items()}
+        out.append([_region_pool(program, r, {ph: tables[k] for ph, k in t.items()}, draft,
+                                 draft_tokens)
                     for r, t in zip(program.regions, per_region)])
     return out
+
+
+def _region_pool(program: WaferProgram, r, tables: dict, draft: dict,
+                 draft_tokens: int) -> WaferRegion:
+    """Region ``r`` as a pool from its tables by phase and, speculating, its draft's."""
+    prefill, decode = tables.get("prefill"), tables.get("decode")
+    verify, capacity = None, r.kv_capacity_tokens
+    if draft_tokens:
+        # Every sequence keeps its context in both.
+        capacity = min(capacity, program.draft.regions[0].kv_capacity_tokens)
+        decode, prefill, verify = with_draft(
+            decode, prefill, tables.get(verify_phase(draft_tokens)), draft["decode"],
+            draft["prefill"], draft_tokens, hop_to_target(program))
+    return WaferRegion(r.name, r.role, capacity, prefill, decode, system=r.parts[0].system,
+                       verify=verify, draft_tokens=draft_tokens if verify is not None else 0,
+                       ).for_fabric(program.fabric)

@@ -1,0 +1,96 @@
+"""A draft compiled beside its target (``compiler.draft``): the strip it takes, what it costs
+the target, read back whole, and what it does not go with refused by name."""
+
+import numpy as np
+import pytest
+import yaml
+
+from wse_emu import api
+from wse_emu.cli.main import main
+from wse_emu.errors import CompileError, UserError
+from wse_emu.program.format import WaferProgram
+
+
+@pytest.fixture(scope="module")
+def drafted():
+    return api.compile("tiny", "mesh16", draft="mtp")
+
+
+def test_the_draft_takes_a_strip_and_the_target_the_rest(drafted):
+    plain = api.compile("tiny", "mesh16")
+    d = drafted.summary["draft"]
+    side = drafted.draft
+    assert d["model"] == "tiny-mtp" and side.model.num_layers == 1
+    assert side.fabric.width == d["strip_columns"] and side.fabric.height == 16
+    target = drafted.regions[0].parts[0]
+    assert target.x == 0 and target.w == 16 - d["strip_columns"]
+    # Room for every token the target holds, and the target holds fewer than alone (one
+    # replica beside its draft, where alone it lays out as many as fit).
+    assert side.regions[0].kv_capacity_tokens >= drafted.regions[0].kv_capacity_tokens
+    assert drafted.regions[0].kv_capacity_tokens < sum(r.kv_capacity_tokens
+                                                       for r in plain.regions)
+    assert d["sram_bytes"] == int(side.sram_total().sum()) > d["weight_bytes"] > 0
+
+
+def test_the_strip_is_the_narrowest_that_holds_the_draft(drafted):
+    """One column fewer and the draft's KV room falls short of the target's (or the draft
+    does not map)."""
+    from wse_emu.compiler.draft import _enough, _pair
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.hardware.fabric import ClusterSpec
+    from wse_emu.program.options import CompileOptions
+
+    width = drafted.summary["draft"]["strip_columns"]
+    cluster = ClusterSpec(drafted.fabric, 1)
+    narrower = _pair(drafted.model, drafted.draft.model, cluster, CompileOptions(), width - 1,
+                     compile_model)
+    assert not _enough(narrower)
+
+
+def test_a_program_with_a_draft_reads_back_whole(drafted, tmp_path):
+    drafted.save(tmp_path)
+    back = WaferProgram.load(tmp_path)
+    assert back.to_json() == drafted.to_json()
+    assert back.draft.to_json() == drafted.draft.to_json()
+    assert all(np.array_equal(back.draft.arrays[k], v) for k, v in drafted.draft.arrays.items())
+    assert back.arrays.keys() == drafted.arrays.keys()
+
+
+def test_a_program_without_a_draft_writes_as_before(tmp_path):
+    program = api.compile("tiny", "mesh16")
+    assert "draft" not in program.to_json() and program.draft is None
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"draft": "mtp", "plan": "disaggregated"}, "disaggregated plan with a draft"),
+    ({"draft": "mtp", "region": (8, 8)}, "drop `region`"),
+    ({"draft": "llama-3.2-1b"}, "must share one"),
+    ({"draft": " "}, "`draft` is empty"),
+])
+def test_what_a_draft_does_not_go_with(options, message):
+    with pytest.raises(UserError, match=message):
+        api.compile("tiny", "mesh16", **options)
+
+
+def test_a_target_that_spans_wafers_takes_no_draft_yet():
+    with pytest.raises(UserError, match="spans wafers.*not modelled yet"):
+        api.compile("llama-3.1-8b", "mesh64", systems=64, draft="mtp")
+
+
+def test_a_draft_that_does_not_fit_says_how_much_sram_it_lacks(tmp_path, capsys):
+    big = yaml.safe_load(open_preset("tiny"))
+    big.update(name="big-draft", hidden_size=1024, intermediate_size=4096, num_layers=8,
+               num_heads=16, num_kv_heads=4, head_dim=64)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(big))
+    with pytest.raises(CompileError, match=r"does not fit beside tiny .* it lacks [0-9.]+ GB"):
+        api.compile("tiny", "mesh16", draft=str(path))
+    assert main(["compile", "tiny", "--fabric", "mesh16", "--draft", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lacks" in err[0]
+
+
+def open_preset(name: str) -> str:
+    from wse_emu.util.configfile import preset_dir
+
+    return (preset_dir("models") / f"{name}.yaml").read_text()

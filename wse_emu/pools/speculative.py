@@ -1,0 +1,80 @@
+"""A wafer region that decodes speculatively, as serving reads it: the draft's stages beside it
+come first in its pipeline.
+
+The draft (``WaferProgram.draft``, on its own strip of the wafer) works on a micro-batch before
+the target does: for a decode micro-batch it runs its K steps one after another (each a whole
+pass through its stages, the next drafted token needing the one before), for a prompt's chunk it
+fills its own KV from the chunk, and the verify step's later tiles pass it by. Its stages are
+stages of the pool's pipeline, each busy with one micro-batch at a time while the others work on
+other micro-batches, as on the wafer: a draft stage holds a decode micro-batch for its share of
+all K steps (at the sequences' contexts as they grow by one drafted token per step). Alone, a
+micro-batch then takes the K steps' time through the draft, as its steps one after another
+would; with others in flight, each draft stage is as busy as its K steps make it. Its tokens
+then cross the wafer to the target's first stage.
+
+Every time here is the engine's: the draft's steps from its own stage tables, the target's
+first tile from its decode table and the later tiles from its verify table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse_emu.serving.tables import StageTable
+
+
+def with_draft(decode: StageTable | None, prefill: StageTable | None,
+               verify: StageTable | None, draft_decode: StageTable, draft_prefill: StageTable,
+               draft_tokens: int, hop_cycles: float) -> tuple:
+    """The target's decode, prefill and verify tables with the draft's stages before theirs
+    (``draft_tokens`` of its steps per decode micro-batch, its prefill per chunk, nothing per
+    later verify tile), and between the stages the draft's hops and ``hop_cycles`` more (the
+    drafted tokens' trip to the target); None stays None."""
+    def steps(a: float, b: float) -> np.ndarray:
+        return sum(draft_decode.vector(a, b + j)[:-1] for j in range(draft_tokens))
+
+    def chunk(a: float, b: float) -> np.ndarray:
+        return draft_prefill.vector(a, b)[:-1]
+
+    def passed(a: float, b: float) -> np.ndarray:
+        return np.zeros(len(draft_decode.cycles) + 1)
+
+    return (_after(decode, steps, hop_cycles), _after(prefill, chunk, hop_cycles),
+            _after(verify, passed, 0.0))
+
+
+def _after(table: StageTable | None, draft, hop_cycles: float) -> StageTable | None:
+    """``table`` with the draft's stages first: ``draft(a, b)`` gives their cycles and then
+    the cycles between them, in all."""
+    if table is None:
+        return None
+    parts = np.array([[draft(float(a), float(b)) for b in table.axis1] for a in table.axis0])
+    stages = np.moveaxis(parts[:, :, :-1], -1, 0)
+    return StageTable(table.phase, table.axis0, table.axis1,
+                      np.concatenate([stages, table.cycles]),
+                      table.transfers + parts[:, :, -1] + hop_cycles)
+
+
+def hop_to_target(program) -> float:
+    """The drafted tokens' trip from the draft's strip, at the wafer's far side, to the
+    target's first stage: across the wafer's width (an upper bound on the hops; the token ids
+    are a few wavelets)."""
+    fabric = program.fabric
+    return float(fabric.width * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles)
+
+
+REFERENCE_CONTEXT = 4096  # the shape one verify round is reported at: one sequence, this context
+
+
+def step_alone(pool, draft_stages: int, clock_hz: float,
+               context: int = REFERENCE_CONTEXT) -> dict:
+    """One sequence's verify round alone on ``pool`` at ``context``, in seconds: the draft's K
+    steps (its ``draft_stages`` first stages) and the target's verify step (its first tile's
+    trip, the hops included, then each later tile at its slowest stage's pace)."""
+    first = pool.decode.vector(1, context)
+    later = pool.verify.vector(1, context)
+    draft = float(first[:draft_stages].sum())
+    verify = float(first[draft_stages:-2].sum() + first[-2]) \
+        + pool.draft_tokens * float(later[draft_stages:-2].max())
+    return {"batch": 1, "context": context, "draft_s": draft / clock_hz,
+            "verify_s": verify / clock_hz}
