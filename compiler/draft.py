@@ -1,12 +1,20 @@
 """A draft model beside its target, for speculative decoding.
 
 The draft proposes the tokens the target's verify step checks, so it must be close to the
-target: it is compiled onto the same wafer, on a strip of full-height columns at the wafer's
-far side, and the target is laid out on the columns left (its region narrowed, so its KV
-cache holds fewer tokens: what the draft costs, and what the compiler reports). The strip is
-the narrowest in which the draft maps with room for as many tokens of its own KV as the
-target's region holds (every sequence the target decodes has its context in both); the
-draft's tokens per KV entry are usually far fewer, so its weights set the width.
+target: it is compiled onto every wafer of the cluster, on a strip of full-height columns at the
+wafer's far side, and the target is laid out, in any plan, on the columns left (each wafer
+narrowed by the strip, so the target's KV cache holds fewer tokens: what the draft costs, and
+what the compiler reports). The strip is the narrowest in which the draft maps with room for as
+many tokens of its own KV as the target's regions on one wafer hold (every sequence the target
+serves there has its context in both); the draft's KV per token is usually far smaller, so its
+weights set the width. With a draft, the target keeps one replica per wafer (or per group of
+wafers it spans), so that one draft serves one replica's micro-batches.
+
+On a wafer that holds both a prefill and a decode region (a split by columns), the two share
+the strip: the prefill region's draft fills the draft's KV from each prompt, the decode
+region's drafts tokens, and each is timed as if it had the strip to itself (a simplification
+in the split's favour, said where the split is reported). A replica that spans wafers uses the
+strip of the wafer that holds its last stage; the other wafers' strips stay idle.
 
 The draft is a model preset, a model YAML or a Hugging Face config.json of the same
 vocabulary, or ``mtp``: a one-layer head of the target's own architecture (one decoder layer,
@@ -14,16 +22,12 @@ its embedding and LM head), as multi-token-prediction and EAGLE-style heads are.
 share the target's embedding and LM head in the published designs; here they keep their own
 copy beside the layer, which their step reads as the target's would, so their weights are
 counted once more than a shared head's would be.
-
-A target whose replica spans wafers, or a disaggregated plan, takes no draft yet: refused by
-name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from wse_emu.compiler.partition import wafers_needed
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec, with_overrides
 from wse_emu.models.load import load_model
@@ -49,29 +53,15 @@ def draft_model(target: ModelSpec, draft: str) -> ModelSpec:
     return model
 
 
-def check_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions) -> None:
-    """What a draft does not go with, refused by name before anything is compiled."""
-    if options.plan != "colocated":
-        raise UserError("a draft is compiled beside a colocated target; a disaggregated plan "
-                        "with a draft is not modelled yet")
-    if options.region is not None:
-        raise UserError("with a draft, the draft's strip sets the target's region: drop "
-                        "`region`")
-    if wafers_needed(model, cluster.fabric) > 1:
-        raise UserError(f"{model.name} spans wafers of {cluster.fabric.name}; a draft beside "
-                        "a replica that spans wafers is not modelled yet")
-
-
 def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                        compile_fn) -> WaferProgram:
     """``model`` on each wafer's columns but a strip at the far side, and the draft options
     name on that strip, the narrowest that holds the draft with KV room for as many tokens as
-    the target's region: the target's program, with the draft's in ``draft`` and what it
-    takes in ``summary["draft"]``. ``compile_fn`` compiles one model (``compile_model``)."""
-    check_draft(model, cluster, options)
+    the target's regions on one wafer: the target's program (its fabric the narrowed wafer),
+    with the draft's in ``draft`` and what it takes in ``summary["draft"]``. ``compile_fn``
+    compiles one model (``compile_model``)."""
     draft = draft_model(model, options.draft)
     fabric = cluster.fabric
-    bare = dataclasses.replace(options, draft=None)
     usable = fabric.usable_bytes_per_pe
     # No narrower strip holds the draft's weights alone.
     width = max(1, -(-draft.weight_bytes() // (fabric.height * usable)))
@@ -79,7 +69,7 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
 
     def attempt(w: int) -> tuple:
         if w not in tried:
-            tried[w] = _pair(model, draft, cluster, bare, w, compile_fn)
+            tried[w] = _pair(model, draft, cluster, options, w, compile_fn)
         return tried[w]
 
     # Widen geometrically until the draft maps with room enough, then narrow by bisection;
@@ -101,23 +91,38 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
             low = middle
     target, side = attempt(high)
     target.draft = side
-    target.summary["draft"] = draft_summary(target, side, high)
+    target.summary["draft"] = draft_summary(target, side, fabric, high)
     return target
 
 
 def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
     """(target, draft) with the draft on a strip ``width`` columns wide, or (None, None) when
-    either does not map."""
+    either does not map (or there is too little room for the target's layout)."""
     fabric = cluster.fabric
+    if width >= fabric.width:
+        return None, None
+    narrowed = with_overrides(fabric, width=fabric.width - width)
+    strip = with_overrides(fabric, width=width)
+    alone = dataclasses.replace(options, draft=None, max_replicas_per_part=1)
+    own = dataclasses.replace(alone, plan="colocated", prefill_share=None,
+                              prefill_systems=None, region=(width, fabric.height),
+                              layers_per_stage=None)
     try:
-        target = compile_fn(model, cluster, dataclasses.replace(
-            options, region=(fabric.width - width, fabric.height)))
-        strip = with_overrides(fabric, width=width)
-        side = compile_fn(draft, ClusterSpec(strip, 1), dataclasses.replace(
-            options, region=(width, fabric.height)))
+        target = compile_fn(model, ClusterSpec(narrowed, cluster.systems), alone)
+        side = compile_fn(draft, ClusterSpec(strip, 1), own)
     except CompileError:
         return None, None
     return target, side
+
+
+def tokens_per_wafer(program: WaferProgram) -> int:
+    """The KV tokens the target's regions on its fullest wafer hold (a region spanning
+    wafers counted on each)."""
+    held = [0] * program.systems
+    for r in program.regions:
+        for system in {p.system for p in r.parts}:
+            held[system] += r.kv_capacity_tokens
+    return max(held)
 
 
 def _no_room(model, draft, fabric, width: int, pair: tuple) -> str:
@@ -127,7 +132,7 @@ def _no_room(model, draft, fabric, width: int, pair: tuple) -> str:
     target, side = pair
     need = draft.weight_bytes()
     if target is not None and side is not None:  # the weights fit; the KV room does not
-        need += target.regions[0].kv_capacity_tokens * draft.kv_bytes_per_token()
+        need += tokens_per_wafer(target) * draft.kv_bytes_per_token()
     return (f"the draft {draft.name} does not fit beside {model.name} on {fabric.name}: "
             f"with KV room for the target's tokens it needs {_gb(need)} of SRAM, and half the "
             f"wafer's columns ({width}) hold {_gb(strip)}: it lacks {_gb(max(need - strip, 0))}"
@@ -141,16 +146,15 @@ def _gb(n: float) -> str:
 def _enough(pair: tuple) -> bool:
     target, side = pair
     return target is not None and side.regions[0].kv_capacity_tokens >= \
-        target.regions[0].kv_capacity_tokens
+        tokens_per_wafer(target)
 
 
-def draft_summary(target: WaferProgram, side: WaferProgram, width: int) -> dict:
-    """What the draft takes: its model, the strip, its weights and SRAM, and the target's KV
-    room it leaves."""
-    fabric = target.fabric
+def draft_summary(target: WaferProgram, side: WaferProgram, fabric, width: int) -> dict:
+    """What the draft takes on each wafer (of ``fabric``, the whole one): its model, the
+    strip, its weights and SRAM, and the target's KV room it leaves."""
     sram = int(side.sram_total().sum())
     return {"model": side.model.name, "strip_columns": width,
             "strip_pes": width * fabric.height, "weight_bytes": side.model.weight_bytes(),
             "sram_bytes": sram, "share_of_wafer_pes": width / fabric.width,
             "kv_capacity_tokens": side.regions[0].kv_capacity_tokens,
-            "target_kv_capacity_tokens": target.regions[0].kv_capacity_tokens}
+            "target_kv_capacity_tokens": tokens_per_wafer(target)}

@@ -23,7 +23,7 @@ def test_the_draft_takes_a_strip_and_the_target_the_rest(drafted):
     assert d["model"] == "tiny-mtp" and side.model.num_layers == 1
     assert side.fabric.width == d["strip_columns"] and side.fabric.height == 16
     target = drafted.regions[0].parts[0]
-    assert target.x == 0 and target.w == 16 - d["strip_columns"]
+    assert drafted.fabric.width == target.w == 16 - d["strip_columns"]
     # Room for every token the target holds, and the target holds fewer than alone (one
     # replica beside its draft, where alone it lays out as many as fit).
     assert side.regions[0].kv_capacity_tokens >= drafted.regions[0].kv_capacity_tokens
@@ -37,13 +37,12 @@ def test_the_strip_is_the_narrowest_that_holds_the_draft(drafted):
     does not map)."""
     from wse_emu.compiler.draft import _enough, _pair
     from wse_emu.compiler.mapper import compile_model
-    from wse_emu.hardware.fabric import ClusterSpec
+    from wse_emu.hardware.fabric import ClusterSpec, load_fabric
     from wse_emu.program.options import CompileOptions
 
     width = drafted.summary["draft"]["strip_columns"]
-    cluster = ClusterSpec(drafted.fabric, 1)
-    narrower = _pair(drafted.model, drafted.draft.model, cluster, CompileOptions(), width - 1,
-                     compile_model)
+    narrower = _pair(drafted.model, drafted.draft.model, ClusterSpec(load_fabric("mesh16"), 1),
+                     CompileOptions(draft="mtp"), width - 1, compile_model)
     assert not _enough(narrower)
 
 
@@ -62,8 +61,6 @@ def test_a_program_without_a_draft_writes_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"draft": "mtp", "plan": "disaggregated"}, "disaggregated plan with a draft"),
-    ({"draft": "mtp", "region": (8, 8)}, "drop `region`"),
     ({"draft": "llama-3.2-1b"}, "must share one"),
     ({"draft": " "}, "`draft` is empty"),
 ])
@@ -72,9 +69,16 @@ def test_what_a_draft_does_not_go_with(options, message):
         api.compile("tiny", "mesh16", **options)
 
 
-def test_a_target_that_spans_wafers_takes_no_draft_yet():
-    with pytest.raises(UserError, match="spans wafers.*not modelled yet"):
-        api.compile("llama-3.1-8b", "mesh64", systems=64, draft="mtp")
+def test_a_split_shares_each_wafers_strip():
+    """Disaggregated by columns: the prefill and the decode region of a wafer beside one
+    strip, whose KV room covers both."""
+    split = api.compile("tiny", "mesh16", plan="disaggregated", draft="mtp")
+    roles = sorted(r.role for r in split.regions)
+    assert roles == ["decode", "prefill"]
+    held = sum(r.kv_capacity_tokens for r in split.regions)
+    assert split.summary["draft"]["target_kv_capacity_tokens"] == held
+    assert split.draft.regions[0].kv_capacity_tokens >= held
+    assert split.fabric.width + split.summary["draft"]["strip_columns"] == 16
 
 
 def test_a_draft_that_does_not_fit_says_how_much_sram_it_lacks(tmp_path, capsys):

@@ -123,3 +123,16 @@ def test_the_command_line_refuses_in_one_line(capsys, cache, extra, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_a_split_speculates_on_its_decode_side(cache):
+    """Disaggregated: the decode region drafts and verifies, the prefill region fills the
+    draft's KV from each prompt, and the handoff carries both KVs; both loops alike."""
+    split = api.compile("tiny", "mesh16", plan="disaggregated", draft="mtp")
+    compiled = served(split, cache, draft_tokens=2, acceptance=0.7)
+    plain = served(split, cache, draft_tokens=2, acceptance=0.7, loop="plain")
+    assert compiled.report.to_json() == plain.report.to_json()
+    assert compiled.report.speculation["tokens_per_step"] > 1
+    alone = served(split, cache)
+    # The prompts wait for the draft's prefill too: never sooner than without it.
+    assert compiled.metrics.ttft_s.p50 >= alone.metrics.ttft_s.p50

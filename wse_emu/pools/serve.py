@@ -95,6 +95,10 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
     one_of("loop", loop, LOOPS)
     cache = default_cache_dir(cache_dir)
     settings = ServeOptions.of(program.fabric, program.model, **options)
+    if settings.draft_tokens and program.draft is not None:
+        # A handoff moves the draft's KV of the prompt with the target's.
+        settings = replace(settings, kv_bytes_per_token=settings.kv_bytes_per_token
+                           + program.draft.model.kv_bytes_per_token())
     reqs = generate_requests(spec)
     short = position_shortfall(reqs, program.model)
     if short:  # found before any table is timed
@@ -113,9 +117,10 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
     spec = settings.speculation()
     if spec is not None:
         draft_stages = len(program.draft.regions[0].stage_ids)
+        decoder = next(p for p in pools if p.verify is not None)
         report.speculation = speculation_report(
             spec, result.gap_request, result.gap_cycles,
-            step_alone(pools[0], draft_stages, settings.clock_hz), program.summary["draft"])
+            step_alone(decoder, draft_stages, settings.clock_hz), program.summary["draft"])
     return ServeRun(result, metrics, report)
 
 

@@ -165,8 +165,8 @@ def _region_pool(program: WaferProgram, r, tables: dict, draft: dict,
     prefill, decode = tables.get("prefill"), tables.get("decode")
     verify, capacity = None, r.kv_capacity_tokens
     if draft_tokens:
-        # Every sequence keeps its context in both.
-        capacity = min(capacity, program.draft.regions[0].kv_capacity_tokens)
+        # The draft's strip holds KV for every token of the target's regions on its wafer
+        # (``compiler.draft``), so the target's room is the pool's.
         decode, prefill, verify = with_draft(
             decode, prefill, tables.get(verify_phase(draft_tokens)), draft["decode"],
             draft["prefill"], draft_tokens, hop_to_target(program))
