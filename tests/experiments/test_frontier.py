@@ -175,8 +175,8 @@ def test_the_floor_is_the_fastest_lone_step_of_any_layout(tmp_path, monkeypatch)
 
     real, seen = run.decode_step_s, []
 
-    def recorded(regions, requests, clock_hz):
-        seen.append(real(regions, requests, clock_hz))
+    def recorded(regions, requests, clock_hz, *rest):
+        seen.append(real(regions, requests, clock_hz, *rest))
         return seen[-1]
 
     monkeypatch.setattr(run, "decode_step_s", recorded)

@@ -134,6 +134,15 @@ def _ratio_text(capacity: CapacityRatio) -> str:
     return f"{ratio:.2f}x"
 
 
+def _frontier_speculation(data: FrontierReport) -> str:
+    """The speculative decoding a frontier's rungs served with, if any (every rung alike)."""
+    for rung in (data.experiments or {}).values():
+        timing = getattr(rung, "timing", None)
+        if timing is not None and timing.speculation:
+            return _speculation_text(timing.speculation)
+    return ""
+
+
 def render_frontier(data: FrontierReport) -> str:
     per = data.footprint_unit
     head = (f"{data.model} on {data.cluster}, workload {data.workload}: output "
@@ -141,8 +150,11 @@ def render_frontier(data: FrontierReport) -> str:
             f"{seconds(data.ttft_p90_s)}, each rung's p90 TPOT <= 1 / its speed, >= "
             f"{data.attainment:.0%} of requests meeting both; tuning runs of "
             f"{data.requests_per_run:,} requests, {data.seeds} draw(s)"
-            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
-            + f"; a lone sequence's decode step {seconds(data.lone_decode_step_s)}")
+            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else ""))
+    spec = _frontier_speculation(data)
+    head += (f"; a lone sequence's decode step {seconds(data.lone_decode_step_s)}" if not spec
+             else f"{spec}; a lone sequence's time per token, verify rounds over the tokens "
+             f"each yields on average, {seconds(data.lone_decode_step_s)} at best")
     lines = [head, "", render_rungs(data.rungs, per)]
     for plan in ("colocated", "disaggregated"):
         lines += ["", f"How {plan} serving reached each rung:", "",
@@ -241,6 +253,18 @@ def render_sensitivity(data: VaryReport) -> str:
         "", narrow_table(["value", "best configurations"], best, "rl")])
 
 
+def _speculation_text(spec: dict | None) -> str:
+    """The speculative decoding both plans served with, as the head of a report says it."""
+    if not spec:
+        return ""
+    acceptance = spec["acceptance"]
+    told = f"probability {acceptance:g}" if isinstance(acceptance, (int, float)) \
+        else f"as {acceptance} says"
+    counts = ", ".join(map(str, spec["draft_tokens"]))
+    return (f"; speculative decoding in both plans: draft {spec['draft']}, {counts} drafted "
+            f"tokens per step tried, each accepted with {told}")
+
+
 def render(data: ExperimentReport) -> str:
     t, timing = data.targets, data.timing or StepTiming()
     head = (f"{data.model} on {data.cluster}, workload {data.workload}; targets: {t.at} "
@@ -254,7 +278,8 @@ def render(data: ExperimentReport) -> str:
             + (f"; {timing.routing}" if timing.routing else "")
             + (f"; decode attention in tiles of {timing.attention_tile}"
                if timing.attention_tile else "")
-            + (f"; {timing.stored_formats}" if timing.stored_formats else ""))
+            + (f"; {timing.stored_formats}" if timing.stored_formats else "")
+            + _speculation_text(timing.speculation))
     per = data.footprint_unit  # "system", or the unit of a footprint across kinds
     lines = [head, "", f"Tuning, knob by knob, on runs of {data.requests_per_run:,} "
              f"requests: goodput (highest rate met) per {per} of each value tried", "",

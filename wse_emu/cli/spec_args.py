@@ -119,12 +119,23 @@ def _default_text(f: dataclasses.Field, declared_flag: Flag) -> str:
 
 def _scalar_type(hint):
     """The parser of a one-value flag of a field annotated ``hint``: int or float if the
-    annotation allows it (``float | None``), else the text as it is (a name or a path)."""
+    annotation allows it (``float | None``), else the text as it is (a name or a path); a
+    number where the annotation also takes text (``float | str``: a probability or a
+    table's path), else the text."""
     allowed = typing.get_args(hint) or (hint,)
     for kind in (int, float):
         if kind in allowed:
-            return kind
+            return _number_or_text(kind) if str in allowed else kind
     return str
+
+
+def _number_or_text(kind):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            return text
+    return parse
 
 
 def _value(f: dataclasses.Field, given):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu.serving.serve import ServeOptions
+from wse_emu.serving.speculation import speculating
 from wse_emu.serving.workload import Requests
 
 
@@ -37,17 +38,24 @@ def prefill_cycles(region, prompt: float, tile: int,
     return total
 
 
-def decode_cycles(region, prompt: float, output: float,
-                  batch_limit: int, max_running: int = 0) -> np.ndarray:
+def decode_cycles(region, prompt: float, output: float, batch_limit: int,
+                  max_running: int = 0, tokens_per_step: float = 1.0) -> np.ndarray:
     """Per stage: the cycles of one request's decode tokens, at the batch a full KV cache
-    (or the cap on running sequences) allows."""
+    (or the cap on running sequences) allows; speculating, a verify step's (its first tile,
+    the draft's steps in the draft's stages, and its later tiles) over the ``tokens_per_step``
+    it yields on average."""
     table = region.decode
     stages = len(table.stage_cycles(1, 1))
     concurrent = region.kv_capacity_tokens / max(prompt + output, 1.0)
     if max_running:
         concurrent = min(concurrent, max_running)
     batch = float(np.clip(concurrent / stages, 1.0, batch_limit))
-    per_token = table.stage_cycles(batch, prompt + output / 2) / batch
+    context = prompt + output / 2
+    step = table.stage_cycles(batch, context)
+    verify, drafts = speculating(region)
+    if drafts:
+        step = step + drafts * verify.stage_cycles(batch, context)
+    per_token = step / (batch * tokens_per_step)
     return per_token * max(output - 1.0, 0.0)
 
 
@@ -60,12 +68,15 @@ def ceiling_rate(regions: list, options: ServeOptions,
     calls = len(requests) / len(np.unique(requests.session))
     clock = options.clock_hz
     tile = options.prefill_tile
+    spec = options.speculation()
+    yields = spec.mean_tokens_per_step if spec is not None else 1.0
     mixed = prefill_rate = decode_rate = 0.0
     decode_systems = {r.system for r in regions if r.role == "decode"}
     for r in regions:
         if r.role == "mixed":
             work = prefill_cycles(r, prompt, tile, _cached(requests, options, True)) \
-                + decode_cycles(r, prompt, output, options.batch_limit, options.max_running)
+                + decode_cycles(r, prompt, output, options.batch_limit, options.max_running,
+                                yields)
             mixed += clock / float(work.max())
         elif r.role == "prefill":
             rate = clock / float(prefill_cycles(r, prompt, tile,
@@ -78,7 +89,7 @@ def ceiling_rate(regions: list, options: ServeOptions,
             prefill_rate += rate
         else:
             decode_rate += clock / float(decode_cycles(r, prompt, output, options.batch_limit,
-                                                       options.max_running).max())
+                                                       options.max_running, yields).max())
     per_call = mixed if mixed else min(prefill_rate, decode_rate)
     return per_call / calls
 

@@ -190,12 +190,14 @@ _ServeDefaults = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
 class StepTiming:
     """How both plans' steps were timed, beside their results (``wse_emu.api`` states it):
     a mixture of experts' routing, batch tiling on attention, weights stored narrower than
-    the model's dtype, step times scaled (each None where it does not apply)."""
+    the model's dtype, step times scaled, and speculative decoding (its draft, the drafted
+    tokens tried and the acceptance assumed) (each None where it does not apply)."""
 
     routing: str | None = None
     attention_tile: int | None = None
     stored_formats: str | None = None
     step_scale: str | None = None
+    speculation: dict | None = None
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -396,7 +398,9 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
                       if space.window_s > 0 else [])
     layouts, skipped = setup.layouts_of(job, probes)
     fabric = cluster.fabric
-    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache)
+    timing = setup.timing
+    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache,
+                           acceptance=timing.acceptance, acceptance_seed=timing.acceptance_seed)
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}
     knobs = space.knobs(names["disaggregated"], names["colocated"])

@@ -20,6 +20,7 @@ from wse_emu.experiments.spec import ExperimentSpec, FrontierSpec, PairingsSpec
 from wse_emu.experiments.tuning import serve_choice
 from wse_emu.models.load import load_model
 from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.speculation import Speculation
 from wse_emu.util.fmt import seconds
 from wse_emu.util.workers import point_pool
 
@@ -71,7 +72,10 @@ def decode_floor(setup: Setup, job: Job) -> float:
     """The fastest lone decode step of any layout either plan may take: the depth of a
     pipeline and the PEs a layer gets set it, so no single layout is the floor."""
     layouts, _ = setup.layouts(job.pool, job.cluster, job.draws)
-    return min(decode_step_s(lay.regions, job.draws[0], job.cluster.fabric.clock_hz)
+    timing = setup.timing
+    return min(decode_step_s(lay.regions, job.draws[0], job.cluster.fabric.clock_hz,
+                             Speculation.of(lay.draft_tokens, timing.acceptance)
+                             .mean_tokens_per_step if lay.draft_tokens else 1.0)
                for lay in layouts.values())
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.experiments.goodput import Targets
 from wse_emu.hardware.fabric import MAX_SYSTEMS
+from wse_emu.serving.speculation import speculating
 from wse_emu.serving.workload import Requests
 
 VARIABLES = {
@@ -52,11 +53,13 @@ class StepScale:
                 for key, layout in layouts.items()}
 
     def pool(self, region):
-        # A decode riding in a chunk's step (``Pool.riding``) is decode work: it scales with it.
+        # A decode riding in a chunk's step (``Pool.riding``) and a verify step's later tiles
+        # (``Pool.verify``) are decode work: they scale with it.
         return replace(region, **{table: getattr(region, table).scaled(factor)
                                   for table, factor in (("prefill", self.prefill),
                                                         ("decode", self.decode),
-                                                        ("riding", self.decode))
+                                                        ("riding", self.decode),
+                                                        ("verify", self.decode))
                                   if getattr(region, table, None) is not None
                                   and factor != 1.0})
 
@@ -129,10 +132,19 @@ def apply(variation: Variation, value: float, requests: Requests, targets: Targe
     return requests, targets, systems, scale
 
 
-def decode_step_s(regions, requests: Requests, clock_hz: float) -> float:
+def decode_step_s(regions, requests: Requests, clock_hz: float,
+                  tokens_per_step: float = 1.0) -> float:
     """One decode step of one sequence through a colocated region (batch 1, at the requests'
-    mean context halfway through their outputs): the unit TPOT targets are measured in."""
+    mean context halfway through their outputs): the unit TPOT targets are measured in.
+    Speculating, the time per token of its verify rounds alone: the draft's steps, the
+    verify step's first tile and its later tiles at its slowest stage's pace, over the
+    ``tokens_per_step`` a round yields on average."""
     region = next(r for r in regions if r.decode is not None)
     context = float(np.mean(requests.prompt_tokens + requests.output_tokens / 2))
     stages, between = region.decode.at(1, context)
-    return (float(stages.sum()) + between) / clock_hz
+    step = float(stages.sum()) + between
+    verify, drafts = speculating(region)
+    if drafts:
+        later, _ = verify.at(1, context)
+        step += drafts * float(later.max())
+    return step / tokens_per_step / clock_hz

@@ -146,9 +146,13 @@ class Setup:
             data.over_replicates["draws"] = describe_draws(self.spec, data)
         # How both plans' steps were timed, beside their results.
         model = self.model
-        data.timing = StepTiming(self.timing.routing.describe() if model.is_moe else None,
-                                 self.timing.attention_tile or None,
-                                 formats_text(model) or None, job.scale.describe() or None)
+        timing = self.timing
+        speculation = None if timing.draft is None else {
+            "draft": timing.draft, "draft_tokens": list(timing.draft_tokens),
+            "acceptance": timing.acceptance, "acceptance_seed": timing.acceptance_seed}
+        data.timing = StepTiming(timing.routing.describe() if model.is_moe else None,
+                                 timing.attention_tile or None, formats_text(model) or None,
+                                 job.scale.describe() or None, speculation)
         return data, configs
 
 

@@ -24,6 +24,7 @@ from wse_emu.experiments.sensitivity import VARIABLES, parse_vary
 from wse_emu.hardware.fabric import FabricSpec
 from wse_emu.models.routing import Routing
 from wse_emu.models.spec import ModelSpec
+from wse_emu.serving.speculation import Speculation
 from wse_emu.serving.tables import default_cache_dir
 from wse_emu.serving.workload import MAX_DRAWS, WorkloadSpec, trace_names, workload_spec
 from wse_emu.util.checks import check_fields, is_number, positive, short_repr, whole
@@ -185,25 +186,55 @@ class Hardware:
 @dataclass(frozen=True)
 class WaferTiming:
     """How steps are timed on compiled wafers, the same for both plans: a mixture of experts'
-    ``routing`` and batch tiling on attention (``attention_tile``, 0: none)."""
+    ``routing``, batch tiling on attention (``attention_tile``, 0: none), and speculative
+    decoding: a ``draft`` compiled beside the target in every layout of both plans, each
+    layout tried at each of ``draft_tokens`` (tokens drafted per verify step, as a layout of
+    its own, so both plans are tuned over them alike), each drafted token accepted with
+    probability ``acceptance`` (or as a table of measured means per count says), the
+    acceptances drawn from ``acceptance_seed``."""
 
     routing: Routing = Routing()  # the command line's --routing and --routing-seed
     attention_tile: int = flagged(
         "batch tiling on attention in both plans' decode steps: attention takes B sequences "
         "at a time, the MLP or experts the whole micro-batch (0: off)", 0, metavar="B")
+    draft: str | None = flagged(
+        "speculative decoding's draft, compiled beside the target on every wafer of both "
+        "plans: a model preset, YAML or config.json of the target's vocabulary, or mtp (a "
+        "one-layer head of the target's architecture)", None, metavar="MODEL|mtp")
+    draft_tokens: Sequence[int] = flagged(
+        "with a `draft`: tokens it proposes per verify step, each count tried as a layout of "
+        "both plans", (2, 4, 8), reads="whole numbers", metavar="K1,K2,...")
+    acceptance: float | str | None = flagged(
+        "with a `draft`: the probability that each drafted token is accepted, or a CSV of "
+        "draft_tokens,mean_tokens_per_step measured (an input, never assumed)", None,
+        metavar="A|CSV")
+    acceptance_seed: int = flagged("seed of the acceptances drawn", 0)
 
     def __post_init__(self):
         check_fields(self)
         whole("attention_tile", self.attention_tile, 0)
+        whole("acceptance_seed", self.acceptance_seed, 0)
+        counts = self.draft_tokens
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__") or not counts:
+            raise UserError(f"`draft_tokens` must be one or more whole numbers, got "
+                            f"{short_repr(counts)}")
+        object.__setattr__(self, "draft_tokens", tuple(dict.fromkeys(counts)))
+        if (self.draft is None) != (self.acceptance is None):
+            raise UserError("speculative decoding takes a `draft` and its `acceptance` "
+                            "together: the acceptance is an input, never assumed")
+        if self.draft is not None:
+            for k in self.draft_tokens:  # each count, and the acceptance at it, checked
+                Speculation.of(k, self.acceptance, self.acceptance_seed)
 
     def check_for(self, model: ModelSpec, hardware: Hardware) -> None:
-        """Refuse what does not apply: routing on a dense model, either on pools named by
+        """Refuse what does not apply: routing on a dense model, any of it on pools named by
         their hardware (they time their steps themselves)."""
         if not model.is_moe and self.routing != Routing():
             raise UserError(f"`routing` applies to a mixture of experts; {model.name} is dense")
         if hardware.named is not None and self != WaferTiming():
-            raise UserError("`routing` and `attention_tile` are for compiled wafers; pools "
-                            "named by their hardware time their steps themselves")
+            raise UserError("`routing`, `attention_tile` and a `draft` are for compiled "
+                            "wafers; pools named by their hardware time their steps "
+                            "themselves")
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,10 @@ class Layout:
     # What it takes of the hardware, in the experiment's unit (None: the cluster's systems),
     # where layouts of one experiment differ (pools of several kinds).
     footprint: float | None = None
+    # Speculative decoding: tokens drafted per verify step its decoding regions are built for
+    # (0: none), and the draft's KV bytes per token, which a handoff carries too.
+    draft_tokens: int = 0
+    draft_kv_bytes_per_token: int = 0
 
     def _serving(self, phase: str | None) -> list:
         """Its pools that serve ``phase`` (None: all)."""
@@ -144,6 +148,10 @@ def config_of(choice, layouts: dict, base: ServeOptions) -> Config:
     layout = layouts[(choice.plan, choice.layout)]
     options = replace(base, policy=choice.policy,
                       **{name: getattr(choice, name) for name in KNOB_NAMES})
+    if layout.draft_tokens:
+        options = replace(options, draft_tokens=layout.draft_tokens,
+                          kv_bytes_per_token=base.kv_bytes_per_token
+                          + layout.draft_kv_bytes_per_token)
     return Config(choice.plan, choice.knob, layout.regions, options, layout.footprint)
 
 

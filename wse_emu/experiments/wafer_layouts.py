@@ -50,7 +50,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     short = next(filter(None, (position_shortfall(r, model) for r in probes)), None)
     if short:  # the same on every layout, so refused before any is compiled
         raise UserError(short)
-    plans, skipped = _layout_plans(model, fabric, span, copies, splits)
+    plans, skipped = _layout_plans(model, fabric, span, copies, splits,
+                                   drafted=timing.draft is not None)
 
     def compile_all(batch: list) -> dict:
         """(plan, name) -> program of every (plan, name, split, depth) in ``batch`` that
@@ -60,7 +61,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
             progress(f"compiling {len(batch)} layout{'s' if len(batch) > 1 else ''}")
         jobs = [(CompileOptions(plan=plan, routing=routing.spec(), routing_seed=routing.seed,
                                 attention_tile=attention_tile, layers_per_stage=depth,
-                                **split),) for plan, _, split, depth in batch]
+                                draft=timing.draft, **split),)
+                for plan, _, split, depth in batch]
         run = (pool or HERE).bind(compile_or_why, (model, cluster))
         out = {}
         for (plan, name, split, depth), (program, why) in zip(batch, run(jobs)):
@@ -85,12 +87,31 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
         programs.update(compile_all(deeper))
     # Every layout's tables at once, so that stages alike across layouts are timed once and
     # no core waits for one layout's last shape.
-    pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool)
-    layouts = {(plan, name): Layout(plan, name, regions)
-               for (plan, name), regions in zip(programs, pools)}
+    if timing.draft is None:
+        pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool)
+        layouts = {(plan, name): Layout(plan, name, regions)
+                   for (plan, name), regions in zip(programs, pools)}
+    else:
+        layouts = _speculative_layouts(programs, cache, grid, pool, timing.draft_tokens)
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split compiles: " + "; ".join(skipped))
     return layouts, skipped
+
+
+def _speculative_layouts(programs: dict, cache: Path, grid: str, pool,
+                         draft_tokens: tuple) -> dict:
+    """Each compiled layout (with its draft) at each number of drafted tokens: a layout of
+    its own, "1 copy, K 4", so that tuning tries every count on both plans alike."""
+    layouts = {}
+    for k in draft_tokens:
+        pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool,
+                               draft_tokens=k)
+        for (plan, name), regions in zip(programs, pools):
+            draft_kv = programs[(plan, name)].draft.model.kv_bytes_per_token()
+            layouts[(plan, f"{name}, K {k}")] = Layout(plan, f"{name}, K {k}", regions,
+                                                       draft_tokens=k,
+                                                       draft_kv_bytes_per_token=draft_kv)
+    return layouts
 
 
 def proposed_splits(model: ModelSpec, cluster: ClusterSpec, which: str = "all") -> list[dict]:
@@ -110,13 +131,17 @@ def compile_or_why(model: ModelSpec, cluster: ClusterSpec,
 
 
 def _layout_plans(model: ModelSpec, fabric: FabricSpec, span: int, copies,
-                  splits: list[dict]) -> tuple[list, list[str]]:
-    """(plan, name, compile options) of every layout, and those no wafer can take."""
+                  splits: list[dict], drafted: bool = False) -> tuple[list, list[str]]:
+    """(plan, name, compile options) of every layout, and those no wafer can take (with a
+    draft, a wafer holds one copy of the model, beside its draft: ``compiler.draft``)."""
     plans, skipped = [], []
     for n in sorted(set(copies) | {1}):
         name = f"{n} cop{'y' if n == 1 else 'ies'}"
         if n == 1:
             plans.append(("colocated", name, {}))
+        elif drafted:
+            skipped.append(f"colocated {name}: with a draft, a wafer holds one copy of the "
+                           "model beside its draft")
         elif span > 1:
             skipped.append(f"colocated {name}: {model.name} spans {span} wafers of "
                            f"{fabric.name}, so a wafer holds no whole copy")

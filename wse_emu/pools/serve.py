@@ -73,6 +73,9 @@ def check_serving(demand: Demand, kinds: tuple = (WAFER,), **options) -> Workloa
     (the one it reads is returned), the targets, and every serving option by name and range
     (the micro-batch sizes within the stage tables of every kind of hardware in ``kinds``)."""
     settings = ServeOptions.of(_NO_HARDWARE, _NO_HARDWARE, **options)
+    if settings.acceptance is not None and not settings.draft_tokens:
+        raise UserError("speculative decoding takes `draft_tokens` and `acceptance` together: "
+                        "an acceptance without drafted tokens would be ignored")
     values = {name: getattr(settings, name) for name in setting_names()}
     for kind in kinds:
         check_in_tables(values, kind.table_tops("full"), kind.tables_named("full"))

@@ -62,7 +62,8 @@ class _ServeSettings:
     prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
     timeline_events: int = 0  # stage events kept per pool for the timeline (0: none)
     # Speculative decoding: tokens drafted per verify step (0: none), the probability that
-    # each is accepted (or an acceptance table's path: ``speculation``), and the seed of the
+    # each is accepted (or an acceptance table's path: ``speculation``; read only with drafted
+    # tokens, so that a search over them may hold it throughout), and the seed of the
     # acceptances drawn. The pools that decode must be built to verify as many.
     draft_tokens: int = 0
     acceptance: float | str | Path | None = None
@@ -85,7 +86,7 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         flag("prefix_cache", self.prefix_cache)
         whole("draft_tokens", self.draft_tokens, 0)
         whole("acceptance_seed", self.acceptance_seed, 0)
-        if (self.draft_tokens > 0) != (self.acceptance is not None):
+        if self.draft_tokens > 0 and self.acceptance is None:
             raise UserError("speculative decoding takes `draft_tokens` and `acceptance` "
                             "together: the acceptance is an input, never assumed")
         self.speculation()  # checked by name now, not when serving begins
