@@ -73,9 +73,15 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
         return tried[w]
 
     # Widen geometrically until the draft maps with room enough, then narrow by bisection;
-    # past half the wafer's columns the target would be the smaller of the two.
+    # past half the wafer's columns the target would be the smaller of the two. A target that
+    # does not map beside the narrowest strip maps beside no wider one: its own error says why.
     widest = max(fabric.width // 2, 1)
     width = min(width, widest)
+    target, _ = attempt(width)
+    if isinstance(target, str):
+        raise CompileError(f"{model.name} does not map on the {fabric.width - width} columns "
+                           f"of {fabric.name} left beside the draft {draft.name}'s strip: "
+                           f"{target}")
     low = width - 1
     while not _enough(attempt(width)):
         if width >= widest:
@@ -91,16 +97,18 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
             low = middle
     target, side = attempt(high)
     target.draft = side
+    # What it was compiled with: the draft named, and one replica per wafer part beside it.
+    target.options = dataclasses.replace(target.options, draft=options.draft)
     target.summary["draft"] = draft_summary(target, side, fabric, high)
     return target
 
 
 def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
-    """(target, draft) with the draft on a strip ``width`` columns wide, or (None, None) when
-    either does not map (or there is too little room for the target's layout)."""
+    """(target, draft) with the draft on a strip ``width`` columns wide; where one does not
+    map, why instead of it (a string; both, when the target does not)."""
     fabric = cluster.fabric
     if width >= fabric.width:
-        return None, None
+        return "no columns left", "no columns left"
     narrowed = with_overrides(fabric, width=fabric.width - width)
     strip = with_overrides(fabric, width=width)
     alone = dataclasses.replace(options, draft=None, max_replicas_per_part=1)
@@ -109,9 +117,12 @@ def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
                               layers_per_stage=None)
     try:
         target = compile_fn(model, ClusterSpec(narrowed, cluster.systems), alone)
+    except CompileError as exc:
+        return str(exc), str(exc)
+    try:
         side = compile_fn(draft, ClusterSpec(strip, 1), own)
-    except CompileError:
-        return None, None
+    except CompileError as exc:
+        return target, str(exc)
     return target, side
 
 
@@ -130,8 +141,12 @@ def _no_room(model, draft, fabric, width: int, pair: tuple) -> str:
     SRAM it lacks."""
     strip = width * fabric.height * fabric.usable_bytes_per_pe
     target, side = pair
+    if isinstance(target, str):
+        return (f"the draft {draft.name} and {model.name} do not fit one wafer of "
+                f"{fabric.name} together: the target no longer maps beside a strip of {width} "
+                f"columns ({target})")
     need = draft.weight_bytes()
-    if target is not None and side is not None:  # the weights fit; the KV room does not
+    if not isinstance(side, str):  # the weights fit; the KV room does not
         need += tokens_per_wafer(target) * draft.kv_bytes_per_token()
     return (f"the draft {draft.name} does not fit beside {model.name} on {fabric.name}: "
             f"with KV room for the target's tokens it needs {_gb(need)} of SRAM, and half the "
@@ -145,7 +160,7 @@ def _gb(n: float) -> str:
 
 def _enough(pair: tuple) -> bool:
     target, side = pair
-    return target is not None and side.regions[0].kv_capacity_tokens >= \
+    return not isinstance(side, str) and side.regions[0].kv_capacity_tokens >= \
         tokens_per_wafer(target)
 
 

@@ -98,3 +98,12 @@ def open_preset(name: str) -> str:
     from wse_emu.util.configfile import preset_dir
 
     return (preset_dir("models") / f"{name}.yaml").read_text()
+
+
+def test_a_target_that_does_not_fit_beside_the_strip_says_so():
+    with pytest.raises(CompileError, match="tiny does not map on the 15 columns"):
+        api.compile("tiny", "mesh16", draft="mtp", region=(16, 16))
+
+
+def test_the_program_says_it_was_compiled_with_its_draft(drafted):
+    assert drafted.options.draft == "mtp"

@@ -45,10 +45,19 @@ def test_a_wafer_holds_one_copy_beside_its_draft(report):
     ({"draft": "mtp", "acceptance": 0.5, "draft_tokens": (4, 17)}, "at most 16"),
     ({"draft": "mtp", "acceptance": 0.5, "draft_tokens": ()}, "one or more whole numbers"),
     ({"draft": "mtp", "acceptance": 1.5}, "`acceptance` must be a probability"),
+    ({"draft_tokens": (4,)}, "give a `draft` too"),
+    ({"acceptance_seed": 2}, "give a `draft` too"),
 ])
 def test_bad_speculation_is_refused_by_name(fields, message):
     with pytest.raises(UserError, match=message):
         WaferTiming(**fields)
+
+
+def test_a_draft_is_checked_before_any_layout_is_compiled():
+    with pytest.raises(UserError, match="must share one"):
+        api.experiment(api.from_flat(
+            api.ExperimentSpec, model="tiny", workload=str(SMALL_CHAT), ttft_s=1.0,
+            tpot_s=0.01, fabric="mesh16", draft="llama-3.2-1b", acceptance=0.5))
 
 
 def test_pools_named_by_their_hardware_take_no_draft():

@@ -96,6 +96,10 @@ def check_lengths(args, model, ids: list[int]) -> None:
 
 
 def run(args):
+    if args.draft is not None:
+        raise UserError("--draft: generation computes the target's own tokens, which a draft "
+                        "does not change (its verification keeps them); time speculation with "
+                        "serve")
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.weights_seed < 0:

@@ -132,6 +132,9 @@ def render(run: RegionRun, output: str | None) -> str:
         f"{si(run.tokens_per_s())} with the pipeline full"
         + (" (every token checked, accepted or not)" if run.step.drafted else ""),
         f"  bottleneck           stage {slowest.stage}: {slowest.cycles:,} cycles",
+        *([f"  beside a draft       {program.draft.model.name} on a strip of "
+           f"{program.summary['draft']['strip_columns']} columns; the step is the target's "
+           "alone (serve times the draft's steps with it)"] if program.draft else []),
         f"  utilization          compute {run.compute_utilization():.1%}, links "
         f"{run.link_utilization():.1%}",
         f"  simulated            {run.simulated} distinct stage shapes of "

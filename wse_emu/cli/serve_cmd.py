@@ -80,6 +80,9 @@ def run(args):
     api.check_serving(workload=args.workload, trace=args.trace, rate=args.rate,
                       requests=args.requests, ttft_s=args.ttft_s, tpot_s=args.tpot_s,
                       cache_dir=args.cache_dir, **settings)
+    if args.draft is not None and not args.draft_tokens:  # before the draft is compiled
+        raise UserError("--draft compiles a draft beside the target: give --draft-tokens and "
+                        "--acceptance to speculate with it")
     program = compile_from_args(args)
     served = api.serve(
         program, args.workload, trace=args.trace, rate=args.rate, requests=args.requests,
@@ -132,8 +135,9 @@ def render(report: ServeReport, result, metrics) -> str:
         lines[1:1] = [
             f"  speculation          draft {spec['draft']}, {spec['draft_tokens']} drafted "
             f"tokens per verify step, each accepted with probability {spec['acceptance']:.3g}: "
-            f"{spec['tokens_per_step']:.2f} tokens per step (expected "
-            f"{spec['tokens_per_step_expected']:.2f})",
+            + (f"{spec['tokens_per_step']:.2f} tokens per step"
+               if spec["tokens_per_step"] is not None else "no verify step served")
+            + f" (expected {spec['tokens_per_step_expected']:.2f})",
             f"  one verify round     {seconds(alone['draft_s'] + alone['verify_s'])} alone at "
             f"batch 1, context {alone['context']:,} (the draft's steps "
             f"{alone['draft_share']:.0%}); the draft takes {spec['draft_strip_columns']} "

@@ -608,7 +608,9 @@ def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryRep
         # One sequence's decode step on a colocated region (any region, if none compiled).
         unit = next((c for c in configs.values() if c.plan == "colocated"),
                     next(iter(configs.values())))
-        step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz)
+        spec = unit.options.speculation()
+        step = decode_step_s(unit.regions, varied[0][0], cluster.fabric.clock_hz,
+                             spec.mean_tokens_per_step if spec is not None else 1.0)
         cmp_ = data.comparison
         rows.append(replace(
             row, decode_step_s=step, tpot_in_decode_steps=v_targets.tpot_s / step,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from wse_emu.compiler.draft import draft_model
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import TUNING_REQUESTS, Space
 from wse_emu.experiments.goodput import Targets
@@ -183,6 +184,9 @@ class Hardware:
         object.__setattr__(self, "named", named)
 
 
+DRAFT_TOKENS = (2, 4, 8)  # drafted tokens per verify step tried by default
+
+
 @dataclass(frozen=True)
 class WaferTiming:
     """How steps are timed on compiled wafers, the same for both plans: a mixture of experts'
@@ -203,7 +207,7 @@ class WaferTiming:
         "one-layer head of the target's architecture)", None, metavar="MODEL|mtp")
     draft_tokens: Sequence[int] = flagged(
         "with a `draft`: tokens it proposes per verify step, each count tried as a layout of "
-        "both plans", (2, 4, 8), reads="whole numbers", metavar="K1,K2,...")
+        "both plans", DRAFT_TOKENS, reads="whole numbers", metavar="K1,K2,...")
     acceptance: float | str | None = flagged(
         "with a `draft`: the probability that each drafted token is accepted, or a CSV of "
         "draft_tokens,mean_tokens_per_step measured (an input, never assumed)", None,
@@ -222,6 +226,9 @@ class WaferTiming:
         if (self.draft is None) != (self.acceptance is None):
             raise UserError("speculative decoding takes a `draft` and its `acceptance` "
                             "together: the acceptance is an input, never assumed")
+        if self.draft is None and (self.draft_tokens != DRAFT_TOKENS or self.acceptance_seed):
+            raise UserError("`draft_tokens` and `acceptance_seed` are for speculative "
+                            "decoding: give a `draft` too (without one they would be ignored)")
         if self.draft is not None:
             for k in self.draft_tokens:  # each count, and the acceptance at it, checked
                 Speculation.of(k, self.acceptance, self.acceptance_seed)
@@ -235,6 +242,8 @@ class WaferTiming:
             raise UserError("`routing`, `attention_tile` and a `draft` are for compiled "
                             "wafers; pools named by their hardware time their steps "
                             "themselves")
+        if self.draft is not None:
+            draft_model(model, self.draft)  # a name not found, or another vocabulary, now
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,10 @@ def check_serving(demand: Demand, kinds: tuple = (WAFER,), **options) -> Workloa
     (the one it reads is returned), the targets, and every serving option by name and range
     (the micro-batch sizes within the stage tables of every kind of hardware in ``kinds``)."""
     settings = ServeOptions.of(_NO_HARDWARE, _NO_HARDWARE, **options)
-    if settings.acceptance is not None and not settings.draft_tokens:
-        raise UserError("speculative decoding takes `draft_tokens` and `acceptance` together: "
-                        "an acceptance without drafted tokens would be ignored")
+    if (settings.acceptance is not None or settings.acceptance_seed) \
+            and not settings.draft_tokens:
+        raise UserError("`acceptance` and `acceptance_seed` are for speculative decoding: give "
+                        "`draft_tokens` too (without them they would be ignored)")
     values = {name: getattr(settings, name) for name in setting_names()}
     for kind in kinds:
         check_in_tables(values, kind.table_tops("full"), kind.tables_named("full"))
@@ -98,6 +99,10 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
     one_of("loop", loop, LOOPS)
     cache = default_cache_dir(cache_dir)
     settings = ServeOptions.of(program.fabric, program.model, **options)
+    if program.draft is not None and not settings.draft_tokens:
+        raise UserError(f"the program has a draft ({program.draft.model.name}) beside the "
+                        "target, taking its strip of the wafer: give `draft_tokens` and "
+                        "`acceptance` to speculate with it, or compile without `draft`")
     if settings.draft_tokens and program.draft is not None:
         # A handoff moves the draft's KV of the prompt with the target's.
         settings = replace(settings, kv_bytes_per_token=settings.kv_bytes_per_token

@@ -70,7 +70,9 @@ def step_alone(pool, draft_stages: int, clock_hz: float,
                context: int = REFERENCE_CONTEXT) -> dict:
     """One sequence's verify round alone on ``pool`` at ``context``, in seconds: the draft's K
     steps (its ``draft_stages`` first stages) and the target's verify step (its first tile's
-    trip, the hops included, then each later tile at its slowest stage's pace)."""
+    trip, then each later tile at its slowest stage's pace). The hops between all the
+    stages, the draft's among them, count with the verify step: the draft's share is a
+    little below its true one."""
     first = pool.decode.vector(1, context)
     later = pool.verify.vector(1, context)
     draft = float(first[:draft_stages].sum())

@@ -41,7 +41,7 @@ class Pool(Protocol):
     # Speculative decoding (optional; a pool without these decodes one token per step): the
     # drafted tokens a verify step checks, and each later tile's cycles per stage, following
     # the first through the stages (its first tile is read off ``decode``, the draft's steps
-    # before it in its first stage).
+    # before it in the draft's own stages at the front of the pipeline).
     # verify: StageTable | None
     # draft_tokens: int
     system: int  # which system it sits on: its handoffs' links are that system's

@@ -144,7 +144,8 @@ class Speculation:
 def speculating(pool) -> tuple:
     """A pool's verify table and drafted tokens per step: (None, 0) for plain decode. A pool
     that speculates (``Pool.verify``) times a verify step's first tile with its decode table
-    (the draft's steps before it in its first stage) and each later tile with ``verify``."""
+    (the draft's steps before it, in the draft's stages at the front of its pipeline) and each
+    later tile with ``verify``."""
     verify = getattr(pool, "verify", None)
     return (verify, int(pool.draft_tokens)) if verify is not None else (None, 0)
 

@@ -30,7 +30,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
-from wse_emu.sim.runner import region_transfers, signature, simulate_stage
+from wse_emu.sim.runner import region_transfers, signature, stage_time
 from wse_emu.sim.warm import warm_engine
 from wse_emu.util.cachedir import user_cache_dir
 from wse_emu.util.checks import typed
@@ -333,10 +333,7 @@ def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stag
     each other through the stage); between stages, each tile hops as a decode step's does."""
     step = _step(phase, x, y)
     if stage >= 0:
-        run = simulate_stage(program, program.stages[stage], step, engine)
-        if step.drafted:
-            return (run.cycles - run.first_tile_cycles) / step.drafted
-        return float(run.cycles)
+        return stage_time(program, program.stages[stage], step, engine)
     stages = [program.stages[i] for i in program.region(region).stage_ids]
     return float(sum(region_transfers(program, stages, step, engine)[0]))
 

@@ -301,6 +301,17 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
                     graph.tasks, len(graph.msgs))
 
 
+def stage_time(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> float:
+    """What a stage table keeps of ``stage`` at ``step``: its cycles, or for a verify step its
+    cycles per later tile (the step's time in the stage beyond its first tile's, over the
+    drafted tokens, as the engine times the whole step: its tiles follow each other through
+    the stage)."""
+    run = simulate_stage(program, stage, step, engine)
+    if step.drafted:
+        return (run.cycles - run.first_tile_cycles) / step.drafted
+    return float(run.cycles)
+
+
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
     """The residual stream from one stage's home line to the next, on parallel lanes (after
     a split layer's first part, with what its second part needs: ``layer.carried_values``)."""

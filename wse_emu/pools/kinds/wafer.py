@@ -122,7 +122,7 @@ def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full"
     "quick" for a first look), every program's timed together (``build_tables``) so that
     stages alike across them are timed once; with ``pool`` (a worker pool,
     ``workers.point_pool``) on its workers. With ``draft_tokens``, a program's regions that
-    decode do so speculatively, its draft their first stage (``pools.speculative``): each
+    decode do so speculatively, its draft's stages first in them (``pools.speculative``): each
     program must have a draft."""
     asks, where = [], []  # per program, per region: the asks' indices by phase
     for program in programs:

@@ -747,7 +747,6 @@ def send(st, r, now, sequences, i, tokens) -> None:
                 seq = st.nxt[seq]
         st.stall[r] += waited - sequences * alone
         st.work[r] += sequences * alone
-        st.decoded[r] += sequences
         st.in_flight[r] += sequences
         _schedule(st, verified, DECODED, r, sequences, 0)
     left = tokens if i >= 0 else 0
@@ -974,6 +973,7 @@ def _on_decoded(st, now, r, size) -> None:
             st.run_at[i] += 1
         for _ in range(tokens):  # the gap before the first; the others come with it
             _token_out(st, i, now)
+        st.decoded[r] += tokens
         if st.made[i] >= st.output[i]:
             # A colocated region caches the whole context but the newest token, whose KV
             # was never made; a decode region caches nothing.

@@ -231,6 +231,7 @@ class Decoded(Event):
                 sim.made[i] += 1
                 sim.gaps.append((i, now - sim.last[i]))
                 sim.last[i] = now
+            r.counters.decoded += tokens
             if sim.made[i] >= sim.output[i]:
                 sim.finish[i] = now
                 # A colocated region caches the whole context but the newest token, whose KV
@@ -504,7 +505,6 @@ class Simulation:
                 sum(verified - since for _, _, since in batch)
             c.stall += waited - sequences * alone
             c.work += sequences * alone
-            c.decoded += sequences
             q.flying += sequences
             self.schedule(verified, Decoded(r, batch))
         left = tokens if i >= 0 else 0
