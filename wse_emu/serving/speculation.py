@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from wse_emu.errors import UserError
+from wse_emu.sim.runner import MAX_DRAFTED
 from wse_emu.util.checks import whole
 
-MAX_DRAFT_TOKENS = 16  # as the runner's verify step takes them (``runner.MAX_DRAFTED``)
+MAX_DRAFT_TOKENS = MAX_DRAFTED  # as many as the runner's verify step takes
 
 
 def tokens_per_step(draft_tokens: int, acceptance: float) -> float:
@@ -59,8 +61,20 @@ def acceptance_for(draft_tokens: int, mean_tokens: float) -> float:
 
 def read_acceptance_table(path: Path | str) -> dict[int, float]:
     """A CSV of ``draft_tokens,mean_tokens_per_step`` rows (a header line first): the mean
-    tokens per verify step measured at each number of drafted tokens."""
+    tokens per verify step measured at each number of drafted tokens. Read once per version
+    of the file: every serving run of an experiment asks for it."""
     path = Path(path)
+    try:
+        seen = path.stat()
+    except OSError as exc:
+        raise UserError(f"cannot read the acceptance table {path}: {exc}") from None
+    return dict(_table(str(path), seen.st_mtime_ns, seen.st_size))
+
+
+@lru_cache(maxsize=16)
+def _table(name: str, mtime_ns: int, size: int) -> tuple:
+    """The table at ``name`` as it was at (``mtime_ns``, ``size``), as (K, mean) pairs."""
+    path = Path(name)
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
@@ -83,7 +97,7 @@ def read_acceptance_table(path: Path | str) -> dict[int, float]:
         table[k] = mean
     if not table:
         raise UserError(f"{path}: no rows")
-    return table
+    return tuple(table.items())
 
 
 @dataclass(frozen=True)
