@@ -1,20 +1,21 @@
 """A draft model beside its target, for speculative decoding.
 
 The draft proposes the tokens the target's verify step checks, so it must be close to the
-target: it is compiled onto every wafer of the cluster, on a strip of full-height columns at the
-wafer's far side, and the target is laid out, in any plan, on the columns left (each wafer
-narrowed by the strip, so the target's KV cache holds fewer tokens: what the draft costs, and
-what the compiler reports). The strip is the narrowest in which the draft maps with room for as
-many tokens of its own KV as the target's regions on one wafer hold (every sequence the target
-serves there has its context in both); the draft's KV per token is usually far smaller, so its
-weights set the width. With a draft, the target keeps one replica per wafer (or per group of
-wafers it spans), so that one draft serves one replica's micro-batches.
+target: it is compiled onto a strip of full-height columns at the far side of the wafer that
+holds each replica's last stage (every wafer, for replicas of one wafer; a replica's last
+wafer, for one that spans several, its other wafers whole), and the target is laid out, in any
+plan, on the columns left (``CompileOptions.reserved_columns``), so its KV cache holds fewer
+tokens: what the draft costs, and what the compiler reports. The strip is the narrowest in
+which the draft maps with room for as many tokens of its own KV as the target's regions whose
+last stage shares its wafer hold (every sequence the target serves there has its context in
+both); the draft's KV per token is usually far smaller, so its weights set the width. With a
+draft, the target keeps one replica per wafer (or per group of wafers it spans), so that one
+draft serves one replica's micro-batches.
 
 On a wafer that holds both a prefill and a decode region (a split by columns), the two share
 the strip: the prefill region's draft fills the draft's KV from each prompt, the decode
 region's drafts tokens, and each is timed as if it had the strip to itself (a simplification
-in the split's favour, said where the split is reported). A replica that spans wafers uses the
-strip of the wafer that holds its last stage; the other wafers' strips stay idle.
+in the split's favour, said where the split is reported).
 
 The draft is a model preset, a model YAML or a Hugging Face config.json of the same
 vocabulary, or ``mtp``: a one-layer head of the target's own architecture (one decoder layer,
@@ -36,6 +37,8 @@ from wse_emu.program.format import WaferProgram
 from wse_emu.program.options import CompileOptions
 
 MTP = "mtp"  # a one-layer draft head of the target's architecture
+# Strip widths tried one by one past the first that crowds the target out (``compile_with_draft``)
+CROWDED_SCAN = 16
 
 
 def draft_model(target: ModelSpec, draft: str) -> ModelSpec:
@@ -55,11 +58,11 @@ def draft_model(target: ModelSpec, draft: str) -> ModelSpec:
 
 def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                        compile_fn) -> WaferProgram:
-    """``model`` on each wafer's columns but a strip at the far side, and the draft options
-    name on that strip, the narrowest that holds the draft with KV room for as many tokens as
-    the target's regions on one wafer: the target's program (its fabric the narrowed wafer),
-    with the draft's in ``draft`` and what it takes in ``summary["draft"]``. ``compile_fn``
-    compiles one model (``compile_model``)."""
+    """``model`` on the columns a strip at the far side of each replica's last wafer leaves,
+    and the draft ``options`` names on that strip, the narrowest that holds the draft with KV
+    room for as many tokens as the target's regions that end on one wafer: the target's
+    program, with the draft's in ``draft`` and what it takes in ``summary["draft"]``.
+    ``compile_fn`` compiles one model (``compile_model``)."""
     draft = draft_model(model, options.draft)
     fabric = cluster.fabric
     usable = fabric.usable_bytes_per_pe
@@ -72,29 +75,43 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
             tried[w] = _pair(model, draft, cluster, options, w, compile_fn)
         return tried[w]
 
-    # Widen geometrically until the draft maps with room enough, then narrow by bisection;
-    # past half the wafer's columns the target would be the smaller of the two. A target that
-    # does not map beside the narrowest strip maps beside no wider one: its own error says why.
+    # Widen geometrically until the draft maps with room enough (or the target no longer
+    # does), then narrow by bisection; past half the wafer's columns the target would be the
+    # smaller of the two. A target that does not map beside the narrowest strip maps beside no
+    # wider one: its own error says why.
     widest = max(fabric.width // 2, 1)
     width = min(width, widest)
     target, _ = attempt(width)
     if isinstance(target, str):
-        raise CompileError(f"{model.name} does not map on the {fabric.width - width} columns "
-                           f"of {fabric.name} left beside the draft {draft.name}'s strip: "
-                           f"{target}")
+        raise CompileError(f"{model.name} does not map on the columns of {fabric.name} left "
+                           f"beside the draft {draft.name}'s strip of {width}: {target}")
     low = width - 1
-    while not _enough(attempt(width)):
+    while _state(attempt(width)) == SHORT:
         if width >= widest:
             raise CompileError(_no_room(model, draft, fabric, widest, attempt(widest)))
-        low = width
-        width = min(widest, max(width + 1, int(width * 1.5)))
+        low, width = width, min(widest, max(width + 1, int(width * 1.5)))
+    # The narrowest strip that holds both lies in (low, width], if any does: a narrower one
+    # leaves the draft short of room, a wider one the target (a replica over wafers needing
+    # one wafer more than the cluster's split gives it, say).
     high = width
+    best = high if _state(attempt(high)) == FITS else None
     while high - low > 1:
         middle = (low + high) // 2
-        if _enough(attempt(middle)):
-            high = middle
-        else:
+        state = _state(attempt(middle))
+        if state == SHORT:
             low = middle
+        else:
+            high = middle
+            best = middle if state == FITS else best
+    if best is None:
+        # A target that fills its wafers nearly to the brim lays out beside some strips and
+        # not beside others a column wider or narrower (its blocks round to whole PEs), so the
+        # next few widths are tried one by one before giving up.
+        best = next((w for w in range(high + 1, min(high + CROWDED_SCAN, widest) + 1)
+                     if _state(attempt(w)) == FITS), None)
+    if best is None:
+        raise CompileError(_crowded(model, draft, fabric, low, attempt(low), attempt(high)))
+    high = best
     target, side = attempt(high)
     target.draft = side
     # What it was compiled with: the draft named, and one replica per wafer part beside it.
@@ -109,14 +126,14 @@ def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
     fabric = cluster.fabric
     if width >= fabric.width:
         return "no columns left", "no columns left"
-    narrowed = with_overrides(fabric, width=fabric.width - width)
     strip = with_overrides(fabric, width=width)
-    alone = dataclasses.replace(options, draft=None, max_replicas_per_part=1)
+    alone = dataclasses.replace(options, draft=None, max_replicas_per_part=1,
+                                reserved_columns=width)
     own = dataclasses.replace(alone, plan="colocated", prefill_share=None,
                               prefill_systems=None, region=(width, fabric.height),
-                              layers_per_stage=None)
+                              layers_per_stage=None, reserved_columns=0)
     try:
-        target = compile_fn(model, ClusterSpec(narrowed, cluster.systems), alone)
+        target = compile_fn(model, cluster, alone)
     except CompileError as exc:
         return str(exc), str(exc)
     try:
@@ -127,24 +144,24 @@ def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
 
 
 def tokens_per_wafer(program: WaferProgram) -> int:
-    """The KV tokens the target's regions on its fullest wafer hold (a region spanning
-    wafers counted on each)."""
+    """The KV tokens the target's regions hold, summed over those whose last stage (and so
+    whose draft's strip) is on one wafer: the most of any wafer."""
     held = [0] * program.systems
     for r in program.regions:
-        for system in {p.system for p in r.parts}:
-            held[system] += r.kv_capacity_tokens
+        held[r.parts[-1].system] += r.kv_capacity_tokens
     return max(held)
+
+
+def strip_systems(program: WaferProgram) -> list[int]:
+    """The wafers that hold a draft's strip: each replica's last."""
+    return sorted({r.parts[-1].system for r in program.regions})
 
 
 def _no_room(model, draft, fabric, width: int, pair: tuple) -> str:
     """Why no strip up to ``width`` columns (half the wafer's) holds the draft, and how much
     SRAM it lacks."""
     strip = width * fabric.height * fabric.usable_bytes_per_pe
-    target, side = pair
-    if isinstance(target, str):
-        return (f"the draft {draft.name} and {model.name} do not fit one wafer of "
-                f"{fabric.name} together: the target no longer maps beside a strip of {width} "
-                f"columns ({target})")
+    target, side = pair  # the target maps beside it
     need = draft.weight_bytes()
     if not isinstance(side, str):  # the weights fit; the KV room does not
         need += tokens_per_wafer(target) * draft.kv_bytes_per_token()
@@ -159,16 +176,41 @@ def _gb(n: float) -> str:
 
 
 def _enough(pair: tuple) -> bool:
+    return _state(pair) == FITS
+
+
+SHORT, FITS, CROWDED = "short", "fits", "crowded"  # the draft lacks room; both fit; the target
+
+
+def _state(pair: tuple) -> str:
+    """Whether a strip leaves the draft short of room, fits both, or crowds the target."""
     target, side = pair
-    return not isinstance(side, str) and side.regions[0].kv_capacity_tokens >= \
-        tokens_per_wafer(target)
+    if isinstance(target, str):
+        return CROWDED
+    if isinstance(side, str) or side.regions[0].kv_capacity_tokens < tokens_per_wafer(target):
+        return SHORT
+    return FITS
+
+
+def _crowded(model, draft, fabric, width: int, short: tuple, crowded: tuple) -> str:
+    """Why no strip holds both: ``width`` columns leave the draft ``short`` of room, one
+    more crowds the target."""
+    target, side = short
+    lacks = side if isinstance(side, str) else (
+        f"KV room for {side.regions[0].kv_capacity_tokens:,} tokens where the target's "
+        f"regions beside it hold {tokens_per_wafer(target):,}")
+    return (f"the draft {draft.name} and {model.name} do not fit {fabric.name} together: a "
+            f"strip of {width} columns gives the draft {lacks}, and beside one of "
+            f"{width + 1} the target no longer maps ({crowded[0]})")
 
 
 def draft_summary(target: WaferProgram, side: WaferProgram, fabric, width: int) -> dict:
-    """What the draft takes on each wafer (of ``fabric``, the whole one): its model, the
-    strip, its weights and SRAM, and the target's KV room it leaves."""
+    """What the draft takes on each wafer that holds it (of ``fabric``): its model, how many
+    strips the cluster has, each strip's size, its weights and SRAM, and the target's KV room
+    it must match."""
     sram = int(side.sram_total().sum())
-    return {"model": side.model.name, "strip_columns": width,
+    return {"model": side.model.name, "strips": len(strip_systems(target)),
+            "strip_columns": width,
             "strip_pes": width * fabric.height, "weight_bytes": side.model.weight_bytes(),
             "sram_bytes": sram, "share_of_wafer_pes": width / fabric.width,
             "kv_capacity_tokens": side.regions[0].kv_capacity_tokens,

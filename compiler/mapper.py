@@ -52,7 +52,7 @@ def _plan_and_template(model, cluster, options):
         except CompileError as exc:
             if span is None:
                 raise
-            fewest = wafers_needed(model, cluster.fabric)
+            fewest = wafers_needed(model, cluster.fabric, options.reserved_columns)
             raise CompileError(
                 f"{model.name} needs {span} x {cluster.fabric.name} per replica: {fewest} hold "
                 f"its weights by SRAM, but their tiles do not lay out on {span - 1} "
@@ -240,7 +240,7 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "decode_bound_cycles": s.bounds["decode"]["cycles"],
         "decode_bound_by": s.bounds["decode"]["dominant"],
     } for s in program.stages]
-    wafers = wafers_needed(model, fabric)
+    wafers = wafers_needed(model, fabric, program.options.reserved_columns)
     return {
         "model": model.name,
         "cluster": f"{program.systems} x {fabric.name}",

@@ -3,7 +3,9 @@
 Colocated: every region is ``mixed``. Disaggregated: ``prefill`` and ``decode`` regions, either
 side by side on every wafer (``prefill_share`` of the columns) or on separate systems
 (``prefill_systems``). A model that fits in one wafer gets one or more replicas per wafer part;
-a larger model gets regions of whole wafers, pipelined across systems.
+a larger model gets regions of whole wafers, pipelined across systems. ``reserved_columns``
+(a draft's strip) are left free at the far side of the wafer that holds each replica's last
+stage: of every wafer for replicas of one wafer or less, of a replica's last wafer otherwise.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ def wafer_weight_capacity(fabric: FabricSpec) -> float:
     return fabric.pes * fabric.usable_bytes_per_pe * WEIGHT_FILL_MAX
 
 
-def wafers_needed(model: ModelSpec, fabric: FabricSpec) -> int:
-    """Whole wafers one replica needs by SRAM capacity alone (a lower bound)."""
-    return max(1, math.ceil(model.weight_bytes() / wafer_weight_capacity(fabric)))
+def wafers_needed(model: ModelSpec, fabric: FabricSpec, reserved_columns: int = 0) -> int:
+    """Whole wafers one replica needs by SRAM capacity alone (a lower bound), with
+    ``reserved_columns`` of its last wafer left free."""
+    reserved = _part_weight_capacity(fabric, reserved_columns)
+    return max(1, math.ceil((model.weight_bytes() + reserved) / wafer_weight_capacity(fabric)))
 
 
 def _gb(n: float, extra_digits: int = 0) -> str:
@@ -187,8 +191,12 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
     """``span``: wafers per replica when more than SRAM alone needs (a layout that does not
     fit the fewest)."""
     fabric = cluster.fabric
-    span = span or wafers_needed(model, fabric)
-    whole = Rect(0, 0, 0, fabric.width, fabric.height)
+    reserved = options.reserved_columns
+    if reserved >= fabric.width:
+        raise CompileError(f"`reserved_columns={reserved}` leaves none of {fabric.name}'s "
+                           f"{fabric.width} columns")
+    span = span or wafers_needed(model, fabric, reserved)
+    usable = fabric.width - (reserved if span == 1 else 0)  # a wafer's columns for regions
     if options.region is not None and span > 1:
         rw, rh = options.region
         raise CompileError(
@@ -196,14 +204,14 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
             f"spans {span} wafers of {fabric.name}: drop `region`")
 
     if options.plan == "colocated":
-        pools = [("mixed", list(range(cluster.systems)), (0, fabric.width))]
+        pools = [("mixed", list(range(cluster.systems)), (0, usable))]
     elif options.prefill_systems is not None:
         p = options.prefill_systems
         if p >= cluster.systems:
             raise CompileError(f"`prefill_systems={p}` leaves no system for decode "
                                f"(the cluster has {cluster.systems})")
-        pools = [("prefill", list(range(p)), (0, fabric.width)),
-                 ("decode", list(range(p, cluster.systems)), (0, fabric.width))]
+        pools = [("prefill", list(range(p)), (0, usable)),
+                 ("decode", list(range(p, cluster.systems)), (0, usable))]
     else:
         if span > 1:
             raise CompileError(
@@ -212,11 +220,11 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
         share = options.prefill_share
         if share is None:
             share = DEFAULT_PREFILL_SHARE
-        cut = round(fabric.width * share)
-        if not 0 < cut < fabric.width:
+        cut = round(usable * share)
+        if not 0 < cut < usable:
             raise CompileError(f"`prefill_share={share}` leaves an empty part of the wafer")
         systems = list(range(cluster.systems))
-        pools = [("prefill", systems, (0, cut)), ("decode", systems, (cut, fabric.width - cut))]
+        pools = [("prefill", systems, (0, cut)), ("decode", systems, (cut, usable - cut))]
 
     regions: list[RegionPlan] = []
     for role, systems, (x0, width) in pools:
@@ -227,8 +235,9 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
             if count < 1:
                 raise CompileError(_role_too_small(model, cluster, role, len(systems), span))
             for r in range(count):
-                parts = [Rect(s, whole.x, whole.y, whole.w, whole.h)
-                         for s in systems[r * span:(r + 1) * span]]
+                mine = systems[r * span:(r + 1) * span]
+                parts = [Rect(s, 0, 0, fabric.width - (reserved if s == mine[-1] else 0),
+                              fabric.height) for s in mine]
                 regions.append(RegionPlan(f"{role}{r}", role, r, parts))
             continue
         # A mixed or whole-system part is a whole wafer, which holds the model when span is 1

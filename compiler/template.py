@@ -13,11 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from wse_emu.compiler.build import RegionTemplate, assemble
-from wse_emu.compiler.layout import layout_region
+from wse_emu.compiler.layout import NoLayout, layout_region
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.placement import arrange
 from wse_emu.compiler.routing import ColorsExhausted
-from wse_emu.errors import CompileError
 from wse_emu.hardware.fabric import FabricSpec
 from wse_emu.models.spec import ModelSpec
 from wse_emu.program.trees import MAX_LEVELS
@@ -62,5 +61,7 @@ def _build_template(model, fabric, part_shapes, options, fewest, max_levels,
         if over <= 0:
             return template
         reserve += over
-    raise CompileError(f"{model.name}: activation buffers do not fit beside the weights; "
-                       "use more systems or fewer replicas")
+    # Too tight a region, as a layout that does not fit is: the mapper tries fewer replicas,
+    # or a replica over one wafer more.
+    raise NoLayout(f"activation buffers do not fit beside the weights in "
+                   f"{' + '.join(f'{w}x{h}' for w, h in part_shapes)}")

@@ -23,7 +23,10 @@ def test_the_draft_takes_a_strip_and_the_target_the_rest(drafted):
     assert d["model"] == "tiny-mtp" and side.model.num_layers == 1
     assert side.fabric.width == d["strip_columns"] and side.fabric.height == 16
     target = drafted.regions[0].parts[0]
-    assert drafted.fabric.width == target.w == 16 - d["strip_columns"]
+    assert target.w == 16 - d["strip_columns"] == 16 - drafted.options.reserved_columns
+    # The strip's columns stay free in the target's program.
+    assert (drafted.arrays["stage_id"][:, :, target.w:] == -1).all()
+    assert d["strips"] == 1
     # Room for every token the target holds, and the target holds fewer than alone (one
     # replica beside its draft, where alone it lays out as many as fit).
     assert side.regions[0].kv_capacity_tokens >= drafted.regions[0].kv_capacity_tokens
@@ -78,7 +81,8 @@ def test_a_split_shares_each_wafers_strip():
     held = sum(r.kv_capacity_tokens for r in split.regions)
     assert split.summary["draft"]["target_kv_capacity_tokens"] == held
     assert split.draft.regions[0].kv_capacity_tokens >= held
-    assert split.fabric.width + split.summary["draft"]["strip_columns"] == 16
+    assert max(r.parts[0].x1 for r in split.regions) + \
+        split.summary["draft"]["strip_columns"] == 16
 
 
 def test_a_draft_that_does_not_fit_says_how_much_sram_it_lacks(tmp_path, capsys):
@@ -101,9 +105,36 @@ def open_preset(name: str) -> str:
 
 
 def test_a_target_that_does_not_fit_beside_the_strip_says_so():
-    with pytest.raises(CompileError, match="tiny does not map on the 15 columns"):
+    with pytest.raises(CompileError, match="tiny does not map on the columns of mesh16 left"):
         api.compile("tiny", "mesh16", draft="mtp", region=(16, 16))
 
 
 def test_the_program_says_it_was_compiled_with_its_draft(drafted):
     assert drafted.options.draft == "mtp"
+
+
+def test_a_replica_over_wafers_has_the_strip_on_its_last_wafer_only():
+    """A target that spans wafers: its last wafer gives the draft a strip, the others stay
+    whole (a strip on each would cost the target more of its KV room), in both plans."""
+    import dataclasses
+
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+    from wse_emu.models.load import load_model
+    from wse_emu.program.options import CompileOptions
+
+    model = load_model("tiny").replaced(name="two-wafer", hidden_size=128,
+                                        intermediate_size=256, num_layers=8,
+                                        num_heads=8).validate("test")
+    fabric = dataclasses.replace(load_fabric("mesh16"), sram_bytes_per_pe=12288)
+    plain = compile_model(model, ClusterSpec(fabric, 4), CompileOptions())
+    for options in (CompileOptions(draft="mtp"),
+                    CompileOptions(draft="mtp", plan="disaggregated", prefill_systems=2)):
+        drafted = compile_model(model, ClusterSpec(fabric, 4), options)
+        width = drafted.summary["draft"]["strip_columns"]
+        assert len(drafted.regions) == len(plain.regions) == 2
+        for region in drafted.regions:
+            first, last = region.parts
+            assert (first.w, last.w) == (16, 16 - width)
+            assert drafted.draft.regions[0].kv_capacity_tokens >= region.kv_capacity_tokens
+        assert drafted.summary["draft"]["strips"] == 2

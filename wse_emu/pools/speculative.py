@@ -55,12 +55,17 @@ def _after(table: StageTable | None, draft, hop_cycles: float) -> StageTable | N
                       table.transfers + parts[:, :, -1] + hop_cycles)
 
 
-def hop_to_target(program) -> float:
-    """The drafted tokens' trip from the draft's strip, at the wafer's far side, to the
-    target's first stage: across the wafer's width (an upper bound on the hops; the token ids
-    are a few wavelets)."""
+def hop_to_target(program, region) -> float:
+    """The drafted tokens' trip from the draft's strip, at the far side of ``region``'s last
+    wafer, to the target's first stage: across the columns the strip leaves (an upper bound
+    on the hops; the token ids are a few wavelets), and off that wafer and onto the first
+    stage's when a replica spans wafers."""
     fabric = program.fabric
-    return float(fabric.width * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles)
+    columns = fabric.width - program.options.reserved_columns
+    cycles = columns * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles
+    if region.parts[0].system != region.parts[-1].system:
+        cycles += 2 * fabric.ramp_latency_cycles + 1  # out through the I/O edge and in
+    return float(cycles)
 
 
 REFERENCE_CONTEXT = 4096  # the shape one verify round is reported at: one sequence, this context

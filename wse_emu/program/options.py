@@ -69,6 +69,10 @@ class CompileOptions:
     # (``compiler.draft``): a model preset, a model YAML or config.json, or "mtp" (a one-layer
     # head of the target's architecture). None: no draft.
     draft: str | None = None
+    # Columns left free at the far side of the wafer that holds each replica's last stage:
+    # the draft's strip, set by ``draft`` (``compiler.draft``); 0 leaves every column to the
+    # target.
+    reserved_columns: int = 0
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values
@@ -93,6 +97,7 @@ class CompileOptions:
         if not 0.0 < self.weight_share_target <= 1.0:
             raise UserError(f"`weight_share_target` must be in (0, 1], got "
                             f"{self.weight_share_target}")
+        whole("reserved_columns", self.reserved_columns, 0)
         if self.draft is not None and not self.draft.strip():
             raise UserError("`draft` is empty: name a model, or mtp")
         if self.buffer_tokens < 1:

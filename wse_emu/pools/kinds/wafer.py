@@ -169,7 +169,7 @@ def _region_pool(program: WaferProgram, r, tables: dict, draft: dict,
         # (``compiler.draft``), so the target's room is the pool's.
         decode, prefill, verify = with_draft(
             decode, prefill, tables.get(verify_phase(draft_tokens)), draft["decode"],
-            draft["prefill"], draft_tokens, hop_to_target(program))
+            draft["prefill"], draft_tokens, hop_to_target(program, r))
     return WaferRegion(r.name, r.role, capacity, prefill, decode, system=r.parts[0].system,
                        verify=verify, draft_tokens=draft_tokens if verify is not None else 0,
                        ).for_fabric(program.fabric)
