@@ -1,7 +1,8 @@
 """Errors a user can act on.
 
 Every error the command line turns into one line on stderr and exit code 2 derives from
-``UserError``. Anything else escaping to the CLI is a bug in wse-emu and keeps its traceback.
+``UserError``; a ``WorkerLost`` (or memory exhausted) is one line and exit code 1. Anything else
+escaping to the CLI is a bug in wse-emu and keeps its traceback.
 """
 
 
@@ -11,6 +12,10 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A configuration file or value is malformed or out of range."""
+
+
+class WorkerLost(RuntimeError):
+    """A worker process ended while it held a job (killed for memory, or crashed)."""
 
 
 class CompileError(UserError):

@@ -20,6 +20,7 @@ from helpers import assert_one_line_error, run_cli
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
+from wse_emu.errors import WorkerLost
 from wse_emu.compiler.partition import (
     DEFAULT_PREFILL_SHARE,
     _min_part_width,
@@ -607,3 +608,24 @@ def test_a_preset_name_is_the_preset_whatever_the_working_folder_holds(tmp_path,
     assert load_workload("chat").name == "chat"
     with pytest.raises(ConfigError, match="wse3"):
         load_fabric("./wse3")
+
+
+@pytest.mark.parametrize("error, words", [
+    (WorkerLost("a worker process ended while running a job (exit code -9; out of memory?)"),
+     "out of memory?"),
+    (MemoryError(), "out of memory"),
+])
+def test_a_lost_worker_or_memory_is_one_line_and_exit_1(monkeypatch, capsys, error, words):
+    """What the machine could not finish is not the input's fault (exit 1, not 2), and one
+    line says what ran out, with no traceback."""
+    from wse_emu.cli import inspect_cmd
+    from wse_emu.cli.main import main
+
+    def run(args):
+        raise error
+
+    monkeypatch.setattr(inspect_cmd, "run", run)  # read when the parser is built
+    assert main(["inspect", "tiny"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("wse-emu: failed: ") and words in err[0]
+

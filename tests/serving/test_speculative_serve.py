@@ -37,6 +37,12 @@ def test_the_report_says_what_speculation_did(drafted, cache):
     assert sum(spec["tokens_per_step_share"].values()) == pytest.approx(1)
     alone = spec["step_alone"]
     assert alone["draft_s"] > 0 and alone["verify_s"] > 0 and 0 < alone["draft_share"] < 1
+    # Over the run, the draft's stages hold a share of the decode stage-time (its K steps per
+    # micro-batch against the target's verify steps).
+    assert list(spec["draft_share_of_decode"]) == ["mixed0"]
+    assert 0 < spec["draft_share_of_decode"]["mixed0"] < 1
+    assert run.result.regions["mixed0"]["draft_share_of_decode"] == \
+        spec["draft_share_of_decode"]["mixed0"]
     assert spec["draft_sram_bytes"] == drafted.summary["draft"]["sram_bytes"]
     assert np.array_equal(run.result.tokens, run.requests.output_tokens)
 
@@ -51,7 +57,8 @@ def test_both_loops_give_the_same_times(drafted, cache):
 
 def test_acceptance_zero_is_never_faster_per_user(drafted, cache):
     """Against the same target laid out alike, without a draft beside it."""
-    alone = served(api.compile("tiny", "mesh16", region=(drafted.fabric.width, 16)), cache)
+    width = drafted.regions[0].parts[0].w  # the columns the draft's strip leaves
+    alone = served(api.compile("tiny", "mesh16", region=(width, 16)), cache)
     rejected = served(drafted, cache, draft_tokens=2, acceptance=0.0)
     a, b = alone.metrics, rejected.metrics
     assert b.user_tokens_per_s.p50 <= a.user_tokens_per_s.p50
@@ -150,3 +157,9 @@ def test_a_split_speculates_on_its_decode_side(cache):
     prefill = next(p for p in pools if p.role == "prefill")
     assert prefill.stages == drafts + len(split.region(prefill.name).stage_ids)
     assert prefill.verify is None and prefill.prefill.cycles[:drafts].min() > 0
+
+
+def test_the_draft_takes_more_of_decode_the_more_it_drafts(drafted, cache):
+    shares = [served(drafted, cache, draft_tokens=k, acceptance=0.7).report.to_json()
+              ["speculation"]["draft_share_of_decode"]["mixed0"] for k in (1, 4)]
+    assert 0 < shares[0] < shares[1] < 1

@@ -24,10 +24,11 @@ import threading
 from wse_emu import __version__
 from wse_emu.cli.commands import COMMANDS
 from wse_emu.cli.flag_names import flags_of, in_flags
-from wse_emu.errors import UserError
+from wse_emu.errors import UserError, WorkerLost
 from wse_emu.util import progress
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1  # the machine could not finish the work (a worker lost, memory exhausted)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
 
 
@@ -113,6 +114,13 @@ def _main(argv: list[str] | None) -> int:
         message = in_flags(" ".join(str(exc).split()), getattr(args, "flags", {}))
         print(f"wse-emu: error: {message}", file=sys.stderr)
         return EXIT_USAGE
+    except (WorkerLost, MemoryError) as exc:
+        # Not the input's fault, and nothing a traceback would explain: what ran out, in one
+        # line (the files being written were removed on the way, as for any error).
+        progress.clear()
+        what = str(exc) if isinstance(exc, WorkerLost) else "out of memory"
+        print(f"wse-emu: failed: {' '.join(what.split())}", file=sys.stderr)
+        return EXIT_FAILED
     progress.clear()
     try:
         if isinstance(result, dict):

@@ -142,6 +142,12 @@ def render(report: ServeReport, result, metrics) -> str:
             f"batch 1, context {alone['context']:,} (the draft's steps "
             f"{alone['draft_share']:.0%}); the draft takes {spec['draft_strip_columns']} "
             f"columns, {spec['draft_share_of_wafer_pes']:.1%} of the PEs"]
+        shares = list(spec["draft_share_of_decode"].values())
+        if shares:  # none when no verify step was served
+            lines.insert(3, "  the draft's share    " + (
+                f"{shares[0]:.0%}" if len(shares) == 1 else
+                f"{min(shares):.0%} to {max(shares):.0%}")
+                + " of the decode stage-time over the run")
     regs = [[name, r["role"], f"{r['stage_utilization']:.1%}",
              f"{r['kv_peak_tokens']:,} of {r['kv_capacity_tokens']:,}"]
             for name, r in list(result.regions.items())[:SHOWN_REGIONS]]

@@ -202,7 +202,7 @@ class WaferTiming:
         "batch tiling on attention in both plans' decode steps: attention takes B sequences "
         "at a time, the MLP or experts the whole micro-batch (0: off)", 0, metavar="B")
     draft: str | None = flagged(
-        "speculative decoding's draft, compiled beside the target on every wafer of both "
+        "speculative decoding's draft, compiled beside the target in every layout of both "
         "plans: a model preset, YAML or config.json of the target's vocabulary, or mtp (a "
         "one-layer head of the target's architecture)", None, metavar="MODEL|mtp")
     draft_tokens: Sequence[int] = flagged(

@@ -124,11 +124,11 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
                          workload=result.workload)
     spec = settings.speculation()
     if spec is not None:
-        draft_stages = len(program.draft.regions[0].stage_ids)
         decoder = next(p for p in pools if p.verify is not None)
         report.speculation = speculation_report(
             spec, result.gap_request, result.gap_cycles,
-            step_alone(decoder, draft_stages, settings.clock_hz), program.summary["draft"])
+            step_alone(decoder, decoder.draft_stages, settings.clock_hz),
+            program.summary["draft"], result.regions)
     return ServeRun(result, metrics, report)
 
 

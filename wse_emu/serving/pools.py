@@ -75,6 +75,7 @@ class StagePool:
     # Speculative decoding (``Pool``): each later tile of a verify step, and the drafted tokens.
     verify: StageTable | None = None
     draft_tokens: int = 0
+    draft_stages: int = 0  # the draft's, first in its pipeline (``pools.speculative``)
 
     @property
     def stages(self) -> int:

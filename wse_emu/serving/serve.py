@@ -330,6 +330,8 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
             "stage_utilization": (s["busy_prefill"] + s["busy_decode"]) / cycles,
             "prefill_utilization": s["busy_prefill"] / cycles,
             "decode_utilization": s["busy_decode"] / cycles,
+            **({"draft_share_of_decode": s["busy_draft"] / s["busy_decode"]}
+               if s["busy_draft"] and s["busy_decode"] else {}),
             "decode_tokens": s["decoded"], "decode_stall_s": s["stall"] / clock,
             "decode_work_s": s["work"] / clock, "kv_blocked_s": s["kv_blocked"] / clock,
             "prefix_reused_tokens": s["reused"], "kv_capacity_tokens": p.kv_capacity_tokens,

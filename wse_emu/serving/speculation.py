@@ -164,6 +164,12 @@ def speculating(pool) -> tuple:
     return (verify, int(pool.draft_tokens)) if verify is not None else (None, 0)
 
 
+def draft_stages_of(pool) -> int:
+    """How many of a speculating pool's first stages are its draft's (0 without one): their
+    share of its decode stage-time is what drafting costs it (``busy_draft``)."""
+    return int(getattr(pool, "draft_stages", 0)) if speculating(pool)[1] else 0
+
+
 def acceptance_runs(requests, options) -> tuple[np.ndarray, np.ndarray]:
     """The acceptance runs both loops read (``Speculation.runs``), or none without
     speculation."""
@@ -183,11 +189,12 @@ def bursts(gap_request: np.ndarray, gap_cycles: np.ndarray) -> np.ndarray:
 
 
 def speculation_report(spec: Speculation, gap_request: np.ndarray, gap_cycles: np.ndarray,
-                       step: dict, draft: dict) -> dict:
+                       step: dict, draft: dict, regions: dict) -> dict:
     """What speculation did in a run: the acceptance it assumed, tokens per verify step (the
     formula's mean, and the run's mean and distribution), one step's time alone at a
-    reference shape (``step``: the draft's K steps and the target's verify, in seconds), and
-    what the draft takes (``draft``: the compiler's summary of it)."""
+    reference shape (``step``: the draft's K steps and the target's verify, in seconds), the
+    draft's share of each decoding region's decode stage-time over the run (``regions``: the
+    run's, by name), and what the draft takes (``draft``: the compiler's summary of it)."""
     sizes = bursts(gap_request, gap_cycles)
     counts = np.bincount(sizes, minlength=spec.draft_tokens + 2)[1:]
     total = step["draft_s"] + step["verify_s"]
@@ -199,6 +206,9 @@ def speculation_report(spec: Speculation, gap_request: np.ndarray, gap_cycles: n
                                       for k, c in enumerate(counts) if k < spec.draft_tokens
                                       + 1},
             "step_alone": {**step, "draft_share": step["draft_s"] / total if total else None},
+            "draft_share_of_decode": {name: r["draft_share_of_decode"]
+                                      for name, r in regions.items()
+                                      if "draft_share_of_decode" in r},
             "draft_sram_bytes": draft.get("sram_bytes"),
             "draft_strip_columns": draft.get("strip_columns"),
             "draft_share_of_wafer_pes": draft.get("share_of_wafer_pes"),

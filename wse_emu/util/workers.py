@@ -39,7 +39,7 @@ from collections import deque
 from contextlib import contextmanager
 from multiprocessing.connection import wait
 
-from wse_emu.errors import UserError
+from wse_emu.errors import UserError, WorkerLost
 from wse_emu.util import progress
 from wse_emu.util.checks import whole
 
@@ -80,10 +80,6 @@ class _Here:
 
     def close(self) -> None:
         pass
-
-
-class WorkerLost(RuntimeError):
-    """A worker process ended while it held a job (killed for memory, or crashed)."""
 
 
 class RemoteTraceback(Exception):

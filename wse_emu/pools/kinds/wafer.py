@@ -170,6 +170,8 @@ def _region_pool(program: WaferProgram, r, tables: dict, draft: dict,
         decode, prefill, verify = with_draft(
             decode, prefill, tables.get(verify_phase(draft_tokens)), draft["decode"],
             draft["prefill"], draft_tokens, hop_to_target(program, r))
+    speculates = verify is not None
     return WaferRegion(r.name, r.role, capacity, prefill, decode, system=r.parts[0].system,
-                       verify=verify, draft_tokens=draft_tokens if verify is not None else 0,
+                       verify=verify, draft_tokens=draft_tokens if speculates else 0,
+                       draft_stages=len(draft["decode"].cycles) if speculates else 0,
                        ).for_fabric(program.fabric)

@@ -136,6 +136,7 @@ FIELDS = (
     # (-1: added instead)
     Field("vtab", INT, BY_REGION),  # a verify step's later tiles' table (-1: no speculation)
     Field("drafts", INT, BY_REGION),  # and the drafted tokens each verify step checks
+    Field("draft_stages", INT, BY_REGION),  # the draft's, first in the pipeline
     Field("maxrun", INT, BY_REGION),  # the running cap (0: none)
     Field("fabric_rate", REAL, BY_REGION),  # bytes per cycle of a handoff, in a system
     Field("link_rate", REAL, BY_REGION),  # and between systems
@@ -154,6 +155,7 @@ FIELDS = (
     Field("turns", INT, BY_REGION, 1 << 30),  # decode micro-batches since a prefill-only one
     Field("busy_prefill", REAL, BY_REGION),
     Field("busy_decode", REAL, BY_REGION),
+    Field("busy_draft", REAL, BY_REGION),  # of busy_decode: in the draft's stages
     Field("stall", REAL, BY_REGION),
     Field("work", REAL, BY_REGION),
     Field("kv_blocked", REAL, BY_REGION),
@@ -725,6 +727,8 @@ def send(st, r, now, sequences, i, tokens) -> None:
         # waiting behind other micro-batches, and any prompt's work riding along.
         own = _element(st.lines, d, k - 1)
         st.busy_decode[r] += own
+        for s in range(st.draft_stages[r]):
+            st.busy_draft[r] += _element(st.lines, d, s)
         alone = own + _element(st.lines, d, k - 2)
         verified = done  # when the decode's tokens are out
         if st.drafts[r] > 0:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wse_emu.serving.loops.flowshop import advance
-from wse_emu.serving.speculation import acceptance_runs, speculating
+from wse_emu.serving.speculation import acceptance_runs, draft_stages_of, speculating
 
 
 class Pipeline:
@@ -130,6 +130,7 @@ class Queues:
 class Counters:
     busy_prefill: float = 0.0  # stage-cycles
     busy_decode: float = 0.0
+    busy_draft: float = 0.0  # of busy_decode: in the draft's stages (speculating)
     stall: float = 0.0  # decode: token-cycles beyond the tokens' own decode work
     work: float = 0.0  # decode: token-cycles of the tokens' own decode work
     decoded: int = 0
@@ -154,6 +155,7 @@ class RegionState:
         # Speculative decoding: K drafted tokens checked per verify step, whose later tiles
         # follow the first through the stages at ``verify``'s times (None, 0: plain decode).
         self.verify, self.drafts = speculating(pool)
+        self.draft_stages = draft_stages_of(pool)
 
 
 class Event:
@@ -478,6 +480,8 @@ class Simulation:
                 k += 1
             chunk = r.pool.prefill.vector(tokens + (sequences if merged else 0),
                                           weighted / tokens)
+        for s in range(r.draft_stages if sequences else 0):  # one by one, as its twin adds
+            c.busy_draft += float(own[s])
         if sequences and i >= 0:
             c.busy_decode += own[-1]
             c.busy_prefill += chunk[-1]
@@ -539,6 +543,7 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
     gaps = np.array(sim.gaps, dtype=np.float64).reshape(-1, 2)
     per_region = [(r.counters, r.kv.used, r.kv.trace, r.pipeline.events) for r in regions]
     stats = [{"busy_prefill": c.busy_prefill, "busy_decode": c.busy_decode,
+              "busy_draft": c.busy_draft,
               "decoded": c.decoded, "stall": c.stall, "work": c.work,
               "kv_blocked": c.kv_blocked, "reused": c.reused, "kv_used": used,
               "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}

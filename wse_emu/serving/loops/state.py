@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from wse_emu.serving.loops import compiled as cl
-from wse_emu.serving.speculation import acceptance_runs, speculating
+from wse_emu.serving.speculation import acceptance_runs, draft_stages_of, speculating
 from wse_emu.serving.workload import Requests
 
 
@@ -40,6 +40,7 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
             st.ev_end[r, :st.ev_n[r]].tolist(), st.ev_label[r, :st.ev_n[r]].tolist())]
         stats.append({"busy_prefill": float(st.busy_prefill[r]),
                       "busy_decode": float(st.busy_decode[r]),
+                      "busy_draft": float(st.busy_draft[r]),
                       "decoded": int(st.decoded[r]), "stall": float(st.stall[r]),
                       "work": float(st.work[r]), "kv_blocked": float(st.kv_blocked[r]),
                       "reused": int(st.reused[r]), "kv_used": int(st.kv_used[r]),
@@ -78,6 +79,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     _set_regions(st, pools, policies)
     st.ptab[:], st.dtab[:], st.rtab[:], st.vtab[:] = ptab, dtab, rtab, vtab
     st.drafts[:] = [speculating(p)[1] for p in pools]
+    st.draft_stages[:] = [draft_stages_of(p) for p in pools]
     st.runs[:len(runs)], st.run_at[:] = runs, begin[:-1]
     st.knobs_mixed[:], st.knobs_prefill[:] = knobs["mixed"], knobs["prefill"]
     st.knobs_decode[:] = knobs["decode"]
