@@ -20,7 +20,6 @@ from helpers import assert_one_line_error, run_cli
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.errors import WorkerLost
 from wse_emu.compiler.partition import (
     DEFAULT_PREFILL_SHARE,
     _min_part_width,
@@ -30,7 +29,7 @@ from wse_emu.compiler.partition import (
     wafer_weight_capacity,
     wafers_needed,
 )
-from wse_emu.errors import CompileError, ConfigError, UserError
+from wse_emu.errors import CompileError, ConfigError, UserError, WorkerLost
 from wse_emu.hardware.fabric import MAX_SIDE, MAX_SYSTEMS, ClusterSpec, load_fabric, with_overrides
 from wse_emu.models.load import load_model
 from wse_emu.rundir.directory import write_run_dir

@@ -55,8 +55,9 @@ def add_cluster_args(p) -> None:
     add_routing_args(p)
     p.add_argument("--draft", metavar="MODEL|mtp",
                    help="speculative decoding's draft, compiled beside the target on a strip "
-                        "of the wafer holding each replica's last stage: a model preset, YAML or config.json of the target's "
-                        "vocabulary, or mtp (a one-layer head of the target's architecture)")
+                        "of the wafer holding each replica's last stage: a model preset, YAML "
+                        "or config.json of the target's vocabulary, or mtp (a one-layer head "
+                        "of the target's architecture)")
     p.add_argument("--attention-tile", type=int, metavar="B",
                    help="batch tiling on attention: a decode micro-batch's attention runs B "
                         "sequences at a time and the MLP or the experts take the whole "
