@@ -36,6 +36,7 @@ from wse_emu.pools.kinds.wafer import WAFER
 from wse_emu.pools.named import pools_clock, side_pools
 from wse_emu.serving.policies import check_in_tables
 from wse_emu.serving.serve import position_shortfall
+from wse_emu.serving.tables import longest_context
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Setup:
             if short:
                 raise UserError(short)
         if key not in self._layouts:
-            self._layouts[key] = self._pool_layouts(cluster) if self.pools is not None \
+            self._layouts[key] = self._pool_layouts(cluster, probes) if self.pools is not None \
                 else build_layouts(self.model, cluster, probes, self.cache, self.space,
                                    self.timing, pool, self.progress)
         return self._layouts[key]
@@ -123,19 +124,17 @@ class Setup:
         """``longer(draw, n)`` for ``job``'s confirming runs (``comparison.longer_draws``)."""
         return longer_draws(self.spec, self.seeds, job.transform)
 
-    def _pool_layouts(self, cluster) -> tuple[dict, list]:
-        """``pool_layouts`` of the pools named, every side timed for the cluster's clock."""
+    def _pool_layouts(self, cluster, probes: list) -> tuple[dict, list]:
+        """``pool_layouts`` of the pools named, every side timed for the cluster's clock (as
+        far in context as the ``probes`` reach)."""
         splits, colocated, footprint = self.pools
         # Depths named are tried besides each wafer side's own ("matched" and "own": its own
         # only, since the sides are not compiled before they are laid out).
         depths = self.space.layers_per_stage
-        return pool_layouts(self.model, splits, colocated, self._side(cluster), footprint,
+        side = SideBuilder(self.model, cluster.fabric.clock_hz, self.cache, self.space.grid,
+                           longest_context(*probes))
+        return pool_layouts(self.model, splits, colocated, side, footprint,
                             self.space.copies, depths if isinstance(depths, tuple) else ())
-
-    def _side(self, cluster):
-        """The pools of one side of a layout (``pool_layouts`` asks for each), timed for the
-        cluster's clock."""
-        return SideBuilder(self.model, cluster.fabric.clock_hz, self.cache, self.space.grid)
 
     def run(self, job: Job):
         """One experiment: its report and configurations, its serving runs kept in the job's
@@ -165,9 +164,11 @@ class SideBuilder:
     clock_hz: float
     cache: object
     grid: str
+    reach: int = 0  # tokens of context its tables time, at least (``tables.reaching``)
 
     def __call__(self, side, role: str, first: int) -> list:
-        return side_pools(self.model, side, role, first, self.clock_hz, self.cache, self.grid)
+        return side_pools(self.model, side, role, first, self.clock_hz, self.cache, self.grid,
+                          self.reach)
 
 
 def check_space(space, phases: dict) -> None:

@@ -18,6 +18,7 @@ from wse_emu.models.spec import ModelSpec
 from wse_emu.pools.kinds.wafer import wafer_pools_of
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.serve import position_shortfall
+from wse_emu.serving.tables import longest_context
 from wse_emu.serving.workload import Requests
 from wse_emu.util.workers import HERE
 
@@ -50,6 +51,7 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     short = next(filter(None, (position_shortfall(r, model) for r in probes)), None)
     if short:  # the same on every layout, so refused before any is compiled
         raise UserError(short)
+    reach = longest_context(*probes)  # the tables time every context the runs reach
     plans, skipped = _layout_plans(model, fabric, span, copies, splits,
                                    drafted=timing.draft is not None)
 
@@ -88,24 +90,25 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     # Every layout's tables at once, so that stages alike across layouts are timed once and
     # no core waits for one layout's last shape.
     if timing.draft is None:
-        pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool)
+        pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool,
+                               reach=reach)
         layouts = {(plan, name): Layout(plan, name, regions)
                    for (plan, name), regions in zip(programs, pools)}
     else:
-        layouts = _speculative_layouts(programs, cache, grid, pool, timing.draft_tokens)
+        layouts = _speculative_layouts(programs, cache, grid, pool, timing.draft_tokens, reach)
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split compiles: " + "; ".join(skipped))
     return layouts, skipped
 
 
 def _speculative_layouts(programs: dict, cache: Path, grid: str, pool,
-                         draft_tokens: tuple) -> dict:
+                         draft_tokens: tuple, reach: int) -> dict:
     """Each compiled layout (with its draft) at each number of drafted tokens: a layout of
     its own, "1 copy, K 4", so that tuning tries every count on both plans alike."""
     layouts = {}
     for k in draft_tokens:
         pools = wafer_pools_of(list(programs.values()), cache, grid=grid, pool=pool,
-                               draft_tokens=k)
+                               draft_tokens=k, reach=reach)
         for (plan, name), regions in zip(programs, pools):
             draft_kv = programs[(plan, name)].draft.model.kv_bytes_per_token()
             layouts[(plan, f"{name}, K {k}")] = Layout(plan, f"{name}, K {k}", regions,

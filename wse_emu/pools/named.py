@@ -18,17 +18,17 @@ ACCELERATOR_CLOCK_HZ = 1e9
 
 
 def named_pools(model: ModelSpec, sides: dict[str, str], cache_dir: Path | str | None = None,
-                grid: str = "full") -> tuple[list, float]:
+                grid: str = "full", reach: int = 0) -> tuple[list, float]:
     """The pools of ``sides`` (role -> a pool named as on the command line, ``pools.names``:
     ``wse3x4``, ``trn2x2``, ``h200x8``), and the clock they are served on (``pools_clock``).
     A wafer side holds the model as colocated serving lays it out, serving its role; an
     accelerator side is timed by its roofline, a GPU side from measured data. The sides'
-    systems are numbered in order."""
+    systems are numbered in order. Contexts are timed as far as ``reach`` tokens."""
     names = {role: parse_pool(text) for role, text in sides.items()}
     clock_hz = pools_clock(list(names.values()))
     pools, first = [], 0
     for role, name in names.items():
-        pools += side_pools(model, Side(name), role, first, clock_hz, cache_dir, grid)
+        pools += side_pools(model, Side(name), role, first, clock_hz, cache_dir, grid, reach)
         first += name.systems
     return pools, clock_hz
 
@@ -41,11 +41,12 @@ def pools_clock(names: list) -> float:
 
 
 def side_pools(model: ModelSpec, side: Side, role: str, first: int, clock_hz: float,
-               cache_dir: Path | str | None = None, grid: str = "full") -> list:
+               cache_dir: Path | str | None = None, grid: str = "full",
+               reach: int = 0) -> list:
     """The pools of one side (``kinds.Side``: a pool as named, in one of its layouts) in
     ``role``, on systems from ``first`` on, timed for ``clock_hz`` by the side's kind."""
     return side.pool.kind.pools(model, side, role, first, clock_hz,
-                                default_cache_dir(cache_dir), grid)
+                                default_cache_dir(cache_dir), grid, reach)
 
 
 def pool_sides(pool: str | None, prefill_pool: str | None,

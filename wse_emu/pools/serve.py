@@ -30,7 +30,7 @@ from wse_emu.serving.serve import (
 )
 from wse_emu.serving.serve import serve as serve_requests
 from wse_emu.serving.speculation import speculation_report
-from wse_emu.serving.tables import default_cache_dir
+from wse_emu.serving.tables import default_cache_dir, longest_context
 from wse_emu.serving.workload import Requests, WorkloadSpec, workload_spec
 from wse_emu.serving.workload import generate as generate_requests
 from wse_emu.util.checks import one_of, positive, whole
@@ -114,7 +114,8 @@ def serve_program(program: WaferProgram, demand: Demand, cache_dir: Path | str |
     short = kv_shortfall(reqs, program.regions)
     if short:
         raise UserError(f"{short}: {room_advice(program, reqs)}")
-    pools = wafer_pools(program, cache, draft_tokens=settings.draft_tokens)
+    pools = wafer_pools(program, cache, draft_tokens=settings.draft_tokens,
+                        reach=longest_context(reqs))
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name
     metrics = run_metrics(result, reqs, demand.ttft_s, demand.tpot_s)
@@ -150,7 +151,7 @@ def serve_named(model: ModelSpec | Path | str, demand: Demand, sides: str | dict
     short = position_shortfall(reqs, model)
     if short:
         raise UserError(short)
-    pools, clock_hz = named_pools(model, sides, cache_dir)
+    pools, clock_hz = named_pools(model, sides, cache_dir, reach=longest_context(reqs))
     settings = ServeOptions.of(_Clock(clock_hz), model, **options)
     result = serve_requests(reqs, pools, settings, loop=loop)
     result.workload = spec.name

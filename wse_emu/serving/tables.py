@@ -49,13 +49,19 @@ QUICK_DECODE_BATCH = (1, 4, 32, 64)
 QUICK_DECODE_CONTEXT = (64, 4096, 16384)
 QUICK_PREFILL_TOKENS = (16, 64, 256)
 QUICK_PREFILL_PREFIX = (0, 4096, 16384)
+# Contexts (and cached prefixes) past the grids' longest, timed only where a workload reaches
+# them (``reaching``): a decode step at 131,072 tokens of context read off the grid above would
+# be extrapolated from its last two rungs, 7% to 9% short of the engine's time for Llama-3.1-8B
+# on one WSE-3 (a prefill tile after such a prefix, 5% short to 17% over).
+LONG_CONTEXTS = (32768, 65536, 131072)
 VECTORS_KEPT = 100_000  # interpolated shapes remembered per table (about 30 MB at most)
 # Pools timed by a formula or from a measured database (accelerators, GPUs) cost next to
 # nothing per shape, so their tables span the sizes their serving engines run whatever the
 # grid: decode batches of up to 256 sequences, chunks of up to 8,192 tokens
 # (``pool_kinds.SERVER_KNOBS``).
-SERVER_AXES = {"decode": ((1, 2, 4, 8, 16, 32, 64, 128, 256), DECODE_CONTEXT),
-               "prefill": ((16, 64, 256, 1024, 2048, 4096, 8192), PREFILL_PREFIX)}
+SERVER_AXES = {"decode": ((1, 2, 4, 8, 16, 32, 64, 128, 256), DECODE_CONTEXT + LONG_CONTEXTS),
+               "prefill": ((16, 64, 256, 1024, 2048, 4096, 8192),
+                           PREFILL_PREFIX + LONG_CONTEXTS)}
 
 
 @dataclass
@@ -276,11 +282,36 @@ def default_axes(phase: str) -> tuple:
     return grid_axes("full", phase)
 
 
-def grid_axes(grid: str, phase: str) -> tuple:
-    """The axes of ``grid`` ("full" or "quick") for ``phase``."""
+def grid_axes(grid: str, phase: str, reach: int = 0) -> tuple:
+    """The axes of ``grid`` ("full" or "quick") for ``phase``, the context (or cached prefix)
+    timed as far as ``reach`` tokens (``reaching``)."""
     if grid not in GRIDS:
         raise UserError(f"`grid` must be one of {', '.join(GRIDS)}, got {grid!r}")
-    return GRIDS[grid]["decode" if phase.startswith(VERIFY) else phase]
+    sizes, contexts = GRIDS[grid]["decode" if phase.startswith(VERIFY) else phase]
+    return sizes, reaching(contexts, reach)
+
+
+def reaching(contexts: tuple, reach: int) -> tuple:
+    """``contexts`` (a grid's axis of tokens of context, or of cached prefix) with, when
+    ``reach`` lies past its last, the rungs of ``LONG_CONTEXTS`` up to the first at or past
+    ``reach`` (and ``reach`` itself past the last of those): every context a workload reaches
+    is then timed between two rungs, never extrapolated."""
+    out = list(contexts)
+    for rung in LONG_CONTEXTS:
+        if out[-1] >= reach:
+            break
+        if rung > out[-1]:
+            out.append(rung)
+    if out[-1] < reach:
+        out.append(int(reach))
+    return tuple(out)
+
+
+def longest_context(*requests) -> int:
+    """The most tokens of context any of these requests' steps reach (prompt and output;
+    ``workload.Requests``): how far its tables must time contexts."""
+    return max((int((r.prompt_tokens + r.output_tokens).max()) for r in requests if len(r)),
+               default=0)
 
 
 def timed_table(phase: str, axes: tuple, clock_hz: float, seconds) -> StageTable:

@@ -162,7 +162,7 @@ class AcceleratorKind(ServerKind):
         return hw.name if count == 1 else f"{count} x {hw.name}"
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, reach: int = 0) -> list:
         name = side.pool
         axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
         return [replace(pool, engine=self.engine_knobs())

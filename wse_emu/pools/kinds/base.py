@@ -88,10 +88,11 @@ class PoolKind(ABC):
 
     @abstractmethod
     def pools(self, model, side: "Side", role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, reach: int = 0) -> list:
         """The ``StagePool`` of every copy of ``model`` on ``side`` in ``role``, its systems
         numbered from ``first``, its steps timed for a serving clock of ``clock_hz``; stage
-        tables kept in ``cache`` over ``grid``'s shapes."""
+        tables kept in ``cache`` over ``grid``'s shapes, contexts timed as far as ``reach``
+        tokens (a kind whose tables span every context a model has may ignore it)."""
 
     @abstractmethod
     def step_times_source(self, hardware: Any) -> str:

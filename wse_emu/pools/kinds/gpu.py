@@ -218,7 +218,7 @@ class GpuKind(ServerKind):
         return f"{side.pool.count} x {side.pool.hardware.name} tp{side.tp}"
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, reach: int = 0) -> list:
         name = side.pool
         axes = {phase: self.table_axes(grid, phase) for phase in ("prefill", "decode")}
         return [replace(pool, engine=self.engine_knobs())

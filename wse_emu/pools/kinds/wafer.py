@@ -65,7 +65,7 @@ class WaferKind(PoolKind):
         return f"{name} ({', '.join(how)})" if how else name
 
     def pools(self, model, side: Side, role: str, first: int, clock_hz: float,
-              cache: Path, grid: str) -> list:
+              cache: Path, grid: str, reach: int = 0) -> list:
         name, copies = side.pool, side.copies
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
@@ -86,7 +86,7 @@ class WaferKind(PoolKind):
                         system=pool.system + first,
                         fabric_bytes_per_cycle=pool.fabric_bytes_per_cycle / factor,
                         link_bytes_per_cycle=pool.link_bytes_per_cycle / factor)
-                for k, pool in enumerate(wafer_pools(program, cache, grid))]
+                for k, pool in enumerate(wafer_pools(program, cache, grid, reach=reach))]
 
     def step_times_source(self, hardware: FabricSpec) -> str:
         return f"simulated on {hardware.name}"
@@ -110,20 +110,22 @@ class WaferRegion(StagePool):
 
 
 def wafer_pools(program: WaferProgram, cache: Path, grid: str = "full", pool=None,
-                draft_tokens: int = 0) -> list[WaferRegion]:
+                draft_tokens: int = 0, reach: int = 0) -> list[WaferRegion]:
     """``wafer_pools_of`` one program."""
-    return wafer_pools_of([program], cache, grid, pool, draft_tokens)[0]
+    return wafer_pools_of([program], cache, grid, pool, draft_tokens, reach)[0]
 
 
 def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full",
-                   pool=None, draft_tokens: int = 0) -> list[list[WaferRegion]]:
+                   pool=None, draft_tokens: int = 0,
+                   reach: int = 0) -> list[list[WaferRegion]]:
     """Each program's regions as pools: one pair of tables per distinct region (replicas of
     one shape and role share them), over the micro-batch shapes of ``grid`` ("full", or
     "quick" for a first look), every program's timed together (``build_tables``) so that
     stages alike across them are timed once; with ``pool`` (a worker pool,
     ``workers.point_pool``) on its workers. With ``draft_tokens``, a program's regions that
     decode do so speculatively, its draft's stages first in them (``pools.speculative``): each
-    program must have a draft."""
+    program must have a draft. Contexts are timed as far as ``reach`` tokens
+    (``tables.reaching``)."""
     asks, where = [], []  # per program, per region: the asks' indices by phase
     for program in programs:
         if draft_tokens and program.draft is None:
@@ -140,14 +142,15 @@ def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full"
                     phases = (*phases, verify_phase(draft_tokens))
                 for ph in phases:
                     shared[key][ph] = len(asks)
-                    asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph)))
+                    asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph, reach)))
             per_region.append(shared[key])
         drafts = {}
         if draft_tokens:  # the draft's own tables, on its strip
             side = program.draft
             for ph in ("prefill", "decode"):
                 drafts[ph] = len(asks)
-                asks.append(TableAsk(side, side.regions[0].name, ph, grid_axes(grid, ph)))
+                asks.append(TableAsk(side, side.regions[0].name, ph,
+                                     grid_axes(grid, ph, reach)))
         where.append((per_region, drafts))
     tables = build_tables(asks, cache_dir=cache, pool=pool)
     out = []
