@@ -23,7 +23,9 @@ from wse_emu.util.configfile import preset_dir
 
 HEADER = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
 # Name -> (rows, median prompt, median output), as the traces' README states them.
-SHIPPED = {"azure-conv": (19366, 1020, 129), "azure-code": (8819, 1469, 13)}
+SHIPPED = {"azure-conv": (19366, 1020, 129), "azure-code": (8819, 1469, 13),
+           "mooncake-conv": (12031, 6909, 350)}
+SUFFIX = {"mooncake-conv": ".jsonl"}  # the others are CSV files
 
 
 def rows(n: int, start: float = 0.0) -> str:
@@ -35,7 +37,7 @@ def rows(n: int, start: float = 0.0) -> str:
 def test_a_shipped_trace_loads_by_name_and_by_path(name):
     count, prompt, output = SHIPPED[name]
     by_name = load_trace(name)
-    by_path = load_trace(preset_dir("traces") / f"{name}.csv")
+    by_path = load_trace(preset_dir("traces") / f"{name}{SUFFIX.get(name, '.csv')}")
     assert len(by_name[0]) == count
     assert np.median(by_name[1]) == prompt and np.median(by_name[2]) == output
     assert all(np.array_equal(a, b) for a, b in zip(by_name, by_path))
@@ -50,12 +52,13 @@ def test_the_shipped_traces_are_listed_and_described():
         line = next(x for x in readme.splitlines() if x.startswith(f"| `{name}`"))
         assert f"| {count:,} | {prompt} /" in line and f"| {output} /" in line
     assert "CC-BY-4.0" in readme and "MIT" in readme and "vidur" in readme
-    assert not any((preset_dir("traces")).glob("*.jsonl"))  # no reader for those yet
+    assert "Apache-2.0" in readme and "Mooncake" in readme
 
 
 def test_an_unknown_trace_name_lists_the_shipped_ones():
     with pytest.raises(ConfigError, match="unknown trace 'azure-chat': choose one of "
-                                          "azure-code, azure-conv or give a CSV path"):
+                                          "azure-code, azure-conv, mooncake-conv or give a CSV "
+                                          "or JSON-lines path"):
         workload_spec(trace="azure-chat")
 
 

@@ -21,8 +21,10 @@ def add_parser(sub, summary: str) -> None:
     add_cluster_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", help="workload preset or YAML")
-    src.add_argument("--trace", help=f"a shipped trace ({', '.join(trace_names())}) or a CSV "
-                     "of arrived_at,num_prefill_tokens,num_decode_tokens")
+    src.add_argument("--trace", help=f"a shipped trace ({', '.join(trace_names())}), a CSV "
+                     "of arrived_at,num_prefill_tokens,num_decode_tokens, or JSON lines of "
+                     "timestamp (ms), input_length, output_length and hash_ids (prefix blocks "
+                     "of 512 tokens; another size: a workload YAML's block_tokens)")
     p.add_argument("--rate", type=float, help="requests per second (synthetic) or a replay "
                    "speed-up (trace)")
     p.add_argument("--requests", type=int, help="serve only the first N requests (sessions)")
@@ -116,6 +118,21 @@ def run_pools(args, settings: dict):
                                  for label, source in report.step_times.items()] + text[1:])
 
 
+def _cache_and_refusals(result, metrics) -> list[str]:
+    """The lines on what the prefix cache served (when it served anything) and on requests no
+    region could hold (when there were any)."""
+    lines = []
+    reused = sum(r.get("prefix_reused_tokens", 0) for r in result.regions.values())
+    if reused:
+        prompts = int(result.requests.prompt_tokens.sum())
+        lines.append(f"  prompt tokens        {si(prompts)}, {si(reused)} of them "
+                     f"({reused / prompts:.1%}) served from the prefix cache")
+    if metrics.refused:
+        lines.append(f"  refused              {metrics.refused:,} requests no region can hold "
+                     "(KV room): they miss every target")
+    return lines
+
+
 def render(report: ServeReport, result, metrics) -> str:
     rows = [[name, seconds(v.p50), seconds(v.p90), seconds(v.p99)]
             for name, v in (("TTFT", metrics.ttft_s), ("TPOT", metrics.tpot_s),
@@ -124,6 +141,7 @@ def render(report: ServeReport, result, metrics) -> str:
              f"{metrics.requests:,} requests over {seconds(metrics.duration_s)}",
              f"  output tokens/s      {si(metrics.output_tokens_per_s)}",
              f"  requests/s           {number(metrics.requests_per_s)}",
+             *_cache_and_refusals(result, metrics),
              "  SLO attainment       no targets given (--ttft-slo, --tpot-slo)"
              if metrics.slo_attainment is None else
              f"  SLO attainment       {metrics.slo_attainment:.1%} (goodput "

@@ -54,8 +54,10 @@ class Load:
     workload: WorkloadSpec | Path | str | None = flagged(
         "workload preset or YAML", None, one_of="load", required=True)
     trace: Path | str | None = flagged(
-        f"a shipped trace ({', '.join(trace_names())}) or a CSV of "
-        "arrived_at,num_prefill_tokens,num_decode_tokens", None, one_of="load", required=True)
+        f"a shipped trace ({', '.join(trace_names())}), a CSV of "
+        "arrived_at,num_prefill_tokens,num_decode_tokens, or JSON lines of timestamp (ms), "
+        "input_length, output_length and hash_ids (512-token prefix blocks)", None,
+        one_of="load", required=True)
     requests: int | None = flagged(
         f"requests (sessions) per tuning run (default: the workload's, at most "
         f"{TUNING_REQUESTS} model calls; agent sessions: that many per system)", None)

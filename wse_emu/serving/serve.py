@@ -245,7 +245,10 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
         raise UserError(short)
     if short:
         return _refusing(requests, pools, options, loop)
-    caching = bool(options.prefix_cache) and len(np.unique(requests.session)) < len(requests)
+    # A prefix cache where something can be reused: a session's later calls, or the blocks a
+    # block trace's requests share.
+    caching = bool(options.prefix_cache) and (
+        requests.blocks is not None or len(np.unique(requests.session)) < len(requests))
     run = serve_plain if loop == "plain" else serve_compiled
     return _result(requests, pools, options,
                    LoopOutput(*run(requests, pools, options, policies, caching)))
@@ -291,7 +294,7 @@ def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResul
 
 
 def _subset(requests: Requests, keep: np.ndarray) -> Requests:
-    return Requests(*(getattr(requests, f.name)[keep] for f in dataclasses.fields(Requests)))
+    return requests.subset(keep)
 
 
 class LoopOutput(NamedTuple):

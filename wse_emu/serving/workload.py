@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from wse_emu.errors import ConfigError
+from wse_emu.serving import blocktrace
+from wse_emu.serving.blocktrace import PrefixBlocks
 from wse_emu.util.configfile import (
     build_dataclass,
     check_version,
@@ -101,6 +103,8 @@ class WorkloadSpec:
     think_s: float = 0.0  # agentic: think/tool time between calls
     seed: int = 0
     skip: int = 0  # trace replay: start after this many rows (another window of the trace)
+    # trace replay of a JSON-lines trace: tokens per prefix block its hash_ids name
+    block_tokens: int = blocktrace.BLOCK_TOKENS
     description: str = ""
 
     def validate(self, where: str) -> "WorkloadSpec":
@@ -118,6 +122,8 @@ class WorkloadSpec:
                 f"one run holds), got {self.requests:,} x {self.calls:,}")
         require(self.think_s >= 0 and self.seed >= 0 and self.skip >= 0, where,
                 "'think_s', 'seed' and 'skip' must be >= 0")
+        require(isinstance(self.block_tokens, int) and self.block_tokens >= 1, where,
+                "'block_tokens' must be a whole number >= 1")
         require(self.arrival != "trace" or bool(self.trace), where,
                 "trace arrivals need a 'trace': a shipped trace's name or a CSV path")
         require(self.arrival == "trace" or self.skip == 0, where,
@@ -144,6 +150,9 @@ class Requests:
     session: np.ndarray  # session id (a plain request is a session of one call)
     call: np.ndarray  # index of the call within its session
     think_s: np.ndarray  # wait after the previous call of the session before this one
+    # A block trace's prompts as prefix blocks (``blocktrace.PrefixBlocks``): what the prefix
+    # cache may share between requests. None: a request shares only its session's context.
+    blocks: PrefixBlocks | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -151,9 +160,14 @@ class Requests:
     def digest(self) -> str:
         """A digest of every column: equal requests, equal digests."""
         h = hashlib.sha256()
-        for f in dataclasses.fields(self):
-            column = np.ascontiguousarray(getattr(self, f.name))
-            h.update(f"{f.name}:{column.dtype}:{column.shape}".encode())
+        columns = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                   if f.name != "blocks"]
+        if self.blocks is not None:
+            columns += [("block_ids", self.blocks.ids), ("block_at", self.blocks.at),
+                        ("block_tokens", np.int64(self.blocks.tokens))]
+        for name, value in columns:
+            column = np.ascontiguousarray(value)
+            h.update(f"{name}:{column.dtype}:{column.shape}".encode())
             h.update(column.tobytes())
         return h.hexdigest()
 
@@ -161,7 +175,13 @@ class Requests:
         """The same requests arriving ``factor`` times as fast (the same draws, so a rate
         search compares like with like)."""
         return Requests(self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
-                        self.session, self.call, self.think_s)
+                        self.session, self.call, self.think_s, self.blocks)
+
+    def subset(self, keep: np.ndarray) -> "Requests":
+        """The requests ``keep`` (a boolean mask) marks, in order."""
+        return Requests(self.arrival_s[keep], self.prompt_tokens[keep], self.output_tokens[keep],
+                        self.session[keep], self.call[keep], self.think_s[keep],
+                        None if self.blocks is None else self.blocks.subset(keep))
 
     def sessions(self) -> int:
         """How many sessions (plain requests) it holds: what a workload's size counts."""
@@ -213,7 +233,8 @@ def workload_spec(workload: "str | WorkloadSpec | None" = None,
     if spec.arrival == "trace":
         # The file found, its header and the first row replayed checked before any work (the
         # rows a window skips are read through, not kept).
-        read_trace(trace_path(spec.trace), skip=spec.skip, rows=1)
+        read_trace(trace_path(spec.trace), skip=spec.skip, rows=1,
+                   block_tokens=spec.block_tokens)
     return spec
 
 
@@ -222,27 +243,38 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     relative path is found beside the YAML (wherever the command runs); by name, shipped."""
     path, source = find_named("workloads", "workload", name_or_path)
     spec = workload_from_dict(read_yaml_mapping(path), source)
-    if spec.trace and not is_preset_name(TRACES, spec.trace, ".csv"):
+    if spec.trace and not any(is_preset_name(TRACES, spec.trace, suffix)
+                              for suffix in (".csv", blocktrace.SUFFIX)):
         spec.trace = str(path.parent / spec.trace)  # an absolute trace path stays as it is
     return spec
 
 
 def trace_names() -> list[str]:
-    """The shipped traces' names (``programs/traces/*.csv``)."""
-    return preset_names(TRACES, ".csv")
+    """The shipped traces' names (``programs/traces/*.csv`` and ``*.jsonl``)."""
+    return sorted(preset_names(TRACES, ".csv") + preset_names(TRACES, blocktrace.SUFFIX))
 
 
 def trace_path(name_or_path: str | Path, base: Path | None = None) -> Path:
-    """The CSV a trace names: a shipped trace (``azure-conv``) or a path, relative to ``base``
-    when given; an unknown name lists the shipped traces."""
-    return find_named(TRACES, "trace", name_or_path, ".csv", base)[0]
+    """The trace a name or path names: a shipped trace (``azure-conv``, a CSV;
+    ``mooncake-conv``, JSON lines) or a path of either kind, relative to ``base`` when given;
+    an unknown name lists the shipped traces."""
+    text = str(name_or_path)
+    if is_preset_name(TRACES, text, blocktrace.SUFFIX):
+        return find_named(TRACES, "trace", text, blocktrace.SUFFIX)[0]
+    if Path(text).suffix == blocktrace.SUFFIX:
+        return Path(text) if base is None else Path(base) / text
+    try:
+        return find_named(TRACES, "trace", name_or_path, ".csv", base)[0]
+    except ConfigError:
+        raise ConfigError(f"unknown trace '{text}': choose one of {', '.join(trace_names())} "
+                          "or give a CSV or JSON-lines path") from None
 
 
 def load_trace(path: str | Path, rate_scale: float = 1.0) -> tuple[np.ndarray, ...]:
     """(arrival s, prompt tokens, output tokens) of every row of a trace CSV (a path, or a
     shipped trace's name); bad traces raise ConfigError naming the file, the line and the
     problem, and a trace of more than MAX_REQUESTS rows is refused."""
-    return read_trace(trace_path(path), rate_scale=rate_scale)
+    return read_trace(trace_path(path), rate_scale=rate_scale)[:3]
 
 
 # The rows of traces read in this process, by the file as it was (path, inode, size,
@@ -264,30 +296,31 @@ class _Rows:
     first: float | None
     seen: int
     wanted: int
-
+    blocks: list | None = None  # a block trace's kept rows' hash ids
     def answers(self, wanted: int) -> bool:
         """Whether a read keeping at most ``wanted`` rows would keep the first of these: it
         asks for no more than this one did, or this one ran out of rows before."""
         return wanted <= self.wanted or len(self.times) < self.wanted
 
 
-def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
-               rows: int | None = None) -> tuple[np.ndarray, ...]:
-    """(arrival s, prompt tokens, output tokens) of rows ``skip`` to ``skip + rows`` of a
-    trace CSV (every row after ``skip`` when ``rows`` is None, at most MAX_REQUESTS of them),
-    its clock started at the first row kept. The file is read row by row and no further than
-    the last row wanted: a long trace costs what is kept of it. Every row read is checked
-    (header, numbers, times in order), with its line."""
+def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0, rows: int | None = None,
+               block_tokens: int = blocktrace.BLOCK_TOKENS) -> tuple:
+    """(arrival s, prompt tokens, output tokens, prefix blocks) of rows ``skip`` to ``skip +
+    rows`` of a trace (every row after ``skip`` when ``rows`` is None, at most MAX_REQUESTS of
+    them), its clock started at the first row kept: a CSV, its prefix blocks None, or JSON
+    lines (``blocktrace``), its blocks of ``block_tokens`` tokens. The file is read row by row
+    and no further than the last row wanted: a long trace costs what is kept of it. Every row
+    read is checked (header, numbers, times in order), with its line."""
     path = regular_file(path)
     wanted = MAX_REQUESTS + 1 if rows is None else rows  # one more: to see there are more
     try:
         st = path.stat()
-        key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, skip)
+        key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, skip, block_tokens)
     except OSError:
         key = None  # read it, and let the read say what is wrong
     kept = _READ.get(key)
     if kept is None or not kept.answers(wanted):
-        kept = _read_rows(path, skip, wanted)
+        kept = _read_rows(path, skip, wanted, block_tokens)
         if key is not None:
             if len(_READ) >= _READ_KEPT:
                 _READ.clear()
@@ -305,12 +338,16 @@ def read_trace(path: Path, rate_scale: float = 1.0, skip: int = 0,
     arrivals = (times - kept.first) / rate_scale
     if skip:
         arrivals = arrivals - arrivals[0]
-    return (arrivals, kept.prompts[:wanted].copy(), kept.outputs[:wanted].copy())
+    blocks = None if kept.blocks is None else \
+        blocktrace.numbered(kept.blocks[:wanted], block_tokens)
+    return (arrivals, kept.prompts[:wanted].copy(), kept.outputs[:wanted].copy(), blocks)
 
 
-def _read_rows(path: Path, skip: int, wanted: int) -> _Rows:
+def _read_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
     """Read ``path`` up to its ``wanted``-th row after ``skip`` (or its end), each row
     checked."""
+    if path.suffix == blocktrace.SUFFIX:
+        return _read_block_rows(path, skip, wanted, block_tokens)
     times, prompts, outputs = array("d"), array("q"), array("q")
     first = last = None  # the trace's first arrival, and the last one read
     seen = 0  # data rows read, skipped ones included
@@ -350,6 +387,21 @@ def _read_rows(path: Path, skip: int, wanted: int) -> _Rows:
                  np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted)
 
 
+def _read_block_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
+    """``_read_rows`` of a JSON-lines trace (``blocktrace``)."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            times, prompts, outputs, kept, first, seen = blocktrace.read_rows(
+                enumerate(_bounded_lines(fh, path), 1), path, skip, wanted, block_tokens)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return _Rows(np.frombuffer(times, dtype=np.float64).copy(),
+                 np.frombuffer(prompts, dtype=np.int64).copy(),
+                 np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted, kept)
+
+
 def _bounded_lines(fh, path: Path):
     """The lines of ``fh``, each refused past MAX_TRACE_LINE characters before it is held."""
     number = 0
@@ -360,7 +412,7 @@ def _bounded_lines(fh, path: Path):
         number += 1
         if len(line) > MAX_TRACE_LINE:
             raise ConfigError(f"{path}: line {number} is longer than {MAX_TRACE_LINE:,} "
-                              "characters; a trace row is three numbers")
+                              "characters; a trace row is a few numbers")
         yield line
 
 
@@ -410,14 +462,18 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
     if spec.arrival == "trace":
         # Rows skip to skip + requests, read no further (requests 0: every row after skip);
         # another window's clock starts at its first arrival.
-        arrivals, prompts, outputs = read_trace(
-            trace_path(spec.trace, base_dir), spec.rate_scale, spec.skip, spec.requests or None)
+        arrivals, prompts, outputs, blocks = read_trace(
+            trace_path(spec.trace, base_dir), spec.rate_scale, spec.skip, spec.requests or None,
+            spec.block_tokens)
+        require(blocks is None or spec.calls == 1, where,
+                "a trace with prefix blocks (hash_ids) replays its own requests, each sharing "
+                "what its blocks say: 'calls' must be 1")
         n = len(arrivals)
         require(n * spec.calls <= MAX_REQUESTS, where,
                 f"{n:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, the "
                 "most one run holds")
     else:
-        n = spec.requests
+        n, blocks = spec.requests, None
         arrivals = np.cumsum(_gaps(spec, rng, n))
         arrivals -= arrivals[0]
         prompts = length_spec(spec.prompt, f"{where}: prompt").draw(rng, n)
@@ -426,7 +482,7 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
     if calls == 1:
         zeros = np.zeros(n, dtype=np.int64)
         return Requests(arrivals.astype(float), prompts, outputs, np.arange(n), zeros,
-                        np.zeros(n))
+                        np.zeros(n), blocks)
     # Agentic sessions: call i's prompt is the whole context so far (the previous prompt, its
     # output and the new tool output).
     tools = length_spec(spec.tool_tokens or {"kind": "fixed", "value": 256},

@@ -60,8 +60,9 @@ NO_CELL = (-1, -1, 0.0, False)  # no part of that phase in the micro-batch
 # The entries of counts[...], params[...] and fparams[...].
 GAPS, TRACE, OUT = range(3)  # gaps between tokens, KV trace entries, events just scheduled
 # Whether the prefix cache is kept, timeline events kept per region, regions, the widths of
-# the rows of two-axis arrays, heap room, first calls in the arrival stream.
-CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS = range(8)
+# the rows of two-axis arrays, heap room, first calls in the arrival stream, and a block
+# trace's tokens per prefix block (0: the cache keeps sessions' contexts, not blocks).
+CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS, BLOCK_TOKENS = range(9)
 # KV bytes per token; when the handoff at the queue's head began waiting (NaN: it is not).
 KV_BYTES, HEAD_BLOCKED = range(2)
 
@@ -78,12 +79,15 @@ class Field(NamedTuple):
 
 INT, REAL = np.int64, np.float64
 NAN, NONE = float("nan"), -1  # not yet happened; no request, region or session
+PINNED = 1  # a cached block's mark while the request about to reuse it is admitted
 # The axes, as ``state.py`` sizes them.
 BY_REQUEST = ("requests",)
 BY_REGION = ("regions",)
 BY_STAGE = ("stages",)  # the longest pipeline's
 BY_REGION_STAGE = ("regions", "stages")
-BY_REGION_SESSION = ("regions", "sessions")  # sessions: 1 without the prefix cache
+# sessions: what the prefix cache keeps entries of, sessions or a block trace's blocks (1
+# without the cache)
+BY_REGION_SESSION = ("regions", "sessions")
 BY_REGION_EVENT = ("regions", "events")  # events: the timeline's room for one region
 BY_SYSTEM_LINK = ("systems", "links")
 BY_GAP = ("gaps",)  # every gap between two tokens of a request
@@ -99,7 +103,7 @@ BY_KNOB = ("knobs",)  # the serving knobs, in the order ``Policy.packed`` gives 
 FIXED_AXES = {"words": 4,  # an event's kind and its three numbers
               "links": 3,  # a system's fabric, its link out and its link in
               "queue": 1,  # the handoff queue: one, shared by the regions
-              "counters": OUT + 1, "params": FIRST_CALLS + 1, "fparams": HEAD_BLOCKED + 1}
+              "counters": OUT + 1, "params": BLOCK_TOKENS + 1, "fparams": HEAD_BLOCKED + 1}
 
 FIELDS = (
     # --- each request's shape, and where it is
@@ -124,6 +128,9 @@ FIELDS = (
     Field("hnext", INT, BY_REQUEST, NONE),  # a finished prompt's next in the handoff queue
     Field("hsrc", INT, BY_REQUEST, NONE),  # and the region it waits in
     Field("run_at", INT, BY_REQUEST),  # where its next acceptance run is in ``runs``
+    # A block trace's prompts: request i's prefix blocks are blocks[block_at[i]:block_at[i+1]]
+    Field("blocks", INT, ("blocks",)),
+    Field("block_at", INT, ("bounds",)),
     # --- each region's hardware and policy
     Field("role", INT, BY_REGION),
     Field("cap", INT, BY_REGION),  # KV tokens it holds
@@ -189,7 +196,8 @@ FIELDS = (
     Field("free", REAL, BY_REGION_STAGE),  # when each is free
     Field("starts", REAL, BY_REGION_STAGE),  # when the last micro-batch started each
     Field("times", REAL, BY_STAGE),  # the stages' times of the micro-batch going through
-    # --- each region's prefix cache, by session (call -1: nothing cached)
+    # --- each region's prefix cache, by session or block (call -1: nothing cached; a block's
+    # call is 0, and PINNED while a request admitted beside it spares it)
     Field("c_call", INT, BY_REGION_SESSION, NONE),
     Field("c_tok", INT, BY_REGION_SESSION),
     Field("c_prev", INT, BY_REGION_SESSION, NONE),
@@ -475,14 +483,77 @@ def _make_room(st, r, tokens, spare) -> bool:
     return True
 
 
+@njit(cache=True)
+def _block_room(st, r, i, tokens) -> bool:
+    """``_make_room`` for a block trace's request ``i``: sparing the leading blocks of its
+    prompt that region ``r`` has cached, which it is about to reuse."""
+    cap = st.cap[r]
+    if st.kv_used[r] + tokens > cap:
+        return False
+    if not st.params[CACHING]:
+        return True
+    w = r * st.params[SESSIONS]
+    mine = 0
+    end = st.block_at[i]
+    while end < st.block_at[i + 1] and st.c_call[w + st.blocks[end]] >= 0:
+        st.c_call[w + st.blocks[end]] = PINNED
+        mine += st.c_tok[w + st.blocks[end]]
+        end += 1
+    over = st.kv_used[r] + st.cached[r] - mine + tokens - cap
+    victim = st.c_head[r]
+    while over > 0:
+        while st.c_call[w + victim] == PINNED:
+            victim = st.c_next[w + victim]
+        after = st.c_next[w + victim]
+        over -= st.c_tok[w + victim]
+        _uncache(st, r, victim)
+        victim = after
+    for k in range(st.block_at[i], end):
+        st.c_call[w + st.blocks[k]] = 0
+    return True
+
+
+@njit(cache=True)
+def _take_blocks(st, r, i) -> int:
+    """The tokens of request ``i``'s prompt it may skip on region ``r``: its leading blocks
+    the cache holds, taken out of it (the request holds them now), all but its last token."""
+    if not st.params[CACHING]:
+        return 0
+    w = r * st.params[SESSIONS]
+    got = 0
+    for k in range(st.block_at[i], st.block_at[i + 1]):
+        b = st.blocks[k]
+        if st.c_call[w + b] < 0:
+            break
+        got += st.c_tok[w + b]
+        _uncache(st, r, b)
+    return min(got, st.prompt[i] - 1)
+
+
+@njit(cache=True)
+def _keep_blocks(st, r, i) -> None:
+    """Cache request ``i``'s prompt block by block, newest last: those already cached (by
+    another request sharing them) stay where they are, its copy given up."""
+    size, prompt = st.params[BLOCK_TOKENS], st.prompt[i]
+    w = r * st.params[SESSIONS]
+    j = 0
+    for k in range(st.block_at[i], st.block_at[i + 1]):
+        if st.c_call[w + st.blocks[k]] < 0:
+            _keep(st, r, st.blocks[k], 0, min(size, prompt - j * size))
+        j += 1
+
+
 @njit(cache=True, inline="always")
 def _release(st, r, i, held, cached, now) -> None:
     """Request ``i`` leaves region ``r``: its ``held`` KV tokens are freed, ``cached`` of them
-    kept for the session's next call."""
+    kept for the session's next call (a block trace's: its prompt's blocks)."""
     hold(st, r, -held, now)
     st.running[r] -= 1
     if st.params[CACHING] and cached:
-        _keep(st, r, st.session[i], st.call[i], cached)
+        if st.params[BLOCK_TOKENS] > 0:
+            _keep_blocks(st, r, i)
+        else:
+            _keep(st, r, st.session[i], st.call[i], cached)
 
 
 # --- what a policy's dispatch is built from -------------------------------------------------
@@ -551,8 +622,10 @@ def admit(st, r, i, now) -> bool:
     starts after the prefix its session's previous call left in the cache, if still there."""
     tokens = st.need[i] if st.role[r] == MIXED else st.prompt[i]
     s = st.session[i]
+    blocky = st.params[BLOCK_TOKENS] > 0
     capped = st.maxrun[r] > 0 and st.role[r] != PREFILL and st.running[r] >= st.maxrun[r]
-    if capped or not _make_room(st, r, tokens, s):
+    if capped or not (_block_room(st, r, i, tokens) if blocky
+                      else _make_room(st, r, tokens, s)):
         if np.isnan(st.blocked_since[r]):
             st.blocked_since[r] = now
         return False
@@ -561,7 +634,9 @@ def admit(st, r, i, now) -> bool:
         st.blocked_since[r] = np.nan
     reuse = 0
     w = r * st.params[SESSIONS]
-    if st.params[CACHING] and st.c_call[w + s] >= 0:
+    if blocky:
+        reuse = _take_blocks(st, r, i)
+    elif st.params[CACHING] and st.c_call[w + s] >= 0:
         tok, was = st.c_tok[w + s], st.c_call[w + s]
         _uncache(st, r, s)
         if was == st.call[i] - 1:  # else stale: the session has moved on

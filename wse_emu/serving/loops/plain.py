@@ -73,13 +73,14 @@ class Pipeline:
 
 class KVSpace:
     """A region's KV cache: what running sequences hold, and the prefix cache of finished
-    calls kept for their sessions' next calls (least recently used first given up)."""
+    calls kept for their sessions' next calls, or (a block trace's requests) of their prompts'
+    prefix blocks, least recently used first given up."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.used = 0
         self.running = 0  # sequences holding KV here (admitted or handed over, not finished)
-        self.cache: dict = {}  # session -> (call, KV tokens), oldest first
+        self.cache: dict = {}  # session (or block) -> (call, KV tokens), oldest first
         self.cached = 0
         self.trace: list = []  # (cycle, KV tokens held) after each change
 
@@ -99,15 +100,15 @@ class KVSpace:
             self.cached -= entry[1]
         return entry
 
-    def make_room(self, tokens: int, spare: int) -> bool:
+    def make_room(self, tokens: int, spare: tuple) -> bool:
         """Whether ``tokens`` fit once cached KV is given up, least recently used first
-        (sparing session ``spare``'s); gives it up if so."""
+        (sparing the entries ``spare`` names); gives it up if so."""
         if self.used + tokens > self.capacity:
             return False
-        mine = self.cache[spare][1] if spare in self.cache else 0
+        mine = sum(self.cache[s][1] for s in spare if s in self.cache)
         over = self.used + self.cached - mine + tokens - self.capacity
         while over > 0:
-            victim = next(v for v in self.cache if v != spare)
+            victim = next(v for v in self.cache if v not in spare)
             freed = self.cache.pop(victim)[1]
             self.cached -= freed
             over -= freed
@@ -311,6 +312,11 @@ class Simulation:
         self.need = [p + o for p, o in zip(self.prompt, self.output)]
         self.session = requests.session.tolist()
         self.call = requests.call.tolist()
+        # A block trace's requests: each one's prefix blocks, what the cache keeps and shares.
+        blocks = requests.blocks
+        self.block_tokens = blocks.tokens if blocks is not None else 0
+        self.block_ids = [blocks.of(i).tolist() for i in range(n)] if blocks is not None \
+            else None
         self.think = (requests.think_s * clock_hz).tolist()
         self.arrival = np.full(n, np.nan)
         self.first = np.full(n, np.nan)
@@ -359,7 +365,28 @@ class Simulation:
         r.kv.hold(-held, now)
         r.kv.running -= 1
         if self.caching and cached:
-            r.kv.keep(self.session[i], self.call[i], cached)
+            if self.block_ids is not None:
+                self.keep_blocks(r, i)
+            else:
+                r.kv.keep(self.session[i], self.call[i], cached)
+
+    def keep_blocks(self, r: RegionState, i: int) -> None:
+        """Cache request ``i``'s prompt block by block, newest last: those already cached (by
+        another request sharing them) stay where they are, its copy given up."""
+        size, prompt = self.block_tokens, self.prompt[i]
+        for j, b in enumerate(self.block_ids[i]):
+            if b not in r.kv.cache:
+                r.kv.keep(b, 0, min(size, prompt - j * size))
+
+    def cached_blocks(self, r: RegionState, i: int) -> tuple:
+        """The leading blocks of request ``i``'s prompt that ``r`` has cached: what it may
+        reuse there."""
+        out = []
+        for b in self.block_ids[i]:
+            if b not in r.kv.cache:
+                break
+            out.append(b)
+        return tuple(out)
 
     def next_call(self, i: int, now: float) -> None:
         nxt = self.next_of[i]
@@ -426,12 +453,15 @@ class Simulation:
     def admit(self, r: RegionState, i: int, now: float) -> bool:
         """Admit request ``i``, at the head of ``r``'s queue, if its KV fits (giving up
         cached KV if need be) and the running cap allows, timing its wait otherwise. Its
-        prompt starts after the prefix its session's previous call left in the cache."""
+        prompt starts after the prefix its session's previous call left in the cache (a block
+        trace's request: after its leading blocks the cache holds)."""
         tokens = self.holds(r, i)
         session = self.session[i]
         c = r.counters
         capped = r.max_running and r.role != "prefill" and r.kv.running >= r.max_running
-        if capped or not r.kv.make_room(tokens, session):
+        hits = self.cached_blocks(r, i) if self.block_ids is not None else ()
+        if capped or not r.kv.make_room(tokens, hits if self.block_ids is not None
+                                        else (session,)):
             if c.blocked_since is None:
                 c.blocked_since = now
             return False
@@ -439,9 +469,12 @@ class Simulation:
             c.kv_blocked += now - c.blocked_since
             c.blocked_since = None
         reuse = 0
-        entry = r.kv.take_cached(session)
-        if entry is not None and entry[0] == self.call[i] - 1:  # else stale
-            reuse = min(entry[1], self.prompt[i] - 1)
+        if self.block_ids is not None:  # its leading cached blocks, taken over
+            reuse = min(sum(r.kv.take_cached(b)[1] for b in hits), self.prompt[i] - 1)
+        else:
+            entry = r.kv.take_cached(session)
+            if entry is not None and entry[0] == self.call[i] - 1:  # else stale
+                reuse = min(entry[1], self.prompt[i] - 1)
         c.reused += reuse
         r.queues.progress[i] = reuse
         r.kv.running += 1

@@ -92,6 +92,10 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     st.params[cl.EVENTS] = st.ev_stage.shape[1]
     st.params[cl.HEAP] = heap
     st.params[cl.FIRST_CALLS] = len(st.stream_t)
+    if requests.blocks is not None:
+        st.blocks[:len(requests.blocks.ids)] = requests.blocks.ids
+        st.block_at[:] = requests.blocks.at
+        st.params[cl.BLOCK_TOKENS] = requests.blocks.tokens
     st.fparams[cl.KV_BYTES] = options.kv_bytes_per_token
     st.fparams[cl.HEAD_BLOCKED] = np.nan
     return st
@@ -104,7 +108,10 @@ def _sizes(requests: Requests, pools: list, options, caching: bool, heap: int) -
     stages = max(p.stages for p in pools)
     events = options.timeline_events
     return {"requests": n, "regions": len(pools), "stages": stages,
-            "sessions": len(np.unique(requests.session)) if caching else 1,
+            "sessions": (1 if not caching else requests.blocks.distinct()
+                         if requests.blocks is not None else len(np.unique(requests.session))),
+            "blocks": max(len(requests.blocks.ids), 1) if requests.blocks is not None else 1,
+            "bounds": n + 1,
             "events": events + stages if events else 1,
             "systems": len({p.system for p in pools}),
             "gaps": max(int((requests.output_tokens - 1).sum()), 1),
