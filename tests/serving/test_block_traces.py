@@ -141,3 +141,29 @@ def test_the_command_line_serves_a_block_trace(capsys, cache):
                  "--cache-dir", str(cache), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert sum(r["prefix_reused_tokens"] for r in data["regions"].values()) > 0
+
+
+def _reused(run) -> int:
+    return sum(r["prefix_reused_tokens"] for r in run.result.regions.values())
+
+
+def test_the_prefix_router_finds_the_cached_blocks(program, cache):
+    """Over many copies, sending each request where most of its leading blocks are cached
+    serves more of the prompts from the caches than sending them in turn."""
+    runs = {router: api.serve(program, WORKLOAD, cache_dir=cache, router=router)
+            for router in ("round-robin", "prefix")}
+    assert _reused(runs["prefix"]) > _reused(runs["round-robin"])
+
+
+def test_round_robin_takes_the_regions_in_turn(program, cache):
+    run = api.serve(program, WORKLOAD, cache_dir=cache, router="round-robin")
+    names = [r.name for r in program.regions]
+    assert run.result.region[:len(names)] == names
+    assert run.result.region[len(names)] == names[0]
+
+
+def test_an_unknown_router_is_refused_by_name(program, cache):
+    from wse_emu.errors import UserError
+
+    with pytest.raises(UserError, match="`router` must be one of least-busy, round-robin"):
+        api.serve(program, WORKLOAD, cache_dir=cache, router="random")

@@ -117,6 +117,30 @@ def test_the_prefix_cache_kv_admission_and_the_running_cap_on_both_loops(colocat
     assert served.regions["mixed0"]["kv_blocked_s"] > 0
 
 
+def blocks(rate=2000.0):
+    """A block trace's requests (tests/fixtures/small_blocks.jsonl, 64-token blocks)."""
+    from helpers import FIXTURES
+
+    from wse_emu.serving.workload import load_workload
+
+    spec = replace(load_workload(FIXTURES / "small_blocks.yaml"), rate_scale=rate)
+    return generate(spec)
+
+
+@pytest.mark.parametrize("router", ["least-busy", "round-robin", "prefix"])
+def test_block_caches_and_every_router_on_both_loops(colocated, split, cache, router):
+    """A block trace's prefix cache, crowded (blocks given up for room, a request's own
+    spared), with each router, colocated and split; sessions with each router too."""
+    tight = pools_of(colocated, cache, capacity=lambda r: 1500)
+    for options in (replace(OPTIONS, router=router),
+                    replace(OPTIONS, router=router, max_running=2)):
+        served = assert_twins(blocks(), tight, options)
+        assert sum(r["prefix_reused_tokens"] for r in served.regions.values()) > 0
+    assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router))
+    assert_twins(agentic(), pools_of(colocated, cache, capacity=lambda r: 2500),
+                 replace(OPTIONS, router=router))
+
+
 @pytest.mark.slow
 def test_handoffs_inside_and_between_wafers_on_both_loops(split, cache):
     requests = chat(20000.0)

@@ -11,7 +11,7 @@ import argparse
 
 from wse_emu.pools.kinds.base import SERVER_KNOBS
 from wse_emu.serving.knobs import info, knob_fields
-from wse_emu.serving.policies import POLICIES
+from wse_emu.serving.policies import POLICIES, ROUTERS
 from wse_emu.serving.serve import ServeOptions
 
 
@@ -28,8 +28,14 @@ def add_serving_args(p) -> None:
         p.add_argument(flag(f.name), type=int, default=f.default,
                        help=f"{info(f).help} (default {f.default})")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="recompute every agentic call's whole context (by default a call "
-                        "reuses its session's KV while it is still cached)")
+                   help="recompute every prompt whole (by default an agentic call reuses its "
+                        "session's KV, and a block trace's request the blocks of its prompt, "
+                        "while they are still cached)")
+    p.add_argument("--router", default=default.router, choices=ROUTERS,
+                   help="which region an arriving request joins: the least busy (after the "
+                        "one caching its session's previous call), the next in turn, or the "
+                        "one caching the longest prefix of its blocks (default "
+                        f"{default.router})")
     p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
                    help="speculative decoding: tokens the draft (--draft) proposes per verify "
                         "step (default 0: none)")
@@ -43,7 +49,7 @@ def add_serving_args(p) -> None:
 
 def serving_settings(args) -> dict:
     """The serving options the flags of ``add_serving_args`` give, by parameter name."""
-    return {"policy": args.policy, "prefix_cache": args.prefix_cache,
+    return {"policy": args.policy, "prefix_cache": args.prefix_cache, "router": args.router,
             "draft_tokens": args.draft_tokens, "acceptance": _acceptance(args.acceptance),
             "acceptance_seed": args.acceptance_seed,
             **{f.name: getattr(args, f.name) for f in knob_fields()}}

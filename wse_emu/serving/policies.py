@@ -113,6 +113,11 @@ class Policy:
 
 
 POLICIES: dict[str, type[Policy]] = {}
+# Where an arriving request goes among the regions that take prompts: the least busy (after
+# the region caching its session's previous call), the next in turn whatever is cached, or
+# the one caching the longest prefix of its blocks (a block trace's; else as the least busy).
+# Both loops read a router by its place here (``compiled.LEAST_BUSY``...).
+ROUTERS = ("least-busy", "round-robin", "prefix")
 
 
 def register(cls: type[Policy]) -> type[Policy]:

@@ -43,7 +43,7 @@ from wse_emu.errors import UserError
 from wse_emu.serving.knobs import ServingKnobs
 from wse_emu.serving.loops.plain import serve_plain
 from wse_emu.serving.loops.state import serve_compiled
-from wse_emu.serving.policies import POLICIES, SPLIT_POLICY
+from wse_emu.serving.policies import POLICIES, ROUTERS, SPLIT_POLICY
 from wse_emu.serving.speculation import Speculation, speculating
 from wse_emu.serving.workload import Requests
 from wse_emu.util.checks import flag, one_of, positive, short_repr, whole
@@ -59,7 +59,9 @@ class _ServeSettings:
     clock_hz: float
     kv_bytes_per_token: int  # KV cache bytes per token (all layers)
     policy: str = "prefill-priority"  # colocated pools
-    prefix_cache: bool = True  # reuse a session's KV still resident from its previous call
+    # reuse KV still resident: a session's from its previous call, a block trace's blocks
+    prefix_cache: bool = True
+    router: str = ROUTERS[0]  # which region an arriving request joins (``ROUTERS``)
     timeline_events: int = 0  # stage events kept per pool for the timeline (0: none)
     # Speculative decoding: tokens drafted per verify step (0: none), the probability that
     # each is accepted (or an acceptance table's path: ``speculation``; read only with drafted
@@ -84,6 +86,7 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         whole("timeline_events", self.timeline_events, 0)
         one_of("policy", self.policy, POLICIES)
         flag("prefix_cache", self.prefix_cache)
+        one_of("router", self.router, ROUTERS)
         whole("draft_tokens", self.draft_tokens, 0)
         whole("acceptance_seed", self.acceptance_seed, 0)
         if self.draft_tokens > 0 and self.acceptance is None:

@@ -60,9 +60,12 @@ NO_CELL = (-1, -1, 0.0, False)  # no part of that phase in the micro-batch
 # The entries of counts[...], params[...] and fparams[...].
 GAPS, TRACE, OUT = range(3)  # gaps between tokens, KV trace entries, events just scheduled
 # Whether the prefix cache is kept, timeline events kept per region, regions, the widths of
-# the rows of two-axis arrays, heap room, first calls in the arrival stream, and a block
-# trace's tokens per prefix block (0: the cache keeps sessions' contexts, not blocks).
-CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS, BLOCK_TOKENS = range(9)
+# the rows of two-axis arrays, heap room, first calls in the arrival stream, a block trace's
+# tokens per prefix block (0: the cache keeps sessions' contexts, not blocks), the router
+# (its index in ``ROUTERS``), and the region a round-robin router tries next.
+(CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS, BLOCK_TOKENS, ROUTER,
+ IN_TURN) = range(11)
+LEAST_BUSY, ROUND_ROBIN, PREFIX = range(3)  # the routers, as ``serve.ROUTERS`` names them
 # KV bytes per token; when the handoff at the queue's head began waiting (NaN: it is not).
 KV_BYTES, HEAD_BLOCKED = range(2)
 
@@ -103,7 +106,7 @@ BY_KNOB = ("knobs",)  # the serving knobs, in the order ``Policy.packed`` gives 
 FIXED_AXES = {"words": 4,  # an event's kind and its three numbers
               "links": 3,  # a system's fabric, its link out and its link in
               "queue": 1,  # the handoff queue: one, shared by the regions
-              "counters": OUT + 1, "params": BLOCK_TOKENS + 1, "fparams": HEAD_BLOCKED + 1}
+              "counters": OUT + 1, "params": IN_TURN + 1, "fparams": HEAD_BLOCKED + 1}
 
 FIELDS = (
     # --- each request's shape, and where it is
@@ -962,11 +965,20 @@ def _transfer(st, i, src, dst, now) -> float:
 
 @njit(cache=True, inline="always")
 def _on_arrival(st, now, i) -> None:
-    """``plain.Arrival``: call ``i`` joins the queue of the region that holds its session's
-    previous call, if one does; else of the one with the shortest queue, then the pipeline
+    """``plain.Arrival``: call ``i`` joins the queue its router picks. Least busy (and prefix):
+    the region that holds its session's previous call, if one does; prefix, for a block
+    trace: the region caching most of its leading blocks, if any does; round robin: the next
+    region in turn that can hold it; else the one with the shortest queue, then the pipeline
     free soonest."""
     st.arrival[i] = now
-    home = _cached_home(st, i)
+    router = st.params[ROUTER]
+    home = -1
+    if router != ROUND_ROBIN:
+        home = _cached_home(st, i)
+    if home < 0 and router == PREFIX:
+        home = _prefix_home(st, i, now)
+    if home < 0 and router == ROUND_ROBIN:
+        home = _in_turn(st, i)
     if home < 0:
         home = _least_busy(st, i, now)
     _enqueue(st.pnext, st.pq_head, st.pq_tail, st.pq_len, home, i)
@@ -987,23 +999,61 @@ def _cached_home(st, i) -> int:
 
 
 @njit(cache=True, inline="always")
+def _less_busy(st, q, home, now) -> bool:
+    """Whether region ``q`` has a shorter queue than ``home``, then its pipeline free sooner,
+    then comes first by name."""
+    width = st.params[WIDTH]
+    lq, lh = st.pq_len[q], st.pq_len[home]
+    fq = max(st.free[q * width], now)
+    fh = max(st.free[home * width], now)
+    return lq < lh or (lq == lh and (fq < fh or (fq == fh and st.rank[q] < st.rank[home])))
+
+
+@njit(cache=True, inline="always")
 def _least_busy(st, i, now) -> int:
     """Of the regions that take prompts and can hold request ``i``, the one with the shortest
     queue, then the pipeline free soonest, then the first by name."""
     home = -1
-    width = st.params[WIDTH]
     for q in range(st.params[REGIONS]):
         if st.role[q] == DECODE or _holds(st, q, i) > st.cap[q]:
             continue
-        if home < 0:
-            home = q
-            continue
-        lq, lh = st.pq_len[q], st.pq_len[home]
-        fq = max(st.free[q * width], now)
-        fh = max(st.free[home * width], now)
-        if lq < lh or (lq == lh and (fq < fh or (fq == fh and st.rank[q] < st.rank[home]))):
+        if home < 0 or _less_busy(st, q, home, now):
             home = q
     return home
+
+
+@njit(cache=True)
+def _prefix_home(st, i, now) -> int:
+    """Of the regions that take prompts and can hold block-trace request ``i``, the one whose
+    cache holds most of its leading blocks (the least busy of those that tie), or -1 when
+    none holds any."""
+    if not st.params[CACHING] or st.params[BLOCK_TOKENS] == 0:
+        return -1
+    home, most = -1, 0
+    sessions = st.params[SESSIONS]
+    for q in range(st.params[REGIONS]):
+        if st.role[q] == DECODE or _holds(st, q, i) > st.cap[q]:
+            continue
+        hits = 0
+        for k in range(st.block_at[i], st.block_at[i + 1]):
+            if st.c_call[q * sessions + st.blocks[k]] < 0:
+                break
+            hits += 1
+        if hits > most or (hits == most and hits > 0 and _less_busy(st, q, home, now)):
+            home, most = q, hits
+    return home
+
+
+@njit(cache=True, inline="always")
+def _in_turn(st, i) -> int:
+    """The next region in turn that takes prompts and can hold request ``i`` (-1: none)."""
+    n = st.params[REGIONS]
+    for k in range(n):
+        q = (st.params[IN_TURN] + k) % n
+        if st.role[q] != DECODE and _holds(st, q, i) <= st.cap[q]:
+            st.params[IN_TURN] = q + 1
+            return q
+    return -1
 
 
 @njit(cache=True, inline="always")

@@ -177,16 +177,21 @@ class Arrival(Event):
     def handle(self, sim, now):
         i = self.i
         sim.arrival[i] = now
-        # Where the session's previous call is cached; else the shortest queue, then the
-        # pipeline free soonest.
+        # Its router's pick (``policies.ROUTERS``). Least busy (and prefix): where the
+        # session's previous call is cached; prefix, for a block trace: where most of its
+        # leading blocks are; round robin: the next region in turn; else the shortest queue,
+        # then the pipeline free soonest.
         home = None
-        if sim.caching and sim.call[i] > 0:
+        if sim.router != "round-robin" and sim.caching and sim.call[i] > 0:
             home = next((q for q in sim.entry if q.kv.cache.get(sim.session[i], (-1,))[0]
                          == sim.call[i] - 1), None)
+        if home is None and sim.router == "prefix":
+            home = sim.prefix_home(i, now)
+        if home is None and sim.router == "round-robin":
+            home = sim.in_turn(i)
         if home is None:
             home = min((q for q in sim.entry if sim.holds(q, i) <= q.kv.capacity),
-                       key=lambda q: (len(q.queues.prompts), max(q.pipeline.free[0], now),
-                                      q.name))
+                       key=lambda q: sim.busy(q, now))
         home.queues.prompts.append(i)
         sim.kick(home, now)
 
@@ -300,7 +305,8 @@ class Simulation:
     transfer's links and bytes per cycle."""
 
     def __init__(self, requests, regions: list[RegionState], clock_hz: float,
-                 kv_bytes_per_token: int, caching: bool, runs: tuple):
+                 kv_bytes_per_token: int, caching: bool, runs: tuple,
+                 router: str = "least-busy"):
         n = len(requests)
         # Speculative decoding's acceptance runs, and where each request's next one is.
         self.runs, self.run_at = runs[0].tolist(), runs[1][:-1].tolist()
@@ -327,6 +333,8 @@ class Simulation:
         self.gaps: list = []  # (request, cycles since its token before)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.caching = caching
+        self.router = router
+        self.turn = 0  # the region a round-robin router tries next
         self.handoffs: deque = deque()  # (request, prefill region), in order
         self.link_free: dict = {}  # (system, "fabric" | "send" | "receive") -> when free
         self.head_blocked: float | None = None  # when the first waiting handoff began waiting
@@ -377,6 +385,37 @@ class Simulation:
         for j, b in enumerate(self.block_ids[i]):
             if b not in r.kv.cache:
                 r.kv.keep(b, 0, min(size, prompt - j * size))
+
+    def busy(self, q: RegionState, now: float) -> tuple:
+        """How busy region ``q`` is, least first: its queue, when its pipeline frees, its
+        name."""
+        return len(q.queues.prompts), max(q.pipeline.free[0], now), q.name
+
+    def prefix_home(self, i: int, now: float) -> RegionState | None:
+        """Of the regions that take prompts and can hold block-trace request ``i``, the one
+        caching most of its leading blocks (the least busy of those that tie); None when none
+        caches any."""
+        if not self.caching or self.block_ids is None:
+            return None
+        home, most = None, 0
+        for q in self.entry:
+            if self.holds(q, i) > q.kv.capacity:
+                continue
+            hits = len(self.cached_blocks(q, i))
+            if hits > most or (hits == most and hits > 0
+                               and self.busy(q, now) < self.busy(home, now)):
+                home, most = q, hits
+        return home
+
+    def in_turn(self, i: int) -> RegionState | None:
+        """The next region in turn that takes prompts and can hold request ``i``."""
+        n = len(self.regions)
+        for k in range(n):
+            q = self.regions[(self.turn + k) % n]
+            if q.role != "decode" and self.holds(q, i) <= q.kv.capacity:
+                self.turn = q.index + 1
+                return q
+        return None
 
     def cached_blocks(self, r: RegionState, i: int) -> tuple:
         """The leading blocks of request ``i``'s prompt that ``r`` has cached: what it may
@@ -569,7 +608,7 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
     regions = [RegionState(k, p, policies[p.role], options.timeline_events)
                for k, p in enumerate(pools)]
     sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching,
-                     acceptance_runs(requests, options))
+                     acceptance_runs(requests, options), options.router)
     began = time.perf_counter()
     sim.run()
     loop_s = time.perf_counter() - began

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from wse_emu.serving.loops import compiled as cl
+from wse_emu.serving.policies import ROUTERS
 from wse_emu.serving.speculation import acceptance_runs, draft_stages_of, speculating
 from wse_emu.serving.workload import Requests
 
@@ -92,6 +93,7 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     st.params[cl.EVENTS] = st.ev_stage.shape[1]
     st.params[cl.HEAP] = heap
     st.params[cl.FIRST_CALLS] = len(st.stream_t)
+    st.params[cl.ROUTER] = ROUTERS.index(options.router)
     if requests.blocks is not None:
         st.blocks[:len(requests.blocks.ids)] = requests.blocks.ids
         st.block_at[:] = requests.blocks.at
