@@ -11,7 +11,7 @@ from helpers import FIXTURES
 from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
-from wse_emu.serving.blocktrace import numbered
+from wse_emu.serving.blocktrace import numbered, shareable_tokens
 from wse_emu.serving.workload import generate, read_trace, workload_spec
 
 TRACE = FIXTURES / "small_blocks.jsonl"
@@ -114,6 +114,9 @@ def test_hits_never_exceed_what_the_hashes_allow(program, cache):
     run = api.serve(program, WORKLOAD, cache_dir=cache)
     reused = sum(r["prefix_reused_tokens"] for r in run.result.regions.values())
     assert 0 < reused <= _bound(run.requests)
+    # The report's own bound, worked out apart, agrees.
+    assert shareable_tokens(run.requests.blocks, run.requests.prompt_tokens) == \
+        _bound(run.requests)
     off = api.serve(program, WORKLOAD, cache_dir=cache, prefix_cache=False)
     assert sum(r["prefix_reused_tokens"] for r in off.result.regions.values()) == 0
 

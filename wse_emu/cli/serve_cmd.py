@@ -8,6 +8,7 @@ from wse_emu.cli.knob_args import add_serving_args, serving_settings
 from wse_emu.errors import UserError
 from wse_emu.rundir.directory import write_run_dir
 from wse_emu.rundir.write import TIMELINE_EVENTS, write_serve_outputs
+from wse_emu.serving.blocktrace import shareable_tokens
 from wse_emu.serving.metrics import ServeReport
 from wse_emu.serving.workload import trace_names
 from wse_emu.util.fmt import narrow_table, number, seconds, si
@@ -125,8 +126,12 @@ def _cache_and_refusals(result, metrics) -> list[str]:
     reused = sum(r.get("prefix_reused_tokens", 0) for r in result.regions.values())
     if reused:
         prompts = int(result.requests.prompt_tokens.sum())
+        blocks = result.requests.blocks
+        bound = "" if blocks is None else (
+            f"; an unbounded one, "
+            f"{shareable_tokens(blocks, result.requests.prompt_tokens) / prompts:.1%}")
         lines.append(f"  prompt tokens        {si(prompts)}, {si(reused)} of them "
-                     f"({reused / prompts:.1%}) served from the prefix cache")
+                     f"({reused / prompts:.1%}) served from the prefix cache{bound}")
     if metrics.refused:
         lines.append(f"  refused              {metrics.refused:,} requests no region can hold "
                      "(KV room): they miss every target")

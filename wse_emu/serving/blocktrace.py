@@ -52,6 +52,23 @@ class PrefixBlocks:
         return int(self.ids.max()) + 1 if len(self.ids) else 0
 
 
+def shareable_tokens(blocks: PrefixBlocks, prompts: np.ndarray) -> int:
+    """The prompt tokens a prefix cache could skip were it unbounded and every request
+    finished before the next arrived: per request, its leading blocks some earlier request
+    had, but its last token."""
+    seen: set = set()
+    total = 0
+    for i in range(len(blocks)):
+        ids = blocks.of(i).tolist()
+        k = 0
+        while k < len(ids) and ids[k] in seen:
+            k += 1
+        prompt = int(prompts[i])
+        total += min(min(k * blocks.tokens, prompt), prompt - 1)
+        seen.update(ids)
+    return total
+
+
 def numbered(parts: list, tokens: int) -> PrefixBlocks:
     """``PrefixBlocks`` of each request's ids in ``parts``, renumbered densely."""
     at = np.zeros(len(parts) + 1, dtype=np.int64)
