@@ -17,13 +17,26 @@ CONVERSATIONS = preset_dir("traces") / "azure-conv.csv"  # shipped with wse-emu
 
 
 def test_presets_load_and_are_deterministic():
-    for name in ("long-prompt", "chat", "agentic", "decode-heavy"):
+    for name in ("long-prompt", "chat", "agentic", "agentic-long", "decode-heavy"):
         spec = load_workload(name)
         a, b = generate(spec), generate(spec)
         assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
         assert np.array_equal(np.nan_to_num(a.arrival_s), np.nan_to_num(b.arrival_s))
     other = generate(WorkloadSpec(**{**load_workload("chat").__dict__, "seed": 1}))
     assert not np.array_equal(other.prompt_tokens, generate(load_workload("chat")).prompt_tokens)
+
+
+def test_long_agent_sessions_grow_within_llama_31s_positions():
+    """agentic-long: twenty calls a session, each context the one before plus its output and
+    the new tool output, the longest within Llama-3.1's 131,072 positions."""
+    requests = generate(load_workload("agentic-long"))
+    assert requests.sessions() == 200 and len(requests) == 200 * 20
+    ctx = requests.prompt_tokens + requests.output_tokens
+    assert ctx.max() < 131072 and np.mean(ctx[requests.call == 19]) > 50_000
+    later = requests.call > 0
+    grew = requests.prompt_tokens[later] - (requests.prompt_tokens + requests.output_tokens)[
+        np.flatnonzero(later) - 1]
+    assert (grew >= 64).all() and (grew <= 8192).all()  # the tool output's bounds
 
 
 def test_poisson_rate_and_lengths():
