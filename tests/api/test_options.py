@@ -111,7 +111,8 @@ def test_the_command_lines_flags_are_the_knobs_with_their_defaults():
     options = ServeOptions(clock_hz=1.0, kv_bytes_per_token=0)
     assert defaults == {name: getattr(options, name) for name in defaults}
     assert set(defaults) == {f.name for f in knob_fields()} | {
-        "policy", "prefix_cache", "draft_tokens", "acceptance", "acceptance_seed"}
+        "policy", "prefix_cache", "router", "kv_tier", "host_kv_bytes", "draft_tokens",
+        "acceptance", "acceptance_seed"}
     experiment = argparse.ArgumentParser()
     add_spec_args(experiment, ExperimentSpec)
     parsed = experiment.parse_args(["--workload", "chat", "--ttft-slo", "1", "--tpot-slo", "1"])

@@ -25,8 +25,8 @@ def test_the_options_inherit_every_knob_with_its_declaration():
     for name, f in inherited.items():
         assert info(f) is info(declared[name]) and f.default == declared[name].default
     # The hardware and the other settings come first, as they are listed and checked.
-    settings = ("policy", "prefix_cache", "timeline_events", "draft_tokens", "acceptance",
-                "acceptance_seed")
+    settings = ("policy", "prefix_cache", "router", "kv_tier", "host_kv_bytes",
+                "timeline_events", "draft_tokens", "acceptance", "acceptance_seed")
     assert setting_names()[:len(settings)] == settings
     assert setting_names()[len(settings):] == KNOB_NAMES
 

@@ -130,15 +130,23 @@ def blocks(rate=2000.0):
 @pytest.mark.parametrize("router", ["least-busy", "round-robin", "prefix"])
 def test_block_caches_and_every_router_on_both_loops(colocated, split, cache, router):
     """A block trace's prefix cache, crowded (blocks given up for room, a request's own
-    spared), with each router, colocated and split; sessions with each router too."""
+    spared), with each router, without and with a host tier (full or not), colocated and
+    split; sessions with each router and tier too."""
     tight = pools_of(colocated, cache, capacity=lambda r: 1500)
+    # A host tier too small to keep everything it is given, and one with room to spare.
+    tiers = [dict(kv_tier="host", host_kv_bytes=OPTIONS.kv_bytes_per_token * tokens)
+             for tokens in (600, 10**6)]
     for options in (replace(OPTIONS, router=router),
-                    replace(OPTIONS, router=router, max_running=2)):
+                    replace(OPTIONS, router=router, max_running=2),
+                    *(replace(OPTIONS, router=router, **tier) for tier in tiers)):
         served = assert_twins(blocks(), tight, options)
         assert sum(r["prefix_reused_tokens"] for r in served.regions.values()) > 0
-    assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router))
-    assert_twins(agentic(), pools_of(colocated, cache, capacity=lambda r: 2500),
-                 replace(OPTIONS, router=router))
+    assert sum(r["prefix_restored_tokens"] for r in served.regions.values()) > 0
+    assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router, **tiers[1]))
+    sessions = pools_of(colocated, cache, capacity=lambda r: 2500)
+    for tier in ({}, *tiers):
+        served = assert_twins(agentic(), sessions, replace(OPTIONS, router=router, **tier))
+    assert sum(r["prefix_restored_tokens"] for r in served.regions.values()) > 0
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import argparse
 from wse_emu.pools.kinds.base import SERVER_KNOBS
 from wse_emu.serving.knobs import info, knob_fields
 from wse_emu.serving.policies import POLICIES, ROUTERS
-from wse_emu.serving.serve import ServeOptions
+from wse_emu.serving.serve import KV_TIERS, ServeOptions
 
 
 def flag(name: str) -> str:
@@ -36,6 +36,14 @@ def add_serving_args(p) -> None:
                         "one caching its session's previous call), the next in turn, or the "
                         "one caching the longest prefix of its blocks (default "
                         f"{default.router})")
+    p.add_argument("--kv-tier", default=default.kv_tier, choices=KV_TIERS,
+                   help="where KV the prefix cache gives up goes: nowhere (computed again when "
+                        "needed) or host memory over the system's off-wafer link, brought back "
+                        f"when that is quicker (default {default.kv_tier})")
+    p.add_argument("--host-kv-bytes", type=float, default=default.host_kv_bytes,
+                   metavar="BYTES",
+                   help="with --kv-tier host: host memory for parked KV per region (default "
+                        f"{default.host_kv_bytes:.0e}, an assumption: no figure is published)")
     p.add_argument("--draft-tokens", type=int, default=0, metavar="K",
                    help="speculative decoding: tokens the draft (--draft) proposes per verify "
                         "step (default 0: none)")
@@ -50,6 +58,7 @@ def add_serving_args(p) -> None:
 def serving_settings(args) -> dict:
     """The serving options the flags of ``add_serving_args`` give, by parameter name."""
     return {"policy": args.policy, "prefix_cache": args.prefix_cache, "router": args.router,
+            "kv_tier": args.kv_tier, "host_kv_bytes": args.host_kv_bytes,
             "draft_tokens": args.draft_tokens, "acceptance": _acceptance(args.acceptance),
             "acceptance_seed": args.acceptance_seed,
             **{f.name: getattr(args, f.name) for f in knob_fields()}}

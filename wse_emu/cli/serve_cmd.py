@@ -132,6 +132,10 @@ def _cache_and_refusals(result, metrics) -> list[str]:
             f"{shareable_tokens(blocks, result.requests.prompt_tokens) / prompts:.1%}")
         lines.append(f"  prompt tokens        {si(prompts)}, {si(reused)} of them "
                      f"({reused / prompts:.1%}) served from the prefix cache{bound}")
+        restored = sum(r.get("prefix_restored_tokens", 0) for r in result.regions.values())
+        if restored:
+            lines.append(f"  host tier            {si(restored)} of those brought back from "
+                         "host memory first")
     if metrics.refused:
         lines.append(f"  refused              {metrics.refused:,} requests no region can hold "
                      "(KV room): they miss every target")

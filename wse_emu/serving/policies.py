@@ -146,7 +146,8 @@ class PrefillPriority(Policy):
 
     def dispatch(self, sim, r, now):
         i = sim.next_prompt(r)
-        if i >= 0 and r.serves_prefill and sim.admit(r, i, now):
+        # (a prompt at the head is started only when its KV came back from a host tier)
+        if i >= 0 and r.serves_prefill and (sim.started(r, i) or sim.admit(r, i, now)):
             while sim.next_prompt(r) == i:  # the whole prompt, tile after tile
                 sim.send(r, now, 0, i, min(self.knobs.prefill_tile, sim.remaining(r, i)))
             return True
@@ -156,7 +157,7 @@ class PrefillPriority(Policy):
     def compiled(st, r, now, knobs):
         tile, limit = knobs[PREFILL_TILE], knobs[BATCH_LIMIT]
         i = next_prompt(st, r)
-        if i >= 0 and serves_prefill(st, r) and admit(st, r, i, now):
+        if i >= 0 and serves_prefill(st, r) and (started(st, i) or admit(st, r, i, now)):
             while next_prompt(st, r) == i:
                 send(st, r, now, 0, i, min(tile, remaining(st, i)))
             return True

@@ -46,9 +46,15 @@ from wse_emu.serving.loops.state import serve_compiled
 from wse_emu.serving.policies import POLICIES, ROUTERS, SPLIT_POLICY
 from wse_emu.serving.speculation import Speculation, speculating
 from wse_emu.serving.workload import Requests
-from wse_emu.util.checks import flag, one_of, positive, short_repr, whole
+from wse_emu.util.checks import flag, is_number, one_of, positive, short_repr, whole
 
 LOOPS = ("compiled", "plain")
+# Where KV the prefix cache gives up goes: nowhere (it is computed again when next needed), or
+# host memory over the system's off-wafer link, brought back when that is quicker.
+KV_TIERS = ("none", "host")
+# Host memory for parked KV, per region: an assumption (no figure is published for a CS-3's
+# host servers), a round 512 GB, stated wherever the tier is reported.
+HOST_KV_BYTES = 512e9
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +68,11 @@ class _ServeSettings:
     # reuse KV still resident: a session's from its previous call, a block trace's blocks
     prefix_cache: bool = True
     router: str = ROUTERS[0]  # which region an arriving request joins (``ROUTERS``)
+    # The tier off the wafer (``KV_TIERS``), its bytes per region, and the fixed cost of one
+    # transfer from it (the fabric's host transaction overhead, given by ``of``).
+    kv_tier: str = KV_TIERS[0]
+    host_kv_bytes: float = HOST_KV_BYTES
+    host_transfer_overhead_s: float = 0.0
     timeline_events: int = 0  # stage events kept per pool for the timeline (0: none)
     # Speculative decoding: tokens drafted per verify step (0: none), the probability that
     # each is accepted (or an acceptance table's path: ``speculation``; read only with drafted
@@ -87,6 +98,11 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         one_of("policy", self.policy, POLICIES)
         flag("prefix_cache", self.prefix_cache)
         one_of("router", self.router, ROUTERS)
+        one_of("kv_tier", self.kv_tier, KV_TIERS)
+        positive("host_kv_bytes", self.host_kv_bytes)
+        if not is_number(self.host_transfer_overhead_s) or self.host_transfer_overhead_s < 0:
+            raise UserError("`host_transfer_overhead_s` must be a number >= 0, got "
+                            f"{short_repr(self.host_transfer_overhead_s)}")
         whole("draft_tokens", self.draft_tokens, 0)
         whole("acceptance_seed", self.acceptance_seed, 0)
         if self.draft_tokens > 0 and self.acceptance is None:
@@ -109,8 +125,13 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         if unknown:
             raise UserError(f"unknown serving option `{unknown[0]}`: the options are "
                             f"{', '.join(setting_names())}")
+        overhead = getattr(fabric, "host_transfer_overhead_s", 0.0)
         return cls(clock_hz=fabric.clock_hz, kv_bytes_per_token=model.kv_bytes_per_token(),
-                   **settings)
+                   **{"host_transfer_overhead_s": overhead, **settings})
+
+    def host_tokens(self) -> int:
+        """KV tokens the host tier holds per region."""
+        return int(self.host_kv_bytes // max(self.kv_bytes_per_token, 1))
 
     def policies(self) -> dict:
         """Each role's policy with its knobs."""
@@ -121,7 +142,7 @@ class ServeOptions(ServingKnobs, _ServeSettings):
 def setting_names() -> tuple[str, ...]:
     """What ``ServeOptions.of`` (and the API's ``serve``) takes besides the hardware's."""
     return tuple(f.name for f in dataclasses.fields(ServeOptions)
-                 if f.name not in ("clock_hz", "kv_bytes_per_token"))
+                 if f.name not in ("clock_hz", "kv_bytes_per_token", "host_transfer_overhead_s"))
 
 
 @dataclass
@@ -340,7 +361,9 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
                if s["busy_draft"] and s["busy_decode"] else {}),
             "decode_tokens": s["decoded"], "decode_stall_s": s["stall"] / clock,
             "decode_work_s": s["work"] / clock, "kv_blocked_s": s["kv_blocked"] / clock,
-            "prefix_reused_tokens": s["reused"], "kv_capacity_tokens": p.kv_capacity_tokens,
+            "prefix_reused_tokens": s["reused"],
+            **({"prefix_restored_tokens": s["restored"]} if options.kv_tier != "none" else {}),
+            "kv_capacity_tokens": p.kv_capacity_tokens,
             "kv_peak_tokens": int(trace[:, 1].max()) if len(trace) else 0,
             "kv_mean_tokens": _mean_kv(trace, start, end)}
     timeline = _chrome_trace(pools, stats, clock) if options.timeline_events else {}

@@ -49,7 +49,7 @@ from wse_emu.util.progress import slow
 # Region roles and event kinds, as the arrays hold them.
 MIXED, PREFILL, DECODE = 0, 1, 2
 ROLES = {"mixed": MIXED, "prefill": PREFILL, "decode": DECODE}
-ARRIVE, DISPATCH_EVENT, DECODED, PREFILLED, JOINED = 0, 1, 2, 3, 4
+ARRIVE, DISPATCH_EVENT, DECODED, PREFILLED, JOINED, RESTORED = 0, 1, 2, 3, 4, 5
 # Timeline labels of a micro-batch, by what it carries.
 LABELS = ("prefill", "decode", "decode+prefill", "verify")
 LABEL_PREFILL, LABEL_DECODE, LABEL_BOTH, LABEL_VERIFY = 0, 1, 2, 3
@@ -64,10 +64,11 @@ GAPS, TRACE, OUT = range(3)  # gaps between tokens, KV trace entries, events jus
 # tokens per prefix block (0: the cache keeps sessions' contexts, not blocks), the router
 # (its index in ``ROUTERS``), and the region a round-robin router tries next.
 (CACHING, MAX_EVENTS, REGIONS, WIDTH, SESSIONS, EVENTS, HEAP, FIRST_CALLS, BLOCK_TOKENS, ROUTER,
- IN_TURN) = range(11)
+ IN_TURN, HOST_TIER) = range(12)  # HOST_TIER: whether KV given up is parked in host memory
 LEAST_BUSY, ROUND_ROBIN, PREFIX = range(3)  # the routers, as ``serve.ROUTERS`` names them
-# KV bytes per token; when the handoff at the queue's head began waiting (NaN: it is not).
-KV_BYTES, HEAD_BLOCKED = range(2)
+# KV bytes per token; when the handoff at the queue's head began waiting (NaN: it is not); the
+# cycles of one transfer from the host tier besides its bytes'.
+KV_BYTES, HEAD_BLOCKED, HOST_OVERHEAD = range(3)
 
 
 class Field(NamedTuple):
@@ -106,7 +107,7 @@ BY_KNOB = ("knobs",)  # the serving knobs, in the order ``Policy.packed`` gives 
 FIXED_AXES = {"words": 4,  # an event's kind and its three numbers
               "links": 3,  # a system's fabric, its link out and its link in
               "queue": 1,  # the handoff queue: one, shared by the regions
-              "counters": OUT + 1, "params": IN_TURN + 1, "fparams": HEAD_BLOCKED + 1}
+              "counters": OUT + 1, "params": HOST_TIER + 1, "fparams": HOST_OVERHEAD + 1}
 
 FIELDS = (
     # --- each request's shape, and where it is
@@ -134,6 +135,7 @@ FIELDS = (
     # A block trace's prompts: request i's prefix blocks are blocks[block_at[i]:block_at[i+1]]
     Field("blocks", INT, ("blocks",)),
     Field("block_at", INT, ("bounds",)),
+    Field("spare", INT, ("blocks",)),  # room to hold a request's blocks' sizes for a moment
     # --- each region's hardware and policy
     Field("role", INT, BY_REGION),
     Field("cap", INT, BY_REGION),  # KV tokens it holds
@@ -160,6 +162,7 @@ FIELDS = (
     Field("running", INT, BY_REGION),  # sequences holding KV
     Field("cached", INT, BY_REGION),  # KV tokens of the prefix cache
     Field("reused", INT, BY_REGION),
+    Field("restored", INT, BY_REGION),  # of those, tokens brought back from the host tier
     Field("decoded", INT, BY_REGION),
     Field("in_flight", INT, BY_REGION),  # sequences whose token is in the pipeline
     Field("turns", INT, BY_REGION, 1 << 30),  # decode micro-batches since a prefill-only one
@@ -205,6 +208,15 @@ FIELDS = (
     Field("c_tok", INT, BY_REGION_SESSION),
     Field("c_prev", INT, BY_REGION_SESSION, NONE),
     Field("c_next", INT, BY_REGION_SESSION, NONE),
+    # --- each region's host tier, as its cache (``plain.KVSpace.host``)
+    Field("h_call", INT, BY_REGION_SESSION, NONE),
+    Field("h_tok", INT, BY_REGION_SESSION),
+    Field("h_prev", INT, BY_REGION_SESSION, NONE),
+    Field("h_next", INT, BY_REGION_SESSION, NONE),
+    Field("h_head", INT, BY_REGION, NONE),
+    Field("h_tail", INT, BY_REGION, NONE),
+    Field("hosted", INT, BY_REGION),
+    Field("host_cap", INT, BY_REGION),
     # --- the stage tables, packed: each one's axes, its grid (axis0 x axis1 x vector), and
     # the lines interpolated along axis0 kept by size
     Field("tab_x", REAL, ("axis0_points",)),
@@ -452,6 +464,7 @@ def _keep(st, r, s, call, tokens) -> None:
     w = r * st.params[SESSIONS]
     if st.c_call[w + s] >= 0:
         _uncache(st, r, s)
+    _unpark(st, r, s)  # an older copy in the host tier is superseded
     st.c_call[w + s] = call
     st.c_tok[w + s] = tokens
     st.cached[r] += tokens
@@ -480,10 +493,106 @@ def _make_room(st, r, tokens, spare) -> bool:
         victim = st.c_head[r]
         if victim == spare:
             victim = st.c_next[w + victim]
-        freed = st.c_tok[w + victim]
+        freed, call = st.c_tok[w + victim], st.c_call[w + victim]
         _uncache(st, r, victim)
         over -= freed
+        _park(st, r, victim, call, freed)
     return True
+
+
+@njit(cache=True)
+def _unpark(st, r, s) -> int:
+    """Take entry ``s`` out of region ``r``'s host tier; its tokens (0: it held none)."""
+    w = r * st.params[SESSIONS]
+    if st.h_call[w + s] < 0:
+        return 0
+    prev, nxt = st.h_prev[w + s], st.h_next[w + s]
+    if prev >= 0:
+        st.h_next[w + prev] = nxt
+    else:
+        st.h_head[r] = nxt
+    if nxt >= 0:
+        st.h_prev[w + nxt] = prev
+    else:
+        st.h_tail[r] = prev
+    tokens = st.h_tok[w + s]
+    st.hosted[r] -= tokens
+    st.h_call[w + s] = -1
+    st.h_tok[w + s] = 0
+    return tokens
+
+
+@njit(cache=True)
+def _park(st, r, s, call, tokens) -> None:
+    """An entry the cache gave up, kept in the host tier (its oldest given up for room);
+    dropped without a tier, or when larger than the tier."""
+    _unpark(st, r, s)
+    if tokens > st.host_cap[r]:
+        return
+    w = r * st.params[SESSIONS]
+    while st.hosted[r] + tokens > st.host_cap[r]:
+        _unpark(st, r, st.h_head[r])
+    st.h_call[w + s] = call
+    st.h_tok[w + s] = tokens
+    st.hosted[r] += tokens
+    st.h_prev[w + s] = st.h_tail[r]
+    st.h_next[w + s] = -1
+    if st.h_tail[r] >= 0:
+        st.h_next[w + st.h_tail[r]] = s
+    else:
+        st.h_head[r] = s
+    st.h_tail[r] = s
+
+
+@njit(cache=True)
+def _recompute(st, r, tokens, prefix) -> float:
+    """Cycles region ``r`` would take to compute ``tokens`` of a prompt after ``prefix``
+    cached ones again: tiles of its table's largest size through its slowest stage."""
+    t = st.ptab[r]
+    top = int(st.tab_x[st.tab_xo[t] + st.tab_xn[t] - 1])
+    tile = min(tokens, top)
+    cell = _cell(st, t, tile, prefix)
+    slowest = 0.0
+    for s in range(st.stages[r]):
+        slowest = max(slowest, _element(st.lines, cell, s))
+    return slowest * ((tokens + tile - 1) // tile)
+
+
+@njit(cache=True)
+def _restore(st, r, i, first, prefix, now):
+    """``plain.Simulation.restore``: as request ``i`` is admitted on region ``r`` with
+    ``prefix`` tokens of its prompt from the cache (a block trace's: blocks before its
+    ``first``), the KV of its prompt parked in the host tier that follows, taken out of it
+    and brought back when that is quicker than computing it again: (its tokens, when it is
+    back), or (0, -1)."""
+    if not st.params[HOST_TIER] or not st.params[CACHING]:
+        return 0, -1.0
+    w = r * st.params[SESSIONS]
+    tokens = 0
+    last = first
+    if st.params[BLOCK_TOKENS] > 0:
+        end = st.block_at[i + 1]
+        while last < end and st.h_call[w + st.blocks[last]] >= 0:
+            tokens += st.h_tok[w + st.blocks[last]]
+            last += 1
+    else:
+        s = st.session[i]
+        if st.h_call[w + s] >= 0 and st.h_call[w + s] == st.call[i] - 1:
+            tokens = st.h_tok[w + s]
+    if tokens == 0:
+        return 0, -1.0
+    back = st.fparams[HOST_OVERHEAD] + tokens * st.fparams[KV_BYTES] / st.link_rate[r]
+    if back >= _recompute(st, r, tokens, prefix):
+        return 0, -1.0
+    if st.params[BLOCK_TOKENS] > 0:
+        for k in range(first, last):
+            _unpark(st, r, st.blocks[k])
+    else:
+        _unpark(st, r, st.session[i])
+    link = 3 * st.system[r] + 2  # the system's link in
+    done = max(now, st.link_free[link]) + back
+    st.link_free[link] = done
+    return tokens, done
 
 
 @njit(cache=True)
@@ -508,8 +617,10 @@ def _block_room(st, r, i, tokens) -> bool:
         while st.c_call[w + victim] == PINNED:
             victim = st.c_next[w + victim]
         after = st.c_next[w + victim]
-        over -= st.c_tok[w + victim]
+        freed, call = st.c_tok[w + victim], st.c_call[w + victim]
+        over -= freed
         _uncache(st, r, victim)
+        _park(st, r, victim, call, freed)
         victim = after
     for k in range(st.block_at[i], end):
         st.c_call[w + st.blocks[k]] = 0
@@ -517,20 +628,19 @@ def _block_room(st, r, i, tokens) -> bool:
 
 
 @njit(cache=True)
-def _take_blocks(st, r, i) -> int:
-    """The tokens of request ``i``'s prompt it may skip on region ``r``: its leading blocks
-    the cache holds, taken out of it (the request holds them now), all but its last token."""
+def _take_blocks(st, r, i):
+    """Request ``i``'s leading blocks region ``r``'s cache holds, taken out of it (the
+    request holds them now): their tokens, and where in ``blocks`` they end."""
+    k = st.block_at[i]
     if not st.params[CACHING]:
-        return 0
+        return 0, k
     w = r * st.params[SESSIONS]
     got = 0
-    for k in range(st.block_at[i], st.block_at[i + 1]):
-        b = st.blocks[k]
-        if st.c_call[w + b] < 0:
-            break
-        got += st.c_tok[w + b]
-        _uncache(st, r, b)
-    return min(got, st.prompt[i] - 1)
+    while k < st.block_at[i + 1] and st.c_call[w + st.blocks[k]] >= 0:
+        got += st.c_tok[w + st.blocks[k]]
+        _uncache(st, r, st.blocks[k])
+        k += 1
+    return got, k
 
 
 @njit(cache=True)
@@ -635,20 +745,28 @@ def admit(st, r, i, now) -> bool:
     if not np.isnan(st.blocked_since[r]):
         st.kv_blocked[r] += now - st.blocked_since[r]
         st.blocked_since[r] = np.nan
-    reuse = 0
+    cached, first = 0, 0
     w = r * st.params[SESSIONS]
     if blocky:
-        reuse = _take_blocks(st, r, i)
+        cached, first = _take_blocks(st, r, i)
     elif st.params[CACHING] and st.c_call[w + s] >= 0:
         tok, was = st.c_tok[w + s], st.c_call[w + s]
         _uncache(st, r, s)
         if was == st.call[i] - 1:  # else stale: the session has moved on
-            reuse = min(tok, st.prompt[i] - 1)
+            cached = tok
+    back, done = _restore(st, r, i, first, cached, now)
+    reuse = min(cached + back, st.prompt[i] - 1)
     st.reused[r] += reuse
     st.progress[i] = reuse
     st.running[r] += 1
     hold(st, r, tokens, now)
-    return True
+    if done < 0.0:
+        return True
+    # Its prompt goes on once the KV is back from the host tier: out of the queue until then.
+    st.restored[r] += back
+    _unqueue(st, r, i)
+    _schedule(st, done, RESTORED, i, r, 0)
+    return False
 
 
 @njit(cache=True, inline="always")
@@ -986,6 +1104,35 @@ def _on_arrival(st, now, i) -> None:
 
 
 @njit(cache=True, inline="always")
+def _on_restored(st, now, i, r) -> None:
+    """``plain.Restored``: admitted request ``i``'s KV is back from the host tier: it rejoins
+    region ``r``'s queue at the head."""
+    st.pnext[i] = st.pq_head[r] if st.pq_len[r] > 0 else -1
+    st.pq_head[r] = i
+    if st.pq_len[r] == 0:
+        st.pq_tail[r] = i
+    st.pq_len[r] += 1
+    _kick(st, r, now)
+
+
+@njit(cache=True)
+def _unqueue(st, r, i) -> None:
+    """Take prompt ``i`` out of region ``r``'s queue, wherever it stands."""
+    prev, j = -1, st.pq_head[r]
+    for _ in range(st.pq_len[r]):
+        if j == i:
+            break
+        prev, j = j, st.pnext[j]
+    if prev < 0:
+        st.pq_head[r] = st.pnext[i]
+    else:
+        st.pnext[prev] = st.pnext[i]
+    if st.pq_tail[r] == i:
+        st.pq_tail[r] = prev
+    st.pq_len[r] -= 1
+
+
+@njit(cache=True, inline="always")
 def _cached_home(st, i) -> int:
     """The region whose prefix cache holds the previous call of request ``i``'s session
     (-1: none does, or nothing is cached)."""
@@ -993,7 +1140,12 @@ def _cached_home(st, i) -> int:
         return -1
     s, sessions = st.session[i], st.params[SESSIONS]
     for q in range(st.params[REGIONS]):
-        if st.role[q] != DECODE and st.c_call[q * sessions + s] == st.call[i] - 1:
+        if st.role[q] == DECODE:
+            continue
+        w = q * sessions + s
+        # in its cache or, else, its host tier (as ``plain.Simulation.holds_session``)
+        call = st.c_call[w] if st.c_call[w] >= 0 else st.h_call[w]
+        if call == st.call[i] - 1:
             return q
     return -1
 
@@ -1255,6 +1407,8 @@ def _loop(arrays, mixed, prefill, decode):
             _on_dispatch(st, now, a, mixed, prefill, decode)
         elif kind == PREFILLED:
             _on_prefilled(st, now, a, b)
+        elif kind == RESTORED:
+            _on_restored(st, now, a, b)
         else:
             _on_joined(st, now, a, b, c)
         scheduled = st.counts[OUT]

@@ -76,12 +76,16 @@ class KVSpace:
     calls kept for their sessions' next calls, or (a block trace's requests) of their prompts'
     prefix blocks, least recently used first given up."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, host_capacity: int = 0):
         self.capacity = capacity
         self.used = 0
         self.running = 0  # sequences holding KV here (admitted or handed over, not finished)
         self.cache: dict = {}  # session (or block) -> (call, KV tokens), oldest first
         self.cached = 0
+        # The tier off the wafer (host memory): what the cache gave up, oldest first.
+        self.host: dict = {}
+        self.hosted = 0
+        self.host_capacity = host_capacity
         self.trace: list = []  # (cycle, KV tokens held) after each change
 
     def hold(self, tokens: int, now: float) -> None:
@@ -92,6 +96,25 @@ class KVSpace:
         old = self.cache.pop(session, None)
         self.cached += tokens - (old[1] if old else 0)
         self.cache[session] = (call, tokens)
+        self.unpark(session)  # an older copy in the host tier is superseded
+
+    def park(self, key: int, entry: tuple) -> None:
+        """An entry the cache gave up, kept in the host tier (its oldest given up for room);
+        dropped without a tier, or when larger than the tier."""
+        self.unpark(key)
+        if entry[1] > self.host_capacity:
+            return
+        while self.hosted + entry[1] > self.host_capacity:
+            self.unpark(next(iter(self.host)))
+        self.host[key] = entry
+        self.hosted += entry[1]
+
+    def unpark(self, key: int) -> tuple | None:
+        """The host tier's entry ``key``, given up (None if it holds none)."""
+        entry = self.host.pop(key, None)
+        if entry is not None:
+            self.hosted -= entry[1]
+        return entry
 
     def take_cached(self, session: int) -> tuple | None:
         """The session's cache entry, given up (None if there is none)."""
@@ -109,9 +132,10 @@ class KVSpace:
         over = self.used + self.cached - mine + tokens - self.capacity
         while over > 0:
             victim = next(v for v in self.cache if v not in spare)
-            freed = self.cache.pop(victim)[1]
-            self.cached -= freed
-            over -= freed
+            entry = self.cache.pop(victim)
+            self.cached -= entry[1]
+            over -= entry[1]
+            self.park(victim, entry)
         return True
 
 
@@ -138,16 +162,17 @@ class Counters:
     kv_blocked: float = 0.0  # cycles the prompt at the head of the queue waited for KV room
     blocked_since: float | None = None
     reused: int = 0  # prompt tokens not computed because their KV was cached
+    restored: int = 0  # of those, tokens brought back from the host tier first
 
 
 class RegionState:
     """One pool as the loop serves it."""
 
-    def __init__(self, index: int, pool, policy, max_events: int):
+    def __init__(self, index: int, pool, policy, max_events: int, host_capacity: int = 0):
         self.index, self.pool, self.policy = index, pool, policy
         self.name, self.role = pool.name, pool.role
         self.pipeline = Pipeline(pool.stages, max_events)
-        self.kv = KVSpace(pool.kv_capacity_tokens)
+        self.kv = KVSpace(pool.kv_capacity_tokens, host_capacity)
         self.queues = Queues()
         self.counters = Counters()
         self.max_running = policy.running_cap()
@@ -183,8 +208,7 @@ class Arrival(Event):
         # then the pipeline free soonest.
         home = None
         if sim.router != "round-robin" and sim.caching and sim.call[i] > 0:
-            home = next((q for q in sim.entry if q.kv.cache.get(sim.session[i], (-1,))[0]
-                         == sim.call[i] - 1), None)
+            home = next((q for q in sim.entry if sim.holds_session(q, i)), None)
         if home is None and sim.router == "prefix":
             home = sim.prefix_home(i, now)
         if home is None and sim.router == "round-robin":
@@ -194,6 +218,20 @@ class Arrival(Event):
                        key=lambda q: sim.busy(q, now))
         home.queues.prompts.append(i)
         sim.kick(home, now)
+
+
+class Restored(Event):
+    """An admitted request's KV, brought back from the host tier, has arrived: it rejoins
+    its region's queue at the head, its prompt to go on after what came back."""
+
+    __slots__ = ("i", "region")
+
+    def __init__(self, i: int, region: RegionState):
+        self.i, self.region = i, region
+
+    def handle(self, sim, now):
+        self.region.queues.prompts.appendleft(self.i)
+        sim.kick(self.region, now)
 
 
 class Dispatch(Event):
@@ -306,7 +344,8 @@ class Simulation:
 
     def __init__(self, requests, regions: list[RegionState], clock_hz: float,
                  kv_bytes_per_token: int, caching: bool, runs: tuple,
-                 router: str = "least-busy"):
+                 router: str = "least-busy", host_tier: bool = False,
+                 host_overhead: float = 0.0):
         n = len(requests)
         # Speculative decoding's acceptance runs, and where each request's next one is.
         self.runs, self.run_at = runs[0].tolist(), runs[1][:-1].tolist()
@@ -335,6 +374,8 @@ class Simulation:
         self.caching = caching
         self.router = router
         self.turn = 0  # the region a round-robin router tries next
+        self.host_tier = host_tier  # whether KV given up is parked in host memory
+        self.host_overhead = host_overhead  # cycles per transfer from it
         self.handoffs: deque = deque()  # (request, prefill region), in order
         self.link_free: dict = {}  # (system, "fabric" | "send" | "receive") -> when free
         self.head_blocked: float | None = None  # when the first waiting handoff began waiting
@@ -385,6 +426,55 @@ class Simulation:
         for j, b in enumerate(self.block_ids[i]):
             if b not in r.kv.cache:
                 r.kv.keep(b, 0, min(size, prompt - j * size))
+
+    def holds_session(self, q: RegionState, i: int) -> bool:
+        """Whether region ``q`` keeps the previous call of request ``i``'s session, in its
+        cache or its host tier."""
+        entry = q.kv.cache.get(self.session[i]) or q.kv.host.get(self.session[i])
+        return entry is not None and entry[0] == self.call[i] - 1
+
+    def restore(self, r: RegionState, i: int, first: int, prefix: int,
+                now: float) -> tuple | None:
+        """With a host tier, as request ``i`` is admitted on ``r`` with ``prefix`` tokens of
+        its prompt from the cache (a block trace's: its ``first`` blocks): the KV of its
+        prompt ``r`` parked in host memory and that follows (the blocks after those cached; a
+        session's previous call), taken out of the tier and brought back over its system's
+        link in (shared with handoffs) when that is quicker than computing it again: (its
+        tokens, when it is back), or None."""
+        if not self.host_tier or not self.caching:
+            return None
+        kv = r.kv
+        if self.block_ids is not None:
+            run = []
+            for b in self.block_ids[i][first:]:
+                if b not in kv.host:
+                    break
+                run.append(b)
+        else:
+            entry = kv.host.get(self.session[i])
+            run = [self.session[i]] if entry is not None and entry[0] == self.call[i] - 1 \
+                else []
+        if not run:
+            return None
+        tokens = sum(kv.host[key][1] for key in run)
+        pool = r.pool
+        back = self.host_overhead + tokens * self.kv_bytes_per_token / pool.link_bytes_per_cycle
+        if back >= self.recompute(r, tokens, prefix):
+            return None
+        for key in run:
+            kv.unpark(key)
+        link = (pool.system, "receive")
+        done = max(now, self.link_free.get(link, 0.0)) + back
+        self.link_free[link] = done
+        return tokens, done
+
+    def recompute(self, r: RegionState, tokens: int, prefix: int) -> float:
+        """Cycles ``r`` would take to compute ``tokens`` of a prompt after ``prefix`` cached
+        ones again: tiles of its table's largest size through its slowest stage."""
+        table = r.pool.prefill
+        tile = min(tokens, int(table.axis0[-1]))
+        slowest = float(table.vector(tile, prefix)[:-2].max())
+        return slowest * -(-tokens // tile)
 
     def busy(self, q: RegionState, now: float) -> tuple:
         """How busy region ``q`` is, least first: its queue, when its pipeline frees, its
@@ -507,18 +597,26 @@ class Simulation:
         if c.blocked_since is not None:
             c.kv_blocked += now - c.blocked_since
             c.blocked_since = None
-        reuse = 0
+        cached = 0
         if self.block_ids is not None:  # its leading cached blocks, taken over
-            reuse = min(sum(r.kv.take_cached(b)[1] for b in hits), self.prompt[i] - 1)
+            cached = sum(r.kv.take_cached(b)[1] for b in hits)
         else:
             entry = r.kv.take_cached(session)
             if entry is not None and entry[0] == self.call[i] - 1:  # else stale
-                reuse = min(entry[1], self.prompt[i] - 1)
+                cached = entry[1]
+        restoring = self.restore(r, i, len(hits), cached, now)
+        reuse = min(cached + (restoring[0] if restoring else 0), self.prompt[i] - 1)
         c.reused += reuse
         r.queues.progress[i] = reuse
         r.kv.running += 1
         r.kv.hold(tokens, now)
-        return True
+        if restoring is None:
+            return True
+        # Its prompt goes on once the KV is back: out of the queue until then.
+        c.restored += restoring[0]
+        r.queues.prompts.remove(i)
+        self.schedule(restoring[1], Restored(i, r))
+        return False
 
     def send(self, r: RegionState, now: float, sequences: int, i: int, tokens: int) -> None:
         """Start one micro-batch on ``r``: a decode step of the next ``sequences`` ready
@@ -605,10 +703,13 @@ class Simulation:
 def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -> tuple:
     """Serve on this loop: the fields of ``serve.LoopOutput``. ``policies``: each role's
     policy; ``caching``: whether the prefix cache is kept."""
-    regions = [RegionState(k, p, policies[p.role], options.timeline_events)
+    tier = options.kv_tier == "host"
+    regions = [RegionState(k, p, policies[p.role], options.timeline_events,
+                           options.host_tokens() if tier else 0)
                for k, p in enumerate(pools)]
     sim = Simulation(requests, regions, options.clock_hz, options.kv_bytes_per_token, caching,
-                     acceptance_runs(requests, options), options.router)
+                     acceptance_runs(requests, options), options.router, tier,
+                     options.host_transfer_overhead_s * options.clock_hz)
     began = time.perf_counter()
     sim.run()
     loop_s = time.perf_counter() - began
@@ -617,7 +718,8 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
     stats = [{"busy_prefill": c.busy_prefill, "busy_decode": c.busy_decode,
               "busy_draft": c.busy_draft,
               "decoded": c.decoded, "stall": c.stall, "work": c.work,
-              "kv_blocked": c.kv_blocked, "reused": c.reused, "kv_used": used,
+              "kv_blocked": c.kv_blocked, "reused": c.reused, "restored": c.restored,
+              "kv_used": used,
               "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
              for c, used, trace, events in per_region]
     return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,

@@ -44,7 +44,8 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                       "busy_draft": float(st.busy_draft[r]),
                       "decoded": int(st.decoded[r]), "stall": float(st.stall[r]),
                       "work": float(st.work[r]), "kv_blocked": float(st.kv_blocked[r]),
-                      "reused": int(st.reused[r]), "kv_used": int(st.kv_used[r]),
+                      "reused": int(st.reused[r]), "restored": int(st.restored[r]),
+                      "kv_used": int(st.kv_used[r]),
                       "trace": trace[owner == r] if len(pools) > 1 else trace,
                       "events": events})
     where = [names[w] if w >= 0 else "" for w in st.where.tolist()]
@@ -94,6 +95,10 @@ def _state(requests: Requests, pools: list, options, policies: dict, caching: bo
     st.params[cl.HEAP] = heap
     st.params[cl.FIRST_CALLS] = len(st.stream_t)
     st.params[cl.ROUTER] = ROUTERS.index(options.router)
+    if options.kv_tier == "host":
+        st.params[cl.HOST_TIER] = 1
+        st.host_cap[:] = options.host_tokens()
+    st.fparams[cl.HOST_OVERHEAD] = options.host_transfer_overhead_s * options.clock_hz
     if requests.blocks is not None:
         st.blocks[:len(requests.blocks.ids)] = requests.blocks.ids
         st.block_at[:] = requests.blocks.at
