@@ -181,18 +181,28 @@ def render_frontier(data: FrontierReport) -> str:
 
 
 def render_rungs(rungs: list[Rung], per: str = "system") -> str:
-    """Each rung's target, both plans' output tokens/s per system (or per ``per``) and their
-    ratios."""
+    """Each rung's target, both plans' output tokens/s per system (or per ``per``), their
+    ratios, and p: the share of the colocated best's busy stage time spent on prefill."""
     rows = []
     for r in rungs:
         g = r.goodput_ratio
         rows.append([f"{r.user_speed:,.0f} ({seconds(r.tpot_target_s)})"]
                     + [_tokens_per_system(r.plans[plan])
                        for plan in ("colocated", "disaggregated")]
-                    + [_ratio_text(r.capacity_ratio), "-" if g is None else f"{g:.2f}x"])
+                    + [_ratio_text(r.capacity_ratio), "-" if g is None else f"{g:.2f}x",
+                       _prefill_share(r.plans["colocated"])])
     return narrow_table(["tok/s/user target (p90 TPOT)", f"colocated tok/s/{per}",
-                         f"disaggregated tok/s/{per}", "capacity ratio", "goodput ratio"],
-                        rows, "rrrrr")
+                         f"disaggregated tok/s/{per}", "capacity ratio", "goodput ratio",
+                         "colocated prefill share p"], rows, "rrrrrr")
+
+
+def _prefill_share(point) -> str:
+    """p, the colocated best's busy stage time spent on prefill: were prefill removed for
+    free, its decode capacity would grow by at most 1 / (1 - p)."""
+    pre, dec = point.prefill_utilization, point.decode_utilization
+    if not point.reached or pre is None or dec is None or pre + dec <= 0:
+        return "-"
+    return f"{pre / (pre + dec):.2f}"
 
 
 def render_plan_rungs(rungs: list[Rung], plan: str) -> str:
