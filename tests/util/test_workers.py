@@ -95,3 +95,26 @@ def test_a_worker_killed_midway_is_an_error_not_a_hang():
         with pytest.raises(pool_module.WorkerLost):
             run([(30,), (30,)])
         assert not pool.workers  # the other, at work on what nobody will read, was ended
+
+
+def _noisy_sleep(seconds: float) -> None:
+    """A job that prints on its way out, as an extension's import does when a stop lands
+    inside it."""
+    import sys
+
+    try:
+        time.sleep(seconds)
+    finally:
+        print("a traceback nobody should see", file=sys.stderr, flush=True)
+
+
+def test_a_worker_told_to_stop_prints_nothing(capfd):
+    """Ended at work (SIGTERM), a worker unwinds without a word: the parent's line is the
+    only one."""
+    with point_pool(None, 2) as pool:
+        run = pool.bind(_noisy_sleep, ())
+        threading.Timer(0.5, lambda: os.kill(pool.workers[0].process.pid,
+                                             signal.SIGTERM)).start()
+        with pytest.raises(pool_module.WorkerLost):
+            run([(30,), (30,)])
+    assert "nobody should see" not in capfd.readouterr().err

@@ -296,6 +296,15 @@ def _serve(conn) -> None:
 
 
 def _terminated(signum, frame):
+    # Told to stop: nothing it would print from here on is anyone's to read (its results go
+    # down the pipe), and a stop that lands inside an extension's import (numpy's, say) makes
+    # that import print a traceback on the way out, over the parent's one line.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
     raise SystemExit(128 + signum)
 
 
