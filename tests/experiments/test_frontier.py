@@ -300,3 +300,28 @@ def test_frontier_command_writes_json_and_figure_and_refuses_bad_speeds(tmp_path
     assert main(bad[:-4] + ["--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--user-speeds" in err[0]
+
+
+@pytest.mark.e2e
+def test_agent_sessions_report_how_long_a_session_took(tmp_path):
+    """Agent sessions: each point reached says how long a whole session took (p50 <= p90),
+    read back from the JSON, and shown beside the ratios; plain requests have no such
+    column."""
+    agents = tmp_path / "agents.yaml"
+    agents.write_text(SMALL_CHAT.read_text().replace("name: small-chat", "name: agents")
+                      .replace("requests: 40", "requests: 12\ncalls: 3\nthink_s: 0.0005"))
+    data = api.frontier(api.from_flat(
+        api.FrontierSpec, model="tiny", workload=str(agents), ttft_s=0.05, fabric="mesh16",
+        space=QUICK, cache_dir=tmp_path / "cache", workers=1, step_scales=(),
+        user_speed=20_000))
+    points = [r.plans[plan] for r in data.rungs for plan in ("colocated", "disaggregated")
+              if r.plans[plan].reached]
+    assert points and all(0 < p.session_p50_s <= p.session_p90_s for p in points)
+    back = FrontierReport.from_json(json.loads(json.dumps(data.to_json())))
+    assert [r.plans["colocated"].session_p90_s for r in back.rungs] == \
+        [r.plans["colocated"].session_p90_s for r in data.rungs]
+    from wse_emu.cli.experiment_cmd import render_rungs
+
+    assert "sessions" in render_rungs(data.rungs)  # (a header narrow_table may wrap)
+    assert "sessions" not in render_rungs(tiny_frontier(tmp_path / "plain",
+                                                        user_speed=20_000).rungs)

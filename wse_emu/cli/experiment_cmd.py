@@ -182,18 +182,31 @@ def render_frontier(data: FrontierReport) -> str:
 
 def render_rungs(rungs: list[Rung], per: str = "system") -> str:
     """Each rung's target, both plans' output tokens/s per system (or per ``per``), their
-    ratios, and p: the share of the colocated best's busy stage time spent on prefill."""
+    ratios, and p: the share of the colocated best's busy stage time spent on prefill; for
+    agent sessions, how long a session took on each plan (p50 / p90)."""
+    plans = ("colocated", "disaggregated")
+    sessions = any(r.plans[plan].session_p50_s is not None for r in rungs for plan in plans)
     rows = []
     for r in rungs:
         g = r.goodput_ratio
         rows.append([f"{r.user_speed:,.0f} ({seconds(r.tpot_target_s)})"]
-                    + [_tokens_per_system(r.plans[plan])
-                       for plan in ("colocated", "disaggregated")]
+                    + [_tokens_per_system(r.plans[plan]) for plan in plans]
                     + [_ratio_text(r.capacity_ratio), "-" if g is None else f"{g:.2f}x",
-                       _prefill_share(r.plans["colocated"])])
-    return narrow_table(["tok/s/user target (p90 TPOT)", f"colocated tok/s/{per}",
-                         f"disaggregated tok/s/{per}", "capacity ratio", "goodput ratio",
-                         "colocated prefill share p"], rows, "rrrrrr")
+                       _prefill_share(r.plans["colocated"])]
+                    + ([_session_times(r.plans[plan]) for plan in plans] if sessions else []))
+    head = ["tok/s/user target (p90 TPOT)", f"colocated tok/s/{per}",
+            f"disaggregated tok/s/{per}", "capacity ratio", "goodput ratio",
+            "colocated prefill share p"]
+    if sessions:
+        head += [f"{plan} sessions p50 / p90" for plan in plans]
+    return narrow_table(head, rows, "r" * len(head))
+
+
+def _session_times(point) -> str:
+    """How long an agent session took on ``point``'s best, p50 / p90."""
+    if point.session_p50_s is None:
+        return "-"
+    return f"{seconds(point.session_p50_s)} / {seconds(point.session_p90_s)}"
 
 
 def _prefill_share(point) -> str:

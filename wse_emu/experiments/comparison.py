@@ -567,6 +567,8 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
             ttft_p90_s=m.ttft_s.p90, tpot_p90_s=m.tpot_s.p90, itl_p90_s=m.itl_s.p90,
             ttft_p50_s=m.ttft_s.p50, tpot_p50_s=m.tpot_s.p50, ttft_p99_s=m.ttft_s.p99,
             tpot_p99_s=m.tpot_s.p99, slo_attainment=m.slo_attainment,
+            session_p50_s=m.session_s.p50 if m.session_s is not None else None,
+            session_p90_s=m.session_s.p90 if m.session_s is not None else None,
             decode_stall_per_token_s=p.decode_stall_per_token_s,
             prefill_utilization=p.prefill_utilization,
             decode_utilization=p.decode_utilization, kv_peak_share=p.kv_peak_share,

@@ -119,6 +119,9 @@ class FrontierPoint:
     tokens_per_s_per_system_interval: dict | None = None
     goodput_per_system_interval: dict | None = None
     user_speed_target: float | None = None
+    # Agent sessions: how long a whole session took, p50 and p90 (None for plain requests).
+    session_p50_s: float | None = None
+    session_p90_s: float | None = None
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)[:10]}
@@ -151,7 +154,9 @@ def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
         row.user_tokens_per_s if met else None,
         *((row.limited_by, row.prefill_utilization, row.decode_utilization)
           if row is not None else (None, None, None)),
-        why=next((r for r in cmp_.reasons if label and r.startswith(label + ":")), None))
+        why=next((r for r in cmp_.reasons if label and r.startswith(label + ":")), None),
+        session_p50_s=row.session_p50_s if met else None,
+        session_p90_s=row.session_p90_s if met else None)
     if data.over_replicates is not None:
         over = {c["configuration"]: c for c in data.over_replicates["configurations"]}
         if label in over:

@@ -418,8 +418,10 @@ AT_BEST = ("failed_rate_per_system", "goodput_requests_per_s", "output_tokens_pe
            "decode_stall_per_token_s", "prefill_utilization", "decode_utilization",
            "kv_peak_share")
 ECONOMICS = ("energy_per_output_token_j", "cost_per_million_output_tokens")
-# Latencies at the other percentiles targets may be held at (reports from before lack them).
-OTHER_PERCENTILES = ("ttft_p50_s", "tpot_p50_s", "ttft_p99_s", "tpot_p99_s")
+# Latencies at the other percentiles targets may be held at (reports from before lack them),
+# and, for agent sessions, how long a whole session took.
+OTHER_PERCENTILES = ("ttft_p50_s", "tpot_p50_s", "ttft_p99_s", "tpot_p99_s", "session_p50_s",
+                     "session_p90_s")
 CEILING = ("ceiling_rate_per_s", "ceiling_rate_per_system", "share_of_ceiling")
 
 
@@ -460,6 +462,9 @@ class ConfigRow:
     tpot_p50_s: float | None = None
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
+    # Agent sessions (several calls each): from a session's first call to its last token.
+    session_p50_s: float | None = None
+    session_p90_s: float | None = None
     slo_attainment: float | None = None
     decode_stall_per_token_s: float | None = None
     prefill_utilization: float | None = None
