@@ -135,3 +135,23 @@ def test_results_barely_move_with_a_finer_table_grid(programs, tmp_path_factory)
                 pytest.approx(getattr(getattr(fine, key), q), rel=0.05), (key, q)
     assert coarse.output_tokens_per_s == pytest.approx(fine.output_tokens_per_s, rel=0.05)
     assert np.isfinite(coarse.tpot_s.p99)
+
+
+def test_a_run_whose_every_request_is_refused_misses_its_targets(tmp_path):
+    """Requests no region of a layout can hold (long agent contexts on a split's halves, say):
+    every one refused, nothing runs, and the run misses its targets rather than failing."""
+    from types import SimpleNamespace
+
+    from wse_emu import api
+    from wse_emu.experiments.goodput import judge, serve_run
+    from wse_emu.pools.kinds.wafer import wafer_pools
+    from wse_emu.serving.workload import Requests
+
+    program = api.compile("tiny", "mesh16")
+    pools = wafer_pools(program, tmp_path)
+    options = ServeOptions.of(program.fabric, program.model)
+    too_long = Requests(np.array([0.0, 1.0]), np.array([9000, 9000]), np.array([4, 4]),
+                        np.arange(2), np.zeros(2, int), np.zeros(2))
+    run = serve_run(SimpleNamespace(regions=pools, options=options), too_long, 1.0)
+    assert run.metrics.refused == 2 and run.pressure.kv_peak_share == 0.0
+    assert not judge(run, Targets(ttft_s=10.0, tpot_s=1.0)).met

@@ -247,7 +247,10 @@ class RunBook:
 def _pressure(regions: dict, duration_s: float) -> Pressure:
     """Where the time went: prefill and decode stage utilization (mean over the regions that
     serve the phase), decode work and stall per output token, the KV peak share, and the
-    largest share of the run any region's admission waited for KV room."""
+    largest share of the run any region's admission waited for KV room. No regions: every
+    request was refused (none fits any region's KV), so nothing ran."""
+    if not regions:
+        return Pressure(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     pre = [r["prefill_utilization"] for r in regions.values() if r["role"] != "decode"]
     dec = [r["decode_utilization"] for r in regions.values() if r["role"] != "prefill"]
     tokens = sum(r["decode_tokens"] for r in regions.values())
