@@ -118,3 +118,14 @@ def test_the_fabric_gives_the_transfer_overhead(program):
     assert options.host_transfer_overhead_s == program.fabric.host_transfer_overhead_s
     with pytest.raises(UserError, match="unknown serving option `host_transfer_overhead_s`"):
         ServeOptions.of(program.fabric, program.model, host_transfer_overhead_s=1.0)
+
+
+def test_a_pool_without_a_modelled_link_has_no_tier(program, pool, tmp_path):
+    from wse_emu.serving.serve import serve
+
+    options = ServeOptions.of(program.fabric, program.model, kv_tier="host")
+    unlinked = replace(pool, link_bytes_per_cycle=float("inf"))
+    requests = Requests(np.zeros(1), np.array([10]), np.array([2]), np.arange(1),
+                        np.zeros(1, int), np.zeros(1))
+    with pytest.raises(UserError, match="no off-system link modelled"):
+        serve(requests, [unlinked], options)

@@ -264,6 +264,7 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
     policies = options.policies()
     check_micro_batches(pools, policies)
     check_speculation(pools, options)
+    check_tier(pools, options)
     short = kv_shortfall(requests, pools)
     if short and not refuse:
         raise UserError(short)
@@ -276,6 +277,17 @@ def serve(requests: Requests, pools: list, options, loop: str = "compiled",
     run = serve_plain if loop == "plain" else serve_compiled
     return _result(requests, pools, options,
                    LoopOutput(*run(requests, pools, options, policies, caching)))
+
+
+def check_tier(pools: list, options) -> None:
+    """A host KV tier is brought back over each pool's link off its system: a pool whose link
+    is not modelled (accelerators and GPUs timed alone) cannot have one."""
+    if options.kv_tier == "none":
+        return
+    for p in pools:
+        if p.role != "decode" and not np.isfinite(p.link_bytes_per_cycle):
+            raise UserError(f"pool {p.name} has no off-system link modelled, so a KV tier in "
+                            f"host memory cannot be reached from it: use `kv_tier=none`")
 
 
 def check_speculation(pools: list, options) -> None:
