@@ -379,7 +379,8 @@ class Outcome:
         if m.too_short:
             return ("a run too short to judge (every session started before a session's "
                     "length had passed: run more requests)")
-        refused = (f"{m.refused:,} of its requests ({100 * m.refused / m.requests:.2g}%) "
+        share = 100 * m.refused / m.requests
+        refused = (f"{m.refused:,} of its requests ({_percent(share)}) "
                    f"need{'s' if m.refused == 1 else ''} more KV cache than any of its "
                    "regions holds") if m.refused else ""
         if m.refused and m.refused / m.requests > 1 - targets.attainment:
@@ -411,6 +412,12 @@ def outcomes(searches: list[Search]) -> list[Outcome]:
                            s.points[failed] if failed is not None else None,
                            s.config.footprint))
     return out
+
+
+def _percent(share: float) -> str:
+    """A share in percent as a reason says it, to two figures and never in exponent form:
+    "100%", "39%", "7.2%", "0.5%"."""
+    return f"{share:.0f}%" if share >= 10 else f"{share:.2g}%"
 
 
 # A configuration's numbers at its best rate, in the order its row reports them.
