@@ -155,3 +155,9 @@ def test_a_run_whose_every_request_is_refused_misses_its_targets(tmp_path):
     run = serve_run(SimpleNamespace(regions=pools, options=options), too_long, 1.0)
     assert run.metrics.refused == 2 and run.pressure.kv_peak_share == 0.0
     assert not judge(run, Targets(ttft_s=10.0, tpot_s=1.0)).met
+
+
+def test_a_share_of_refused_requests_reads_as_a_percentage():
+    from wse_emu.experiments.goodput import _percent
+
+    assert [_percent(x) for x in (100, 39.2, 7.23, 0.5)] == ["100%", "39%", "7.2%", "0.5%"]
