@@ -170,3 +170,14 @@ def test_an_unknown_router_is_refused_by_name(program, cache):
 
     with pytest.raises(UserError, match="`router` must be one of least-busy, round-robin"):
         api.serve(program, WORKLOAD, cache_dir=cache, router="random")
+
+
+def test_a_block_size_where_there_are_no_blocks_is_refused(tmp_path):
+    from wse_emu.serving.workload import WorkloadSpec
+
+    with pytest.raises(ConfigError, match="applies to traces with prefix blocks"):
+        WorkloadSpec(name="chat", block_tokens=64).validate("test")
+    spec = workload_spec(trace="azure-conv", requests=10)
+    spec.block_tokens = 64
+    with pytest.raises(ConfigError, match="this one has none"):
+        generate(spec)

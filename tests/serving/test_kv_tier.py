@@ -129,3 +129,12 @@ def test_a_pool_without_a_modelled_link_has_no_tier(program, pool, tmp_path):
                         np.zeros(1, int), np.zeros(1))
     with pytest.raises(UserError, match="no off-system link modelled"):
         serve(requests, [unlinked], options)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"kv_tier": "host", "prefix_cache": False}, "it needs the prefix cache"),
+    ({"host_kv_bytes": 1e9}, "give `kv_tier=host` with it"),
+])
+def test_a_tier_setting_that_would_be_ignored_is_refused(options, words):
+    with pytest.raises(UserError, match=words):
+        ServeOptions.of(load_fabric("mesh16"), api.load_model("tiny"), **options)

@@ -100,6 +100,13 @@ class ServeOptions(ServingKnobs, _ServeSettings):
         one_of("router", self.router, ROUTERS)
         one_of("kv_tier", self.kv_tier, KV_TIERS)
         positive("host_kv_bytes", self.host_kv_bytes)
+        # What would be ignored is refused: the tier keeps what the prefix cache gives up.
+        if self.kv_tier == "host" and not self.prefix_cache:
+            raise UserError("`kv_tier=host` keeps what the prefix cache gives up: it needs "
+                            "the prefix cache (drop `prefix_cache=False`)")
+        if self.kv_tier == "none" and self.host_kv_bytes != HOST_KV_BYTES:
+            raise UserError("`host_kv_bytes` sizes the host KV tier: give `kv_tier=host` "
+                            "with it")
         if not is_number(self.host_transfer_overhead_s) or self.host_transfer_overhead_s < 0:
             raise UserError("`host_transfer_overhead_s` must be a number >= 0, got "
                             f"{short_repr(self.host_transfer_overhead_s)}")

@@ -124,6 +124,9 @@ class WorkloadSpec:
                 "'think_s', 'seed' and 'skip' must be >= 0")
         require(isinstance(self.block_tokens, int) and self.block_tokens >= 1, where,
                 "'block_tokens' must be a whole number >= 1")
+        require(self.arrival == "trace" or self.block_tokens == blocktrace.BLOCK_TOKENS, where,
+                "'block_tokens' applies to traces with prefix blocks (JSON lines), not to a "
+                "synthetic workload")
         require(self.arrival != "trace" or bool(self.trace), where,
                 "trace arrivals need a 'trace': a shipped trace's name or a CSV path")
         require(self.arrival == "trace" or self.skip == 0, where,
@@ -468,6 +471,9 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
         require(blocks is None or spec.calls == 1, where,
                 "a trace with prefix blocks (hash_ids) replays its own requests, each sharing "
                 "what its blocks say: 'calls' must be 1")
+        require(blocks is not None or spec.block_tokens == blocktrace.BLOCK_TOKENS, where,
+                "'block_tokens' applies to traces with prefix blocks (JSON lines); this one "
+                "has none")
         n = len(arrivals)
         require(n * spec.calls <= MAX_REQUESTS, where,
                 f"{n:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, the "
