@@ -13,7 +13,6 @@ and a bad one refused with its line number and why, as a CSV trace's rows are.
 from __future__ import annotations
 
 import json
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,29 +84,16 @@ def numbered(parts: list, tokens: int) -> PrefixBlocks:
     return PrefixBlocks(flat, at, tokens)
 
 
-def read_rows(lines, path: Path, skip: int, wanted: int, block_tokens: int) -> tuple:
-    """The rows after ``skip`` (at most ``wanted``) of a block trace's ``lines`` (an iterator
-    of (line number, text)): (times s, prompts, outputs, the kept rows' hash id lists, the
-    trace's first arrival in s, data rows read)."""
-    times, prompts, outputs = array("d"), array("q"), array("q")
-    kept: list = []
-    first = last = None
-    seen = 0
+def parsed_rows(lines, path: Path, block_tokens: int):
+    """Each row of a block trace's ``lines`` (an iterator of (line number, text)), checked:
+    (arrival s, prompt, output, hash ids), read one at a time as they are asked for."""
+    last = None
     for number, text in lines:
-        if len(times) >= wanted:
-            break
         if not text.strip():
             continue
-        t, p, o, ids = _row(path, number, text, last, block_tokens)
-        first = t if first is None else first
-        last = t
-        seen += 1
-        if seen > skip:
-            times.append(t)
-            prompts.append(p)
-            outputs.append(o)
-            kept.append(ids)
-    return times, prompts, outputs, kept, first, seen
+        row = _row(path, number, text, last, block_tokens)
+        last = row[0]
+        yield row
 
 
 def _row(path: Path, line: int, text: str, last: float | None, block_tokens: int) -> tuple:

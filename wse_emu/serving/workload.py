@@ -351,9 +351,6 @@ def _read_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
     checked."""
     if path.suffix == blocktrace.SUFFIX:
         return _read_block_rows(path, skip, wanted, block_tokens)
-    times, prompts, outputs = array("d"), array("q"), array("q")
-    first = last = None  # the trace's first arrival, and the last one read
-    seen = 0  # data rows read, skipped ones included
     try:
         # utf-8-sig: a trace saved by a spreadsheet program may begin with a byte-order mark.
         with open(path, encoding="utf-8-sig", newline="") as fh:
@@ -363,20 +360,7 @@ def _read_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
             if header is None or [h.strip() for h in header[:3]] != list(TRACE_COLUMNS):
                 raise ConfigError(f"{path}: the first line must be the columns "
                                   f"{','.join(TRACE_COLUMNS)}")
-            while len(times) < wanted:
-                row = next(reader, None)
-                if row is None:
-                    break
-                if not row or not "".join(row).strip():
-                    continue
-                t, p, o = _trace_row(path, reader.line_num, row, last)
-                first = t if first is None else first
-                last = t
-                seen += 1
-                if seen > skip:
-                    times.append(t)
-                    prompts.append(p)
-                    outputs.append(o)
+            return _window(_csv_rows(reader, path), skip, wanted, blocks=False)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
@@ -385,24 +369,56 @@ def _read_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
                           f"{reader.line_num})") from None
     except csv.Error as exc:
         raise ConfigError(f"{path}: line {reader.line_num}: {exc}") from None
-    return _Rows(np.frombuffer(times, dtype=np.float64).copy(),
-                 np.frombuffer(prompts, dtype=np.int64).copy(),
-                 np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted)
+
+
+def _csv_rows(reader, path: Path):
+    """Each data row of a trace CSV's ``reader``, checked: (arrival, prompt, output, None)."""
+    last = None
+    for row in reader:
+        if not row or not "".join(row).strip():
+            continue
+        t, p, o = _trace_row(path, reader.line_num, row, last)
+        last = t
+        yield t, p, o, None
 
 
 def _read_block_rows(path: Path, skip: int, wanted: int, block_tokens: int) -> _Rows:
     """``_read_rows`` of a JSON-lines trace (``blocktrace``)."""
     try:
         with open(path, encoding="utf-8-sig") as fh:
-            times, prompts, outputs, kept, first, seen = blocktrace.read_rows(
-                enumerate(_bounded_lines(fh, path), 1), path, skip, wanted, block_tokens)
+            rows = blocktrace.parsed_rows(enumerate(_bounded_lines(fh, path), 1), path,
+                                          block_tokens)
+            return _window(rows, skip, wanted, blocks=True)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
+
+
+def _window(rows, skip: int, wanted: int, blocks: bool) -> _Rows:
+    """The rows after ``skip``, at most ``wanted``, of ``rows`` (checked (arrival, prompt,
+    output, hash ids) tuples), asking for no row past the last wanted; with ``blocks``,
+    their hash ids kept too."""
+    times, prompts, outputs = array("d"), array("q"), array("q")
+    kept: list = []
+    first = None  # the trace's first arrival
+    seen = 0  # data rows read, skipped ones included
+    while len(times) < wanted:
+        row = next(rows, None)
+        if row is None:
+            break
+        t, p, o, ids = row
+        first = t if first is None else first
+        seen += 1
+        if seen > skip:
+            times.append(t)
+            prompts.append(p)
+            outputs.append(o)
+            kept.append(ids)
     return _Rows(np.frombuffer(times, dtype=np.float64).copy(),
                  np.frombuffer(prompts, dtype=np.int64).copy(),
-                 np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted, kept)
+                 np.frombuffer(outputs, dtype=np.int64).copy(), first, seen, wanted,
+                 kept if blocks else None)
 
 
 def _bounded_lines(fh, path: Path):

@@ -440,19 +440,41 @@ def hold(st, r, tokens, now) -> None:
     st.counts[TRACE] = n + 1
 
 
+# The prefix cache and the host tier are each a list per region, least recently used first,
+# of entries by session (or block) ``s``: links ``prev``/``nxt`` at ``w + s`` (``w`` the
+# region's row), ends ``head``/``tail`` at ``r``.
+
+@njit(cache=True, inline="always")
+def _unlink(prev, nxt, head, tail, w, r, s) -> None:
+    """Take entry ``s`` out of region ``r``'s list."""
+    before, after = prev[w + s], nxt[w + s]
+    if before >= 0:
+        nxt[w + before] = after
+    else:
+        head[r] = after
+    if after >= 0:
+        prev[w + after] = before
+    else:
+        tail[r] = before
+
+
+@njit(cache=True, inline="always")
+def _append(prev, nxt, head, tail, w, r, s) -> None:
+    """Put entry ``s`` at the end of region ``r``'s list (the most recently used)."""
+    prev[w + s] = tail[r]
+    nxt[w + s] = -1
+    if tail[r] >= 0:
+        nxt[w + tail[r]] = s
+    else:
+        head[r] = s
+    tail[r] = s
+
+
 @njit(cache=True)
 def _uncache(st, r, s) -> None:
     """Take session ``s``'s entry out of region ``r``'s cache list."""
     w = r * st.params[SESSIONS]
-    prev, nxt = st.c_prev[w + s], st.c_next[w + s]
-    if prev >= 0:
-        st.c_next[w + prev] = nxt
-    else:
-        st.c_head[r] = nxt
-    if nxt >= 0:
-        st.c_prev[w + nxt] = prev
-    else:
-        st.c_tail[r] = prev
+    _unlink(st.c_prev, st.c_next, st.c_head, st.c_tail, w, r, s)
     st.cached[r] -= st.c_tok[w + s]
     st.c_call[w + s] = -1
     st.c_tok[w + s] = 0
@@ -468,13 +490,7 @@ def _keep(st, r, s, call, tokens) -> None:
     st.c_call[w + s] = call
     st.c_tok[w + s] = tokens
     st.cached[r] += tokens
-    st.c_prev[w + s] = st.c_tail[r]
-    st.c_next[w + s] = -1
-    if st.c_tail[r] >= 0:
-        st.c_next[w + st.c_tail[r]] = s
-    else:
-        st.c_head[r] = s
-    st.c_tail[r] = s
+    _append(st.c_prev, st.c_next, st.c_head, st.c_tail, w, r, s)
 
 
 @njit(cache=True)
@@ -506,15 +522,7 @@ def _unpark(st, r, s) -> int:
     w = r * st.params[SESSIONS]
     if st.h_call[w + s] < 0:
         return 0
-    prev, nxt = st.h_prev[w + s], st.h_next[w + s]
-    if prev >= 0:
-        st.h_next[w + prev] = nxt
-    else:
-        st.h_head[r] = nxt
-    if nxt >= 0:
-        st.h_prev[w + nxt] = prev
-    else:
-        st.h_tail[r] = prev
+    _unlink(st.h_prev, st.h_next, st.h_head, st.h_tail, w, r, s)
     tokens = st.h_tok[w + s]
     st.hosted[r] -= tokens
     st.h_call[w + s] = -1
@@ -535,13 +543,7 @@ def _park(st, r, s, call, tokens) -> None:
     st.h_call[w + s] = call
     st.h_tok[w + s] = tokens
     st.hosted[r] += tokens
-    st.h_prev[w + s] = st.h_tail[r]
-    st.h_next[w + s] = -1
-    if st.h_tail[r] >= 0:
-        st.h_next[w + st.h_tail[r]] = s
-    else:
-        st.h_head[r] = s
-    st.h_tail[r] = s
+    _append(st.h_prev, st.h_next, st.h_head, st.h_tail, w, r, s)
 
 
 @njit(cache=True)
