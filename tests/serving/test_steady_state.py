@@ -191,3 +191,16 @@ def test_targets_read_back_name_their_percentile():
         "ttft_p99_s", "tpot_p99_s", "attainment"}
     with pytest.raises(UserError, match="percentile"):
         Targets(1.0, 0.005, percentile=80)
+
+
+def test_a_run_with_every_request_refused_has_no_queue_trend_and_misses():
+    """No request served, so no first token to trend: the queue's signals are not measured
+    (None, never an overflow of stand-in values) and the run misses its targets."""
+    run = result(np.full(200, 0.1))
+    run = ServeResult(run.arrival, run.first_token, run.finish, run.tokens, run.regions,
+                      CLOCK, refused=np.ones(200, dtype=bool))
+    with np.errstate(all="raise"):
+        m = run_metrics(run, requests(200), 1.0, 0.005, steady=True)
+    assert m.refused == 200 and m.ttft_by_fifth_s == []
+    assert m.ttft_growth_s is None and m.ttft_slope is None and m.pace is None
+    assert not Targets(ttft_s=1.0, tpot_s=0.005).met(m)

@@ -396,6 +396,19 @@ def judged_window(res: ServeResult, reqs: Requests, steady: bool = True) -> _Win
     return _Window(window, too_short, first, index, closed_loop, start, end)
 
 
+def _queue_signals(res: ServeResult, ttft: np.ndarray, kept: np.ndarray) -> dict:
+    """The queue's trend, from the window's requests served (a refused one has no first
+    token). With none served there is no trend to measure: None, and the run misses its
+    targets on its refusals."""
+    if not kept.any():
+        return {"ttft_by_fifth_s": [], "ttft_growth_s": None, "ttft_slope": None, "pace": None}
+    arrived = res.arrival[kept] / res.clock_hz
+    trend = ttft_trend(arrived, ttft[kept])
+    return {"ttft_by_fifth_s": trend, "ttft_growth_s": trend[-1] - trend[0],
+            "ttft_slope": ttft_slope(arrived, ttft[kept]),
+            "pace": pace(arrived, res.first_token[kept] / res.clock_hz)}
+
+
 def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
                 tpot_slo_s: float | None, steady: bool = False) -> RunMetrics:
     """The run's metrics, the attainment and goodput against the targets given (None: not
@@ -424,21 +437,11 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
     if steady:
         opening = window & first
         arrived = res.arrival[opening] / res.clock_hz
-        # The queue's trend, from the requests served (a refused one has no first token).
-        kept = opening & served
-        if not kept.any():
-            kept = opening
-        trend = ttft_trend(res.arrival[kept] / res.clock_hz, np.nan_to_num(ttft[kept]))
         out.update({"window_requests": int(window.sum()),
                     "window_s": float(arrived.max() - arrived.min()),
                     "window_output_tokens_per_s": window_tokens_per_s(
                         res, float(res.arrival[opening].min()), float(res.arrival[opening].max())),
-                    "ttft_by_fifth_s": trend,
-                    "ttft_growth_s": trend[-1] - trend[0],
-                    "ttft_slope": ttft_slope(res.arrival[kept] / res.clock_hz,
-                                             np.nan_to_num(ttft[kept])),
-                    "pace": pace(res.arrival[kept] / res.clock_hz,
-                                 res.first_token[kept] / res.clock_hz),
+                    **_queue_signals(res, ttft, opening & served),
                     "too_short": too_short})
     if closed_loop:
         out["session_s"] = percentiles((end - start) / res.clock_hz)
