@@ -1,6 +1,6 @@
 """Figures of a serving run (``wse-emu serve -o``): latency CDFs, TPOT over time with prompt
-arrivals marked, a window of the pipeline (stages x time, prefill and decode coloured apart)
-and KV occupancy over time."""
+arrivals marked, a window of the pipeline (stages x time, prefill and decode coloured apart),
+KV occupancy over time, and prefix-cache hits with the host tier's traffic."""
 
 from __future__ import annotations
 
@@ -222,6 +222,48 @@ def kv_occupancy(path_csv: Path, capacities: dict, path: Path, formats=("png",))
     return save_figure(fig, path, formats)
 
 
+CACHE_BINS = 40  # spans of arrival time the prefix-cache figure sums over
+
+
+@styled
+def prefix_cache(requests: dict, path: Path, formats=("png",)) -> list[Path]:
+    """Over the run, by arrival time: the share of prompt tokens each span's requests found in
+    their region's prefix cache, and of those brought back from the host tier (top); the KV
+    the host tier sent back over the systems' links, in tokens per second (bottom)."""
+    arrival = requests["arrival_s"]
+    edges = np.linspace(arrival.min(), arrival.max() + 1e-9, CACHE_BINS + 1)
+    at = np.clip(np.searchsorted(edges, arrival, side="right") - 1, 0, CACHE_BINS - 1)
+
+    def summed(key: str) -> np.ndarray:
+        return np.bincount(at, weights=requests[key], minlength=CACHE_BINS)
+
+    prompts, cached, restored = (summed(k) for k in ("prompt_tokens", "cached_tokens",
+                                                      "restored_tokens"))
+    share = np.divide(cached, prompts, out=np.zeros(CACHE_BINS), where=prompts > 0)
+    back = np.divide(restored, prompts, out=np.zeros(CACHE_BINS), where=prompts > 0)
+    mids, width = (edges[:-1] + edges[1:]) / 2, float(edges[1] - edges[0])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 4.8), dpi=DPI, sharex=True)
+    top.bar(mids, share, width=width, color=OKABE_ITO[1], label="from the prefix cache")
+    top.bar(mids, np.minimum(back, share), width=width, color=OKABE_ITO[4],
+            label="of it, back from the host tier")
+    total = requests["cached_tokens"].sum() / max(requests["prompt_tokens"].sum(), 1)
+    top.axhline(total, color="black", linestyle=":", linewidth=1,
+                label=f"whole run: {total:.1%}")
+    top.set_ylim(0, max(0.05, float(share.max()) * 1.15))
+    axis_numbers(top.yaxis, percent_formatter())
+    top.set_ylabel("prompt tokens")
+    top.set_title("Prefix cache hits and host-tier traffic, by arrival time")
+    top.legend(loc="upper right", ncol=3, framealpha=0.9)
+    bottom.bar(mids, restored / width, width=width, color=OKABE_ITO[4])
+    bottom.set_ylabel("KV tokens back\nper second")
+    axis_numbers(bottom.xaxis, seconds_formatter())
+    bottom.set_xlabel("arrival time")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path, formats)
+
+
 def draw_serving(run_path: Path, report: ServeReport, out: Path,
                  formats=("png",)) -> list[tuple]:
     """Every serving figure of the run directory (its metrics.json read as ``report``), with
@@ -248,6 +290,12 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
         caps = {n: r["kv_capacity_tokens"] for n, r in report.regions.items()}
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
                                      formats)[0], "KV cache held by each region over time."))
+    if any(r.get("prefix_reused_tokens") for r in report.regions.values()):
+        hits = _columns(run_path / "requests.csv", _read_csv(run_path / "requests.csv"),
+                        ("arrival_s", "prompt_tokens", "cached_tokens", "restored_tokens"))
+        figures.append((prefix_cache(hits, out / "prefix_cache", formats)[0],
+                        "Prompt tokens found in the prefix cache and KV brought back from the "
+                        "host tier, by arrival time."))
     return figures
 
 

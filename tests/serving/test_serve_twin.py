@@ -85,7 +85,8 @@ def agentic(rate=3000.0):
 def assert_twins(requests, pools, options):
     plain = serve(requests, pools, options, loop="plain")
     compiled = serve(requests, pools, options)
-    for name in ("arrival", "first_token", "finish", "tokens", "gap_cycles", "gap_request"):
+    for name in ("arrival", "first_token", "finish", "tokens", "gap_cycles", "gap_request",
+                 "from_cache", "from_host"):
         assert np.array_equal(getattr(plain, name), getattr(compiled, name)), name
     assert plain.region == compiled.region
     assert plain.regions == compiled.regions  # utilization, stall, KV peaks and means
@@ -141,7 +142,13 @@ def test_block_caches_and_every_router_on_both_loops(colocated, split, cache, ro
                     *(replace(OPTIONS, router=router, **tier) for tier in tiers)):
         served = assert_twins(blocks(), tight, options)
         assert sum(r["prefix_reused_tokens"] for r in served.regions.values()) > 0
+        # Each request's count adds up to its region's.
+        assert served.from_cache.sum() == sum(r["prefix_reused_tokens"]
+                                              for r in served.regions.values())
+        assert (served.from_cache < served.requests.prompt_tokens).all()
     assert sum(r["prefix_restored_tokens"] for r in served.regions.values()) > 0
+    assert served.from_host.sum() == sum(r["prefix_restored_tokens"]
+                                         for r in served.regions.values())
     assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router, **tiers[1]))
     sessions = pools_of(colocated, cache, capacity=lambda r: 2500)
     for tier in ({}, *tiers):

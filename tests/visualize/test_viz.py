@@ -1,12 +1,13 @@
 """wse-emu viz: figures of the expected size, maps equal to the simulator's counters, a report
 that embeds them all, a valid trace, one-line errors."""
 
+import csv
 import json
 
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from helpers import ImageSources
+from helpers import FIXTURES, ImageSources
 
 from wse_emu.cli.main import main
 from wse_emu.program.format import WaferProgram
@@ -166,6 +167,24 @@ def test_a_serving_run_gets_its_latency_pipeline_and_kv_figures(tmp_path):
     assert {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"} <= tracks
     rows = (out / "kv_occupancy.csv").read_text().splitlines()
     assert rows[0] == "region,time_s,kv_tokens" and len(rows) > 100
+
+
+@pytest.mark.e2e
+def test_a_run_with_a_prefix_cache_and_host_tier_draws_their_hits_and_traffic(tmp_path):
+    """A block trace served with the host tier: each request's cached and restored tokens in
+    requests.csv add up to its region's, and the run's figures include the cache's."""
+    out = tmp_path / "serve"
+    assert main(["serve", "tiny", "--fabric", "mesh16", "--workload",
+                 str(FIXTURES / "small_blocks.yaml"), "--kv-tier", "host", "--cache-dir",
+                 str(tmp_path / "cache"), "-o", str(out)]) == 0
+    rows = list(csv.DictReader(open(out / "requests.csv")))
+    regions = json.loads((out / "metrics.json").read_text())["regions"]
+    for column, key in (("cached_tokens", "prefix_reused_tokens"),
+                        ("restored_tokens", "prefix_restored_tokens")):
+        assert sum(int(r[column]) for r in rows) == sum(r[key] for r in regions.values()) > 0
+    assert all(int(r["cached_tokens"]) < int(r["prompt_tokens"]) for r in rows)
+    assert main(["viz", str(out)]) == 0
+    assert (out / "figures" / "prefix_cache.png").exists()
 
 
 @pytest.mark.skipif(find_browser() is None, reason="no Chromium on this machine")

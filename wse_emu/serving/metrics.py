@@ -445,7 +445,7 @@ def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
                     "too_short": too_short})
     if closed_loop:
         out["session_s"] = percentiles((end - start) / res.clock_hz)
-        if steady:
+        if steady and out["pace"] is not None:  # (None: no session served to pace)
             # Sessions must also finish at the pace they start: later sessions stretched by a
             # load that keeps growing spread their ends over more time.
             inside = np.zeros(len(start), dtype=bool)
@@ -459,9 +459,11 @@ def request_rows(res: ServeResult, reqs: Requests) -> list[list]:
     ttft, tpot = res.ttft_s(), res.tpot_s()
     return [[i, int(reqs.session[i]), int(reqs.call[i]), int(reqs.prompt_tokens[i]),
              int(res.tokens[i]), res.arrival[i] / res.clock_hz, ttft[i], tpot[i],
-             (res.finish[i] - res.arrival[i]) / res.clock_hz, res.region[i]]
+             (res.finish[i] - res.arrival[i]) / res.clock_hz, res.region[i],
+             int(res.from_cache[i]), int(res.from_host[i])]
             for i in range(len(ttft))]
 
 
 REQUEST_COLUMNS = ["request", "session", "call", "prompt_tokens", "output_tokens", "arrival_s",
-                   "ttft_s", "tpot_s", "e2e_s", "decode_region"]
+                   "ttft_s", "tpot_s", "e2e_s", "decode_region", "cached_tokens",
+                   "restored_tokens"]

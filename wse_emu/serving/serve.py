@@ -172,6 +172,16 @@ class ServeResult:
     refused: np.ndarray | None = None
     workload: str = ""  # its name
     loop_s: float = 0.0  # wall seconds of the event loop itself (not part of the results)
+    # Per request: prompt tokens its region had cached, and of those, brought back from the
+    # host tier (zeros where nothing was cached).
+    from_cache: np.ndarray | None = None
+    from_host: np.ndarray | None = None
+
+    def __post_init__(self):
+        n = len(self.finish)
+        for name in ("from_cache", "from_host"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(n, dtype=np.int64))
 
     def ttft_s(self) -> np.ndarray:
         return self._refusing((self.first_token - self.arrival) / self.clock_hz)
@@ -328,6 +338,7 @@ def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResul
     for name in ("arrival", "first_token", "finish"):
         getattr(out, name)[index] = getattr(inner, name)
     out.tokens[index] = inner.tokens
+    out.from_cache[index], out.from_host[index] = inner.from_cache, inner.from_host
     for k, i in enumerate(index):
         out.region[i] = inner.region[k]
     out.regions, out.kv_traces, out.timeline = inner.regions, inner.kv_traces, inner.timeline
@@ -350,6 +361,8 @@ class LoopOutput(NamedTuple):
     finish: np.ndarray
     made: np.ndarray
     where: list
+    from_cache: np.ndarray  # prompt tokens its region had cached
+    from_host: np.ndarray  # of those, brought back from the host tier
     gap_request: np.ndarray
     gap_cycles: np.ndarray
     stats: list  # per pool: busy_prefill, busy_decode, decoded, stall, work, kv_blocked,
@@ -358,7 +371,8 @@ class LoopOutput(NamedTuple):
 
 
 def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeResult:
-    arrival, first, finish, made, where, gap_request, gap_cycles, stats, loop_s = out
+    (arrival, first, finish, made, where, from_cache, from_host, gap_request, gap_cycles, stats,
+     loop_s) = out
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
     for p, s in zip(pools, stats):
@@ -388,7 +402,8 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
     timeline = _chrome_trace(pools, stats, clock) if options.timeline_events else {}
     return ServeResult(arrival, first, finish, made, where, clock, regions, timeline,
                        {p.name: s["trace"] for p, s in zip(pools, stats)},
-                       gap_request, gap_cycles, requests, loop_s=loop_s)
+                       gap_request, gap_cycles, requests, loop_s=loop_s,
+                       from_cache=from_cache, from_host=from_host)
 
 
 def _mean_kv(trace: np.ndarray, start: float, end: float) -> float:

@@ -132,6 +132,8 @@ FIELDS = (
     Field("hnext", INT, BY_REQUEST, NONE),  # a finished prompt's next in the handoff queue
     Field("hsrc", INT, BY_REQUEST, NONE),  # and the region it waits in
     Field("run_at", INT, BY_REQUEST),  # where its next acceptance run is in ``runs``
+    Field("from_cache", INT, BY_REQUEST),  # prompt tokens its region had cached
+    Field("from_host", INT, BY_REQUEST),  # of those, tokens brought back from the host tier
     # A block trace's prompts: request i's prefix blocks are blocks[block_at[i]:block_at[i+1]]
     Field("blocks", INT, ("blocks",)),
     Field("block_at", INT, ("bounds",)),
@@ -759,6 +761,7 @@ def admit(st, r, i, now) -> bool:
     back, done = _restore(st, r, i, first, cached, now)
     reuse = min(cached + back, st.prompt[i] - 1)
     st.reused[r] += reuse
+    st.from_cache[i] = reuse
     st.progress[i] = reuse
     st.running[r] += 1
     hold(st, r, tokens, now)
@@ -766,6 +769,7 @@ def admit(st, r, i, now) -> bool:
         return True
     # Its prompt goes on once the KV is back from the host tier: out of the queue until then.
     st.restored[r] += back
+    st.from_host[i] = back
     _unqueue(st, r, i)
     _schedule(st, done, RESTORED, i, r, 0)
     return False

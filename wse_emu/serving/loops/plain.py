@@ -369,6 +369,8 @@ class Simulation:
         self.made = [0] * n
         self.last = [0.0] * n
         self.where = [""] * n
+        self.from_cache = [0] * n  # prompt tokens its region had cached
+        self.from_host = [0] * n  # of those, tokens brought back from the host tier
         self.gaps: list = []  # (request, cycles since its token before)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.caching = caching
@@ -607,6 +609,7 @@ class Simulation:
         restoring = self.restore(r, i, len(hits), cached, now)
         reuse = min(cached + (restoring[0] if restoring else 0), self.prompt[i] - 1)
         c.reused += reuse
+        self.from_cache[i] = reuse
         r.queues.progress[i] = reuse
         r.kv.running += 1
         r.kv.hold(tokens, now)
@@ -614,6 +617,7 @@ class Simulation:
             return True
         # Its prompt goes on once the KV is back: out of the queue until then.
         c.restored += restoring[0]
+        self.from_host[i] = restoring[0]
         r.queues.prompts.remove(i)
         self.schedule(restoring[1], Restored(i, r))
         return False
@@ -723,4 +727,5 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
               "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
              for c, used, trace, events in per_region]
     return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,
+            np.array(sim.from_cache, dtype=np.int64), np.array(sim.from_host, dtype=np.int64),
             gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats, loop_s)

@@ -50,8 +50,9 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                       "events": events})
     where = [names[w] if w >= 0 else "" for w in st.where.tolist()]
     g = st.counts[cl.GAPS]
-    return (st.arrival, st.first, st.finish, st.made.copy(), where,
-            st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(), stats, loop_s)
+    return (st.arrival, st.first, st.finish, st.made.copy(), where, st.from_cache.copy(),
+            st.from_host.copy(), st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(),
+            stats, loop_s)
 
 
 def heap_room(requests: int) -> int:
