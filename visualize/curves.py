@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
 from wse_emu.experiments.frontier import FrontierReport
 from wse_emu.experiments.goodput import MAX_PACE
+from wse_emu.experiments.intervals import has_interval
 from wse_emu.experiments.pairings import PairingsReport
 from wse_emu.util.fmt import number, seconds, with_unit
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
@@ -25,6 +26,14 @@ from wse_emu.visualize.style import (
     seconds_formatter,
     styled,
 )
+
+
+def ratio_bars(intervals: list) -> list[list[float]]:
+    """Error bars of ratios (``yerr``): below and above each centre, uneven as an interval
+    on the log scale is; none where a ratio has no interval."""
+    below = [iv["mean"] - iv["low"] if has_interval(iv) else 0.0 for iv in intervals]
+    above = [iv["high"] - iv["mean"] if has_interval(iv) else 0.0 for iv in intervals]
+    return [below, above]
 
 
 def _style(label: str, n: int) -> dict:
@@ -148,9 +157,9 @@ def sensitivity(data: VaryReport, path: Path, formats=("png",)) -> list[Path]:
     x = [r.tpot_in_decode_steps if tpot else r.value for r in rows]
     y = [r.goodput_ratio for r in rows]
     err = None
-    if rows and all("half_width" in (r.goodput_ratio_interval or {}) for r in rows):
+    if rows and all(has_interval(r.goodput_ratio_interval) for r in rows):
         y = [r.goodput_ratio_interval["mean"] for r in rows]
-        err = [r.goodput_ratio_interval["half_width"] for r in rows]
+        err = ratio_bars([r.goodput_ratio_interval for r in rows])
     ax.errorbar(x, y, yerr=err, color=OKABE_ITO[0], marker="o", linewidth=1.4, capsize=3,
                 label="disaggregated / colocated goodput" + (" (95% interval)" if err else ""))
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="break-even")
@@ -203,7 +212,7 @@ def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
     ax.set_ylabel("output tokens/s per system (steady window)")
     rows = [r for r in data.rungs if isinstance(r.capacity_ratio.ratio, float)]
     bx.errorbar([r.user_speed for r in rows], [r.capacity_ratio.ratio for r in rows],
-                yerr=[r.capacity_ratio.interval.get("half_width", 0.0) for r in rows],
+                yerr=ratio_bars([r.capacity_ratio.interval for r in rows]),
                 color=OKABE_ITO[2], marker="o", capsize=3, linewidth=1.4,
                 label="disaggregated / colocated capacity")
     bx.axhline(1.0, color="grey", linestyle="--", linewidth=1.0, label="break-even")

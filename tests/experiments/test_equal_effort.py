@@ -6,7 +6,7 @@ best by more than 5%. A default that favoured one plan (a GPU's chunk budgets st
 The cases: Llama-3.1-8B on one WSE-3 on the chat trace at the vendor's 1,800 tokens/s per user
 (the README's headline) and at 5 ms per token; and the check against AIConfigurator's setup on
 eight H200s (with the gpu extra). Each plan's best is read off the tuning runs (``window_s``
-0): what the search found, not a confirming run's draw."""
+0) of one draw: what the search found, not a confirming run's draw."""
 
 from functools import cache
 
@@ -41,7 +41,7 @@ def wafer(space: tuple = ()) -> dict:
     that they share every serving run they have in common."""
     report = api.frontier(api.from_flat(
         api.FrontierSpec, model="llama-3.1-8b", trace="azure-conv", ttft_s=1.0, fabric="wse3",
-                          user_speeds=SPEEDS, step_scales=(), workers=1,
+                          user_speeds=SPEEDS, step_scales=(), workers=1, seeds=1,
                           space=Space(grid="quick", window_s=0, **dict(space))))
     return {float(speed): best(data) for speed, data in report.experiments.items()}
 
@@ -51,7 +51,7 @@ def gpus(space: tuple = ()) -> dict:
     return best(api.experiment(api.from_flat(
         api.ExperimentSpec, model="llama-3.1-8b", workload="steady-1024-256", ttft_s=1.0,
         tpot_s=0.005,
-                               split_pool="h200x8", percentile=50, workers=1,
+                               split_pool="h200x8", percentile=50, workers=1, seeds=1,
                                space=Space(window_s=0, **dict(space)))))
 
 

@@ -129,7 +129,7 @@ def test_a_ratio_over_a_colocated_zero_is_unbounded_not_a_number():
     mixed = capacity_ratio(report)
     assert mixed.ratio is None and mixed.unbounded_draws == 1
     report.replicates = [draw(1, 3), draw(2, 2)]
-    assert capacity_ratio(report).ratio == pytest.approx(2.0)
+    assert capacity_ratio(report).ratio == pytest.approx(3.0 ** 0.5)  # 3x and 1x: geometric
     report.replicates = None  # one draw: the report's own rows
     assert capacity_ratio(report).ratio == "unbounded"
 
@@ -141,7 +141,7 @@ def test_more_draws_narrow_the_ratios_interval(tmp_path):
         data = tiny_frontier(tmp_path, user_speeds=[20_000], user_speed=20_000, seeds=seeds)
         iv = data.headline.capacity_ratio.interval
         assert iv["n"] == seeds
-        widths.append(iv["half_width"])
+        widths.append(iv["relative_half_width"])
     assert widths[1] < widths[0]
 
 

@@ -10,7 +10,8 @@ from helpers import QUICK_KNOBS, SMALL_CHAT
 
 from wse_emu.cli.main import main
 from wse_emu.errors import ConfigError
-from wse_emu.experiments.goodput import Comparison, ConfigRow, Replicate, interval, over_replicates
+from wse_emu.experiments.goodput import Comparison, ConfigRow, Replicate, over_replicates
+from wse_emu.experiments.intervals import interval, ratio_interval
 from wse_emu.serving.workload import WorkloadSpec, generate, replicate
 
 
@@ -19,6 +20,30 @@ def test_interval_is_students_t():
     # mean 2, sample sd 1, t(0.975, 2) = 4.303
     assert iv["mean"] == 2.0 and iv["half_width"] == pytest.approx(4.303 / np.sqrt(3))
     assert "half_width" not in interval([5.0])
+
+
+def test_a_ratios_interval_is_on_the_log_scale_and_never_below_zero():
+    """Draws of 1.7x, 3.6x and 5.5x: on the linear scale the interval would reach -1.1x; on
+    the log scale its centre is the geometric mean, its ends that times and divided by one
+    factor, both above 0."""
+    values = [1.7, 3.6, 5.5]
+    assert interval(values)["low"] < 0
+    iv = ratio_interval(values)
+    logs = np.log(values)
+    half = 4.303 * logs.std(ddof=1) / np.sqrt(3)
+    assert iv["mean"] == pytest.approx(np.exp(logs.mean()))
+    assert iv["low"] == pytest.approx(iv["mean"] / np.exp(half))
+    assert iv["high"] == pytest.approx(iv["mean"] * np.exp(half))
+    assert iv["relative_half_width"] == pytest.approx(np.exp(half) - 1) and iv["scale"] == "log"
+    # A ratio and its inverse have mirrored intervals.
+    inverse = ratio_interval([1 / v for v in values])
+    assert inverse["low"] == pytest.approx(1 / iv["high"])
+    # Bounds widen it on the log scale too; a draw of 0 has no log: linear, cut at 0.
+    wide = ratio_interval(values, lower=[1.6, 3.4, 5.2], upper=[1.8, 3.8, 5.8])
+    assert wide["low"] < iv["low"] and wide["high"] > iv["high"]
+    zero = ratio_interval([0.0, 1.0, 2.0])
+    assert zero["low"] == 0.0 and zero["scale"].startswith("linear")
+    assert "low" not in ratio_interval([2.0]) and ratio_interval([2.0])["mean"] == 2.0
 
 
 def test_draws_on_one_search_step_still_leave_the_step_unknown():
@@ -49,6 +74,7 @@ def test_the_ratio_is_bracketed_by_both_searches():
     ratio = over_replicates([draw(), draw()])["goodput_ratio"]
     assert ratio["mean"] == pytest.approx(0.8)
     assert ratio["low"] == pytest.approx(8 / 10.5) and ratio["high"] == pytest.approx(0.84)
+    assert ratio["scale"] == "log"
 
 
 def test_replicates_are_new_seeds_or_the_next_trace_windows(tmp_path):

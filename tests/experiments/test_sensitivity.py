@@ -40,6 +40,8 @@ def test_vary_systems_draws_each_values_tuning_runs_afresh():
     seen = {}
 
     class Seen:  # an experiment's setup that records each value's job and stops there
+        progress = None
+
         @staticmethod
         def run(job):
             seen[job.cluster.systems] = len(job.draws[0])

@@ -26,8 +26,10 @@ from wse_emu.cli.experiment_cmd import render as render_experiment
 from wse_emu.cli.main import in_flags
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, Space
+from wse_emu.experiments.draws import precision_text
 from wse_emu.experiments.frontier import Rung, vendor_speed
 from wse_emu.experiments.goodput import Targets
+from wse_emu.experiments.intervals import has_interval
 from wse_emu.experiments.spec import Execution, FrontierSpec, Hardware, Load, Speeds
 from wse_emu.experiments.wafer_layouts import proposed_splits
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
@@ -152,9 +154,9 @@ def run(args):
     show(_decode_steps(programs, runs))
     cache = default_cache_dir(args.cache_dir)
     show(_table_estimate(model, cluster, programs, min(cpu.values()), cache))
-    exp, fast, side = _experiment(model, cluster, cache)
+    exp, fast, side, precision = _experiment(model, cluster, cache)
     show("The disaggregation experiment (wse-emu experiment disagg)\n" + render_experiment(exp))
-    show(_answer(exp, fast))
+    show(_answer(exp, fast) + (f"\n  {precision}" if precision else ""))
     status("drawing the report")
     report = _write_runs(out, programs, runs, exp, fast, side)
     status("computing a tiny model through the tiles")
@@ -254,7 +256,8 @@ def _experiment(model, cluster, cache: Path) -> tuple:
     frontier's headline rung: the same experiment at a p90 TPOT of one token at that speed,
     its serving runs shared with the first), and the best colocated and disaggregated
     configurations at 5 ms served side by side at twice the colocated one's highest rate:
-    label -> (result, requests)."""
+    label -> (result, requests); and a sentence on the draws the answer took (draws are added
+    until the headline's ratio is within the default precision)."""
     workload = workload_from_dict(WORKLOAD, "the demo's workload")
     slow = 1.0 / TARGETS.tpot_s  # tokens/s per user at the goodput target
     vendor = vendor_speed(model.name)  # None: no speed published for it, one target only
@@ -277,20 +280,27 @@ def _experiment(model, cluster, cache: Path) -> tuple:
             config = exp.configs[label]
             options = replace(config.options, timeline_events=TIMELINE_EVENTS)
             side[f"{label} at {number(rate)}/s"] = (serve(faster, config.regions, options), faster)
-    return exp, fast, side
+    return exp, fast, side, precision_text(report.precision)
 
 
 def _answer(exp: ExperimentReport, fast: Rung | None) -> str:
     """The answer both ways, each named for what it measures: high-speed token capacity at the
     vendor's speed (the README's headline; ``fast`` None where the model has none published),
     and goodput at the 5 ms target."""
-    def ratio(value) -> str:
-        return "none (neither plan reached it)" if value is None else \
-            "unbounded (only disaggregated reached it)" if value == "unbounded" \
-            else f"{value:.2f}x"
+    def ratio(value, iv: dict | None = None) -> str:
+        if value is None:
+            return "none (neither plan reached it)"
+        if value == "unbounded":
+            return "unbounded (only disaggregated reached it)"
+        if has_interval(iv):
+            return f"{value:.2f}x (95% interval {iv['low']:.2f}x to {iv['high']:.2f}x)"
+        return f"{value:.2f}x"
+    over = exp.over_replicates or {}
+    slow_iv = over.get("goodput_ratio")
+    slow = slow_iv["mean"] if has_interval(slow_iv) else exp.comparison.goodput_ratio
     goodput = (f"  at {1 / TARGETS.tpot_s:,.0f} tokens/s per user (p90 TPOT <= "
                f"{seconds(TARGETS.tpot_s)}): goodput, the highest request rate meeting both "
-               f"targets: disaggregated / colocated {ratio(exp.comparison.goodput_ratio)}")
+               f"targets: disaggregated / colocated {ratio(slow, slow_iv)}")
     if fast is None:
         return (f"The answer on this workload (no vendor speed is published for {exp.model}, "
                 f"so one way)\n{goodput}")
@@ -303,8 +313,7 @@ def _answer(exp: ExperimentReport, fast: Rung | None) -> str:
         f"  at the vendor's speed, {fast.user_speed:,.0f} tokens/s per user (p90 TPOT <= "
         f"{seconds(fast.tpot_target_s)}): high-speed token capacity, output tokens/s per "
         f"system with 90% of requests that fast ({per_system}): disaggregated / colocated "
-        f"{ratio(capacity)}", goodput]
-    slow = exp.comparison.goodput_ratio
+        f"{ratio(capacity, fast.capacity_ratio.interval)}", goodput]
     if isinstance(capacity, float) and slow is not None:
         pays = [name for name, r in (("at the vendor's speed", capacity),
                                      (f"at {seconds(TARGETS.tpot_s)}", slow)) if r > 1]

@@ -13,8 +13,10 @@ from wse_emu.cli.compile_cmd import add_format_args, add_routing_args, model_fro
 from wse_emu.cli.fabric_args import add_fabric_args, fabric_from_args
 from wse_emu.cli.spec_args import add_spec_args, spec_from_args
 from wse_emu.experiments.comparison import ExperimentReport, StepTiming, VaryReport
+from wse_emu.experiments.draws import precision_text
 from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
 from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, ConfigRow
+from wse_emu.experiments.intervals import has_interval
 from wse_emu.experiments.spec import ExperimentSpec, FrontierSpec, PairingsSpec, flat_names
 from wse_emu.models.routing import routing_for
 from wse_emu.rundir.directory import write_run_dir
@@ -129,7 +131,7 @@ def _ratio_text(capacity: CapacityRatio) -> str:
         return "-" if not capacity.unbounded_draws else \
             f"unbounded on {capacity.unbounded_draws} of {capacity.draws} draws"
     iv = capacity.interval or {}
-    if "half_width" in iv:
+    if has_interval(iv):
         return f"{ratio:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
     return f"{ratio:.2f}x"
 
@@ -173,6 +175,9 @@ def render_frontier(data: FrontierReport) -> str:
                      f"; DistServe goodput ratio at the same target {h.goodput_ratio:.2f}x")
                   + "."]
         lines += [f"  - {why}" for why in h.why.values() if why]
+    precision = precision_text(data.precision)
+    if precision:
+        lines += ["", precision]
     if data.step_time_leaning:
         lines += ["", "The headline with step times scaled (the hardware unchanged):"]
         lines += [f"  - {r.phase} x{r.factor:g}: {_ratio_text(r.capacity_ratio)}"
@@ -239,7 +244,7 @@ def _tokens_per_system(point: FrontierPoint) -> str:
         return "0 (not reached)"
     iv = point.tokens_per_s_per_system_interval or {}
     return number(point.tokens_per_s_per_system) + (
-        f" ({number(iv['low'])} to {number(iv['high'])})" if "half_width" in iv else "")
+        f" ({number(iv['low'])} to {number(iv['high'])})" if has_interval(iv) else "")
 
 
 def run(args):
@@ -260,7 +265,7 @@ def render_sensitivity(data: VaryReport) -> str:
             continue
         rate = r.max_rate_per_system or {}
         iv = r.goodput_ratio_interval or {}
-        if "half_width" in iv:
+        if has_interval(iv):
             shown = f"{iv['mean']:.2f}x ({iv['low']:.2f} to {iv['high']:.2f})"
         else:
             shown = "-" if r.goodput_ratio is None else f"{r.goodput_ratio:.2f}x"
@@ -270,10 +275,13 @@ def render_sensitivity(data: VaryReport) -> str:
         best += [[value, f"{r.colocated or '-'} /"], ["", r.disaggregated or "-"]]
     head = (f"{data.model} on {data.fabric}, workload {data.workload}: the experiment "
             f"at each value of {data.vary} ({data.description})")
+    draws = [f"At {number(run.value, 6)}: {precision_text(run.precision)}"
+             for run in data.runs if precision_text(run.precision)]
     return "\n".join([head, "", narrow_table(
         ["value", "TPOT target", "TPOT / decode step", "colocated goodput/s/system",
          "disaggregated goodput/s/system", "disaggregated / colocated"], rows, "rrrrrr"),
-        "", narrow_table(["value", "best configurations"], best, "rl")])
+        "", narrow_table(["value", "best configurations"], best, "rl")]
+        + (["", *draws] if draws else []))
 
 
 def _speculation_text(spec: dict | None) -> str:
@@ -332,8 +340,9 @@ def render(data: ExperimentReport) -> str:
         verdict += (" (a best configuration met every rate tried, so its rate is only a floor: "
                     "more requests per run would load it further)")
     colocated = cmp_.colocated.split(", ", 1)[1]
+    first = " on the first draw (over every draw below)" if data.replicates else ""
     lines += ["", f"Disaggregated ({cmp_.split}) against the best colocated ({colocated}) "
-              f"at the same TPOT target: {verdict}.", "Why:"]
+              f"at the same TPOT target{first}: {verdict}.", "Why:"]
     lines += [f"  - {reason}" for reason in cmp_.reasons]
     best = {c.configuration: c for c in data.final}
     if any(c.cost_per_million_output_tokens is not None for c in best.values()):
@@ -349,6 +358,9 @@ def render(data: ExperimentReport) -> str:
                            "tokens")
     if data.over_replicates is not None:
         lines += [""] + render_replicates(data.over_replicates, per)
+    precision = precision_text(data.precision)
+    if precision:
+        lines += ["", precision]
     return "\n".join(lines)
 
 
@@ -419,7 +431,7 @@ def _metrics_of(c: ConfigRow, energy: bool, at: str = "p90") -> list[str]:
 def _interval(iv: dict, fmt) -> str:
     if iv["mean"] is None:
         return "-"
-    if "half_width" not in iv:
+    if not has_interval(iv):
         return fmt(iv["mean"])
     return f"{fmt(iv['mean'])} ({fmt(iv['low'])} to {fmt(iv['high'])})"
 
@@ -432,7 +444,8 @@ def render_replicates(over: dict, per: str = "system") -> list[str]:
             for c in over["configurations"]]
     ratio = over["goodput_ratio"]
     lines = [f"Over {over['replicates']} independent draws of the workload "
-             f"({over.get('draws', 'each searched alone')}): mean (95% interval; for "
+             f"({over.get('draws', 'each searched alone')}): mean (95% interval; for the "
+             "ratio the geometric mean, its interval on the log scale; for "
              "goodputs and their ratio, widened to the rate search's step)", "",
              narrow_table(["configuration", f"goodput/s/{per}", f"tok/s/{per}"], rows, "lrr")]
     if ratio["mean"] is not None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.ceiling import ceiling_rate
+from wse_emu.experiments.draws import DrawPlan, Swing, run_until_precise
 from wse_emu.experiments.goodput import (
     Comparison,
     Config,
@@ -240,6 +241,9 @@ class ExperimentReport:
     # What "per system" counts: a system, or the unit of a footprint of several kinds of
     # hardware (kW, cost/h: ``experiments.layouts.Footprint``).
     footprint_unit: str = "system"
+    # With draws added until the ratio was precise: the precision asked and reached, and if
+    # not, why (``draws.precision_report``).
+    precision: dict | None = None
     # Every configuration searched, by label, with its pools and options, to serve again (not
     # part of the JSON: a report read back has none).
     configs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -274,6 +278,8 @@ class ExperimentReport:
             out.update(self.timing.to_json())
         if self.footprint_unit != "system":
             out["footprint_unit"] = self.footprint_unit
+        if self.precision is not None:
+            out["precision"] = self.precision
         return out
 
     @classmethod
@@ -294,7 +300,7 @@ class ExperimentReport:
             [Replicate.from_json(r) for r in data["replicates"]]
             if "replicates" in data else None, data.get("over_replicates"),
             StepTiming(**timing) if timing else None, data.get("value"),
-            data.get("footprint_unit", "system"))
+            data.get("footprint_unit", "system"), data.get("precision"))
 
     def __repr__(self) -> str:
         cmp_ = self.comparison
@@ -392,11 +398,7 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
     model, cluster, targets, space = setup.model, job.cluster, job.targets, setup.space
     tolerance, progress, price, book = setup.tolerance, setup.progress, setup.price, job.book
     requests, more_draws, draws = job.draws[0], job.draws[1:], list(job.draws)
-    longer = setup.longer(job)
-    # Every request any run may serve, the confirming runs' included.
-    probes = draws + ([longer(r, confirm_cap(requests)) for r in range(len(draws))]
-                      if space.window_s > 0 else [])
-    layouts, skipped = setup.layouts_of(job, probes)
+    layouts, skipped = setup.layouts_of(job, setup.probes(job))
     fabric = cluster.fabric
     timing = setup.timing
     base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache,
@@ -581,7 +583,8 @@ def _row(r: Outcome, targets: Targets, runs: int, systems: int = 1, power_w: flo
     return row
 
 
-def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryReport:
+def vary_experiment(variation: Variation, setup, job, draws_for=None,
+                    plan: DrawPlan | None = None) -> VaryReport:
     """``setup.run(job)`` at every value of ``variation``, the value applied to the job's
     draws, targets and cluster, to a confirming run's requests and as a ``StepScale`` on the
     stage tables: each value's full report, and a row per value with the best of each plan,
@@ -589,7 +592,8 @@ def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryRep
     few systems for a split) keeps its row, with why. ``draws_for(systems)``, if given, draws
     the tuning runs' requests afresh for a value's number of systems (agent sessions need
     more on more systems: ``tuning_requests``); otherwise every value starts from the job's
-    draws."""
+    draws. With ``plan`` (``draws.DrawPlan``), each value runs on as many of them as its
+    ratio's precision asks (``draws.run_until_precise``); without, on all."""
     draws, targets, cluster = job.draws, job.targets, job.cluster
     rows, runs = [], []
     for value in variation.values:
@@ -599,11 +603,16 @@ def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryRep
         varied = [apply(variation, value, d, targets, cluster.systems) for d in base]
         v_targets, systems, scale = varied[0][1], varied[0][2], varied[0][3]
         row = SensitivityRow(value, v_targets.tpot_s, systems)
+        at_value = replace(job, targets=v_targets, cluster=ClusterSpec(cluster.fabric, systems),
+                           transform=Applied(variation, value, targets, cluster.systems),
+                           scale=scale)
+        requests = [v[0] for v in varied]
         try:
-            data, configs = setup.run(replace(
-                job, draws=[v[0] for v in varied], targets=v_targets,
-                cluster=ClusterSpec(cluster.fabric, systems),
-                transform=Applied(variation, value, targets, cluster.systems), scale=scale))
+            (data, configs), precision = run_until_precise(
+                plan or DrawPlan(len(requests), len(requests), None),
+                lambda n: setup.run(replace(at_value, draws=requests[:n])),
+                lambda result: experiment_swing(result[0], requests), setup.progress)
+            data.precision = precision if precision["asked"] is not None else None
         except UserError as exc:
             rows.append(replace(row, error=str(exc)))
             continue
@@ -624,6 +633,25 @@ def vary_experiment(variation: Variation, setup, job, draws_for=None) -> VaryRep
     first = runs[0] if runs else None
     return VaryReport(first and first.model, first and first.workload, cluster.fabric.name,
                       variation.name, VARIABLES[variation.name], rows, runs)
+
+
+def experiment_swing(data: ExperimentReport, requests: list) -> Swing:
+    """What ``data``'s draws (their ``requests``) give its headline, the goodput ratio:
+    its interval, each plan's goodput per system on every draw, and why it has no ratio on
+    every draw, if it has not."""
+    draws = data.draws()
+    per_plan = {}
+    for plan in ("colocated", "disaggregated"):
+        per_plan[plan] = [getattr(d.rows().get(d.comparison.best(plan)),
+                                  "max_rate_per_system", None) for d in draws]
+    missing = sum(d.comparison.goodput_ratio is None for d in draws)
+    undefined = None if not missing else (
+        f"colocated met the targets at no rate on {missing} of {len(draws)} draws, so the "
+        "ratio is not defined on every draw")
+    over = data.over_replicates
+    interval = over["goodput_ratio"] if over else None
+    return Swing(None if missing else interval, per_plan, list(requests[:len(draws)]),
+                 undefined)
 
 
 TUNING_REQUESTS = 1000  # per tuning run: enough to load a cluster, few for a search of many
@@ -669,6 +697,13 @@ class LongerDraws:
         if self.rows is not None:
             n = min(n, self.rows // self.seeds)
         return self.transform(generate(replace(replicate(self.spec, draw, n), requests=n)))
+
+
+def trace_windows(spec: WorkloadSpec, most: int) -> int:
+    """How many windows of ``spec.requests`` rows a trace holds after its first window's
+    start, counted no further than ``most``."""
+    rows = len(generate(replace(spec, requests=min(most * spec.requests, MAX_REQUESTS))))
+    return rows // spec.requests
 
 
 def longer_draws(spec: WorkloadSpec, seeds: int, transform=unchanged) -> LongerDraws:

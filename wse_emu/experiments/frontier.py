@@ -30,7 +30,8 @@ import yaml
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
-from wse_emu.experiments.goodput import interval
+from wse_emu.experiments.draws import Swing
+from wse_emu.experiments.intervals import has_interval, ratio_interval
 from wse_emu.serving.metrics import UserSpeeds
 from wse_emu.util.checks import is_number, short_repr
 
@@ -142,7 +143,8 @@ class FrontierPoint:
 def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
     """One plan's point on one rung, from the rung's experiment report: its best
     configuration's sustained output tokens/s per system, per-user speeds, goodput and what
-    binds it, with 95% intervals over the draws where there are several."""
+    binds it; over several draws, the throughputs' means and 95% intervals (the per-user
+    speeds and what binds are the first draw's)."""
     cmp_ = data.comparison
     label = cmp_.best(plan)
     row = {c.configuration: c for c in data.final}.get(label)
@@ -160,9 +162,15 @@ def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
     if data.over_replicates is not None:
         over = {c["configuration"]: c for c in data.over_replicates["configurations"]}
         if label in over:
-            point.tokens_per_s_per_system_interval = \
-                over[label]["window_output_tokens_per_s_per_system"]
-            point.goodput_per_system_interval = over[label]["max_rate_per_system"]
+            # Over several draws the point is their mean (the first draw's alone would sit
+            # beside an interval about another centre).
+            tokens, goodput = (over[label][key] for key in (
+                "window_output_tokens_per_s_per_system", "max_rate_per_system"))
+            point.tokens_per_s_per_system_interval = tokens
+            point.goodput_per_system_interval = goodput
+            if met:
+                point.tokens_per_s_per_system = tokens["mean"]
+                point.goodput_per_system = goodput["mean"]
     return point
 
 
@@ -197,19 +205,42 @@ class CapacityRatio:
                    data.get("ratio"), data.get("interval"))
 
 
-def capacity_ratio(data: ExperimentReport) -> CapacityRatio:
-    """Disaggregated over colocated sustained output tokens/s per system on one rung, over
-    its draws: the mean and 95% interval where both plans reached it on every draw; else
-    "unbounded" (only disaggregated reached it) or "neither"."""
-    draws = data.draws()
-    values, unbounded, neither = [], 0, 0
-    for d in draws:
+def capacity_by_draw(data: ExperimentReport) -> list[dict]:
+    """Each plan's sustained output tokens/s per system on every draw of one rung (0 where
+    it reached no rate)."""
+    out = []
+    for d in data.draws():
         rows = d.rows()
         got = {}
         for plan in PLANS:
             row = rows.get(d.comparison.best(plan))
             got[plan] = row.window_output_tokens_per_s_per_system \
                 if row is not None and row.max_rate_per_system > 0 else 0.0
+        out.append(got)
+    return out
+
+
+def capacity_swing(data: ExperimentReport, requests: list) -> Swing:
+    """What one rung's draws (their ``requests``) give the capacity ratio (``draws.Swing``)."""
+    by_draw = capacity_by_draw(data)
+    ratio = capacity_ratio(data)
+    per_plan = {plan: [got[plan] for got in by_draw] for plan in PLANS}
+    undefined = None
+    if ratio.unbounded_draws or ratio.neither_draws:
+        undefined = (f"colocated reached no rate on {ratio.unbounded_draws + ratio.neither_draws} "
+                     f"of {ratio.draws} draws, so the ratio is not defined on every draw")
+    return Swing(None if undefined else ratio.interval, per_plan,
+                 list(requests[:len(by_draw)]), undefined)
+
+
+def capacity_ratio(data: ExperimentReport) -> CapacityRatio:
+    """Disaggregated over colocated sustained output tokens/s per system on one rung, over
+    its draws: the geometric mean and 95% interval (on the log scale, ``ratio_interval``)
+    where both plans reached it on every draw; else
+    "unbounded" (only disaggregated reached it) or "neither"."""
+    draws = data.draws()
+    values, unbounded, neither = [], 0, 0
+    for got in capacity_by_draw(data):
         if got["colocated"] > 0:
             values.append(got["disaggregated"] / got["colocated"])
         elif got["disaggregated"] > 0:
@@ -219,8 +250,8 @@ def capacity_ratio(data: ExperimentReport) -> CapacityRatio:
     if unbounded or neither:
         return CapacityRatio(len(draws), unbounded, neither,
                              "unbounded" if unbounded and not values else None,
-                             interval(values) if values else None)
-    iv = interval(values)
+                             ratio_interval(values) if values else None)
+    iv = ratio_interval(values)
     return CapacityRatio(len(draws), 0, 0, iv["mean"], iv)
 
 
@@ -274,10 +305,11 @@ class Rung:
 def rung_row(speed: float, data: ExperimentReport) -> Rung:
     """One rung: its target, each plan's point, the capacity ratio and DistServe's goodput
     ratio at the same target."""
+    over = None if data.over_replicates is None else data.over_replicates["goodput_ratio"]
+    # Over several draws, the goodput ratio's centre is theirs, as its interval's is.
+    goodput = over["mean"] if has_interval(over) else data.comparison.goodput_ratio
     return Rung(speed, 1.0 / speed, {plan: plan_point(data, plan) for plan in PLANS},
-                capacity_ratio(data), data.comparison.goodput_ratio,
-                None if data.over_replicates is None
-                else data.over_replicates["goodput_ratio"])
+                capacity_ratio(data), goodput, over)
 
 
 @dataclass
@@ -361,6 +393,9 @@ class FrontierReport:
     headline: Headline | None = None
     step_time_leaning: list[Rung] = field(default_factory=list)
     experiments: dict[str, ExperimentReport] = field(default_factory=dict)
+    # With draws added until the headline's ratio was precise: the precision asked and
+    # reached, and if not, why (``draws.precision_report``); every rung ran on those draws.
+    precision: dict | None = None
 
     @property
     def footprint_unit(self) -> str:
@@ -381,6 +416,8 @@ class FrontierReport:
         if self.headline is not None:
             out["headline"] = self.headline.to_json()
         out["step_time_leaning"] = [r.to_json() for r in self.step_time_leaning]
+        if self.precision is not None:
+            out["precision"] = self.precision
         out["experiments"] = {k: d.to_json() for k, d in self.experiments.items()}
         return out
 
@@ -395,7 +432,8 @@ class FrontierReport:
              for plan, points in data["frontier"].items()}, data["fastest_reached"],
             Headline.from_json(data["headline"]) if data.get("headline") else None,
             [Rung.from_json(r) for r in data.get("step_time_leaning", [])],
-            {k: ExperimentReport.from_json(d) for k, d in data.get("experiments", {}).items()})
+            {k: ExperimentReport.from_json(d) for k, d in data.get("experiments", {}).items()},
+            data.get("precision"))
 
     def __repr__(self) -> str:
         head = ""

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 import numpy as np
 
 from wse_emu.errors import UserError
+from wse_emu.experiments.intervals import interval, ratio_interval
 from wse_emu.serving.metrics import RunMetrics, UserSpeeds, judged_window, on_target, run_metrics
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.workload import Requests
@@ -611,40 +612,6 @@ def compare(results: list[Outcome], targets: Targets, systems: int = 1) -> Compa
         reasons=[_reason(col, targets), _reason(dis, targets)])
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (standard tables); between
-# entries the next smaller degrees of freedom is used, which widens the interval.
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
-
-
-def interval(values, lower=None, upper=None) -> dict:
-    """Mean and 95% confidence interval (Student's t) of independent replicates; the interval
-    is absent with fewer than two. With ``lower`` and ``upper`` (each replicate's value is only
-    known to lie between them, as a searched rate lies between the highest rate met and the
-    next that failed), the ends are the same interval's ends over them: the search's step is
-    part of what is not known, and draws that land on the same step do not make it exact."""
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    out = {"n": int(len(v)), "values": v.tolist(), "mean": float(v.mean()) if len(v) else None}
-    if len(v) >= 2:
-        half = _half_width(v)
-        out.update(low=out["mean"] - half, high=out["mean"] + half, half_width=half)
-        for name, bound, side in (("lower", lower, -1), ("upper", upper, 1)):
-            ends = [x for x in bound if x is not None] if bound is not None else []
-            if len(ends) != len(v):  # a bound missing for some draw: none is used
-                continue
-            ends = np.asarray(ends, dtype=float)
-            end = float(ends.mean()) + side * _half_width(ends)
-            key = "low" if side < 0 else "high"
-            out[key] = min(out[key], end) if side < 0 else max(out[key], end)
-            out[f"{name}_values"] = ends.tolist()
-    return out
-
-
-def _half_width(v: np.ndarray) -> float:
-    t = T975[max(k for k in T975 if k <= len(v) - 1)]
-    return float(t * v.std(ddof=1) / np.sqrt(len(v)))
-
-
 def over_replicates(replicates: list[Replicate]) -> dict:
     """Each configuration's goodput per system and the plans' ratios, over the replicates
     (every draw's configurations and comparison). Goodputs and the goodput ratio are
@@ -664,12 +631,13 @@ def over_replicates(replicates: list[Replicate]) -> dict:
                      "window_output_tokens_per_s_per_system": interval(
                          c.window_output_tokens_per_s_per_system or 0.0 for c in mine)})
     return {"replicates": len(replicates), "configurations": rows,
-            "goodput_ratio": interval([r.comparison.goodput_ratio for r in replicates],
-                                      [_ratio_bound(r, low=True) for r in replicates],
-                                      [_ratio_bound(r, low=False) for r in replicates]),
-            "tokens_per_s_ratio": interval(r.comparison.tokens_per_s_ratio
-                                           for r in replicates),
-            "window_tokens_per_s_ratio": interval(
+            "goodput_ratio": ratio_interval(
+                [r.comparison.goodput_ratio for r in replicates],
+                [_ratio_bound(r, low=True) for r in replicates],
+                [_ratio_bound(r, low=False) for r in replicates]),
+            "tokens_per_s_ratio": ratio_interval(r.comparison.tokens_per_s_ratio
+                                                 for r in replicates),
+            "window_tokens_per_s_ratio": ratio_interval(
                 r.comparison.window_tokens_per_s_ratio for r in replicates)}
 
 

@@ -11,7 +11,13 @@ import numpy as np
 
 from wse_emu.errors import CompileError, UserError
 from wse_emu.experiments import frontier as frontiers
-from wse_emu.experiments.comparison import ExperimentReport, VaryReport, vary_experiment
+from wse_emu.experiments.comparison import (
+    ExperimentReport,
+    VaryReport,
+    experiment_swing,
+    vary_experiment,
+)
+from wse_emu.experiments.draws import run_until_precise
 from wse_emu.experiments.goodput import RunBook
 from wse_emu.experiments.pairings import PairingsReport, pairing_label
 from wse_emu.experiments.sensitivity import StepScale, decode_step_s
@@ -30,11 +36,17 @@ def experiment(spec: ExperimentSpec) -> ExperimentReport | VaryReport:
     setup = Setup(spec)
     execution = spec.execution
     with point_pool(execution.scheduler, execution.workers) as pool:
-        job = Job(pool, RunBook(pool, serve_choice), setup.draws, spec.targets, setup.cluster)
-        if spec.variation is None:
-            return setup.run(job)[0]
-        return vary_experiment(spec.variation, setup, job,
-                               None if spec.load.requests is not None else setup.draws_for)
+        job = Job(pool, RunBook(pool, serve_choice), setup.all_draws, spec.targets,
+                  setup.cluster)
+        if spec.variation is not None:
+            return vary_experiment(spec.variation, setup, job,
+                                   None if spec.load.requests is not None else setup.draws_for,
+                                   setup.plan)
+        (data, _), precision = run_until_precise(
+            setup.plan, lambda n: setup.run(replace(job, draws=setup.first(n))),
+            lambda result: experiment_swing(result[0], setup.all_draws), setup.progress)
+        data.precision = None if setup.plan.fixed else precision
+        return data
 
 
 def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
@@ -52,6 +64,7 @@ def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
         ladder = speeds.user_speeds or tuple(frontiers.speed_ladder(floor, speed))
         if speed is not None and not any(np.isclose(speed, s) for s in ladder):
             ladder = tuple(sorted((*ladder, speed), reverse=True))
+        job, precision = headline_draws(setup, job, spec, speed)
         rungs = []
         for k, s in enumerate(ladder):
             if progress:
@@ -63,15 +76,36 @@ def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
     first = rungs[0][1]
     return frontiers.FrontierReport(
         setup.model.name, first.cluster, setup.spec.name, first.requests_per_run,
-        spec.load.seeds, spec.ttft_s, spec.attainment, setup.space.grid, floor, rows,
+        len(job.draws), spec.ttft_s, spec.attainment, setup.space.grid, floor, rows,
         **frontiers.summarize(rows, vendor, speed), step_time_leaning=leaning,
-        experiments={f"{s:g}": d for s, d in rungs})
+        experiments={f"{s:g}": d for s, d in rungs}, precision=precision)
+
+
+def headline_draws(setup: Setup, job: Job, spec: FrontierSpec, speed: float | None) -> tuple:
+    """The job every rung runs, on as many draws as the headline's capacity ratio needs to be
+    as precise as asked (``draws.run_until_precise``; the serving runs stay in the job's
+    book for its rung), and the precision's account; with draws fixed, as it is and None.
+    Without a headline speed there is no ratio to judge the draws by: the first ones, and
+    the account says so."""
+    plan = setup.plan
+    if plan.fixed:
+        return job, None
+    if speed is None:
+        return job, {"asked": plan.precision, "draws": len(job.draws), "max_draws": plan.cap,
+                     "relative_half_width": None, "reached": False,
+                     "why": "no headline speed (no vendor's speed for this model, and no "
+                            "`user_speed`) to judge the draws by"}
+    targets = spec.targets(speed)
+    _, precision = run_until_precise(
+        plan, lambda n: setup.run(replace(job, draws=setup.first(n), targets=targets))[0],
+        lambda data: frontiers.capacity_swing(data, setup.all_draws), setup.progress)
+    return replace(job, draws=setup.first(precision["draws"])), precision
 
 
 def decode_floor(setup: Setup, job: Job) -> float:
     """The fastest lone decode step of any layout either plan may take: the depth of a
     pipeline and the PEs a layer gets set it, so no single layout is the floor."""
-    layouts, _ = setup.layouts(job.pool, job.cluster, job.draws)
+    layouts, _ = setup.layouts(job.pool, job.cluster, setup.probes(job, confirming=False))
     timing = setup.timing
     return min(decode_step_s(lay.regions, job.draws[0], job.cluster.fabric.clock_hz,
                              Speculation.of(lay.draft_tokens, timing.acceptance)

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import (
     StepTiming,
+    confirm_cap,
     describe_draws,
     disagg_experiment,
     longer_draws,
+    trace_windows,
     tuning_requests,
     unchanged,
     workload_draws,
@@ -90,15 +92,42 @@ class Setup:
         self.spec = spec.load.spec()
         if spec.load.requests is None:
             self.spec.requests = tuning_requests(self.spec, self.cluster.systems)
-        self.seeds, self.tolerance, self.timing = spec.load.seeds, spec.tolerance, spec.timing
-        self.draws = workload_draws(self.spec, self.seeds)
+        self.tolerance, self.timing = spec.tolerance, spec.timing
+        plan = spec.load.draw_plan()
+        if self.spec.arrival == "trace":
+            plan = plan.within(trace_windows(self.spec, plan.cap))
+        self.plan = plan
+        # Every draw a run may use, the first ``plan.start`` to begin with: a trace's windows
+        # for confirming runs are cut for the most draws, so that adding draws leaves the
+        # first ones as they were.
+        self.seeds = plan.cap
+        self.all_draws = workload_draws(self.spec, plan.cap)
+        self.draws = self.all_draws[:plan.start]
         self._layouts: dict = {}
 
     def draws_for(self, n_systems: int) -> list:
-        """The tuning runs' requests for ``n_systems`` systems (the base draws if the same)."""
+        """The tuning runs' requests for ``n_systems`` systems, every draw a run may use (the
+        base draws if the same)."""
         n = tuning_requests(self.spec, n_systems)
-        return self.draws if n == self.spec.requests else workload_draws(
+        return self.all_draws if n == self.spec.requests else workload_draws(
             replace(self.spec, requests=n), self.seeds)
+
+    def first(self, n: int) -> list:
+        """The first ``n`` draws of the workload."""
+        return self.all_draws[:n]
+
+    def probes(self, job: Job, confirming: bool = True) -> list:
+        """Every set of requests a run of ``job`` may serve (with ``confirming``, the
+        confirming runs' included), and those of the draws that may yet be added to it:
+        layouts built for the first draws hold the later ones too (their tables reach their
+        contexts)."""
+        draws = list(job.draws)
+        if all(a is b for a, b in zip(draws, self.all_draws)):
+            draws = list(self.all_draws)
+        if self.space.window_s <= 0 or not confirming:
+            return draws
+        longer = self.longer(job)
+        return draws + [longer(r, confirm_cap(draws[0])) for r in range(len(draws))]
 
     def layouts(self, pool, cluster, probes: list) -> tuple[dict, list]:
         """``build_layouts`` for ``cluster``, built once; the ``probes`` are checked against

@@ -19,6 +19,12 @@ from pathlib import Path
 from wse_emu.compiler.draft import draft_model
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import TUNING_REQUESTS, Space
+from wse_emu.experiments.draws import (
+    DEFAULT_MAX_SEEDS,
+    DEFAULT_PRECISION,
+    MIN_ADDED_DRAWS,
+    DrawPlan,
+)
 from wse_emu.experiments.goodput import Targets
 from wse_emu.experiments.layouts import Footprint, per_kind_text, plan_pools
 from wse_emu.experiments.sensitivity import VARIABLES, parse_vary
@@ -49,7 +55,8 @@ def workload_of(workload, trace, rate=None, requests=None) -> WorkloadSpec:
 class Load:
     """What is served: a ``workload`` (a preset, a YAML or a WorkloadSpec) or a ``trace``'s
     replay; ``requests`` (sessions) per tuning run (None: the workload's, at most
-    ``comparison.TUNING_REQUESTS`` model calls); ``seeds`` independent draws of it."""
+    ``comparison.TUNING_REQUESTS`` model calls); ``seeds`` independent draws of it, or draws
+    added until the ratio's interval is within ``precision`` (``draw_plan``)."""
 
     workload: WorkloadSpec | Path | str | None = flagged(
         "workload preset or YAML", None, one_of="load", required=True)
@@ -61,21 +68,48 @@ class Load:
     requests: int | None = flagged(
         f"requests (sessions) per tuning run (default: the workload's, at most "
         f"{TUNING_REQUESTS} model calls; agent sessions: that many per system)", None)
-    seeds: int = flagged(
+    seeds: int | None = flagged(
         "independent draws of the workload to repeat the whole search on (the next seeds; "
-        "for a trace, the next windows of `requests` rows): with 2 or more, the mean and 95% "
-        "interval of every goodput and of the ratio", 1)
+        "for a trace, the next windows of `requests` rows), exactly that many (1: no "
+        "interval); default: draws added from 3 until the ratio's interval is as narrow as "
+        "`precision` asks, or `max_seeds` are drawn", None)
+    precision: float | None = flagged(
+        f"with draws added (no `seeds`): the widest 95% interval of the ratio accepted, as a "
+        f"share of the ratio on the log scale (0.1: the upper end at most 1.1 times the "
+        f"centre; default {DEFAULT_PRECISION})", None)
+    max_seeds: int | None = flagged(
+        f"with draws added (no `seeds`): the most draws (default {DEFAULT_MAX_SEEDS}; a "
+        "trace: no more windows than it holds)", None)
 
     def __post_init__(self):
         check_fields(self)
-        if whole("seeds", self.seeds, 1) > MAX_DRAWS:
+        if self.seeds is not None and whole("seeds", self.seeds, 1) > MAX_DRAWS:
             raise UserError(f"`seeds` must be at most {MAX_DRAWS} (draws of the workload, "
                             f"each a whole search), got {self.seeds:,}")
+        for name in ("precision", "max_seeds"):
+            if self.seeds is not None and getattr(self, name) is not None:
+                raise UserError(f"`{name}` is for draws added until the ratio is precise; "
+                                f"`seeds={self.seeds}` fixes the draws: give one of them")
+        if self.precision is not None and not (is_number(self.precision)
+                                               and 0 < self.precision < 1):
+            raise UserError("`precision` must be a share between 0 and 1 (0.1: +-10%), got "
+                            f"{short_repr(self.precision)}")
+        if self.max_seeds is not None and not (
+                MIN_ADDED_DRAWS <= whole("max_seeds", self.max_seeds, 1) <= MAX_DRAWS):
+            raise UserError(f"`max_seeds` must be from {MIN_ADDED_DRAWS} (the draws added "
+                            f"from) to {MAX_DRAWS}, got {self.max_seeds:,}")
         if self.requests is not None and whole("requests", self.requests, 1) < 2:
             raise UserError(f"`requests` must be at least 2 (a rate needs two arrivals), got "
                             f"{self.requests}")
         if (self.workload is None) == (self.trace is None):
             raise UserError("give a `workload` or a `trace`, one of them")
+
+    def draw_plan(self) -> DrawPlan:
+        """How many draws: fixed (``seeds``), or added until ``precision`` (``DrawPlan``)."""
+        if self.seeds is not None:
+            return DrawPlan(self.seeds, self.seeds, None)
+        return DrawPlan(MIN_ADDED_DRAWS, self.max_seeds or DEFAULT_MAX_SEEDS,
+                        self.precision or DEFAULT_PRECISION)
 
     def spec(self) -> WorkloadSpec:
         """The workload as the experiment draws it (its file read and checked)."""
