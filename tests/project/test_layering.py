@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # ``errors`` is the floor every layer stands on; the compiler, the figures and the presets keep
 # their folders at the top of the checkout but are installed under wse_emu.
 LAYERS = ("errors", "util", "models", "hardware", "program", "engines", "functional", "kernels",
-          "sim", "compiler", "serving", "pools", "experiments", "sweeps", "rundir", "visualize",
+          "sim", "compiler", "serving", "pools", "experiments", "sweeps", "validation", "rundir",
+          "visualize",
           "programs", "api", "cli")
 OUTSIDE = {"compiler": "compiler", "visualize": "visualize", "programs": "programs"}
 TOP = "__init__"  # wse_emu/__init__.py reaches the API lazily, by name

@@ -24,6 +24,8 @@ COMMANDS = {
               "every combination of a sweep's axes in parallel, resumable"),
     "noc": ("wse_emu.cli.noc_cmd",
            "latency and accepted throughput under synthetic traffic"),
+    "validate": ("wse_emu.cli.validate_cmd",
+                 "every published measurement we compare against, beside our figure"),
     "viz": ("wse_emu.cli.viz_cmd",
            "draw a run directory: figures/ and report.html"),
     "bench": ("wse_emu.cli.bench",

@@ -133,7 +133,8 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    # A command whose output is its verdict (``validate``) says when it failed.
+    return getattr(args, "exit_code", 0)
 
 
 def _with_figures(result, output: str):

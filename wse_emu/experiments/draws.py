@@ -106,7 +106,7 @@ def precision_report(plan: DrawPlan, n: int, swing: Swing) -> dict:
     if plan.fixed or out["reached"]:
         return out
     out["why"] = swing.undefined or (
-        f"{n} draws, the most allowed, leave the interval at +-{width:.0%}" if width is not None
+        f"{n} draws, the most allowed, leave the interval at +-{width:.1%}" if width is not None
         else "one draw gives no interval")
     spread = plan_spread(swing)
     if spread:

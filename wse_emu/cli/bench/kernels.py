@@ -16,8 +16,6 @@ Times are fast-engine cycles; microseconds use the fabric's clock.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from wse_emu.compiler.bounds import kernel_bound
@@ -31,46 +29,16 @@ from wse_emu.kernels.stage import StageGraph, kernel_graph
 from wse_emu.models import layer as ly
 from wse_emu.models.layer import MicroBatch
 from wse_emu.models.load import load_model
-from wse_emu.models.spec import ModelFields, ModelSpec
-from wse_emu.program.format import Kernel, Rect, Region, Stage, WaferProgram
-from wse_emu.program.trees import branching, choose_levels, tree_cycles
-from wse_emu.sim.runner import execute, kv_handoff, makespan_of, run_region
+from wse_emu.program.format import Kernel, Stage, WaferProgram
+from wse_emu.program.trees import branching, tree_cycles
+from wse_emu.sim.runner import kv_handoff, run_region
+from wse_emu.validation.grids import gemv_program, graph_cycles, one_layer
 
 SIDES = (64, 128, 256, 420, 512, 720)
 GEMV_SIZES = (4096, 16384, 32768)
 CONTEXTS = (1024, 4096, 16384, 32768)
 # WaferLLM (OSDI'25) Table 6, MeshGEMV on a real WSE-2 in FP16: [1, K] x [K, K].
 PUBLISHED_GEMV_US = {("wse2", 512, 16384): 1.2, ("wse2", 512, 32768): 2.03}
-
-
-def _cycles(graph, fabric: FabricSpec) -> int:
-    _, end, done, _ = execute(graph, fabric, "fast")
-    return makespan_of(end, done)
-
-
-def gemv_program(fabric: FabricSpec, side: int, k: int) -> tuple[WaferProgram, Stage, Kernel]:
-    """A standalone K x K matrix kernel on a side x side grid, as the compiler would lay a
-    strip of that shape out (K along x, outputs across y, root on the east edge)."""
-    heads = k // 128
-    model = ModelSpec.from_fields(ModelFields(f"gemv-{k}", "llama", k, k, 1, heads, heads, 128,
-                                              256)).validate("bench")
-    d = model.storage.dtype_bytes
-    n_b = -(-k // side)
-    cost = CostModel(fabric, d)
-    levels = choose_levels(side, -(-n_b * d // 4), float(cost.add(np.array([n_b]), d)[0]),
-                           fabric.hop_latency_cycles)
-    rect = Rect(0, 0, 0, side, side)
-    kernel = Kernel(id=0, stage=0, name="q_proj", kind="matrix",
-                    pattern={"decode": "gemv_tree", "prefill": "gemm_stream"}, rect=rect,
-                    layers=1, ops=["q_proj"], matrix=[k, k], grid=[side, side], k_axis="x",
-                    weight_bytes=k * k * d, root="east", trees={"reduce": levels})
-    stage = Stage(id=0, region="bench", index=0, rect=rect, layers=[0, 1], has_embedding=False,
-                  has_head=False, strip_axis="x", kernel_ids=[0])
-    program = WaferProgram(fabric=dataclasses.replace(fabric, width=side, height=side),
-                           systems=1, model=model, options=CompileOptions(),
-                           regions=[Region("bench", "decode", 0, [rect], [0])], stages=[stage],
-                           kernels=[kernel], routes=[], arrays={})
-    return program, stage, kernel
 
 
 def gemv_closed_form(fabric: FabricSpec, side: int, k: int, levels: int, chunks: int = 1,
@@ -110,7 +78,7 @@ def gemv_cases(fabric_name: str) -> list[dict]:
             program, stage, kernel = gemv_program(fabric, side, k)
             step = MicroBatch("decode", batch=1, context=1)
             chunks = gemv_chunks(program, stage, kernel, step)
-            cycles = _cycles(kernel_graph(program, stage, "q_proj", step), fabric)
+            cycles = graph_cycles(kernel_graph(program, stage, "q_proj", step), fabric)
             bound = kernel_bound(kernel, stage.rect, program.model, fabric, step)["cycles"]
             row = {"kernel": "gemv", "fabric": fabric_name, "region": f"{side}x{side}",
                    "shape": f"[1,{k}]x[{k},{k}]", "tree_levels": kernel.trees["reduce"],
@@ -125,13 +93,6 @@ def gemv_cases(fabric_name: str) -> list[dict]:
                            ratio_to_published=row["us"] / published)
             out.append(row)
     return out
-
-
-def one_layer(fabric: FabricSpec, side: int, plan: str = "colocated") -> WaferProgram:
-    model = load_model("llama-3.1-8b").replaced(name="llama-3.1-8b-one-layer",
-                                                num_layers=1, vocab_size=256)
-    return compile_model(model, ClusterSpec(fabric, 1),
-                         CompileOptions(region=(side, side), plan=plan))
 
 
 def layer_cases(fabric_name: str) -> list[dict]:
@@ -151,7 +112,7 @@ def layer_cases(fabric_name: str) -> list[dict]:
             step = MicroBatch("decode", batch=1, context=context)
             for name in ("attention", "input_norm"):
                 k = kernels[name]
-                cycles = _cycles(kernel_graph(program, stage, name, step), fabric)
+                cycles = graph_cycles(kernel_graph(program, stage, name, step), fabric)
                 bound = kernel_bound(k, stage.rect, program.model, fabric, step,
                                      range(*stage.layers))["cycles"]
                 out.append({"kernel": "attention" if name == "attention" else "rmsnorm",

@@ -1,0 +1,79 @@
+"""wse-emu validate: each fast check in its band (a change that moves one out fails here), the
+slow ones in the slow tier; a check out of band makes the command exit 1; the accuracy page is
+the command's own output."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from wse_emu.cli.main import main
+from wse_emu.validation import catalog
+from wse_emu.validation.checks import FAST, SLOW, Check, Reference, run_check
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "accuracy.md"
+
+
+@pytest.mark.parametrize("check", [c for c in catalog.CHECKS if c.speed == FAST],
+                         ids=lambda c: c.name)
+def test_a_fast_check_is_in_its_band(check):
+    outcome = run_check(check)
+    assert outcome.status == "pass", (outcome.ours, outcome.ratio, check.band)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", [c for c in catalog.CHECKS if c.speed == SLOW],
+                         ids=lambda c: c.name)
+def test_a_slow_check_is_in_its_band(check):
+    outcome = run_check(check)
+    assert outcome.status == "pass", (outcome.ours, outcome.ratio, check.band)
+
+
+def test_every_check_names_its_source_and_a_band_around_its_claim():
+    for c in catalog.CHECKS:
+        assert c.reference.source and c.reference.measured and c.reference.value > 0
+        assert 0 < c.band[0] <= c.band[1] and c.why_band and c.ours
+
+
+def out_of_band() -> Check:
+    return Check("out of band, for the test", Reference("a test", "today", "two", 2.0, "x"),
+                 "one", (0.9, 1.1), "one is not two", FAST, lambda: 1.0)
+
+
+def test_a_check_out_of_band_exits_1_and_is_named(monkeypatch, capsys):
+    monkeypatch.setattr(catalog, "CHECKS", [out_of_band()])
+    assert main(["validate", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["failed"] == ["out of band, for the test"]
+    assert data["checks"][0]["ratio"] == 0.5 and data["checks"][0]["status"] == "fail"
+    assert main(["validate"]) == 1
+    assert "out of band: out of band, for the test" in capsys.readouterr().out
+
+
+def test_a_name_no_check_holds_is_one_line_and_exit_2(capsys):
+    assert main(["validate", "--only", "no such check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no check matches 'no such check'" in err[0]
+
+
+def test_the_accuracy_page_lists_every_check_and_the_fast_figures_as_computed(capsys):
+    """The page is `validate --page`'s output: every check in it, in order, and each fast
+    check's figure as the code gives it now (the slow tier compares the whole page)."""
+    page = PAGE.read_text()
+    rows = re.findall(r"^\| (.+?) \| .+? \| (.+?) \| (.+?) \| .+? \| (\w+) \| (\w+) \|$", page,
+                      re.M)[1:]  # (the header row first)
+    assert [r[0] for r in rows] == [c.name for c in catalog.CHECKS]
+    assert main(["validate", "--fast", "--json"]) == 0
+    fast = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    for name, ours, ratio, verdict, speed in rows:
+        if name in fast:
+            assert ratio == f"{fast[name]['ratio']:.3f}", name
+            assert verdict == "pass" and speed == FAST
+
+
+@pytest.mark.slow
+def test_the_accuracy_page_is_the_commands_output(capsys):
+    assert main(["validate", "--page"]) == 0
+    assert capsys.readouterr().out == PAGE.read_text()

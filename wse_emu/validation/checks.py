@@ -1,0 +1,78 @@
+"""A check: one published measurement (``Reference``), how the emulator's figure for the same
+quantity is obtained, and the band the ratio of the two (ours / published) is held to. A
+check needing an optional extra that is not installed is skipped, with why."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FAST, SLOW = "fast", "slow"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What was measured, where and when it was published, and its value."""
+
+    source: str
+    date: str
+    measured: str
+    value: float
+    unit: str
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row: its ``name``, the ``reference``, what our figure is (``ours``, in the
+    reference's unit), the band [low, high] its ratio to the reference is held to and why,
+    whether it is ``fast`` (seconds: the test suite runs it) or ``slow``, and ``figure``,
+    which computes our figure (raising ``Skipped`` when an optional extra is missing)."""
+
+    name: str
+    reference: Reference
+    ours: str
+    band: tuple[float, float]
+    why_band: str
+    speed: str
+    figure: Callable[[], float]
+
+
+class Skipped(Exception):
+    """A check that cannot run here (an optional extra is not installed), with why."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A check run: our figure, the ratio, and whether it lies in its band ("pass",
+    "fail", or "skipped" with why)."""
+
+    check: Check
+    ours: float | None
+    ratio: float | None
+    status: str
+    seconds: float
+    note: str | None = None
+
+    def to_json(self) -> dict:
+        c, r = self.check, self.check.reference
+        return {"name": c.name, "speed": c.speed,
+                "reference": {"source": r.source, "date": r.date, "measured": r.measured,
+                              "value": r.value, "unit": r.unit},
+                "ours": {"what": c.ours, "value": self.ours},
+                "ratio": self.ratio, "band": list(c.band), "why_band": c.why_band,
+                "status": self.status, "seconds": self.seconds,
+                **({"note": self.note} if self.note else {})}
+
+
+def run_check(check: Check) -> Outcome:
+    """Our figure for ``check``, its ratio to the reference, and whether it is in band."""
+    began = time.perf_counter()
+    try:
+        ours = float(check.figure())
+    except Skipped as why:
+        return Outcome(check, None, None, "skipped", time.perf_counter() - began, str(why))
+    ratio = ours / check.reference.value
+    low, high = check.band
+    status = "pass" if low <= ratio <= high else "fail"
+    return Outcome(check, ours, ratio, status, time.perf_counter() - began)
