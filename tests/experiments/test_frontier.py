@@ -108,7 +108,9 @@ def test_a_speed_no_configuration_reaches_has_no_capacity_and_no_ratio(tmp_path,
     head = data.headline
     assert head.capacity_per_system == {"colocated": 0.0, "disaggregated": 0.0}
     assert head.capacity_ratio.ratio is None
-    assert head.capacity_ratio.neither_draws == 1
+    # No ratio on any draw, so no draws are added past the first three: nothing to narrow.
+    assert head.capacity_ratio.neither_draws == data.seeds == 3
+    assert not data.precision["reached"] and "not defined on every draw" in data.precision["why"]
     assert data.fastest_reached == {"colocated": 0.0, "disaggregated": 0.0}
     assert data.frontier == {"colocated": [], "disaggregated": []}
 

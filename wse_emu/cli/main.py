@@ -127,8 +127,9 @@ def _main(argv: list[str] | None) -> int:
             print(json.dumps(result, indent=1))
         elif result:
             # Reasons the library wrote into a report (a layout skipped, a point failed) name
-            # parameters the same way its errors do.
-            print(in_flags(result, getattr(args, "flags", {})))
+            # parameters the same way its errors do; a page of Markdown is printed as it is.
+            print(result if getattr(args, "verbatim", False)
+                  else in_flags(result, getattr(args, "flags", {})))
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): not an error of ours.

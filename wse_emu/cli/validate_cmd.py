@@ -8,6 +8,7 @@ from wse_emu.cli.main import EXIT_FAILED
 from wse_emu.util.progress import status
 from wse_emu.validation.catalog import validate
 from wse_emu.validation.page import markdown, table
+from wse_emu.validation.trn2 import transfer
 from wse_emu.validation.waferllm import prefill_by_tile
 
 
@@ -33,4 +34,7 @@ def run(args):
                 "failed": [o.check.name for o in outcomes if o.status == "fail"]}
     if not args.page:
         return table(outcomes)
-    return markdown(outcomes, prefill_by_tile() if not (args.fast or args.only) else None)
+    args.verbatim = True  # Markdown: its `code` spans stay as they are
+    whole = not (args.fast or args.only)
+    return markdown(outcomes, prefill_by_tile() if whole else None,
+                    transfer() if whole else None)

@@ -32,10 +32,12 @@ def table(outcomes: list[Outcome]) -> str:
     return f"{text}\n\n{summary}"
 
 
-def markdown(outcomes: list[Outcome], prefill_tiles: list[dict] | None = None) -> str:
+def markdown(outcomes: list[Outcome], prefill_tiles: list[dict] | None = None,
+             trn2_fits: list[dict] | None = None) -> str:
     """docs/accuracy.md: the table, then each check's reference, what ours is and why its
     band is what it is; with ``prefill_tiles`` (``waferllm.prefill_by_tile``), what is known
-    of the prefill's departure from WaferLLM's."""
+    of the prefill's departure from WaferLLM's; with ``trn2_fits`` (``trn2.transfer``), the
+    Trainium2 efficiencies AWS's measurements give."""
     lines = ["# Accuracy", "",
              "Every published measurement the emulator is compared against, with the emulator's "
              "figure from the code as it is. This page is written by `wse-emu validate "
@@ -60,7 +62,34 @@ def markdown(outcomes: list[Outcome], prefill_tiles: list[dict] | None = None) -
                   f"- **Band**: {c.band[0]:g} to {c.band[1]:g}: {c.why_band}.", ""]
     if prefill_tiles:
         lines += _prefill_section(prefill_tiles)
+    if trn2_fits:
+        lines += _trn2_section(trn2_fits)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _trn2_section(rows: list[dict]) -> list[str]:
+    """The efficiencies at which our Trn2 roofline meets AWS's measurements, and how far
+    one model's carry to the other."""
+    first, other = rows[0], rows[1]
+    return [
+        "", "## Trainium2: efficiencies from AWS's measurements", "",
+        "The efficiencies at which the trn2 roofline (one copy over all 16 chips, as AWS ran "
+        "it) gives each measured TTFT and ITL (`wse_emu/validation/trn2.py`, `fitted`: each "
+        "solved with the other held, in turn), and the TTFT and ITL the first model's "
+        "efficiencies predict for each, over what was measured:", "",
+        "| model | matrix efficiency (from TTFT) | memory efficiency (from ITL) | TTFT predicted / "
+        "measured | ITL predicted / measured |", "|---|---|---|---|---|",
+        *(f"| {r['model']} | {r['matrix_efficiency']:.3f} | {r['memory_efficiency']:.3f} | "
+          f"{r['ttft_ratio']:.2f} | {r['itl_ratio']:.2f} |" for r in rows), "",
+        f"The `trn2-measured` preset takes {first['model']}'s ({first['matrix_efficiency']:.3f} "
+        f"and {first['memory_efficiency']:.3f}). They do not carry to {other['model']}: its "
+        f"times come out {other['ttft_ratio']:.2f}x and {other['itl_ratio']:.2f}x too long, "
+        "its own efficiencies nearly twice and three times as high. One request at a time, "
+        "a fixed cost per request and per step (the server, the collectives' latency over "
+        "64 cores, the prompt's padding to its bucket) weighs more the smaller the model, "
+        "and a single efficiency cannot say so. For a model as small as Llama-3.1-8B the "
+        "70B efficiencies are likely too high at batch 1 and too low at the batches serving "
+        "runs; the roofline (`trn2`) stays the bound, and answers are given with both."]
 
 
 def _prefill_section(rows: list[dict]) -> list[str]:
