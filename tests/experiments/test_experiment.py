@@ -1,14 +1,18 @@
 """The disaggregation experiment: the rate search, the comparison's sanity, and how little the
 answers depend on the stage-table grid."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import made_up_point, search_all
+from helpers import FIXTURES, QUICK_KNOBS, made_up_point, search_all
 
+from wse_emu.cli.main import main
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
+from wse_emu.errors import UserError
+from wse_emu.experiments.comparison import Space
 from wse_emu.experiments.goodput import Config, Outcome, Point, Targets, compare, evaluate, outcomes
 from wse_emu.hardware.fabric import ClusterSpec, load_fabric
 from wse_emu.models.spec import ModelSpec
@@ -161,3 +165,29 @@ def test_a_share_of_refused_requests_reads_as_a_percentage():
     from wse_emu.experiments.goodput import _percent
 
     assert [_percent(x) for x in (100, 39.2, 7.23, 0.5)] == ["100%", "39%", "7.2%", "0.5%"]
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"router": "nearest"}, "`router` must be one of least-busy, round-robin, prefix"),
+    ({"kv_tier": "disk"}, "`kv_tier` must be one of none, host"),
+    ({"kv_tier": "host", "prefix_cache": False}, "it needs the prefix cache"),
+])
+def test_an_experiments_router_and_kv_tier_are_checked_by_name(fields, words):
+    with pytest.raises(UserError, match=words):
+        Space(**fields)
+
+
+@pytest.mark.e2e
+def test_an_experiment_serves_both_plans_with_the_router_and_tier_asked(tmp_path, capsys):
+    """A block trace's experiment with the prefix router and the host tier: the report says
+    so, and its head line too."""
+    args = ["experiment", "disagg", "tiny", "--fabric", "mesh16", "--workload",
+            str(FIXTURES / "small_blocks.yaml"), "--ttft-slo", "0.05", "--tpot-slo", "0.001",
+            *QUICK_KNOBS, "--workers", "1", "--seeds", "1", "--cache-dir", str(tmp_path)]
+    assert main(args + ["--router", "prefix", "--kv-tier", "host", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["serving"] == {"router": "prefix", "kv_tier": "host"}
+    assert main(args + ["--json"]) == 0
+    assert "serving" not in json.loads(capsys.readouterr().out)
+    assert main(args + ["--router", "prefix", "--kv-tier", "host"]) == 0
+    assert "requests routed prefix; KV given up parked in host memory" in capsys.readouterr().out

@@ -152,7 +152,8 @@ def render_frontier(data: FrontierReport) -> str:
             f"{seconds(data.ttft_p90_s)}, each rung's p90 TPOT <= 1 / its speed, >= "
             f"{data.attainment:.0%} of requests meeting both; tuning runs of "
             f"{data.requests_per_run:,} requests, {data.seeds} draw(s)"
-            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else ""))
+            + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
+            + _serving_text(next((e.serving for e in (data.experiments or {}).values()), None)))
     spec = _frontier_speculation(data)
     head += (f"; a lone sequence's decode step {seconds(data.lone_decode_step_s)}" if not spec
              else f"{spec}; a lone sequence's time per token, verify rounds over the tokens "
@@ -284,6 +285,14 @@ def render_sensitivity(data: VaryReport) -> str:
         + (["", *draws] if draws else []))
 
 
+def _serving_text(serving: dict | None) -> str:
+    """The router and KV tier both plans served with, where not the defaults."""
+    if not serving:
+        return ""
+    return (f"; requests routed {serving['router']}"
+            + ("; KV given up parked in host memory" if serving["kv_tier"] == "host" else ""))
+
+
 def _speculation_text(spec: dict | None) -> str:
     """The speculative decoding both plans served with, as the head of a report says it."""
     if not spec:
@@ -305,6 +314,7 @@ def render(data: ExperimentReport) -> str:
             f"{MAX_TTFT_SLOPE:g} s per s of arrivals across them and their first tokens out "
             f"within {MAX_PACE:g}x the span they arrived in"
             + ("" if data.prefix_cache else "; no prefix cache")
+            + _serving_text(data.serving)
             + ("; stage tables on the quick grid" if data.stage_grid == "quick" else "")
             + (f"; {timing.routing}" if timing.routing else "")
             + (f"; decode attention in tiles of {timing.attention_tile}"

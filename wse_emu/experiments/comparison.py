@@ -33,11 +33,17 @@ from wse_emu.experiments.tuning import Choice, Knob, Layout, config_of, tune
 from wse_emu.hardware.fabric import ClusterSpec
 from wse_emu.serving.knobs import KnobInfo, check_values, info, knob_info
 from wse_emu.serving.metrics import DRAIN, WARMUP
-from wse_emu.serving.policies import POLICIES, SPLIT_POLICY, knob_fields, policy_class
-from wse_emu.serving.serve import ServeOptions
+from wse_emu.serving.policies import (
+    POLICIES,
+    ROUTERS,
+    SPLIT_POLICY,
+    knob_fields,
+    policy_class,
+)
+from wse_emu.serving.serve import KV_TIERS, ServeOptions
 from wse_emu.serving.tables import grid_axes
 from wse_emu.serving.workload import MAX_REQUESTS, Requests, WorkloadSpec, generate, replicate
-from wse_emu.util.checks import at_least_zero, check_fields, flag, short_repr, whole
+from wse_emu.util.checks import at_least_zero, check_fields, flag, one_of, short_repr, whole
 from wse_emu.util.flags import flagged
 
 # The confirming runs stop growing here (a run of this many model calls takes seconds to serve);
@@ -70,7 +76,8 @@ class Space:
     "own": each at its own; or numbers, tried besides each layout's own), the colocated
     policies to try, and the values to try of every serving knob (one field per knob of
     ``ServingKnobs``; a single value fixes it; None leaves it to each layout's hardware);
-    whether agentic calls reuse cached KV; how long the confirming runs' steady windows must
+    whether agentic calls reuse cached KV, and the router and KV tier both plans serve with
+    (as ``serve``'s); how long the confirming runs' steady windows must
     be (emulated seconds; 0: no confirming runs); and the stage tables' grid ("full", or
     "quick": fewer shapes, for a first look); how many passes of coordinate ascent over the
     knobs tuning may take (``tuning.tune``: a further pass only while the last changed a
@@ -93,6 +100,14 @@ class Space:
         "recompute every agentic call's whole context (by default a call reuses its "
         "session's KV while it is still cached)", True, name="--no-prefix-cache",
         reads="switch")
+    router: str = flagged(
+        "which region an arriving request joins, in both plans: least-busy (after the region "
+        "holding its session's previous call), round-robin, or prefix (the region caching "
+        "most of its leading blocks)", "least-busy", choices=ROUTERS)
+    kv_tier: str = flagged(
+        "where the KV the prefix cache gives up goes, in both plans: none (dropped), or host "
+        "(parked in host memory, brought back over the system's link when quicker than "
+        "computing it again)", "none", choices=KV_TIERS)
     window_s: float = flagged(
         "after tuning, search each plan's best again on runs long enough that the steady "
         "window holds this many emulated seconds at the rate found (0: no confirming runs)",
@@ -142,6 +157,11 @@ class Space:
                 values = check_values(f.name, info(f), getattr(self, f.name))
                 object.__setattr__(self, f.name, values)
         flag("prefix_cache", self.prefix_cache)
+        one_of("router", self.router, ROUTERS)
+        one_of("kv_tier", self.kv_tier, KV_TIERS)
+        if self.kv_tier != "none" and not self.prefix_cache:
+            raise UserError("`kv_tier=host` keeps what the prefix cache gives up: it needs the "
+                            "prefix cache (leave out `prefix_cache=False`)")
         at_least_zero("window_s", self.window_s)
         whole("rounds", self.rounds, 1)
         flag("each_layout", self.each_layout)
@@ -244,6 +264,8 @@ class ExperimentReport:
     # With draws added until the ratio was precise: the precision asked and reached, and if
     # not, why (``draws.precision_report``).
     precision: dict | None = None
+    # The router and KV tier both plans served with, where not the defaults.
+    serving: dict | None = None
     # Every configuration searched, by label, with its pools and options, to serve again (not
     # part of the JSON: a report read back has none).
     configs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -280,6 +302,8 @@ class ExperimentReport:
             out["footprint_unit"] = self.footprint_unit
         if self.precision is not None:
             out["precision"] = self.precision
+        if self.serving is not None:
+            out["serving"] = self.serving
         return out
 
     @classmethod
@@ -300,7 +324,7 @@ class ExperimentReport:
             [Replicate.from_json(r) for r in data["replicates"]]
             if "replicates" in data else None, data.get("over_replicates"),
             StepTiming(**timing) if timing else None, data.get("value"),
-            data.get("footprint_unit", "system"), data.get("precision"))
+            data.get("footprint_unit", "system"), data.get("precision"), data.get("serving"))
 
     def __repr__(self) -> str:
         cmp_ = self.comparison
@@ -401,8 +425,9 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
     layouts, skipped = setup.layouts_of(job, setup.probes(job))
     fabric = cluster.fabric
     timing = setup.timing
-    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache,
-                           acceptance=timing.acceptance, acceptance_seed=timing.acceptance_seed)
+    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache, router=space.router,
+                           kv_tier=space.kv_tier, acceptance=timing.acceptance,
+                           acceptance_seed=timing.acceptance_seed)
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}
     knobs = space.knobs(names["disaggregated"], names["colocated"])
@@ -430,7 +455,9 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
         finals[0].final, finals[0].final_requests_per_run, finals[0].confirmed,
         finals[0].final_points, finals[0].comparison, replicates,
         over_replicates(replicates) if replicates else None,
-        footprint_unit=getattr(cluster, "unit", "system"))
+        footprint_unit=getattr(cluster, "unit", "system"),
+        serving={"router": space.router, "kv_tier": space.kv_tier}
+        if (space.router, space.kv_tier) != ("least-busy", "none") else None)
     return report, {s.config.label: s.config for s in searches.values()}
 
 
