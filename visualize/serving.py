@@ -290,8 +290,11 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
         caps = {n: r["kv_capacity_tokens"] for n, r in report.regions.items()}
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
                                      formats)[0], "KV cache held by each region over time."))
-    if any(r.get("prefix_reused_tokens") for r in report.regions.values()):
-        hits = _columns(run_path / "requests.csv", _read_csv(run_path / "requests.csv"),
+    rows = _read_csv(run_path / "requests.csv")
+    # (A run written before requests.csv had the cache's columns has no such figure.)
+    if any(r.get("prefix_reused_tokens") for r in report.regions.values()) \
+            and "cached_tokens" in rows[0]:
+        hits = _columns(run_path / "requests.csv", rows,
                         ("arrival_s", "prompt_tokens", "cached_tokens", "restored_tokens"))
         figures.append((prefix_cache(hits, out / "prefix_cache", formats)[0],
                         "Prompt tokens found in the prefix cache and KV brought back from the "

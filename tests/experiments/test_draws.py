@@ -75,7 +75,7 @@ def test_draws_are_added_until_the_interval_is_narrow_enough():
     (n, report), ran = fake(ratios, DrawPlan(3, 60, 0.1))
     assert ran[0] == 3 and ran == sorted(ran) and n == ran[-1]
     assert report["reached"] and report["relative_half_width"] <= 0.1
-    # Stopping at the first count that is precise enough: the one before was not.
+    # Draws are added until the interval is narrow enough: the count tried before was not.
     if len(ran) > 1:
         before = ratio_interval(ratios[:ran[-2]])["relative_half_width"]
         assert before > 0.1

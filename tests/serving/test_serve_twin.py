@@ -149,6 +149,7 @@ def test_block_caches_and_every_router_on_both_loops(colocated, split, cache, ro
     assert sum(r["prefix_restored_tokens"] for r in served.regions.values()) > 0
     assert served.from_host.sum() == sum(r["prefix_restored_tokens"]
                                          for r in served.regions.values())
+    assert (served.from_host <= served.from_cache).all()  # of the tokens reused
     assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router, **tiers[1]))
     sessions = pools_of(colocated, cache, capacity=lambda r: 2500)
     for tier in ({}, *tiers):

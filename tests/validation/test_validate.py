@@ -36,7 +36,7 @@ def test_a_slow_check_is_in_its_band(check):
     assert outcome.status == "pass", (outcome.ours, outcome.ratio, check.band)
 
 
-def test_every_check_names_its_source_and_a_band_around_its_claim():
+def test_every_check_names_its_source_and_a_band_with_its_reason():
     for c in catalog.CHECKS:
         assert c.reference.source and c.reference.measured and c.reference.value > 0
         assert 0 < c.band[0] <= c.band[1] and c.why_band and c.ours

@@ -31,7 +31,7 @@ import yaml
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
 from wse_emu.experiments.draws import Swing
-from wse_emu.experiments.intervals import has_interval, ratio_interval
+from wse_emu.experiments.intervals import has_interval, interval, ratio_interval
 from wse_emu.serving.metrics import UserSpeeds
 from wse_emu.util.checks import is_number, short_repr
 
@@ -143,8 +143,8 @@ class FrontierPoint:
 def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
     """One plan's point on one rung, from the rung's experiment report: its best
     configuration's sustained output tokens/s per system, per-user speeds, goodput and what
-    binds it; over several draws, the throughputs' means and 95% intervals (the per-user
-    speeds and what binds are the first draw's)."""
+    binds it; over several draws, the means and 95% intervals of each draw's best's
+    throughputs (the configuration, per-user speeds and what binds are the first draw's)."""
     cmp_ = data.comparison
     label = cmp_.best(plan)
     row = {c.configuration: c for c in data.final}.get(label)
@@ -159,19 +159,22 @@ def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
         why=next((r for r in cmp_.reasons if label and r.startswith(label + ":")), None),
         session_p50_s=row.session_p50_s if met else None,
         session_p90_s=row.session_p90_s if met else None)
-    if data.over_replicates is not None:
-        over = {c["configuration"]: c for c in data.over_replicates["configurations"]}
-        if label in over:
-            # Over several draws the point is their mean (the first draw's alone would sit
-            # beside an interval about another centre).
-            tokens, goodput = (over[label][key] for key in (
-                "window_output_tokens_per_s_per_system", "max_rate_per_system"))
-            point.tokens_per_s_per_system_interval = tokens
-            point.goodput_per_system_interval = goodput
-            if met:
-                point.tokens_per_s_per_system = tokens["mean"]
-                point.goodput_per_system = goodput["mean"]
+    if data.replicates and met:
+        # Over several draws the point is the mean of each draw's best, as the ratio pairs
+        # them (the first draw's alone would sit beside an interval about another centre).
+        tokens = interval([got[plan] for got in capacity_by_draw(data)])
+        goodput = interval([_best_rate(d, plan) for d in data.draws()])
+        point.tokens_per_s_per_system_interval = tokens
+        point.goodput_per_system_interval = goodput
+        point.tokens_per_s_per_system = tokens["mean"]
+        point.goodput_per_system = goodput["mean"]
     return point
+
+
+def _best_rate(draw, plan: str) -> float:
+    """A draw's best configuration of ``plan``: its goodput per system (0: none)."""
+    row = draw.rows().get(draw.comparison.best(plan))
+    return row.max_rate_per_system if row is not None else 0.0
 
 
 @dataclass

@@ -68,10 +68,15 @@ def ratio_interval(values, lower=None, upper=None) -> dict:
     return out
 
 
+def t975(freedom: int) -> float:
+    """Student's two-sided 95% quantile for ``freedom`` degrees of freedom (the table's
+    entry at or below it)."""
+    return T975[max(k for k in T975 if k <= freedom)]
+
+
 def half_width(v: np.ndarray) -> float:
     """The 95% interval's half-width of the mean of ``v`` (two values at least)."""
-    t = T975[max(k for k in T975 if k <= len(v) - 1)]
-    return float(t * v.std(ddof=1) / np.sqrt(len(v)))
+    return float(t975(len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
 
 
 def has_interval(iv: dict | None) -> bool:

@@ -39,7 +39,9 @@ def markdown(outcomes: list[Outcome], prefill_tiles: list[dict] | None = None,
     of the prefill's departure from WaferLLM's; with ``trn2_fits`` (``trn2.transfer``), the
     Trainium2 efficiencies AWS's measurements give."""
     lines = ["# Accuracy", "",
-             "Every published measurement the emulator is compared against, with the emulator's "
+             "Every published measurement the emulator is compared against (but the GPU "
+             "planner's answer, checked where its extras are installed: docs/serving.md), with "
+             "the emulator's "
              "figure from the code as it is. This page is written by `wse-emu validate "
              "--page > docs/accuracy.md`; `wse-emu validate` prints the table and exits 1 "
              "when a check leaves its band. The fast checks run in the test suite "

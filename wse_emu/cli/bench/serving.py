@@ -101,7 +101,7 @@ def frontier_command(trace: str, cache_dir: Path) -> list[str]:
     """The frontier of Llama-3.1-8B on one WSE-3 on the chat trace, quick grid, one draw."""
     return [sys.executable, "-m", "wse_emu.cli.main", "--quiet", "experiment", "frontier",
             "llama-3.1-8b", "--fabric", "wse3", "--trace", str(trace), "--ttft-slo", "1",
-            "--grid", "quick", "--cache-dir", str(cache_dir), "--json"]
+            "--grid", "quick", "--seeds", "1", "--cache-dir", str(cache_dir), "--json"]
 
 
 def run_frontier(args) -> dict:

@@ -768,8 +768,11 @@ def admit(st, r, i, now) -> bool:
     if done < 0.0:
         return True
     # Its prompt goes on once the KV is back from the host tier: out of the queue until then.
-    st.restored[r] += back
-    st.from_host[i] = back
+    # Of the tokens reused, those the tier brought back (a prompt's last token is computed
+    # whatever was cached).
+    host = min(back, reuse - min(cached, reuse))
+    st.restored[r] += host
+    st.from_host[i] = host
     _unqueue(st, r, i)
     _schedule(st, done, RESTORED, i, r, 0)
     return False

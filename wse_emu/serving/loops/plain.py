@@ -616,8 +616,11 @@ class Simulation:
         if restoring is None:
             return True
         # Its prompt goes on once the KV is back: out of the queue until then.
-        c.restored += restoring[0]
-        self.from_host[i] = restoring[0]
+        # Of the tokens reused, those the tier brought back (a prompt's last token is computed
+        # whatever was cached).
+        host = min(restoring[0], reuse - min(cached, reuse))
+        c.restored += host
+        self.from_host[i] = host
         r.queues.prompts.remove(i)
         self.schedule(restoring[1], Restored(i, r))
         return False
