@@ -1,6 +1,5 @@
 """A check: one published measurement (``Reference``), how the emulator's figure for the same
-quantity is obtained, and the band the ratio of the two (ours / published) is held to. A
-check needing an optional extra that is not installed is skipped, with why."""
+quantity is obtained, and the band the ratio of the two (ours / published) is held to."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ class Check:
     """One row: its ``name``, the ``reference``, what our figure is (``ours``, in the
     reference's unit), the band [low, high] its ratio to the reference is held to and why,
     whether it is ``fast`` (seconds: the test suite runs it) or ``slow``, and ``figure``,
-    which computes our figure (raising ``Skipped`` when an optional extra is missing)."""
+    which computes our figure."""
 
     name: str
     reference: Reference
@@ -38,21 +37,16 @@ class Check:
     figure: Callable[[], float]
 
 
-class Skipped(Exception):
-    """A check that cannot run here (an optional extra is not installed), with why."""
-
-
 @dataclass(frozen=True)
 class Outcome:
-    """A check run: our figure, the ratio, and whether it lies in its band ("pass",
-    "fail", or "skipped" with why)."""
+    """A check run: our figure, the ratio, and whether it lies in its band ("pass" or
+    "fail")."""
 
     check: Check
-    ours: float | None
-    ratio: float | None
+    ours: float
+    ratio: float
     status: str
     seconds: float
-    note: str | None = None
 
     def to_json(self) -> dict:
         c, r = self.check, self.check.reference
@@ -61,17 +55,13 @@ class Outcome:
                               "value": r.value, "unit": r.unit},
                 "ours": {"what": c.ours, "value": self.ours},
                 "ratio": self.ratio, "band": list(c.band), "why_band": c.why_band,
-                "status": self.status, "seconds": self.seconds,
-                **({"note": self.note} if self.note else {})}
+                "status": self.status, "seconds": self.seconds}
 
 
 def run_check(check: Check) -> Outcome:
     """Our figure for ``check``, its ratio to the reference, and whether it is in band."""
     began = time.perf_counter()
-    try:
-        ours = float(check.figure())
-    except Skipped as why:
-        return Outcome(check, None, None, "skipped", time.perf_counter() - began, str(why))
+    ours = float(check.figure())
     ratio = ours / check.reference.value
     low, high = check.band
     status = "pass" if low <= ratio <= high else "fail"
