@@ -32,7 +32,11 @@ WINDOW_ROOM = 0.03  # room left after the window's last micro-batch, a share of 
 
 
 def read_requests(path: Path) -> dict[str, np.ndarray]:
-    rows = _read_csv(path)
+    return _requests_of(path, _read_csv(path))
+
+
+def _requests_of(path: Path, rows: list[dict]) -> dict[str, np.ndarray]:
+    """requests.csv's columns the figures read, from its ``rows``."""
     if not rows:
         raise UserError(f"{path}: no requests")
     return _columns(path, rows, ("arrival_s", "ttft_s", "tpot_s", "e2e_s", "prompt_tokens",
@@ -268,7 +272,8 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
                  formats=("png",)) -> list[tuple]:
     """Every serving figure of the run directory (its metrics.json read as ``report``), with
     captions."""
-    requests = read_requests(run_path / "requests.csv")
+    rows = _read_csv(run_path / "requests.csv")  # read once, for every figure below
+    requests = _requests_of(run_path / "requests.csv", rows)
     targets = report.targets
     figures = [(latency_cdfs(requests, targets, out / "latency_cdfs", formats)[0],
                 "TTFT and TPOT distributions; the dotted line marks the 90th percentile."),
@@ -290,7 +295,6 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
         caps = {n: r["kv_capacity_tokens"] for n, r in report.regions.items()}
         figures.append((kv_occupancy(run_path / "kv_occupancy.csv", caps, out / "kv",
                                      formats)[0], "KV cache held by each region over time."))
-    rows = _read_csv(run_path / "requests.csv")
     # (A run written before requests.csv had the cache's columns has no such figure.)
     if any(r.get("prefix_reused_tokens") for r in report.regions.values()) \
             and "cached_tokens" in rows[0]:

@@ -17,7 +17,7 @@ from wse_emu.experiments.comparison import (
     experiment_swing,
     vary_experiment,
 )
-from wse_emu.experiments.draws import run_until_precise
+from wse_emu.experiments.draws import Swing, precision_report, run_until_precise
 from wse_emu.experiments.goodput import RunBook
 from wse_emu.experiments.pairings import PairingsReport, pairing_label
 from wse_emu.experiments.sensitivity import StepScale, decode_step_s
@@ -91,10 +91,9 @@ def headline_draws(setup: Setup, job: Job, spec: FrontierSpec, speed: float | No
     if plan.fixed:
         return job, None
     if speed is None:
-        return job, {"asked": plan.precision, "draws": len(job.draws), "max_draws": plan.cap,
-                     "relative_half_width": None, "reached": False,
-                     "why": "no headline speed (no vendor's speed for this model, and no "
-                            "`user_speed`) to judge the draws by"}
+        return job, precision_report(plan, len(job.draws), Swing(
+            None, {}, [], "no headline speed (no vendor's speed for this model, and no "
+                          "`user_speed`) to judge the draws by"))
     targets = spec.targets(speed)
     _, precision = run_until_precise(
         plan, lambda n: setup.run(replace(job, draws=setup.first(n), targets=targets))[0],

@@ -94,13 +94,12 @@ class Setup:
             self.spec.requests = tuning_requests(self.spec, self.cluster.systems)
         self.tolerance, self.timing = spec.tolerance, spec.timing
         plan = spec.load.draw_plan()
-        if self.spec.arrival == "trace":
+        if self.spec.arrival == "trace" and not plan.fixed:  # (fixed draws: as asked)
             plan = plan.within(trace_windows(self.spec, plan.cap))
         self.plan = plan
         # Every draw a run may use, the first ``plan.start`` to begin with: a trace's windows
-        # for confirming runs are cut for the most draws, so that adding draws leaves the
-        # first ones as they were.
-        self.seeds = plan.cap
+        # for confirming runs are cut for the most draws (``plan.cap``), so that adding draws
+        # leaves the first ones as they were.
         self.all_draws = workload_draws(self.spec, plan.cap)
         self.draws = self.all_draws[:plan.start]
         self._layouts: dict = {}
@@ -110,7 +109,7 @@ class Setup:
         base draws if the same)."""
         n = tuning_requests(self.spec, n_systems)
         return self.all_draws if n == self.spec.requests else workload_draws(
-            replace(self.spec, requests=n), self.seeds)
+            replace(self.spec, requests=n), self.plan.cap)
 
     def first(self, n: int) -> list:
         """The first ``n`` draws of the workload."""
@@ -151,7 +150,7 @@ class Setup:
 
     def longer(self, job: Job):
         """``longer(draw, n)`` for ``job``'s confirming runs (``comparison.longer_draws``)."""
-        return longer_draws(self.spec, self.seeds, job.transform)
+        return longer_draws(self.spec, self.plan.cap, job.transform)
 
     def _pool_layouts(self, cluster, probes: list) -> tuple[dict, list]:
         """``pool_layouts`` of the pools named, every side timed for the cluster's clock (as
