@@ -28,6 +28,7 @@ from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import compile_options
 from wse_emu.experiments import run as experiments
 from wse_emu.experiments.comparison import ExperimentReport, Space, VaryReport
+from wse_emu.experiments.drift import DriftReport, DriftSpec
 from wse_emu.experiments.frontier import FrontierReport
 from wse_emu.experiments.goodput import Targets
 from wse_emu.experiments.pairings import PairingsReport
@@ -62,9 +63,10 @@ from wse_emu.sweeps.sweep import SweepRow, SweepSpec, load_sweep
 from wse_emu.util.checks import typed
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "handoff", "serve", "serve_pools",
-           "experiment", "frontier", "pairings", "generate", "sweep", "draw", "check_serving",
-           "default_cache_dir", "Space", "Targets", "ExperimentSpec", "FrontierSpec",
-           "PairingsSpec", "Load", "Hardware", "Counting", "WaferTiming", "Execution", "Speeds"]
+           "experiment", "frontier", "pairings", "drift", "generate", "sweep", "draw",
+           "check_serving", "default_cache_dir", "Space", "Targets", "ExperimentSpec",
+           "FrontierSpec", "PairingsSpec", "DriftSpec", "Load", "Hardware", "Counting",
+           "WaferTiming", "Execution", "Speeds"]
 
 
 @typed
@@ -187,6 +189,15 @@ def frontier(spec: FrontierSpec) -> FrontierReport:
     published vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier
     --json`` prints."""
     return experiments.frontier(spec)
+
+
+@typed
+def drift(spec: DriftSpec) -> DriftReport:
+    """Both plans tuned on the spec's load, then served unchanged on each of its
+    ``served_on`` workloads and tuned afresh there: per workload the ratio as tuned once and
+    as retuned, each plan's regret, and the time a wafer split takes to be laid out anew. The
+    report ``experiment drift --json`` prints."""
+    return experiments.drift(spec)
 
 
 @typed

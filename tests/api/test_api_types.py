@@ -123,6 +123,7 @@ def BASE(name: str, program, tmp: Path) -> dict:
     experiment = {**{k: v for k, v in frontier.items() if k != "ttft_s"},
                   "targets": api.Targets(0.05, 0.001)}
     pairings = {**{k: v for k, v in frontier.items() if k != "hardware"}, "kinds": ["mesh16"]}
+    drift = {**experiment, "served_on": ["decode-heavy"]}
     return {
         "load_model": dict(name_or_path="tiny"),
         "load_fabric": dict(name_or_path="mesh16"),
@@ -135,9 +136,11 @@ def BASE(name: str, program, tmp: Path) -> dict:
         "experiment": dict(spec=api.ExperimentSpec(**experiment)),
         "frontier": dict(spec=api.FrontierSpec(**frontier)),
         "pairings": dict(spec=api.PairingsSpec(**pairings)),
+        "drift": dict(spec=api.DriftSpec(**drift)),
         "ExperimentSpec": experiment,
         "FrontierSpec": frontier,
         "PairingsSpec": pairings,
+        "DriftSpec": drift,
         "Load": dict(workload=SMALL_CHAT),
         "Hardware": {},
         "Counting": {},

@@ -14,6 +14,7 @@ from wse_emu.cli.fabric_args import add_fabric_args, fabric_from_args
 from wse_emu.cli.spec_args import add_spec_args, spec_from_args
 from wse_emu.experiments.comparison import ExperimentReport, StepTiming, VaryReport
 from wse_emu.experiments.draws import precision_text
+from wse_emu.experiments.drift import DriftReport, DriftSpec
 from wse_emu.experiments.frontier import CapacityRatio, FrontierPoint, FrontierReport, Rung
 from wse_emu.experiments.goodput import MAX_PACE, MAX_TTFT_SLOPE, ConfigRow
 from wse_emu.experiments.intervals import has_interval
@@ -44,6 +45,11 @@ def add_parser(sub, summary: str) -> None:
     # A pairing's frontier reads no step-time factors (each frontier can add them).
     _add_args(g, PairingsSpec, leave_out=("step_scales",))
     g.set_defaults(func=run_pairings, writes_run_dir=True)
+    r = kinds.add_parser("drift", help="both plans tuned on one workload, then served "
+                         "unchanged on others (and on traffic that drifts within a run) and "
+                         "tuned afresh there: how much of the answer survives")
+    _add_args(r, DriftSpec)
+    r.set_defaults(func=run_drift, writes_run_dir=True)
 
 
 def _add_args(d, spec, leave_out: tuple = ()) -> None:
@@ -109,6 +115,57 @@ def run_pairings(args):
     if args.output:
         lines.append(f"\nwrote {args.output}{os.sep} (pairings.json, figures/pairings.png)")
     return "\n".join(lines)
+
+
+def run_drift(args):
+    data = api.drift(_spec(DriftSpec, args))
+    return _written(args, data, render_drift(data) if not args.json else "")
+
+
+def render_drift(data: DriftReport) -> str:
+    """Per workload: both plans as tuned on the first and as retuned, the ratio of each,
+    each plan's regret and the time to lay a wafer split out anew."""
+    t = data.targets
+    head = (f"{data.model} on {data.cluster}: both plans tuned on {data.tuned_on}, then "
+            f"served unchanged on each workload and tuned afresh on it; targets {t.at} TTFT "
+            f"<= {seconds(t.ttft_s)}, {t.at} TPOT <= {seconds(t.tpot_s)}")
+    rows, best = [], []
+    for r in data.rows:
+        rows.append([r.workload, str(r.draws)]
+                    + [number(r.fixed_tokens_per_s_per_system[p]) for p in _PLANS]
+                    + [_interval_text(r.fixed_ratio, "x"), _interval_text(r.retuned_ratio, "x")]
+                    + [_interval_text(r.regret[p], "%") for p in _PLANS]
+                    + ["-" if r.relayout_s is None else seconds(r.relayout_s)])
+        best += [[r.workload, f"as tuned on {data.tuned_on}: {r.fixed['disaggregated']} "
+                  f"({r.fixed_limits['disaggregated'] or '-'})"],
+                 ["", f"retuned: {r.retuned['disaggregated']}"]]
+    lines = [head, "", narrow_table(
+        ["workload", "draws", "colocated tok/s/system", "disaggregated tok/s/system",
+         "ratio as tuned", "ratio retuned", "colocated regret", "split regret",
+         "relayout"], rows, "lrrrrrrrr"), "",
+        "Tok/s/system and the ratio as tuned: both plans as tuned on the first workload. "
+        "Regret: the share of the capacity retuning reaches that a plan kept as tuned gives "
+        "up (retuned: the better of the workload's own tuning and the choice kept).", "",
+        narrow_table(["workload", "the split"], best, "ll")]
+    if data.relayout_basis:
+        lines += ["", f"Relayout: {data.relayout_basis}."]
+    return "\n".join(lines)
+
+
+_PLANS = ("colocated", "disaggregated")
+
+
+def _interval_text(iv: dict, unit: str) -> str:
+    """A mean and its 95% interval, as a ratio (``x``) or a share (``%``)."""
+    if not iv or iv.get("mean") is None:
+        return "-"
+    def shown(v):
+        return f"{v:.2f}x" if unit == "x" else f"{v:.0%}"
+    text = shown(iv["mean"])
+    if has_interval(iv):
+        text += f" ({shown(iv['low'])} to {shown(iv['high'])})"
+    return text + (f", unbounded on {iv['unbounded_draws']}" if iv.get("unbounded_draws")
+                   else "")
 
 
 def render_pairings(data) -> str:

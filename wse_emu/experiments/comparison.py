@@ -269,6 +269,11 @@ class ExperimentReport:
     # Every configuration searched, by label, with its pools and options, to serve again (not
     # part of the JSON: a report read back has none).
     configs: dict = field(default_factory=dict, repr=False, compare=False)
+    # Each plan's tuned choice (plan -> ``tuning.Choice``) and each draw's confirming runs
+    # (the requests its ``final`` rows were searched on): what serving the same choices on
+    # the same runs again needs (``search_fixed``). Not part of the JSON either.
+    tuned: dict = field(default_factory=dict, repr=False, compare=False)
+    confirm_runs: list = field(default_factory=list, repr=False, compare=False)
 
     def rows(self) -> dict[str, ConfigRow]:
         """Each plan's best searched again, by configuration (as tuned, in reports written
@@ -424,10 +429,7 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
     requests, more_draws, draws = job.draws[0], job.draws[1:], list(job.draws)
     layouts, skipped = setup.layouts_of(job, setup.probes(job))
     fabric = cluster.fabric
-    timing = setup.timing
-    base = ServeOptions.of(fabric, model, prefix_cache=space.prefix_cache, router=space.router,
-                           kv_tier=space.kv_tier, acceptance=timing.acceptance,
-                           acceptance_seed=timing.acceptance_seed)
+    base = base_options(setup, cluster)
     names = {plan: [name for (p, name) in layouts if p == plan]
              for plan in ("colocated", "disaggregated")}
     knobs = space.knobs(names["disaggregated"], names["colocated"])
@@ -457,8 +459,34 @@ def disagg_experiment(setup, job) -> tuple[dict, dict]:
         over_replicates(replicates) if replicates else None,
         footprint_unit=getattr(cluster, "unit", "system"),
         serving={"router": space.router, "kv_tier": space.kv_tier}
-        if (space.router, space.kv_tier) != ("least-busy", "none") else None)
+        if (space.router, space.kv_tier) != ("least-busy", "none") else None,
+        tuned=tuned, confirm_runs=[f.runs for f in finals])
     return report, {s.config.label: s.config for s in searches.values()}
+
+
+def base_options(setup, cluster) -> ServeOptions:
+    """The serving options every configuration of an experiment starts from (its knobs set
+    by each choice): the cluster's fabric, the model, and how the space and the timing ask
+    both plans to serve."""
+    space, timing = setup.space, setup.timing
+    return ServeOptions.of(cluster.fabric, setup.model, prefix_cache=space.prefix_cache,
+                           router=space.router, kv_tier=space.kv_tier,
+                           acceptance=timing.acceptance, acceptance_seed=timing.acceptance_seed)
+
+
+def search_fixed(setup, job, tuned: dict, runs: Requests, guess: dict) -> tuple[list, object]:
+    """``tuned`` (plan -> ``tuning.Choice``, as another experiment on the same layouts tuned
+    them) searched on ``runs`` as they are, started near ``guess`` (choice -> rate): their
+    rows and the comparison, as ``final`` gives them."""
+    cluster, targets = job.cluster, job.targets
+    layouts, _ = setup.layouts_of(job, [runs])
+    searches = _search_again(tuned, layouts, base_options(setup, cluster), runs, targets,
+                             job.book, guess, setup.tolerance, setup.progress)
+    economy = (cluster.systems, cluster.fabric.system_power_w, setup.price)
+    results = outcomes(list(searches.values()))
+    return ([_row(o, targets, len(s.points), *economy, runs, s.config)
+             for o, s in zip(results, searches.values())],
+            compare(results, targets, cluster.systems))
 
 
 @dataclass
@@ -470,6 +498,7 @@ class Final:
     confirmed: bool
     final_points: dict[str, list[dict]]
     comparison: Comparison
+    runs: Requests  # what the rows were searched on
 
 
 def final(setup, job, draw: int, tuned: dict, layouts: dict, base: ServeOptions, economy,
@@ -509,7 +538,7 @@ def final(setup, job, draw: int, tuned: dict, layouts: dict, base: ServeOptions,
     return Final([_row(o, targets, len(s.points), *economy, runs, s.config)
                   for o, s in zip(results, searches.values())], len(runs), window > 0,
                  {s.config.label: [_point(p) for _, p in sorted(s.points.items())]
-                  for s in searches.values()}, compare(results, targets, economy[0]))
+                  for s in searches.values()}, compare(results, targets, economy[0]), runs)
 
 
 def _search_again(tuned: dict, layouts: dict, base: ServeOptions, runs: Requests,

@@ -15,9 +15,17 @@ from wse_emu.experiments.comparison import (
     ExperimentReport,
     VaryReport,
     experiment_swing,
+    search_fixed,
     vary_experiment,
 )
 from wse_emu.experiments.draws import Swing, precision_report, run_until_precise
+from wse_emu.experiments.drift import (
+    RELAYOUT_BASIS,
+    DriftReport,
+    DriftSpec,
+    drift_row,
+    relayout_seconds,
+)
 from wse_emu.experiments.goodput import RunBook
 from wse_emu.experiments.pairings import PairingsReport, pairing_label
 from wse_emu.experiments.sensitivity import StepScale, decode_step_s
@@ -42,11 +50,74 @@ def experiment(spec: ExperimentSpec) -> ExperimentReport | VaryReport:
             return vary_experiment(spec.variation, setup, job,
                                    None if spec.load.requests is not None else setup.draws_for,
                                    setup.plan)
-        (data, _), precision = run_until_precise(
-            setup.plan, lambda n: setup.run(replace(job, draws=setup.first(n))),
-            lambda result: experiment_swing(result[0], setup.all_draws), setup.progress)
-        data.precision = None if setup.plan.fixed else precision
-        return data
+        return _precise(setup, job)
+
+
+def drift(spec: DriftSpec) -> DriftReport:
+    """The report ``experiment drift --json`` prints: both plans tuned on the spec's first
+    workload, then served as they are on every other one and tuned afresh on it, all on one
+    set of layouts whose tables reach every workload's contexts (``experiments.drift``)."""
+    if not isinstance(spec.model, ModelSpec):  # read once, for every workload
+        spec = replace(spec, model=load_model(spec.model))
+    setups = [Setup(spec.experiment(load)) for load in spec.loads]
+    first, execution = setups[0], spec.execution
+    with point_pool(execution.scheduler, execution.workers) as pool:
+        book = RunBook(pool, serve_choice)
+        jobs = [Job(pool, book, s.draws, spec.targets, s.cluster) for s in setups]
+        first.layouts(pool, first.cluster, [p for s, j in zip(setups, jobs)
+                                            for p in s.probes(j)])
+        for s in setups[1:]:
+            s.share_layouts(first)
+        reports = []
+        for k, (s, j) in enumerate(zip(setups, jobs)):
+            if s.progress:
+                s.progress(f"workload {k + 1} of {len(setups)}: {s.spec.name}, both plans "
+                           "tuned on it")
+            reports.append(_precise(s, j))
+        fixed = reports[0].tuned
+        rows = [drift_row(reports[0], [(r.configurations, r.comparison)
+                                       for r in reports[0].draws()], None)]
+        for s, j, data in zip(setups[1:], jobs[1:], reports[1:]):
+            if s.progress:
+                s.progress(f"{s.spec.name}: both plans as tuned on {first.spec.name}")
+            draws = [search_fixed(s, j, fixed, runs, {
+                choice: _rate_per_s(replicate, plan) for plan, choice in fixed.items()})
+                for runs, replicate in zip(data.confirm_runs, data.draws())]
+            row = drift_row(data, draws, None)
+            row.relayout_s = _relayout_s(s, j, fixed, data, row)
+            rows.append(row)
+    cluster = first.cluster
+    return DriftReport(first.model.name, f"{cluster.systems} x {cluster.fabric.name}",
+                       first.spec.name, spec.targets, rows, reports,
+                       RELAYOUT_BASIS if first.pools is None else None)
+
+
+def _precise(setup: Setup, job: Job) -> ExperimentReport:
+    """``experiment``'s report on ``setup``'s workload, over as many draws as its plan asks."""
+    (data, _), precision = run_until_precise(
+        setup.plan, lambda n: setup.run(replace(job, draws=setup.first(n))),
+        lambda result: experiment_swing(result[0], setup.all_draws), setup.progress)
+    data.precision = None if setup.plan.fixed else precision
+    return data
+
+
+def _rate_per_s(replicate, plan: str) -> float:
+    """The rate per second a draw's best of ``plan`` met (0: none)."""
+    row = replicate.rows().get(replicate.comparison.best(plan))
+    return row.max_rate_per_s if row is not None else 0.0
+
+
+def _relayout_s(setup: Setup, job: Job, fixed: dict, data: ExperimentReport, row) -> float | None:
+    """How long laying out the split retuned on this workload takes, where retuning chose
+    another layout of a compiled cluster (None: the same layout, or pools named by their
+    hardware, which are bought, not laid out)."""
+    tuned = data.tuned.get("disaggregated")
+    if setup.pools is not None or tuned is None or tuned.layout == fixed["disaggregated"].layout \
+            or row.retuned["disaggregated"] != tuned.label:
+        return None
+    layouts, _ = setup.layouts_of(job, [])
+    regions = layouts[("disaggregated", tuned.layout)].regions
+    return relayout_seconds(setup.model, regions, job.cluster.fabric, job.cluster.systems)
 
 
 def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:

@@ -143,6 +143,12 @@ class Setup:
                                    self.timing, pool, self.progress)
         return self._layouts[key]
 
+    def share_layouts(self, other: "Setup") -> None:
+        """Take ``other``'s layouts (built, or built by whichever asks first) as this one's:
+        experiments on several workloads that serve the same choices serve them on the same
+        layouts (``run.drift``)."""
+        self._layouts = other._layouts
+
     def layouts_of(self, job: Job, probes: list) -> tuple[dict, list]:
         """The layouts ``job`` tunes over: its cluster's, their tables scaled as it asks."""
         layouts, skipped = self.layouts(job.pool, job.cluster, probes)

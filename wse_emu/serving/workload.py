@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from wse_emu.errors import ConfigError
-from wse_emu.serving import blocktrace
+from wse_emu.serving import blocktrace, phases
 from wse_emu.serving.blocktrace import PrefixBlocks
 from wse_emu.util.configfile import (
     build_dataclass,
@@ -33,7 +33,7 @@ from wse_emu.util.configfile import (
     require,
 )
 
-ARRIVALS = ("poisson", "gamma", "trace")
+ARRIVALS = ("poisson", "gamma", "trace", "phases")
 LENGTHS = ("fixed", "uniform", "lognormal", "table")
 TRACE_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 # The most model calls (requests, or sessions x calls) one workload holds, and so the most rows
@@ -105,6 +105,10 @@ class WorkloadSpec:
     skip: int = 0  # trace replay: start after this many rows (another window of the trace)
     # trace replay of a JSON-lines trace: tokens per prefix block its hash_ids name
     block_tokens: int = blocktrace.BLOCK_TOKENS
+    # arrival "phases": synthetic workloads (presets or YAML paths) served one after another,
+    # the first at this spec's ``rate`` and ``requests``, each later one matched to it in
+    # time and in output tokens offered per second (``phases.join``)
+    phases: list = field(default_factory=list)
     description: str = ""
 
     def validate(self, where: str) -> "WorkloadSpec":
@@ -131,6 +135,16 @@ class WorkloadSpec:
                 "trace arrivals need a 'trace': a shipped trace's name or a CSV path")
         require(self.arrival == "trace" or self.skip == 0, where,
                 "'skip' applies to trace replays only (a synthetic workload draws a new seed)")
+        require((self.arrival == "phases") == bool(self.phases), where,
+                "'phases' (two or more workloads served one after another) goes with arrival "
+                "'phases', and arrival 'phases' needs them")
+        require(self.arrival != "phases" or (
+            isinstance(self.phases, list) and len(self.phases) >= 2
+            and all(isinstance(p, str) and p for p in self.phases)), where,
+                "'phases' must list two or more workload names or YAML paths")
+        require(self.arrival != "phases" or self.calls == 1, where,
+                "a workload of phases takes its sessions' calls from each phase: 'calls' must "
+                "be 1")
         for name in ("prompt", "output", "tool_tokens"):
             length_spec(getattr(self, name), f"{where}: field '{name}'")
         return self
@@ -233,6 +247,8 @@ def workload_spec(workload: "str | WorkloadSpec | None" = None,
         if requests is not None:
             spec.requests = requests
         spec.validate(f"workload {spec.name}")
+    if spec.arrival == "phases":
+        phase_specs(spec)  # every phase found and checked before any work
     if spec.arrival == "trace":
         # The file found, its header and the first row replayed checked before any work (the
         # rows a window skips are read through, not kept).
@@ -249,6 +265,9 @@ def load_workload(name_or_path: str | Path) -> WorkloadSpec:
     if spec.trace and not any(is_preset_name(TRACES, spec.trace, suffix)
                               for suffix in (".csv", blocktrace.SUFFIX)):
         spec.trace = str(path.parent / spec.trace)  # an absolute trace path stays as it is
+    # A phase named by a relative path is found beside the YAML, as a trace is.
+    spec.phases = [str(path.parent / p) if (path.parent / p).is_file() else p
+                   for p in spec.phases]
     return spec
 
 
@@ -453,6 +472,43 @@ def _trace_row(path: Path, line: int, row: list, last: float | None) -> tuple:
     return t, p, o
 
 
+def phase_specs(spec: WorkloadSpec) -> list[WorkloadSpec]:
+    """The phases of a workload of arrival ``phases``, as its draw takes them: the first at the
+    spec's ``rate`` and ``requests``, each at its own seed plus the spec's (so that draw i of
+    the mixture draws each phase as draw i of it alone would). A phase is a synthetic
+    workload: a trace, or phases within phases, are refused by name."""
+    out = []
+    for k, name in enumerate(spec.phases):
+        phase = load_workload(name)
+        require(phase.arrival in ("poisson", "gamma"), f"workload {spec.name}",
+                f"phase '{name}' has arrival '{phase.arrival}': a phase must be a synthetic "
+                "workload (poisson or gamma arrivals)")
+        phase = replace(phase, seed=phase.seed + spec.seed)
+        out.append(replace(phase, rate=spec.rate, requests=spec.requests) if k == 0 else phase)
+    return out
+
+
+def _phased(spec: WorkloadSpec) -> Requests:
+    """The phases' requests one after another (``phases.join``), each later phase the
+    sessions that match the first in output tokens and time (``phases.matched``), drawn
+    larger until it holds them."""
+    first, *later = phase_specs(spec)
+    parts = [generate(first)]
+    for phase in later:
+        part, size = None, phase.requests
+        while part is None:
+            require(size * phase.calls <= MAX_REQUESTS, f"workload {spec.name}",
+                    f"phase '{phase.name}' needs more than {MAX_REQUESTS:,} model calls to "
+                    f"offer as many output tokens as the first phase")
+            part = phases.matched(parts[0], generate(replace(phase, requests=size)))
+            size *= 2
+        parts.append(part)
+    joined = phases.join(parts)
+    require(len(joined) <= MAX_REQUESTS, f"workload {spec.name}",
+            f"{len(joined):,} model calls: more than {MAX_REQUESTS:,}, the most one run holds")
+    return joined
+
+
 def _gaps(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     mean = 1.0 / spec.rate
     if spec.arrival == "poisson":
@@ -478,6 +534,8 @@ def generate(spec: WorkloadSpec, base_dir: Path | None = None) -> Requests:
     require(spec.requests * spec.calls <= MAX_REQUESTS, where,
             f"{spec.requests:,} x {spec.calls:,} calls: more than {MAX_REQUESTS:,} model calls, "
             "the most one run holds")
+    if spec.arrival == "phases":
+        return _phased(spec)
     if spec.arrival == "trace":
         # Rows skip to skip + requests, read no further (requests 0: every row after skip);
         # another window's clock starts at its first arrival.
