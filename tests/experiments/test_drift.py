@@ -2,6 +2,7 @@
 tuned afresh there."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from helpers import FIXTURES, SMALL_CHAT, assert_one_line_error, run_cli
@@ -12,6 +13,8 @@ from wse_emu.errors import UserError
 from wse_emu.experiments.drift import DriftReport, relayout_seconds
 from wse_emu.hardware.fabric import load_fabric
 from wse_emu.models.load import load_model
+from wse_emu.pools.kinds.wafer import WaferRegion
+from wse_emu.serving.pools import StagePool
 
 SMALL_LONG, SMALL_MIX = FIXTURES / "small_long.yaml", FIXTURES / "small_mix.yaml"
 SPACE = api.Space(copies=(1,), window_s=0.0, layers_per_stage="own", prefill_tile=(64,),
@@ -56,10 +59,16 @@ def test_its_report_reads_back_and_renders(report):
 
 def test_relaying_a_split_out_loads_each_copy_over_the_links_in_parallel():
     model, wse3 = load_model("llama-3.1-8b"), load_fabric("wse3")
-    one = relayout_seconds(model, [object()] * 2, wse3, 1)
-    assert one == pytest.approx(wse3.host_transfer_overhead_s
-                                + 2 * model.weight_bytes() / wse3.offwafer_bytes_per_s)
-    assert relayout_seconds(model, [object()] * 2, wse3, 2) < one
+    def region(system):
+        return replace(WaferRegion("r", "decode", 1, None, None, system=system),
+                       link_bytes_per_cycle=wse3.offwafer_bytes_per_cycle())
+    # Two copies on one wafer load one after another over its link; on two wafers, at once.
+    one = relayout_seconds(model, [region(0), region(0)], wse3.clock_hz)
+    assert one == pytest.approx(2 * model.weight_bytes() / wse3.offwafer_bytes_per_s)
+    assert relayout_seconds(model, [region(0), region(1)], wse3.clock_hz) \
+        == pytest.approx(one / 2)
+    # Only wafers are laid out: an accelerator's pool reloads from its own host.
+    assert relayout_seconds(model, [StagePool("a", "prefill", 1, None, None)], 1e9) is None
 
 
 def test_a_served_on_workload_that_is_the_tuned_on_one_or_unknown_is_refused(tmp_path):

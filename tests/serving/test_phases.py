@@ -82,3 +82,23 @@ def test_a_phase_that_is_a_trace_or_phases_itself_or_unknown_is_refused(tmp_path
     mixed.write_text("version: 1\nname: mixed\narrival: phases\nphases: [chat, no-such]\n")
     with pytest.raises(ConfigError, match="no-such"):
         workload_spec(str(mixed))
+
+
+def test_each_phase_is_judged_on_its_own_steady_window():
+    """Counted over all the run's first calls, the last phase (a few agent sessions after a
+    thousand chat requests) would fall in the drain and never be judged."""
+    from wse_emu.serving.metrics import session_window, steady_window
+
+    r = generate(workload_spec("chat-to-agents", requests=300))
+    first = r.call == 0
+    arrival = np.where(np.isnan(r.arrival_s), np.inf, r.arrival_s)
+    whole = session_window(arrival, r.session, first)
+    assert not whole[r.phase == 1].any()
+    judged = session_window(arrival, r.session, first, phase=r.phase)
+    for k in (0, 1):
+        opening = np.flatnonzero(first & (r.phase == k))
+        chosen = set(r.session[opening[steady_window(arrival[opening])]])
+        assert set(r.session[judged & (r.phase == k)]) == chosen and chosen
+    # A subset and a faster copy keep each call's phase.
+    assert np.array_equal(r.faster(2.0).phase, r.phase)
+    assert np.array_equal(r.subset(r.session < 310).phase, r.phase[r.session < 310])

@@ -158,7 +158,11 @@ _PLANS = ("colocated", "disaggregated")
 def _interval_text(iv: dict, unit: str) -> str:
     """A mean and its 95% interval, as a ratio (``x``) or a share (``%``)."""
     if not iv or iv.get("mean") is None:
-        return "-"
+        return f"unbounded on {iv['unbounded_draws']}" if iv and iv.get("unbounded_draws") \
+            else "-"
+    if unit == "x" and not any(iv["values"]):
+        return "0 (the split met no rate)"
+
     def shown(v):
         return f"{v:.2f}x" if unit == "x" else f"{v:.0%}"
     text = shown(iv["mean"])

@@ -33,12 +33,17 @@ from wse_emu.experiments.spec import (
     check_tolerance,
 )
 from wse_emu.models.spec import ModelSpec
+from wse_emu.pools.kinds.wafer import WaferRegion
 from wse_emu.serving import blocktrace
 from wse_emu.serving.workload import trace_names
 from wse_emu.util.checks import check_fields, short_repr
 from wse_emu.util.flags import flagged
 
 PLANS = ("colocated", "disaggregated")
+RELAYOUT_BASIS = ("the retuned layout's copies of the weights on wafers loaded from host "
+                  "memory over the wafers' off-wafer links, in parallel (a floor: compiling, "
+                  "draining running sequences and moving their KV come on top, and "
+                  "accelerators' own reloads are not counted)")
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ class DriftReport:
     targets: Targets
     rows: list[DriftRow]
     experiments: list[ExperimentReport]
-    relayout_basis: str | None = None  # how ``relayout_s`` is worked out, where it is
+    relayout_basis: str = RELAYOUT_BASIS  # how ``relayout_s`` is worked out
 
     def to_json(self) -> dict:
         return {"model": self.model, "cluster": self.cluster, "tuned_on": self.tuned_on,
@@ -147,7 +152,7 @@ class DriftReport:
                    Targets.from_json(data["targets"]),
                    [DriftRow.from_json(r) for r in data["rows"]],
                    [ExperimentReport.from_json(e) for e in data["experiments"]],
-                   data.get("relayout_basis"))
+                   data.get("relayout_basis", RELAYOUT_BASIS))
 
 
 def drift_row(data: ExperimentReport, fixed_draws: list, relayout_s: float | None) -> DriftRow:
@@ -202,27 +207,28 @@ def _tokens(row) -> float:
 
 def _ratios(per_plan: dict) -> dict:
     """The ratio disaggregated / colocated per draw, over the draws; a draw where colocated
-    met no rate has none (counted in ``unbounded_draws``)."""
+    met no rate has none: unbounded where the split met one (``unbounded_draws``), and no
+    ratio at all where neither did."""
     pairs = list(zip(per_plan["disaggregated"], per_plan["colocated"]))
-    values = [d / c for d, c in pairs if c > 0]
-    out = ratio_interval(values)
-    unbounded = sum(c <= 0 for _, c in pairs)
+    out = ratio_interval([d / c for d, c in pairs if c > 0])
+    unbounded = sum(c <= 0 < d for d, c in pairs)
     return {**out, "unbounded_draws": unbounded} if unbounded else out
 
 
-def relayout_seconds(model: ModelSpec, regions: list, fabric, systems: int) -> float:
-    """How long laying a split out anew takes at least: each region (a copy of the model)
-    loads its weights from host memory, the systems in parallel, each over its own off-wafer
-    link at the fabric's rate, after one transfer's overhead. Compiling, draining the
-    sequences running and moving their KV come on top."""
-    total = len(regions) * model.weight_bytes()
-    return fabric.host_transfer_overhead_s + total / (systems * fabric.offwafer_bytes_per_s)
-
-
-RELAYOUT_BASIS = ("the retuned split's copies of the weights loaded from host memory over "
-                  "the systems' off-wafer links, in parallel, plus one transfer's overhead "
-                  "(a floor: compiling, draining running sequences and moving their KV "
-                  "come on top)")
+def relayout_seconds(model: ModelSpec, regions: list, clock_hz: float,
+                     systems: int | None = None) -> float | None:
+    """How long laying a layout out anew on its wafers takes at least: each wafer region (a
+    copy of the model) loads its weights from host memory, the ``systems`` wafers (None:
+    those the regions sit on) in parallel, each over its own off-wafer link (its rate in
+    bytes per cycle of the serving clock ``clock_hz``). Compiling, draining the sequences
+    running and moving their KV come on top; regions of other hardware (accelerators,
+    GPUs), which reload from their own hosts, are not counted. None: no wafer region."""
+    wafers = [r for r in regions if isinstance(r, WaferRegion)]
+    if not wafers:
+        return None
+    systems = systems or len({r.system for r in wafers})
+    rate = min(r.link_bytes_per_cycle for r in wafers) * clock_hz
+    return len(wafers) * model.weight_bytes() / (systems * rate)
 
 
 __all__ = ["DriftReport", "DriftRow", "DriftSpec", "RELAYOUT_BASIS", "drift_row",

@@ -20,7 +20,6 @@ from wse_emu.experiments.comparison import (
 )
 from wse_emu.experiments.draws import Swing, precision_report, run_until_precise
 from wse_emu.experiments.drift import (
-    RELAYOUT_BASIS,
     DriftReport,
     DriftSpec,
     drift_row,
@@ -88,8 +87,7 @@ def drift(spec: DriftSpec) -> DriftReport:
             rows.append(row)
     cluster = first.cluster
     return DriftReport(first.model.name, f"{cluster.systems} x {cluster.fabric.name}",
-                       first.spec.name, spec.targets, rows, reports,
-                       RELAYOUT_BASIS if first.pools is None else None)
+                       first.spec.name, spec.targets, rows, reports)
 
 
 def _precise(setup: Setup, job: Job) -> ExperimentReport:
@@ -109,15 +107,16 @@ def _rate_per_s(replicate, plan: str) -> float:
 
 def _relayout_s(setup: Setup, job: Job, fixed: dict, data: ExperimentReport, row) -> float | None:
     """How long laying out the split retuned on this workload takes, where retuning chose
-    another layout of a compiled cluster (None: the same layout, or pools named by their
-    hardware, which are bought, not laid out)."""
+    another layout (None: the same layout, or one with no wafer to lay out)."""
     tuned = data.tuned.get("disaggregated")
-    if setup.pools is not None or tuned is None or tuned.layout == fixed["disaggregated"].layout \
+    if tuned is None or tuned.layout == fixed["disaggregated"].layout \
             or row.retuned["disaggregated"] != tuned.label:
         return None
     layouts, _ = setup.layouts_of(job, [])
     regions = layouts[("disaggregated", tuned.layout)].regions
-    return relayout_seconds(setup.model, regions, job.cluster.fabric, job.cluster.systems)
+    cluster = job.cluster
+    return relayout_seconds(setup.model, regions, cluster.fabric.clock_hz,
+                            None if setup.pools is not None else cluster.systems)
 
 
 def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:

@@ -47,12 +47,17 @@ def steady_window(arrival: np.ndarray) -> np.ndarray:
 
 
 def session_window(arrival: np.ndarray, session: np.ndarray, first: np.ndarray,
-                   warm_until: int | None = None) -> np.ndarray:
+                   warm_until: int | None = None, phase: np.ndarray | None = None) -> np.ndarray:
     """Every call of the sessions whose first call falls in the steady window of first calls
     (for plain requests, the steady window itself); with ``warm_until``, only sessions
-    starting at or after it (an empty window when none do)."""
+    starting at or after it (an empty window when none do). A workload of phases (``phase``,
+    each call's) takes each phase's steady window: its first calls' middle."""
     opening = np.flatnonzero(first)
-    chosen = opening[steady_window(arrival[opening])]
+    if phase is None:
+        chosen = opening[steady_window(arrival[opening])]
+    else:
+        parts = [opening[phase[opening] == k] for k in np.unique(phase[opening])]
+        chosen = np.sort(np.concatenate([p[steady_window(arrival[p])] for p in parts]))
     if warm_until is not None:
         chosen = chosen[arrival[chosen] >= warm_until]
     return np.isin(session, session[chosen])
@@ -388,8 +393,8 @@ def judged_window(res: ServeResult, reqs: Requests, steady: bool = True) -> _Win
         # the first ones end, every earlier session is still running): a steady window starts
         # only after that.
         warm_until = int(start.min() + np.median(end - start))
-    window = session_window(res.arrival, reqs.session, first, warm_until) if steady \
-        else np.ones(n, dtype=bool)
+    window = session_window(res.arrival, reqs.session, first, warm_until, reqs.phase) \
+        if steady else np.ones(n, dtype=bool)
     too_short = steady and not window.any()
     if too_short:  # no session started after the warm-up: judged on every call, and not met
         window = np.ones(n, dtype=bool)

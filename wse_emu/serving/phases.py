@@ -49,13 +49,16 @@ def matched(first, later):
 def join(parts: list):
     """The phases one after another: each starts one mean gap of the first phase's arrivals
     after the one before it ended (``span_s``), its sessions numbered after the earlier
-    ones'."""
+    ones', each call marked with its phase (each phase is judged on a steady window of its
+    own: counted over all the run's first calls, the last phase's would fall in the drain)."""
     first = parts[0]
     gap = span_s(first) / max(first.sessions() - 1, 1)
     columns = {k: [] for k in ("arrival_s", "prompt_tokens", "output_tokens", "session", "call",
                                "think_s")}
+    columns["phase"] = []
     start, sessions = 0.0, 0
-    for part in parts:
+    for k, part in enumerate(parts):
+        columns["phase"].append(np.full(len(part), k, dtype=np.int64))
         arrivals = part.arrival_s - np.nanmin(part.arrival_s)
         columns["arrival_s"].append(arrivals + start)
         columns["session"].append(part.session + sessions)

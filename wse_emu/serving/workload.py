@@ -170,6 +170,9 @@ class Requests:
     # A block trace's prompts as prefix blocks (``blocktrace.PrefixBlocks``): what the prefix
     # cache may share between requests. None: a request shares only its session's context.
     blocks: PrefixBlocks | None = None
+    # A workload of phases' phase of each call (``phases.join``): each phase is judged on its
+    # own steady window (``metrics.session_window``). None: one workload throughout.
+    phase: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -178,7 +181,9 @@ class Requests:
         """A digest of every column: equal requests, equal digests."""
         h = hashlib.sha256()
         columns = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
-                   if f.name != "blocks"]
+                   if f.name not in ("blocks", "phase")]
+        if self.phase is not None:
+            columns.append(("phase", self.phase))
         if self.blocks is not None:
             columns += [("block_ids", self.blocks.ids), ("block_at", self.blocks.at),
                         ("block_tokens", np.int64(self.blocks.tokens))]
@@ -192,13 +197,14 @@ class Requests:
         """The same requests arriving ``factor`` times as fast (the same draws, so a rate
         search compares like with like)."""
         return Requests(self.arrival_s / factor, self.prompt_tokens, self.output_tokens,
-                        self.session, self.call, self.think_s, self.blocks)
+                        self.session, self.call, self.think_s, self.blocks, self.phase)
 
     def subset(self, keep: np.ndarray) -> "Requests":
         """The requests ``keep`` (a boolean mask) marks, in order."""
         return Requests(self.arrival_s[keep], self.prompt_tokens[keep], self.output_tokens[keep],
                         self.session[keep], self.call[keep], self.think_s[keep],
-                        None if self.blocks is None else self.blocks.subset(keep))
+                        None if self.blocks is None else self.blocks.subset(keep),
+                        None if self.phase is None else self.phase[keep])
 
     def sessions(self) -> int:
         """How many sessions (plain requests) it holds: what a workload's size counts."""
