@@ -12,6 +12,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
+from wse_emu.experiments.drift import PLANS, DriftReport
 from wse_emu.experiments.frontier import FrontierReport
 from wse_emu.experiments.goodput import MAX_PACE
 from wse_emu.experiments.intervals import has_interval
@@ -269,8 +270,58 @@ def pairings(data: PairingsReport, path: Path, formats=("png",)) -> list[Path]:
     return save_figure(fig, path, formats)
 
 
-def draw_experiment(data: ExperimentReport | VaryReport | FrontierReport, out: Path,
-                    formats=("png",)) -> list[tuple]:
+@styled
+def drift(data: DriftReport, path: Path, formats=("png",)) -> list[Path]:
+    """Per workload served on: left, the ratio of the plans as tuned on the first workload
+    and as retuned (95% intervals over draws); right, each plan's regret kept as tuned. A
+    workload where a plan met no rate shows no bar for it."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=DPI)
+    names = [r.workload for r in data.rows]
+    x = list(range(len(names)))
+    width = 0.38
+    for k, (what, label) in enumerate((("fixed_ratio", f"as tuned on {data.tuned_on}"),
+                                       ("retuned_ratio", "both retuned"))):
+        ivs = [getattr(r, what) for r in data.rows]
+        shown = [iv if iv.get("mean") is not None else {"mean": 0.0} for iv in ivs]
+        ax.bar([i + (k - 0.5) * width for i in x], [iv["mean"] for iv in shown], width,
+               yerr=ratio_bars(shown), capsize=3, color=OKABE_ITO[k], label=label)
+    for i, r in zip(x, data.rows):  # where there is no bar to see, why
+        iv = r.fixed_ratio
+        why = "neither plan\nmet a rate" if iv.get("mean") is None else \
+            "the split\nmet no rate" if not any(iv["values"]) else None
+        if why:
+            ax.text(i, 0.05, why, ha="center", va="bottom", fontsize="small")
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1.2, label="break-even")
+    ax.set_ylabel("disaggregated / colocated capacity")
+    axis_numbers(ax.yaxis, ratio_formatter())
+    for k, plan in enumerate(PLANS):
+        ivs = [r.regret[plan] for r in data.rows]
+        means = [iv["mean"] if iv.get("mean") is not None else 0.0 for iv in ivs]
+        err = [[m - iv["low"] if has_interval(iv) else 0.0 for m, iv in zip(means, ivs)],
+               [iv["high"] - m if has_interval(iv) else 0.0 for m, iv in zip(means, ivs)]]
+        bx.bar([i + (k - 0.5) * width for i in x], means, width, yerr=err, capsize=3,
+               color=("#009E73", "#CC79A7")[k], label=f"{plan}, kept as tuned")
+    bx.set_ylabel("capacity given up against retuning")
+    axis_numbers(bx.yaxis, percent_formatter())
+    for a in (ax, bx):
+        a.set_xticks(x)
+        a.set_xticklabels(names, rotation=20, ha="right")
+        a.grid(True, axis="y", alpha=0.3)
+        a.legend(framealpha=0.9, fontsize="small")
+    fig.suptitle(f"{data.model} on {data.cluster}:\nboth plans tuned on {data.tuned_on}, "
+                 "served on other traffic")
+    fig.tight_layout()
+    return save_figure(fig, path, formats)
+
+
+def draw_experiment(data: ExperimentReport | VaryReport | FrontierReport | DriftReport,
+                    out: Path, formats=("png",)) -> list[tuple]:
+    if isinstance(data, DriftReport):
+        return [(drift(data, out / "drift", formats)[0],
+                 f"Left: the ratio of the plans on each workload, both as tuned on "
+                 f"{data.tuned_on} and both retuned on it (bars: 95% intervals over draws); "
+                 "right: the capacity each plan, kept as tuned, gives up against its "
+                 "retuning.")]
     if isinstance(data, FrontierReport):
         if not data.rungs:
             return []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
+from wse_emu.experiments.drift import DriftReport
 from wse_emu.experiments.frontier import FrontierReport
 from wse_emu.rundir.read import load_run
 from wse_emu.util.atomic import WriteError, write_text
@@ -93,7 +94,13 @@ def _config(run) -> list[tuple[str, object]]:
                                     w.axes.items())),
                  ("points", f"{len(done)} done, {sum(r.failed for r in done)} failed")]
     e = run.experiment
-    if isinstance(e, FrontierReport):
+    if isinstance(e, DriftReport):
+        t = e.targets
+        rows += [("model", e.model), ("cluster", e.cluster), ("tuned on", e.tuned_on),
+                 ("served on", ", ".join(r.workload for r in e.rows[1:])),
+                 ("targets", f"{t.at} TTFT <= {seconds(t.ttft_s)}, {t.at} TPOT "
+                             f"<= {seconds(t.tpot_s)}")]
+    elif isinstance(e, FrontierReport):
         speeds = ", ".join(f"{r.user_speed:,.0f}" for r in e.rungs)
         rows += [("model", e.model), ("cluster", e.cluster), ("workload", e.workload),
                  ("targets", f"p90 TTFT <= {seconds(e.ttft_p90_s)}; p90 TPOT <= 1 / speed "
@@ -143,6 +150,11 @@ def _metrics(run) -> list[tuple[str, object]]:
                      ", ".join(f"{p} {with_unit(v, 'tok/s')} per system"
                                for p, v in head.capacity_per_system.items())
                      + f"; disaggregated / colocated {shown}"))
+    if isinstance(e, DriftReport):
+        for r in e.rows:
+            rows.append((r.workload, f"disaggregated / colocated {_mean(r.fixed_ratio)} as "
+                                     f"tuned on {e.tuned_on}, {_mean(r.retuned_ratio)} "
+                                     "retuned"))
     if isinstance(e, VaryReport):
         for v in e.sensitivity:
             if v.error is not None:
@@ -182,3 +194,8 @@ def _metrics(run) -> list[tuple[str, object]]:
             rows.append((f"{label} p50 / p90 / p99",
                          " / ".join(seconds(t) for t in (times.p50, times.p90, times.p99))))
     return rows
+
+
+def _mean(iv: dict) -> str:
+    """A ratio's mean over draws, as the table shows it ("-": none)."""
+    return "-" if iv.get("mean") is None else f"{iv['mean']:.2f}x"

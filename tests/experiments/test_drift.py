@@ -81,3 +81,15 @@ def test_a_served_on_workload_that_is_the_tuned_on_one_or_unknown_is_refused(tmp
                    SMALL_CHAT, "--served-on", "no-such-workload", "--ttft-slo", "1",
                    "--tpot-slo", "0.01", "--cache-dir", tmp_path)
     assert_one_line_error(proc, "no-such-workload")
+
+
+def test_its_run_directory_is_read_back_and_drawn(report, tmp_path):
+    from wse_emu.rundir.directory import write_run_dir
+    from wse_emu.rundir.write import write_json
+    from wse_emu.visualize.rundraw import draw_run
+
+    out = tmp_path / "run"
+    write_run_dir(out, lambda tmp: write_json(tmp, "experiment.json", report.to_json()))
+    page = draw_run(out, ("experiment",))
+    assert (out / "figures" / "drift.png").is_file()
+    assert "tuned on" in page.read_text() and "small-mix" in page.read_text()
