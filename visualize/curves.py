@@ -200,7 +200,14 @@ def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
         front = data.frontier[plan]
         ax.plot([p.user_tokens_per_s.p90 for p in front],
                 [p.tokens_per_s_per_system for p in front], linewidth=1.4,
-                label=f"{plan} frontier", **style)
+                label=f"{plan} frontier" + (", speculative" if data.baseline else ""),
+                **style)
+        if data.baseline is not None:  # the same plan without speculation, faded
+            base = data.baseline.frontier[plan]
+            ax.plot([p.user_tokens_per_s.p90 for p in base],
+                    [p.tokens_per_s_per_system for p in base], linewidth=1.2,
+                    linestyle="--", alpha=0.6, label=f"{plan}, no speculation",
+                    color=style["color"], marker=style["marker"], markerfacecolor="none")
     head = data.headline
     if head:
         vendor = " (the vendor's speed)" if head.vendor else ""
@@ -215,7 +222,14 @@ def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
     bx.errorbar([r.user_speed for r in rows], [r.capacity_ratio.ratio for r in rows],
                 yerr=ratio_bars([r.capacity_ratio.interval for r in rows]),
                 color=OKABE_ITO[2], marker="o", capsize=3, linewidth=1.4,
-                label="disaggregated / colocated capacity")
+                label="disaggregated / colocated capacity"
+                + (", speculative" if data.baseline else ""))
+    if data.baseline is not None:
+        base = [r for r in data.baseline.rungs if isinstance(r.capacity_ratio.ratio, float)]
+        bx.errorbar([r.user_speed for r in base], [r.capacity_ratio.ratio for r in base],
+                    yerr=ratio_bars([r.capacity_ratio.interval for r in base]),
+                    color=OKABE_ITO[2], marker="o", markerfacecolor="none", capsize=3,
+                    linewidth=1.2, linestyle="--", alpha=0.6, label="no speculation")
     bx.axhline(1.0, color="grey", linestyle="--", linewidth=1.0, label="break-even")
     log_axis(bx, "x")
     axis_numbers(bx.yaxis, ratio_formatter())
@@ -329,7 +343,9 @@ def draw_experiment(data: ExperimentReport | VaryReport | FrontierReport | Drift
                  "Left: each plan's output tokens/s per system against the per-user speed "
                  "90% of its requests reached, one point per rung (bars: 95% intervals over "
                  "draws), its frontier joined; right: the ratio at each rung's target speed. "
-                 "The dotted line is the headline's per-user speed.")]
+                 "The dotted line is the headline's per-user speed."
+                 + (" Dashed and hollow: the same without speculative decoding."
+                    if data.baseline is not None else ""))]
     if isinstance(data, VaryReport):
         if not data.sensitivity:
             return []

@@ -5,9 +5,12 @@ import pytest
 from helpers import SMALL_CHAT
 
 from wse_emu import api
+from wse_emu.cli.experiment_cmd import render_frontier
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import Space
+from wse_emu.experiments.frontier import FrontierReport
 from wse_emu.experiments.spec import WaferTiming
+from wse_emu.visualize.curves import draw_experiment
 
 QUICK = Space(copies=(1, 2), prefill_tile=(64,), token_budget=(64,), interleave=(1,),
               max_running=(0,), batch_limit=(64,), window_s=0.0, layers_per_stage="own",
@@ -53,6 +56,12 @@ def test_bad_speculation_is_refused_by_name(fields, message):
         WaferTiming(**fields)
 
 
+def test_a_baseline_without_a_draft_is_refused():
+    with pytest.raises(UserError, match="`baseline` sets the frontier without speculative"):
+        api.from_flat(api.FrontierSpec, model="tiny", workload=str(SMALL_CHAT), ttft_s=1.0,
+                      fabric="mesh16", baseline=True)
+
+
 def test_a_draft_is_checked_before_any_layout_is_compiled():
     with pytest.raises(UserError, match="must share one"):
         api.experiment(api.from_flat(
@@ -76,6 +85,14 @@ def test_the_frontier_reaches_above_a_lone_non_speculative_step(tmp_path):
                   user_speeds=None)
     plain = api.frontier(api.from_flat(api.FrontierSpec, **common))
     fast = api.frontier(api.from_flat(api.FrontierSpec, draft="mtp", draft_tokens=(4,),
-                                      acceptance=1.0, **common))
+                                      acceptance=1.0, baseline=True, **common))
     assert fast.lone_decode_step_s < plain.lone_decode_step_s
     assert max(r.user_speed for r in fast.rungs) > max(r.user_speed for r in plain.rungs)
+    # The baseline beside it is the frontier without speculation, as run on its own.
+    assert fast.baseline.to_json() == plain.to_json()
+    written = fast.to_json()
+    assert FrontierReport.from_json(written).to_json() == written
+    text = render_frontier(fast)
+    assert "Without speculative decoding (the same workload, draws" in text
+    captions = draw_experiment(fast, tmp_path)
+    assert "without speculative decoding" in captions[0][1] and captions[0][0].is_file()

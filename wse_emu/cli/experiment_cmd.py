@@ -223,20 +223,13 @@ def render_frontier(data: FrontierReport) -> str:
     for plan in ("colocated", "disaggregated"):
         lines += ["", f"How {plan} serving reached each rung:", "",
                   render_plan_rungs(data.rungs, plan)]
-    lines += ["", "Fastest per-user speed reached (p90): " + ", ".join(
-        f"{plan} {v:,.0f} tokens/s" for plan, v in data.fastest_reached.items())]
-    h = data.headline
-    if h:
-        cap = h.capacity_per_system
-        src = f" (the vendor's: {h.vendor.source})" if h.vendor else ""
-        lines += ["", f"High-speed token capacity at {h.user_speed:,.0f} tokens/s per user"
-                  f"{src}: colocated {number(cap['colocated'])} tok/s per {per}, disaggregated "
-                  f"{number(cap['disaggregated'])}; disaggregated / colocated "
-                  f"{_ratio_text(h.capacity_ratio)}"
-                  + ("" if h.goodput_ratio is None else
-                     f"; DistServe goodput ratio at the same target {h.goodput_ratio:.2f}x")
-                  + "."]
-        lines += [f"  - {why}" for why in h.why.values() if why]
+    lines += ["", _fastest_text(data)]
+    lines += _headline_lines(data, per)
+    base = data.baseline
+    if base is not None:
+        lines += ["", "Without speculative decoding (the same workload, draws, hardware and "
+                  "tuning):", "", render_rungs(base.rungs, per), "", _fastest_text(base)]
+        lines += _headline_lines(base, per)
     precision = precision_text(data.precision)
     if precision:
         lines += ["", precision]
@@ -245,6 +238,27 @@ def render_frontier(data: FrontierReport) -> str:
         lines += [f"  - {r.phase} x{r.factor:g}: {_ratio_text(r.capacity_ratio)}"
                   for r in data.step_time_leaning]
     return "\n".join(lines)
+
+
+def _fastest_text(data: FrontierReport) -> str:
+    return "Fastest per-user speed reached (p90): " + ", ".join(
+        f"{plan} {v:,.0f} tokens/s" for plan, v in data.fastest_reached.items())
+
+
+def _headline_lines(data: FrontierReport, per: str) -> list[str]:
+    """Both plans' capacity at the headline's speed, their ratio, and why each stopped."""
+    h = data.headline
+    if not h:
+        return []
+    cap = h.capacity_per_system
+    src = f" (the vendor's: {h.vendor.source})" if h.vendor else ""
+    return ["", f"High-speed token capacity at {h.user_speed:,.0f} tokens/s per user{src}: "
+            f"colocated {number(cap['colocated'])} tok/s per {per}, disaggregated "
+            f"{number(cap['disaggregated'])}; disaggregated / colocated "
+            f"{_ratio_text(h.capacity_ratio)}"
+            + ("" if h.goodput_ratio is None else
+               f"; DistServe goodput ratio at the same target {h.goodput_ratio:.2f}x") + "."
+            ] + [f"  - {why}" for why in h.why.values() if why]
 
 
 def render_rungs(rungs: list[Rung], per: str = "system") -> str:

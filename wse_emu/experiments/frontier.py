@@ -399,6 +399,9 @@ class FrontierReport:
     # With draws added until the headline's ratio was precise: the precision asked and
     # reached, and if not, why (``draws.precision_report``); every rung ran on those draws.
     precision: dict | None = None
+    # With speculative decoding and ``baseline`` asked: the same frontier without it (the
+    # same workload, draws, hardware and tuning), to set beside it.
+    baseline: "FrontierReport | None" = None
 
     @property
     def footprint_unit(self) -> str:
@@ -422,6 +425,8 @@ class FrontierReport:
         if self.precision is not None:
             out["precision"] = self.precision
         out["experiments"] = {k: d.to_json() for k, d in self.experiments.items()}
+        if self.baseline is not None:
+            out["baseline"] = self.baseline.to_json()
         return out
 
     @classmethod
@@ -436,7 +441,8 @@ class FrontierReport:
             Headline.from_json(data["headline"]) if data.get("headline") else None,
             [Rung.from_json(r) for r in data.get("step_time_leaning", [])],
             {k: ExperimentReport.from_json(d) for k, d in data.get("experiments", {}).items()},
-            data.get("precision"))
+            data.get("precision"),
+            cls.from_json(data["baseline"]) if data.get("baseline") else None)
 
     def __repr__(self) -> str:
         head = ""

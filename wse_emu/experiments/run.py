@@ -122,7 +122,18 @@ def _relayout_s(setup: Setup, job: Job, fixed: dict, data: ExperimentReport, row
 def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
     """The report ``experiment frontier --json`` prints: every rung of the ladder is
     ``experiment`` at a p90 TPOT target of 1/speed, the same tuning for both plans, the rungs
-    sharing their serving runs; then the headline read again with each step-time factor."""
+    sharing their serving runs; then the headline read again with each step-time factor. With
+    ``baseline``, the same frontier without speculative decoding is run first and kept in
+    the report."""
+    if spec.baseline:
+        if not isinstance(spec.model, ModelSpec):  # read once, for both frontiers
+            spec = replace(spec, model=load_model(spec.model))
+        if spec.execution.progress:
+            spec.execution.progress("the frontier without speculative decoding, first")
+        baseline = frontier(spec.without_speculation())
+        report = frontier(replace(spec, baseline=False))
+        report.baseline = baseline
+        return report
     setup = Setup(spec)
     vendor = frontiers.vendor_speed(setup.model.name)
     speeds, progress = spec.speeds, setup.progress

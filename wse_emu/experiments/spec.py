@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 from wse_emu.compiler.draft import draft_model
@@ -34,7 +34,7 @@ from wse_emu.models.spec import ModelSpec
 from wse_emu.serving.speculation import Speculation
 from wse_emu.serving.tables import default_cache_dir
 from wse_emu.serving.workload import MAX_DRAWS, WorkloadSpec, trace_names, workload_spec
-from wse_emu.util.checks import check_fields, is_number, positive, short_repr, whole
+from wse_emu.util.checks import check_fields, flag, is_number, positive, short_repr, whole
 from wse_emu.util.flags import flagged
 from wse_emu.util.workers import check_workers
 
@@ -412,9 +412,17 @@ class FrontierSpec:
     execution: Execution = field(default_factory=Execution)
     timing: WaferTiming = field(default_factory=WaferTiming)
     tolerance: float = flagged(default=0.05, **TOLERANCE)
+    baseline: bool = flagged(
+        "with a `draft`: also the same frontier without speculative decoding (the same "
+        "workload, draws, hardware and tuning), reported and drawn beside it", False,
+        reads="switch")
 
     def __post_init__(self):
         check_fields(self)
+        flag("baseline", self.baseline)
+        if self.baseline and self.timing.draft is None:
+            raise UserError("`baseline` sets the frontier without speculative decoding beside "
+                            "the one with it: give a `draft` (and its `acceptance`) too")
         # Checked as the rungs' targets will be, before any work.
         object.__setattr__(self, "attainment", Targets(self.ttft_s, 1.0, self.attainment)
                            .attainment)
@@ -423,6 +431,12 @@ class FrontierSpec:
     def targets(self, speed: float) -> Targets:
         """The targets of the rung at ``speed`` tokens/s per user."""
         return Targets(self.ttft_s, 1.0 / speed, self.attainment)
+
+    def without_speculation(self) -> "FrontierSpec":
+        """The same frontier with no draft (its other timing kept): the baseline."""
+        timing = self.timing
+        return replace(self, baseline=False, timing=WaferTiming(timing.routing,
+                                                                timing.attention_tile))
 
 
 @dataclass(frozen=True)
