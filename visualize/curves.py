@@ -37,6 +37,16 @@ def ratio_bars(intervals: list) -> list[list[float]]:
     return [below, above]
 
 
+def _bars(points: list) -> list[list[float]]:
+    """Error bars of frontier points' throughput: below and above each, to the ends of its
+    interval over draws (cut at 0 below, so uneven there); none without one."""
+    ivs = [p.tokens_per_s_per_system_interval or {} for p in points]
+    return [[p.tokens_per_s_per_system - iv["low"] if has_interval(iv) else 0.0
+             for p, iv in zip(points, ivs)],
+            [iv["high"] - p.tokens_per_s_per_system if has_interval(iv) else 0.0
+             for p, iv in zip(points, ivs)]]
+
+
 def _style(label: str, n: int) -> dict:
     """Colour by position (black is kept for the targets), marker and line by plan."""
     disaggregated = label.startswith("disaggregated")
@@ -193,10 +203,8 @@ def frontier(data: FrontierReport, path: Path, formats=("png",)) -> list[Path]:
         points = [r.plans[plan] for r in data.rungs if r.plans[plan].reached]
         x = [p.user_tokens_per_s.p90 for p in points]
         y = [p.tokens_per_s_per_system for p in points]
-        err = [(p.tokens_per_s_per_system_interval or {}).get("half_width", 0.0)
-               for p in points]
-        ax.errorbar(x, y, yerr=err, linestyle="none", alpha=0.5, capsize=2, markersize=4,
-                    **style)
+        ax.errorbar(x, y, yerr=_bars(points), linestyle="none", alpha=0.5, capsize=2,
+                    markersize=4, **style)
         front = data.frontier[plan]
         ax.plot([p.user_tokens_per_s.p90 for p in front],
                 [p.tokens_per_s_per_system for p in front], linewidth=1.4,
@@ -260,10 +268,8 @@ def pairings(data: PairingsReport, path: Path, formats=("png",)) -> list[Path]:
         front = f.frontier[plan]
         if not front:
             continue
-        err = [(p.tokens_per_s_per_system_interval or {}).get("half_width", 0.0)
-               for p in front]
         ax.errorbar([p.user_tokens_per_s.p90 for p in front],
-                    [p.tokens_per_s_per_system for p in front], yerr=err, capsize=2,
+                    [p.tokens_per_s_per_system for p in front], yerr=_bars(front), capsize=2,
                     color=colours[n % len(colours)], linewidth=1.4,
                     linestyle="--" if plan == "colocated" else "-",
                     marker="o" if plan == "colocated" else "s", markersize=4, label=label)

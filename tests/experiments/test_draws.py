@@ -18,7 +18,7 @@ from wse_emu.experiments.draws import (
     precision_text,
     run_until_precise,
 )
-from wse_emu.experiments.intervals import ratio_interval
+from wse_emu.experiments.intervals import interval, ratio_interval
 from wse_emu.experiments.spec import Load
 from wse_emu.serving.workload import Requests
 
@@ -127,3 +127,12 @@ def test_draws_added_extend_the_fixed_ones(tmp_path, capsys):
     assert precision["draws"] == added["over_replicates"]["replicates"] > 3
     assert (added["over_replicates"]["goodput_ratio"]["values"][:3]
             == fixed["over_replicates"]["goodput_ratio"]["values"])
+
+
+def test_a_throughputs_interval_is_cut_at_zero_and_its_centre_kept():
+    wide = interval([100.0, 2000.0, 50.0], floor=0.0)
+    plain = interval([100.0, 2000.0, 50.0])
+    assert plain["low"] < 0 and wide["low"] == 0.0
+    assert (wide["mean"], wide["high"], wide["half_width"]) == \
+        (plain["mean"], plain["high"], plain["half_width"])
+    assert interval([100.0, 110.0], floor=0.0)["low"] == interval([100.0, 110.0])["low"]

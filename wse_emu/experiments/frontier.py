@@ -162,8 +162,8 @@ def plan_point(data: ExperimentReport, plan: str) -> FrontierPoint:
     if data.replicates and met:
         # Over several draws the point is the mean of each draw's best, as the ratio pairs
         # them (the first draw's alone would sit beside an interval about another centre).
-        tokens = interval([got[plan] for got in capacity_by_draw(data)])
-        goodput = interval([_best_rate(d, plan) for d in data.draws()])
+        tokens = interval([got[plan] for got in capacity_by_draw(data)], floor=0.0)
+        goodput = interval([_best_rate(d, plan) for d in data.draws()], floor=0.0)
         point.tokens_per_s_per_system_interval = tokens
         point.goodput_per_system_interval = goodput
         point.tokens_per_s_per_system = tokens["mean"]

@@ -625,11 +625,12 @@ def over_replicates(replicates: list[Replicate]) -> dict:
         rows.append({"configuration": label,
                      "max_rate_per_system": interval(
                          [c.max_rate_per_system for c in mine],
-                         upper=[c.failed_rate_per_system for c in mine]),
+                         upper=[c.failed_rate_per_system for c in mine], floor=0.0),
                      "output_tokens_per_s_per_system": interval(
-                         c.output_tokens_per_s_per_system or 0.0 for c in mine),
+                         (c.output_tokens_per_s_per_system or 0.0 for c in mine), floor=0.0),
                      "window_output_tokens_per_s_per_system": interval(
-                         c.window_output_tokens_per_s_per_system or 0.0 for c in mine)})
+                         (c.window_output_tokens_per_s_per_system or 0.0 for c in mine),
+                         floor=0.0)})
     return {"replicates": len(replicates), "configurations": rows,
             "goodput_ratio": ratio_interval(
                 [r.comparison.goodput_ratio for r in replicates],

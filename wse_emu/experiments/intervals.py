@@ -20,12 +20,14 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         120: 1.980}
 
 
-def interval(values, lower=None, upper=None) -> dict:
+def interval(values, lower=None, upper=None, floor: float | None = None) -> dict:
     """Mean and 95% confidence interval (Student's t) of independent replicates; the interval
     is absent with fewer than two. With ``lower`` and ``upper`` (each replicate's value is only
     known to lie between them, as a searched rate lies between the highest rate met and the
     next that failed), the ends are the same interval's ends over them: the search's step is
-    part of what is not known, and draws that land on the same step do not make it exact."""
+    part of what is not known, and draws that land on the same step do not make it exact.
+    With ``floor``, the lower end is cut there: a rate or a throughput is never negative,
+    however wide its spread over few draws."""
     v = _present(values)
     out = {"n": int(len(v)), "values": v.tolist(), "mean": float(v.mean()) if len(v) else None}
     if len(v) >= 2:
@@ -39,6 +41,8 @@ def interval(values, lower=None, upper=None) -> dict:
             key = "low" if side < 0 else "high"
             out[key] = min(out[key], end) if side < 0 else max(out[key], end)
             out[f"{name}_values"] = ends.tolist()
+        if floor is not None:
+            out["low"] = max(out["low"], floor)
     return out
 
 
