@@ -10,12 +10,12 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from wse_emu.errors import UserError
 from wse_emu.serving.metrics import ServeReport
 from wse_emu.util.configfile import regular_file
-from wse_emu.util.fmt import duration, seconds
+from wse_emu.util.fmt import duration, number, seconds
 from wse_emu.visualize.draw import DPI, OKABE_ITO, save_figure
 from wse_emu.visualize.style import (
     SMALL_PT,
@@ -233,7 +233,8 @@ CACHE_BINS = 40  # spans of arrival time the prefix-cache figure sums over
 def prefix_cache(requests: dict, path: Path, formats=("png",)) -> list[Path]:
     """Over the run, by arrival time: the share of prompt tokens each span's requests found in
     their region's prefix cache, and of those brought back from the host tier (top); the KV
-    the host tier sent back over the systems' links, in tokens per second (bottom)."""
+    the host tier sent back over the systems' links and, where the run says (``parked_tokens``),
+    the KV parked there to admit them, in tokens per second (bottom)."""
     arrival = requests["arrival_s"]
     edges = np.linspace(arrival.min(), arrival.max() + 1e-9, CACHE_BINS + 1)
     at = np.clip(np.searchsorted(edges, arrival, side="right") - 1, 0, CACHE_BINS - 1)
@@ -258,8 +259,15 @@ def prefix_cache(requests: dict, path: Path, formats=("png",)) -> list[Path]:
     top.set_ylabel("prompt tokens")
     top.set_title("Prefix cache hits and host-tier traffic, by arrival time")
     top.legend(loc="upper right", ncol=3, framealpha=0.9)
-    bottom.bar(mids, restored / width, width=width, color=OKABE_ITO[4])
-    bottom.set_ylabel("KV tokens back\nper second")
+    bottom.bar(mids, restored / width, width=width, color=OKABE_ITO[4], label="back (in)")
+    if "parked_tokens" in requests:  # (a run written before it was counted has none)
+        parked = summed("parked_tokens")
+        bottom.bar(mids, -parked / width, width=width, color=OKABE_ITO[5],
+                   label="parked (out)")
+        bottom.axhline(0.0, color="black", linewidth=0.8)
+        bottom.legend(loc="lower right", ncol=2, framealpha=0.9)
+        axis_numbers(bottom.yaxis, FuncFormatter(lambda v, _: number(abs(v))))
+    bottom.set_ylabel("host-tier KV tokens\nper second")
     axis_numbers(bottom.xaxis, seconds_formatter())
     bottom.set_xlabel("arrival time")
     for ax in (top, bottom):
@@ -299,7 +307,8 @@ def draw_serving(run_path: Path, report: ServeReport, out: Path,
     if any(r.get("prefix_reused_tokens") for r in report.regions.values()) \
             and "cached_tokens" in rows[0]:
         hits = _columns(run_path / "requests.csv", rows,
-                        ("arrival_s", "prompt_tokens", "cached_tokens", "restored_tokens"))
+                        ("arrival_s", "prompt_tokens", "cached_tokens", "restored_tokens")
+                        + (("parked_tokens",) if "parked_tokens" in rows[0] else ()))
         figures.append((prefix_cache(hits, out / "prefix_cache", formats)[0],
                         "Prompt tokens found in the prefix cache and KV brought back from the "
                         "host tier, by arrival time."))

@@ -86,7 +86,7 @@ def assert_twins(requests, pools, options):
     plain = serve(requests, pools, options, loop="plain")
     compiled = serve(requests, pools, options)
     for name in ("arrival", "first_token", "finish", "tokens", "gap_cycles", "gap_request",
-                 "from_cache", "from_host"):
+                 "from_cache", "from_host", "to_host"):
         assert np.array_equal(getattr(plain, name), getattr(compiled, name)), name
     assert plain.region == compiled.region
     assert plain.regions == compiled.regions  # utilization, stall, KV peaks and means
@@ -150,7 +150,17 @@ def test_block_caches_and_every_router_on_both_loops(colocated, split, cache, ro
     assert served.from_host.sum() == sum(r["prefix_restored_tokens"]
                                          for r in served.regions.values())
     assert (served.from_host <= served.from_cache).all()  # of the tokens reused
+    # What admissions parked adds up to what the regions sent to the tier.
+    assert served.to_host.sum() == sum(r["host_parked_tokens"]
+                                       for r in served.regions.values()) > 0
     assert_twins(blocks(), pools_of(split, cache), replace(OPTIONS, router=router, **tiers[1]))
+    # Split over three systems, prefill crowded: what its cache gives up is parked over the
+    # links out that carry the handoffs too.
+    crowded = pools_of(split, cache, systems=lambda k: k % 3,
+                       capacity=lambda r: 1500 if r.role == "prefill" else r.kv_capacity_tokens)
+    served = assert_twins(blocks(), crowded, replace(OPTIONS, router=router, **tiers[1]))
+    assert served.to_host.sum() == sum(r["host_parked_tokens"]
+                                       for r in served.regions.values()) > 0
     sessions = pools_of(colocated, cache, capacity=lambda r: 2500)
     for tier in ({}, *tiers):
         served = assert_twins(agentic(), sessions, replace(OPTIONS, router=router, **tier))

@@ -465,10 +465,10 @@ def request_rows(res: ServeResult, reqs: Requests) -> list[list]:
     return [[i, int(reqs.session[i]), int(reqs.call[i]), int(reqs.prompt_tokens[i]),
              int(res.tokens[i]), res.arrival[i] / res.clock_hz, ttft[i], tpot[i],
              (res.finish[i] - res.arrival[i]) / res.clock_hz, res.region[i],
-             int(res.from_cache[i]), int(res.from_host[i])]
+             int(res.from_cache[i]), int(res.from_host[i]), int(res.to_host[i])]
             for i in range(len(ttft))]
 
 
 REQUEST_COLUMNS = ["request", "session", "call", "prompt_tokens", "output_tokens", "arrival_s",
                    "ttft_s", "tpot_s", "e2e_s", "decode_region", "cached_tokens",
-                   "restored_tokens"]
+                   "restored_tokens", "parked_tokens"]

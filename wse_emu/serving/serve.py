@@ -173,13 +173,15 @@ class ServeResult:
     workload: str = ""  # its name
     loop_s: float = 0.0  # wall seconds of the event loop itself (not part of the results)
     # Per request: prompt tokens its region had cached, and of those, brought back from the
-    # host tier (zeros where nothing was cached).
+    # host tier (zeros where nothing was cached); and the KV tokens its admission parked in
+    # the host tier.
     from_cache: np.ndarray | None = None
     from_host: np.ndarray | None = None
+    to_host: np.ndarray | None = None
 
     def __post_init__(self):
         n = len(self.finish)
-        for name in ("from_cache", "from_host"):
+        for name in ("from_cache", "from_host", "to_host"):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(n, dtype=np.int64))
 
@@ -339,6 +341,7 @@ def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResul
         getattr(out, name)[index] = getattr(inner, name)
     out.tokens[index] = inner.tokens
     out.from_cache[index], out.from_host[index] = inner.from_cache, inner.from_host
+    out.to_host[index] = inner.to_host
     for k, i in enumerate(index):
         out.region[i] = inner.region[k]
     out.regions, out.kv_traces, out.timeline = inner.regions, inner.kv_traces, inner.timeline
@@ -363,6 +366,7 @@ class LoopOutput(NamedTuple):
     where: list
     from_cache: np.ndarray  # prompt tokens its region had cached
     from_host: np.ndarray  # of those, brought back from the host tier
+    to_host: np.ndarray  # KV tokens its admission parked in the host tier
     gap_request: np.ndarray
     gap_cycles: np.ndarray
     stats: list  # per pool: busy_prefill, busy_decode, decoded, stall, work, kv_blocked,
@@ -371,8 +375,8 @@ class LoopOutput(NamedTuple):
 
 
 def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeResult:
-    (arrival, first, finish, made, where, from_cache, from_host, gap_request, gap_cycles, stats,
-     loop_s) = out
+    (arrival, first, finish, made, where, from_cache, from_host, to_host, gap_request,
+     gap_cycles, stats, loop_s) = out
     if np.isnan(finish).any():
         raise AssertionError("a request never finished")
     for p, s in zip(pools, stats):
@@ -395,7 +399,8 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
             "decode_tokens": s["decoded"], "decode_stall_s": s["stall"] / clock,
             "decode_work_s": s["work"] / clock, "kv_blocked_s": s["kv_blocked"] / clock,
             "prefix_reused_tokens": s["reused"],
-            **({"prefix_restored_tokens": s["restored"]} if options.kv_tier != "none" else {}),
+            **({"prefix_restored_tokens": s["restored"], "host_parked_tokens": s["parked"]}
+               if options.kv_tier != "none" else {}),
             "kv_capacity_tokens": p.kv_capacity_tokens,
             "kv_peak_tokens": int(trace[:, 1].max()) if len(trace) else 0,
             "kv_mean_tokens": _mean_kv(trace, start, end)}
@@ -403,7 +408,7 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
     return ServeResult(arrival, first, finish, made, where, clock, regions, timeline,
                        {p.name: s["trace"] for p, s in zip(pools, stats)},
                        gap_request, gap_cycles, requests, loop_s=loop_s,
-                       from_cache=from_cache, from_host=from_host)
+                       from_cache=from_cache, from_host=from_host, to_host=to_host)
 
 
 def _mean_kv(trace: np.ndarray, start: float, end: float) -> float:

@@ -134,6 +134,7 @@ FIELDS = (
     Field("run_at", INT, BY_REQUEST),  # where its next acceptance run is in ``runs``
     Field("from_cache", INT, BY_REQUEST),  # prompt tokens its region had cached
     Field("from_host", INT, BY_REQUEST),  # of those, tokens brought back from the host tier
+    Field("to_host", INT, BY_REQUEST),  # KV tokens parked in the host tier to admit it
     # A block trace's prompts: request i's prefix blocks are blocks[block_at[i]:block_at[i+1]]
     Field("blocks", INT, ("blocks",)),
     Field("block_at", INT, ("bounds",)),
@@ -165,6 +166,7 @@ FIELDS = (
     Field("cached", INT, BY_REGION),  # KV tokens of the prefix cache
     Field("reused", INT, BY_REGION),
     Field("restored", INT, BY_REGION),  # of those, tokens brought back from the host tier
+    Field("parked", INT, BY_REGION),  # KV tokens sent to the host tier
     Field("decoded", INT, BY_REGION),
     Field("in_flight", INT, BY_REGION),  # sequences whose token is in the pipeline
     Field("turns", INT, BY_REGION, 1 << 30),  # decode micro-batches since a prefill-only one
@@ -496,9 +498,9 @@ def _keep(st, r, s, call, tokens) -> None:
 
 
 @njit(cache=True)
-def _make_room(st, r, tokens, spare) -> bool:
+def _make_room(st, r, tokens, spare, i) -> bool:
     """Whether ``tokens`` of KV fit once cached KV is given up, least recently used first
-    (sparing session ``spare``'s); gives it up if so."""
+    (sparing session ``spare``'s), for request ``i``; gives it up if so."""
     cap = st.cap[r]
     if st.kv_used[r] + tokens > cap:
         return False
@@ -514,7 +516,7 @@ def _make_room(st, r, tokens, spare) -> bool:
         freed, call = st.c_tok[w + victim], st.c_call[w + victim]
         _uncache(st, r, victim)
         over -= freed
-        _park(st, r, victim, call, freed)
+        _park(st, r, victim, call, freed, i)
     return True
 
 
@@ -533,12 +535,15 @@ def _unpark(st, r, s) -> int:
 
 
 @njit(cache=True)
-def _park(st, r, s, call, tokens) -> None:
-    """An entry the cache gave up, kept in the host tier (its oldest given up for room);
-    dropped without a tier, or when larger than the tier."""
+def _park(st, r, s, call, tokens, i) -> None:
+    """An entry the cache gave up to admit request ``i``, kept in the host tier (its oldest
+    given up for room; counted as parked for ``i``); dropped without a tier, or when larger
+    than the tier."""
     _unpark(st, r, s)
     if tokens > st.host_cap[r]:
         return
+    st.to_host[i] += tokens
+    st.parked[r] += tokens
     w = r * st.params[SESSIONS]
     while st.hosted[r] + tokens > st.host_cap[r]:
         _unpark(st, r, st.h_head[r])
@@ -624,7 +629,7 @@ def _block_room(st, r, i, tokens) -> bool:
         freed, call = st.c_tok[w + victim], st.c_call[w + victim]
         over -= freed
         _uncache(st, r, victim)
-        _park(st, r, victim, call, freed)
+        _park(st, r, victim, call, freed, i)
         victim = after
     for k in range(st.block_at[i], end):
         st.c_call[w + st.blocks[k]] = 0
@@ -742,10 +747,18 @@ def admit(st, r, i, now) -> bool:
     blocky = st.params[BLOCK_TOKENS] > 0
     capped = st.maxrun[r] > 0 and st.role[r] != PREFILL and st.running[r] >= st.maxrun[r]
     if capped or not (_block_room(st, r, i, tokens) if blocky
-                      else _make_room(st, r, tokens, s)):
+                      else _make_room(st, r, tokens, s, i)):
         if np.isnan(st.blocked_since[r]):
             st.blocked_since[r] = now
         return False
+    if st.to_host[i] > 0:
+        # What its room gave up to the host tier goes out over the system's link, in one
+        # transfer behind whatever uses the link already (the handoffs out). Written behind:
+        # the link drains KV faster than a prompt fills it, so the prompt does not wait.
+        link = 3 * st.system[r] + 1  # the system's link out
+        out = st.fparams[HOST_OVERHEAD] + st.to_host[i] * st.fparams[KV_BYTES] \
+            / st.link_rate[r]
+        st.link_free[link] = max(now, st.link_free[link]) + out
     if not np.isnan(st.blocked_since[r]):
         st.kv_blocked[r] += now - st.blocked_since[r]
         st.blocked_since[r] = np.nan

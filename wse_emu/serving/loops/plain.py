@@ -98,16 +98,17 @@ class KVSpace:
         self.cache[session] = (call, tokens)
         self.unpark(session)  # an older copy in the host tier is superseded
 
-    def park(self, key: int, entry: tuple) -> None:
-        """An entry the cache gave up, kept in the host tier (its oldest given up for room);
-        dropped without a tier, or when larger than the tier."""
+    def park(self, key: int, entry: tuple) -> int:
+        """An entry the cache gave up, kept in the host tier (its oldest given up for room):
+        its tokens; dropped without a tier, or when larger than the tier: 0."""
         self.unpark(key)
         if entry[1] > self.host_capacity:
-            return
+            return 0
         while self.hosted + entry[1] > self.host_capacity:
             self.unpark(next(iter(self.host)))
         self.host[key] = entry
         self.hosted += entry[1]
+        return entry[1]
 
     def unpark(self, key: int) -> tuple | None:
         """The host tier's entry ``key``, given up (None if it holds none)."""
@@ -123,20 +124,22 @@ class KVSpace:
             self.cached -= entry[1]
         return entry
 
-    def make_room(self, tokens: int, spare: tuple) -> bool:
-        """Whether ``tokens`` fit once cached KV is given up, least recently used first
-        (sparing the entries ``spare`` names); gives it up if so."""
+    def make_room(self, tokens: int, spare: tuple) -> int | None:
+        """None if ``tokens`` do not fit even once cached KV is given up; else gives up what
+        they need, least recently used first (sparing the entries ``spare`` names), and
+        returns the tokens of it parked in the host tier."""
         if self.used + tokens > self.capacity:
-            return False
+            return None
         mine = sum(self.cache[s][1] for s in spare if s in self.cache)
         over = self.used + self.cached - mine + tokens - self.capacity
+        parked = 0
         while over > 0:
             victim = next(v for v in self.cache if v not in spare)
             entry = self.cache.pop(victim)
             self.cached -= entry[1]
             over -= entry[1]
-            self.park(victim, entry)
-        return True
+            parked += self.park(victim, entry)
+        return parked
 
 
 @dataclass
@@ -163,6 +166,7 @@ class Counters:
     blocked_since: float | None = None
     reused: int = 0  # prompt tokens not computed because their KV was cached
     restored: int = 0  # of those, tokens brought back from the host tier first
+    parked: int = 0  # KV tokens sent to the host tier
 
 
 class RegionState:
@@ -371,6 +375,7 @@ class Simulation:
         self.where = [""] * n
         self.from_cache = [0] * n  # prompt tokens its region had cached
         self.from_host = [0] * n  # of those, tokens brought back from the host tier
+        self.to_host = [0] * n  # KV tokens parked in the host tier to admit it
         self.gaps: list = []  # (request, cycles since its token before)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.caching = caching
@@ -469,6 +474,18 @@ class Simulation:
         done = max(now, self.link_free.get(link, 0.0)) + back
         self.link_free[link] = done
         return tokens, done
+
+    def park(self, r: RegionState, i: int, tokens: int, now: float) -> None:
+        """What admitting request ``i`` on ``r`` gave up to the host tier (``tokens``) goes
+        out over its system's link, in one transfer behind whatever uses the link already
+        (the handoffs out). Written behind: the link drains KV faster than a prompt fills
+        it, so the prompt does not wait."""
+        r.counters.parked += tokens
+        self.to_host[i] = tokens
+        pool = r.pool
+        out = self.host_overhead + tokens * self.kv_bytes_per_token / pool.link_bytes_per_cycle
+        link = (pool.system, "send")
+        self.link_free[link] = max(now, self.link_free.get(link, 0.0)) + out
 
     def recompute(self, r: RegionState, tokens: int, prefix: int) -> float:
         """Cycles ``r`` would take to compute ``tokens`` of a prompt after ``prefix`` cached
@@ -591,11 +608,14 @@ class Simulation:
         c = r.counters
         capped = r.max_running and r.role != "prefill" and r.kv.running >= r.max_running
         hits = self.cached_blocks(r, i) if self.block_ids is not None else ()
-        if capped or not r.kv.make_room(tokens, hits if self.block_ids is not None
-                                        else (session,)):
+        parked = None if capped else r.kv.make_room(
+            tokens, hits if self.block_ids is not None else (session,))
+        if parked is None:
             if c.blocked_since is None:
                 c.blocked_since = now
             return False
+        if parked:
+            self.park(r, i, parked, now)
         if c.blocked_since is not None:
             c.kv_blocked += now - c.blocked_since
             c.blocked_since = None
@@ -726,9 +746,11 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
               "busy_draft": c.busy_draft,
               "decoded": c.decoded, "stall": c.stall, "work": c.work,
               "kv_blocked": c.kv_blocked, "reused": c.reused, "restored": c.restored,
+              "parked": c.parked,
               "kv_used": used,
               "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
              for c, used, trace, events in per_region]
     return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,
             np.array(sim.from_cache, dtype=np.int64), np.array(sim.from_host, dtype=np.int64),
-            gaps[:, 0].astype(np.int32), gaps[:, 1].copy(), stats, loop_s)
+            np.array(sim.to_host, dtype=np.int64), gaps[:, 0].astype(np.int32),
+            gaps[:, 1].copy(), stats, loop_s)

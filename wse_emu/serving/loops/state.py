@@ -45,14 +45,15 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                       "decoded": int(st.decoded[r]), "stall": float(st.stall[r]),
                       "work": float(st.work[r]), "kv_blocked": float(st.kv_blocked[r]),
                       "reused": int(st.reused[r]), "restored": int(st.restored[r]),
+                      "parked": int(st.parked[r]),
                       "kv_used": int(st.kv_used[r]),
                       "trace": trace[owner == r] if len(pools) > 1 else trace,
                       "events": events})
     where = [names[w] if w >= 0 else "" for w in st.where.tolist()]
     g = st.counts[cl.GAPS]
     return (st.arrival, st.first, st.finish, st.made.copy(), where, st.from_cache.copy(),
-            st.from_host.copy(), st.gap_req[:g].astype(np.int32), st.gap_cyc[:g].copy(),
-            stats, loop_s)
+            st.from_host.copy(), st.to_host.copy(), st.gap_req[:g].astype(np.int32),
+            st.gap_cyc[:g].copy(), stats, loop_s)
 
 
 def heap_room(requests: int) -> int:
