@@ -29,7 +29,6 @@ transformers = pytest.importorskip("transformers", minversion="5.0")
 
 from naive.reference_forward import ReferenceModel  # noqa: E402
 
-from wse_emu.models.layer import EXPERT_TENSORS  # noqa: E402
 from wse_emu.models.spec import ModelSpec  # noqa: E402
 
 VOCAB, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 128, 64, 96, 4, 2
@@ -272,7 +271,7 @@ def hub_layout(spec: ModelSpec, state: dict[str, np.ndarray]) -> dict[str, np.nd
     reads, hold one matrix per expert and projection. gpt-oss's layout is the Hub's already."""
     if spec.family not in ("mixtral", "qwen3_moe"):
         return state
-    router, gate, up, down = EXPERT_TENSORS[spec.family]
+    router, gate, up, down = spec.family_record.expert_tensors
     m = spec.experts.intermediate_size
     out = {}
     for name, value in state.items():

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from wse_emu.errors import UserError
-from wse_emu.validation import gpu_planner, noc, trn2, vendor, waferllm
+from wse_emu.validation import gpu_planner, logits, noc, trn2, vendor, waferllm
 from wse_emu.validation.checks import FAST, Check, Outcome, run_check
 
 CHECKS: list[Check] = [*waferllm.CHECKS, *vendor.CHECKS, *trn2.CHECKS, *gpu_planner.CHECKS,
-                       *noc.CHECKS]
+                       *noc.CHECKS, *logits.CHECKS]
 
 
 def chosen(fast_only: bool = False, only: str | None = None) -> list[Check]:
