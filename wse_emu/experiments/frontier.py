@@ -455,15 +455,12 @@ class FrontierReport:
                 f"{len(self.rungs)} rungs{head})")
 
 
-def report_from_json(data: dict):
-    """Any experiment.json read back as its report: a drift experiment's (it names the
-    workload it tuned on), a frontier's (it has rungs), a varied experiment's (it has a row
-    per value), or an experiment's."""
+def report_from_json(data: dict) -> ExperimentReport | VaryReport | FrontierReport:
+    """An experiment.json of ``experiment disagg`` or ``frontier`` read back as its report: a
+    frontier's (it has rungs), a varied experiment's (it has a row per value), or an
+    experiment's (``rundir.read`` reads a drift experiment's too)."""
     if not isinstance(data, dict):
         raise ValueError("not a mapping")
-    if "tuned_on" in data:
-        from wse_emu.experiments.drift import DriftReport  # drift reads the spec, which
-        return DriftReport.from_json(data)               # reads this module
     if "rungs" in data:
         return FrontierReport.from_json(data)
     if "sensitivity" in data:

@@ -23,6 +23,7 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.comparison import ExperimentReport, VaryReport
+from wse_emu.experiments.drift import DriftReport
 from wse_emu.experiments.frontier import FrontierReport, report_from_json
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.metrics import ServeReport
@@ -40,8 +41,8 @@ class RunDir:
     results: dict = field(default_factory=dict)  # results.json of `run`
     metrics: ServeReport | None = None  # metrics.json of `serve`
     summary: dict = field(default_factory=dict)  # summary.json of `compile`
-    # experiment.json of `experiment disagg` (with --vary, a VaryReport) or `frontier`
-    experiment: ExperimentReport | VaryReport | FrontierReport | None = None
+    # experiment.json of `experiment disagg` (with --vary, a VaryReport), `frontier` or `drift`
+    experiment: ExperimentReport | VaryReport | FrontierReport | DriftReport | None = None
     sweep: SweepSpec | None = None  # sweep.json of `sweep`
     sweep_rows: list[SweepRow] = field(default_factory=list)  # its results.jsonl
     inspect: dict = field(default_factory=dict)  # inspect.json of `inspect`
@@ -78,7 +79,7 @@ def load_run(path: str | Path) -> RunDir:
         except (OSError, ValueError) as exc:
             raise UserError(f"{path / 'counters.npz'}: unreadable ({exc})") from None
     for name, parse in (("results", None), ("metrics", ServeReport.from_json),
-                        ("summary", None), ("experiment", report_from_json),
+                        ("summary", None), ("experiment", _experiment),
                         ("inspect", None)):
         file = path / f"{name}.json"
         if file.exists():
@@ -171,3 +172,11 @@ def _impossible(value, name: str, free: bool) -> str | None:
     if value > 1 + SLACK and FRACTION.fullmatch(name):
         return f"{value:.0%}, over 100%"
     return None
+
+
+def _experiment(data: dict):
+    """Any experiment.json read back as its report: a drift experiment's (it names the
+    workload both plans were tuned on), else as ``frontier.report_from_json`` reads it."""
+    if isinstance(data, dict) and "tuned_on" in data:
+        return DriftReport.from_json(data)
+    return report_from_json(data)
