@@ -40,10 +40,14 @@ INTERRUPTED = "wse-emu: interrupted"
 
 
 def start(cache: Path, out: Path, stderr) -> subprocess.Popen:
-    """The command in a session (and process group) of its own."""
+    """The command in a session (and process group) of its own, with SIGINT as a shell at a
+    terminal starts a command: at its default. (A test run started in the background by a
+    shell without job control inherits SIGINT ignored, and would pass that on: the command
+    would then rightly keep ignoring Ctrl-C.)"""
     return subprocess.Popen(
         [sys.executable, "-m", "wse_emu.cli.main", *COMMAND, "--cache-dir", str(cache), "-o",
-         str(out)], stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+         str(out)], stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def finish(proc: subprocess.Popen) -> str:

@@ -9,7 +9,7 @@ import argparse
 import shlex
 
 import pytest
-from helpers import SMALL_CHAT
+from helpers import FIXTURES, SMALL_CHAT
 
 from wse_emu.cli import reference
 from wse_emu.cli.main import main
@@ -80,7 +80,8 @@ def values(tmp_path_factory):
     assert main(["--quiet", "compile", "tiny", "--fabric", "mesh16", "-o", str(compiled)]) == 0
     return {"model": "tiny", "target": "tiny", "workload": str(SMALL_CHAT), "ttft_s": "1",
             "tpot_s": "0.005", "kinds": "wse3,trn2", "prompt_ids": "1,2,3",
-            "sweep": str(sweep), "run_dir": str(compiled)}
+            "sweep": str(sweep), "run_dir": str(compiled),
+            "served_on": str(FIXTURES / "small_long.yaml")}
 
 
 def test_every_command_is_run_here_or_left_out_with_why():
