@@ -101,7 +101,8 @@ class DriftSpec:
 class DriftRow:
     """Both plans on one workload: as tuned on the first (``fixed``) and as tuned on this one
     (``retuned``: the better of its own tuning's choice and the fixed one, on the same runs),
-    each plan's label and output tokens/s per system (means over the draws), the ratio
+    each plan's label (the first draw's) and output tokens/s per system over the whole run
+    (means over the draws), the ratio
     disaggregated / colocated of each over the draws (``intervals.ratio_interval``), each
     plan's regret (1 - fixed / retuned capacity, per draw, ``intervals.interval``), why the
     fixed choices stopped where they did (on the first draw), and the time to lay out the

@@ -62,8 +62,8 @@ def join(parts: list):
         arrivals = part.arrival_s - np.nanmin(part.arrival_s)
         columns["arrival_s"].append(arrivals + start)
         columns["session"].append(part.session + sessions)
-        for k in ("prompt_tokens", "output_tokens", "call", "think_s"):
-            columns[k].append(getattr(part, k))
+        for name in ("prompt_tokens", "output_tokens", "call", "think_s"):
+            columns[name].append(getattr(part, name))
         start += span_s(part) + gap
         sessions += int(part.session.max()) + 1
     return replace(first, blocks=None, **{k: np.concatenate(v) for k, v in columns.items()})
