@@ -121,9 +121,11 @@ def test_fast_engine_frees_the_links_behind_a_blocked_message_by_its_queues(queu
     assert list(res.point_done) == fast_twin(g, 1, 2, queue)[2]
 
 
-@pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("queue", [1, 3])
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("queue", [0, 1, 3])
 def test_fast_engine_matches_its_twin_with_other_queue_depths(seed, queue):
+    # Shallow queues hold links behind a hold-up longest: the wormhole pass the engine skips
+    # for a message that never waited past its first link must give the twin's times.
     g = random_graph(seed + 20)
     res = fast.run(g, 1, 2, queue)
     start, end, point_done = fast_twin(g, 1, 2, queue)

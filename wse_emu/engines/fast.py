@@ -251,43 +251,44 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, heap, size):
         return _deliver(msgs.point_base[m], e + ramp + M - 1, msgs, tasks, progress, times,
                         heap, size)
     n_links = 0
-    while r != d_pe:
-        if dx > x:
-            d = 1
-        elif dx < x:
-            d = 3
-        elif dy > y:
-            d = 2
+    base = msgs.point_base[m]
+    # Whether the head waited anywhere past its first link (for a link, or a tap into a PE):
+    # if not, no link is held past its own wavelets and the wormhole pass below is skipped.
+    waited = False
+    for leg in range(2):  # x first, then y: two straight runs, one direction and stride each
+        if leg == 0:
+            count, d, stride = (dx - x, 1, 1) if dx > x else (x - dx, 3, -1)
         else:
-            d = 0
-        t = head if head > link_free[r, d] else link_free[r, d]
-        link_free[r, d] = t + M
-        network.link_wavelets[r, d] += M
-        path_r[n_links] = r
-        path_d[n_links] = d
-        path_t[n_links] = t
-        n_links += 1
-        if d == 0:
-            y -= 1
-            r -= width
-        elif d == 1:
-            x += 1
-            r += 1
-        elif d == 2:
-            y += 1
-            r += width
-        else:
-            x -= 1
-            r -= 1
-        head = t + hop  # head reaches the next router
-        if line or r == d_pe:
-            e = head if head > ramp_out_free[r] else ramp_out_free[r]
-            ramp_out_free[r] = e + M
-            size = _deliver(msgs.point_base[m] + point, e + ramp + M - 1, msgs, tasks,
-                            progress, times, heap, size)
-            point += 1
-            # A multicast moves on only as its tap into this PE takes the wavelets.
-            head = e
+            count, d, stride = (dy - y, 2, width) if dy > y else (y - dy, 0, -width)
+        for _ in range(count):
+            t = link_free[r, d]
+            if t > head:
+                waited = waited or n_links > 0
+            else:
+                t = head
+            link_free[r, d] = t + M
+            network.link_wavelets[r, d] += M
+            path_r[n_links] = r
+            path_d[n_links] = d
+            path_t[n_links] = t
+            n_links += 1
+            r += stride
+            head = t + hop  # head reaches the next router
+            if line or r == d_pe:
+                e = head
+                if ramp_out_free[r] > e:
+                    e = ramp_out_free[r]
+                    waited = True
+                ramp_out_free[r] = e + M
+                size = _deliver(base + point, e + ramp + M - 1, msgs, tasks, progress, times,
+                                heap, size)
+                point += 1
+                # A multicast moves on only as its tap into this PE takes the wavelets.
+                head = e
+    if not waited:
+        # Every link after the first was crossed as soon as the head reached it: the
+        # wavelets behind never back up past a queue, so no link is held longer.
+        return size
     # Wormhole: a link is held until the wavelets behind a hold-up fit in the queues ahead.
     hold = path_t[n_links - 1] + M
     for i in range(n_links - 2, -1, -1):

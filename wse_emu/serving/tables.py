@@ -34,6 +34,7 @@ from wse_emu.sim.runner import region_transfers, signature, stage_time
 from wse_emu.sim.warm import warm_engine
 from wse_emu.util.cachedir import user_cache_dir
 from wse_emu.util.checks import typed
+from wse_emu.util.memory import keep_freed_memory
 from wse_emu.util.progress import Phase, warn
 from wse_emu.util.workers import gathered
 
@@ -554,6 +555,7 @@ _PROGRAMS_KEPT = 16
 def time_blob(digest: str, blob: bytes, region: str, phase: str, engine: str, stage: int,
               x: int, y: int) -> float:
     """``time_shape`` of a program given as ``_Blobs`` made it."""
+    keep_freed_memory()  # the next shape reuses this one's pages (``util.memory``)
     program = _PROGRAMS.get(digest)
     if program is None:
         if len(_PROGRAMS) >= _PROGRAMS_KEPT:

@@ -305,11 +305,16 @@ def stage_time(program: WaferProgram, stage: Stage, step: MicroBatch, engine: st
     """What a stage table keeps of ``stage`` at ``step``: its cycles, or for a verify step its
     cycles per later tile (the step's time in the stage beyond its first tile's, over the
     drafted tokens, as the engine times the whole step: its tiles follow each other through
-    the stage)."""
-    run = simulate_stage(program, stage, step, engine)
-    if step.drafted:
-        return (run.cycles - run.first_tile_cycles) / step.drafted
-    return float(run.cycles)
+    the stage). Only the cycles: the per-PE and per-kernel counters of ``simulate_stage`` are
+    not made."""
+    graph, _, _ = stage_graph(program, stage, step)
+    cycles = makespan_of(*execute(graph, program.fabric, engine)[1:3])
+    if not step.drafted:
+        return float(cycles)
+    del graph  # before the first tile's own graph is built
+    alone, _, _ = stage_graph(program, stage, step.tiles()[0])
+    first = makespan_of(*execute(alone, program.fabric, engine)[1:3])
+    return (cycles - first) / step.drafted
 
 
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
