@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from wse_emu import api
 from wse_emu.cli.main import main
 from wse_emu.experiments.comparison import ExperimentReport, Space
+from wse_emu.experiments.draws import precision_text
 from wse_emu.experiments.frontier import (
     FrontierPoint,
     FrontierReport,
@@ -113,6 +114,27 @@ def test_a_speed_no_configuration_reaches_has_no_capacity_and_no_ratio(tmp_path,
     assert not data.precision["reached"] and "not defined on every draw" in data.precision["why"]
     assert data.fastest_reached == {"colocated": 0.0, "disaggregated": 0.0}
     assert data.frontier == {"colocated": [], "disaggregated": []}
+
+
+@pytest.mark.e2e
+def test_draws_are_judged_at_the_fastest_rung_both_reach_when_neither_reaches_the_headline(
+        tmp_path, ladder):
+    too_fast = 2.0 / ladder.lone_decode_step_s
+    both = [r.user_speed for r in ladder.rungs
+            if all(p.reached for p in r.plans.values())]
+    assert both, "the module's ladder has a rung both plans reach"
+    slower = max(both)
+    data = tiny_frontier(tmp_path, user_speeds=[too_fast, slower], user_speed=too_fast,
+                         max_seeds=4)
+    assert data.headline.capacity_ratio.neither_draws == data.headline.capacity_ratio.draws
+    precision = data.precision
+    assert precision["judged_at"] == slower and precision["headline_unreached"] == too_fast
+    # The draws were judged at the slower rung: its ratio is defined on each of them.
+    rung = next(r for r in data.rungs if r.user_speed == slower)
+    assert rung.capacity_ratio.draws == data.seeds == precision["draws"]
+    assert rung.capacity_ratio.unbounded_draws == rung.capacity_ratio.neither_draws == 0
+    assert f"at {slower:,.0f} tokens/s per user (neither plan reaches" in \
+        precision_text(precision)
 
 
 def test_a_ratio_over_a_colocated_zero_is_unbounded_not_a_number():

@@ -158,11 +158,16 @@ def precision_text(report: dict | None) -> str | None:
         return None
     n, width = report["draws"], report.get("relative_half_width")
     shown = "no interval" if width is None else f"+-{width:.1%}"
+    where = ""
+    if report.get("judged_at") is not None:  # a frontier whose headline neither plan reaches
+        where = (f" at {report['judged_at']:,.0f} tokens/s per user (neither plan reaches "
+                 f"{report['headline_unreached']:,.0f} on any draw; this is the fastest rung "
+                 "both reach on each)")
     if report["reached"]:
-        return (f"Draws added until the ratio's 95% interval was within "
+        return (f"Draws added until the ratio's 95% interval{where} was within "
                 f"+-{report['asked']:.0%}: {n} draws, {shown}.")
-    text = (f"Precision +-{report['asked']:.0%} not reached ({shown} over {n} draws of at "
-            f"most {report['max_draws']}): {report['why']}.")
+    text = (f"Precision +-{report['asked']:.0%} not reached{where} ({shown} over {n} draws of "
+            f"at most {report['max_draws']}): {report['why']}.")
     spread = report.get("spread")
     if spread:
         cv = spread["coefficient_of_variation"]

@@ -145,7 +145,7 @@ def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
         ladder = speeds.user_speeds or tuple(frontiers.speed_ladder(floor, speed))
         if speed is not None and not any(np.isclose(speed, s) for s in ladder):
             ladder = tuple(sorted((*ladder, speed), reverse=True))
-        job, precision = headline_draws(setup, job, spec, speed)
+        job, precision = headline_draws(setup, job, spec, speed, ladder)
         rungs = []
         for k, s in enumerate(ladder):
             if progress:
@@ -162,12 +162,16 @@ def frontier(spec: FrontierSpec) -> frontiers.FrontierReport:
         experiments={f"{s:g}": d for s, d in rungs}, precision=precision)
 
 
-def headline_draws(setup: Setup, job: Job, spec: FrontierSpec, speed: float | None) -> tuple:
+def headline_draws(setup: Setup, job: Job, spec: FrontierSpec, speed: float | None,
+                   ladder: tuple = ()) -> tuple:
     """The job every rung runs, on as many draws as the headline's capacity ratio needs to be
     as precise as asked (``draws.run_until_precise``; the serving runs stay in the job's
     book for its rung), and the precision's account; with draws fixed, as it is and None.
     Without a headline speed there is no ratio to judge the draws by: the first ones, and
-    the account says so."""
+    the account says so. Where neither plan reaches the headline speed on any of the first
+    draws, the draws are judged at the fastest rung of ``ladder`` below it that both plans
+    reach on each of them (``judged_at`` in the account), so that the rungs where the plans
+    can be compared are as precise as asked."""
     plan = setup.plan
     if plan.fixed:
         return job, None
@@ -175,11 +179,41 @@ def headline_draws(setup: Setup, job: Job, spec: FrontierSpec, speed: float | No
         return job, precision_report(plan, len(job.draws), Swing(
             None, {}, [], "no headline speed (no vendor's speed for this model, and no "
                           "`user_speed`) to judge the draws by"))
-    targets = spec.targets(speed)
-    _, precision = run_until_precise(
-        plan, lambda n: setup.run(replace(job, draws=setup.first(n), targets=targets))[0],
-        lambda data: frontiers.capacity_swing(data, setup.all_draws), setup.progress)
+
+    def at(s: float):
+        targets = spec.targets(s)
+        return lambda n: setup.run(replace(job, draws=setup.first(n), targets=targets))[0]
+
+    def swing(data):
+        return frontiers.capacity_swing(data, setup.all_draws)
+
+    headline, precision = run_until_precise(plan, at(speed), swing, setup.progress)
+    judged = _slower_rung_both_reach(at, headline, speed, ladder, plan.start)
+    if judged is not None:
+        if setup.progress:
+            setup.progress(f"neither plan reaches {speed:,.0f} tokens/s per user: the draws "
+                           f"judged at {judged:,.0f}, the fastest rung both reach")
+        _, precision = run_until_precise(plan, at(judged), swing, setup.progress)
+        precision["judged_at"] = judged
+        precision["headline_unreached"] = speed
     return replace(job, draws=setup.first(precision["draws"])), precision
+
+
+def _slower_rung_both_reach(at, headline, speed: float, ladder: tuple,
+                            start: int) -> float | None:
+    """Where the ``headline`` rung's first draws have neither plan reaching ``speed`` on any
+    of them, the fastest rung of ``ladder`` slower than it on which both plans reach the rung
+    on each of the first ``start`` draws (``at(s)(n)``: the rung at s on n draws); else
+    None."""
+    ratio = frontiers.capacity_ratio(headline)
+    if ratio.neither_draws < ratio.draws:
+        return None
+    for s in sorted((s for s in ladder if s < speed and not np.isclose(s, speed)),
+                    reverse=True):
+        by_draw = frontiers.capacity_by_draw(at(s)(start))
+        if all(got[plan] > 0 for got in by_draw for plan in frontiers.PLANS):
+            return s
+    return None
 
 
 def decode_floor(setup: Setup, job: Job) -> float:
