@@ -284,9 +284,7 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
     if len(tiles) > 1:
         # The first tile's own trip through the stage, as it makes it when it arrives alone
         # (in a pipeline, tiles reach a stage one after another).
-        alone, _, _ = stage_graph(program, stage, tiles[0])
-        _, a_end, a_done, _ = execute(alone, fabric, engine)
-        first = makespan_of(a_end, a_done)
+        first = stage_cycles(program, stage, tiles[0], engine)
     busy = np.bincount(graph.task_pe, weights=graph.task_cycles,
                        minlength=graph.width * graph.height).reshape(graph.height, graph.width)
     spans, kernel_busy = {}, {}
@@ -307,14 +305,16 @@ def stage_time(program: WaferProgram, stage: Stage, step: MicroBatch, engine: st
     drafted tokens, as the engine times the whole step: its tiles follow each other through
     the stage). Only the cycles: the per-PE and per-kernel counters of ``simulate_stage`` are
     not made."""
-    graph, _, _ = stage_graph(program, stage, step)
-    cycles = makespan_of(*execute(graph, program.fabric, engine)[1:3])
+    cycles = stage_cycles(program, stage, step, engine)
     if not step.drafted:
         return float(cycles)
-    del graph  # before the first tile's own graph is built
-    alone, _, _ = stage_graph(program, stage, step.tiles()[0])
-    first = makespan_of(*execute(alone, program.fabric, engine)[1:3])
-    return (cycles - first) / step.drafted
+    return (cycles - stage_cycles(program, stage, step.tiles()[0], engine)) / step.drafted
+
+
+def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> int:
+    """The cycles ``step`` takes through ``stage`` on ``engine``, and nothing else."""
+    graph, _, _ = stage_graph(program, stage, step)
+    return makespan_of(*execute(graph, program.fabric, engine)[1:3])
 
 
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
