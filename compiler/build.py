@@ -239,6 +239,16 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
         b.connect(f"stage{i - 1}->stage{i}", homes[i - 1], homes[i],
                   ly.carried_values(model, flat[i - 1].spec.experts) * d, stage=i)
     first, last = named[0], named[-1]
+    if options.ends_shared:
+        # The embedding and LM head are another program's (an mtp draft's target's): the
+        # hidden state and the next token's embedding come in at the first stage's home,
+        # and the hidden state leaves from the last's for that program's LM head.
+        home_in, home_out = first[ly.home_site(model)], last[ly.home_site(model)]
+        b.edge_route("io_in", "target->stage0", rects_edge(home_in), bytes_per_token=2 * h * d,
+                     dst=[home_in.id])
+        b.edge_route("io_out", "stage->target", rects_edge(home_out), bytes_per_token=h * d,
+                     src=home_out.id)
+        return _finish(b, model, fabric, part_shapes, flat, named, homes, options)
     head = last["lm_head"]
     if model.tie_embeddings:
         gather = b.kernel(b.stages[-1], "embedding", "gather", head.rect, layers=1,
@@ -250,7 +260,11 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
     b.edge_route("io_in", "tokens->embedding", first["embedding"].rect, bytes_per_token=4,
                  dst=[first["embedding"].id])
     b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4, src=head.id)
+    return _finish(b, model, fabric, part_shapes, flat, named, homes, options)
 
+
+def _finish(b, model, fabric, part_shapes, flat, named, homes, options) -> RegionTemplate:
+    """The region's colors, KV plan and bounds, once every route is in."""
     held_back = 1 if options.plan == "disaggregated" else 0
     try:
         colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages),

@@ -18,17 +18,21 @@ region's drafts tokens, and each is timed as if it had the strip to itself (a si
 in the split's favour, said where the split is reported).
 
 The draft is a model preset, a model YAML or a Hugging Face config.json of the same
-vocabulary, or ``mtp``: a one-layer head of the target's own architecture (one decoder layer,
-its embedding and LM head), as multi-token-prediction and EAGLE-style heads are. Such heads
-share the target's embedding and LM head in the published designs; here they keep their own
-copy beside the layer, which their step reads as the target's would, so their weights are
-counted once more than a shared head's would be.
+vocabulary (laid out whole on the strip: its own embedding, layers and LM head), or ``mtp``:
+a one-layer head of the target's own architecture, as multi-token-prediction and EAGLE-style
+heads are. As in their published designs, such a head shares the target's embedding and LM
+head: its strip holds its decoder layer alone (``CompileOptions.ends_shared``), and each of its
+steps runs the target's embedding and LM-head kernels once more, which the serving tables time
+(``sim.shared_ends``). The projection such heads apply to their input (the token's embedding
+beside the target's hidden state, 2h values to h) is not laid out: the strip holds the layer's
+weights and no more.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from wse_emu.compiler.partition import laid_weight_bytes
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec, with_overrides
 from wse_emu.models.load import load_model
@@ -67,7 +71,7 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
     fabric = cluster.fabric
     usable = fabric.usable_bytes_per_pe
     # No narrower strip holds the draft's weights alone.
-    width = max(1, -(-draft.weight_bytes() // (fabric.height * usable)))
+    width = max(1, -(-_laid(draft, options) // (fabric.height * usable)))
     tried: dict[int, tuple] = {}
 
     def attempt(w: int) -> tuple:
@@ -88,7 +92,8 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
     low = width - 1
     while _state(attempt(width)) == SHORT:
         if width >= widest:
-            raise CompileError(_no_room(model, draft, fabric, widest, attempt(widest)))
+            raise CompileError(_no_room(model, draft, fabric, widest, attempt(widest),
+                                            options))
         low, width = width, min(widest, max(width + 1, int(width * 1.5)))
     # The narrowest strip that holds both lies in (low, width], if any does: a narrower one
     # leaves the draft short of room, a wider one the target (a replica over wafers needing
@@ -131,7 +136,8 @@ def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
                                 reserved_columns=width)
     own = dataclasses.replace(alone, plan="colocated", prefill_share=None,
                               prefill_systems=None, region=(width, fabric.height),
-                              layers_per_stage=None, reserved_columns=0)
+                              layers_per_stage=None, reserved_columns=0,
+                              ends_shared=options.draft == MTP)
     try:
         target = compile_fn(model, cluster, alone)
     except CompileError as exc:
@@ -157,18 +163,24 @@ def strip_systems(program: WaferProgram) -> list[int]:
     return sorted({r.parts[-1].system for r in program.regions})
 
 
-def _no_room(model, draft, fabric, width: int, pair: tuple) -> str:
+def _no_room(model, draft, fabric, width: int, pair: tuple, options) -> str:
     """Why no strip up to ``width`` columns (half the wafer's) holds the draft, and how much
     SRAM it lacks."""
     strip = width * fabric.height * fabric.usable_bytes_per_pe
     target, side = pair  # the target maps beside it
-    need = draft.weight_bytes()
+    need = _laid(draft, options)
     if not isinstance(side, str):  # the weights fit; the KV room does not
         need += tokens_per_wafer(target) * draft.kv_bytes_per_token()
     return (f"the draft {draft.name} does not fit beside {model.name} on {fabric.name}: "
             f"with KV room for the target's tokens it needs {_gb(need)} of SRAM, and half the "
             f"wafer's columns ({width}) hold {_gb(strip)}: it lacks {_gb(max(need - strip, 0))}"
             " or more (a smaller draft, or mtp)")
+
+
+def _laid(draft: ModelSpec, options: CompileOptions) -> int:
+    """The draft's weights its strip holds: an mtp head's layer alone (its ends the
+    target's)."""
+    return laid_weight_bytes(draft, options.draft == MTP)
 
 
 def _gb(n: float) -> str:
@@ -211,7 +223,9 @@ def draft_summary(target: WaferProgram, side: WaferProgram, fabric, width: int) 
     sram = int(side.sram_total().sum())
     return {"model": side.model.name, "strips": len(strip_systems(target)),
             "strip_columns": width,
-            "strip_pes": width * fabric.height, "weight_bytes": side.model.weight_bytes(),
+            "strip_pes": width * fabric.height,
+            "weight_bytes": laid_weight_bytes(side.model, side.options.ends_shared),
+            "shares_target_ends": side.options.ends_shared,
             "sram_bytes": sram, "share_of_wafer_pes": width / fabric.width,
             "kv_capacity_tokens": side.regions[0].kv_capacity_tokens,
             "target_kv_capacity_tokens": tokens_per_wafer(target)}

@@ -63,15 +63,17 @@ def layout_region(model, part_shapes, options, budget, fewest) -> list[list[Stag
     wafers has a layer cut between two wafers wherever whole layers leave room for part of one
     (``split_layers_in_parts``)."""
     parts = len(part_shapes)
-    extra_first = 0 if model.tie_embeddings else model.embedding_weight_bytes()
-    extra_last = model.head_weight_bytes()
+    ends = not options.ends_shared  # else another program's stages hold them
+    extra_first = model.embedding_weight_bytes() if ends and not model.tie_embeddings else 0
+    extra_last = model.head_weight_bytes() if ends else 0
     budgets = [w * h * budget for w, h in part_shapes]
     ranges = split_layers(model.layer_weight_bytes(), model.num_layers, budgets, extra_first,
                           extra_last)
 
     def lay_out(plan: list[list]) -> list[list[StageLayout]]:
-        return [_layout_part(model, w, h, items, p == 0, p == parts - 1, p, budget, options,
-                             fewest) for p, ((w, h), items) in enumerate(zip(part_shapes, plan))]
+        return [_layout_part(model, w, h, items, ends and p == 0, ends and p == parts - 1, p,
+                             budget, options, fewest)
+                for p, ((w, h), items) in enumerate(zip(part_shapes, plan))]
 
     try:
         return lay_out([[(i, None) for i in range(l0, l1)] for l0, l1 in ranges])

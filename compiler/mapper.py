@@ -11,7 +11,7 @@ from wse_emu.compiler.build import RegionTemplate
 from wse_emu.compiler.draft import compile_with_draft
 from wse_emu.compiler.layout import NoLayout
 from wse_emu.compiler.options import CompileOptions
-from wse_emu.compiler.partition import RegionPlan, partition, wafers_needed
+from wse_emu.compiler.partition import RegionPlan, laid_weight_bytes, partition, wafers_needed
 from wse_emu.compiler.routing import color_masks, popcount
 from wse_emu.compiler.template import build_template
 from wse_emu.compiler.tiling import ownership_check
@@ -52,7 +52,8 @@ def _plan_and_template(model, cluster, options):
         except CompileError as exc:
             if span is None:
                 raise
-            fewest = wafers_needed(model, cluster.fabric, options.reserved_columns)
+            fewest = wafers_needed(model, cluster.fabric, options.reserved_columns,
+                                   options.ends_shared)
             raise CompileError(
                 f"{model.name} needs {span} x {cluster.fabric.name} per replica: {fewest} hold "
                 f"its weights by SRAM, but their tiles do not lay out on {span - 1} "
@@ -168,7 +169,8 @@ def verify(program: WaferProgram) -> None:
     if int(total.max()) > fabric.sram_bytes_per_pe:
         raise AssertionError(f"a PE holds {int(total.max())} bytes > {fabric.sram_bytes_per_pe}")
     weights = int(program.arrays["sram_weights"].astype(np.int64).sum())
-    expected = model.weight_bytes() * len(program.regions)
+    shared = program.options.ends_shared  # the embedding and LM head are another program's
+    expected = laid_weight_bytes(model, shared) * len(program.regions)
     # A packed format (MXFP4's 4.25 bits) rounds each PE's block up to whole bytes, and the
     # model's total to the nearest byte.
     blocks = sum(k.grid[0] * k.grid[1] for k in program.kernels if k.kind == "matrix") \
@@ -178,7 +180,7 @@ def verify(program: WaferProgram) -> None:
     if sum(k.weight_bytes for k in program.kernels) != weights:
         raise AssertionError("kernel weight bytes do not add up to the PEs'")
     expected_owners = {("embedding", None)} if not model.tie_embeddings else set()
-    expected_owners |= {("lm_head", None)}
+    expected_owners = set() if shared else expected_owners | {("lm_head", None)}
     matrices = {op.name for op in ly.layer_ops(model) if op.kind in ly.MATRIX_KINDS}
     # An expert matrix is owned expert by expert (a split layer's experts lie in two stages).
     experts = {op.name: range(op.experts) for op in ly.layer_ops(model) if op.experts}
@@ -240,7 +242,8 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "decode_bound_cycles": s.bounds["decode"]["cycles"],
         "decode_bound_by": s.bounds["decode"]["dominant"],
     } for s in program.stages]
-    wafers = wafers_needed(model, fabric, program.options.reserved_columns)
+    wafers = wafers_needed(model, fabric, program.options.reserved_columns,
+                           program.options.ends_shared)
     return {
         "model": model.name,
         "cluster": f"{program.systems} x {fabric.name}",
@@ -252,7 +255,7 @@ def summarize(program: WaferProgram, templates, plans) -> dict:
         "pes_total": int(program.systems * fabric.pes),
         "pes_used": int(used.sum()),
         "weight_bytes_total": int(program.arrays["sram_weights"].astype(np.int64).sum()),
-        "weight_bytes_model": model.weight_bytes(),
+        "weight_bytes_model": laid_weight_bytes(model, program.options.ends_shared),
         "sram_bytes_per_pe": fabric.sram_bytes_per_pe,
         "sram_bytes_max_per_pe": int(total.max()),
         "sram_static_bytes_max_per_pe": int((total - program.arrays["sram_kv_cache"]).max()),

@@ -13,7 +13,11 @@ __all__ = ["DEFAULT_PATTERNS", "PLANS", "CompileOptions", "compile_options", "pa
 def compile_options(**options) -> CompileOptions:
     """``CompileOptions`` of the fields given by name (each checked there); a name that is
     not one refused with the names that are."""
-    names = [f.name for f in fields(CompileOptions)]
+    if options.get("ends_shared"):
+        # A program without its embedding and LM head runs only beside one that has them.
+        raise UserError("`ends_shared` is the compiler's own, for an mtp draft's strip: give "
+                        "`draft=\"mtp\"`")
+    names = [f.name for f in fields(CompileOptions) if f.name != "ends_shared"]
     unknown = [name for name in options if name not in names]
     if unknown:
         raise UserError(f"`{unknown[0]}` is not a compile option: the options are "

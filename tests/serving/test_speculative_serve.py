@@ -163,3 +163,38 @@ def test_the_draft_takes_more_of_decode_the_more_it_drafts(drafted, cache):
     shares = [served(drafted, cache, draft_tokens=k, acceptance=0.7).report.to_json()
               ["speculation"]["draft_share_of_decode"]["mixed0"] for k in (1, 4)]
     assert 0 < shares[0] < shares[1] < 1
+
+
+def test_an_mtp_heads_steps_keep_the_targets_embedding_and_lm_head_busy(drafted, cache):
+    """Each drafted token runs the target's embedding and LM-head kernels once more: the
+    speculating pool's decode table holds K such passes in the target's stages that hold them,
+    each kernel timed by the engine alone, and its reference step counts them as the draft's."""
+    from wse_emu.models.layer import MicroBatch
+    from wse_emu.pools.kinds.wafer import wafer_pools
+    from wse_emu.pools.speculative import step_alone
+    from wse_emu.sim.shared_ends import ends_cycles
+
+    k = 3
+    alone = wafer_pools(drafted, cache)[0]
+    spec = wafer_pools(drafted, cache, draft_tokens=k)[0]
+    ends, drafts = spec.draft_ends, spec.draft_stages
+    assert ends is not None and drafts == len(drafted.draft.regions[0].stage_ids)
+    stages = [drafted.stages[i] for i in drafted.regions[0].stage_ids]
+    for i, batch in enumerate(ends.axis0):
+        step = MicroBatch("decode", batch=int(batch), context=int(ends.axis1[0]))
+        timed = [ends_cycles(drafted, s, step, "fast") for s in stages]
+        assert list(ends.cycles[:, i, 0]) == timed
+        assert timed[0] > 0 and timed[-1] > 0  # the embedding's stage, the LM head's
+        np.testing.assert_allclose(spec.decode.cycles[drafts:, i],
+                                   alone.decode.cycles[:, i] + k * ends.cycles[:, i, :])
+        # The drafted tokens' trips between the strip and them, on top of the target's.
+        assert ends.transfers[i, 0] > 0
+        assert (spec.decode.transfers[i] >= alone.decode.transfers[i]
+                + k * ends.transfers[i, 0]).all()
+    # Without the passes, the draft's share of the reference step would be smaller.
+    with_ends = step_alone(spec, drafts, 1.0)
+    spec.draft_ends = None
+    without = step_alone(spec, drafts, 1.0)
+    assert with_ends["draft_s"] > without["draft_s"]
+    assert with_ends["draft_s"] + with_ends["verify_s"] == \
+        pytest.approx(without["draft_s"] + without["verify_s"])

@@ -131,8 +131,10 @@ def _draft_line(s: dict) -> list[str]:
     d = s.get("draft")
     if not d:
         return []
+    ends = " (its embedding and LM head the target's)" if d.get("shares_target_ends") else ""
     return [f"  draft                {d['model']} on a strip of {d['strip_columns']} columns "
-            f"({d['share_of_wafer_pes']:.1%} of the PEs): {gb(d['weight_bytes'])} of weights, "
+            f"({d['share_of_wafer_pes']:.1%} of the PEs): {gb(d['weight_bytes'])} of weights"
+            f"{ends}, "
             f"{gb(d['sram_bytes'])} of SRAM, KV for {d['kv_capacity_tokens']:,} tokens; the "
             f"target keeps KV for {d['target_kv_capacity_tokens']:,}"]
 

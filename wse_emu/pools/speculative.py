@@ -25,11 +25,13 @@ from wse_emu.serving.tables import StageTable
 
 def with_draft(decode: StageTable | None, prefill: StageTable | None,
                verify: StageTable | None, draft_decode: StageTable, draft_prefill: StageTable,
-               draft_tokens: int, hop_cycles: float) -> tuple:
+               draft_tokens: int, hop_cycles: float, ends: StageTable | None = None) -> tuple:
     """The target's decode, prefill and verify tables with the draft's stages before theirs
     (``draft_tokens`` of its steps per decode micro-batch, its prefill per chunk, nothing per
     later verify tile), and between the stages the draft's hops and ``hop_cycles`` more (the
-    drafted tokens' trip to the target); None stays None."""
+    drafted tokens' trip to the target); None stays None. A draft that shares the target's
+    embedding and LM head (``ends``, a shared-ends table: ``sim.shared_ends``) keeps the
+    target's stages that hold them busy for each of its steps too, and adds its trips to them."""
     def steps(a: float, b: float) -> np.ndarray:
         return sum(draft_decode.vector(a, b + j)[:-1] for j in range(draft_tokens))
 
@@ -39,8 +41,23 @@ def with_draft(decode: StageTable | None, prefill: StageTable | None,
     def passed(a: float, b: float) -> np.ndarray:
         return np.zeros(len(draft_decode.cycles) + 1)
 
-    return (_after(decode, steps, hop_cycles), _after(prefill, chunk, hop_cycles),
-            _after(verify, passed, 0.0))
+    return (_after(_with_ends(decode, ends, draft_tokens), steps, hop_cycles),
+            _after(prefill, chunk, hop_cycles), _after(verify, passed, 0.0))
+
+
+def _with_ends(table: StageTable | None, ends: StageTable | None,
+               draft_tokens: int) -> StageTable | None:
+    """The target's decode ``table`` with ``draft_tokens`` of the draft's passes through its
+    embedding and LM head (``ends``, at each of the table's batches) added to the stages that
+    hold them, and their trips to the transfers: on the wafer, those stages' PEs work for the
+    draft and the target in turn."""
+    if table is None or ends is None:
+        return table
+    context = float(ends.axis1[0])  # they do not read the KV cache
+    add = draft_tokens * np.array([ends.vector(float(a), context) for a in table.axis0])
+    return StageTable(table.phase, table.axis0, table.axis1,
+                      table.cycles + add[:, :-2].T[:, :, None],
+                      table.transfers + add[:, -2][:, None])
 
 
 def _after(table: StageTable | None, draft, hop_cycles: float) -> StageTable | None:
@@ -77,11 +94,16 @@ def step_alone(pool, draft_stages: int, clock_hz: float,
     steps (its ``draft_stages`` first stages) and the target's verify step (its first tile's
     trip, then each later tile at its slowest stage's pace). The hops between all the
     stages, the draft's among them, count with the verify step: the draft's share is a
-    little below its true one."""
+    little below its true one. A draft's passes through the target's embedding and LM head
+    (``StagePool.draft_ends``), and their trips, count as the draft's."""
     first = pool.decode.vector(1, context)
     later = pool.verify.vector(1, context)
-    draft = float(first[:draft_stages].sum())
-    verify = float(first[draft_stages:-2].sum() + first[-2]) \
+    ends = 0.0
+    if pool.draft_ends is not None:
+        v = pool.draft_ends.vector(1, float(pool.draft_ends.axis1[0]))
+        ends = pool.draft_tokens * float(v[:-2].sum() + v[-2])
+    draft = float(first[:draft_stages].sum()) + ends
+    verify = float(first[draft_stages:-2].sum() + first[-2]) - ends \
         + pool.draft_tokens * float(later[draft_stages:-2].max())
     return {"batch": 1, "context": context, "draft_s": draft / clock_hz,
             "verify_s": verify / clock_hz}

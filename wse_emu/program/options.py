@@ -73,6 +73,9 @@ class CompileOptions:
     # the draft's strip, set by ``draft`` (``compiler.draft``); 0 leaves every column to the
     # target.
     reserved_columns: int = 0
+    # The model's embedding and LM head are another program's, not laid out here: an mtp
+    # draft's, which uses its target's as published heads do (``compiler.draft``).
+    ends_shared: bool = False
 
     def __post_init__(self):
         check_fields(self)  # each field of its type first: the checks below compare values

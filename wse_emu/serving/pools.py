@@ -76,6 +76,9 @@ class StagePool:
     verify: StageTable | None = None
     draft_tokens: int = 0
     draft_stages: int = 0  # the draft's, first in its pipeline (``pools.speculative``)
+    # A draft that shares the target's embedding and LM head: its passes through them per
+    # drafted token (``tables.ENDS``), already counted in ``decode``'s stages that hold them.
+    draft_ends: StageTable | None = None
 
     @property
     def stages(self) -> int:

@@ -31,6 +31,7 @@ from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
 from wse_emu.sim.runner import region_transfers, signature, stage_time
+from wse_emu.sim.shared_ends import ends_cycles, trips_cycles
 from wse_emu.sim.warm import warm_engine
 from wse_emu.util.cachedir import user_cache_dir
 from wse_emu.util.checks import typed
@@ -248,7 +249,7 @@ def _timing_sources() -> bytes:
     files = sorted([*(root / "kernels").rglob("*.py"), *(root / "engines").glob("*.py"),
                     *(root / "program" / name for name in TIMED_LAYOUTS),
                     root / "models" / "layer.py", root / "models" / "routing.py",
-                    root / "sim" / "runner.py"])
+                    root / "sim" / "runner.py", root / "sim" / "shared_ends.py"])
     return b"".join(f.read_bytes() for f in files)
 
 
@@ -343,6 +344,20 @@ def verify_phase(draft_tokens: int) -> str:
     return f"{VERIFY}{int(draft_tokens)}"
 
 
+# A shared-ends table's phase: per stage of a speculating region, the cycles its kernels of the
+# model's ends (embedding, LM head) take for one drafted token of each sequence of a decode
+# micro-batch, for a draft that shares them (``sim.shared_ends``); between stages, that
+# token's trips between the draft's strip and them. Timed at one context, which they do not
+# read.
+ENDS = "ends"
+
+
+def ends_axes(grid: str) -> tuple:
+    """A shared-ends table's axes: the decode batches of ``grid``, one context."""
+    sizes, contexts = grid_axes(grid, "decode")
+    return sizes, contexts[:1]
+
+
 def drafted_of(phase: str) -> int:
     """The drafted tokens of a verify table's phase (0 for a decode's or a prefill's)."""
     return int(phase[len(VERIFY):]) if phase.startswith(VERIFY) else 0
@@ -364,6 +379,10 @@ def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stag
     tile's, over the drafted tokens, as the engine times the whole step (its tiles follow
     each other through the stage); between stages, each tile hops as a decode step's does."""
     step = _step(phase, x, y)
+    if phase == ENDS:
+        if stage >= 0:
+            return float(ends_cycles(program, program.stages[stage], step, engine))
+        return float(trips_cycles(program, region, step))
     if stage >= 0:
         return stage_time(program, program.stages[stage], step, engine)
     stages = [program.stages[i] for i in program.region(region).stage_ids]

@@ -20,7 +20,7 @@ from wse_emu.pools.kinds.base import PoolKind, Side
 from wse_emu.pools.speculative import hop_to_target, with_draft
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.pools import PHASES, StagePool
-from wse_emu.serving.tables import TableAsk, build_tables, grid_axes, verify_phase
+from wse_emu.serving.tables import ENDS, TableAsk, build_tables, ends_axes, grid_axes, verify_phase
 from wse_emu.sim.runner import signature
 from wse_emu.util.configfile import preset_names
 from wse_emu.util.progress import status
@@ -143,6 +143,10 @@ def wafer_pools_of(programs: list[WaferProgram], cache: Path, grid: str = "full"
                 for ph in phases:
                     shared[key][ph] = len(asks)
                     asks.append(TableAsk(program, r.name, ph, grid_axes(grid, ph, reach)))
+                if draft_tokens and "decode" in phases and program.draft.options.ends_shared:
+                    # Its draft's passes through its embedding and LM head (an mtp head's).
+                    shared[key][ENDS] = len(asks)
+                    asks.append(TableAsk(program, r.name, ENDS, ends_axes(grid)))
             per_region.append(shared[key])
         drafts = {}
         if draft_tokens:  # the draft's own tables, on its strip
@@ -172,9 +176,10 @@ def _region_pool(program: WaferProgram, r, tables: dict, draft: dict,
         # (``compiler.draft``), so the target's room is the pool's.
         decode, prefill, verify = with_draft(
             decode, prefill, tables.get(verify_phase(draft_tokens)), draft["decode"],
-            draft["prefill"], draft_tokens, hop_to_target(program, r))
+            draft["prefill"], draft_tokens, hop_to_target(program, r), tables.get(ENDS))
     speculates = verify is not None
     return WaferRegion(r.name, r.role, capacity, prefill, decode, system=r.parts[0].system,
                        verify=verify, draft_tokens=draft_tokens if speculates else 0,
                        draft_stages=len(draft["decode"].cycles) if speculates else 0,
+                       draft_ends=tables.get(ENDS) if speculates else None,
                        ).for_fabric(program.fabric)
