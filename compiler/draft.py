@@ -81,14 +81,20 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
 
     # Widen geometrically until the draft maps with room enough (or the target no longer
     # does), then narrow by bisection; past half the wafer's columns the target would be the
-    # smaller of the two. A target that does not map beside the narrowest strip maps beside no
-    # wider one: its own error says why.
+    # smaller of the two. A target that fills its wafers to the brim can miss beside the
+    # narrowest strip and map beside one a few columns wider (its stages regroup, its blocks
+    # round to whole PEs), so the next few widths are tried before its own error is given.
     widest = max(fabric.width // 2, 1)
     width = min(width, widest)
     target, _ = attempt(width)
     if isinstance(target, str):
-        raise CompileError(f"{model.name} does not map on the columns of {fabric.name} left "
-                           f"beside the draft {draft.name}'s strip of {width}: {target}")
+        wider = next((w for w in range(width + 1, min(width + CROWDED_SCAN, widest) + 1)
+                      if not isinstance(attempt(w)[0], str)), None)
+        if wider is None:
+            raise CompileError(f"{model.name} does not map on the columns of {fabric.name} "
+                               f"left beside the draft {draft.name}'s strip of {width}: "
+                               f"{target}")
+        width = wider
     low = width - 1
     while _state(attempt(width)) == SHORT:
         if width >= widest:
