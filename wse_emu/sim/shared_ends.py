@@ -57,8 +57,8 @@ def trips_cycles(program: WaferProgram, region: str, step: MicroBatch) -> int:
     strip_stages = [side.stages[i] for i in side.regions[0].stage_ids]
     enter = next(k for k in side.stage_kernels(strip_stages[0]) if k.name == home)
     leave = next(k for k in side.stage_kernels(strip_stages[-1]) if k.name == home)
-    system, x0 = program.region(region).parts[-1].system, fabric.width - \
-        program.options.reserved_columns
+    system = program.region(region).parts[-1].system
+    x0 = fabric.width - program.options.reserved_columns  # the strip's first column
 
     def on_strip(k) -> tuple:
         cx, cy = k.rect.center()
