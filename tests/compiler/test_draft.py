@@ -167,3 +167,26 @@ def test_a_replica_over_wafers_has_the_strip_on_its_last_wafer_only():
             assert (first.w, last.w) == (16, 16 - width)
             assert drafted.draft.regions[0].kv_capacity_tokens >= region.kv_capacity_tokens
         assert drafted.summary["draft"]["strips"] == 2
+
+
+def test_a_target_that_misses_beside_the_narrowest_strip_is_tried_beside_wider_ones(drafted):
+    """At the brim a target can miss beside the narrowest strip and map beside one a column
+    wider (Llama-3.1-70B's split on four WSE-3 does): the next widths are tried."""
+    from wse_emu.compiler.draft import compile_with_draft
+    from wse_emu.compiler.mapper import compile_model
+    from wse_emu.hardware.fabric import ClusterSpec, load_fabric
+    from wse_emu.program.options import CompileOptions
+
+    cluster = ClusterSpec(load_fabric("mesh16"), 1)
+    side = drafted.draft.model
+    narrowest = -(-round(side.layer_weight_bytes())
+                  // (cluster.fabric.height * cluster.fabric.usable_bytes_per_pe))
+
+    def crowded_at_the_narrowest(model, cl, options):
+        if model.name == drafted.model.name and options.reserved_columns == narrowest:
+            raise CompileError("activation buffers do not fit beside the weights")
+        return compile_model(model, cl, options)
+
+    program = compile_with_draft(drafted.model, cluster, CompileOptions(draft="mtp"),
+                                 crowded_at_the_narrowest)
+    assert program.summary["draft"]["strip_columns"] > narrowest
