@@ -248,23 +248,21 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
                      dst=[home_in.id])
         b.edge_route("io_out", "stage->target", rects_edge(home_out), bytes_per_token=h * d,
                      src=home_out.id)
-        return _finish(b, model, fabric, part_shapes, flat, named, homes, options)
-    head = last["lm_head"]
-    if model.tie_embeddings:
-        gather = b.kernel(b.stages[-1], "embedding", "gather", head.rect, layers=1,
-                          ops=["embedding"], matrix=list(head.matrix), grid=list(head.grid),
-                          k_axis=head.k_axis, weight_ref=head.id, root=head.root,
-                          pattern={ph: b.pattern_name("gather", ph) for ph in ly.PHASES})
-        first["embedding"] = gather
-        b.connect("embedding->stage0", gather.rect, homes[0], h * d, stage=0)
-    b.edge_route("io_in", "tokens->embedding", first["embedding"].rect, bytes_per_token=4,
-                 dst=[first["embedding"].id])
-    b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4, src=head.id)
-    return _finish(b, model, fabric, part_shapes, flat, named, homes, options)
+    else:
+        head = last["lm_head"]
+        if model.tie_embeddings:
+            gather = b.kernel(b.stages[-1], "embedding", "gather", head.rect, layers=1,
+                              ops=["embedding"], matrix=list(head.matrix),
+                              grid=list(head.grid), k_axis=head.k_axis, weight_ref=head.id,
+                              root=head.root,
+                              pattern={ph: b.pattern_name("gather", ph) for ph in ly.PHASES})
+            first["embedding"] = gather
+            b.connect("embedding->stage0", gather.rect, homes[0], h * d, stage=0)
+        b.edge_route("io_in", "tokens->embedding", first["embedding"].rect, bytes_per_token=4,
+                     dst=[first["embedding"].id])
+        b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4,
+                     src=head.id)
 
-
-def _finish(b, model, fabric, part_shapes, flat, named, homes, options) -> RegionTemplate:
-    """The region's colors, KV plan and bounds, once every route is in."""
     held_back = 1 if options.plan == "disaggregated" else 0
     try:
         colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages),

@@ -317,6 +317,14 @@ def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: 
     return makespan_of(*execute(graph, program.fabric, engine)[1:3])
 
 
+def kernel_cycles(program: WaferProgram, stage: Stage, name: str, step: MicroBatch,
+                  engine: str) -> int:
+    """The cycles kernel ``name`` of ``stage`` takes for ``step`` alone, its inputs present at
+    its start (``kernel_graph``)."""
+    graph = kernel_graph(program, stage, name, step)
+    return makespan_of(*execute(graph, program.fabric, engine)[1:3])
+
+
 def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> int:
     """The residual stream from one stage's home line to the next, on parallel lanes (after
     a split layer's first part, with what its second part needs: ``layer.carried_values``)."""
@@ -325,13 +333,22 @@ def transfer_cycles(program: WaferProgram, a: Stage, b: Stage, tokens: int) -> i
             if k.name in (ly.home_site(model), "lm_head")][0]
     lanes = home.grid[1]
     values = ly.carried_values(model, a.part)
-    seg = int(wavelets(even_split(values, lanes).max() * tokens, model.storage.dtype_bytes))
-    if a.rect.system != b.rect.system:
-        nbytes = values * tokens * model.storage.dtype_bytes
+    return trip_cycles(fabric, (a.rect.system, *a.rect.center()),
+                       (b.rect.system, *b.rect.center()), values, lanes, tokens,
+                       model.storage.dtype_bytes)
+
+
+def trip_cycles(fabric, a: tuple, b: tuple, values: int, lanes: int, tokens: int,
+                dtype_bytes: int) -> int:
+    """``values`` per token of ``tokens`` from point ``a`` to ``b`` (system, x, y) on
+    ``lanes`` parallel lanes: off the wafer and onto another at the link's rate, else hop by
+    hop with the longest lane's wavelets streaming behind its head."""
+    if a[0] != b[0]:
+        nbytes = values * tokens * dtype_bytes
         return int(2 * fabric.ramp_latency_cycles + np.ceil(nbytes /
                                                               fabric.offwafer_bytes_per_cycle()))
-    (ax, ay), (bx, by) = a.rect.center(), b.rect.center()
-    hops = int(abs(ax - bx) + abs(ay - by))
+    seg = int(wavelets(even_split(values, lanes).max() * tokens, dtype_bytes))
+    hops = int(abs(a[1] - b[1]) + abs(a[2] - b[2]))
     return hops * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles + seg - 1
 
 
@@ -454,9 +471,8 @@ def region_transfers(program: WaferProgram, stages: list[Stage], step: MicroBatc
     if program.model.tie_embeddings:
         # The table lives in the LM head of the last stage: the lookup runs there and its
         # output travels to the first stage before the first stage can start.
-        graph = kernel_graph(program, stages[-1], "embedding", step.tiles()[0])
-        _, end, done_at, _ = execute(graph, program.fabric, engine)
-        extra["embedding_cycles"] = makespan_of(end, done_at)
+        extra["embedding_cycles"] = kernel_cycles(program, stages[-1], "embedding",
+                                                  step.tiles()[0], engine)
         extra["embedding_transfer_cycles"] = transfer_cycles(program, stages[-1], stages[0],
                                                              tile)
         transfers[0] = extra["embedding_cycles"] + extra["embedding_transfer_cycles"]

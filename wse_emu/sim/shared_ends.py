@@ -11,15 +11,10 @@ to the LM head, the token it picks to the embedding, that token's embedding back
 
 from __future__ import annotations
 
-import numpy as np
-
-from wse_emu.kernels.primitives import wavelets
-from wse_emu.kernels.stage import kernel_graph
 from wse_emu.models import layer as ly
 from wse_emu.models.layer import MicroBatch
 from wse_emu.program.format import Stage, WaferProgram
-from wse_emu.sim.runner import execute, makespan_of
-from wse_emu.util.splits import even_split
+from wse_emu.sim.runner import kernel_cycles, trip_cycles
 
 TOKEN_BYTES = 4  # a token id on the fabric: one wavelet
 
@@ -34,12 +29,8 @@ def ends_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: s
     for one drafted token of each of ``step``'s sequences, each kernel alone, one after
     another."""
     ops = end_ops(program.model)
-    total = 0
-    for k in program.stage_kernels(stage):
-        if ops.intersection(k.ops):
-            graph = kernel_graph(program, stage, k.name, step)
-            total += makespan_of(*execute(graph, program.fabric, engine)[1:3])
-    return total
+    return sum(kernel_cycles(program, stage, k.name, step, engine)
+               for k in program.stage_kernels(stage) if ops.intersection(k.ops))
 
 
 def trips_cycles(program: WaferProgram, region: str, step: MicroBatch) -> int:
@@ -49,8 +40,8 @@ def trips_cycles(program: WaferProgram, region: str, step: MicroBatch) -> int:
     side = program.draft
     fabric, model = program.fabric, program.model
     stages = [program.stages[i] for i in program.region(region).stage_ids]
-    kernels = {k.name: (k, s) for s in stages for k in program.stage_kernels(s)}
-    head, emb = kernels["lm_head"][0], kernels["embedding"][0]
+    kernels = {k.name: k for s in stages for k in program.stage_kernels(s)}
+    head, emb = kernels["lm_head"], kernels["embedding"]
     # The strip's home kernels, where the draft's input enters and its output leaves, in the
     # target's wafer coordinates.
     home = ly.home_site(side.model)
@@ -70,23 +61,6 @@ def trips_cycles(program: WaferProgram, region: str, step: MicroBatch) -> int:
 
     tokens = step.new_tokens
     h, d = model.hidden_size, model.storage.dtype_bytes
-    lanes = leave.grid[1]
-    return (_trip(fabric, on_strip(leave), at(head), h, lanes, tokens, d)
-            + _trip(fabric, at(head), at(emb), 1, 1, tokens, TOKEN_BYTES)
-            + _trip(fabric, at(emb), on_strip(enter), h, enter.grid[1], tokens, d))
-
-
-def _trip(fabric, a: tuple, b: tuple, values: int, lanes: int, tokens: int,
-          dtype_bytes: int) -> int:
-    """``values`` per token of ``tokens`` from point ``a`` to ``b`` (system, x, y) on
-    ``lanes`` parallel lanes, as the runner times a transfer between stages: off the wafer
-    and onto another at the link's rate, else hop by hop with the longest lane's wavelets
-    streaming behind its head."""
-    if a[0] != b[0]:
-        nbytes = values * tokens * dtype_bytes
-        return int(2 * fabric.ramp_latency_cycles
-                   + np.ceil(nbytes / fabric.offwafer_bytes_per_cycle()))
-    hops = int(abs(a[1] - b[1]) + abs(a[2] - b[2]))
-    seg = int(wavelets(even_split(values, max(min(lanes, values), 1)).max() * tokens,
-                       dtype_bytes))
-    return hops * fabric.hop_latency_cycles + 2 * fabric.ramp_latency_cycles + seg - 1
+    return (trip_cycles(fabric, on_strip(leave), at(head), h, leave.grid[1], tokens, d)
+            + trip_cycles(fabric, at(head), at(emb), 1, 1, tokens, TOKEN_BYTES)
+            + trip_cycles(fabric, at(emb), on_strip(enter), h, enter.grid[1], tokens, d))
