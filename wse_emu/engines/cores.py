@@ -1,15 +1,16 @@
 """The PE cores, shared by both engines: each runs one task at a time, and when free starts
 the ready task with the smallest (priority, ready cycle, task id).
 
-Events sit in one heap keyed (cycle, kind, id). A READY at an idle PE with nothing
-queued starts at once (READYs of one cycle are taken best first, so none better can follow);
-otherwise the task waits in its PE's queue until a DISPATCH, due when the PE frees.
+Events are queued keyed (cycle, kind, id), in a calendar (``calendar``). A READY at an idle
+PE with nothing queued starts at once (READYs of one cycle are taken best first, so none
+better can follow); otherwise the task waits in its PE's queue until a DISPATCH, due when the
+PE frees.
 
 The helpers are inlined into the engines' loops: as calls, each would pay for passing (and
 reference counting) its arrays, a large share of a step's time. They take records
 (``records``): the task graph's columns (``TaskColumns``, read only), the tasks' progress
-(``TaskProgress``), the cores (``Cores``) and the event heap (``EventHeap``, with its size
-beside it, a scalar the loops keep in a register).
+(``TaskProgress``), the cores (``Cores``) and the event calendar (``Calendar``, with the
+number of events pending beside it, a scalar the loops keep in a register).
 
 All cycles are simulated clock cycles of the wafer, counted from 0.
 """
@@ -19,21 +20,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from wse_emu.engines import calendar
 from wse_emu.engines.records import Fill, TaskColumns, make, record
 
 EV_DELIVERY, EV_RELEASE, EV_DONE, EV_READY, EV_DISPATCH = 0, 1, 2, 3, 4
 ID_BITS = 40
 TASK_BITS = 32  # a READY event's id: priority above the task, so equal-time READYs go best first
 PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
-
-
-@record
-class EventHeap:
-    """The pending events: a min-heap on (cycle, key) whose first ``size`` entries (kept by
-    the caller) are in use."""
-
-    time: np.int64  # (capacity,): cycle of each entry
-    key: np.int64  # (capacity,): event kind << ID_BITS | an id whose meaning depends on the kind
 
 
 @record
@@ -60,15 +53,6 @@ class Cores:
     qb: np.int64  # (max(tasks, 1),): queue entry's task id (the tie-break)
 
 
-def new_heap(tasks: int, pes: int, releases: int = 0) -> EventHeap:
-    """An empty event heap with room for every event that can be pending at once, so that it
-    never grows: per task one READY or DONE (READY is queued once, when its last input
-    arrives, and DONE once it has started), per PE one DISPATCH (``dispatch_due``), and the
-    ``releases`` of external messages the fast engine queues at the start."""
-    capacity = max(tasks + pes + releases, 1)
-    return make(EventHeap, time=Fill(capacity), key=Fill(capacity))
-
-
 def new_progress(tasks: TaskColumns) -> TaskProgress:
     """No task started, each awaiting all of its inputs."""
     n = len(tasks.pe)
@@ -84,57 +68,6 @@ def new_cores(n: int, tasks: TaskColumns) -> Cores:
     room = max(len(tasks.pe), 1)
     return make(Cores, busy=Fill(n, 0), running=Fill(n, -1), dispatch_due=Fill(n, False),
                 q_count=Fill(n, 0), q_base=q_base, qa=Fill(room, 0), qb=Fill(room, 0))
-
-
-# --- the event heap ---------------------------------------------------------------------------
-
-# A 4-ary heap: half the levels of a binary one, and a node's four children share a cache
-# line or two, so a pop from a heap of 10^5 events waits on memory half as often. Any
-# min-heap pops the same sequence of (cycle, key) pairs, so the shape changes no result.
-
-@njit(cache=True, inline="always")
-def push(heap, size, t, key):
-    """Add the event (``t``, ``key``) to a ``heap`` of ``size`` entries (which has room for
-    it: see ``new_heap``). Equal cycles pop in increasing key order. Returns the new size."""
-    ht, hk = heap.time, heap.key
-    i = size
-    while i > 0:  # sift up: move parents down until the new entry's place is found
-        parent = (i - 1) >> 2
-        pt, pk = ht[parent], hk[parent]
-        if t < pt or (t == pt and key < pk):
-            ht[i], hk[i] = pt, pk
-            i = parent
-        else:
-            break
-    ht[i], hk[i] = t, key
-    return size + 1
-
-
-@njit(cache=True, inline="always")
-def pop(heap, size):
-    """Remove the smallest (cycle, key) entry of a ``heap`` of ``size`` >= 1 entries.
-    Returns its cycle, its key and the new size."""
-    ht, hk = heap.time, heap.key
-    t, key = ht[0], hk[0]
-    size -= 1
-    lt, lk = ht[size], hk[size]  # the last entry, sifted down from the root
-    i = 0
-    while True:
-        first = 4 * i + 1
-        if first >= size:
-            break
-        child = first
-        ct, ck = ht[first], hk[first]
-        for c in range(first + 1, min(first + 4, size)):
-            if ht[c] < ct or (ht[c] == ct and hk[c] < ck):
-                child, ct, ck = c, ht[c], hk[c]
-        if ct < lt or (ct == lt and ck < lk):
-            ht[i], hk[i] = ct, ck
-            i = child
-        else:
-            break
-    ht[i], hk[i] = lt, lk
-    return t, key, size
 
 
 @njit(cache=True, inline="always")
@@ -198,18 +131,18 @@ def _qpop(cores, p):
 # --- the cores' events -------------------------------------------------------------------
 
 @njit(cache=True, inline="always")
-def _start(task, p, now, tasks, progress, cores, heap, size):
+def _start(task, p, now, tasks, progress, cores, events, size):
     """Task ``task`` starts on the idle core of PE ``p`` at cycle ``now`` and queues its
-    DONE. Returns the heap's new size."""
+    DONE. Returns the number of events pending."""
     cores.running[p] = task
     progress.start[task] = now
     cores.busy[p] += tasks.cycles[task]
-    return push(heap, size, now + tasks.cycles[task], (EV_DONE << ID_BITS) | task)
+    return calendar.push(events, size, now + tasks.cycles[task], (EV_DONE << ID_BITS) | task)
 
 
 @njit(cache=True, inline="always")
-def core_event(kind, ident, now, tasks, progress, cores, heap, size):
-    """Handle one READY, DISPATCH or DONE event popped from the heap at cycle ``now``.
+def core_event(kind, ident, now, tasks, progress, cores, events, size):
+    """Handle one READY, DISPATCH or DONE event popped from the calendar at cycle ``now``.
 
     READY: the task starts if its core is idle with nothing queued and no DISPATCH due, else
     joins the PE's ready queue. DISPATCH: an idle core starts the best task queued. DONE: the
@@ -221,13 +154,13 @@ def core_event(kind, ident, now, tasks, progress, cores, heap, size):
     ``kind`` is the key's bits from ``ID_BITS`` up, ``ident`` its low bits: for READY,
     priority << TASK_BITS | task id; for DISPATCH, the PE; for DONE, the task id.
 
-    Returns the heap's new size and the task that finished (DONE) or -1.
+    Returns the number of events pending and the task that finished (DONE) or -1.
     """
     if kind == EV_READY:
         task = ident & ((1 << TASK_BITS) - 1)
         p = tasks.pe[task]
         if cores.running[p] < 0 and cores.q_count[p] == 0 and not cores.dispatch_due[p]:
-            size = _start(task, p, now, tasks, progress, cores, heap, size)
+            size = _start(task, p, now, tasks, progress, cores, events, size)
         else:
             _qpush(cores, p, (tasks.priority[task] << PRIORITY_SHIFT) | now, task)
         return size, -1
@@ -236,7 +169,7 @@ def core_event(kind, ident, now, tasks, progress, cores, heap, size):
         cores.dispatch_due[p] = False
         if cores.running[p] < 0 and cores.q_count[p] > 0:
             task = _qpop(cores, p)
-            size = _start(task, p, now, tasks, progress, cores, heap, size)
+            size = _start(task, p, now, tasks, progress, cores, events, size)
         return size, -1
     # EV_DONE
     progress.end[ident] = now
@@ -244,24 +177,24 @@ def core_event(kind, ident, now, tasks, progress, cores, heap, size):
     cores.running[p] = -1
     if cores.q_count[p] > 0 and not cores.dispatch_due[p]:
         cores.dispatch_due[p] = True
-        size = push(heap, size, now, (EV_DISPATCH << ID_BITS) | p)
+        size = calendar.push(events, size, now, (EV_DISPATCH << ID_BITS) | p)
     need, ready_at = progress.need, progress.ready_at
     for i in range(tasks.succ_ptr[ident], tasks.succ_ptr[ident + 1]):
         s = tasks.succ_task[i]
         need[s] -= 1
         if need[s] == 0:
             at = now if now > ready_at[s] else ready_at[s]
-            size = push(heap, size, at, ready_key(tasks.priority[s], s))
+            size = calendar.push(events, size, at, ready_key(tasks.priority[s], s))
     return size, ident
 
 
 @njit(cache=True, inline="always")
-def feed(target, now, tasks, progress, heap, size):
+def feed(target, now, tasks, progress, events, size):
     """A delivery at cycle ``now`` to task ``target`` (-1: none, nothing happens): it counts
     one input more and is READY at ``now`` once it has them all (the cycle engine, which
-    counts inputs as they arrive). Returns the heap's new size."""
+    counts inputs as they arrive). Returns the number of events pending."""
     if target >= 0:
         progress.need[target] -= 1
         if progress.need[target] == 0:
-            size = push(heap, size, now, ready_key(tasks.priority[target], target))
+            size = calendar.push(events, size, now, ready_key(tasks.priority[target], target))
     return size

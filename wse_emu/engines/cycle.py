@@ -40,17 +40,16 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     ID_BITS,
     core_event,
     feed,
     new_cores,
-    new_heap,
     new_progress,
-    pop,
-    push,
     ready_key,
 )
+from wse_emu.engines.heap import most_pending
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.records import (
     Fill,
@@ -193,10 +192,11 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     tasks, msgs = task_columns(graph), message_columns(graph, vcs)
     n = graph.width * graph.height
     progress, cores = new_progress(tasks), new_cores(n, tasks)
-    heap, times = new_heap(graph.tasks, n), new_message_times(msgs)
+    events = calendar.new_calendar(most_pending(graph.tasks, n))
+    times = new_message_times(msgs)
     routers, flight, mail = _new_routers(mesh), _new_flight(mesh), _new_mailboxes(mesh, msgs)
     cycles, injected, delivered, occupancy, violation = _simulate(
-        mesh, tasks, msgs, progress, cores, heap, times, routers, flight, mail, max_cycles,
+        mesh, tasks, msgs, progress, cores, events, times, routers, flight, mail, max_cycles,
         check)
     return CycleResult(int(cycles), progress.start, progress.end, times.first, times.done,
                        times.point_done, msgs.point_base[:-1], routers.links, int(injected),
@@ -296,23 +296,24 @@ def _new_mailboxes(mesh: Mesh, msgs: MessageColumns) -> Mailboxes:
 # --- the driver and its phases ------------------------------------------------------------
 
 @njit(cache=True)
-def _simulate(mesh, tasks, msgs, progress, cores, heap, times, routers, flight, mail,
+def _simulate(mesh, tasks, msgs, progress, cores, events, times, routers, flight, mail,
               max_cycles, check):
     """The cycle engine's driver: simulate cycle by cycle, each the six phases of the
     module's docstring, until every message is delivered and every task done, or
     ``max_cycles``; with ``check``, recount the wavelets in flight every cycle.
 
     Fills ``progress``, ``cores``, ``times``, ``routers``, ``flight`` and ``mail``, as
-    ``_new_*`` and ``new_*`` made them; ``heap`` is empty. Returns the cycles simulated, the
-    wavelets injected by PEs and delivered to them, the sum over cycles of the wavelets in
-    flight, and the first cycle the conservation check failed (-1: never, or not checked).
+    ``_new_*`` and ``new_*`` made them; ``events`` (a calendar) is empty. Returns the cycles
+    simulated, the wavelets injected by PEs and delivered to them, the sum over cycles of the
+    wavelets in flight, and the first cycle the conservation check failed (-1: never, or not
+    checked).
     """
     # The caller holds every array until this returns: none need counting (``borrow``).
     tasks, msgs, progress, cores = borrow(tasks), borrow(msgs), borrow(progress), borrow(cores)
-    heap, times, routers = borrow(heap), borrow(times), borrow(routers)
+    events, times, routers = borrow(events), borrow(times), borrow(routers)
     flight, mail = borrow(flight), borrow(mail)
     routers = _shaped(routers, mesh)
-    size = _queue_tasks_without_inputs(tasks, progress, heap)
+    size = _queue_tasks_without_inputs(tasks, progress, events)
     n_tasks, n_msgs = len(tasks.pe), len(msgs.src)
     tasks_done = finished = n_senders = released = 0
     injected = delivered = copies = occupancy = queued = 0
@@ -321,11 +322,11 @@ def _simulate(mesh, tasks, msgs, progress, cores, heap, times, routers, flight, 
     while t < max_cycles and (finished < n_msgs or tasks_done < n_tasks):
         # The slots of the wavelets on links and ramps that arrive at t, and leave now.
         ls, rs = t % mesh.hop, t % mesh.ramp
-        size, got, completed = _reach_pes(t, rs, msgs, tasks, progress, heap, size, times,
+        size, got, completed = _reach_pes(t, rs, msgs, tasks, progress, events, size, times,
                                           routers, flight, mail)
         delivered += got
         finished += completed
-        size, ended, n_senders = _run_tasks(t, tasks, progress, cores, heap, size, msgs, mail,
+        size, ended, n_senders = _run_tasks(t, tasks, progress, cores, events, size, msgs, mail,
                                             n_senders)
         tasks_done += ended
         n_senders, released = _release_external(t, msgs, mail, n_senders, released)
@@ -359,21 +360,22 @@ def _shaped(routers, mesh):
 
 
 @njit(cache=True, inline="always")
-def _queue_tasks_without_inputs(tasks, progress, heap):
-    """Every task that waits for nothing is READY at cycle 0. Returns the heap's size."""
+def _queue_tasks_without_inputs(tasks, progress, events):
+    """Every task that waits for nothing is READY at cycle 0. Returns the number of events
+    pending."""
     size = 0
     for k in range(len(tasks.pe)):
         if progress.need[k] == 0:
-            size = push(heap, size, 0, ready_key(tasks.priority[k], k))
+            size = calendar.push(events, size, 0, ready_key(tasks.priority[k], k))
     return size
 
 
 @njit(cache=True, inline="always")
-def _reach_pes(t, rs, msgs, tasks, progress, heap, size, times, routers, flight, mail):
+def _reach_pes(t, rs, msgs, tasks, progress, events, size, times, routers, flight, mail):
     """Phase 1: the wavelets at the end of a ramp out (slot ``rs``) reach their PE. A delivery
     point that has all of its message's wavelets is done, and feeds its task; a message whose
-    points are all done is delivered. Returns the heap's size, the wavelets delivered and the
-    messages completed."""
+    points are all done is delivered. Returns the number of events pending, the wavelets
+    delivered and the messages completed."""
     delivered = completed = 0
     for i in range(flight.out_count[rs]):
         r = flight.out_r[rs, i]
@@ -385,7 +387,7 @@ def _reach_pes(t, rs, msgs, tasks, progress, heap, size, times, routers, flight,
         mail.point_count[idx] += 1
         if mail.point_count[idx] == msgs.length[m]:
             times.point_done[idx] = t
-            size = feed(msgs.target[idx], t, tasks, progress, heap, size)
+            size = feed(msgs.target[idx], t, tasks, progress, events, size)
             mail.points_left[m] -= 1
             if mail.points_left[m] == 0:
                 times.done[m] = t
@@ -395,15 +397,15 @@ def _reach_pes(t, rs, msgs, tasks, progress, heap, size, times, routers, flight,
 
 
 @njit(cache=True, inline="always")
-def _run_tasks(t, tasks, progress, cores, heap, size, msgs, mail, n_senders):
+def _run_tasks(t, tasks, progress, cores, events, size, msgs, mail, n_senders):
     """Phase 2: the cores' events due by cycle ``t``: ready tasks claim their PE's core,
-    finished ones queue their messages to send. Returns the heap's size, the tasks finished
-    and the number of PEs with messages to send."""
+    finished ones queue their messages to send. Returns the number of events pending, the
+    tasks finished and the number of PEs with messages to send."""
     ended = 0
-    while size > 0 and heap.time[0] <= t:
-        _, key, size = pop(heap, size)
+    while size > 0 and calendar.due(events, t):
+        _, key, size = calendar.pop(events, size)
         size, done_task = core_event(key >> ID_BITS, key & ((1 << ID_BITS) - 1), t, tasks,
-                                     progress, cores, heap, size)
+                                     progress, cores, events, size)
         if done_task >= 0:
             ended += 1
             for i in range(tasks.out_ptr[done_task], tasks.out_ptr[done_task + 1]):

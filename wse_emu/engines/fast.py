@@ -24,17 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     EV_RELEASE,
     ID_BITS,
     core_event,
     new_cores,
-    new_heap,
     new_progress,
-    pop,
-    push,
     ready_key,
 )
+from wse_emu.engines.heap import most_pending
 from wse_emu.engines.messages import LINE
 from wse_emu.engines.records import (
     Fill,
@@ -125,48 +124,49 @@ def run(graph: TaskGraph, hop: int, ramp: int,
     n = graph.width * graph.height
     progress, cores = new_progress(tasks), new_cores(n, tasks)
     times, network = new_message_times(msgs), _new_network(mesh)
-    heap = new_heap(graph.tasks, n, len(msgs.external))
-    last = _simulate(mesh, tasks, msgs, progress, cores, times, network, heap)
+    events = calendar.new_calendar(most_pending(graph.tasks, n, len(msgs.external)))
+    last = _simulate(mesh, tasks, msgs, progress, cores, times, network, events)
     return RunResult(int(last), progress.start, progress.end, times.first, times.done,
                      times.point_done, cores.busy.reshape(graph.height, graph.width),
                      network.link_wavelets)
 
 
 @njit(cache=True, nogil=True)  # stages of a step are timed on parallel threads
-def _simulate(mesh, tasks, msgs, progress, cores, times, network, heap):
+def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
     """The fast engine's driver: run the event loop until no event is left, filling
     ``progress``, ``cores``, ``times`` and ``network``; returns the cycle of the last event
     or delivery.
 
     Events are task READY, DISPATCH and DONE (``cores``) and message RELEASE (an external
     message whose ``t_ready`` has come). A task's DONE times its messages at once
-    (``_send``), which count their inputs to the tasks they feed. ``heap`` is empty.
+    (``_send``), which count their inputs to the tasks they feed. ``events``, a calendar
+    (``calendar``), is empty.
     """
     # The caller holds every array until this returns: none need counting (``borrow``).
     tasks, msgs, progress, cores = borrow(tasks), borrow(msgs), borrow(progress), borrow(cores)
-    times, heap = borrow(times), borrow(heap)
+    times, events = borrow(times), borrow(events)
     network = _shaped(borrow(network), mesh)
     size = 0
     for t in range(len(tasks.pe)):
         if progress.need[t] == 0:
-            size = push(heap, size, 0, ready_key(tasks.priority[t], t))
+            size = calendar.push(events, size, 0, ready_key(tasks.priority[t], t))
     for m in msgs.external:
-        size = push(heap, size, msgs.t_ready[m], (EV_RELEASE << ID_BITS) | m)
+        size = calendar.push(events, size, msgs.t_ready[m], (EV_RELEASE << ID_BITS) | m)
     last = 0
     while size > 0:
-        now, key, size = pop(heap, size)
+        now, key, size = calendar.pop(events, size)
         kind = key >> ID_BITS
         ident = key & ((1 << ID_BITS) - 1)
         if now > last:
             last = now
         if kind == EV_RELEASE:
-            size = _send(ident, now, mesh, msgs, tasks, progress, times, network, heap, size)
+            size = _send(ident, now, mesh, msgs, tasks, progress, times, network, events, size)
         else:
-            size, finished = core_event(kind, ident, now, tasks, progress, cores, heap, size)
+            size, finished = core_event(kind, ident, now, tasks, progress, cores, events, size)
             if finished >= 0:
                 for i in range(tasks.out_ptr[finished], tasks.out_ptr[finished + 1]):
                     size = _send(tasks.out_msg[i], now, mesh, msgs, tasks, progress, times,
-                                 network, heap, size)
+                                 network, events, size)
     return _note_message_done(msgs, times, last)
 
 
@@ -202,10 +202,10 @@ def _note_message_done(msgs, times, last):
 
 
 @njit(cache=True, inline="always")
-def _deliver(point, at, msgs, tasks, progress, times, heap, size):
+def _deliver(point, at, msgs, tasks, progress, times, events, size):
     """Delivery point ``point`` is reached at cycle ``at`` (its last wavelet lands in the PE):
     its task (if any) has one input more, and is READY at the latest arrival once it has them
-    all. Returns the heap's new size."""
+    all. Returns the number of events pending."""
     times.point_done[point] = at
     task = msgs.target[point]
     if task >= 0:
@@ -213,15 +213,16 @@ def _deliver(point, at, msgs, tasks, progress, times, heap, size):
             progress.ready_at[task] = at
         progress.need[task] -= 1
         if progress.need[task] == 0:
-            size = push(heap, size, progress.ready_at[task],
+            size = calendar.push(events, size, progress.ready_at[task],
                         ready_key(tasks.priority[task], task))
     return size
 
 
 @njit(cache=True, inline="always")
-def _send(m, now, mesh, msgs, tasks, progress, times, network, heap, size):
+def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     """Time message ``m`` released at cycle ``now`` (its task's DONE, or its release): claim
-    its ramp, links and ramps out, and deliver at each point. Returns the heap's new size.
+    its ramp, links and ramps out, and deliver at each point. Returns the number of events
+    pending.
 
     The message injects one wavelet per cycle once its PE's ramp is free; its head crosses
     each link of its x-then-y path when it has arrived and the link is free, holding the link
@@ -249,7 +250,7 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, heap, size):
         e = head if head > ramp_out_free[r] else ramp_out_free[r]
         ramp_out_free[r] = e + M
         return _deliver(msgs.point_base[m], e + ramp + M - 1, msgs, tasks, progress, times,
-                        heap, size)
+                        events, size)
     n_links = 0
     base = msgs.point_base[m]
     # Whether the head waited anywhere past its first link (for a link, or a tap into a PE):
@@ -281,7 +282,7 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, heap, size):
                     waited = True
                 ramp_out_free[r] = e + M
                 size = _deliver(base + point, e + ramp + M - 1, msgs, tasks, progress, times,
-                                heap, size)
+                                events, size)
                 point += 1
                 # A multicast moves on only as its tap into this PE takes the wavelets.
                 head = e

@@ -1,0 +1,92 @@
+"""The event calendar pops exactly what a heap of every pending event pops, in the same order,
+however far ahead events are filed and whatever is filed for the cycle being handled."""
+
+import heapq
+
+import numpy as np
+from numba import njit
+
+from wse_emu.engines import calendar
+
+
+@njit
+def _drain(cal, times, keys, spawn, gaps):
+    """File events (``times``, ``keys``); pop them all, and each popped event with
+    ``spawn[k]`` files one more, ``gaps[k]`` cycles after it (0: for the cycle being
+    handled), keyed above every given key. Returns the (cycle, key) popped, in order."""
+    size = 0
+    for i in range(len(times)):
+        size = calendar.push(cal, size, times[i], keys[i])
+    out_t, out_k = np.empty(4 * len(times), np.int64), np.empty(4 * len(times), np.int64)
+    n = 0
+    made = len(keys)
+    while size > 0:
+        t, key, size = calendar.pop(cal, size)
+        out_t[n], out_k[n] = t, key
+        n += 1
+        k = key % len(spawn)
+        if key < len(keys) and spawn[k]:
+            size = calendar.push(cal, size, t + gaps[k], made)
+            made += 1
+    return out_t[:n], out_k[:n]
+
+
+def _heap_order(times, keys, spawn, gaps):
+    events = list(zip(times.tolist(), keys.tolist()))
+    heapq.heapify(events)
+    made, out = len(keys), []
+    while events:
+        t, key = heapq.heappop(events)
+        out.append((t, key))
+        k = key % len(spawn)
+        if key < len(keys) and spawn[k]:
+            heapq.heappush(events, (t + int(gaps[k]), made))
+            made += 1
+    return out
+
+
+def test_the_calendar_pops_what_a_heap_pops_near_and_far():
+    rng = np.random.default_rng(7)
+    n = 5000
+    # Most events close together, some past the window, some in the same cycles.
+    times = np.concatenate([rng.integers(0, 300, n - 200),
+                            rng.integers(0, 5 * calendar.WINDOW, 200)]).astype(np.int64)
+    keys = rng.permutation(n).astype(np.int64)
+    spawn = rng.random(n) < 0.5
+    gaps = np.where(rng.random(n) < 0.3, 0,
+                    rng.integers(1, 3 * calendar.WINDOW, n)).astype(np.int64)
+    cal = calendar.new_calendar(4 * n)
+    got_t, got_k = _drain(cal, times, keys, spawn, gaps)
+    assert list(zip(got_t.tolist(), got_k.tolist())) == _heap_order(times, keys, spawn, gaps)
+
+
+@njit
+def _due_by_cycle(cal, times, keys, last):
+    """The cycle engine's use: cycle by cycle, pop what is due, and file, for each event
+    popped, one more at the cycle after it (keyed above the rest)."""
+    size = 0
+    for i in range(len(times)):
+        size = calendar.push(cal, size, times[i], keys[i])
+    popped = []
+    made = len(keys)
+    for t in range(last):
+        while size > 0 and calendar.due(cal, t):
+            at, key, size = calendar.pop(cal, size)
+            popped.append((t, at, key))
+            if key < len(keys) and key % 3 == 0:
+                size = calendar.push(cal, size, t + 1, made)
+                made += 1
+    return popped
+
+
+def test_the_cycle_by_cycle_use_pops_each_event_in_its_own_cycle():
+    rng = np.random.default_rng(3)
+    times = np.concatenate([rng.integers(0, 500, 400),
+                            rng.integers(0, 3 * calendar.WINDOW, 40)]).astype(np.int64)
+    keys = np.arange(len(times), dtype=np.int64)
+    popped = _due_by_cycle(calendar.new_calendar(2000), times, keys, 3 * calendar.WINDOW + 2)
+    assert all(t == at for t, at, _ in popped)
+    expected = sorted(zip(times.tolist(), keys.tolist()))
+    given = [(at, key) for _, at, key in popped if key < len(keys)]
+    assert given == expected
+    assert len(popped) - len(given) == sum(1 for k in keys if k % 3 == 0)

@@ -1,0 +1,154 @@
+"""The engines' event calendar: pending events filed by the cycle they are due.
+
+Events are due at whole cycles, never before the cycle being handled, and a step has a few
+hundred thousand of them pending at once. A heap of that size costs about ten cache misses a
+pop. The calendar files each event under its cycle instead: a ring of ``WINDOW`` buckets, one
+per cycle from the current one on, each a list of nodes; an event due further ahead waits in
+a small overflow heap. When the current cycle's events are used up, the next bucket that holds
+any (or the overflow's earliest, if sooner) is emptied into a heap of that cycle's events
+alone, a few dozen, from which they pop in key order. Filing an event is a write to its bucket;
+a pop works on a heap that stays in the nearest cache. The fast engine pops the next event
+whenever it comes; the cycle engine asks, cycle by cycle, whether one is due (``due``).
+
+It pops exactly the sequence (cycle, key) a heap of every pending event pops: every event of
+a cycle is in the current heap before the first of them pops, and an event filed for the
+current cycle while it is being handled (a DISPATCH, a zero-cycle task's DONE) joins that heap.
+Keys are distinct, so the order is total.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from wse_emu.engines import heap
+from wse_emu.engines.heap import EventHeap
+from wse_emu.engines.records import Fill, make, record
+
+WINDOW = 1 << 16  # buckets: cycles ahead filed directly (a decode step's tasks take fewer)
+_MASK = WINDOW - 1
+# Entries of ``Calendar.state``: the cycle being handled, events in the buckets, the head of
+# the list of freed nodes, the next node never used, and the sizes of the two heaps.
+_NOW, _FILED, _FREE, _UNUSED, _LATER, _CURRENT = range(6)
+_NEVER = (1 << 62)  # a cycle no run reaches
+
+
+@record
+class Calendar:
+    """Pending events: the current cycle's in a heap (``now_*``), the next ``WINDOW`` - 1
+    cycles' in per-cycle lists of nodes (``bucket``, ``node_*``), later ones in a heap
+    (``later_*``)."""
+
+    state: np.int64  # (6,): see _NOW ... _CURRENT
+    bucket: np.int64  # (WINDOW,): first node of the cycle's list (cycle % WINDOW), -1: none
+    node_time: np.int64  # (capacity,): a filed event's cycle
+    node_key: np.int64  # (capacity,): its key
+    node_next: np.int64  # (capacity,): the next node of its list (or of the free list), -1
+    now_time: np.int64  # (capacity,): the current cycle's heap
+    now_key: np.int64
+    later_time: np.int64  # (capacity,): the heap of events due WINDOW cycles or more ahead
+    later_key: np.int64
+
+
+def new_calendar(capacity: int) -> Calendar:
+    """An empty calendar at cycle 0 with room for ``capacity`` pending events
+    (``heap.most_pending``). Its arrays are left as the allocator hands them out; only what
+    is used is touched."""
+    state = np.zeros(6, dtype=np.int64)
+    state[_FREE] = -1
+    return make(Calendar, state=state, bucket=Fill(WINDOW, -1), node_time=Fill(capacity),
+                node_key=Fill(capacity), node_next=Fill(capacity), now_time=Fill(capacity),
+                now_key=Fill(capacity), later_time=Fill(capacity), later_key=Fill(capacity))
+
+
+@njit(cache=True, inline="always")
+def push(cal, size, t, key):
+    """File the event (``t``, ``key``), due no earlier than the cycle being handled, among
+    ``size`` pending ones. Returns the new number pending."""
+    state = cal.state
+    now = state[_NOW]
+    if t == now:
+        state[_CURRENT] = heap.push(EventHeap(cal.now_time, cal.now_key), state[_CURRENT], t,
+                                    key)
+    elif t - now < WINDOW:
+        node = state[_FREE]
+        if node >= 0:
+            state[_FREE] = cal.node_next[node]
+        else:
+            node = state[_UNUSED]
+            state[_UNUSED] = node + 1
+        b = t & _MASK
+        cal.node_time[node] = t
+        cal.node_key[node] = key
+        cal.node_next[node] = cal.bucket[b]
+        cal.bucket[b] = node
+        state[_FILED] += 1
+    else:
+        state[_LATER] = heap.push(EventHeap(cal.later_time, cal.later_key), state[_LATER], t,
+                                  key)
+    return size + 1
+
+
+@njit(cache=True, inline="always")
+def pop(cal, size):
+    """Remove the earliest (cycle, key) of the ``size`` >= 1 pending events. Returns its
+    cycle, its key and the number left."""
+    state = cal.state
+    if state[_CURRENT] == 0:
+        _next_cycle(cal, _NEVER)
+    t, key, state[_CURRENT] = heap.pop(EventHeap(cal.now_time, cal.now_key), state[_CURRENT])
+    return t, key, size - 1
+
+
+@njit(cache=True, inline="always")
+def due(cal, t):
+    """Whether an event is due by cycle ``t`` (then ``pop`` returns it), for a caller that
+    handles the cycles in turn, filing nothing before the cycle it handles (the cycle
+    engine)."""
+    return cal.state[_CURRENT] > 0 or _next_cycle(cal, t)
+
+
+@njit(cache=True, inline="always")
+def _next_cycle(cal, until):
+    """Move on to the next cycle that has events, if it comes by cycle ``until`` (the current
+    one has none left): empty its bucket, and the later heap's events of that cycle, into the
+    current heap, and return True. If none comes by then, the calendar moves on to ``until``
+    and returns False."""
+    state = cal.state
+    now = state[_NOW]
+    t = until + 1  # none due by ``until``, unless one is found below
+    if state[_LATER] > 0 and cal.later_time[0] < t:
+        t = cal.later_time[0]
+    if state[_FILED] > 0:
+        # The first bucket with events before ``t``; every filed event is due in the window.
+        end = min(t, now + WINDOW)
+        c = now + 1
+        while c < end and cal.bucket[c & _MASK] < 0:
+            c += 1
+        if c < end:
+            t = c
+    if t > until:
+        if until > now:
+            state[_NOW] = until
+        return False
+    state[_NOW] = t
+    current = EventHeap(cal.now_time, cal.now_key)
+    count = 0
+    b = t & _MASK
+    node = cal.bucket[b]
+    while node >= 0:  # the bucket holds cycle t's events alone
+        following = cal.node_next[node]
+        count = heap.push(current, count, cal.node_time[node], cal.node_key[node])
+        cal.node_next[node] = state[_FREE]
+        state[_FREE] = node
+        state[_FILED] -= 1
+        node = following
+    cal.bucket[b] = -1
+    later = EventHeap(cal.later_time, cal.later_key)
+    waiting = state[_LATER]
+    while waiting > 0 and cal.later_time[0] == t:
+        at, key, waiting = heap.pop(later, waiting)
+        count = heap.push(current, count, at, key)
+    state[_LATER] = waiting
+    state[_CURRENT] = count
+    return True
