@@ -19,31 +19,15 @@ argument against its annotation on entry (``checks.typed``), then by range.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.cache import compile_cached
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import compile_options
-from wse_emu.experiments import run as experiments
-from wse_emu.experiments.comparison import ExperimentReport, Space, VaryReport
-from wse_emu.experiments.drift import DriftReport, DriftSpec
-from wse_emu.experiments.frontier import FrontierReport
-from wse_emu.experiments.goodput import Targets
-from wse_emu.experiments.pairings import PairingsReport
-from wse_emu.experiments.spec import (
-    Counting,
-    Execution,
-    ExperimentSpec,
-    FrontierSpec,
-    Hardware,
-    Load,
-    PairingsSpec,
-    Speeds,
-    WaferTiming,
-    from_flat,  # noqa: F401 - the face's (see above)
-)
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec
 from wse_emu.hardware.fabric import load_fabric as fabric_file
 from wse_emu.models.load import load_model as model_file
@@ -62,11 +46,61 @@ from wse_emu.sweeps.points import run_points
 from wse_emu.sweeps.sweep import SweepRow, SweepSpec, load_sweep
 from wse_emu.util.checks import typed
 
+if TYPE_CHECKING:  # at run time, imported on first use (``__getattr__``)
+    from wse_emu.experiments.comparison import ExperimentReport, Space, VaryReport
+    from wse_emu.experiments.drift import DriftReport, DriftSpec
+    from wse_emu.experiments.frontier import FrontierReport
+    from wse_emu.experiments.goodput import Targets
+    from wse_emu.experiments.pairings import PairingsReport
+    from wse_emu.experiments.spec import (
+        Counting,
+        Execution,
+        ExperimentSpec,
+        FrontierSpec,
+        Hardware,
+        Load,
+        PairingsSpec,
+        Speeds,
+        WaferTiming,
+        from_flat,  # noqa: F401 - the face's (see above)
+    )
+
 __all__ = ["load_model", "load_fabric", "compile", "run", "handoff", "serve", "serve_pools",
            "experiment", "frontier", "pairings", "drift", "generate", "sweep", "draw",
            "check_serving", "default_cache_dir", "Space", "Targets", "ExperimentSpec",
            "FrontierSpec", "PairingsSpec", "DriftSpec", "Load", "Hardware", "Counting",
            "WaferTiming", "Execution", "Speeds"]
+
+# The experiments' names (those imported above for type checkers), imported when first asked
+# for: compiling, running a step and serving do not need them, and importing them costs a
+# tenth of a second of every command's start-up. ``checks.typed`` asks for those an annotation
+# names.
+_EXPERIMENT_NAMES = {
+    "wse_emu.experiments.comparison": ("ExperimentReport", "Space", "VaryReport"),
+    "wse_emu.experiments.drift": ("DriftReport", "DriftSpec"),
+    "wse_emu.experiments.frontier": ("FrontierReport",),
+    "wse_emu.experiments.goodput": ("Targets",),
+    "wse_emu.experiments.pairings": ("PairingsReport",),
+    "wse_emu.experiments.spec": ("Counting", "Execution", "ExperimentSpec", "FrontierSpec",
+                                 "Hardware", "Load", "PairingsSpec", "Speeds", "WaferTiming",
+                                 "from_flat"),
+}
+_MODULE_OF = {name: module for module, names in _EXPERIMENT_NAMES.items() for name in names}
+
+
+def __getattr__(name: str):
+    """An experiment name (``_EXPERIMENT_NAMES``), imported on first use and kept."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def _experiments():
+    """The experiments' entry points (``experiments.run``), imported on first use."""
+    return importlib.import_module("wse_emu.experiments.run")
 
 
 @typed
@@ -179,7 +213,7 @@ def experiment(spec: ExperimentSpec) -> ExperimentReport | VaryReport:
     plans tuned the same way, each plan's best confirmed on long runs, over the load's draws;
     or the same at each value of one input (``vary``). Every field was checked when the spec
     was made. The report's ``to_json()`` is what ``experiment disagg --json`` prints."""
-    return experiments.experiment(spec)
+    return _experiments().experiment(spec)
 
 
 @typed
@@ -188,7 +222,7 @@ def frontier(spec: FrontierSpec) -> FrontierReport:
     high-speed token capacity of both at the spec's user speed (by default the model's
     published vendor speed, ``programs/vendor_speeds.yaml``): the report ``experiment frontier
     --json`` prints."""
-    return experiments.frontier(spec)
+    return _experiments().frontier(spec)
 
 
 @typed
@@ -197,14 +231,14 @@ def drift(spec: DriftSpec) -> DriftReport:
     ``served_on`` workloads and tuned afresh there: per workload the ratio as tuned once and
     as retuned, each plan's regret, and the time a wafer split takes to be laid out anew. The
     report ``experiment drift --json`` prints."""
-    return experiments.drift(spec)
+    return _experiments().drift(spec)
 
 
 @typed
 def pairings(spec: PairingsSpec) -> PairingsReport:
     """``frontier`` for every pairing of the spec's kinds of hardware: the report ``experiment
     pairings --json`` prints."""
-    return experiments.pairings(spec)
+    return _experiments().pairings(spec)
 
 
 @typed

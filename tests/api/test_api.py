@@ -123,3 +123,25 @@ def test_an_experiment_held_at_the_median_says_so_throughout(tmp_path):
     best = data.final[0]
     assert seconds(best.tpot_p50_s) in text.split("p50 TPOT", 2)[2].splitlines()[0]
     assert throughput_vs_tpot(data, tmp_path / "curve")[0].exists()
+
+
+def test_the_experiments_are_imported_only_when_first_asked_for():
+    """A compile or a serve does not pay for importing the experiments; every name the face
+    exports resolves, and an experiment's annotations resolve in a process that has not asked
+    for any of them (a spec made from its own module)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from wse_emu import api\n"
+        "assert 'wse_emu.experiments.run' not in sys.modules\n"
+        "from wse_emu.experiments.spec import FrontierSpec\n"
+        "from wse_emu.util.checks import type_hints\n"
+        "hints = type_hints(vars(api)['frontier'].__wrapped__)\n"
+        "assert hints['spec'] is FrontierSpec, hints\n"
+        "assert all(getattr(api, name) is not None for name in api.__all__)\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]

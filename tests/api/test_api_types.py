@@ -31,6 +31,7 @@ from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import UserError
 from wse_emu.serving.serve import ServeOptions, setting_names
 from wse_emu.sim.steps import StepShape
+from wse_emu.util.checks import type_hints
 
 # What a ``**options`` parameter gathers: the fields of the dataclass it fills.
 OPTIONS = {"compile": {f.name for f in dataclasses.fields(CompileOptions)},
@@ -58,7 +59,9 @@ def _parameters(name: str) -> list[str]:
 
 def _hints(name: str) -> dict:
     thing = _callable(name)
-    hints = typing.get_type_hints(thing if inspect.isclass(thing) else inspect.unwrap(thing))
+    # (``type_hints``: the face imports the experiments' names when first asked for them)
+    hints = (typing.get_type_hints(thing) if inspect.isclass(thing)
+             else type_hints(inspect.unwrap(thing)))
     if name in OPTION_HINTS:
         options = typing.get_type_hints(OPTION_HINTS[name])
         hints.update({k: options[k] for k in OPTIONS[name]})

@@ -8,6 +8,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 import types
 import typing
 from collections import abc
@@ -191,6 +192,18 @@ def check_fields(instance) -> None:
             of_type(f.name, getattr(instance, f.name), hints[f.name])
 
 
+def type_hints(function) -> dict:
+    """``function``'s annotations resolved, a name its module imports on first use (a
+    module ``__getattr__``, PEP 562) imported when an annotation names it."""
+    module = sys.modules[function.__module__]
+    while True:
+        try:
+            return typing.get_type_hints(function)
+        except NameError as missing:
+            if missing.name in vars(module) or not hasattr(module, missing.name):
+                raise
+
+
 def typed(function):
     """``function`` with every argument it is given checked against its annotation before
     its body runs, refused by name (``of_type``); an argument it does not take, refused
@@ -207,7 +220,7 @@ def typed(function):
     @functools.wraps(function)
     def checked(*args, **kwargs):
         if not hints:  # resolved on first use: the annotations name classes defined later
-            hints.update(typing.get_type_hints(function))
+            hints.update(type_hints(function))
         unknown = next((k for k in kwargs if k not in params), None)
         if unknown is not None and not gathers:
             raise UserError(f"`{unknown}` is not an argument of {function.__name__} (it takes "
