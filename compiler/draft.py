@@ -63,10 +63,11 @@ def draft_model(target: ModelSpec, draft: str) -> ModelSpec:
 def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                        compile_fn) -> WaferProgram:
     """``model`` on the columns a strip at the far side of each replica's last wafer leaves,
-    and the draft ``options`` names on that strip, the narrowest that holds the draft with KV
-    room for as many tokens as the target's regions that end on one wafer: the target's
-    program, with the draft's in ``draft`` and what it takes in ``summary["draft"]``.
-    ``compile_fn`` compiles one model (``compile_model``)."""
+    and the draft ``options`` names on that strip: the narrowest that holds the draft with KV
+    room for as many tokens as the target's regions that end on one wafer, or the width
+    ``options.draft_columns`` asks for. Returns the target's program, with the draft's in
+    ``draft`` and what it takes in ``summary["draft"]``. ``compile_fn`` compiles one model
+    (``compile_model``)."""
     draft = draft_model(model, options.draft)
     fabric = cluster.fabric
     usable = fabric.usable_bytes_per_pe
@@ -85,6 +86,9 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
     # narrowest strip and map beside one a few columns wider (its stages regroup, its blocks
     # round to whole PEs), so the next few widths are tried before its own error is given.
     widest = max(fabric.width // 2, 1)
+    if options.draft_columns is not None:
+        return _finish(_on_strip(model, draft, fabric, options.draft_columns, widest, attempt,
+                                 options), options, fabric, options.draft_columns)
     width = min(width, widest)
     target, _ = attempt(width)
     if isinstance(target, str):
@@ -122,12 +126,36 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
                      if _state(attempt(w)) == FITS), None)
     if best is None:
         raise CompileError(_crowded(model, draft, fabric, low, attempt(low), attempt(high)))
-    high = best
-    target, side = attempt(high)
+    return _finish(attempt(best), options, fabric, best)
+
+
+def _on_strip(model, draft, fabric, width: int, widest: int, attempt,
+                    options: CompileOptions) -> tuple:
+    """(target, draft) with the draft on the strip of ``width`` columns asked for
+    (``CompileOptions.draft_columns``), or why not: wider than half the wafer, too narrow to
+    hold the draft (and how much it lacks), or crowding the target out."""
+    if width > widest:
+        raise UserError(f"`draft_columns` = {width}: the draft's strip may take at most half "
+                        f"of {fabric.name}'s {fabric.width} columns ({widest})")
+    pair = attempt(width)
+    state = _state(pair)
+    if state == CROWDED:
+        raise CompileError(f"{model.name} does not map on the columns of {fabric.name} left "
+                           f"beside the draft {draft.name}'s strip of {width}: {pair[0]}")
+    if state == SHORT:
+        raise CompileError(_short(model, draft, fabric, width, pair, options))
+    return pair
+
+
+def _finish(pair: tuple, options: CompileOptions, fabric, width: int) -> WaferProgram:
+    """The target of ``pair`` with its draft, as compiled: the draft named, its strip's width
+    if one was asked for, and what it takes in ``summary["draft"]``."""
+    target, side = pair
     target.draft = side
     # What it was compiled with: the draft named, and one replica per wafer part beside it.
-    target.options = dataclasses.replace(target.options, draft=options.draft)
-    target.summary["draft"] = draft_summary(target, side, fabric, high)
+    target.options = dataclasses.replace(target.options, draft=options.draft,
+                                         draft_columns=options.draft_columns)
+    target.summary["draft"] = draft_summary(target, side, fabric, width)
     return target
 
 
@@ -138,8 +166,8 @@ def _pair(model, draft, cluster, options, width: int, compile_fn) -> tuple:
     if width >= fabric.width:
         return "no columns left", "no columns left"
     strip = with_overrides(fabric, width=width)
-    alone = dataclasses.replace(options, draft=None, max_replicas_per_part=1,
-                                reserved_columns=width)
+    alone = dataclasses.replace(options, draft=None, draft_columns=None,
+                                max_replicas_per_part=1, reserved_columns=width)
     own = dataclasses.replace(alone, plan="colocated", prefill_share=None,
                               prefill_systems=None, region=(width, fabric.height),
                               layers_per_stage=None, reserved_columns=0,
@@ -172,15 +200,38 @@ def strip_systems(program: WaferProgram) -> list[int]:
 def _no_room(model, draft, fabric, width: int, pair: tuple, options) -> str:
     """Why no strip up to ``width`` columns (half the wafer's) holds the draft, and how much
     SRAM it lacks."""
+    need, strip, what = _room(draft, fabric, width, pair, options)
+    return (f"the draft {draft.name} does not fit beside {model.name} on {fabric.name}: "
+            f"{what} {_gb(need)} of SRAM, and half the wafer's columns ({width}) hold "
+            f"{_gb(strip)}: it lacks {_gb(max(need - strip, 0))} or more (a smaller draft, or "
+            "mtp)")
+
+
+def _short(model, draft, fabric, width: int, pair: tuple, options) -> str:
+    """Why the strip of ``width`` columns asked for does not hold the draft, and how much
+    SRAM it lacks."""
+    need, strip, what = _room(draft, fabric, width, pair, options)
+    where = (f"the draft {draft.name}'s strip of {width} columns (`draft_columns`) beside "
+             f"{model.name} on {fabric.name}")
+    wider = "a wider strip, or leave `draft_columns` out for the narrowest that holds it"
+    if need <= strip:  # room enough in all, but its blocks do not map on so narrow a strip
+        return f"{where} does not hold it ({' '.join(pair[1].split())}): {wider}"
+    return (f"{where} holds {_gb(strip)}, and {what} {_gb(need)}: it lacks "
+            f"{_gb(need - strip)} or more ({wider})")
+
+
+def _room(draft, fabric, width: int, pair: tuple, options) -> tuple[int, int, str]:
+    """(the SRAM the draft needs beside the target of ``pair``, the SRAM a strip of
+    ``width`` columns has, what the need counts)."""
     strip = width * fabric.height * fabric.usable_bytes_per_pe
     target, side = pair  # the target maps beside it
     need = _laid(draft, options)
-    if not isinstance(side, str):  # the weights fit; the KV room does not
-        need += tokens_per_wafer(target) * draft.kv_bytes_per_token()
-    return (f"the draft {draft.name} does not fit beside {model.name} on {fabric.name}: "
-            f"with KV room for the target's tokens it needs {_gb(need)} of SRAM, and half the "
-            f"wafer's columns ({width}) hold {_gb(strip)}: it lacks {_gb(max(need - strip, 0))}"
-            " or more (a smaller draft, or mtp)")
+    if isinstance(side, str):  # its weights do not map
+        return need, strip, "its weights alone need"
+    # The weights fit; the KV room does not.
+    held = tokens_per_wafer(target)
+    need += held * draft.kv_bytes_per_token()
+    return need, strip, f"with KV room for the target's {held:,} tokens it needs"
 
 
 def _laid(draft: ModelSpec, options: CompileOptions) -> int:

@@ -92,9 +92,31 @@ def test_a_program_without_a_draft_writes_as_before(tmp_path):
     assert "draft" not in program.to_json() and program.draft is None
 
 
+def test_a_wider_strip_asked_for_takes_columns_from_the_target(drafted, tmp_path, capsys):
+    width = drafted.summary["draft"]["strip_columns"]
+    wider = api.compile("tiny", "mesh16", draft="mtp", draft_columns=width + 2)
+    d = wider.summary["draft"]
+    assert d["strip_columns"] == width + 2 and wider.options.draft_columns == width + 2
+    assert d["kv_capacity_tokens"] > drafted.summary["draft"]["kv_capacity_tokens"]
+    assert wider.regions[0].kv_capacity_tokens < drafted.regions[0].kv_capacity_tokens
+    assert max(r.parts[0].x1 for r in wider.regions) + width + 2 == 16
+    wider.save(tmp_path)
+    assert WaferProgram.load(tmp_path).options.draft_columns == width + 2
+    # Too narrow: refused, saying what it lacks or why the draft does not map there.
+    with pytest.raises(CompileError, match=r"strip of 1 columns \(`draft_columns`\)"):
+        api.compile("tiny", "mesh16", draft="mtp", draft_columns=1)
+    assert main(["compile", "tiny", "--fabric", "mesh16", "--draft", "mtp",
+                 "--draft-columns", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--draft-columns" in err[0]
+
+
 @pytest.mark.parametrize("options, message", [
     ({"draft": "llama-3.2-1b"}, "must share one"),
     ({"draft": " "}, "`draft` is empty"),
+    ({"draft_columns": 4}, "give a `draft` too"),
+    ({"draft": "mtp", "draft_columns": 0}, "`draft_columns` must be at least 1"),
+    ({"draft": "mtp", "draft_columns": 9}, "at most half of mesh16's 16 columns"),
 ])
 def test_what_a_draft_does_not_go_with(options, message):
     with pytest.raises(UserError, match=message):

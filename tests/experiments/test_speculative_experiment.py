@@ -33,8 +33,27 @@ def test_each_count_is_a_layout_of_both_plans(report):
     for plan in ("colocated", "disaggregated"):
         assert {(plan, "K 2"), (plan, "K 4")} <= tried
     assert report.timing.speculation == {"draft": "mtp", "draft_tokens": [2, 4],
-                                         "acceptance": 0.7, "acceptance_seed": 0}
+                                         "draft_strips": [1.0], "acceptance": 0.7,
+                                         "acceptance_seed": 0}
     assert all(", K " in row.configuration for row in report.final)
+
+
+@pytest.mark.slow  # about 20 s: both plans' layouts beside two widths of strip
+def test_each_width_of_the_drafts_strip_is_a_layout_of_both_plans(tmp_path):
+    spec = api.from_flat(api.ExperimentSpec, model="tiny", workload=str(SMALL_CHAT),
+                         ttft_s=1.0, tpot_s=0.01, fabric="mesh16", space=QUICK,
+                         cache_dir=tmp_path, workers=1, draft="mtp", draft_tokens=(2,),
+                         acceptance=0.7, draft_strips=(1, 1.3, 3))
+    report = api.experiment(spec)
+    narrowest = api.compile("tiny", "mesh16", draft="mtp").summary["draft"]["strip_columns"]
+    for plan in ("colocated", "disaggregated"):  # 1.3 times as wide: a layout of each plan
+        assert any(", strip " in c.configuration for c in report.configurations
+                   if c.plan == plan)
+    assert any(f"colocated, 1 copy, strip {round(1.3 * narrowest)}, K 2" in c.configuration
+               for c in report.configurations)
+    # Three times the narrowest is more than half of the mesh's columns.
+    assert any("more than half of mesh16's 16" in s for s in report.skipped)
+    assert report.timing.speculation["draft_strips"] == [1.0, 1.3, 3.0]
 
 
 @pytest.mark.slow
@@ -50,6 +69,9 @@ def test_a_wafer_holds_one_copy_beside_its_draft(report):
     ({"draft": "mtp", "acceptance": 1.5}, "`acceptance` must be a probability"),
     ({"draft_tokens": (4,)}, "give a `draft` too"),
     ({"acceptance_seed": 2}, "give a `draft` too"),
+    ({"draft_strips": (2,)}, "give a `draft` too"),
+    ({"draft": "mtp", "acceptance": 0.5, "draft_strips": (0.5,)}, "numbers of 1 or more"),
+    ({"draft": "mtp", "acceptance": 0.5, "draft_strips": ()}, "one or more numbers"),
 ])
 def test_bad_speculation_is_refused_by_name(fields, message):
     with pytest.raises(UserError, match=message):

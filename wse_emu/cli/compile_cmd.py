@@ -58,6 +58,10 @@ def add_cluster_args(p) -> None:
                         "of the wafer holding each replica's last stage: a model preset, YAML "
                         "or config.json of the target's vocabulary, or mtp (a one-layer head "
                         "of the target's architecture)")
+    p.add_argument("--draft-columns", type=int, metavar="N",
+                   help="with --draft: its strip's width in columns (default: the narrowest "
+                        "that holds it; a wider one drafts faster and leaves the target "
+                        "fewer)")
     p.add_argument("--attention-tile", type=int, metavar="B",
                    help="batch tiling on attention: a decode micro-batch's attention runs B "
                         "sequences at a time and the MLP or the experts take the whole "
@@ -90,7 +94,7 @@ def options_from_args(args) -> dict:
         layers_per_stage=args.layers_per_stage, optimize_placement=not args.no_optimize,
         seed=args.seed, routing=args.routing, routing_seed=args.routing_seed,
         attention_tile=args.attention_tile or 0, patterns=tuple(args.patterns),
-        draft=args.draft)
+        draft=args.draft, draft_columns=args.draft_columns)
 
 
 def compile_from_args(args, model: ModelSpec | None = None) -> WaferProgram:

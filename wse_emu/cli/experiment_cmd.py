@@ -376,8 +376,11 @@ def _speculation_text(spec: dict | None) -> str:
     told = f"probability {acceptance:g}" if isinstance(acceptance, (int, float)) \
         else f"as {acceptance} says"
     counts = ", ".join(map(str, spec["draft_tokens"]))
-    return (f"; speculative decoding in both plans: draft {spec['draft']}, {counts} drafted "
-            f"tokens per step tried, each accepted with {told}")
+    strips = spec.get("draft_strips", [1.0])
+    widths = "" if strips == [1.0] else (
+        f", on strips {', '.join(f'{w:g}' for w in strips)} times the narrowest that holds it")
+    return (f"; speculative decoding in both plans: draft {spec['draft']}{widths}, {counts} "
+            f"drafted tokens per step tried, each accepted with {told}")
 
 
 def render(data: ExperimentReport) -> str:

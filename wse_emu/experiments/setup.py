@@ -182,7 +182,8 @@ class Setup:
         timing = self.timing
         speculation = None if timing.draft is None else {
             "draft": timing.draft, "draft_tokens": list(timing.draft_tokens),
-            "acceptance": timing.acceptance, "acceptance_seed": timing.acceptance_seed}
+            "draft_strips": list(timing.draft_strips), "acceptance": timing.acceptance,
+            "acceptance_seed": timing.acceptance_seed}
         data.timing = StepTiming(timing.routing.describe() if model.is_moe else None,
                                  timing.attention_tile or None, formats_text(model) or None,
                                  job.scale.describe() or None, speculation)

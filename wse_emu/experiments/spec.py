@@ -11,6 +11,7 @@ experiments' flags are generated from these declarations (``cli/spec_args.py``).
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -221,6 +222,7 @@ class Hardware:
 
 
 DRAFT_TOKENS = (2, 4, 8)  # drafted tokens per verify step tried by default
+DRAFT_STRIPS = (1.0,)  # the draft's strip: the narrowest that holds it, by default
 
 
 @dataclass(frozen=True)
@@ -229,9 +231,10 @@ class WaferTiming:
     ``routing``, batch tiling on attention (``attention_tile``, 0: none), and speculative
     decoding: a ``draft`` compiled beside the target in every layout of both plans, each
     layout tried at each of ``draft_tokens`` (tokens drafted per verify step, as a layout of
-    its own, so both plans are tuned over them alike), each drafted token accepted with
-    probability ``acceptance`` (or as a table of measured means per count says), the
-    acceptances drawn from ``acceptance_seed``."""
+    its own, so both plans are tuned over them alike), on a strip of each of ``draft_strips``
+    widths (multiples of the narrowest that holds the draft; each a layout of its own too),
+    each drafted token accepted with probability ``acceptance`` (or as a table of measured
+    means per count says), the acceptances drawn from ``acceptance_seed``."""
 
     routing: Routing = Routing()  # the command line's --routing and --routing-seed
     attention_tile: int = flagged(
@@ -249,10 +252,23 @@ class WaferTiming:
         "draft_tokens,mean_tokens_per_step measured (an input, never assumed)", None,
         metavar="A|CSV")
     acceptance_seed: int = flagged("seed of the acceptances drawn", 0)
+    draft_strips: Sequence[float] = flagged(
+        "with a `draft`: its strip's widths to try, as multiples of the narrowest that holds "
+        "it in each layout (1: that one), each width a layout of both plans", DRAFT_STRIPS,
+        reads="numbers", metavar="W1,W2,...")
 
     def __post_init__(self):
         check_fields(self)
         whole("attention_tile", self.attention_tile, 0)
+        strips = self.draft_strips
+        if isinstance(strips, (str, bytes)) or not hasattr(strips, "__iter__") or not strips:
+            raise UserError(f"`draft_strips` must be one or more numbers of 1 or more, got "
+                            f"{short_repr(strips)}")
+        for w in strips:
+            if not is_number(w) or not 1 <= w < math.inf:
+                raise UserError(f"`draft_strips` must be numbers of 1 or more (multiples of "
+                                f"the narrowest strip), got {short_repr(w)}")
+        object.__setattr__(self, "draft_strips", tuple(dict.fromkeys(float(w) for w in strips)))
         whole("acceptance_seed", self.acceptance_seed, 0)
         counts = self.draft_tokens
         if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__") or not counts:
@@ -262,9 +278,11 @@ class WaferTiming:
         if (self.draft is None) != (self.acceptance is None):
             raise UserError("speculative decoding takes a `draft` and its `acceptance` "
                             "together: the acceptance is an input, never assumed")
-        if self.draft is None and (self.draft_tokens != DRAFT_TOKENS or self.acceptance_seed):
-            raise UserError("`draft_tokens` and `acceptance_seed` are for speculative "
-                            "decoding: give a `draft` too (without one they would be ignored)")
+        if self.draft is None and (self.draft_tokens != DRAFT_TOKENS or self.acceptance_seed
+                                   or self.draft_strips != DRAFT_STRIPS):
+            raise UserError("`draft_tokens`, `draft_strips` and `acceptance_seed` are for "
+                            "speculative decoding: give a `draft` too (without one they would "
+                            "be ignored)")
         if self.draft is not None:
             for k in self.draft_tokens:  # each count, and the acceptance at it, checked
                 Speculation.of(k, self.acceptance, self.acceptance_seed)

@@ -56,37 +56,42 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
                                    drafted=timing.draft is not None)
 
     def compile_all(batch: list) -> dict:
-        """(plan, name) -> program of every (plan, name, split, depth) in ``batch`` that
-        compiles, compiled on ``pool``'s workers; the others skipped, with why (colocated
-        with one copy at its own depth must compile)."""
+        """(plan, name) -> program of every (plan, name, split, depth, draft columns) in
+        ``batch`` that compiles, compiled on ``pool``'s workers; the others skipped, with why
+        (colocated with one copy at its own depth must compile)."""
         if progress:
             progress(f"compiling {len(batch)} layout{'s' if len(batch) > 1 else ''}")
         jobs = [(CompileOptions(plan=plan, routing=routing.spec(), routing_seed=routing.seed,
                                 attention_tile=attention_tile, layers_per_stage=depth,
-                                draft=timing.draft, **split),)
-                for plan, _, split, depth in batch]
+                                draft=timing.draft, draft_columns=columns, **split),)
+                for plan, _, split, depth, columns in batch]
         run = (pool or HERE).bind(compile_or_why, (model, cluster))
         out = {}
-        for (plan, name, split, depth), (program, why) in zip(batch, run(jobs)):
+        for (plan, name, split, depth, columns), (program, why) in zip(batch, run(jobs)):
             if program is not None:
                 out[(plan, name)] = program
-            elif plan == "colocated" and not split and depth is None:
+            elif plan == "colocated" and not split and depth is None and columns is None:
                 raise CompileError(why)
             else:
                 skipped.append(f"{plan} {name}: {' '.join(why.split())}")
         return out
 
-    # At the compiler's own depth first, then at the other depths asked for.
-    programs = compile_all([(plan, name, split, None) for plan, name, split in plans])
+    # At the compiler's own depth first, then at the other depths asked for, then each
+    # beside the draft's wider strips asked for.
+    programs = compile_all([(plan, name, split, None, None) for plan, name, split in plans])
     own = {key: _layers_per_stage(p) for key, p in programs.items()}
     depths = {"own": [], "matched": sorted(set(own.values()))}.get(layers_per_stage)
     if depths is None:  # numbers, checked as ``Space`` checks them
         depths = Space(layers_per_stage=layers_per_stage).layers_per_stage
-    deeper = [(plan, f"{name} at {depth} layer{'s' if depth > 1 else ''}/stage", split, depth)
+    deeper = [(plan, f"{name} at {depth} layer{'s' if depth > 1 else ''}/stage", split, depth,
+               None)
               for plan, name, split in plans for depth in depths
               if (plan, name) in programs and depth != own[(plan, name)]]
     if deeper:
         programs.update(compile_all(deeper))
+    wider = _wider_strips(programs, plans, deeper, timing.draft_strips, fabric, skipped)
+    if wider:
+        programs.update(compile_all(wider))
     # Every layout's tables at once, so that stages alike across layouts are timed once and
     # no core waits for one layout's last shape.
     if timing.draft is None:
@@ -99,6 +104,28 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     if not any(plan == "disaggregated" for plan, _ in layouts):
         raise UserError("no disaggregated split compiles: " + "; ".join(skipped))
     return layouts, skipped
+
+
+def _wider_strips(programs: dict, plans: list, deeper: list, strips: tuple,
+                  fabric: FabricSpec, skipped: list) -> list:
+    """The (plan, name, split, depth, draft columns) of each compiled layout again beside the
+    draft's strip ``strips`` times as wide as its narrowest (a multiple of 1: that one, which
+    it has); a width past half the wafer's columns skipped, with why."""
+    batch = []
+    for plan, name, split, depth, _ in [(*p, None, None) for p in plans] + deeper:
+        program = programs.get((plan, name))
+        if program is None or program.draft is None:
+            continue
+        narrowest = program.summary["draft"]["strip_columns"]
+        for columns in dict.fromkeys(round(m * narrowest) for m in strips):
+            if columns == narrowest:
+                continue
+            if columns > fabric.width // 2:
+                skipped.append(f"{plan} {name} beside a strip of {columns} columns: more than "
+                               f"half of {fabric.name}'s {fabric.width}")
+                continue
+            batch.append((plan, f"{name}, strip {columns}", split, depth, columns))
+    return batch
 
 
 def _speculative_layouts(programs: dict, cache: Path, grid: str, pool,

@@ -69,6 +69,9 @@ class CompileOptions:
     # (``compiler.draft``): a model preset, a model YAML or config.json, or "mtp" (a one-layer
     # head of the target's architecture). None: no draft.
     draft: str | None = None
+    # The draft's strip, in columns (with a ``draft``): None, the narrowest that holds it; a
+    # wider strip spreads its layer over more PEs (a faster draft) and leaves the target fewer.
+    draft_columns: int | None = None
     # Columns left free at the far side of the wafer that holds each replica's last stage:
     # the draft's strip, set by ``draft`` (``compiler.draft``); 0 leaves every column to the
     # target.
@@ -103,6 +106,10 @@ class CompileOptions:
         whole("reserved_columns", self.reserved_columns, 0)
         if self.draft is not None and not self.draft.strip():
             raise UserError("`draft` is empty: name a model, or mtp")
+        if self.draft_columns is not None:
+            whole("draft_columns", self.draft_columns, 1)
+            if self.draft is None:
+                raise UserError("`draft_columns` is the draft's strip: give a `draft` too")
         if self.buffer_tokens < 1:
             raise UserError(f"`buffer_tokens` must be at least 1, got {self.buffer_tokens}")
         if self.seed < 0:
