@@ -96,7 +96,7 @@ def test_a_stage_timed_for_one_program_is_not_timed_again_for_another(program, t
 
     def timed(*args):
         raise AssertionError("a stage was simulated")
-    monkeypatch.setattr(tables, "stage_time", timed)
+    monkeypatch.setattr(tables, "stage_cycles", timed)
     again = build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)),
                         cache_dir=tmp_path)
     assert np.array_equal(first.cycles, again.cycles)

@@ -30,7 +30,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.models.layer import MicroBatch, attention_tile_of
 from wse_emu.program.format import WaferProgram, hash_arrays
-from wse_emu.sim.runner import region_transfers, signature, stage_time
+from wse_emu.sim.runner import region_transfers, signature, stage_cycles
 from wse_emu.sim.shared_ends import ends_cycles, trips_cycles
 from wse_emu.sim.warm import warm_engine
 from wse_emu.util.cachedir import user_cache_dir
@@ -375,16 +375,18 @@ def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stag
                y: int) -> float:
     """One grid point of a table: the cycles of stage ``stage`` (an id) for shape (x, y), or,
     for ``stage`` -1, the cycles between the region's stages in all. For a verify table, a
-    stage's cycles per later tile: the verify step's time in the stage beyond its first
-    tile's, over the drafted tokens, as the engine times the whole step (its tiles follow
-    each other through the stage); between stages, each tile hops as a decode step's does."""
+    stage's cycles for the whole verify step, as the engine times it (its tiles follow each
+    other through the stage), which ``build_tables`` turns into what the table keeps; between
+    stages, each tile hops as a decode step's does."""
     step = _step(phase, x, y)
     if phase == ENDS:
         if stage >= 0:
             return float(ends_cycles(program, program.stages[stage], step, engine))
         return float(trips_cycles(program, region, step))
     if stage >= 0:
-        return stage_time(program, program.stages[stage], step, engine)
+        # A verify step whole: ``build_tables`` takes its first tile's cycles off, from the
+        # decode table's at the same shape, which times that tile alone.
+        return float(stage_cycles(program, program.stages[stage], step, engine))
     stages = [program.stages[i] for i in program.region(region).stage_ids]
     return float(sum(region_transfers(program, stages, step, engine)[0]))
 
@@ -467,6 +469,7 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
     out: list = [None] * len(asks)
     times: dict[str, np.ndarray] = {}  # stage content key -> (len(a0), len(a1)) cycles
     todo: dict[str, tuple] = {}  # content key -> (program, stage, phase, a0, a1, path)
+    first_tiles: dict[str, str] = {}  # a verify stage's content key -> its decode's
     pending: dict[int, _Assembly] = {}
     jobs: list[tuple] = []
     blobs = _Blobs()
@@ -484,21 +487,30 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
         # Stages alike (``signature``, as ``run_region`` has it) take the first one's times.
         first_of: dict[tuple, str] = {}
         stage_keys = []
+        def wanted(stage, phase: str) -> str:
+            """The content key of ``stage``'s times for ``phase``, which are read back from
+            the cache or queued to be timed unless they already are."""
+            key = _stage_key(program, stage, phase, engine, ask.axes)
+            if key not in times and key not in todo:
+                known = None
+                spath = None
+                if cache_dir is not None:
+                    spath = Path(cache_dir) / f"stage-times-{key}.npz"
+                    known = _cached(spath, phase, 1, a0, a1)
+                if known is not None:
+                    times[key] = known.cycles[0]
+                else:
+                    todo[key] = (program, stage, phase, a0, a1, spath)
+                    if phase.startswith(VERIFY):
+                        # A verify step's first tile is a decode step at the same shape:
+                        # its cycles are the decode table's, taken from there.
+                        first_tiles[key] = wanted(stage, "decode")
+            return key
+
         for stage in stages:
             sig = signature(program, stage)
             if sig not in first_of:
-                key = _stage_key(program, stage, phase, engine, ask.axes)
-                first_of[sig] = key
-                if key not in times and key not in todo:
-                    known = None
-                    spath = None
-                    if cache_dir is not None:
-                        spath = Path(cache_dir) / f"stage-times-{key}.npz"
-                        known = _cached(spath, phase, 1, a0, a1)
-                    if known is not None:
-                        times[key] = known.cycles[0]
-                    else:
-                        todo[key] = (program, stage, phase, a0, a1, spath)
+                first_of[sig] = wanted(stage, phase)
             stage_keys.append(first_of[sig])
         # The transfers between the region's stages (stage -1: closed forms, unless the
         # embeddings are tied), at every shape.
@@ -531,11 +543,17 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
     timed = timed[len(jobs) - first_stage_job:] + timed[:len(jobs) - first_stage_job]
     at = first_stage_job
     for key in order:
-        program, stage, phase, a0, a1, spath = todo[key]
-        grid = np.asarray(timed[at:at + len(a0) * len(a1)], dtype=np.float64).reshape(
+        _, _, _, a0, a1, _ = todo[key]
+        times[key] = np.asarray(timed[at:at + len(a0) * len(a1)], dtype=np.float64).reshape(
             len(a0), len(a1))
         at += len(a0) * len(a1)
-        times[key] = grid
+    for key, decode in first_tiles.items():
+        # What a verify table keeps: the stage's cycles per later tile, its time beyond its
+        # first tile's over the drafted tokens.
+        times[key] = (times[key] - times[decode]) / drafted_of(todo[key][2])
+    for key in order:
+        _, _, phase, a0, a1, spath = todo[key]
+        grid = times[key]
         if spath is not None:
             spath.parent.mkdir(parents=True, exist_ok=True)
             StageTable(phase, a0, a1, grid[None], np.zeros_like(grid)).to_npz(spath)

@@ -299,18 +299,6 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
                     graph.tasks, len(graph.msgs))
 
 
-def stage_time(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> float:
-    """What a stage table keeps of ``stage`` at ``step``: its cycles, or for a verify step its
-    cycles per later tile (the step's time in the stage beyond its first tile's, over the
-    drafted tokens, as the engine times the whole step: its tiles follow each other through
-    the stage). Only the cycles: the per-PE and per-kernel counters of ``simulate_stage`` are
-    not made."""
-    cycles = stage_cycles(program, stage, step, engine)
-    if not step.drafted:
-        return float(cycles)
-    return (cycles - stage_cycles(program, stage, step.tiles()[0], engine)) / step.drafted
-
-
 def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> int:
     """The cycles ``step`` takes through ``stage`` on ``engine``, and nothing else."""
     graph, _, _ = stage_graph(program, stage, step)
