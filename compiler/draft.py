@@ -130,7 +130,7 @@ def compile_with_draft(model: ModelSpec, cluster: ClusterSpec, options: CompileO
 
 
 def _on_strip(model, draft, fabric, width: int, widest: int, attempt,
-                    options: CompileOptions) -> tuple:
+              options: CompileOptions) -> tuple:
     """(target, draft) with the draft on the strip of ``width`` columns asked for
     (``CompileOptions.draft_columns``), or why not: wider than half the wafer, too narrow to
     hold the draft (and how much it lacks), or crowding the target out."""
