@@ -98,6 +98,11 @@ def __getattr__(name: str):
     return value
 
 
+def __dir__() -> list[str]:
+    """The module's names, the experiments' among them before they are imported."""
+    return sorted(set(globals()) | set(_MODULE_OF))
+
+
 def _experiments():
     """The experiments' entry points (``experiments.run``), imported on first use."""
     return importlib.import_module("wse_emu.experiments.run")

@@ -140,6 +140,7 @@ def test_the_experiments_are_imported_only_when_first_asked_for():
         "from wse_emu.util.checks import type_hints\n"
         "hints = type_hints(vars(api)['frontier'].__wrapped__)\n"
         "assert hints['spec'] is FrontierSpec, hints\n"
+        "assert set(api.__all__) <= set(dir(api))\n"
         "assert all(getattr(api, name) is not None for name in api.__all__)\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
