@@ -55,7 +55,7 @@ def test_the_calendar_pops_what_a_heap_pops_near_and_far():
     spawn = rng.random(n) < 0.5
     gaps = np.where(rng.random(n) < 0.3, 0,
                     rng.integers(1, 3 * calendar.WINDOW, n)).astype(np.int64)
-    cal = calendar.new_calendar(4 * n)
+    cal = calendar.new_calendar(4 * n, 0)
     got_t, got_k = _drain(cal, times, keys, spawn, gaps)
     assert list(zip(got_t.tolist(), got_k.tolist())) == _heap_order(times, keys, spawn, gaps)
 
@@ -84,7 +84,7 @@ def test_the_cycle_by_cycle_use_pops_each_event_in_its_own_cycle():
     times = np.concatenate([rng.integers(0, 500, 400),
                             rng.integers(0, 3 * calendar.WINDOW, 40)]).astype(np.int64)
     keys = np.arange(len(times), dtype=np.int64)
-    popped = _due_by_cycle(calendar.new_calendar(2000), times, keys, 3 * calendar.WINDOW + 2)
+    popped = _due_by_cycle(calendar.new_calendar(2000, 0), times, keys, 3 * calendar.WINDOW + 2)
     assert all(t == at for t, at, _ in popped)
     expected = sorted(zip(times.tolist(), keys.tolist()))
     given = [(at, key) for _, at, key in popped if key < len(keys)]

@@ -50,10 +50,14 @@ class Calendar:
     later_key: np.int64
 
 
-def new_calendar(capacity: int) -> Calendar:
-    """An empty calendar at cycle 0 with room for ``capacity`` pending events
-    (``heap.most_pending``). Its arrays are left as the allocator hands them out; only what
-    is used is touched."""
+def new_calendar(tasks: int, pes: int, releases: int = 0) -> Calendar:
+    """An empty calendar at cycle 0 with room for every event that can be pending at once, so
+    that it never grows: per task one READY or DONE (READY is queued once, when its last
+    input arrives, and DONE once it has started), per PE one DISPATCH
+    (``cores.dispatch_due``), and the ``releases`` of external messages the fast engine queues
+    at the start. Its arrays are left as the allocator hands them out; only what is used is
+    touched."""
+    capacity = max(tasks + pes + releases, 1)
     state = np.zeros(6, dtype=np.int64)
     state[_FREE] = -1
     return make(Calendar, state=state, bucket=Fill(WINDOW, -1), node_time=Fill(capacity),

@@ -49,7 +49,6 @@ from wse_emu.engines.cores import (
     new_progress,
     ready_key,
 )
-from wse_emu.engines.heap import most_pending
 from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
 from wse_emu.engines.records import (
     Fill,
@@ -192,7 +191,7 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     tasks, msgs = task_columns(graph), message_columns(graph, vcs)
     n = graph.width * graph.height
     progress, cores = new_progress(tasks), new_cores(n, tasks)
-    events = calendar.new_calendar(most_pending(graph.tasks, n))
+    events = calendar.new_calendar(graph.tasks, n)
     times = new_message_times(msgs)
     routers, flight, mail = _new_routers(mesh), _new_flight(mesh), _new_mailboxes(mesh, msgs)
     cycles, injected, delivered, occupancy, violation = _simulate(

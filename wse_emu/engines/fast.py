@@ -33,7 +33,6 @@ from wse_emu.engines.cores import (
     new_progress,
     ready_key,
 )
-from wse_emu.engines.heap import most_pending
 from wse_emu.engines.messages import LINE
 from wse_emu.engines.records import (
     Fill,
@@ -124,7 +123,7 @@ def run(graph: TaskGraph, hop: int, ramp: int,
     n = graph.width * graph.height
     progress, cores = new_progress(tasks), new_cores(n, tasks)
     times, network = new_message_times(msgs), _new_network(mesh)
-    events = calendar.new_calendar(most_pending(graph.tasks, n, len(msgs.external)))
+    events = calendar.new_calendar(graph.tasks, n, len(msgs.external))
     last = _simulate(mesh, tasks, msgs, progress, cores, times, network, events)
     return RunResult(int(last), progress.start, progress.end, times.first, times.done,
                      times.point_done, cores.busy.reshape(graph.height, graph.width),

@@ -1,7 +1,5 @@
-"""The event heap: pending events kept in a min-heap on (cycle, key).
-
-The cycle engine asks it, cycle by cycle, whether an event is due; the fast engine keeps its
-events in a calendar (``calendar``) whose events of the current cycle sit in one of these.
+"""The event heap: pending events kept in a min-heap on (cycle, key). The engines' calendar
+(``calendar``) keeps the current cycle's events in one, and those due far ahead in another.
 """
 
 from __future__ import annotations
@@ -9,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from wse_emu.engines.records import Fill, make, record
+from wse_emu.engines.records import record
 
 
 @record
@@ -21,21 +19,6 @@ class EventHeap:
     key: np.int64  # (capacity,): event kind << ID_BITS | an id whose meaning depends on the kind
 
 
-def most_pending(tasks: int, pes: int, releases: int = 0) -> int:
-    """How many events can be pending at once: per task one READY or DONE (READY is queued
-    once, when its last input arrives, and DONE once it has started), per PE one DISPATCH
-    (``cores.dispatch_due``), and the ``releases`` of external messages the fast engine
-    queues at the start."""
-    return max(tasks + pes + releases, 1)
-
-
-def new_heap(tasks: int, pes: int, releases: int = 0) -> EventHeap:
-    """An empty event heap with room for every event that can be pending at once
-    (``most_pending``), so that it never grows."""
-    capacity = most_pending(tasks, pes, releases)
-    return make(EventHeap, time=Fill(capacity), key=Fill(capacity))
-
-
 # A 4-ary heap: half the levels of a binary one, and a node's four children share a cache
 # line or two, so a pop from a heap of 10^5 events waits on memory half as often. Any
 # min-heap pops the same sequence of (cycle, key) pairs, so the shape changes no result.
@@ -43,7 +26,8 @@ def new_heap(tasks: int, pes: int, releases: int = 0) -> EventHeap:
 @njit(cache=True, inline="always")
 def push(heap, size, t, key):
     """Add the event (``t``, ``key``) to a ``heap`` of ``size`` entries (which has room for
-    it: see ``new_heap``). Equal cycles pop in increasing key order. Returns the new size."""
+    it: see ``calendar.new_calendar``). Equal cycles pop in increasing key order. Returns the
+    new size."""
     ht, hk = heap.time, heap.key
     i = size
     while i > 0:  # sift up: move parents down until the new entry's place is found

@@ -487,6 +487,7 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
         # Stages alike (``signature``, as ``run_region`` has it) take the first one's times.
         first_of: dict[tuple, str] = {}
         stage_keys = []
+
         def wanted(stage, phase: str) -> str:
             """The content key of ``stage``'s times for ``phase``, which are read back from
             the cache or queued to be timed unless they already are."""
