@@ -191,3 +191,56 @@ def test_an_experiment_serves_both_plans_with_the_router_and_tier_asked(tmp_path
     assert "serving" not in json.loads(capsys.readouterr().out)
     assert main(args + ["--router", "prefix", "--kv-tier", "host"]) == 0
     assert "requests routed prefix; KV given up parked in host memory" in capsys.readouterr().out
+
+
+class _Pool:
+    """A pool that runs its jobs here, noting in ``seen`` when its jobs came."""
+
+    def __init__(self, parallel: bool, seen: list):
+        self.parallel, self.seen = parallel, seen
+
+    def bind(self, function, shared):
+        def run(jobs, done=None):
+            self.seen.append("jobs")
+            return [function(*shared, *job) for job in jobs]
+        return run
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_the_serving_loop_is_made_ready_before_workers_get_runs(parallel, monkeypatch):
+    """Before serving runs go to worker processes, the loop is compiled (or loaded) here, its
+    line said, once; the workers load it. Runs served here need nothing first."""
+    from wse_emu.experiments import goodput
+    from wse_emu.experiments.goodput import RunBook
+    from wse_emu.serving.workload import Requests
+
+    seen: list = []
+    monkeypatch.setattr(goodput, "warm_loop", lambda: seen.append("warm"))
+    monkeypatch.setattr(goodput, "judge", lambda run, targets: run)
+    book = RunBook(_Pool(parallel, seen), lambda requests, config, factor: (config, factor))
+    requests = Requests(np.array([0.0]), np.array([8]), np.array([2]), np.arange(1),
+                        np.zeros(1, int), np.zeros(1))
+    run_points = book.run_points((), requests, Targets(ttft_s=1.0, tpot_s=1.0))
+    assert run_points([("a", 1.0), ("a", 2.0)]) == [("a", 1.0), ("a", 2.0)]
+    assert run_points([("a", 1.0)]) == [("a", 1.0)]  # served before: no jobs
+    assert seen == (["warm", "jobs"] if parallel else ["jobs"])
+
+
+def test_warming_the_loop_readies_it_and_every_policys_dispatch(monkeypatch):
+    from wse_emu.serving import policies
+    from wse_emu.serving.loops import compiled as compiled_loop
+
+    made = []
+
+    def recording_njit(*args, **kwargs):
+        def compile_(function):
+            made.append(function)
+            return function
+        return compile_
+
+    monkeypatch.setattr(compiled_loop, "_compiled", {})
+    monkeypatch.setattr(compiled_loop, "njit", recording_njit)
+    policies.warm_loop()
+    assert made == [compiled_loop._loop] + [c.compiled for c in policies.POLICIES.values()]
+    policies.warm_loop()  # once per process
+    assert len(made) == 1 + len(policies.POLICIES)

@@ -191,3 +191,33 @@ def test_an_entry_is_written_whole_or_not_at_all(program, tmp_path, monkeypatch)
     with pytest.raises(OSError):
         build_table(program, "mixed0", "decode", axes=((1, 2), (64, 128)), cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+class _InOrder:
+    """A pool that runs its jobs here, as a parallel pool's workers would, noting what the
+    parent had done by then."""
+
+    parallel = True
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def bind(self, function, shared):
+        def run(jobs, done=None):
+            self.seen.append("jobs")
+            out = [function(*shared, *job) for job in jobs]
+            if done:
+                done(len(jobs))
+            return out
+        return run
+
+
+def test_the_engine_is_made_ready_before_the_workers_get_shapes(program, monkeypatch):
+    """On a pool of workers, the engine is compiled (or loaded) here first, its line said,
+    so that the workers load it rather than each compile it with nothing said."""
+    import wse_emu.serving.tables as tables
+
+    seen: list = []
+    monkeypatch.setattr(tables, "warm_engine", lambda engine: seen.append(("warm", engine)))
+    build_table(program, "mixed0", "decode", axes=((1,), (64,)), pool=_InOrder(seen))
+    assert seen == [("warm", "fast"), "jobs"]

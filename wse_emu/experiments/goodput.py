@@ -27,6 +27,7 @@ import numpy as np
 from wse_emu.errors import UserError
 from wse_emu.experiments.intervals import interval, ratio_interval
 from wse_emu.serving.metrics import RunMetrics, UserSpeeds, judged_window, on_target, run_metrics
+from wse_emu.serving.policies import warm_loop
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.workload import Requests
 from wse_emu.util.checks import positive
@@ -236,6 +237,9 @@ class RunBook:
             todo = [job for job in dict.fromkeys(jobs) if (key, job) not in self.runs]
             known = len(jobs) - len(todo)
             if todo:
+                if self.pool.parallel:
+                    # Compiled here once, a line saying so, for the workers to load.
+                    warm_loop()
                 counted = None if done is None else (lambda count: done(known + count))
                 for job, run in zip(todo, serve_jobs(todo, done=counted)):
                     self.runs[(key, job)] = run

@@ -38,6 +38,7 @@ from wse_emu.serving.loops.compiled import (
     admit,
     batch_size,
     compile_dispatch,
+    compiled_loop,
     next_prompt,
     queued,
     ready,
@@ -259,6 +260,16 @@ class Interleaved(Policy):
 
 # A disaggregated split's prefill and decode regions serve first come first served.
 SPLIT_POLICY = PrefillPriority
+
+
+def warm_loop() -> None:
+    """The compiled loop and every policy's dispatch made ready in this process: loaded from
+    Numba's cache, or compiled with a line on the command line saying so. Called before
+    serving runs go to worker processes, which then load what this wrote, rather than each
+    compiling it with nothing said."""
+    compiled_loop()
+    for cls in POLICIES.values():
+        compile_dispatch(cls.compiled)
 
 
 def check_in_tables(values: dict, tops: dict, where: str) -> None:

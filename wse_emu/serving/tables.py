@@ -536,10 +536,12 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
         progress = lambda done, total: bar.update(done)  # noqa: E731
     # Submitted stage jobs first (longest first), the cheap transfers last.
     ordered = jobs[first_stage_job:] + jobs[:first_stage_job]
+    # A first compile said, before the threads or the workers wait on it (the workers load
+    # what it wrote to Numba's cache, rather than each compiling the engine with nothing said).
+    warm_engine(engine)
     if pool is not None and pool.parallel:
         timed = pool.bind(time_blob, ())(ordered, done=lambda n: progress(n, len(jobs)))
     else:
-        warm_engine(engine)  # a first compile said, before the threads wait on it
         timed = _on_threads(ordered, lambda n: progress(n, len(jobs)))
     timed = timed[len(jobs) - first_stage_job:] + timed[:len(jobs) - first_stage_job]
     at = first_stage_job

@@ -1464,10 +1464,16 @@ def compile_dispatch(function):
     return _compiled[function]
 
 
-def run_loop(arrays: LoopArrays, dispatch: tuple) -> int:
-    """Run the compiled loop on ``arrays`` (changed in place) with the roles' dispatch
-    functions (mixed, prefill, decode: compiled by ``compile_dispatch``)."""
+def compiled_loop():
+    """The loop compiled with the signature ``_LOOP_SIGNATURE`` and cached, once per
+    process."""
     if "loop" not in _compiled:
         with slow(COMPILING):
             _compiled["loop"] = njit(_LOOP_SIGNATURE, cache=True)(_loop)
-    return _compiled["loop"](arrays, *dispatch)
+    return _compiled["loop"]
+
+
+def run_loop(arrays: LoopArrays, dispatch: tuple) -> int:
+    """Run the compiled loop on ``arrays`` (changed in place) with the roles' dispatch
+    functions (mixed, prefill, decode: compiled by ``compile_dispatch``)."""
+    return compiled_loop()(arrays, *dispatch)
