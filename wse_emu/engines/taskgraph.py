@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from wse_emu.engines.messages import Messages
 
@@ -73,6 +74,28 @@ class TaskGraph:
             ms = self.out_msg[self.out_ptr[t]:self.out_ptr[t + 1]]
             if len(ms) and (self.msgs.src[ms] != self.task_pe[t]).any():
                 raise ValueError(f"task {t} sends a message from another PE")
+
+
+@njit(cache=True)
+def grouped(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr, order): the positions of ``keys`` grouped by key, key 0 first, each group's in
+    the order they come (a stable counting sort; keys outside 0..n-1 are left out), so that
+    ``order[ptr[k]:ptr[k + 1]]`` are key k's: a CSR's pointers and entries, made in linear
+    time where a stable sort takes n log n."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for k in keys:
+        if 0 <= k < n:
+            ptr[k + 1] += 1
+    for k in range(n):
+        ptr[k + 1] += ptr[k]
+    fill = ptr[:-1].copy()
+    order = np.empty(ptr[n], dtype=np.int64)
+    for i in range(len(keys)):
+        k = keys[i]
+        if 0 <= k < n:
+            order[fill[k]] = i
+            fill[k] += 1
+    return ptr, order
 
 
 class Builder:

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from wse_emu.engines.messages import LINE, Messages
-from wse_emu.engines.taskgraph import TaskGraph
+from wse_emu.engines.taskgraph import TaskGraph, grouped
 
 
 class GraphBuilder:
@@ -64,11 +64,11 @@ class GraphBuilder:
         if before.size:
             self._succ.append((before.ravel().copy(), after.ravel().copy()))
 
-    def send(self, sender, src, dst, wavelets, targets, mode: int = 0, vc: int = 0) -> None:
+    def send(self, sender, src, dst, wavelets, targets, mode: int = 0, vc=0) -> None:
         """Messages sent when ``sender`` tasks complete. ``targets``: for unicast one task per
         message (or -1); for a line, the tasks fed at each point of each message's path, the
         messages one after another (as an array (messages, points) when their paths are of
-        one length)."""
+        one length). ``vc``: the messages' color class, one for all or one each."""
         src = np.atleast_1d(np.asarray(src, dtype=np.int64)).ravel()
         n = len(src)
         if n == 0:
@@ -84,6 +84,7 @@ class GraphBuilder:
                 raise ValueError("a line message needs a target for every point of its path")
         else:
             targets = np.broadcast_to(targets, (n,)).reshape(n, 1)
+        vc = np.broadcast_to(np.asarray(vc, dtype=np.int64), (n,))
         self._msgs.append((sender, src, dst, length.copy(), mode, vc, targets.ravel().copy()))
 
     def build(self) -> TaskGraph:
@@ -96,11 +97,9 @@ class GraphBuilder:
             after = np.concatenate([s[1] for s in self._succ])
         else:
             before = after = np.zeros(0, np.int64)
-        order = np.argsort(before, kind="stable")
-        succ_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(before, minlength=n), out=succ_ptr[1:])
+        succ_ptr, order = grouped(before, n)
         succ_task = after[order]
-        cols = [np.concatenate([m[i] if i != 4 and i != 5 else np.full(len(m[1]), m[i])
+        cols = [np.concatenate([m[i] if i != 4 else np.full(len(m[1]), m[i])
                                 for m in self._msgs]) if self._msgs else np.zeros(0, np.int64)
                 for i in range(6)]
         sender, src, dst, length, mode, vc = cols
@@ -109,14 +108,11 @@ class GraphBuilder:
         msgs = Messages(np.full(len(src), -1, dtype=np.int64), src, dst, length, mode, vc)
         # Messages without a sender start at t = 0 (external input).
         msgs.t_ready[sender < 0] = 0
-        has = sender >= 0
-        out_order = np.argsort(np.where(has, sender, n), kind="stable")[:int(has.sum())]
-        out_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(sender[has], minlength=n), out=out_ptr[1:])
+        out_ptr, out_order = grouped(sender, n)  # messages without a sender left out
         need = np.bincount(targets[targets >= 0], minlength=n).astype(np.int64)
         need += np.bincount(after, minlength=n).astype(np.int64)
         priority = (np.concatenate(self._priority) if self._priority
                     else np.zeros(0, dtype=np.int64))
         return TaskGraph(self.width, self.height, pe, cycles, need, kind, out_ptr,
-                         out_order.astype(np.int64), succ_ptr, succ_task, msgs, targets,
+                         out_order, succ_ptr, succ_task, msgs, targets,
                          priority)

@@ -7,6 +7,9 @@ task ids downstream code waits for.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
 import numpy as np
 
 from wse_emu.engines.messages import LINE
@@ -84,31 +87,96 @@ def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.
     receiver takes its senders' messages and adds each to its own value. Returns the root's
     final task per line. ``wave``/``add_cycles``: message size and one addition's cost, per
     line. With ``gather`` the pieces are concatenated instead: a sender passes on everything it
-    has collected."""
+    has collected.
+
+    Lines of one root are added all steps at once (``ReduceSchedule``), in the order a step by
+    step walk adds them: tasks step by step, messages step by step and line by line, so that
+    the graph is the same and the engines break their ties alike."""
     n_lines, length = lines.shape
     out = ready[np.arange(n_lines), root].copy()
     if length == 1:
         return out
     for r in np.unique(root):
         sel = np.flatnonzero(root == r)
-        plan = tree_plan(length, int(r), levels)
-        value = ready[sel].copy()  # (lines, positions): the task at which a value is complete
-        held = np.ones(length, dtype=np.int64)  # pieces a position holds (gather)
-        for receiver, senders, level in plan.steps:
-            count = len(senders)
-            acc = g.tasks(lines[sel, receiver], add_cycles[sel] * count, kind)
-            g.then(value[:, receiver], acc)
-            vc = VC_REDUCE1 if level % 2 else VC_REDUCE2
-            senders = np.asarray(senders)
-            size = wave[sel][:, None] * (held[senders][None, :] if gather
-                                         else np.ones((1, count), dtype=np.int64))
-            g.send(value[:, senders].ravel(), lines[sel][:, senders].ravel(),
-                   np.repeat(lines[sel, receiver], count), size.ravel(),
-                   np.repeat(acc, count), 0, vc)
-            held[receiver] += held[senders].sum()
-            value[:, receiver] = acc
-        out[sel] = value[:, int(r)]
+        plan = reduce_schedule(length, int(r), levels)
+        on, mine = lines[sel], ready[sel]  # (lines, positions)
+        n = len(sel)
+        # Every step's receiving task on every line, (steps, lines).
+        acc = g.tasks(on[:, plan.receiver].T, add_cycles[sel][None, :] * plan.count[:, None],
+                      kind).reshape(len(plan.receiver), n)
+
+        def value(writer, position):
+            """(lines, k): the task holding each position's value, as the last step before
+            (``writer``, -1: none) left it."""
+            held = mine[:, position]
+            wrote = writer >= 0
+            held[:, wrote] = acc[writer[wrote]].T
+            return held
+
+        g.then(value(plan.receiver_writer, plan.receiver).T, acc)
+        # Messages as (lines, messages of the plan), then in the walk's order.
+        senders = value(plan.sender_writer, plan.sender)
+        size = wave[sel][:, None] * (plan.held[None, :] if gather else 1)
+        order = plan.walk_order(n)
+        g.send(senders.ravel()[order], on[:, plan.sender].ravel()[order],
+               on[:, plan.receiver[plan.step]].ravel()[order],
+               np.broadcast_to(size, senders.shape).ravel()[order],
+               acc[plan.step].T.ravel()[order], 0,
+               np.broadcast_to(plan.vc, senders.shape).ravel()[order])
+        out[sel] = value(np.array([plan.root_writer]), np.array([int(r)]))[:, 0]
     return out
+
+
+@dataclass(frozen=True)
+class ReduceSchedule:
+    """A tree plan (``trees.tree_plan``) as arrays: per step its receiver and number of
+    senders; per message (step by step, nearest sender first) its step, sender position,
+    pieces held (for a gather) and color; and for every value a step reads, the step that last
+    wrote it (-1: the line's own partial result)."""
+
+    receiver: np.ndarray  # (steps,)
+    count: np.ndarray  # (steps,)
+    receiver_writer: np.ndarray  # (steps,)
+    step: np.ndarray  # (messages,)
+    sender: np.ndarray  # (messages,)
+    sender_writer: np.ndarray  # (messages,)
+    held: np.ndarray  # (messages,)
+    vc: np.ndarray  # (messages,)
+    root_writer: int
+
+    def walk_order(self, lines: int) -> np.ndarray:
+        """Where each entry of a (lines, messages) array goes in the walk's order: step by
+        step, within a step line by line, then message by message."""
+        first = np.concatenate([[0], np.cumsum(self.count)[:-1]])[self.step]  # (messages,)
+        m = np.arange(len(self.step))
+        at = (lines * first[None, :] + np.arange(lines)[:, None] * self.count[self.step][None, :]
+              + (m - first)[None, :]).ravel()
+        order = np.empty(len(at), dtype=np.int64)
+        order[at] = np.arange(len(at))
+        return order
+
+
+@lru_cache(maxsize=None)
+def reduce_schedule(length: int, root: int, levels: int) -> ReduceSchedule:
+    plan = tree_plan(length, root, levels)
+    writer = np.full(length, -1, dtype=np.int64)  # the last step that wrote each position
+    held = np.ones(length, dtype=np.int64)
+    receiver_writer, step, sender, sender_writer, pieces, vc = [], [], [], [], [], []
+    for s, (receiver, senders, level) in enumerate(plan.steps):
+        receiver_writer.append(writer[receiver])
+        for p in senders:
+            step.append(s)
+            sender.append(p)
+            sender_writer.append(writer[p])
+            pieces.append(held[p])
+            vc.append(VC_REDUCE1 if level % 2 else VC_REDUCE2)
+        held[receiver] += held[list(senders)].sum()
+        writer[receiver] = s
+    as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return ReduceSchedule(as_array([st[0] for st in plan.steps]),
+                          as_array([len(st[1]) for st in plan.steps]), as_array(receiver_writer),
+                          as_array(step), as_array(sender), as_array(sender_writer),
+                          as_array(pieces), as_array(vc), int(writer[root]))
 
 
 def overlaps(src_sizes, dst_sizes) -> tuple[np.ndarray, ...]:

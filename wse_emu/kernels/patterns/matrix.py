@@ -30,7 +30,7 @@ from wse_emu.kernels.primitives import (
     wavelets,
 )
 from wse_emu.models import layer as ly
-from wse_emu.util.splits import even_split
+from wse_emu.util.splits import even_split, even_splits
 
 INPUT_FIFO_BYTES = 64  # wavelets queued at a matrix kernel's input before its tasks take them
 # The edge where a strip's sums collect, by the axis K splits along and whether it is the high
@@ -150,7 +150,7 @@ class DenseStrip(Pattern):
         e, s = st.pe.shape
         ka = st.k_sizes[:, None]
         chunks = self.chunks(sg, st, t)
-        n_parts = np.stack([even_split(int(n), chunks) for n in st.n_sizes])  # (s, chunks)
+        n_parts = even_splits(st.n_sizes, chunks)  # (s, chunks)
         # The multiply runs as a chain of tasks of at most SLICE_TOKENS tokens each, so that
         # a PE can take up other kernels' short tasks between slices (as its microthreads
         # do); a GEMV's chain goes piece of output columns by piece.

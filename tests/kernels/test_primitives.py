@@ -1,0 +1,84 @@
+"""The line primitives build the graph a step-by-step walk of their plans builds: the same
+tasks, edges and messages in the same order, so that the engines break their ties alike."""
+
+import numpy as np
+import pytest
+
+from wse_emu.engines.taskgraph import grouped
+from wse_emu.kernels import primitives
+from wse_emu.kernels.graph import GraphBuilder
+from wse_emu.program.trees import tree_plan
+from wse_emu.util.splits import even_split, even_splits
+
+TASK_COLUMNS = ("task_pe", "task_cycles", "task_need", "task_kind", "out_ptr", "out_msg",
+                "succ_ptr", "succ_task", "msg_target", "task_priority")
+MESSAGE_COLUMNS = ("t_ready", "src", "dst", "length", "mode", "vc")
+
+
+def reduce_step_by_step(g, lines, root, ready, wave, add_cycles, kind, gather=False, levels=2):
+    """``line_reduce`` as its plan reads: each step's tasks, edge and messages in turn."""
+    out = ready[np.arange(len(lines)), root].copy()
+    if lines.shape[1] == 1:
+        return out
+    for r in np.unique(root):
+        sel = np.flatnonzero(root == r)
+        value = ready[sel].copy()
+        held = np.ones(lines.shape[1], dtype=np.int64)
+        for receiver, senders, level in tree_plan(lines.shape[1], int(r), levels).steps:
+            senders = np.asarray(senders)
+            acc = g.tasks(lines[sel, receiver], add_cycles[sel] * len(senders), kind)
+            g.then(value[:, receiver], acc)
+            pieces = held[senders] if gather else np.ones(len(senders), dtype=np.int64)
+            g.send(value[:, senders].ravel(), lines[sel][:, senders].ravel(),
+                   np.repeat(lines[sel, receiver], len(senders)),
+                   (wave[sel][:, None] * pieces[None, :]).ravel(),
+                   np.repeat(acc, len(senders)), 0,
+                   primitives.VC_REDUCE1 if level % 2 else primitives.VC_REDUCE2)
+            held[receiver] += held[senders].sum()
+            value[:, receiver] = acc
+        out[sel] = value[:, int(r)]
+    return out
+
+
+def built(reduce, lines, root, wave, add_cycles, gather, levels):
+    height, width = lines.shape
+    g = GraphBuilder(width, height)
+    ready = g.tasks(lines.ravel(), 3, 0).reshape(lines.shape)
+    out = reduce(g, lines, root, ready, wave, add_cycles, 1, gather, levels)
+    return out, g.build()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_reduction_builds_the_graph_its_plan_walked_step_by_step_builds(seed):
+    rng = np.random.default_rng(seed)
+    n_lines, length = int(rng.integers(1, 7)), int(rng.integers(1, 48))
+    lines = np.arange(n_lines * length).reshape(n_lines, length)
+    root = rng.integers(0, length, n_lines)
+    wave, add_cycles = rng.integers(1, 9, n_lines), rng.integers(1, 5, n_lines)
+    gather, levels = bool(seed % 2), int(rng.integers(1, 5))
+    want_out, want = built(reduce_step_by_step, lines, root, wave, add_cycles, gather, levels)
+    got_out, got = built(primitives.line_reduce, lines, root, wave, add_cycles, gather, levels)
+    assert np.array_equal(got_out, want_out)
+    for name in TASK_COLUMNS:
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    for name in MESSAGE_COLUMNS:
+        assert np.array_equal(getattr(got.msgs, name), getattr(want.msgs, name)), name
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_grouping_is_a_stable_sort_by_key(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 50))
+    keys = rng.integers(-3, n + 3, int(rng.integers(0, 400)))
+    ptr, order = grouped(keys, n)
+    kept = np.flatnonzero((keys >= 0) & (keys < n))
+    assert np.array_equal(order, kept[np.argsort(keys[kept], kind="stable")])
+    assert np.array_equal(np.diff(ptr), np.bincount(keys[kept], minlength=n))
+
+
+def test_even_splits_are_even_split_row_by_row():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        totals, parts = rng.integers(0, 5000, int(rng.integers(1, 20))), int(rng.integers(1, 40))
+        assert np.array_equal(even_splits(totals, parts),
+                              np.stack([even_split(int(t), parts) for t in totals]))
