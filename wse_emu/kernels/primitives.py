@@ -172,7 +172,11 @@ def reduce_schedule(length: int, root: int, levels: int) -> ReduceSchedule:
             vc.append(VC_REDUCE1 if level % 2 else VC_REDUCE2)
         held[receiver] += held[list(senders)].sum()
         writer[receiver] = s
-    as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    def as_array(values) -> np.ndarray:
+        shared = np.asarray(values, dtype=np.int64)
+        shared.flags.writeable = False  # cached: every reduction of this plan reads it
+        return shared
+
     return ReduceSchedule(as_array([st[0] for st in plan.steps]),
                           as_array([len(st[1]) for st in plan.steps]), as_array(receiver_writer),
                           as_array(step), as_array(sender), as_array(sender_writer),
