@@ -242,3 +242,20 @@ def work_entries() -> list:
 
     return [compile_model, compile_cached, run_region, serve, wafer_pools, wafer_pools_of,
             point_pool, side_pools, run_sweep, claim_directory]
+
+
+class RecordingPool:
+    """A pool that runs its jobs here, as a pool's workers would (``parallel`` or not), noting
+    in ``seen`` when its jobs came, so that a test can check what the parent did first."""
+
+    def __init__(self, seen: list, parallel: bool = True):
+        self.seen, self.parallel = seen, parallel
+
+    def bind(self, function, shared):
+        def run(jobs, done=None):
+            self.seen.append("jobs")
+            out = [function(*shared, *job) for job in jobs]
+            if done:
+                done(len(jobs))
+            return out
+        return run

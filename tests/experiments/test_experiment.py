@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, QUICK_KNOBS, made_up_point, search_all
+from helpers import FIXTURES, QUICK_KNOBS, RecordingPool, made_up_point, search_all
 
 from wse_emu.cli.main import main
 from wse_emu.compiler.mapper import compile_model
@@ -193,19 +193,6 @@ def test_an_experiment_serves_both_plans_with_the_router_and_tier_asked(tmp_path
     assert "requests routed prefix; KV given up parked in host memory" in capsys.readouterr().out
 
 
-class _Pool:
-    """A pool that runs its jobs here, noting in ``seen`` when its jobs came."""
-
-    def __init__(self, parallel: bool, seen: list):
-        self.parallel, self.seen = parallel, seen
-
-    def bind(self, function, shared):
-        def run(jobs, done=None):
-            self.seen.append("jobs")
-            return [function(*shared, *job) for job in jobs]
-        return run
-
-
 @pytest.mark.parametrize("parallel", [True, False])
 def test_the_serving_loop_is_made_ready_before_workers_get_runs(parallel, monkeypatch):
     """Before serving runs go to worker processes, the loop is compiled (or loaded) here, its
@@ -217,7 +204,7 @@ def test_the_serving_loop_is_made_ready_before_workers_get_runs(parallel, monkey
     seen: list = []
     monkeypatch.setattr(goodput, "warm_loop", lambda: seen.append("warm"))
     monkeypatch.setattr(goodput, "judge", lambda run, targets: run)
-    book = RunBook(_Pool(parallel, seen), lambda requests, config, factor: (config, factor))
+    book = RunBook(RecordingPool(seen, parallel), lambda requests, config, factor: (config, factor))
     requests = Requests(np.array([0.0]), np.array([8]), np.array([2]), np.arange(1),
                         np.zeros(1, int), np.zeros(1))
     run_points = book.run_points((), requests, Targets(ttft_s=1.0, tpot_s=1.0))

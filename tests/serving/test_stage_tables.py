@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from helpers import RecordingPool
 
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
@@ -193,25 +194,6 @@ def test_an_entry_is_written_whole_or_not_at_all(program, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
-class _InOrder:
-    """A pool that runs its jobs here, as a parallel pool's workers would, noting what the
-    parent had done by then."""
-
-    parallel = True
-
-    def __init__(self, seen: list):
-        self.seen = seen
-
-    def bind(self, function, shared):
-        def run(jobs, done=None):
-            self.seen.append("jobs")
-            out = [function(*shared, *job) for job in jobs]
-            if done:
-                done(len(jobs))
-            return out
-        return run
-
-
 def test_the_engine_is_made_ready_before_the_workers_get_shapes(program, monkeypatch):
     """On a pool of workers, the engine is compiled (or loaded) here first, its line said,
     so that the workers load it rather than each compile it with nothing said."""
@@ -219,5 +201,5 @@ def test_the_engine_is_made_ready_before_the_workers_get_shapes(program, monkeyp
 
     seen: list = []
     monkeypatch.setattr(tables, "warm_engine", lambda engine: seen.append(("warm", engine)))
-    build_table(program, "mixed0", "decode", axes=((1,), (64,)), pool=_InOrder(seen))
+    build_table(program, "mixed0", "decode", axes=((1,), (64,)), pool=RecordingPool(seen))
     assert seen == [("warm", "fast"), "jobs"]

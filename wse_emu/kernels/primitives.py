@@ -123,7 +123,7 @@ def line_reduce(g: GraphBuilder, lines: np.ndarray, root: np.ndarray, ready: np.
                np.broadcast_to(size, senders.shape).ravel()[order],
                acc[plan.step].T.ravel()[order], 0,
                np.broadcast_to(plan.vc, senders.shape).ravel()[order])
-        out[sel] = value(np.array([plan.root_writer]), np.array([int(r)]))[:, 0]
+        out[sel] = acc[plan.root_writer] if plan.root_writer >= 0 else mine[:, int(r)]
     return out
 
 
