@@ -227,6 +227,7 @@ def test_warming_the_loop_readies_it_and_every_policys_dispatch(monkeypatch):
 
     monkeypatch.setattr(compiled_loop, "_compiled", {})
     monkeypatch.setattr(compiled_loop, "njit", recording_njit)
+    monkeypatch.setattr(compiled_loop, "_CALLED", ())  # no primitive compiled for real
     policies.warm_loop()
     assert made == [compiled_loop._loop] + [c.compiled for c in policies.POLICIES.values()]
     policies.warm_loop()  # once per process

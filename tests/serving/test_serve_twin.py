@@ -283,6 +283,17 @@ def test_a_new_policy_is_one_class(colocated, cache, monkeypatch):
     assert np.percentile(first.tpot_s(), 90) < np.percentile(priority.tpot_s(), 90)
 
 
+def test_a_dispatch_passing_constants_reuses_the_one_compiled_send():
+    """Every dispatch, the registered ones and one written elsewhere that passes constants
+    (``send(st, r, now, 0, i, n)``, ``send_decode``'s ``send(..., -1, 0)``), calls the one
+    compiled copy of each primitive it does not inline: a copy per constant took minutes to
+    compile with nothing cached."""
+    for cls in (*policies.POLICIES.values(), DecodeFirst):
+        compiled_loop.compile_dispatch(cls.compiled)
+    for function, signature in compiled_loop._CALLED:
+        assert function.signatures == [signature.args], function.__name__
+
+
 @pytest.mark.parametrize("policy", sorted(policies.POLICIES))
 def test_a_region_has_one_dispatch_due_at_a_time(colocated, split, cache, monkeypatch, policy):
     """Under overload, the events the loop handles grow with the tokens served, not faster:

@@ -198,6 +198,7 @@ def test_the_serving_loop_says_it_compiles(clock, reporter, monkeypatch, capsys)
 
     monkeypatch.setattr(compiled_loop, "_compiled", {})
     monkeypatch.setattr(compiled_loop, "njit", slow_njit)
+    monkeypatch.setattr(compiled_loop, "_CALLED", ())
     compiled_loop.compile_dispatch(len)
     (line,) = capsys.readouterr().err.splitlines()
     assert line == "[30 s] " + compiled_loop.COMPILING

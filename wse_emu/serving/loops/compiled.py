@@ -737,7 +737,7 @@ def batch_size(st, r, limit) -> int:
     return min(limit, (decoding + stages - 1) // stages)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def admit(st, r, i, now) -> bool:
     """Admit request ``i``, at the head of region ``r``'s queue, if its KV fits (giving up
     cached KV if need be) and the running cap allows, timing its wait otherwise. Its prompt
@@ -889,7 +889,7 @@ def _pass(st, r, enter, d, p, label) -> float:
     return t
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def send(st, r, now, sequences, i, tokens) -> None:
     """Start one micro-batch on region ``r``: a decode step of the next ``sequences`` ready
     sequences (0: none) and the next ``tokens`` tokens of the admitted prompts from ``i``,
@@ -984,7 +984,7 @@ def send(st, r, now, sequences, i, tokens) -> None:
             _schedule(st, done, PREFILLED, j, r, 0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def send_decode(st, r, now, limit) -> bool:
     """A decode micro-batch of the ready sequences, at most ``limit``, if any."""
     if st.rq_len[r] == 0 or st.dtab[r] < 0:
@@ -1455,11 +1455,32 @@ _compiled: dict = {}
 COMPILING = "compiling the serving loop (once after install: up to a minute; cached after)"
 
 
+# The primitives a dispatch calls as functions of their own, each compiled once at the one
+# signature every dispatch calls it with; the small ones are inlined. Inlined, these three
+# were compiled again into every dispatch, and a call passing a constant (``send(st, r, now,
+# 0, i, n)``) made Numba compile a copy for that constant: compiling the three policies'
+# dispatches with nothing cached took five minutes.
+_CALLED = ((admit, types.boolean(STATE, types.int64, types.int64, types.float64)),
+           (send, types.none(STATE, types.int64, types.float64, types.int64, types.int64,
+                             types.int64)),
+           (send_decode, types.boolean(STATE, types.int64, types.float64, types.int64)))
+
+
+def _compile_called() -> None:
+    """``_CALLED`` compiled (or loaded from Numba's cache) at their signatures, and kept to
+    them: a call with constants converts them rather than compiling another copy."""
+    for function, signature in _CALLED:
+        if signature.args not in function.signatures:
+            function.compile(signature)
+            function.disable_compile()
+
+
 def compile_dispatch(function):
     """``function`` (a policy's dispatch, in the form numba compiles) compiled with the
     signature ``DISPATCH`` and cached, once per process."""
     if function not in _compiled:
         with slow(COMPILING):  # said only if it takes long: Numba's cache did not hold it
+            _compile_called()
             _compiled[function] = njit(DISPATCH, cache=True)(function)
     return _compiled[function]
 
