@@ -8,7 +8,9 @@ beside the measurements, never asserted here.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 
 from wse_emu.cli.bench.case import child
 
@@ -105,10 +107,29 @@ def run_functional(repeat: int) -> dict:
             "cases": cases}
 
 
+# The progress line of each wait says "up to a minute" (``sim.warm``, ``loops.compiled``).
+FIRST_RUN_GOAL_S = 60.0
+
+
+def run_first_run() -> dict:
+    """What a first run waits for once after install, Numba's cache empty (a fresh folder),
+    and what a later process waits for, the same folder holding it all."""
+    with tempfile.TemporaryDirectory(prefix="wse-emu-bench-numba-") as fresh:
+        env = {**os.environ, "NUMBA_CACHE_DIR": fresh}
+        runs = {kind: child("first_run_case", {}, env=env) for kind in ("cold", "cached")}
+    return {"benchmark": "first-run",
+            "what": "seconds to compile each of what a first run waits for with Numba's "
+                    "cache empty (cold), and to load it from the cache in a new process "
+                    "(cached)", **runs,
+            "goal": {"cold_seconds_each": FIRST_RUN_GOAL_S, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
+            "goal_met": all(s < FIRST_RUN_GOAL_S for s in runs["cold"]["seconds"].values())
+            and all(r["peak_rss_mib"] < PEAK_MEMORY_GOAL_MIB for r in runs.values())}
+
+
 def add_parser(sub, summary: str) -> None:
     p = sub.add_parser("bench", help=summary)
     p.add_argument("target", choices=["compile", "sim", "serve", "experiment", "frontier",
-                                       "viz", "functional", "kernels"],
+                                       "viz", "functional", "kernels", "first-run"],
                    help="what to benchmark")
     p.add_argument("--trace", help="serve, experiment and frontier: the conversation trace, a "
                    "shipped trace's name or a CSV path (default: azure-conv)")
@@ -125,6 +146,8 @@ def run(args) -> dict:
                 "frontier": run_frontier}[args.target](args)
     if args.target == "sim":
         return run_sim(max(1, args.repeat))
+    if args.target == "first-run":
+        return run_first_run()
     if args.target == "viz":
         return run_viz(max(1, args.repeat))
     if args.target == "functional":

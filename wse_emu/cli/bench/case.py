@@ -15,11 +15,12 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def child(module: str, payload) -> dict:
+def child(module: str, payload, env: dict | None = None) -> dict:
     """The figures ``wse_emu.cli.bench.<module>`` prints for ``payload``, run in a fresh
-    process."""
+    process (with the environment ``env``, if given)."""
     proc = subprocess.run([sys.executable, "-m", f"wse_emu.cli.bench.{module}",
-                           json.dumps(payload)], capture_output=True, text=True, check=False)
+                           json.dumps(payload)], capture_output=True, text=True, check=False,
+                          env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark case {payload} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
