@@ -85,7 +85,7 @@ def _read(entry: Path) -> WaferProgram | None:
     if not (entry / "program.json").is_file():
         return None
     try:
-        program = WaferProgram.load(entry)
+        program = WaferProgram.load(entry, written_here=True)
     except (UserError, OSError):
         return None  # damaged or half-removed: compiled again, and written over
     try:

@@ -1,6 +1,8 @@
 """Compiled programs kept between processes (``compiler.cache``): read back the same, keyed on
 everything a program is made from, and never trusted over compiling."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,26 @@ def test_least_recently_used_programs_go_first(tmp_path, inputs, monkeypatch):
                          tmp_path)
     kept = [p.name for p in tmp_path.iterdir()]
     assert kept == [cache.program_key(model, cluster, CompileOptions(plan="disaggregated"))]
+
+
+def test_an_entry_its_digest_proves_unchanged_is_not_schema_checked_again(tmp_path, inputs,
+                                                                        monkeypatch):
+    """Read back from the cache, a program whose digest matches is the one this code wrote
+    and checked; loaded from any other folder, or without its digest, it is checked."""
+    from wse_emu.program import format as program_format
+    from wse_emu.program.format import WaferProgram
+
+    compile_fn = Counted()
+    first = cache.compile_cached(*inputs, compile_fn, tmp_path)
+    checked = []
+    monkeypatch.setattr(program_format, "check_program", lambda *a: checked.append(a))
+    again = cache.compile_cached(*inputs, compile_fn, tmp_path)
+    assert compile_fn.calls == 1 and same(first, again) and checked == []
+    entry = tmp_path / cache.program_key(*inputs)
+    WaferProgram.load(entry)  # a program named on the command line: checked
+    assert len(checked) == 1
+    data = json.loads((entry / "program.json").read_text())
+    del data["digest"]
+    (entry / "program.json").write_text(json.dumps(data))
+    cache.compile_cached(*inputs, compile_fn, tmp_path)
+    assert compile_fn.calls == 2  # not proven unchanged: compiled again, and written over

@@ -297,7 +297,11 @@ class WaferProgram:
         write_text(directory / "program.json", json.dumps(data, indent=1))
 
     @classmethod
-    def load(cls, directory: str | Path) -> "WaferProgram":
+    def load(cls, directory: str | Path, written_here: bool = False) -> "WaferProgram":
+        """The program saved in ``directory``, checked: its format, its digest and its
+        schema. ``written_here``: a program this code saved itself (the compile cache's,
+        whose key names the code): its digest must be there and match, which proves it
+        unchanged since, so the schema it passed when compiled is not checked again."""
         directory = Path(directory)
         path = directory / "program.json"
         regular_file(path)
@@ -325,18 +329,21 @@ class WaferProgram:
         if version != FORMAT_VERSION:
             raise UserError(f"{directory}: program.npz is version {version}; recompile")
         # Programs written before digests were kept have none; every later one must match.
+        if written_here and "digest" not in data:
+            raise UserError(f"{directory}: no digest; recompile")
         if "digest" in data and data.get("digest") != _digest_of(data, arrays):
             raise UserError(f"{directory}: program.json or program.npz changed since it was "
                             "compiled (they no longer match the digest written then); "
                             "recompile")
         try:
-            return cls._from_data(data, arrays, path)
+            return cls._from_data(data, arrays, path, checked=not written_here)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             what = f"missing {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())
             raise UserError(f"{path}: damaged ({what[:120]}); recompile") from None
 
     @classmethod
-    def _from_data(cls, data: dict, arrays: dict, path: Path) -> "WaferProgram":
+    def _from_data(cls, data: dict, arrays: dict, path: Path,
+                   checked: bool = True) -> "WaferProgram":
 
         def build(cls_, item):
             kwargs = {}
@@ -356,12 +363,13 @@ class WaferProgram:
             own = {k[len(DRAFT_PREFIX):]: v for k, v in arrays.items()
                    if k.startswith(DRAFT_PREFIX)}
             arrays = {k: v for k, v in arrays.items() if not k.startswith(DRAFT_PREFIX)}
-            draft = cls._from_data(data["draft"], own, path)
+            draft = cls._from_data(data["draft"], own, path, checked)
         fabric = fabric_from_dict(data["fabric"], str(path))
         model = model_from_dict(data["model"], str(path))
-        check_program(data, fabric, model, arrays, {"regions": Region, "stages": Stage,
-                                                    "kernels": Kernel, "routes": Route},
-                      SRAM_CATEGORIES)
+        if checked:
+            check_program(data, fabric, model, arrays, {"regions": Region, "stages": Stage,
+                                                        "kernels": Kernel, "routes": Route},
+                          SRAM_CATEGORIES)
         return cls(
             fabric=fabric,
             systems=int(data["systems"]),
