@@ -39,7 +39,9 @@ def test_make_gives_each_field_its_declared_dtype_and_wants_them_all():
     tasks = records.make(records.TaskColumns, pe=[0, 1], priority=[0, 0], cycles=[3, 4],
                          need=[0, 1], out_ptr=[0, 0, 0], out_msg=[], succ_ptr=[0, 1, 1],
                          succ_task=[1])
-    assert all(a.dtype == np.int64 and a.flags.c_contiguous for a in tasks)
+    assert [a.dtype for a in tasks] == list(records.TaskColumns.dtypes.values())
+    assert tasks.pe.dtype == np.int32 and tasks.cycles.dtype == np.int64  # ids narrow, cycles not
+    assert all(a.flags.c_contiguous for a in tasks)
     times = records.make(records.MessageTimes, first=records.Fill(3, -1),
                          done=records.Fill(3), point_done=np.arange(4, dtype=np.int32))
     assert times.first.tolist() == [-1, -1, -1] and times.point_done.dtype == np.int64

@@ -33,7 +33,7 @@ PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
 class TaskProgress:
     """Where each task stands (one entry per task)."""
 
-    need: np.int64  # inputs still awaited
+    need: np.int32  # inputs still awaited
     ready_at: np.int64  # latest arrival of an input counted ahead of time (the fast engine's)
     start: np.int64  # cycle it started, -1 until then
     end: np.int64  # cycle it finished, -1 until then

@@ -144,7 +144,7 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
     graph : TaskGraph
         Tasks, their messages and the delivery points they feed, on a
         ``graph.width`` x ``graph.height`` mesh (see ``taskgraph``). Its packed ranges are
-        checked (priorities 0..255, fewer than 2**32 tasks and delivery points).
+        checked (priorities 0..255, fewer than 2**31 tasks, messages and delivery points).
     vcs : int
         Virtual channels per router port, 1..MAX_VCS (``FabricSpec.virtual_channels``): a
         message of color class ``c`` (``graph.msgs.vc``, >= 0) waits in queue ``c % vcs``.

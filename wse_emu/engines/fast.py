@@ -98,8 +98,8 @@ def run(graph: TaskGraph, hop: int, ramp: int,
     graph : TaskGraph
         Tasks, their messages and the delivery points they feed, on a
         ``graph.width`` x ``graph.height`` mesh (see ``taskgraph``). Its packed ranges are
-        checked (priorities 0..255, fewer than 2**32 tasks and delivery points). Message
-        colors (``graph.msgs.vc``) are not used: this engine has no virtual channels.
+        checked (priorities 0..255, fewer than 2**31 tasks, messages and delivery points).
+        Message colors (``graph.msgs.vc``) are not used: this engine has no virtual channels.
     hop : int
         Cycles for a wavelet to cross one link (``FabricSpec.hop_latency_cycles``), >= 0.
     ramp : int

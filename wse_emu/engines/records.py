@@ -161,16 +161,18 @@ class Mesh:
 @record
 class TaskColumns:
     """The task graph's columns over tasks (``TaskGraph``), which the engines only read. Ids
-    are int64 below 2**32 (``TaskGraph.check_ranges``)."""
+    and counts are held in 32 bits (below 2**31, ``TaskGraph.check_ranges``): a whole-wafer
+    stage's columns are tens of megabytes, read in no order a cache follows, and the engines'
+    time goes mostly to reading them. Cycles and offsets stay 64-bit."""
 
-    pe: np.int64  # (tasks,): the PE that runs the task, y * width + x
-    priority: np.int64  # (tasks,): 0..255, lower first
+    pe: np.int32  # (tasks,): the PE that runs the task, y * width + x
+    priority: np.int32  # (tasks,): 0..255, lower first
     cycles: np.int64  # (tasks,): core cycles it takes
-    need: np.int64  # (tasks,): inputs it waits for (deliveries plus predecessors)
+    need: np.int32  # (tasks,): inputs it waits for (deliveries plus predecessors)
     out_ptr: np.int64  # (tasks + 1,): CSR offsets of each task's messages in out_msg
-    out_msg: np.int64  # (sent,): message ids each task sends when done, in order
+    out_msg: np.int32  # (sent,): message ids each task sends when done, in order
     succ_ptr: np.int64  # (tasks + 1,): CSR offsets of each task's successors in succ_task
-    succ_task: np.int64  # (edges,): successor task ids
+    succ_task: np.int32  # (edges,): successor task ids
 
 
 @record
@@ -179,10 +181,10 @@ class MessageColumns:
     read."""
 
     t_ready: np.int64  # (messages,): cycle an external message may start, -1: a task sends it
-    src: np.int64  # (messages,): source PE
-    dst: np.int64  # (messages,): destination PE
+    src: np.int32  # (messages,): source PE
+    dst: np.int32  # (messages,): destination PE
     length: np.int64  # (messages,): wavelets (32 bits each), >= 1
-    mode: np.int64  # (messages,): UNICAST or LINE (delivered at every router after its source)
+    mode: np.int32  # (messages,): UNICAST or LINE (delivered at every router after its source)
     src_x: np.int32  # (messages,): the source's column, src % width
     src_y: np.int32  # (messages,): its row
     dst_x: np.int32  # (messages,): the destination's column
@@ -190,7 +192,7 @@ class MessageColumns:
     vc: np.int64  # (messages,): virtual channel, the color class modulo the cycle engine's vcs
     external: np.int64  # (external messages,): ids with t_ready >= 0, in order of t_ready
     point_base: np.int64  # (messages + 1,): index of each message's first delivery point
-    target: np.int64  # (points,): the task each delivery point feeds, or -1
+    target: np.int32  # (points,): the task each delivery point feeds, or -1
 
 
 @record

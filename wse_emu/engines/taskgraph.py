@@ -49,11 +49,12 @@ class TaskGraph:
         return base
 
     def check_ranges(self) -> None:
-        """What the engines' packed keys can hold: priorities below 256, ids below 2**32."""
+        """What the engines' columns and packed keys can hold: priorities below 256, ids of
+        tasks, messages and delivery points below 2**31 (``records.TaskColumns``)."""
         if self.tasks and (self.task_priority.min() < 0 or self.task_priority.max() >= 256):
             raise ValueError("task priorities must be in 0..255")
-        if self.tasks >= 2**32 or len(self.msg_target) >= 2**32:
-            raise ValueError("too many tasks or delivery points for one graph")
+        if max(self.tasks, len(self.msg_target), len(self.msgs.src)) >= 2**31:
+            raise ValueError("too many tasks, messages or delivery points for one graph")
 
     def validate(self) -> None:
         self.check_ranges()
