@@ -162,8 +162,8 @@ class Mesh:
 class TaskColumns:
     """The task graph's columns over tasks (``TaskGraph``), which the engines only read. Ids
     and counts are held in 32 bits (below 2**31, ``TaskGraph.check_ranges``): a whole-wafer
-    stage's columns are tens of megabytes, read in no order a cache follows, and the engines'
-    time goes mostly to reading them. Cycles and offsets stay 64-bit."""
+    stage's columns are tens of megabytes, read in no order a cache follows. Cycles and
+    offsets stay 64-bit."""
 
     pe: np.int32  # (tasks,): the PE that runs the task, y * width + x
     priority: np.int32  # (tasks,): 0..255, lower first
