@@ -3,7 +3,9 @@
 Each case runs in a fresh Python process so that its peak resident memory is its own
 (``case.child``: ``python -m wse_emu.cli.bench.<case module>``); the case reports the wall
 time of the measured call (imports and loading excluded) and its peak RSS. Goals are printed
-beside the measurements, never asserted here.
+beside the measurements, never asserted here. Each case also says what else the machine ran
+while it did (``beside``: the cores other work kept busy, those the host took away, the load
+average), so that a figure measured under load is not read as one measured alone.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def run_sim(repeat: int) -> dict:
                               *NOC_COMMAND])
     cases.append({"name": "the whole command wse-emu " + " ".join(NOC_COMMAND) + ", start-up "
                   "included", "kind": "command", "seconds": command["seconds"],
-                  "peak_rss_mib": command["peak_rss_mib"],
+                  "peak_rss_mib": command["peak_rss_mib"], "beside": command["beside"],
                   "goal": {"seconds": NOC_COMMAND_GOAL_S, "peak_rss_mib": PEAK_MEMORY_GOAL_MIB},
                   "goal_met": command["returncode"] == 0
                   and command["seconds"] < NOC_COMMAND_GOAL_S})

@@ -1,6 +1,7 @@
 """How a benchmark case runs: in a fresh Python process of its own (``python -m
 wse_emu.cli.bench.MODULE '{case as JSON}'``), so that its peak resident memory is its own; the
-module measures the case and prints its figures as one JSON line, with that peak."""
+module measures the case and prints its figures as one JSON line, with that peak. What else
+the machine ran meanwhile is added to them (``beside``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import resource
 import subprocess
 import sys
+
+from wse_emu.cli.bench.beside import beside, snapshot
 
 
 def peak_rss_mib() -> float:
@@ -17,13 +20,16 @@ def peak_rss_mib() -> float:
 
 def child(module: str, payload, env: dict | None = None) -> dict:
     """The figures ``wse_emu.cli.bench.<module>`` prints for ``payload``, run in a fresh
-    process (with the environment ``env``, if given)."""
+    process (with the environment ``env``, if given), and under ``beside`` what else the
+    machine ran while it did."""
+    before = snapshot()
     proc = subprocess.run([sys.executable, "-m", f"wse_emu.cli.bench.{module}",
                            json.dumps(payload)], capture_output=True, text=True, check=False,
                           env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark case {payload} failed:\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**figures, "beside": beside(before, snapshot())}
 
 
 def report(measure) -> None:
