@@ -118,3 +118,14 @@ def test_a_worker_told_to_stop_prints_nothing(capfd):
         with pytest.raises(pool_module.WorkerLost):
             run([(30,), (30,)])
     assert "nobody should see" not in capfd.readouterr().err
+
+
+def test_workers_start_with_one_blas_thread_and_leave_ours_as_it_was(monkeypatch):
+    # One worker per core already: BLAS threads of their own would spin on the others' cores.
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # a number the user set is kept
+    with point_pool(None, 2) as pool:
+        seen = pool.bind(os.getenv, ())([("OPENBLAS_NUM_THREADS",), ("MKL_NUM_THREADS",)])
+    assert seen == ["1", "3"]
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+    assert os.environ["MKL_NUM_THREADS"] == "3"

@@ -415,7 +415,10 @@ def _mean_kv(trace: np.ndarray, start: float, end: float) -> float:
     """Time-weighted KV tokens held between ``start`` and ``end``."""
     if not len(trace):
         return 0.0
-    held = float(np.dot(trace[:, 1], np.diff(trace[:, 0], append=end)))
+    # Not np.dot: BLAS splits a long dot product among its threads, so its last digits
+    # changed with the number of cores (and its threads then spun on cores the other
+    # workers of a pool needed). numpy's own sum is one order of additions everywhere.
+    held = float((trace[:, 1] * np.diff(trace[:, 0], append=end)).sum())
     return held / max(end - start, 1.0)
 
 

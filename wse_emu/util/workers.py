@@ -43,6 +43,12 @@ from wse_emu.errors import UserError, WorkerLost
 from wse_emu.util import progress
 from wse_emu.util.checks import whole
 
+# The variables that set how many threads numpy's BLAS starts (OpenBLAS, MKL, Apple's).
+# Each worker is one of as many as there are cores: BLAS threads of its own (a long dot
+# product or a least-squares fit starts one per core, which then spin a while waiting for
+# more) could only take time from the other workers' cores.
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
 # How long ended workers get to stop by themselves (a SIGTERM is handled between two Python
 # instructions: at once, unless inside a long compiled call, whose work is of no use anyway)
 # before they are killed.
@@ -215,7 +221,7 @@ class _Processes:
         # it starts stays pending until it ignores SIGINT, and is then dropped, rather than
         # raising in its imports. Here, a Ctrl-C waits until the worker is known, so that it
         # is ended with the others.
-        with _interrupts_deferred(), _sigint_blocked():
+        with _interrupts_deferred(), _sigint_blocked(), _one_blas_thread():
             process.start()
             self.workers.append(worker)
         theirs.close()  # so that a dead worker reads as the end of its pipe
@@ -259,6 +265,23 @@ class _Processes:
         busy = [w for w in self.workers if w not in self.idle]
         self._end(busy)
         self._end(list(self.idle), stop=True)
+
+
+@contextmanager
+def _one_blas_thread():
+    """The environment a worker starts with (and imports numpy in): one BLAS thread, unless
+    the user set a number; this process's own is left as it was."""
+    saved = {name: os.environ.get(name) for name in BLAS_THREADS}
+    for name in BLAS_THREADS:
+        os.environ.setdefault(name, "1")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _serve(conn) -> None:
