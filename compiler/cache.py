@@ -19,14 +19,13 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from wse_emu.compiler.draft import draft_model
 from wse_emu.errors import UserError
 from wse_emu.hardware.fabric import ClusterSpec
-from wse_emu.kernels import patterns
 from wse_emu.models.spec import ModelSpec
 from wse_emu.program.format import WaferProgram
 from wse_emu.program.options import CompileOptions
@@ -56,11 +55,17 @@ def compile_cached(model: ModelSpec, cluster: ClusterSpec, options: CompileOptio
 
 def program_key(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions) -> str | None:
     """The cache key of a compile, or None when code outside the package takes part in it."""
-    if any(not type(p).__module__.startswith("wse_emu.") for p in patterns.entries()):
+    # Patterns are registered through their module, so a process that has not imported it
+    # has none from outside (and is spared its import, with the engines under it).
+    patterns = sys.modules.get("wse_emu.kernels.patterns")
+    if patterns is not None and any(not type(p).__module__.startswith("wse_emu.")
+                                    for p in patterns.entries()):
         return None
     what = {"model": model.to_dict(), "fabric": cluster.fabric.to_dict(),
             "systems": cluster.systems, "options": options.to_dict()}
     if options.draft is not None:  # a file it names may change under the same name
+        from wse_emu.compiler.draft import draft_model  # the partitioner under it: only here
+
         what["draft"] = draft_model(model, options.draft).to_dict()
     digest = hashlib.sha256(_code_digest().encode())
     digest.update(json.dumps(what, sort_keys=True, default=str).encode())
@@ -71,7 +76,7 @@ def program_key(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions)
 def _code_digest() -> str:
     """A digest of the compiler's source and of the package modules it reads, taken once."""
     compiler = Path(__file__).resolve().parent
-    package = Path(patterns.__file__).resolve().parents[2]
+    package = Path(sys.modules[UserError.__module__].__file__).resolve().parent  # wse_emu/
     files = sorted([*compiler.rglob("*.py"), package / "errors.py",
                     *(f for name in COMPILED_FROM for f in (package / name).rglob("*.py"))])
     digest = hashlib.sha256()

@@ -24,9 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wse_emu.compiler.bounds import stage_bounds
 from wse_emu.compiler.cache import compile_cached
-from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import compile_options
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec
 from wse_emu.hardware.fabric import load_fabric as fabric_file
@@ -37,13 +35,7 @@ from wse_emu.pools.serve import Demand, ServeRun
 from wse_emu.program.format import WaferProgram
 from wse_emu.serving.tables import default_cache_dir
 from wse_emu.serving.workload import WorkloadSpec
-from wse_emu.sim.functional.generate import Generation
-from wse_emu.sim.functional.generate import generate as generate_tokens
 from wse_emu.sim.runner import HandoffRun, RegionRun
-from wse_emu.sim.steps import handoff as move_kv
-from wse_emu.sim.steps import run_step
-from wse_emu.sweeps.points import run_points
-from wse_emu.sweeps.sweep import SweepRow, SweepSpec, load_sweep
 from wse_emu.util.checks import typed
 
 if TYPE_CHECKING:  # at run time, imported on first use (``__getattr__``)
@@ -64,6 +56,8 @@ if TYPE_CHECKING:  # at run time, imported on first use (``__getattr__``)
         WaferTiming,
         from_flat,  # noqa: F401 - the face's (see above)
     )
+    from wse_emu.sim.functional.generate import Generation
+    from wse_emu.sweeps.sweep import SweepRow, SweepSpec
 
 __all__ = ["load_model", "load_fabric", "compile", "run", "handoff", "serve", "serve_pools",
            "experiment", "frontier", "pairings", "drift", "generate", "sweep", "draw",
@@ -71,11 +65,13 @@ __all__ = ["load_model", "load_fabric", "compile", "run", "handoff", "serve", "s
            "FrontierSpec", "PairingsSpec", "DriftSpec", "Load", "Hardware", "Counting",
            "WaferTiming", "Execution", "Speeds"]
 
-# The experiments' names (those imported above for type checkers), imported when first asked
-# for: compiling, running a step and serving do not need them, and importing them costs a
-# tenth of a second of every command's start-up. ``checks.typed`` asks for those an annotation
-# names.
-_EXPERIMENT_NAMES = {
+# The names imported above for type checkers alone (the experiments', the functional
+# generator's, the sweeps'), imported when first asked for: compiling, running a step and
+# serving do not need them, and importing them costs a tenth of a second of every command's
+# start-up. ``checks.typed`` asks for those an annotation names. For the same reason the
+# compiler's mapper, the step runner (with the engines under them) and the sweeps are imported
+# by the functions that call them.
+_LAZY_NAMES = {
     "wse_emu.experiments.comparison": ("ExperimentReport", "Space", "VaryReport"),
     "wse_emu.experiments.drift": ("DriftReport", "DriftSpec"),
     "wse_emu.experiments.frontier": ("FrontierReport",),
@@ -84,12 +80,14 @@ _EXPERIMENT_NAMES = {
     "wse_emu.experiments.spec": ("Counting", "Execution", "ExperimentSpec", "FrontierSpec",
                                  "Hardware", "Load", "PairingsSpec", "Speeds", "WaferTiming",
                                  "from_flat"),
+    "wse_emu.sim.functional.generate": ("Generation",),
+    "wse_emu.sweeps.sweep": ("SweepRow", "SweepSpec"),
 }
-_MODULE_OF = {name: module for module, names in _EXPERIMENT_NAMES.items() for name in names}
+_MODULE_OF = {name: module for module, names in _LAZY_NAMES.items() for name in names}
 
 
 def __getattr__(name: str):
-    """An experiment name (``_EXPERIMENT_NAMES``), imported on first use and kept."""
+    """A name imported on first use (``_LAZY_NAMES``), and kept."""
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -99,7 +97,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    """The module's names, the experiments' among them before they are imported."""
+    """The module's names, those imported on first use among them before they are."""
     return sorted(set(globals()) | set(_MODULE_OF))
 
 
@@ -138,7 +136,14 @@ def compile(model: ModelSpec | Path | str, fabric: FabricSpec | Path | str = "ws
     spec = stored_as(_model(model), weight_format, expert_weight_format)
     fabric = fabric if isinstance(fabric, FabricSpec) else fabric_file(fabric)
     # Read back when the same inputs were compiled by the same code before (``cache``).
-    return compile_cached(spec, ClusterSpec(fabric, systems), settings, compile_model)
+    return compile_cached(spec, ClusterSpec(fabric, systems), settings, _compile_model)
+
+
+def _compile_model(model: ModelSpec, cluster: ClusterSpec, settings) -> WaferProgram:
+    """The compiler itself, imported when the cache does not hold the program."""
+    from wse_emu.compiler.mapper import compile_model
+
+    return compile_model(model, cluster, settings)
 
 
 @typed
@@ -152,6 +157,9 @@ def run(program: WaferProgram, phase: str = "decode", *, region: str | None = No
     (4096) in ``tiles`` tiles (4, as ``wse-emu run``). Stages alike are timed once unless
     ``reuse`` is off; ``progress(done, total)`` as stages finish. Its ``to_json()`` is what
     ``wse-emu run --json`` prints, the kernels' lower bounds included."""
+    from wse_emu.compiler.bounds import stage_bounds
+    from wse_emu.sim.steps import run_step
+
     result = run_step(program, phase, region, engine, reuse, progress, **shape)
     result.bounds = stage_bounds(program, result)
     return result
@@ -162,6 +170,8 @@ def handoff(program: WaferProgram, tokens: int = 4096, region: str | None = None
     """The KV cache of a ``tokens``-long prompt moved from a prefill region of a disaggregated
     ``program`` (``region``, by default the first) to its decode region, over the wafer's
     fabric or the off-wafer link: what ``wse-emu run --phase handoff --json`` prints."""
+    from wse_emu.sim.steps import handoff as move_kv
+
     return move_kv(program, tokens, region)
 
 
@@ -252,6 +262,8 @@ def generate(program: WaferProgram, prompt_ids: Sequence, new_tokens: int = 8, *
     """Greedy generation computed through ``program``'s tiles, with a checkpoint's weights
     (a directory of config.json and *.safetensors) or random ones drawn from ``weights_seed``;
     returns the generator's result (``generated_ids``, the regions used)."""
+    from wse_emu.sim.functional.generate import generate as generate_tokens
+
     return generate_tokens(program, prompt_ids, new_tokens, checkpoint, weights_seed)
 
 
@@ -265,6 +277,9 @@ def sweep(sweep: SweepSpec | Path | str, output: Path | str | None = None, *,
     Before the first point: every setting checked by name, the size against ``max_points``
     (by default ``MAX_POINTS``), and the folder created or refused. Returns the folder and
     every row, in the order of the sweep's points."""
+    from wse_emu.sweeps.points import run_points
+    from wse_emu.sweeps.sweep import SweepSpec, load_sweep
+
     spec = sweep if isinstance(sweep, SweepSpec) else load_sweep(sweep)
     return run_points(spec, output, scheduler, workers, max_points, progress)
 

@@ -146,3 +146,30 @@ def test_the_experiments_are_imported_only_when_first_asked_for():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_serving_from_cached_program_and_tables_imports_no_engine_or_compiler(tmp_path):
+    """A serve whose program and stage tables are cached pays for neither the compiler nor the
+    engines under it (the stage graphs, the kernels' patterns): its start-up is what a user
+    waits for each time. The first serve, in another process, fills both caches."""
+    import os
+    import subprocess
+    import sys
+
+    serve = ("import sys\nfrom wse_emu import api\n"
+             "program = api.compile('tiny', 'mesh16')\n"
+             "run = api.serve(program, 'chat', requests=20)\n"
+             "assert run.metrics.requests == 20 and run.metrics.refused == 0\n"
+             "heavy = sorted(m for m in sys.modules if m.startswith(("
+             "'wse_emu.engines', 'wse_emu.kernels.', 'wse_emu.compiler.mapper', "
+             "'wse_emu.experiments')))\n"
+             "print(heavy)\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", serve], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "wse_emu.engines.fast" in first.stdout  # it compiled and timed the tables
+    again = subprocess.run([sys.executable, "-c", serve], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.strip().splitlines()[-1] == "[]"

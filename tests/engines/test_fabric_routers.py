@@ -65,7 +65,7 @@ def test_the_fast_engine_gets_the_fabric_queue_depth(tiny_16, monkeypatch):
         seen.append(queue_wavelets)
         return real(graph, hop, ramp, queue_wavelets)
 
-    monkeypatch.setattr(runner.fast, "run", spy)
+    monkeypatch.setattr(fast, "run", spy)
     stage_cycles(on_routers(tiny_16, queue_wavelets=3), "fast")
     assert seen and set(seen) == {3}
     split = compile_model(load_model("tiny"), ClusterSpec(load_fabric("mesh16"), 1),

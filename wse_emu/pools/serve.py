@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from wse_emu.compiler.mapper import compile_model
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec
 from wse_emu.models.load import load_model
@@ -193,6 +192,10 @@ def room_advice(program: WaferProgram, requests: Requests) -> str:
     sides = [(s, s) for s in (2 ** k for k in range(3, 16))
              if s <= min(fabric.width, fabric.height)] + [(fabric.width, fabric.height)]
     if options.plan == "colocated":
+        # The compiler, with the engines under it, imported only here: serving a compiled
+        # program needs neither.
+        from wse_emu.compiler.mapper import compile_model
+
         for side in (s for s in sides if s[0] * s[1] > largest):
             try:
                 bigger = compile_model(program.model, ClusterSpec(fabric, program.systems),

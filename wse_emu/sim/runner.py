@@ -19,10 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu.engines import cycle, fast
 from wse_emu.errors import UserError
-from wse_emu.kernels.primitives import wavelets
-from wse_emu.kernels.stage import kernel_graph, stage_graph
 from wse_emu.models import layer as ly
 from wse_emu.models.layer import MicroBatch
 from wse_emu.models.routing import load_summary, routing_of
@@ -30,6 +27,10 @@ from wse_emu.program.format import Stage, WaferProgram
 from wse_emu.util.checks import one_of, short_repr, whole
 from wse_emu.util.fmt import seconds, with_unit
 from wse_emu.util.splits import even_split
+
+# The engines and the stage graphs (``engines``, ``kernels``) are imported where a stage is
+# simulated: serving from cached tables reads this module's signatures alone, and importing
+# them costs a serve command a tenth of a second of its start-up.
 
 CYCLE_ENGINE_MAX_PES = 128 * 128
 CYCLE_ENGINE_MAX_CYCLES = 20_000_000
@@ -249,6 +250,8 @@ def signature(program: WaferProgram, stage: Stage) -> tuple:
 def execute(graph, fabric, engine: str):
     """(task start, task end, message done, link wavelets) of a graph on an engine, with the
     fabric's latencies, virtual channels and queue depth."""
+    from wse_emu.engines import cycle, fast
+
     hop, ramp = fabric.hop_latency_cycles, fabric.ramp_latency_cycles
     if engine == "fast":
         res = fast.run(graph, hop, ramp, fabric.queue_wavelets)
@@ -275,6 +278,8 @@ def makespan_of(end, done) -> int:
 
 
 def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> StageRun:
+    from wse_emu.kernels.stage import stage_graph
+
     fabric = program.fabric
     graph, finals, names = stage_graph(program, stage, step)
     start, end, done, links = execute(graph, fabric, engine)
@@ -301,6 +306,8 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
 
 def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> int:
     """The cycles ``step`` takes through ``stage`` on ``engine``, and nothing else."""
+    from wse_emu.kernels.stage import stage_graph
+
     graph, _, _ = stage_graph(program, stage, step)
     return makespan_of(*execute(graph, program.fabric, engine)[1:3])
 
@@ -309,6 +316,8 @@ def kernel_cycles(program: WaferProgram, stage: Stage, name: str, step: MicroBat
                   engine: str) -> int:
     """The cycles kernel ``name`` of ``stage`` takes for ``step`` alone, its inputs present at
     its start (``kernel_graph``)."""
+    from wse_emu.kernels.stage import kernel_graph
+
     graph = kernel_graph(program, stage, name, step)
     return makespan_of(*execute(graph, program.fabric, engine)[1:3])
 
@@ -331,6 +340,8 @@ def trip_cycles(fabric, a: tuple, b: tuple, values: int, lanes: int, tokens: int
     """``values`` per token of ``tokens`` from point ``a`` to ``b`` (system, x, y) on
     ``lanes`` parallel lanes: off the wafer and onto another at the link's rate, else hop by
     hop with the longest lane's wavelets streaming behind its head."""
+    from wse_emu.kernels.primitives import wavelets
+
     if a[0] != b[0]:
         nbytes = values * tokens * dtype_bytes
         return int(2 * fabric.ramp_latency_cycles + np.ceil(nbytes /
@@ -526,8 +537,10 @@ def kv_handoff(program: WaferProgram, prefill_region: str, decode_region: str,
     each prefill stage sends its layers' K and V to the decode stage holding the same layers,
     every row across the stage carrying its share, all stages at once over the shared fabric
     (fast engine, whole wafer) or, between systems, over the off-wafer link."""
+    from wse_emu.engines import fast
     from wse_emu.engines.messages import UNICAST
     from wse_emu.kernels.graph import GraphBuilder
+    from wse_emu.kernels.primitives import wavelets
 
     fabric, model = program.fabric, program.model
     src_region, dst_region = program.region(prefill_region), program.region(decode_region)

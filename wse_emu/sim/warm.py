@@ -6,9 +6,12 @@ of passing as a silent wait."""
 
 from __future__ import annotations
 
-from wse_emu.engines import cycle, fast
-from wse_emu.engines.taskgraph import Builder, TaskGraph
+from typing import TYPE_CHECKING
+
 from wse_emu.util.progress import slow
+
+if TYPE_CHECKING:
+    from wse_emu.engines.taskgraph import TaskGraph
 
 COMPILING = "compiling the simulation engines (once after install: up to a minute; cached after)"
 _READY: set[str] = set()
@@ -18,6 +21,9 @@ def warm_engine(engine: str) -> None:
     """Compile (or load) ``engine`` ("fast" or "cycle") once per process."""
     if engine in _READY:
         return
+    # Imported here: a process serving from cached tables never times a step.
+    from wse_emu.engines import cycle, fast
+
     with slow(COMPILING):
         graph = _two_tasks()
         if engine == "fast":
@@ -29,6 +35,8 @@ def warm_engine(engine: str) -> None:
 
 def _two_tasks() -> TaskGraph:
     """A task on one PE sending one message to a task on its neighbour."""
+    from wse_emu.engines.taskgraph import Builder
+
     b = Builder(2, 1)
     first, second = b.task(0, 1), b.task(1, 1)
     b.send(first, 0, 1, 1, [second])

@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.errors import CompileError, UserError
 from wse_emu.hardware.fabric import ClusterSpec, FabricSpec, load_fabric
@@ -70,6 +69,8 @@ class WaferKind(PoolKind):
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
         status(f"compiling {model.name} onto {self.label(side)} ({role})")
+        from wse_emu.compiler.mapper import compile_model  # with the engines under it
+
         try:
             program = compile_model(model, ClusterSpec(fabric, name.count), CompileOptions(
                 plan="colocated", layers_per_stage=side.depth, **bands))
