@@ -29,7 +29,14 @@ from wse_emu.experiments.frontier import (
 )
 from wse_emu.experiments.goodput import Comparison, ConfigRow, Replicate, Targets
 from wse_emu.experiments.sensitivity import StepScale
-from wse_emu.serving.metrics import UserSpeeds, percentiles, run_metrics, token_times, user_speeds
+from wse_emu.serving.metrics import (
+    UserSpeeds,
+    percentiles,
+    run_metrics,
+    token_times,
+    user_speeds,
+    window_tokens_per_s,
+)
 from wse_emu.serving.serve import ServeOptions, serve
 from wse_emu.serving.workload import Requests
 
@@ -269,6 +276,18 @@ def test_window_throughput_counts_the_tokens_inside_the_window(tiny_split):
     assert times.min() >= res.first_token.min() and times.max() == pytest.approx(res.finish.max())
     m = run_metrics(res, reqs, None, None, steady=True)
     assert 0 < m.window_output_tokens_per_s
+    # Counted without making the times, the same count: at edges falling on a token's time
+    # too, where an inclusive bound decides.
+    later = times[np.count_nonzero(res.tokens > 0):]  # the tokens after each first
+    for begin, end in ((times.min(), times.max()), (np.median(times), times.max()),
+                       (later[len(later) // 3], later[2 * len(later) // 3]),
+                       (times[3], times[-5]), (times.max() + 1, times.max() + 2)):
+        inside = np.count_nonzero((times >= begin) & (times <= end))
+        assert window_tokens_per_s(res, begin, end) == inside / ((end - begin) / res.clock_hz)
+    # The gaps of some requests: numpy's mask and division, value for value.
+    chosen = np.arange(len(reqs)) % 3 == 1
+    assert np.array_equal(res.itl_s(chosen),
+                          (res.gap_cycles / res.clock_hz)[chosen[res.gap_request]])
 
 
 def test_step_scale_multiplies_the_tables_and_nothing_else(tiny_split):

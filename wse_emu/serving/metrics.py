@@ -171,43 +171,65 @@ def token_times(res: ServeResult) -> np.ndarray:
 
 
 @njit(cache=True)
-def _later_tokens(owner, gaps, first_token):
-    """Each gap's token time: its request's first token plus the request's gaps up to it.
-    The gaps are put in request order (stably: each request's keep their order), and the
-    sums are those of one running total over them, less what it held before the request's
-    first gap, so that every time is the same float however the requests interleaved."""
-    n, requests = len(owner), len(first_token)
-    at = np.zeros(requests + 1, dtype=np.int64)  # where each request's gaps begin
+def _by_request(owner, gaps, requests):
+    """The gaps grouped by request, stably (each request's in the order they came), and where
+    each request's begin (``at[r]:at[r + 1]``)."""
+    n = len(owner)
+    at = np.zeros(requests + 1, dtype=np.int64)
     for i in range(n):
         at[owner[i] + 1] += 1
     for r in range(requests):
         at[r + 1] += at[r]
-    order = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        order[at[owner[i]]] = i
-        at[owner[i]] += 1
-    out = np.empty(n, dtype=np.float64)
+    fill = at[:-1].copy()
+    grouped = np.empty(n, dtype=np.float64)
+    for i in range(n):  # read in order, written where the request's gaps go
+        grouped[fill[owner[i]]] = gaps[i]
+        fill[owner[i]] += 1
+    return at, grouped
+
+
+@njit(cache=True)
+def _later_tokens(owner, gaps, first_token):
+    """Each gap's token time: its request's first token plus the request's gaps up to it.
+    The gaps are put in request order (``_by_request``), and the sums are those of one
+    running total over them, less what it held before the request's first gap, so that every
+    time is the same float however the requests interleaved."""
+    at, grouped = _by_request(owner, gaps, len(first_token))
+    out = np.empty(len(grouped), dtype=np.float64)
     total = 0.0
-    before = 0.0
-    previous = -1
-    for k in range(n):
-        i = order[k]
-        r = owner[i]
-        if r != previous:
-            before = total
-            previous = r
-        total += gaps[i]
-        out[k] = first_token[r] + total - before
+    for r in range(len(first_token)):
+        before = total
+        for k in range(at[r], at[r + 1]):
+            total += grouped[k]
+            out[k] = first_token[r] + total - before
     return out
+
+
+@njit(cache=True)
+def _later_tokens_between(owner, gaps, first_token, begin, end) -> int:
+    """How many of ``_later_tokens``'s times (the same floats) lie in [begin, end]."""
+    at, grouped = _by_request(owner, gaps, len(first_token))
+    inside = 0
+    total = 0.0
+    for r in range(len(first_token)):
+        before = total
+        for k in range(at[r], at[r + 1]):
+            total += grouped[k]
+            t = first_token[r] + total - before
+            if begin <= t <= end:
+                inside += 1
+    return inside
 
 
 def window_tokens_per_s(res: ServeResult, begin: float, end: float) -> float:
     """Output tokens per second that came out between cycles ``begin`` and ``end`` (the steady
-    window's first and last arrival): the rate sustained, the filling and the drain left out."""
+    window's first and last arrival): the rate sustained, the filling and the drain left out.
+    Counted as ``token_times`` times them, without making the times."""
     if end <= begin:
         return 0.0
-    times = token_times(res)
-    inside = np.count_nonzero((times >= begin) & (times <= end))
+    first = res.first_token[res.served() & (res.tokens > 0)]
+    inside = np.count_nonzero((first >= begin) & (first <= end)) + _later_tokens_between(
+        res.gap_request, res.gap_cycles, res.first_token, begin, end)
     return float(inside / ((end - begin) / res.clock_hz))
 
 
