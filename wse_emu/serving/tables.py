@@ -328,11 +328,17 @@ def timed_table(phase: str, axes: tuple, clock_hz: float, seconds) -> StageTable
 
 
 def table_path(program: WaferProgram, region: str, phase: str, cache_dir: Path,
-               engine: str = "fast", axes: tuple | None = None) -> Path:
-    """Where the table of ``region`` for ``phase`` is cached under ``cache_dir``."""
+               engine: str = "fast", axes: tuple | None = None, text: str | None = None) -> Path:
+    """Where the table of ``region`` for ``phase`` is cached under ``cache_dir`` (``text``:
+    the program as ``program_text`` writes it, when the caller has it already)."""
     axes = default_axes(phase) if axes is None else axes
-    what = json.dumps(program.to_json(), sort_keys=True, default=str)
+    what = program_text(program) if text is None else text
     return Path(cache_dir) / f"stage-table-{_key(what, [region], phase, engine, axes)}.npz"
+
+
+def program_text(program: WaferProgram) -> str:
+    """The whole program as its tables' cache keys read it."""
+    return json.dumps(program.to_json(), sort_keys=True, default=str)
 
 
 VERIFY = "verify"  # a verify table's phase: "verify4", for four drafted tokens
@@ -473,13 +479,17 @@ def build_tables(asks: list[TableAsk], engine: str = "fast", cache_dir: Path | N
     pending: dict[int, _Assembly] = {}
     jobs: list[tuple] = []
     blobs = _Blobs()
+    texts: dict[int, str] = {}  # each program written out once (its tables' keys read it)
     for i, ask in enumerate(asks):
         program, phase = ask.program, ask.phase
         a0, a1 = (np.asarray(a, dtype=np.int64) for a in ask.axes)
         stages = [program.stages[s] for s in program.region(ask.region).stage_ids]
         path = None
         if cache_dir is not None:
-            path = table_path(program, ask.region, phase, cache_dir, engine, ask.axes)
+            if id(program) not in texts:
+                texts[id(program)] = program_text(program)
+            path = table_path(program, ask.region, phase, cache_dir, engine, ask.axes,
+                              texts[id(program)])
             table = _cached(path, phase, len(stages), a0, a1)
             if table is not None:
                 out[i] = table
