@@ -14,6 +14,7 @@ over orders and roots, from a fixed seed, and keeps the best it saw.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -118,7 +119,7 @@ class StageScorer:
         self.transfers = transfers
         self.entry = entry
         self.exit = exit_
-        self.nbytes = np.array([t.nbytes for t in transfers], dtype=float)
+        self.nbytes_of = [float(t.nbytes) for t in transfers]
         # Annealing proposes many arrangements it has scored before (a move and its undo, a
         # root flipped twice): each is scored once. The score is a function of the
         # arrangement alone, so a remembered one is the one it would compute.
@@ -132,7 +133,7 @@ class StageScorer:
 
     def ports(self, order: list[str], roots: dict[str, bool]):
         """Per transfer: source and destination coordinates along the long side (NaN for a
-        stage-wide end)."""
+        stage-wide end), and where each strip starts."""
         start, u = {}, 0
         for name in order:
             start[name] = u
@@ -156,35 +157,49 @@ class StageScorer:
                 dst.append(self.exit)
             else:
                 dst.append(root(t.dst) if t.to_edge else body(t.dst))
-        return np.array(src), np.array(dst), start
+        return src, dst, start
 
     def score(self, order: list[str], roots: dict[str, bool]) -> tuple[float, float]:
+        """(bytes x hops, the busiest cut's bytes per lane). In plain Python over a stage's
+        dozen or so transfers, where numpy's calls on arrays this small cost more than the
+        arithmetic; every sum is taken in the order numpy's would be (``_numpy_sum``; a
+        load, transfer by transfer), so that every score, and every annealing, is the one
+        numpy's arrays gave, to the bit."""
         src, dst, start = self.ports(order, roots)
-        length = self.length
-        spread = np.isnan(src) | np.isnan(dst)
-        point = np.where(np.isnan(src), dst, src)
+        length, short = self.length, self.short
+        # A transfer with a stage-wide end: its other end (None: point to point).
+        point = [None if (a == a and b == b) else (b if a != a else a)
+                 for a, b in zip(src, dst)]
         # Point to point: |src - dst|. Point to the whole stage: the mean distance to a column.
-        hops = np.where(spread, (point ** 2 + (length - 1 - point) ** 2) / (2 * max(length - 1, 1)),
-                        np.abs(src - dst))
-        bytes_hops = float((self.nbytes * hops).sum())
+        across = 2 * max(length - 1, 1)
+        bytes_hops = _numpy_sum([n * (abs(a - b) if p is None else _far_squares(p, length)
+                                      / across)
+                                 for n, a, b, p in zip(self.nbytes_of, src, dst, point)])
         # Cuts between columns c-1 and c, at every place a load can change.
-        ends = np.concatenate([src, dst])
-        edges = np.array([start[n] for n in order], dtype=float)
-        cand = np.unique(np.concatenate([edges, edges + [self.extents[n] for n in order],
-                                         np.floor(ends[~np.isnan(ends)]) + 1]))
-        cuts = cand[(cand > 0) & (cand < length)]
-        if cuts.size == 0:
+        cand = {float(start[n]) for n in order}
+        cand.update(float(start[n] + self.extents[n]) for n in order)
+        cand.update(math.floor(e) + 1.0 for e in (*src, *dst) if e == e)
+        cuts = sorted(c for c in cand if 0 < c < length)
+        if not cuts:
             return bytes_hops, 0.0
-        # Only a point-to-point transfer's span is used below (a stage-wide one is replaced by
-        # ``far``), and it has both ends, so NaN needs no stand-in here.
-        lo, hi = np.fmin(src, dst), np.fmax(src, dst)
-        crossing = ((lo[:, None] < cuts[None, :]) & (cuts[None, :] <= hi[:, None])).astype(float)
-        # A stage-wide end: the share of the stage on the far side of the cut from the point.
-        far = np.where(point[:, None] < cuts[None, :], (length - cuts[None, :]) / length,
-                       cuts[None, :] / length)
-        crossing = np.where(spread[:, None], far, crossing)
-        loads = (self.nbytes[:, None] * crossing).sum(axis=0) / self.short
-        return bytes_hops, float(loads.max())
+        # What each transfer adds at a cut: its bytes where it crosses point to point; with a
+        # stage-wide end, its bytes times the share of the stage on the far side of the cut.
+        if len(cuts) == 1:  # numpy sums a lone cut's column pairwise, every term in its place
+            c = cuts[0]
+            return bytes_hops, _numpy_sum([
+                n * (_far_share(p, c, length) if p is not None
+                     else (1.0 if min(a, b) < c <= max(a, b) else 0.0))
+                for n, a, b, p in zip(self.nbytes_of, src, dst, point)]) / short
+        loads = [0.0] * len(cuts)  # numpy sums several cuts' columns row by row
+        for n, a, b, p in zip(self.nbytes_of, src, dst, point):
+            if p is None:  # the cuts it crosses: lo < c <= hi
+                for k in range(bisect_right(cuts, min(a, b)), bisect_right(cuts, max(a, b))):
+                    loads[k] += n
+            else:
+                for k, c in enumerate(cuts):
+                    loads[k] += n * _far_share(p, c, length)
+        # The largest load's share per lane is the largest share (division is monotone).
+        return bytes_hops, max(loads) / short
 
     def objective(self, order, roots) -> float:
         key = tuple((name, roots[name]) for name in order)
@@ -194,6 +209,47 @@ class StageScorer:
             # A busiest-link byte costs as much as a byte sent across the whole stage.
             value = self._scored[key] = bytes_hops + max_load * self.length
         return value
+
+
+def _far_squares(p: float, length: int) -> float:
+    """The squared distances from ``p`` to the stage's two ends, summed (each squared by a
+    product, as numpy squares)."""
+    q = length - 1 - p
+    return p * p + q * q
+
+
+def _far_share(p: float, c: float, length: int) -> float:
+    """The share of the stage on the far side of cut ``c`` from point ``p``."""
+    return (length - c) / length if p < c else c / length
+
+
+def _numpy_sum(values: list[float]) -> float:
+    """``values`` added in the order numpy's ``sum`` of a float64 vector adds them: below
+    eight in turn; up to 128 in eight running sums (every eighth value each), joined in pairs,
+    then the rest in turn; beyond that, each half so, and the halves added."""
+    return _pairwise(values, 0, len(values))
+
+
+def _pairwise(values: list[float], lo: int, n: int) -> float:
+    if n < 8:
+        total = -0.0
+        for i in range(lo, lo + n):
+            total += values[i]
+        return total
+    if n <= 128:
+        r = values[lo:lo + 8]
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                r[j] += values[lo + i + j]
+            i += 8
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for k in range(i, n):
+            total += values[lo + k]
+        return total
+    half = n // 2
+    half -= half % 8
+    return _pairwise(values, lo, half) + _pairwise(values, lo + half, n - half)
 
 
 def baseline_arrangement(spec: StageSpec) -> tuple[list[str], dict[str, bool]]:
