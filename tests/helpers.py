@@ -220,11 +220,47 @@ def forbid_work(monkeypatch, functions, message: str) -> None:
 
     def work(*args, **kwargs):
         raise AssertionError(message)
+    _import_binders(functions)
     for module in [m for name, m in list(sys.modules.items())
                    if name.startswith("wse_emu") and m is not None]:
         for name, value in list(vars(module).items()):
             if any(value is f for f in functions):
                 monkeypatch.setattr(module, name, work)
+
+
+def _import_binders(functions) -> None:
+    """Import every module of ours that binds one of ``functions`` when it is imported
+    (``from ... import name`` at its top), so that its binding is there to be replaced and
+    restored: the package imports some modules only when first needed (the compiler's mapper,
+    the sweeps), and one first imported while the functions are replaced would keep the
+    replacement after the test."""
+    import ast
+    import importlib
+
+    import wse_emu
+    import wse_emu.compiler
+
+    names = frozenset(f.__name__ for f in functions)
+    if names in _BINDERS_IMPORTED:
+        return
+    _BINDERS_IMPORTED.add(names)
+    package = Path(wse_emu.__file__).parent
+    roots = [(package, "wse_emu"), (Path(wse_emu.compiler.__file__).parent, "wse_emu.compiler")]
+    for root, prefix in roots:
+        for path in sorted(root.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            if not any(isinstance(node, ast.ImportFrom) and not node.level
+                       and any(a.name in names for a in node.names) for node in tree.body):
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            module = ".".join([prefix, *(parts[:-1] if parts[-1] == "__init__" else parts)])
+            try:
+                importlib.import_module(module)
+            except ImportError:  # a module of an extra not installed here: nothing to bind
+                pass
+
+
+_BINDERS_IMPORTED: set = set()  # the sets of names whose binders were imported
 
 
 def work_entries() -> list:
