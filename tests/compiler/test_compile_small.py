@@ -107,6 +107,18 @@ def test_colors(tiny_8x8):
                 assert a.color != b.color, (a.name, b.name)
 
 
+def test_popcount_counts_every_bit():
+    """Each mask's set bits, bit by bit, whatever its bytes hold (every one of 32 bits, on
+    masks of any shape)."""
+    rng = np.random.default_rng(5)
+    masks = rng.integers(0, 2 ** 32, size=(2, 9, 13), dtype=np.uint64).astype(np.uint32)
+    masks[0, 0, :3] = [0, 2 ** 32 - 1, 2 ** 31]
+    by_bit = sum(((masks >> np.uint32(b)) & np.uint32(1)).astype(np.int32) for b in range(32))
+    counts = popcount(masks)
+    assert counts.dtype == np.int32 and np.array_equal(counts, by_bit)
+    assert list(counts[0, 0, :3]) == [0, 32, 1]
+
+
 def test_bounds_are_positive_and_consistent(tiny_8x8):
     for s in tiny_8x8.stages:
         for phase in ("prefill", "decode"):
