@@ -166,16 +166,21 @@ def token_times(res: ServeResult) -> np.ndarray:
     """The cycle every output token came out at: each request's first, then each gap's (the
     gaps of one request after another, each request's in order)."""
     served = res.served() & (res.tokens > 0)
-    later = _later_tokens(res.gap_request, res.gap_cycles, res.first_token)
+    later = np.empty(len(res.gap_cycles), dtype=np.float64)
+    _later_tokens(res.gap_request, res.gap_cycles, res.first_token, later, 0.0, -1.0)
     return np.concatenate([res.first_token[served], later])
 
 
 @njit(cache=True)
-def _by_request(owner, gaps, requests):
-    """The gaps grouped by request, stably (each request's in the order they came), and where
-    each request's begin (``at[r]:at[r + 1]``)."""
-    n = len(owner)
-    at = np.zeros(requests + 1, dtype=np.int64)
+def _later_tokens(owner, gaps, first_token, out, begin, end) -> int:
+    """Each gap's token time: its request's first token plus the request's gaps up to it,
+    written to ``out`` when it has room for them (else only counted); returns how many lie in
+    [begin, end]. The gaps are put in request order (stably: each request's keep their order,
+    grouped in place by a counting sort), and the sums are those of one running total over
+    them, less what it held before the request's first gap, so that every time is the same
+    float however the requests interleaved."""
+    n, requests = len(owner), len(first_token)
+    at = np.zeros(requests + 1, dtype=np.int64)  # where each request's gaps begin
     for i in range(n):
         at[owner[i] + 1] += 1
     for r in range(requests):
@@ -185,37 +190,16 @@ def _by_request(owner, gaps, requests):
     for i in range(n):  # read in order, written where the request's gaps go
         grouped[fill[owner[i]]] = gaps[i]
         fill[owner[i]] += 1
-    return at, grouped
-
-
-@njit(cache=True)
-def _later_tokens(owner, gaps, first_token):
-    """Each gap's token time: its request's first token plus the request's gaps up to it.
-    The gaps are put in request order (``_by_request``), and the sums are those of one
-    running total over them, less what it held before the request's first gap, so that every
-    time is the same float however the requests interleaved."""
-    at, grouped = _by_request(owner, gaps, len(first_token))
-    out = np.empty(len(grouped), dtype=np.float64)
-    total = 0.0
-    for r in range(len(first_token)):
-        before = total
-        for k in range(at[r], at[r + 1]):
-            total += grouped[k]
-            out[k] = first_token[r] + total - before
-    return out
-
-
-@njit(cache=True)
-def _later_tokens_between(owner, gaps, first_token, begin, end) -> int:
-    """How many of ``_later_tokens``'s times (the same floats) lie in [begin, end]."""
-    at, grouped = _by_request(owner, gaps, len(first_token))
+    keep = len(out) == n
     inside = 0
     total = 0.0
-    for r in range(len(first_token)):
+    for r in range(requests):
         before = total
         for k in range(at[r], at[r + 1]):
             total += grouped[k]
             t = first_token[r] + total - before
+            if keep:
+                out[k] = t
             if begin <= t <= end:
                 inside += 1
     return inside
@@ -228,8 +212,8 @@ def window_tokens_per_s(res: ServeResult, begin: float, end: float) -> float:
     if end <= begin:
         return 0.0
     first = res.first_token[res.served() & (res.tokens > 0)]
-    inside = np.count_nonzero((first >= begin) & (first <= end)) + _later_tokens_between(
-        res.gap_request, res.gap_cycles, res.first_token, begin, end)
+    inside = np.count_nonzero((first >= begin) & (first <= end)) + _later_tokens(
+        res.gap_request, res.gap_cycles, res.first_token, np.empty(0), begin, end)
     return float(inside / ((end - begin) / res.clock_hz))
 
 
