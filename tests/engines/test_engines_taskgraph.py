@@ -52,11 +52,33 @@ def random_graph(seed, w=4, h=3, tasks=40):
 def test_fast_engine_matches_its_twin(seed):
     g = random_graph(seed)
     res = fast.run(g, 1, 2)
-    start, end, point_done = fast_twin(g, 1, 2)
+    start, end, point_done, links = fast_twin(g, 1, 2)
     assert list(res.task_start) == start
     assert list(res.task_end) == end
     assert list(res.point_done) == point_done
     assert res.unfinished() == 0
+    assert_links(res.link_wavelets, links)
+
+
+def assert_links(table: np.ndarray, links: dict) -> None:
+    """A (routers, 4) table of wavelets per link holds the twin's counts, and nothing else."""
+    expected = np.zeros_like(table)
+    for (router, direction), count in links.items():
+        expected[router, direction] = count
+    assert np.array_equal(table, expected)
+
+
+@pytest.mark.parametrize("w, h", [(5, 3), (2, 6), (7, 1), (1, 4)])
+def test_fast_engine_counts_each_links_wavelets_like_its_twin(w, h):
+    # The engine keeps its links in planes laid out by row or by column (``fast.Network``):
+    # on meshes wider than tall and taller than wide, every link's count lands on its own
+    # router and direction.
+    g = random_graph(w * 10 + h, w=w, h=h, tasks=60)
+    res = fast.run(g, 2, 1)
+    start, end, point_done, links = fast_twin(g, 2, 1)
+    assert list(res.task_end) == end and list(res.point_done) == point_done
+    assert links and res.link_wavelets.shape == (w * h, 4)
+    assert_links(res.link_wavelets, links)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -128,7 +150,7 @@ def test_fast_engine_matches_its_twin_with_other_queue_depths(seed, queue):
     # for a message that never waited past its first link must give the twin's times.
     g = random_graph(seed + 20)
     res = fast.run(g, 1, 2, queue)
-    start, end, point_done = fast_twin(g, 1, 2, queue)
+    start, end, point_done, _ = fast_twin(g, 1, 2, queue)
     assert list(res.task_start) == start and list(res.task_end) == end
     assert list(res.point_done) == point_done
 

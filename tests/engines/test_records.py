@@ -112,7 +112,7 @@ def _crowded_graph(width, height, per_pe, seed):
 def test_a_heap_sized_for_every_pending_event_never_overflows():
     g = _crowded_graph(24, 24, 3, seed=1)
     res = fast.run(g, 1, 2)
-    start, end, point_done = fast_twin(g, 1, 2)
+    start, end, point_done, _ = fast_twin(g, 1, 2)
     assert (list(res.task_start), list(res.task_end)) == (start, end)
     assert list(res.point_done) == point_done
     small = _crowded_graph(6, 5, 3, seed=2)

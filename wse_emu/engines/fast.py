@@ -33,7 +33,7 @@ from wse_emu.engines.cores import (
     new_progress,
     ready_key,
 )
-from wse_emu.engines.messages import LINE
+from wse_emu.engines.messages import EAST, LINE, NORTH, SOUTH, WEST
 from wse_emu.engines.records import (
     Fill,
     Mesh,
@@ -43,7 +43,6 @@ from wse_emu.engines.records import (
     new_message_times,
     record,
     task_columns,
-    with_shape,
 )
 from wse_emu.engines.taskgraph import TaskGraph
 from wse_emu.hardware.fabric import DEFAULT_QUEUE_WAVELETS
@@ -70,23 +69,40 @@ class RunResult:
 
 @record
 class Network:
-    """When each link and ramp is next free, and the wavelets each link carried."""
+    """When each link and ramp is next free, and the wavelets each link carried.
 
-    link_free: np.int64  # (routers, 4): cycle each output link N, E, S, W is free from
-    link_wavelets: np.int64  # (routers, 4): wavelets sent per router and direction
+    The links are kept in four planes, one per direction N, E, S, W, each laid out so that a
+    straight run of a path walks it entry by entry: the east and west planes by router,
+    row after row (``y * width + x``), the north and south planes column after column
+    (``x * height + y``). A message's column leg then reads neighbouring entries, where a
+    router-major table put each of its hops a row's width apart, on a cache line of its own
+    (``router_links`` turns the planes back into a per-router table)."""
+
+    link_free: np.int64  # (4 * routers,): cycle each output link is free from, by plane
+    link_wavelets: np.int64  # (4 * routers,): wavelets each link sent, by plane
     ramp_in_free: np.int64  # (routers,): cycle each PE's ramp into its router is free from
     ramp_out_free: np.int64  # (routers,): the same for its ramp out (deliveries)
-    path_router: np.int64  # (width + height + 2,): scratch, per link of one message's path:
-    path_dir: np.int64  # its router, direction
-    path_start: np.int64  # and the cycle the message starts on it
+    path_link: np.int64  # (width + height + 2,): scratch, per link of one message's path:
+    path_start: np.int64  # its index in the planes, and the cycle the message starts on it
 
 
 def _new_network(mesh: Mesh) -> Network:
     """Every link and ramp free from cycle 0, nothing sent."""
     n, longest = mesh.width * mesh.height, mesh.width + mesh.height + 2
-    return make(Network, link_free=Fill((n, 4), 0), link_wavelets=Fill((n, 4), 0),
-                ramp_in_free=Fill(n, 0), ramp_out_free=Fill(n, 0), path_router=Fill(longest, 0),
-                path_dir=Fill(longest, 0), path_start=Fill(longest, 0))
+    return make(Network, link_free=Fill(4 * n, 0), link_wavelets=Fill(4 * n, 0),
+                ramp_in_free=Fill(n, 0), ramp_out_free=Fill(n, 0), path_link=Fill(longest, 0),
+                path_start=Fill(longest, 0))
+
+
+def router_links(planes: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``Network``'s planes as a (routers, 4) table: row ``y * width + x``, column N, E, S, W."""
+    n = width * height
+    by_plane = planes.reshape(4, n)
+    out = np.empty((n, 4), dtype=planes.dtype)
+    for d in range(4):
+        out[:, d] = by_plane[d] if d in (EAST, WEST) else \
+            by_plane[d].reshape(width, height).T.ravel()
+    return out
 
 
 def run(graph: TaskGraph, hop: int, ramp: int,
@@ -127,7 +143,7 @@ def run(graph: TaskGraph, hop: int, ramp: int,
     last = _simulate(mesh, tasks, msgs, progress, cores, times, network, events)
     return RunResult(int(last), progress.start, progress.end, times.first, times.done,
                      times.point_done, cores.busy.reshape(graph.height, graph.width),
-                     network.link_wavelets)
+                     router_links(network.link_wavelets, graph.width, graph.height))
 
 
 @njit(cache=True, nogil=True)  # stages of a step are timed on parallel threads
@@ -144,7 +160,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
     # The caller holds every array until this returns: none need counting (``borrow``).
     tasks, msgs, progress, cores = borrow(tasks), borrow(msgs), borrow(progress), borrow(cores)
     times, events = borrow(times), borrow(events)
-    network = _shaped(borrow(network), mesh)
+    network = borrow(network)
     size = 0
     for t in range(len(tasks.pe)):
         if progress.need[t] == 0:
@@ -167,17 +183,6 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
                     size = _send(tasks.out_msg[i], now, mesh, msgs, tasks, progress, times,
                                  network, events, size)
     return _note_message_done(msgs, times, last)
-
-
-@njit(cache=True, inline="always")
-def _shaped(network, mesh):
-    """``network`` with its per-link arrays' four directions known to the compiler
-    (``with_shape``)."""
-    n = mesh.width * mesh.height
-    return Network(with_shape(network.link_free, (n, 4)),
-                   with_shape(network.link_wavelets, (n, 4)), network.ramp_in_free,
-                   network.ramp_out_free, network.path_router, network.path_dir,
-                   network.path_start)
 
 
 @njit(cache=True)
@@ -229,9 +234,10 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     link on the path stays held until the wavelets behind a hold-up downstream fit in the
     queues ahead (``qcap`` per router), as a wormhole does.
     """
-    width, hop, ramp = mesh.width, mesh.hop, mesh.ramp
-    link_free, ramp_out_free = network.link_free, network.ramp_out_free
-    path_r, path_d, path_t = network.path_router, network.path_dir, network.path_start
+    width, height, hop, ramp = mesh.width, mesh.height, mesh.hop, mesh.ramp
+    link_free, link_wavelets = network.link_free, network.link_wavelets
+    ramp_out_free = network.ramp_out_free
+    path_link, path_t = network.path_link, network.path_start
     s = msgs.src[m]
     M = msgs.length[m]
     inj = now if now > network.ramp_in_free[s] else network.ramp_in_free[s]
@@ -255,24 +261,29 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     # Whether the head waited anywhere past its first link (for a link, or a tap into a PE):
     # if not, no link is held past its own wavelets and the wormhole pass below is skipped.
     waited = False
+    n = width * height
     for leg in range(2):  # x first, then y: two straight runs, one direction and stride each
+        # ``li``: the link's place in its direction's plane (``Network``), which a straight
+        # run walks one entry at a time.
         if leg == 0:
-            count, d, stride = (dx - x, 1, 1) if dx > x else (x - dx, 3, -1)
+            count, stride, step = (dx - x, 1, 1) if dx > x else (x - dx, -1, -1)
+            li = (EAST if dx > x else WEST) * n + r
         else:
-            count, d, stride = (dy - y, 2, width) if dy > y else (y - dy, 0, -width)
+            count, stride, step = (dy - y, width, 1) if dy > y else (y - dy, -width, -1)
+            li = (SOUTH if dy > y else NORTH) * n + dx * height + y
         for _ in range(count):
-            t = link_free[r, d]
+            t = link_free[li]
             if t > head:
                 waited = waited or n_links > 0
             else:
                 t = head
-            link_free[r, d] = t + M
-            network.link_wavelets[r, d] += M
-            path_r[n_links] = r
-            path_d[n_links] = d
+            link_free[li] = t + M
+            link_wavelets[li] += M
+            path_link[n_links] = li
             path_t[n_links] = t
             n_links += 1
             r += stride
+            li += step
             head = t + hop  # head reaches the next router
             if line or r == d_pe:
                 e = head
@@ -293,8 +304,8 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     hold = path_t[n_links - 1] + M
     for i in range(n_links - 2, -1, -1):
         hold = hold - hop - mesh.qcap
-        if hold > link_free[path_r[i], path_d[i]]:
-            link_free[path_r[i], path_d[i]] = hold
+        if hold > link_free[path_link[i]]:
+            link_free[path_link[i]] = hold
         else:
-            hold = link_free[path_r[i], path_d[i]]
+            hold = link_free[path_link[i]]
     return size

@@ -206,14 +206,15 @@ def cycle_twin(width, height, vcs, qcap, hop, ramp, msgs: Messages, max_cycles,
 
 
 def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
-    """The fast engine's rules, literally: returns (task start, task end, point done)."""
+    """The fast engine's rules, literally: returns (task start, task end, point done, wavelets
+    per link as {(router, direction): count})."""
     width = graph.width
     msgs = graph.msgs
     base = graph.point_base()
     need = list(graph.task_need)
     start, end = [-1] * graph.tasks, [-1] * graph.tasks
     point_done = [-1] * len(graph.msg_target)
-    ramp_in, ramp_out, link_free = {}, {}, {}
+    ramp_in, ramp_out, link_free, links = {}, {}, {}, {}
     cores = Cores(graph)
     events = [cores.ready_event(k, 0) for k in range(graph.tasks) if need[k] == 0]
     events += [(int(msgs.t_ready[m]), RELEASE, 0, m) for m in range(len(msgs))
@@ -244,6 +245,7 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
             key = (ay * width + ax, direction)
             t = max(head, link_free.get(key, 0))
             link_free[key] = t + length
+            links[key] = links.get(key, 0) + length
             claimed.append((key, t))
             head = t + hop
             r = by * width + bx
@@ -284,4 +286,4 @@ def fast_twin(graph: TaskGraph, hop: int, ramp: int, qcap: int = 8):
                 need[target] -= 1
                 if need[target] == 0:
                     heapq.heappush(events, cores.ready_event(target, now))
-    return start, end, point_done
+    return start, end, point_done, links
