@@ -11,6 +11,7 @@ from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 
 from wse_emu.engines import cores, cycle, fast, messages, records, reference, taskgraph
+from wse_emu.engines.messages import LINE
 from wse_emu.engines.reference import cycle_twin, fast_twin
 from wse_emu.engines.taskgraph import Builder
 
@@ -58,6 +59,29 @@ def test_the_message_columns_place_each_endpoint_on_the_grid():
     assert (cols.src_x.tolist(), cols.src_y.tolist()) == ([2, 0], [1, 0])
     assert (cols.dst_x.tolist(), cols.dst_y.tolist()) == ([3, 4], [3, 0])
     assert cols.external.tolist() == [1, 0]  # in order of release
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_message_columns_count_a_lines_points_as_the_graph_does(seed):
+    # Lines along rows and columns, either way, and unicasts (one point, even at no hop).
+    rng = np.random.default_rng(seed)
+    w, h = 7, 5
+    b = Builder(w, h)
+    for _ in range(40):
+        src = int(rng.integers(0, w * h))
+        x, y = src % w, src // w
+        if rng.random() < 0.5:
+            dst = y * w + int(rng.integers(0, w)) if rng.random() < 0.5 \
+                else int(rng.integers(0, h)) * w + x
+            hops = abs(dst % w - x) + abs(dst // w - y)
+            b.send(None, src, dst, 1, [-1] * max(hops, 1), LINE, t_ready=0)
+        else:
+            b.send(None, src, int(rng.integers(0, w * h)), 1, [-1], t_ready=0)
+    graph = b.build()
+    cols = records.message_columns(graph)
+    assert cols.point_base.tolist() == graph.point_base().tolist()
+    assert cols.src_x.tolist() == (graph.msgs.src % w).tolist()
+    assert cols.dst_y.tolist() == (graph.msgs.dst // w).tolist()
 
 
 @njit

@@ -29,6 +29,7 @@ from numba.core import cgutils
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
+from wse_emu.engines.messages import LINE
 from wse_emu.engines.taskgraph import TaskGraph
 
 
@@ -217,21 +218,32 @@ def message_columns(graph: TaskGraph, vcs: int | None = None) -> MessageColumns:
     msgs = graph.msgs
     external = np.flatnonzero(msgs.t_ready >= 0)
     external = external[np.argsort(msgs.t_ready[external], kind="stable")]
-    src_x, src_y = _grid(msgs.src, graph.width)
-    dst_x, dst_y = _grid(msgs.dst, graph.width)
+    n = len(msgs.src)
+    src_x, src_y, dst_x, dst_y = (np.empty(n, dtype=np.int32) for _ in range(4))
+    point_base = np.empty(n + 1, dtype=np.int64)
+    _geometry(msgs.src, msgs.dst, msgs.mode, graph.width, src_x, src_y, dst_x, dst_y,
+              point_base)
     return make(MessageColumns, t_ready=msgs.t_ready, src=msgs.src, dst=msgs.dst,
                 length=msgs.length, mode=msgs.mode, src_x=src_x, src_y=src_y, dst_x=dst_x,
                 dst_y=dst_y, vc=msgs.vc if vcs is None else msgs.vc % vcs, external=external,
-                point_base=graph.point_base(), target=graph.msg_target)
+                point_base=point_base, target=graph.msg_target)
 
 
-def _grid(pe: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The column and row of each PE id, as int32 arrays written in place: a graph has up to
-    a million messages, and temporaries of that size cost more than the arithmetic."""
-    x, y = np.empty(len(pe), dtype=np.int32), np.empty(len(pe), dtype=np.int32)
-    np.floor_divide(pe, width, out=y, casting="unsafe")
-    np.remainder(pe, width, out=x, casting="unsafe")
-    return x, y
+@njit(cache=True)
+def _geometry(src, dst, mode, width, src_x, src_y, dst_x, dst_y, point_base):
+    """Each message's source and destination as column and row, and where its delivery
+    points start (``TaskGraph.point_base``: a unicast has one, a line one per hop), in one
+    pass: a graph has up to a million messages, and numpy's divisions and temporaries over
+    them cost more than the engine's setup otherwise does."""
+    point_base[0] = 0
+    for m in range(len(src)):
+        sy, sx = divmod(src[m], width)
+        ty, tx = divmod(dst[m], width)
+        src_x[m], src_y[m], dst_x[m], dst_y[m] = sx, sy, tx, ty
+        points = 1
+        if mode[m] == LINE:
+            points = max(abs(tx - sx) + abs(ty - sy), 1)
+        point_base[m + 1] = point_base[m] + points
 
 
 def new_message_times(msgs: MessageColumns) -> MessageTimes:
