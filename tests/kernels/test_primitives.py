@@ -4,7 +4,7 @@ tasks, edges and messages in the same order, so that the engines break their tie
 import numpy as np
 import pytest
 
-from wse_emu.engines.taskgraph import grouped
+from wse_emu.engines.taskgraph import grouped, input_counts
 from wse_emu.kernels import primitives
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.program.trees import tree_plan
@@ -74,6 +74,22 @@ def test_grouping_is_a_stable_sort_by_key(seed):
     kept = np.flatnonzero((keys >= 0) & (keys < n))
     assert np.array_equal(order, kept[np.argsort(keys[kept], kind="stable")])
     assert np.array_equal(np.diff(ptr), np.bincount(keys[kept], minlength=n))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_tasks_inputs_are_its_delivery_points_and_predecessors(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    targets = rng.integers(-1, n, int(rng.integers(0, 300)))
+    after = rng.integers(0, n, int(rng.integers(0, 300)))
+    want = np.bincount(targets[targets >= 0], minlength=n) + np.bincount(after, minlength=n)
+    assert np.array_equal(input_counts(targets, after, n), want)
+
+
+@pytest.mark.parametrize("targets, after", [([3], []), ([], [3]), ([], [-1])])
+def test_an_input_to_a_task_that_does_not_exist_is_refused(targets, after):
+    with pytest.raises(ValueError, match="does not exist"):
+        input_counts(np.array(targets, dtype=np.int64), np.array(after, dtype=np.int64), 3)
 
 
 def test_even_splits_are_even_split_row_by_row():

@@ -99,6 +99,25 @@ def grouped(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return ptr, order
 
 
+@njit(cache=True)
+def input_counts(targets: np.ndarray, after: np.ndarray, n: int) -> np.ndarray:
+    """Each of ``n`` tasks' inputs: the delivery points that feed it (``targets``, -1 for
+    none) and the tasks it follows (``after``), counted in one pass over each, where numpy
+    would count each apart and add the two counts. An id outside the tasks is refused (the
+    builder's own slip, never a user's)."""
+    need = np.zeros(n, dtype=np.int64)
+    for t in targets:
+        if t >= n:
+            raise ValueError("a delivery point feeds a task that does not exist")
+        if t >= 0:
+            need[t] += 1
+    for t in after:
+        if t < 0 or t >= n:
+            raise ValueError("an edge leads to a task that does not exist")
+        need[t] += 1
+    return need
+
+
 class Builder:
     """Append tasks and messages, then ``build()`` the CSR arrays (used by tests and tools;
     kernel expanders write the arrays directly)."""

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from wse_emu.engines.messages import LINE, Messages
-from wse_emu.engines.taskgraph import TaskGraph, grouped
+from wse_emu.engines.taskgraph import TaskGraph, grouped, input_counts
 
 
 class GraphBuilder:
@@ -109,8 +109,7 @@ class GraphBuilder:
         # Messages without a sender start at t = 0 (external input).
         msgs.t_ready[sender < 0] = 0
         out_ptr, out_order = grouped(sender, n)  # messages without a sender left out
-        need = np.bincount(targets[targets >= 0], minlength=n).astype(np.int64)
-        need += np.bincount(after, minlength=n).astype(np.int64)
+        need = input_counts(targets, after, n)
         priority = (np.concatenate(self._priority) if self._priority
                     else np.zeros(0, dtype=np.int64))
         return TaskGraph(self.width, self.height, pe, cycles, need, kind, out_ptr,

@@ -55,10 +55,16 @@ def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready
     ``targets`` is returned."""
     n_lines, length = lines.shape
     rows = np.arange(n_lines)
+    # Positions as flat indices (line * length + position): numpy takes them faster than
+    # pairs of index arrays.
+    flat_lines = lines.ravel()
+    flat_targets = targets.ravel() if targets is not None else None
+    at_source = rows * length + source
     if targets is not None:
-        g.then(ready, targets[rows, source])
+        g.then(ready, flat_targets[at_source])
     out = np.empty(lines.shape, dtype=np.int64)
-    out[rows, source] = ready
+    flat_out = out.reshape(-1)
+    flat_out[at_source] = ready
     for direction in (-1, 1):
         # One multicast per line with PEs beyond its source in this direction, the lines in
         # order of how many (then of index), each reaching its PEs nearest first: the order
@@ -69,13 +75,17 @@ def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready
             continue
         order = has[np.argsort(beyond[has], kind="stable")]
         hops = beyond[order]
-        line = np.repeat(order, hops)  # per delivery point: its line, and its step out
-        step = np.arange(len(line)) - np.repeat(np.cumsum(hops) - hops, hops) + 1
-        pos = source[line] + direction * step
-        recv = targets[line, pos] if targets is not None else g.tasks(lines[line, pos], 0, kind)
-        out[line, pos] = recv
-        g.send(ready[order], lines[order, source[order]],
-               lines[order, source[order] + direction * hops], wave[order], recv, LINE, VC_BCAST)
+        # Per delivery point, its flat index: its line's source, then one step out more
+        # than the point before it on the line.
+        starts = np.cumsum(hops) - hops
+        step = np.arange(int(hops.sum())) - np.repeat(starts, hops) + 1
+        point = np.repeat(at_source[order], hops) + direction * step
+        recv = flat_targets[point] if targets is not None else \
+            g.tasks(flat_lines[point], 0, kind)
+        flat_out[point] = recv
+        g.send(ready[order], flat_lines[at_source[order]],
+               flat_lines[at_source[order] + direction * hops], wave[order], recv, LINE,
+               VC_BCAST)
     return targets if targets is not None else out
 
 
