@@ -86,6 +86,20 @@ def test_a_tasks_inputs_are_its_delivery_points_and_predecessors(seed):
     assert np.array_equal(input_counts(targets, after, n), want)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_the_nearest_pe_of_a_line_is_the_first_of_the_closest(seed):
+    # Lines of any PEs (repeats and ties included), against a table of every distance.
+    rng = np.random.default_rng(seed)
+    w = int(rng.integers(1, 12))
+    lines = rng.integers(0, w * 9, (int(rng.integers(1, 8)), int(rng.integers(1, 10))))
+    line = rng.integers(0, len(lines), 50)
+    src = rng.integers(0, w * 9, 50)
+    cand = lines[line]
+    dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
+    want = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
+    assert np.array_equal(primitives.nearest_on_lines(lines, line, src, w), want)
+
+
 @pytest.mark.parametrize("targets, after", [([3], []), ([], [3]), ([], [-1])])
 def test_an_input_to_a_task_that_does_not_exist_is_refused(targets, after):
     with pytest.raises(ValueError, match="does not exist"):

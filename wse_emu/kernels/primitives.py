@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numba import njit
 
 from wse_emu.engines.messages import LINE
 from wse_emu.kernels.graph import GraphBuilder
@@ -44,6 +45,25 @@ class CostModel:
         """Adding a vector of ``values`` into an accumulator (read 2, write 1 per value)."""
         v = np.asarray(values)
         return self.cycles(v, 2 * v * dtype_bytes, v * dtype_bytes)
+
+
+@njit(cache=True)
+def nearest_on_lines(lines: np.ndarray, line: np.ndarray, src: np.ndarray,
+                     width: int) -> np.ndarray:
+    """For each ``i``, the PE of line ``line[i]`` (a row of ``lines``, PE ids on a mesh
+    ``width`` wide) nearest to PE ``src[i]`` in hops, the first along the line among equals:
+    a pass over the lines' PEs, where numpy made a table of every line PE's distance to
+    every source (tens of millions of entries for an expert strip's inputs)."""
+    out = np.empty(len(line), dtype=np.int64)
+    for i in range(len(line)):
+        sx, sy = src[i] % width, src[i] // width
+        best, nearest = -1, 0
+        for pe in lines[line[i]]:
+            hops = abs(pe % width - sx) + abs(pe // width - sy)
+            if best < 0 or hops < best:
+                best, nearest = hops, pe
+        out[i] = nearest
+    return out
 
 
 def line_broadcast(g: GraphBuilder, lines: np.ndarray, source: np.ndarray, ready: np.ndarray,

@@ -25,6 +25,7 @@ from wse_emu.kernels.primitives import (
     VC_TRANSFER,
     line_broadcast,
     line_reduce,
+    nearest_on_lines,
     overlaps,
     wavelets,
 )
@@ -150,9 +151,7 @@ def gather_into_lines(sg, st, src_pes: np.ndarray, src_sizes: np.ndarray,
     # Per source piece's task and line: the line's PE nearest the source relays what the
     # line needs of it (a source PE's pieces of several runs travel together).
     src, ready = src_pes[si], src_ready[si]
-    cand = st.pe[line]  # (overlaps, s)
-    dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
-    relay_pe = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
+    relay_pe = nearest_on_lines(st.pe, line, src, w)
     key = ready * (w * sg.g.height) + relay_pe
     pair, first, which = np.unique(key, return_index=True, return_inverse=True)
     sent = np.bincount(which, weights=values, minlength=len(pair)).astype(np.int64)
@@ -264,22 +263,29 @@ def _reduce_per_run(sg, st, done: np.ndarray, row_values: np.ndarray, kind: int)
     runs = run_columns(st.k_sizes, len(row_values), st.kernel.matrix[0] // len(row_values))
     out_pes = np.empty(len(runs) * s, dtype=np.int64)
     ready = np.empty(len(runs) * s, dtype=np.int64)
-    by_length: dict[int, list[tuple[int, int]]] = {}
+    # Per length of run: the (run, row) pairs reduced, run by run, rows in order within one.
+    by_length: dict[int, list[tuple[int, np.ndarray]]] = {}
     for r, run in enumerate(runs):
         root = run[run_root(run, st.root)]
         out_pes[r * s:(r + 1) * s] = st.pe[root]
         ready[r * s:(r + 1) * s] = done[root]
         routed_rows = np.flatnonzero(row_values[r])
         if len(run) > 1 and len(routed_rows):
-            by_length.setdefault(len(run), []).extend((r, int(b)) for b in routed_rows)
+            by_length.setdefault(len(run), []).append((r, routed_rows))
     levels = st.kernel.trees.get("reduce", 2)
     for length, chosen in by_length.items():
-        lines = np.stack([st.pe[runs[r], b] for r, b in chosen])  # (lines, length)
-        ready_lines = np.stack([done[runs[r], b] for r, b in chosen])
-        values = np.array([row_values[r, b] for r, b in chosen])
+        run_of = np.concatenate([np.full(len(rows), r) for r, rows in chosen])
+        row = np.concatenate([rows for _, rows in chosen])
+        # Each pair's columns along the strip: its run's, from a table of this length's runs.
+        columns = np.zeros((len(runs), length), dtype=np.int64)
+        taken = sorted({r for r, _ in chosen})
+        columns[taken] = np.stack([runs[r] for r in taken])
+        along = columns[run_of]  # (lines, length)
+        lines = st.pe[along, row[:, None]]
+        ready_lines = done[along, row[:, None]]
+        values = row_values[run_of, row]
         roots = np.full(len(lines), run_root(np.arange(length), st.root))
         total = line_reduce(sg.g, lines, roots, ready_lines, wavelets(values, sg.d),
                             sg.cost.add(values, sg.d), kind, levels=levels)
-        for (r, b), task in zip(chosen, total):
-            ready[r * s + b] = task
+        ready[run_of * s + row] = total
     return out_pes, ready
