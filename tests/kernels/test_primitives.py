@@ -86,14 +86,32 @@ def test_a_tasks_inputs_are_its_delivery_points_and_predecessors(seed):
     assert np.array_equal(input_counts(targets, after, n), want)
 
 
-@pytest.mark.parametrize("seed", range(10))
+def straight_lines(rng, w: int, h: int, count: int, length: int) -> np.ndarray:
+    """Runs along rows or columns of a ``w`` x ``h`` mesh, either way, ``length`` PEs each."""
+    out = []
+    for _ in range(count):
+        if rng.random() < 0.5 and w >= length:
+            x0, y = int(rng.integers(0, w - length + 1)), int(rng.integers(0, h))
+            xs = x0 + np.arange(length)
+            out.append(y * w + (xs if rng.random() < 0.5 else xs[::-1]))
+        else:
+            x, y0 = int(rng.integers(0, w)), int(rng.integers(0, h - length + 1))
+            ys = y0 + np.arange(length)
+            out.append((ys if rng.random() < 0.5 else ys[::-1]) * w + x)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("seed", range(16))
 def test_the_nearest_pe_of_a_line_is_the_first_of_the_closest(seed):
-    # Lines of any PEs (repeats and ties included), against a table of every distance.
+    # Straight runs (found at once) and lines of any PEs, repeats and ties included (searched),
+    # on meshes one PE wide too, against a table of every distance.
     rng = np.random.default_rng(seed)
-    w = int(rng.integers(1, 12))
-    lines = rng.integers(0, w * 9, (int(rng.integers(1, 8)), int(rng.integers(1, 10))))
-    line = rng.integers(0, len(lines), 50)
-    src = rng.integers(0, w * 9, 50)
+    w, h = int(rng.integers(1, 12)), int(rng.integers(1, 10))
+    length = int(rng.integers(1, min(w, h) + 1)) if seed % 2 else int(rng.integers(1, 10))
+    lines = straight_lines(rng, w, h, 6, length) if seed % 2 else \
+        rng.integers(0, w * h, (int(rng.integers(1, 8)), length))
+    line = rng.integers(0, len(lines), 60)
+    src = rng.integers(0, w * h, 60)
     cand = lines[line]
     dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
     want = cand[np.arange(len(line)), np.argmin(dist, axis=1)]

@@ -51,14 +51,47 @@ class CostModel:
 def nearest_on_lines(lines: np.ndarray, line: np.ndarray, src: np.ndarray,
                      width: int) -> np.ndarray:
     """For each ``i``, the PE of line ``line[i]`` (a row of ``lines``, PE ids on a mesh
-    ``width`` wide) nearest to PE ``src[i]`` in hops, the first along the line among equals:
-    a pass over the lines' PEs, where numpy made a table of every line PE's distance to
-    every source (tens of millions of entries for an expert strip's inputs)."""
+    ``width`` wide) nearest to PE ``src[i]`` in hops, the first along the line among equals.
+
+    A line that runs straight along a row or a column, one PE a step (a strip's are), has
+    one nearest PE: where the source's column (or row) falls on it, clamped to its ends, found
+    at once. Any other line is searched PE by PE. Numpy made a table of every line PE's
+    distance to every source instead: tens of millions of entries for an expert strip's
+    inputs."""
+    n, length = lines.shape
+    # Per line: its step along a row (+-1) or a column (+-width), 0 when not straight.
+    step = np.zeros(n, dtype=np.int64)
+    for k in range(n):
+        if length == 1:
+            step[k] = 1
+            continue
+        d = lines[k, 1] - lines[k, 0]
+        same_row = lines[k, 0] // width == lines[k, length - 1] // width
+        if not ((d == 1 or d == -1) and same_row) and not (d == width or d == -width):
+            continue
+        straight = True
+        for b in range(2, length):
+            if lines[k, b] - lines[k, b - 1] != d:
+                straight = False
+                break
+        if straight:
+            step[k] = d
     out = np.empty(len(line), dtype=np.int64)
     for i in range(len(line)):
+        k = line[i]
         sx, sy = src[i] % width, src[i] // width
+        d = step[k]
+        if d != 0:
+            first = lines[k, 0]
+            if d == 1 or d == -1:
+                along, at = sx - first % width, d
+            else:
+                along, at = sy - first // width, d // width
+            b = along * at  # steps from the line's first PE toward the source
+            out[i] = lines[k, min(max(b, 0), length - 1)]
+            continue
         best, nearest = -1, 0
-        for pe in lines[line[i]]:
+        for pe in lines[k]:
             hops = abs(pe % width - sx) + abs(pe // width - sy)
             if best < 0 or hops < best:
                 best, nearest = hops, pe
