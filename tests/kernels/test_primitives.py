@@ -6,6 +6,7 @@ import pytest
 
 from wse_emu.engines.taskgraph import grouped, input_counts
 from wse_emu.kernels import primitives
+from wse_emu.kernels.experts import down_order
 from wse_emu.kernels.graph import GraphBuilder
 from wse_emu.program.trees import tree_plan
 from wse_emu.util.splits import even_split, even_splits
@@ -116,6 +117,19 @@ def test_the_nearest_pe_of_a_line_is_the_first_of_the_closest(seed):
     dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
     want = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
     assert np.array_equal(primitives.nearest_on_lines(lines, line, src, w), want)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_downs_inputs_take_row_by_row_that_rows_slice_of_every_run(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        runs, span, rows = (int(rng.integers(1, 9)), int(rng.integers(1, 60)),
+                            int(rng.integers(1, 70)))
+        sizes = even_split(span, rows)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        want = [r * span + i for j in range(rows) for r in range(runs)
+                for i in range(starts[j], starts[j + 1])]
+        assert down_order(runs, span, rows).tolist() == want
 
 
 @pytest.mark.parametrize("targets, after", [([3], []), ([], [3]), ([], [-1])])

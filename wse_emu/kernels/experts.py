@@ -63,8 +63,11 @@ def down_order(runs: int, span: int, rows: int) -> np.ndarray:
     one, and every line works for every routed token."""
     sizes = even_split(span, rows)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    return np.concatenate([np.arange(r * span + starts[j], r * span + starts[j + 1])
-                           for j in range(rows) for r in range(runs)])
+    # One segment per (row, run), rows outermost: where it starts, and how long it is.
+    first = (starts[:-1, None] + np.arange(runs)[None, :] * span).ravel()
+    length = np.repeat(sizes, runs)
+    into = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    return np.repeat(first, length) + into
 
 
 def layer_loads(program, model, layer: int, tokens: int, offset: int) -> np.ndarray:
