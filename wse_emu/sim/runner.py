@@ -278,6 +278,7 @@ def makespan_of(end, done) -> int:
 
 
 def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> StageRun:
+    from wse_emu.engines.usage import kernel_usage
     from wse_emu.kernels.stage import stage_graph
 
     fabric = program.fabric
@@ -290,16 +291,12 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
         # The first tile's own trip through the stage, as it makes it when it arrives alone
         # (in a pipeline, tiles reach a stage one after another).
         first = stage_cycles(program, stage, tiles[0], engine)
-    busy = np.bincount(graph.task_pe, weights=graph.task_cycles,
-                       minlength=graph.width * graph.height).reshape(graph.height, graph.width)
-    spans, kernel_busy = {}, {}
-    for k, name in enumerate(names):
-        sel = graph.task_kind == k
-        if sel.any():
-            spans[name] = [int(start[sel].min()), int(end[sel].max())]
-            kernel_busy[name] = int(np.bincount(graph.task_pe[sel],
-                                                weights=graph.task_cycles[sel]).max())
-    return StageRun(stage.id, makespan, first, busy.astype(np.int64),
+    busy, count, began, ended, busiest = kernel_usage(
+        graph.task_kind, graph.task_pe, graph.task_cycles, start, end, len(names),
+        graph.width * graph.height)
+    spans = {name: [int(began[k]), int(ended[k])] for k, name in enumerate(names) if count[k]}
+    kernel_busy = {name: int(busiest[k]) for k, name in enumerate(names) if count[k]}
+    return StageRun(stage.id, makespan, first, busy.reshape(graph.height, graph.width),
                     links.reshape(graph.height, graph.width, 4), spans, kernel_busy,
                     graph.tasks, len(graph.msgs))
 
