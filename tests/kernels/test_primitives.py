@@ -87,32 +87,48 @@ def test_a_tasks_inputs_are_its_delivery_points_and_predecessors(seed):
     assert np.array_equal(input_counts(targets, after, n), want)
 
 
-def straight_lines(rng, w: int, h: int, count: int, length: int) -> np.ndarray:
-    """Runs along rows or columns of a ``w`` x ``h`` mesh, either way, ``length`` PEs each."""
+def straight_lines(rng, w: int, h: int, count: int) -> list[np.ndarray]:
+    """Runs along rows or columns of a ``w`` x ``h`` mesh, either way, of any length."""
     out = []
     for _ in range(count):
-        if rng.random() < 0.5 and w >= length:
+        if rng.random() < 0.5:
+            length = int(rng.integers(1, w + 1))
             x0, y = int(rng.integers(0, w - length + 1)), int(rng.integers(0, h))
-            xs = x0 + np.arange(length)
-            out.append(y * w + (xs if rng.random() < 0.5 else xs[::-1]))
+            run = y * w + x0 + np.arange(length)
         else:
+            length = int(rng.integers(1, h + 1))
             x, y0 = int(rng.integers(0, w)), int(rng.integers(0, h - length + 1))
-            ys = y0 + np.arange(length)
-            out.append((ys if rng.random() < 0.5 else ys[::-1]) * w + x)
-    return np.array(out)
+            run = (y0 + np.arange(length)) * w + x
+        out.append(run if rng.random() < 0.5 else run[::-1])
+    return out
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(40))
 def test_the_nearest_pe_of_a_line_is_the_first_of_the_closest(seed):
     # Straight runs (found at once) and lines of any PEs, repeats and ties included (searched),
     # on meshes one PE wide too, against a table of every distance.
     rng = np.random.default_rng(seed)
     w, h = int(rng.integers(1, 12)), int(rng.integers(1, 10))
-    length = int(rng.integers(1, min(w, h) + 1)) if seed % 2 else int(rng.integers(1, 10))
-    lines = straight_lines(rng, w, h, 6, length) if seed % 2 else \
-        rng.integers(0, w * h, (int(rng.integers(1, 8)), length))
+    if seed % 2:  # straight runs of one length (the lines of one call are alike)
+        runs = straight_lines(rng, w, h, 40)
+        length = len(runs[0])
+        lines = np.array([r for r in runs if len(r) == length])
+    else:
+        lines = rng.integers(0, w * h, (int(rng.integers(1, 8)), int(rng.integers(1, 10))))
     line = rng.integers(0, len(lines), 60)
     src = rng.integers(0, w * h, 60)
+    cand = lines[line]
+    dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
+    want = cand[np.arange(len(line)), np.argmin(dist, axis=1)]
+    assert np.array_equal(primitives.nearest_on_lines(lines, line, src, w), want)
+
+
+@pytest.mark.parametrize("w, h", [(1, 7), (7, 1), (2, 5)])
+def test_the_nearest_pe_on_a_mesh_one_or_two_pes_across(w, h):
+    # A column of a mesh one PE wide steps by 1, as a row does: it is still a column.
+    runs = [np.arange(h) * w + x for x in range(w)] if h > 1 else [np.arange(w)]
+    lines = np.array([r for run in runs for r in (run, run[::-1])])
+    line, src = np.repeat(np.arange(len(lines)), w * h), np.tile(np.arange(w * h), len(lines))
     cand = lines[line]
     dist = np.abs(cand % w - (src % w)[:, None]) + np.abs(cand // w - (src // w)[:, None])
     want = cand[np.arange(len(line)), np.argmin(dist, axis=1)]

@@ -59,15 +59,20 @@ def nearest_on_lines(lines: np.ndarray, line: np.ndarray, src: np.ndarray,
     distance to every source instead: tens of millions of entries for an expert strip's
     inputs."""
     n, length = lines.shape
-    # Per line: its step along a row (+-1) or a column (+-width), 0 when not straight.
-    step = np.zeros(n, dtype=np.int64)
+    # Per line that runs straight: the axis it runs along (1: a row, 2: a column; 0: not
+    # straight) and its direction (+1 or -1) on that axis.
+    axis = np.zeros(n, dtype=np.int64)
+    sign = np.ones(n, dtype=np.int64)
     for k in range(n):
         if length == 1:
-            step[k] = 1
+            axis[k] = 1
             continue
         d = lines[k, 1] - lines[k, 0]
-        same_row = lines[k, 0] // width == lines[k, length - 1] // width
-        if not ((d == 1 or d == -1) and same_row) and not (d == width or d == -width):
+        if (d == 1 or d == -1) and lines[k, 0] // width == lines[k, length - 1] // width:
+            along_row = True
+        elif d == width or d == -width:
+            along_row = False
+        else:
             continue
         straight = True
         for b in range(2, length):
@@ -75,19 +80,16 @@ def nearest_on_lines(lines: np.ndarray, line: np.ndarray, src: np.ndarray,
                 straight = False
                 break
         if straight:
-            step[k] = d
+            axis[k] = 1 if along_row else 2
+            sign[k] = 1 if d > 0 else -1
     out = np.empty(len(line), dtype=np.int64)
     for i in range(len(line)):
         k = line[i]
         sx, sy = src[i] % width, src[i] // width
-        d = step[k]
-        if d != 0:
+        if axis[k] != 0:
             first = lines[k, 0]
-            if d == 1 or d == -1:
-                along, at = sx - first % width, d
-            else:
-                along, at = sy - first // width, d // width
-            b = along * at  # steps from the line's first PE toward the source
+            offset = sx - first % width if axis[k] == 1 else sy - first // width
+            b = offset * sign[k]  # steps from the line's first PE toward the source
             out[i] = lines[k, min(max(b, 0), length - 1)]
             continue
         best, nearest = -1, 0

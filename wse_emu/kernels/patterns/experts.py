@@ -278,7 +278,7 @@ def _reduce_per_run(sg, st, done: np.ndarray, row_values: np.ndarray, kind: int)
         row = np.concatenate([rows for _, rows in chosen])
         # Each pair's columns along the strip: its run's, from a table of this length's runs.
         columns = np.zeros((len(runs), length), dtype=np.int64)
-        taken = sorted({r for r, _ in chosen})
+        taken = [r for r, _ in chosen]  # each run once, in order
         columns[taken] = np.stack([runs[r] for r in taken])
         along = columns[run_of]  # (lines, length)
         lines = st.pe[along, row[:, None]]
