@@ -421,13 +421,17 @@ def _queue_signals(res: ServeResult, ttft: np.ndarray, kept: np.ndarray) -> dict
 
 
 def run_metrics(res: ServeResult, reqs: Requests, ttft_slo_s: float | None,
-                tpot_slo_s: float | None, steady: bool = False) -> RunMetrics:
+                tpot_slo_s: float | None, steady: bool = False,
+                judged: _Window | None = None) -> RunMetrics:
     """The run's metrics, the attainment and goodput against the targets given (None: not
-    a target); with ``steady``, counted over the steady window (see the module)."""
+    a target); with ``steady``, counted over the steady window (see the module).
+    ``judged``: ``judged_window(res, reqs, steady)``, when the caller has it already."""
     ttft, tpot = res.ttft_s(), res.tpot_s()
     e2e = np.where(res.served(), (res.finish - res.arrival) / res.clock_hz, np.inf)
     span = (res.finish.max() - res.arrival.min()) / res.clock_hz
-    window, too_short, first, index, closed_loop, start, end = judged_window(res, reqs, steady)
+    if judged is None:
+        judged = judged_window(res, reqs, steady)
+    window, too_short, first, index, closed_loop, start, end = judged
     gaps = res.itl_s(window)
     served = res.served()
     out = {

@@ -137,10 +137,27 @@ def _set_requests(st, requests: Requests, clock_hz: float) -> None:
     st.prompt[:], st.output[:], st.need[:] = prompt, output, prompt + output
     st.session[:], st.call[:] = session, requests.call
     st.think[:] = requests.think_s * clock_hz
-    calls = {(s, c): i for i, (s, c) in enumerate(zip(session.tolist(),
-                                                       requests.call.tolist()))}
-    st.next_call[:] = [calls.get((s, c + 1), -1) for s, c in zip(session.tolist(),
-                                                                  requests.call.tolist())]
+    st.next_call[:] = next_calls(session, requests.call)
+
+
+def next_calls(session: np.ndarray, call: np.ndarray) -> np.ndarray:
+    """Per request, the request that is its session's next call (-1: none; of two requests
+    of one session and call, the later in order), found by searching the requests sorted by
+    (session, call), where a dictionary of every request's pair took a millisecond for a
+    thousand requests, in every serving run."""
+    session, call = np.asarray(session, dtype=np.int64), np.asarray(call, dtype=np.int64)
+    if not len(session):
+        return np.zeros(0, dtype=np.int64)
+    # One number per (session, call), in the pairs' order (sessions numbered from 0, calls
+    # counted from the lowest): room for every call and the one after the last.
+    call = call - call.min()
+    span = int(call.max()) + 2
+    key = session * span + call
+    order = np.argsort(key, kind="stable")  # equal pairs keep their order: the last is latest
+    ranked = key[order]
+    at = np.searchsorted(ranked, key + 1, side="right") - 1
+    found = (at >= 0) & (ranked[np.maximum(at, 0)] == key + 1)
+    return np.where(found, order[np.maximum(at, 0)], -1)
 
 
 def _set_regions(st, pools: list, policies: dict) -> None:
