@@ -17,7 +17,13 @@ from wse_emu.compiler import placement as pl
 from wse_emu.compiler.kvplan import kv_plan
 from wse_emu.compiler.layout import StageLayout
 from wse_emu.compiler.region_report import placement_report, region_bounds
-from wse_emu.compiler.routing import ColorsExhausted, assign_colors, check_colors, manhattan
+from wse_emu.compiler.routing import (
+    ColorsExhausted,
+    assign_colors,
+    check_colors,
+    crowding,
+    manhattan,
+)
 from wse_emu.compiler.stages import home_strip
 from wse_emu.errors import CompileError
 from wse_emu.kernels import patterns
@@ -160,15 +166,25 @@ class _Builder:
                                "kernel's SRAM differently; one kernel cannot run both")
         return chosen["decode"], names
 
-def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> RegionTemplate:
+def assemble(model, fabric, part_shapes, layouts, options, max_levels,
+             give_up_early: bool = False) -> RegionTemplate:
+    """The region's stages, kernels, routes and SRAM plan for these layouts, with reduction
+    trees of at most ``max_levels`` levels; ColorsExhausted if the routes need more colors
+    than the fabric leaves. With ``give_up_early`` (for a caller that only retries on that
+    error, whatever it says), it is raised as soon as some PE of a stage laid out so far lies
+    under more routes than there are colors, before the stages after it are planned: routes
+    sharing a PE each need a color of their own, so the coloring could only fail."""
     b = _Builder(model, fabric, part_shapes, options, max_levels)
     d = model.storage.dtype_bytes
     h = model.hidden_size
     flat = [lay for part in layouts for lay in part]
+    held_back = 1 if options.plan == "disaggregated" else 0
+    budget = fabric.colors_available - held_back
     homes: list[Rect] = []
     named: list[dict[str, Kernel]] = []
     for index, lay in enumerate(flat):
         spec = lay.spec
+        first_route = len(b.routes)
         stage = Stage(id=index, region="", index=index, rect=lay.rect, layers=list(spec.layers),
                       has_embedding=spec.has_embedding, has_head=spec.has_head,
                       strip_axis=lay.axis,
@@ -233,6 +249,14 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
                     bytes_per_token=ts[0].nbytes, stage=stage.id,
                     src=ks[src_name].id if src_name in ks else ks["attention"].id,
                     dst=[ks[t.dst].id if t.dst in ks else ks["attention"].id for t in ts])
+        if give_up_early:
+            # This stage's routes (those of the stages before lie on their own PEs).
+            crowded, x, y = crowding(b.routes[first_route:], lay.rect)
+            if crowded > budget:
+                exc = ColorsExhausted(f"colors run out: {crowded} routes cross PE ({x}, {y}) "
+                                      f"of stage {index}, where {fabric.name} leaves {budget}")
+                exc.layers_per_stage = max(lay.spec.num_layers for lay in flat)
+                raise exc
 
     # Between stages, between wafers, and the token I/O.
     for i in range(1, len(flat)):
@@ -263,7 +287,6 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels) -> Region
         b.edge_route("io_out", "lm_head->host", rects_edge(head), bytes_per_token=4,
                      src=head.id)
 
-    held_back = 1 if options.plan == "disaggregated" else 0
     try:
         colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages),
                                held_back)

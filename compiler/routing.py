@@ -53,6 +53,29 @@ def assign_colors(routes: list[Route], fabric: FabricSpec, describe, held_back: 
     return int(best.max()) + 1
 
 
+def crowding(routes: list[Route], area: Rect) -> tuple[int, int, int]:
+    """The most routes whose footprints hold one PE of ``area``, and that PE's column and row:
+    routes sharing a PE each need a color of their own, so no coloring of the routes (and of
+    any routes added to them) uses fewer colors than this. Counted from the corners of each
+    footprint's part inside ``area``, summed along both axes."""
+    fp = np.array([r.footprint.to_list() for r in routes if r.footprint.overlaps(area)],
+                  dtype=np.int64).reshape(-1, 5)
+    if not len(fp):
+        return 0, area.x, area.y
+    x0 = np.maximum(fp[:, 1], area.x) - area.x
+    y0 = np.maximum(fp[:, 2], area.y) - area.y
+    x1 = np.minimum(fp[:, 1] + fp[:, 3], area.x1) - area.x
+    y1 = np.minimum(fp[:, 2] + fp[:, 4], area.y1) - area.y
+    corners = np.zeros((area.h + 1, area.w + 1), dtype=np.int64)
+    np.add.at(corners, (y0, x0), 1)
+    np.add.at(corners, (y0, x1), -1)
+    np.add.at(corners, (y1, x0), -1)
+    np.add.at(corners, (y1, x1), 1)
+    held = corners.cumsum(axis=0).cumsum(axis=1)
+    y, x = np.unravel_index(int(np.argmax(held)), held.shape)
+    return int(held[y, x]), area.x + int(x), area.y + int(y)
+
+
 NEIGHBOUR_ROWS = 512  # routes compared with all the others at once (memory: rows x routes)
 
 

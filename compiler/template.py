@@ -55,7 +55,10 @@ def _build_template(model, fabric, part_shapes, options, fewest, max_levels,
             arrange(layouts, model, options)
             laid[(budget, fewest)] = layouts
         layouts = laid[(budget, fewest)]
-        template = assemble(model, fabric, part_shapes, layouts, options, max_levels)
+        # A tree depth whose routes take too many colors is retried one level shallower
+        # (``build_template``): it may stop at the first stage that proves it.
+        template = assemble(model, fabric, part_shapes, layouts, options, max_levels,
+                            give_up_early=max_levels > 2)
         over = max(int((a["weights"].astype(np.int64) + a["activations"]).max())
                    for a in template.arrays) - fabric.usable_bytes_per_pe
         if over <= 0:
