@@ -15,7 +15,7 @@ An experiment's serving runs are such jobs too (``goodput.serve_run``): without 
 thresholds, whether a run's largest arrays (its gaps between tokens, a few MB) came from the
 heap or from fresh mappings depended on the order of the allocations before them, so a change
 anywhere on the Python side could make every run fault its pages in again (1,000-request runs
-of the 8B frontier: 16% slower, five times the system time, with the same results).
+of the 8B frontier: 12% to 16% slower, seven times the system time, the same results).
 """
 
 from __future__ import annotations
