@@ -250,7 +250,7 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels,
                     src=ks[src_name].id if src_name in ks else ks["attention"].id,
                     dst=[ks[t.dst].id if t.dst in ks else ks["attention"].id for t in ts])
         if give_up_early:
-            # This stage's routes (those of the stages before lie on their own PEs).
+            # This stage's own routes: a part of them all, enough to prove the colors short.
             crowded, x, y = crowding(b.routes[first_route:], lay.rect)
             if crowded > budget:
                 exc = ColorsExhausted(f"colors run out: {crowded} routes cross PE ({x}, {y}) "
