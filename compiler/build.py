@@ -178,6 +178,8 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels,
     d = model.storage.dtype_bytes
     h = model.hidden_size
     flat = [lay for part in layouts for lay in part]
+    # What a ColorsExhausted carries: the retry takes more layers per stage than this.
+    layers_per_stage = max(lay.spec.num_layers for lay in flat)
     held_back = 1 if options.plan == "disaggregated" else 0
     budget = fabric.colors_available - held_back
     homes: list[Rect] = []
@@ -255,7 +257,7 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels,
             if crowded > budget:
                 exc = ColorsExhausted(f"colors run out: {crowded} routes cross PE ({x}, {y}) "
                                       f"of stage {index}, where {fabric.name} leaves {budget}")
-                exc.layers_per_stage = max(lay.spec.num_layers for lay in flat)
+                exc.layers_per_stage = layers_per_stage
                 raise exc
 
     # Between stages, between wafers, and the token I/O.
@@ -291,7 +293,7 @@ def assemble(model, fabric, part_shapes, layouts, options, max_levels,
         colors = assign_colors(b.routes, fabric, lambda r: _describe_route(r, b.stages),
                                held_back)
     except ColorsExhausted as exc:
-        exc.layers_per_stage = max(lay.spec.num_layers for lay in flat)
+        exc.layers_per_stage = layers_per_stage
         raise
     check_colors(b.routes)
     arrays = kv_plan(b, model, fabric)
