@@ -6,7 +6,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-from wse_emu.engines import calendar
+from wse_emu.engines import calendar, heap
 
 
 @njit
@@ -90,3 +90,35 @@ def test_the_cycle_by_cycle_use_pops_each_event_in_its_own_cycle():
     given = [(at, key) for _, at, key in popped if key < len(keys)]
     assert given == expected
     assert len(popped) - len(given) == sum(1 for k in keys if k % 3 == 0)
+
+
+@njit
+def _keys_in_and_out(pushes, pops):
+    """Push ``pushes`` onto a heap of keys alone, popping ``pops[i]`` keys after the i-th
+    push (as many as there are), then the rest; the keys popped, in order."""
+    keys = np.empty(len(pushes), np.int64)
+    out = np.empty(len(pushes), np.int64)
+    size = n = 0
+    for i in range(len(pushes)):
+        size = heap.push_key(keys, size, pushes[i])
+        for _ in range(min(pops[i], size)):
+            out[n], size = heap.pop_key(keys, size)
+            n += 1
+    while size > 0:
+        out[n], size = heap.pop_key(keys, size)
+        n += 1
+    return out
+
+
+def test_a_heap_of_keys_pops_what_heapq_pops():
+    # The calendar's current cycle keeps keys alone: the same order as a heap of them.
+    rng = np.random.default_rng(11)
+    pushes = rng.permutation(3000).astype(np.int64)
+    pops = rng.integers(0, 3, len(pushes)).astype(np.int64)
+    expected, pending = [], []
+    for key, count in zip(pushes.tolist(), pops.tolist()):
+        heapq.heappush(pending, key)
+        for _ in range(min(count, len(pending))):
+            expected.append(heapq.heappop(pending))
+    expected += [heapq.heappop(pending) for _ in range(len(pending))]
+    assert _keys_in_and_out(pushes, pops).tolist() == expected

@@ -6,7 +6,9 @@ pop. The calendar files each event under its cycle instead: a ring of ``WINDOW``
 per cycle from the current one on, each a list of nodes; an event due further ahead waits in
 a small overflow heap. When the current cycle's events are used up, the next bucket that holds
 any (or the overflow's earliest, if sooner) is emptied into a heap of that cycle's events
-alone, a few dozen, from which they pop in key order. Filing an event is a write to its bucket;
+alone, a few dozen, from which they pop in key order. A bucket's nodes and the current heap
+are all of one cycle, so they keep keys alone (the cycle is the bucket's, or the current
+one). Filing an event is a write to its bucket;
 a pop works on a heap that stays in the nearest cache. The fast engine pops the next event
 whenever it comes; the cycle engine asks, cycle by cycle, whether one is due (``due``).
 
@@ -35,17 +37,15 @@ _NEVER = (1 << 62)  # a cycle no run reaches
 
 @record
 class Calendar:
-    """Pending events: the current cycle's in a heap (``now_*``), the next ``WINDOW`` - 1
-    cycles' in per-cycle lists of nodes (``bucket``, ``node_*``), later ones in a heap
-    (``later_*``)."""
+    """Pending events: the current cycle's keys in a heap (``now_key``), the next
+    ``WINDOW`` - 1 cycles' in per-cycle lists of nodes (``bucket``, ``node_*``), later ones in
+    a heap (``later_*``)."""
 
     state: np.int64  # (6,): see _NOW ... _CURRENT
     bucket: np.int64  # (WINDOW,): first node of the cycle's list (cycle % WINDOW), -1: none
-    node_time: np.int64  # (capacity,): a filed event's cycle
-    node_key: np.int64  # (capacity,): its key
+    node_key: np.int64  # (capacity,): a filed event's key (its cycle is its bucket's)
     node_next: np.int64  # (capacity,): the next node of its list (or of the free list), -1
-    now_time: np.int64  # (capacity,): the current cycle's heap
-    now_key: np.int64
+    now_key: np.int64  # (capacity,): the current cycle's heap of keys (``heap.push_key``)
     later_time: np.int64  # (capacity,): the heap of events due WINDOW cycles or more ahead
     later_key: np.int64
 
@@ -60,9 +60,9 @@ def new_calendar(tasks: int, pes: int, releases: int = 0) -> Calendar:
     capacity = max(tasks + pes + releases, 1)
     state = np.zeros(6, dtype=np.int64)
     state[_FREE] = -1
-    return make(Calendar, state=state, bucket=Fill(WINDOW, -1), node_time=Fill(capacity),
-                node_key=Fill(capacity), node_next=Fill(capacity), now_time=Fill(capacity),
-                now_key=Fill(capacity), later_time=Fill(capacity), later_key=Fill(capacity))
+    return make(Calendar, state=state, bucket=Fill(WINDOW, -1), node_key=Fill(capacity),
+                node_next=Fill(capacity), now_key=Fill(capacity), later_time=Fill(capacity),
+                later_key=Fill(capacity))
 
 
 @njit(cache=True, inline="always")
@@ -72,8 +72,7 @@ def push(cal, size, t, key):
     state = cal.state
     now = state[_NOW]
     if t == now:
-        state[_CURRENT] = heap.push(EventHeap(cal.now_time, cal.now_key), state[_CURRENT], t,
-                                    key)
+        state[_CURRENT] = heap.push_key(cal.now_key, state[_CURRENT], key)
     elif t - now < WINDOW:
         node = state[_FREE]
         if node >= 0:
@@ -82,7 +81,6 @@ def push(cal, size, t, key):
             node = state[_UNUSED]
             state[_UNUSED] = node + 1
         b = t & _MASK
-        cal.node_time[node] = t
         cal.node_key[node] = key
         cal.node_next[node] = cal.bucket[b]
         cal.bucket[b] = node
@@ -100,8 +98,8 @@ def pop(cal, size):
     state = cal.state
     if state[_CURRENT] == 0:
         _next_cycle(cal, _NEVER)
-    t, key, state[_CURRENT] = heap.pop(EventHeap(cal.now_time, cal.now_key), state[_CURRENT])
-    return t, key, size - 1
+    key, state[_CURRENT] = heap.pop_key(cal.now_key, state[_CURRENT])
+    return state[_NOW], key, size - 1
 
 
 @njit(cache=True, inline="always")
@@ -136,13 +134,13 @@ def _next_cycle(cal, until):
             state[_NOW] = until
         return False
     state[_NOW] = t
-    current = EventHeap(cal.now_time, cal.now_key)
+    current = cal.now_key
     count = 0
     b = t & _MASK
     node = cal.bucket[b]
     while node >= 0:  # the bucket holds cycle t's events alone
         following = cal.node_next[node]
-        count = heap.push(current, count, cal.node_time[node], cal.node_key[node])
+        count = heap.push_key(current, count, cal.node_key[node])
         cal.node_next[node] = state[_FREE]
         state[_FREE] = node
         state[_FILED] -= 1
@@ -151,8 +149,8 @@ def _next_cycle(cal, until):
     later = EventHeap(cal.later_time, cal.later_key)
     waiting = state[_LATER]
     while waiting > 0 and cal.later_time[0] == t:
-        at, key, waiting = heap.pop(later, waiting)
-        count = heap.push(current, count, at, key)
+        _, key, waiting = heap.pop(later, waiting)
+        count = heap.push_key(current, count, key)
     state[_LATER] = waiting
     state[_CURRENT] = count
     return True

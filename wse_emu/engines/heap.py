@@ -67,3 +67,47 @@ def pop(heap, size):
             break
     ht[i], hk[i] = lt, lk
     return t, key, size
+
+
+# The calendar's current cycle (``calendar``) holds events of one cycle alone: a heap of their
+# keys, without the cycle beside each, pops them in the same order with half the memory read.
+
+@njit(cache=True, inline="always")
+def push_key(keys, size, key):
+    """``push`` for a heap of keys alone (every entry of one cycle): ``keys`` has room for
+    one more. Returns the new size."""
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 2
+        pk = keys[parent]
+        if key < pk:
+            keys[i] = pk
+            i = parent
+        else:
+            break
+    keys[i] = key
+    return size + 1
+
+
+@njit(cache=True, inline="always")
+def pop_key(keys, size):
+    """``pop`` for a heap of keys alone. Returns the smallest key and the new size."""
+    key = keys[0]
+    size -= 1
+    last = keys[size]
+    i = 0
+    while True:
+        first = 4 * i + 1
+        if first >= size:
+            break
+        child, ck = first, keys[first]
+        for c in range(first + 1, min(first + 4, size)):
+            if keys[c] < ck:
+                child, ck = c, keys[c]
+        if ck < last:
+            keys[i] = ck
+            i = child
+        else:
+            break
+    keys[i] = last
+    return key, size
