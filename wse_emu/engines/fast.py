@@ -82,16 +82,13 @@ class Network:
     link_wavelets: np.int64  # (4 * routers,): wavelets each link sent, by plane
     ramp_in_free: np.int64  # (routers,): cycle each PE's ramp into its router is free from
     ramp_out_free: np.int64  # (routers,): the same for its ramp out (deliveries)
-    path_link: np.int64  # (width + height + 2,): scratch, per link of one message's path:
-    path_start: np.int64  # its index in the planes, and the cycle the message starts on it
 
 
 def _new_network(mesh: Mesh) -> Network:
     """Every link and ramp free from cycle 0, nothing sent."""
-    n, longest = mesh.width * mesh.height, mesh.width + mesh.height + 2
+    n = mesh.width * mesh.height
     return make(Network, link_free=Fill(4 * n, 0), link_wavelets=Fill(4 * n, 0),
-                ramp_in_free=Fill(n, 0), ramp_out_free=Fill(n, 0), path_link=Fill(longest, 0),
-                path_start=Fill(longest, 0))
+                ramp_in_free=Fill(n, 0), ramp_out_free=Fill(n, 0))
 
 
 def router_links(planes: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -223,6 +220,22 @@ def _deliver(point, at, msgs, tasks, progress, times, events, size):
 
 
 @njit(cache=True, inline="always")
+def _tap(r, head, point, M, mesh, network, msgs, tasks, progress, times, events, size):
+    """The wavelets reaching router ``r`` from cycle ``head`` on go down its ramp to the PE,
+    as soon as the ramp is free, and deliver at ``point``. Returns the number of events
+    pending, when the head moves on (a multicast only as its tap takes the wavelets), and
+    whether it waited for the ramp."""
+    ramp_out_free = network.ramp_out_free
+    e = head
+    waited = ramp_out_free[r] > e
+    if waited:
+        e = ramp_out_free[r]
+    ramp_out_free[r] = e + M
+    size = _deliver(point, e + mesh.ramp + M - 1, msgs, tasks, progress, times, events, size)
+    return size, e, waited
+
+
+@njit(cache=True, inline="always")
 def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     """Time message ``m`` released at cycle ``now`` (its task's DONE, or its release): claim
     its ramp, links and ramps out, and deliver at each point. Returns the number of events
@@ -236,8 +249,6 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     """
     width, height, hop, ramp = mesh.width, mesh.height, mesh.hop, mesh.ramp
     link_free, link_wavelets = network.link_free, network.link_wavelets
-    ramp_out_free = network.ramp_out_free
-    path_link, path_t = network.path_link, network.path_start
     s = msgs.src[m]
     M = msgs.length[m]
     inj = now if now > network.ramp_in_free[s] else network.ramp_in_free[s]
@@ -245,67 +256,72 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     times.first[m] = inj
     head = inj + ramp  # head ready to leave the source router
     x, y = msgs.src_x[m], msgs.src_y[m]
-    d_pe = msgs.dst[m]
     dx, dy = msgs.dst_x[m], msgs.dst_y[m]
     r = s
     point = 0
     hops = abs(dx - x) + abs(dy - y)
     line = msgs.mode[m] == LINE
-    if hops == 0:
-        e = head if head > ramp_out_free[r] else ramp_out_free[r]
-        ramp_out_free[r] = e + M
-        return _deliver(msgs.point_base[m], e + ramp + M - 1, msgs, tasks, progress, times,
-                        events, size)
-    n_links = 0
     base = msgs.point_base[m]
+    if hops == 0:  # to its own PE: down the ramp it came up
+        return _tap(r, head, base, M, mesh, network, msgs, tasks, progress, times, events,
+                    size)[0]
     # Whether the head waited anywhere past its first link (for a link, or a tap into a PE):
     # if not, no link is held past its own wavelets and the wormhole pass below is skipped.
     waited = False
     n = width * height
-    for leg in range(2):  # x first, then y: two straight runs, one direction and stride each
-        # ``li``: the link's place in its direction's plane (``Network``), which a straight
-        # run walks one entry at a time.
-        if leg == 0:
-            count, stride, step = (dx - x, 1, 1) if dx > x else (x - dx, -1, -1)
-            li = (EAST if dx > x else WEST) * n + r
-        else:
-            count, stride, step = (dy - y, width, 1) if dy > y else (y - dy, -width, -1)
-            li = (SOUTH if dy > y else NORTH) * n + dx * height + y
+    # The two legs, x first, then y: straight runs, each one direction and stride, whose
+    # links are neighbouring entries of their direction's plane (``Network``), from ``li``.
+    count0, stride0, step0 = (dx - x, 1, 1) if dx > x else (x - dx, -1, -1)
+    li0 = (EAST if dx > x else WEST) * n + r
+    count1, stride1, step1 = (dy - y, width, 1) if dy > y else (y - dy, -width, -1)
+    li1 = (SOUTH if dy > y else NORTH) * n + dx * height + y
+    crossed = 0
+    last_start = head  # when the head started on the path's last link
+    for leg in range(2):
+        count, stride, step, li = (count0, stride0, step0, li0) if leg == 0 else (
+            count1, stride1, step1, li1)
         for _ in range(count):
             t = link_free[li]
             if t > head:
-                waited = waited or n_links > 0
+                waited = waited or crossed > 0
             else:
                 t = head
             link_free[li] = t + M
             link_wavelets[li] += M
-            path_link[n_links] = li
-            path_t[n_links] = t
-            n_links += 1
+            last_start = t
+            crossed += 1
             r += stride
             li += step
             head = t + hop  # head reaches the next router
-            if line or r == d_pe:
-                e = head
-                if ramp_out_free[r] > e:
-                    e = ramp_out_free[r]
-                    waited = True
-                ramp_out_free[r] = e + M
-                size = _deliver(base + point, e + ramp + M - 1, msgs, tasks, progress, times,
-                                events, size)
+            if line:
+                size, head, late = _tap(r, head, base + point, M, mesh, network, msgs, tasks,
+                                        progress, times, events, size)
+                waited = waited or late
                 point += 1
-                # A multicast moves on only as its tap into this PE takes the wavelets.
-                head = e
+    if not line:  # a unicast is delivered at the end of its path alone (``r`` is ``dst``)
+        size, head, late = _tap(r, head, base, M, mesh, network, msgs, tasks, progress, times,
+                                events, size)
+        waited = waited or late
     if not waited:
         # Every link after the first was crossed as soon as the head reached it: the
         # wavelets behind never back up past a queue, so no link is held longer.
         return size
-    # Wormhole: a link is held until the wavelets behind a hold-up fit in the queues ahead.
-    hold = path_t[n_links - 1] + M
-    for i in range(n_links - 2, -1, -1):
-        hold = hold - hop - mesh.qcap
-        if hold > link_free[path_link[i]]:
-            link_free[path_link[i]] = hold
-        else:
-            hold = link_free[path_link[i]]
+    # Wormhole: a link is held until the wavelets behind a hold-up fit in the queues ahead,
+    # the links walked back from the last but one (their places found again from the legs).
+    hold = last_start + M
+    after_last = True
+    for leg in range(2):
+        count, step, li = (count1, step1, li1) if leg == 0 else (count0, step0, li0)
+        k = count - 1
+        if after_last and count > 0:
+            k -= 1  # the path's last link, where ``hold`` starts
+            after_last = False
+        while k >= 0:
+            here = li + k * step
+            hold = hold - hop - mesh.qcap
+            if hold > link_free[here]:
+                link_free[here] = hold
+            else:
+                hold = link_free[here]
+            k -= 1
     return size
