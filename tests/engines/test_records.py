@@ -56,8 +56,8 @@ def test_the_message_columns_place_each_endpoint_on_the_grid():
     b.send(None, 7, 18, 2, [-1], t_ready=3)
     b.send(None, 0, 4, 1, [-1], t_ready=1)
     cols = records.message_columns(b.build())
-    assert (cols.src_x.tolist(), cols.src_y.tolist()) == ([2, 0], [1, 0])
-    assert (cols.dst_x.tolist(), cols.dst_y.tolist()) == ([3, 4], [3, 0])
+    assert [records.route_ends(w) for w in cols.route.tolist()] == [(2, 1, 3, 3, False),
+                                                                   (0, 0, 4, 0, False)]
     assert cols.external.tolist() == [1, 0]  # in order of release
 
 
@@ -80,8 +80,22 @@ def test_the_message_columns_count_a_lines_points_as_the_graph_does(seed):
     graph = b.build()
     cols = records.message_columns(graph)
     assert cols.point_base.tolist() == graph.point_base().tolist()
-    assert cols.src_x.tolist() == (graph.msgs.src % w).tolist()
-    assert cols.dst_y.tolist() == (graph.msgs.dst // w).tolist()
+    ends = [records.route_ends(w) for w in cols.route.tolist()]
+    src, dst = graph.msgs.src.tolist(), graph.msgs.dst.tolist()
+    assert ends == [(s % w, s // w, d % w, d // w, bool(mode == LINE))
+                    for s, d, mode in zip(src, dst, graph.msgs.mode.tolist())]
+
+
+def test_a_route_word_holds_the_widest_mesh_and_a_wider_one_is_refused():
+    side = records.MAX_SIDE
+    b = Builder(side, 2)
+    b.send(None, 0, 2 * side - 1, 1, [-1] * side, LINE, t_ready=0)
+    (word,) = records.message_columns(b.build()).route.tolist()
+    assert records.route_ends(word) == (0, 0, side - 1, 1, True)
+    wide = Builder(side + 1, 1)
+    wide.send(None, 0, side, 1, [-1], t_ready=0)
+    with pytest.raises(ValueError, match="engines take"):
+        wide.build().check_ranges()
 
 
 @njit

@@ -49,7 +49,7 @@ from wse_emu.engines.cores import (
     new_progress,
     ready_key,
 )
-from wse_emu.engines.messages import LINE, PORTS, RAMP, Messages
+from wse_emu.engines.messages import PORTS, RAMP, Messages
 from wse_emu.engines.records import (
     Fill,
     Mesh,
@@ -59,6 +59,7 @@ from wse_emu.engines.records import (
     message_columns,
     new_message_times,
     record,
+    route_ends,
     task_columns,
     with_shape,
 )
@@ -380,9 +381,9 @@ def _reach_pes(t, rs, msgs, tasks, progress, events, size, times, routers, fligh
         r = flight.out_r[rs, i]
         m = flight.out_m[rs, i]
         delivered += 1
-        dist = (abs(routers.rinfo[r, _X] - msgs.src_x[m])
-                + abs(routers.rinfo[r, _Y] - msgs.src_y[m]))
-        idx = msgs.point_base[m] + (dist - 1 if msgs.mode[m] == LINE and dist > 0 else 0)
+        sx, sy, _, _, line = route_ends(msgs.route[m])
+        dist = abs(routers.rinfo[r, _X] - sx) + abs(routers.rinfo[r, _Y] - sy)
+        idx = msgs.point_base[m] + (dist - 1 if line and dist > 0 else 0)
         mail.point_count[idx] += 1
         if mail.point_count[idx] == msgs.length[m]:
             times.point_done[idx] = t
@@ -432,7 +433,8 @@ def _land_in_queues(ls, rs, mesh, msgs, routers, flight):
         _enqueue(routers, mesh, r, p, v, flight.link_e[ls, i])
     for i in range(flight.in_count[rs]):
         m = flight.in_m[rs, i]
-        e = _pack(m, msgs.dst_x[m], msgs.dst_y[m], 1 if msgs.mode[m] == LINE else 0)
+        _, _, dx, dy, line = route_ends(msgs.route[m])
+        e = _pack(m, dx, dy, 1 if line else 0)
         _enqueue(routers, mesh, flight.in_r[rs, i], RAMP, msgs.vc[m], e)
     landed = flight.link_count[ls] + flight.in_count[rs]
     flight.link_count[ls] = 0

@@ -33,7 +33,7 @@ from wse_emu.engines.cores import (
     new_progress,
     ready_key,
 )
-from wse_emu.engines.messages import EAST, LINE, NORTH, SOUTH, WEST
+from wse_emu.engines.messages import EAST, NORTH, SOUTH, WEST
 from wse_emu.engines.records import (
     Fill,
     Mesh,
@@ -42,6 +42,7 @@ from wse_emu.engines.records import (
     message_columns,
     new_message_times,
     record,
+    route_ends,
     task_columns,
 )
 from wse_emu.engines.taskgraph import TaskGraph
@@ -249,18 +250,16 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     """
     width, height, hop, ramp = mesh.width, mesh.height, mesh.hop, mesh.ramp
     link_free, link_wavelets = network.link_free, network.link_wavelets
-    s = msgs.src[m]
+    x, y, dx, dy, line = route_ends(msgs.route[m])
+    s = y * width + x
     M = msgs.length[m]
     inj = now if now > network.ramp_in_free[s] else network.ramp_in_free[s]
     network.ramp_in_free[s] = inj + M
     times.first[m] = inj
     head = inj + ramp  # head ready to leave the source router
-    x, y = msgs.src_x[m], msgs.src_y[m]
-    dx, dy = msgs.dst_x[m], msgs.dst_y[m]
     r = s
     point = 0
     hops = abs(dx - x) + abs(dy - y)
-    line = msgs.mode[m] == LINE
     base = msgs.point_base[m]
     if hops == 0:  # to its own PE: down the ramp it came up
         return _tap(r, head, base, M, mesh, network, msgs, tasks, progress, times, events,

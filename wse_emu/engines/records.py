@@ -30,7 +30,7 @@ from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
 
 from wse_emu.engines.messages import LINE
-from wse_emu.engines.taskgraph import TaskGraph
+from wse_emu.engines.taskgraph import MAX_SIDE, TaskGraph
 
 
 def record(cls):
@@ -186,10 +186,10 @@ class MessageColumns:
     dst: np.int32  # (messages,): destination PE
     length: np.int64  # (messages,): wavelets (32 bits each), >= 1
     mode: np.int32  # (messages,): UNICAST or LINE (delivered at every router after its source)
-    src_x: np.int32  # (messages,): the source's column, src % width
-    src_y: np.int32  # (messages,): its row
-    dst_x: np.int32  # (messages,): the destination's column
-    dst_y: np.int32  # (messages,): its row
+    # (messages,): the source's column and row, the destination's, and whether it is a line
+    # multicast, in one word (``route_of``): the engines take messages in no order a cache
+    # follows, and read one entry where they read five
+    route: np.int64
     vc: np.int64  # (messages,): virtual channel, the color class modulo the cycle engine's vcs
     external: np.int64  # (external messages,): ids with t_ready >= 0, in order of t_ready
     point_base: np.int64  # (messages + 1,): index of each message's first delivery point
@@ -219,29 +219,52 @@ def message_columns(graph: TaskGraph, vcs: int | None = None) -> MessageColumns:
     external = np.flatnonzero(msgs.t_ready >= 0)
     external = external[np.argsort(msgs.t_ready[external], kind="stable")]
     n = len(msgs.src)
-    src_x, src_y, dst_x, dst_y = (np.empty(n, dtype=np.int32) for _ in range(4))
+    route = np.empty(n, dtype=np.int64)
     point_base = np.empty(n + 1, dtype=np.int64)
-    _geometry(msgs.src, msgs.dst, msgs.mode, graph.width, src_x, src_y, dst_x, dst_y,
-              point_base)
+    _geometry(msgs.src, msgs.dst, msgs.mode, graph.width, route, point_base)
     return make(MessageColumns, t_ready=msgs.t_ready, src=msgs.src, dst=msgs.dst,
-                length=msgs.length, mode=msgs.mode, src_x=src_x, src_y=src_y, dst_x=dst_x,
-                dst_y=dst_y, vc=msgs.vc if vcs is None else msgs.vc % vcs, external=external,
+                length=msgs.length, mode=msgs.mode, route=route,
+                vc=msgs.vc if vcs is None else msgs.vc % vcs, external=external,
                 point_base=point_base, target=graph.msg_target)
 
 
+# A route word (``MessageColumns.route``): the source's column and row and the destination's,
+# 15 bits each (a mesh of up to ``taskgraph.MAX_SIDE`` PEs a side, checked by
+# ``TaskGraph.check_ranges``), then whether the message is a line multicast.
+ROUTE_BITS = 15
+ROUTE_MASK = (1 << ROUTE_BITS) - 1
+assert MAX_SIDE - 1 <= ROUTE_MASK
+
+
+@njit(cache=True, inline="always")
+def route_of(sx, sy, tx, ty, line):
+    return (sx | (sy << ROUTE_BITS) | (tx << (2 * ROUTE_BITS)) | (ty << (3 * ROUTE_BITS))
+            | (line << (4 * ROUTE_BITS)))
+
+
+@njit(cache=True, inline="always")
+def route_ends(way):
+    """The source's column and row, the destination's, and whether it is a line, of a route
+    word."""
+    return (way & ROUTE_MASK, (way >> ROUTE_BITS) & ROUTE_MASK,
+            (way >> (2 * ROUTE_BITS)) & ROUTE_MASK, (way >> (3 * ROUTE_BITS)) & ROUTE_MASK,
+            (way >> (4 * ROUTE_BITS)) != 0)
+
+
 @njit(cache=True)
-def _geometry(src, dst, mode, width, src_x, src_y, dst_x, dst_y, point_base):
-    """Each message's source and destination as column and row, and where its delivery
-    points start (``TaskGraph.point_base``: a unicast has one, a line one per hop), in one
-    pass: a graph has up to a million messages, and numpy's divisions and temporaries over
-    them cost more than the engine's setup otherwise does."""
+def _geometry(src, dst, mode, width, route, point_base):
+    """Each message's route word and where its delivery points start
+    (``TaskGraph.point_base``: a unicast has one, a line one per hop), in one pass: a graph
+    has up to a million messages, and numpy's divisions and temporaries over them cost more
+    than the engine's setup otherwise does."""
     point_base[0] = 0
     for m in range(len(src)):
-        sy, sx = divmod(src[m], width)
-        ty, tx = divmod(dst[m], width)
-        src_x[m], src_y[m], dst_x[m], dst_y[m] = sx, sy, tx, ty
+        sy, sx = divmod(np.int64(src[m]), width)
+        ty, tx = divmod(np.int64(dst[m]), width)
+        line = mode[m] == LINE
+        route[m] = route_of(sx, sy, tx, ty, np.int64(1 if line else 0))
         points = 1
-        if mode[m] == LINE:
+        if line:
             points = max(abs(tx - sx) + abs(ty - sy), 1)
         point_base[m + 1] = point_base[m] + points
 

@@ -18,6 +18,10 @@ from numba import njit
 
 from wse_emu.engines.messages import Messages
 
+# The widest and tallest mesh the engines take: a message's route keeps each end's column and
+# row in 15 bits (``records.route_of``). A wafer is about a thousand PEs a side.
+MAX_SIDE = 1 << 15
+
 
 @dataclass
 class TaskGraph:
@@ -50,7 +54,11 @@ class TaskGraph:
 
     def check_ranges(self) -> None:
         """What the engines' columns and packed keys can hold: priorities below 256, ids of
-        tasks, messages and delivery points below 2**31 (``records.TaskColumns``)."""
+        tasks, messages and delivery points below 2**31 (``records.TaskColumns``), a mesh of
+        at most ``MAX_SIDE`` PEs a side."""
+        if not (0 < self.width <= MAX_SIDE and 0 < self.height <= MAX_SIDE):
+            raise ValueError(f"a mesh of {self.width} x {self.height} PEs; the engines take "
+                             f"1 to {MAX_SIDE:,} a side")
         if self.tasks and (self.task_priority.min() < 0 or self.task_priority.max() >= 256):
             raise ValueError("task priorities must be in 0..255")
         if max(self.tasks, len(self.msg_target), len(self.msgs.src)) >= 2**31:
