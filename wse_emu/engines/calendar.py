@@ -8,9 +8,9 @@ a small overflow heap. When the current cycle's events are used up, the next buc
 any (or the overflow's earliest, if sooner) is emptied into a heap of that cycle's events
 alone, a few dozen, from which they pop in key order. A bucket's nodes and the current heap
 are all of one cycle, so they keep keys alone (the cycle is the bucket's, or the current
-one). Filing an event is a write to its bucket;
-a pop works on a heap that stays in the nearest cache. The fast engine pops the next event
-whenever it comes; the cycle engine asks, cycle by cycle, whether one is due (``due``).
+one). Filing an event is a write to its bucket; a pop works on a heap that stays in the
+nearest cache. The fast engine pops the next event whenever it comes; the cycle engine asks,
+cycle by cycle, whether one is due (``due``).
 
 It pops exactly the sequence (cycle, key) a heap of every pending event pops: every event of
 a cycle is in the current heap before the first of them pops, and an event filed for the
