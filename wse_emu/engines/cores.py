@@ -27,13 +27,17 @@ EV_DELIVERY, EV_RELEASE, EV_DONE, EV_READY, EV_DISPATCH = 0, 1, 2, 3, 4
 ID_BITS = 40
 TASK_BITS = 32  # a READY event's id: priority above the task, so equal-time READYs go best first
 PRIORITY_SHIFT = 40  # queue key: priority above the ready cycle
+NEED_BITS = 32  # ``TaskProgress.need``: the inputs awaited below, the priority above
+NEED_MASK = (1 << NEED_BITS) - 1
 
 
 @record
 class TaskProgress:
     """Where each task stands (one entry per task)."""
 
-    need: np.int32  # inputs still awaited
+    # inputs still awaited, in the low ``NEED_BITS``, and the task's priority above them, so
+    # that the input that makes it ready also gives its READY key (``input_arrives``)
+    need: np.int64
     ready_at: np.int64  # latest arrival of an input counted ahead of time (the fast engine's)
     start: np.int64  # cycle it started, -1 until then
     end: np.int64  # cycle it finished, -1 until then
@@ -56,7 +60,8 @@ class Cores:
 def new_progress(tasks: TaskColumns) -> TaskProgress:
     """No task started, each awaiting all of its inputs."""
     n = len(tasks.pe)
-    return make(TaskProgress, need=tasks.need.copy(), ready_at=Fill(n, 0), start=Fill(n, -1),
+    need = (tasks.priority.astype(np.int64) << NEED_BITS) | tasks.need
+    return make(TaskProgress, need=need, ready_at=Fill(n, 0), start=Fill(n, -1),
                 end=Fill(n, -1))
 
 
@@ -161,8 +166,8 @@ def core_event(kind, ident, now, tasks, progress, cores, events, size):
         p = tasks.pe[task]
         if cores.running[p] < 0 and cores.q_count[p] == 0 and not cores.dispatch_due[p]:
             size = _start(task, p, now, tasks, progress, cores, events, size)
-        else:
-            _qpush(cores, p, (tasks.priority[task] << PRIORITY_SHIFT) | now, task)
+        else:  # its priority is the key's, above the task (``ready_key``): not read again
+            _qpush(cores, p, ((ident >> TASK_BITS) << PRIORITY_SHIFT) | now, task)
         return size, -1
     if kind == EV_DISPATCH:
         p = ident
@@ -178,13 +183,13 @@ def core_event(kind, ident, now, tasks, progress, cores, events, size):
     if cores.q_count[p] > 0 and not cores.dispatch_due[p]:
         cores.dispatch_due[p] = True
         size = calendar.push(events, size, now, (EV_DISPATCH << ID_BITS) | p)
-    need, ready_at = progress.need, progress.ready_at
+    ready_at = progress.ready_at
     for i in range(tasks.succ_ptr[ident], tasks.succ_ptr[ident + 1]):
         s = tasks.succ_task[i]
-        need[s] -= 1
-        if need[s] == 0:
+        key = input_arrives(progress, s)
+        if key >= 0:
             at = now if now > ready_at[s] else ready_at[s]
-            size = calendar.push(events, size, at, ready_key(tasks.priority[s], s))
+            size = calendar.push(events, size, at, key)
     return size, ident
 
 
@@ -194,7 +199,24 @@ def feed(target, now, tasks, progress, events, size):
     one input more and is READY at ``now`` once it has them all (the cycle engine, which
     counts inputs as they arrive). Returns the number of events pending."""
     if target >= 0:
-        progress.need[target] -= 1
-        if progress.need[target] == 0:
-            size = calendar.push(events, size, now, ready_key(tasks.priority[target], target))
+        key = input_arrives(progress, target)
+        if key >= 0:
+            size = calendar.push(events, size, now, key)
     return size
+
+
+@njit(cache=True, inline="always")
+def input_arrives(progress, task):
+    """Task ``task`` has one input more: its READY key if that was the last it awaited, else
+    -1."""
+    word = progress.need[task] - 1
+    progress.need[task] = word
+    if word & NEED_MASK:
+        return -1
+    return ready_key(word >> NEED_BITS, task)
+
+
+@njit(cache=True, inline="always")
+def awaits_nothing(progress, task):
+    """Whether task ``task`` has every input it needs."""
+    return (progress.need[task] & NEED_MASK) == 0

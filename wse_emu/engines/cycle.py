@@ -43,6 +43,7 @@ from numba.extending import intrinsic
 from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     ID_BITS,
+    awaits_nothing,
     core_event,
     feed,
     new_cores,
@@ -365,7 +366,7 @@ def _queue_tasks_without_inputs(tasks, progress, events):
     pending."""
     size = 0
     for k in range(len(tasks.pe)):
-        if progress.need[k] == 0:
+        if awaits_nothing(progress, k):
             size = calendar.push(events, size, 0, ready_key(tasks.priority[k], k))
     return size
 

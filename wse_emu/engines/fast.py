@@ -28,7 +28,9 @@ from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     EV_RELEASE,
     ID_BITS,
+    awaits_nothing,
     core_event,
+    input_arrives,
     new_cores,
     new_progress,
     ready_key,
@@ -161,7 +163,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
     network = borrow(network)
     size = 0
     for t in range(len(tasks.pe)):
-        if progress.need[t] == 0:
+        if awaits_nothing(progress, t):
             size = calendar.push(events, size, 0, ready_key(tasks.priority[t], t))
     for m in msgs.external:
         size = calendar.push(events, size, msgs.t_ready[m], (EV_RELEASE << ID_BITS) | m)
@@ -213,10 +215,9 @@ def _deliver(point, at, msgs, tasks, progress, times, events, size):
     if task >= 0:
         if at > progress.ready_at[task]:
             progress.ready_at[task] = at
-        progress.need[task] -= 1
-        if progress.need[task] == 0:
-            size = calendar.push(events, size, progress.ready_at[task],
-                        ready_key(tasks.priority[task], task))
+        key = input_arrives(progress, task)
+        if key >= 0:
+            size = calendar.push(events, size, progress.ready_at[task], key)
     return size
 
 
