@@ -194,7 +194,7 @@ def core_event(kind, ident, now, tasks, progress, cores, events, size):
 
 
 @njit(cache=True, inline="always")
-def feed(target, now, tasks, progress, events, size):
+def feed(target, now, progress, events, size):
     """A delivery at cycle ``now`` to task ``target`` (-1: none, nothing happens): it counts
     one input more and is READY at ``now`` once it has them all (the cycle engine, which
     counts inputs as they arrive). Returns the number of events pending."""
@@ -202,6 +202,17 @@ def feed(target, now, tasks, progress, events, size):
         key = input_arrives(progress, target)
         if key >= 0:
             size = calendar.push(events, size, now, key)
+    return size
+
+
+@njit(cache=True, inline="always")
+def queue_ready(tasks, progress, events):
+    """Every task that waits for nothing is READY at cycle 0, into an empty calendar.
+    Returns the number of events pending."""
+    size = 0
+    for task in range(len(tasks.pe)):
+        if awaits_nothing(progress, task):
+            size = calendar.push(events, size, 0, ready_key(tasks.priority[task], task))
     return size
 
 

@@ -43,12 +43,11 @@ from numba.extending import intrinsic
 from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     ID_BITS,
-    awaits_nothing,
     core_event,
     feed,
     new_cores,
     new_progress,
-    ready_key,
+    queue_ready,
 )
 from wse_emu.engines.messages import PORTS, RAMP, Messages
 from wse_emu.engines.records import (
@@ -314,7 +313,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, events, times, routers, flight
     events, times, routers = borrow(events), borrow(times), borrow(routers)
     flight, mail = borrow(flight), borrow(mail)
     routers = _shaped(routers, mesh)
-    size = _queue_tasks_without_inputs(tasks, progress, events)
+    size = queue_ready(tasks, progress, events)
     n_tasks, n_msgs = len(tasks.pe), len(msgs.src)
     tasks_done = finished = n_senders = released = 0
     injected = delivered = copies = occupancy = queued = 0
@@ -323,8 +322,8 @@ def _simulate(mesh, tasks, msgs, progress, cores, events, times, routers, flight
     while t < max_cycles and (finished < n_msgs or tasks_done < n_tasks):
         # The slots of the wavelets on links and ramps that arrive at t, and leave now.
         ls, rs = t % mesh.hop, t % mesh.ramp
-        size, got, completed = _reach_pes(t, rs, msgs, tasks, progress, events, size, times,
-                                          routers, flight, mail)
+        size, got, completed = _reach_pes(t, rs, msgs, progress, events, size, times, routers,
+                                          flight, mail)
         delivered += got
         finished += completed
         size, ended, n_senders = _run_tasks(t, tasks, progress, cores, events, size, msgs, mail,
@@ -361,18 +360,7 @@ def _shaped(routers, mesh):
 
 
 @njit(cache=True, inline="always")
-def _queue_tasks_without_inputs(tasks, progress, events):
-    """Every task that waits for nothing is READY at cycle 0. Returns the number of events
-    pending."""
-    size = 0
-    for k in range(len(tasks.pe)):
-        if awaits_nothing(progress, k):
-            size = calendar.push(events, size, 0, ready_key(tasks.priority[k], k))
-    return size
-
-
-@njit(cache=True, inline="always")
-def _reach_pes(t, rs, msgs, tasks, progress, events, size, times, routers, flight, mail):
+def _reach_pes(t, rs, msgs, progress, events, size, times, routers, flight, mail):
     """Phase 1: the wavelets at the end of a ramp out (slot ``rs``) reach their PE. A delivery
     point that has all of its message's wavelets is done, and feeds its task; a message whose
     points are all done is delivered. Returns the number of events pending, the wavelets
@@ -388,7 +376,7 @@ def _reach_pes(t, rs, msgs, tasks, progress, events, size, times, routers, fligh
         mail.point_count[idx] += 1
         if mail.point_count[idx] == msgs.length[m]:
             times.point_done[idx] = t
-            size = feed(msgs.target[idx], t, tasks, progress, events, size)
+            size = feed(msgs.target[idx], t, progress, events, size)
             mail.points_left[m] -= 1
             if mail.points_left[m] == 0:
                 times.done[m] = t

@@ -28,12 +28,11 @@ from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
     EV_RELEASE,
     ID_BITS,
-    awaits_nothing,
     core_event,
     input_arrives,
     new_cores,
     new_progress,
-    ready_key,
+    queue_ready,
 )
 from wse_emu.engines.messages import EAST, NORTH, SOUTH, WEST
 from wse_emu.engines.records import (
@@ -161,10 +160,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
     tasks, msgs, progress, cores = borrow(tasks), borrow(msgs), borrow(progress), borrow(cores)
     times, events = borrow(times), borrow(events)
     network = borrow(network)
-    size = 0
-    for t in range(len(tasks.pe)):
-        if awaits_nothing(progress, t):
-            size = calendar.push(events, size, 0, ready_key(tasks.priority[t], t))
+    size = queue_ready(tasks, progress, events)
     for m in msgs.external:
         size = calendar.push(events, size, msgs.t_ready[m], (EV_RELEASE << ID_BITS) | m)
     last = 0
