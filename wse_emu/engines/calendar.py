@@ -103,6 +103,14 @@ def pop(cal, size):
 
 
 @njit(cache=True, inline="always")
+def current(cal):
+    """The cycle being handled and how many of its events are still to pop; they are the
+    first that many entries of ``cal.now_key``, in no order (a caller may read them ahead,
+    as the fast engine does to prefetch what they will read)."""
+    return cal.state[_NOW], cal.state[_CURRENT]
+
+
+@njit(cache=True, inline="always")
 def due(cal, t):
     """Whether an event is due by cycle ``t`` (then ``pop`` returns it), for a caller that
     handles the cycles in turn, filing nothing before the cycle it handles (the cycle

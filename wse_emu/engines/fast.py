@@ -26,8 +26,11 @@ from numba import njit
 
 from wse_emu.engines import calendar
 from wse_emu.engines.cores import (
+    EV_DONE,
+    EV_READY,
     EV_RELEASE,
     ID_BITS,
+    TASK_BITS,
     core_event,
     input_arrives,
     new_cores,
@@ -35,6 +38,7 @@ from wse_emu.engines.cores import (
     queue_ready,
 )
 from wse_emu.engines.messages import EAST, NORTH, SOUTH, WEST
+from wse_emu.engines.prefetch import prefetch
 from wse_emu.engines.records import (
     Fill,
     Mesh,
@@ -164,8 +168,12 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
     for m in msgs.external:
         size = calendar.push(events, size, msgs.t_ready[m], (EV_RELEASE << ID_BITS) | m)
     last = 0
+    opened = -1  # the last cycle whose events were prefetched
     while size > 0:
         now, key, size = calendar.pop(events, size)
+        if now != opened:  # a new cycle: ask for what its other events will read first
+            opened = now
+            _prefetch_cycle(events, tasks, progress, cores, msgs, network)
         kind = key >> ID_BITS
         ident = key & ((1 << ID_BITS) - 1)
         if now > last:
@@ -179,6 +187,72 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
                     size = _send(tasks.out_msg[i], now, mesh, msgs, tasks, progress, times,
                                  network, events, size)
     return _note_message_done(msgs, times, last)
+
+
+@njit(cache=True, inline="always")
+def _prefetch_cycle(events, tasks, progress, cores, msgs, network):
+    """Prefetch (``prefetch``) what the events of the cycle just opened will read, in passes,
+    each reading what the one before asked for and asking for what that leads to: the
+    events' chains of reads then wait for memory side by side, not one after another.
+
+    A DONE or READY reads its task's PE and cycles, then that PE's core; a DONE also its
+    task's successors and messages, then the successors' progress and the messages' routes,
+    lengths and first delivery points (each leaves from the task's PE, whose ramp it
+    claims), then the task each such point feeds; a RELEASE its message's route.
+    """
+    _, count = calendar.current(events)
+    keys = events.now_key
+    id_mask, task_mask = (1 << ID_BITS) - 1, (1 << TASK_BITS) - 1
+    for i in range(count):
+        key = keys[i]
+        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        if kind == EV_DONE:
+            prefetch(tasks.pe, task)
+            prefetch(tasks.succ_ptr, task)
+            prefetch(tasks.out_ptr, task)
+        elif kind == EV_READY:
+            prefetch(tasks.pe, task)
+            prefetch(tasks.cycles, task)
+        elif kind == EV_RELEASE:
+            prefetch(msgs.route, key & id_mask)
+    for i in range(count):
+        key = keys[i]
+        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        if kind == EV_DONE or kind == EV_READY:
+            p = tasks.pe[task]
+            prefetch(cores.running, p)
+            prefetch(cores.q_count, p)
+            prefetch(cores.busy, p)
+            if kind == EV_DONE:
+                prefetch(network.ramp_in_free, p)
+                prefetch(tasks.succ_task, tasks.succ_ptr[task])
+                prefetch(tasks.out_msg, tasks.out_ptr[task])
+    for i in range(count):
+        key = keys[i]
+        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        if kind == EV_DONE:
+            for j in range(tasks.succ_ptr[task], tasks.succ_ptr[task + 1]):
+                prefetch(progress.need, tasks.succ_task[j])
+            for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
+                m = tasks.out_msg[j]
+                prefetch(msgs.route, m)
+                prefetch(msgs.length, m)
+                prefetch(msgs.point_base, m)
+    for i in range(count):
+        key = keys[i]
+        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        if kind == EV_DONE:
+            for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
+                prefetch(msgs.target, msgs.point_base[tasks.out_msg[j]])
+    for i in range(count):
+        key = keys[i]
+        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        if kind == EV_DONE:
+            for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
+                fed = msgs.target[msgs.point_base[tasks.out_msg[j]]]
+                if fed >= 0:
+                    prefetch(progress.need, fed)
+                    prefetch(progress.ready_at, fed)
 
 
 @njit(cache=True)
