@@ -3,14 +3,16 @@
 Events are due at whole cycles, never before the cycle being handled, and a step has a few
 hundred thousand of them pending at once. A heap of that size costs about ten cache misses a
 pop. The calendar files each event under its cycle instead: a ring of ``WINDOW`` buckets, one
-per cycle from the current one on, each a list of nodes; an event due further ahead waits in
-a small overflow heap. When the current cycle's events are used up, the next bucket that holds
-any (or the overflow's earliest, if sooner) is emptied into a heap of that cycle's events
-alone, a few dozen, from which they pop in key order. A bucket's nodes and the current heap
-are all of one cycle, so they keep keys alone (the cycle is the bucket's, or the current
-one). Filing an event is a write to its bucket; a pop works on a heap that stays in the
-nearest cache. The fast engine pops the next event whenever it comes; the cycle engine asks,
-cycle by cycle, whether one is due (``due``).
+per cycle from the current one on, each a list of blocks of keys (a cache line each, seven
+keys and the link to the next block, so that emptying a bucket waits for memory once per
+seven events, where a list of single events waited once per event); an event due further
+ahead waits in a small overflow heap. When the current cycle's events are used up, the next
+bucket that holds any (or the overflow's earliest, if sooner) is emptied into a heap of that
+cycle's events alone, a few dozen, from which they pop in key order. A bucket's blocks and
+the current heap are all of one cycle, so they keep keys alone (the cycle is the bucket's,
+or the current one). Filing an event is a write to its bucket; a pop works on a heap that
+stays in the nearest cache. The fast engine pops the next event whenever it comes; the
+cycle engine asks, cycle by cycle, whether one is due (``due``).
 
 It pops exactly the sequence (cycle, key) a heap of every pending event pops: every event of
 a cycle is in the current heap before the first of them pops, and an event filed for the
@@ -25,12 +27,19 @@ from numba import njit
 
 from wse_emu.engines import heap
 from wse_emu.engines.heap import EventHeap
+from wse_emu.engines.prefetch import prefetch
 from wse_emu.engines.records import Fill, make, record
 
 WINDOW = 1 << 16  # buckets: cycles ahead filed directly (a decode step's tasks take fewer)
 _MASK = WINDOW - 1
+# A block of a bucket's list: eight words, a cache line. Its first word holds the next block
+# of the list plus one (0: none) above ``_USED_BITS`` bits counting its keys, which follow.
+BLOCK = 8
+KEYS_PER_BLOCK = BLOCK - 1
+_USED_BITS = 3
+_USED_MASK = (1 << _USED_BITS) - 1
 # Entries of ``Calendar.state``: the cycle being handled, events in the buckets, the head of
-# the list of freed nodes, the next node never used, and the sizes of the two heaps.
+# the list of freed blocks, the next block never used, and the sizes of the two heaps.
 _NOW, _FILED, _FREE, _UNUSED, _LATER, _CURRENT = range(6)
 _NEVER = (1 << 62)  # a cycle no run reaches
 
@@ -38,13 +47,16 @@ _NEVER = (1 << 62)  # a cycle no run reaches
 @record
 class Calendar:
     """Pending events: the current cycle's keys in a heap (``now_key``), the next
-    ``WINDOW`` - 1 cycles' in per-cycle lists of nodes (``bucket``, ``node_*``), later ones in
-    a heap (``later_*``)."""
+    ``WINDOW`` - 1 cycles' in per-cycle lists of blocks (``bucket``, ``blocks``), later ones
+    in a heap (``later_*``)."""
 
     state: np.int64  # (6,): see _NOW ... _CURRENT
-    bucket: np.int64  # (WINDOW,): first node of the cycle's list (cycle % WINDOW), -1: none
-    node_key: np.int64  # (capacity,): a filed event's key (its cycle is its bucket's)
-    node_next: np.int64  # (capacity,): the next node of its list (or of the free list), -1
+    # (WINDOW,): the cycle's (cycle % WINDOW) first block, the one being filled; -1: none
+    bucket: np.int64
+    # (BLOCK * blocks,): the blocks, one a cache line: the link and count word, then the keys
+    # of events filed (their cycle is their bucket's); a freed block's link word links the
+    # list of free blocks
+    blocks: np.int64
     now_key: np.int64  # (capacity,): the current cycle's heap of keys (``heap.push_key``)
     later_time: np.int64  # (capacity,): the heap of events due WINDOW cycles or more ahead
     later_key: np.int64
@@ -58,11 +70,13 @@ def new_calendar(tasks: int, pes: int, releases: int = 0) -> Calendar:
     at the start. Its arrays are left as the allocator hands them out; only what is used is
     touched."""
     capacity = max(tasks + pes + releases, 1)
+    # Blocks: every full one, and at most one being filled per bucket that holds any.
+    blocks = capacity // KEYS_PER_BLOCK + min(capacity, WINDOW) + 1
     state = np.zeros(6, dtype=np.int64)
     state[_FREE] = -1
-    return make(Calendar, state=state, bucket=Fill(WINDOW, -1), node_key=Fill(capacity),
-                node_next=Fill(capacity), now_key=Fill(capacity), later_time=Fill(capacity),
-                later_key=Fill(capacity))
+    # ``Fill`` starts each array on a cache line, so a block is one line.
+    return make(Calendar, state=state, bucket=Fill(WINDOW, -1), blocks=Fill(BLOCK * blocks),
+                now_key=Fill(capacity), later_time=Fill(capacity), later_key=Fill(capacity))
 
 
 @njit(cache=True, inline="always")
@@ -74,16 +88,22 @@ def push(cal, size, t, key):
     if t == now:
         state[_CURRENT] = heap.push_key(cal.now_key, state[_CURRENT], key)
     elif t - now < WINDOW:
-        node = state[_FREE]
-        if node >= 0:
-            state[_FREE] = cal.node_next[node]
-        else:
-            node = state[_UNUSED]
-            state[_UNUSED] = node + 1
+        blocks = cal.blocks
         b = t & _MASK
-        cal.node_key[node] = key
-        cal.node_next[node] = cal.bucket[b]
-        cal.bucket[b] = node
+        first = cal.bucket[b]
+        if first < 0 or (blocks[first] & _USED_MASK) == KEYS_PER_BLOCK:
+            # a new block at the head of the bucket's list, from the free list or unused
+            block = state[_FREE]
+            if block >= 0:
+                state[_FREE] = blocks[block] - 1
+            else:
+                block = state[_UNUSED]
+                state[_UNUSED] = block + BLOCK
+            blocks[block] = (first + 1) << _USED_BITS
+            cal.bucket[b] = first = block
+        used = blocks[first] & _USED_MASK
+        blocks[first + 1 + used] = key
+        blocks[first] += 1
         state[_FILED] += 1
     else:
         state[_LATER] = heap.push(EventHeap(cal.later_time, cal.later_key), state[_LATER], t,
@@ -108,6 +128,22 @@ def current(cal):
     first that many entries of ``cal.now_key``, in no order (a caller may read them ahead,
     as the fast engine does to prefetch what they will read)."""
     return cal.state[_NOW], cal.state[_CURRENT]
+
+
+# Cycles after the current one whose first block ``prefetch_ahead`` asks for.
+AHEAD = 4
+
+
+@njit(cache=True, inline="always")
+def prefetch_ahead(cal):
+    """Ask for the first block of each of the next ``AHEAD`` cycles' buckets (``prefetch``):
+    the buckets' heads lie side by side, their blocks anywhere, so a bucket's first block is
+    the read that waits for memory when its cycle comes."""
+    now = cal.state[_NOW]
+    for c in range(now + 1, now + 1 + AHEAD):
+        block = cal.bucket[c & _MASK]
+        if block >= 0:
+            prefetch(cal.blocks, block)
 
 
 @njit(cache=True, inline="always")
@@ -143,16 +179,19 @@ def _next_cycle(cal, until):
         return False
     state[_NOW] = t
     current = cal.now_key
+    blocks = cal.blocks
     count = 0
     b = t & _MASK
-    node = cal.bucket[b]
-    while node >= 0:  # the bucket holds cycle t's events alone
-        following = cal.node_next[node]
-        count = heap.push_key(current, count, cal.node_key[node])
-        cal.node_next[node] = state[_FREE]
-        state[_FREE] = node
-        state[_FILED] -= 1
-        node = following
+    block = cal.bucket[b]
+    while block >= 0:  # the bucket holds cycle t's events alone
+        word = blocks[block]
+        used = word & _USED_MASK
+        for k in range(block + 1, block + 1 + used):
+            count = heap.push_key(current, count, blocks[k])
+        state[_FILED] -= used
+        blocks[block] = state[_FREE] + 1  # onto the free list
+        state[_FREE] = block
+        block = (word >> _USED_BITS) - 1
     cal.bucket[b] = -1
     later = EventHeap(cal.later_time, cal.later_key)
     waiting = state[_LATER]

@@ -173,7 +173,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
         now, key, size = calendar.pop(events, size)
         if now != opened:  # a new cycle: ask for what its other events will read first
             opened = now
-            _prefetch_cycle(events, tasks, progress, cores, msgs, network)
+            _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network)
         kind = key >> ID_BITS
         ident = key & ((1 << ID_BITS) - 1)
         if now > last:
@@ -190,7 +190,7 @@ def _simulate(mesh, tasks, msgs, progress, cores, times, network, events):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_cycle(events, tasks, progress, cores, msgs, network):
+def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
     """Prefetch (``prefetch``) what the events of the cycle just opened will read, in passes,
     each reading what the one before asked for and asking for what that leads to: the
     events' chains of reads then wait for memory side by side, not one after another.
@@ -198,8 +198,11 @@ def _prefetch_cycle(events, tasks, progress, cores, msgs, network):
     A DONE or READY reads its task's PE and cycles, then that PE's core; a DONE also its
     task's successors and messages, then the successors' progress and the messages' routes,
     lengths and first delivery points (each leaves from the task's PE, whose ramp it
-    claims), then the task each such point feeds; a RELEASE its message's route.
+    claims), then the task each such point feeds and the first link of each leg of the
+    message's path; a RELEASE its message's route. The next cycles' first blocks of events
+    are asked for too (``calendar.prefetch_ahead``).
     """
+    calendar.prefetch_ahead(events)
     _, count = calendar.current(events)
     keys = events.now_key
     id_mask, task_mask = (1 << ID_BITS) - 1, (1 << TASK_BITS) - 1
@@ -238,12 +241,25 @@ def _prefetch_cycle(events, tasks, progress, cores, msgs, network):
                 prefetch(msgs.route, m)
                 prefetch(msgs.length, m)
                 prefetch(msgs.point_base, m)
+    n = mesh.width * mesh.height
     for i in range(count):
         key = keys[i]
         kind, task = key >> ID_BITS, key & id_mask & task_mask
         if kind == EV_DONE:
             for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
-                prefetch(msgs.target, msgs.point_base[tasks.out_msg[j]])
+                m = tasks.out_msg[j]
+                prefetch(msgs.target, msgs.point_base[m])
+                # the first link of each leg of its path (``_send``), and its last ramp out
+                x, y, dx, dy, _ = route_ends(msgs.route[m])
+                if dx != x:
+                    li = (EAST if dx > x else WEST) * n + y * mesh.width + x
+                    prefetch(network.link_free, li)
+                    prefetch(network.link_wavelets, li)
+                if dy != y:
+                    li = (SOUTH if dy > y else NORTH) * n + dx * mesh.height + y
+                    prefetch(network.link_free, li)
+                    prefetch(network.link_wavelets, li)
+                prefetch(network.ramp_out_free, dy * mesh.width + dx)
     for i in range(count):
         key = keys[i]
         kind, task = key >> ID_BITS, key & id_mask & task_mask
