@@ -122,3 +122,33 @@ def test_a_heap_of_keys_pops_what_heapq_pops():
             expected.append(heapq.heappop(pending))
     expected += [heapq.heappop(pending) for _ in range(len(pending))]
     assert _keys_in_and_out(pushes, pops).tolist() == expected
+
+
+@njit
+def _fill_and_drain(cal, spread, crowded):
+    """File one event in each of ``spread`` buckets and ``crowded`` more in one of them (the
+    most blocks a number of events can take: one part-filled block per bucket), then pop them
+    all; returns the furthest into the block array any filing reached and the number popped."""
+    size = 0
+    for k in range(spread):
+        size = calendar.push(cal, size, 1 + k, k)
+    for k in range(crowded):
+        size = calendar.push(cal, size, 1, spread + k)
+    reached = cal.state[3]  # the next block never used (``_UNUSED``), a word offset
+    popped = 0
+    while size > 0:
+        _, _, size = calendar.pop(cal, size)
+        popped += 1
+    return reached, popped
+
+
+def test_the_blocks_suffice_for_as_many_events_as_the_calendar_is_made_for():
+    # The worst case: every bucket of the window part-filled, and one bucket's list long.
+    spread = calendar.WINDOW - 1
+    crowded = 3 * calendar.KEYS_PER_BLOCK + 1
+    cal = calendar.new_calendar(spread + crowded, 0)
+    reached, popped = _fill_and_drain(cal, spread, crowded)
+    assert popped == spread + crowded
+    assert reached <= len(cal.blocks)
+    # one block a bucket, the crowded one's 1 + 22 keys in four: three more
+    assert reached == calendar.BLOCK * (spread + 3)

@@ -10,7 +10,18 @@ from numba import njit
 from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 
-from wse_emu.engines import cores, cycle, fast, messages, records, reference, taskgraph
+from wse_emu.engines import (
+    calendar,
+    cores,
+    cycle,
+    fast,
+    heap,
+    messages,
+    prefetch,
+    records,
+    reference,
+    taskgraph,
+)
 from wse_emu.engines.messages import LINE
 from wse_emu.engines.reference import cycle_twin, fast_twin
 from wse_emu.engines.taskgraph import Builder
@@ -19,7 +30,8 @@ MAX_PARAMETERS = 12
 
 
 def _compiled_functions():
-    for module in (cores, cycle, fast, messages, records, reference, taskgraph):
+    for module in (calendar, cores, cycle, fast, heap, messages, prefetch, records, reference,
+                   taskgraph):
         for name, obj in vars(module).items():
             if isinstance(obj, Dispatcher) and obj.py_func.__module__ == module.__name__:
                 yield f"{module.__name__}.{name}", inspect.signature(obj.py_func).parameters

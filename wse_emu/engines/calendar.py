@@ -32,12 +32,16 @@ from wse_emu.engines.records import Fill, make, record
 
 WINDOW = 1 << 16  # buckets: cycles ahead filed directly (a decode step's tasks take fewer)
 _MASK = WINDOW - 1
-# A block of a bucket's list: eight words, a cache line. Its first word holds the next block
-# of the list plus one (0: none) above ``_USED_BITS`` bits counting its keys, which follow.
+# A block of a bucket's list: eight words, a cache line, at a word offset of ``blocks`` that
+# is a multiple of eight (the bucket heads, the free list and the links all hold offsets).
+# In a bucket's list its first word holds the next block's offset plus one (0: none) above
+# ``_USED_BITS`` bits counting its keys, which follow; on the free list, the next free
+# block's offset plus one, unshifted.
 BLOCK = 8
 KEYS_PER_BLOCK = BLOCK - 1
 _USED_BITS = 3
 _USED_MASK = (1 << _USED_BITS) - 1
+assert KEYS_PER_BLOCK <= _USED_MASK
 # Entries of ``Calendar.state``: the cycle being handled, events in the buckets, the head of
 # the list of freed blocks, the next block never used, and the sizes of the two heaps.
 _NOW, _FILED, _FREE, _UNUSED, _LATER, _CURRENT = range(6)
@@ -178,7 +182,7 @@ def _next_cycle(cal, until):
             state[_NOW] = until
         return False
     state[_NOW] = t
-    current = cal.now_key
+    now_keys = cal.now_key
     blocks = cal.blocks
     count = 0
     b = t & _MASK
@@ -187,7 +191,7 @@ def _next_cycle(cal, until):
         word = blocks[block]
         used = word & _USED_MASK
         for k in range(block + 1, block + 1 + used):
-            count = heap.push_key(current, count, blocks[k])
+            count = heap.push_key(now_keys, count, blocks[k])
         state[_FILED] -= used
         blocks[block] = state[_FREE] + 1  # onto the free list
         state[_FREE] = block
@@ -197,7 +201,7 @@ def _next_cycle(cal, until):
     waiting = state[_LATER]
     while waiting > 0 and cal.later_time[0] == t:
         _, key, waiting = heap.pop(later, waiting)
-        count = heap.push_key(current, count, key)
+        count = heap.push_key(now_keys, count, key)
     state[_LATER] = waiting
     state[_CURRENT] = count
     return True

@@ -195,20 +195,24 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
     each reading what the one before asked for and asking for what that leads to: the
     events' chains of reads then wait for memory side by side, not one after another.
 
-    A DONE or READY reads its task's PE and cycles, then that PE's core; a DONE also its
-    task's successors and messages, then the successors' progress and the messages' routes,
-    lengths and first delivery points (each leaves from the task's PE, whose ramp it
-    claims), then the task each such point feeds and the first link of each leg of the
-    message's path; a RELEASE its message's route. The next cycles' first blocks of events
-    are asked for too (``calendar.prefetch_ahead``).
+    A DONE reads its task's PE, a READY its task's PE and cycles, and both then that PE's
+    core; a DONE also its task's successors and messages, then the successors' progress and
+    the messages' routes, lengths and first delivery points (a task's messages leave from its
+    PE, ``TaskGraph.validate``, so their ramp in is that PE's), then the task each such point
+    feeds and the first link of each leg of the message's path; a RELEASE its message's
+    route. The next cycles' first blocks of events are asked for too
+    (``calendar.prefetch_ahead``). A prefetch that misses its mark costs a request, never a
+    result.
     """
     calendar.prefetch_ahead(events)
     _, count = calendar.current(events)
     keys = events.now_key
+    # A DONE's id is its task, a READY's its task below its priority (``cores.ready_key``):
+    # the low TASK_BITS of either key.
     id_mask, task_mask = (1 << ID_BITS) - 1, (1 << TASK_BITS) - 1
     for i in range(count):
         key = keys[i]
-        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        kind, task = key >> ID_BITS, key & task_mask
         if kind == EV_DONE:
             prefetch(tasks.pe, task)
             prefetch(tasks.succ_ptr, task)
@@ -220,7 +224,7 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
             prefetch(msgs.route, key & id_mask)
     for i in range(count):
         key = keys[i]
-        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        kind, task = key >> ID_BITS, key & task_mask
         if kind == EV_DONE or kind == EV_READY:
             p = tasks.pe[task]
             prefetch(cores.running, p)
@@ -232,7 +236,7 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
                 prefetch(tasks.out_msg, tasks.out_ptr[task])
     for i in range(count):
         key = keys[i]
-        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        kind, task = key >> ID_BITS, key & task_mask
         if kind == EV_DONE:
             for j in range(tasks.succ_ptr[task], tasks.succ_ptr[task + 1]):
                 prefetch(progress.need, tasks.succ_task[j])
@@ -244,7 +248,7 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
     n = mesh.width * mesh.height
     for i in range(count):
         key = keys[i]
-        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        kind, task = key >> ID_BITS, key & task_mask
         if kind == EV_DONE:
             for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
                 m = tasks.out_msg[j]
@@ -262,7 +266,7 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
                 prefetch(network.ramp_out_free, dy * mesh.width + dx)
     for i in range(count):
         key = keys[i]
-        kind, task = key >> ID_BITS, key & id_mask & task_mask
+        kind, task = key >> ID_BITS, key & task_mask
         if kind == EV_DONE:
             for j in range(tasks.out_ptr[task], tasks.out_ptr[task + 1]):
                 fed = msgs.target[msgs.point_base[tasks.out_msg[j]]]

@@ -16,24 +16,25 @@ from numba.extending import intrinsic
 
 @intrinsic
 def prefetch(typingctx, array, index):
-    """Start bringing ``array[index]`` (a C-contiguous 1-D array, an index in range) into the
-    caches for reading; nothing else happens, and an index out of range faults nothing (the
-    processor drops such a request)."""
-    if not isinstance(array, types.Array) or not isinstance(index, types.Integer):
+    """Start bringing ``array[index]`` (of a C-contiguous 1-D array) into the caches for
+    reading. Nothing else happens: no value is read, and an index past the array's end faults
+    nothing (the processor drops such a request), so a caller may ask for the entry after a
+    range's last without checking that there is one."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C"
+            and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         where = builder.gep(data, [context.cast(builder, args[1], signature.args[1],
                                                 types.intp)])
+        # The intrinsic takes a byte pointer, whatever the array holds (LLVM names it for
+        # the pointer type it is declared with).
+        where = builder.bitcast(where, ir.IntType(8).as_pointer())
         i32 = ir.IntType(32)
-        if getattr(where.type, "is_opaque", False):
-            name = "llvm.prefetch.p0"
-        else:  # typed pointers: the intrinsic takes a byte pointer, whatever the array holds
-            name = "llvm.prefetch.p0i8"
-            where = builder.bitcast(where, ir.IntType(8).as_pointer())
         fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [where.type, i32, i32, i32]), name)
+            builder.module, ir.FunctionType(ir.VoidType(), [where.type, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
         # read, keep in every cache level, a data (not instruction) line
         builder.call(fn, [where, i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
