@@ -134,7 +134,7 @@ def _fill_and_drain(cal, spread, crowded):
         size = calendar.push(cal, size, 1 + k, k)
     for k in range(crowded):
         size = calendar.push(cal, size, 1, spread + k)
-    reached = cal.state[3]  # the next block never used (``_UNUSED``), a word offset
+    reached = cal.state[calendar._UNUSED]  # the next block never used, a word offset
     popped = 0
     while size > 0:
         _, _, size = calendar.pop(cal, size)
