@@ -1,13 +1,14 @@
 """Compiled programs kept between processes.
 
 The same model, cluster and options, compiled by the same code, give the same program: a second
-``wse-emu serve`` or ``run`` of a model reads it back (program.json and program.npz, digest
-checked: about a seventh of the compile's time for Llama-3.1-8B on a WSE-3) instead of
-compiling it again. The key holds everything a program is made from: the model's and the
-fabric's full descriptions, the systems, every compile option, and the source of the compiler
-and of the package modules it reads (so that an edit to any of them compiles afresh). A
-kernel pattern registered from outside the package (``patterns.register``) is code the key
-cannot see: with one registered, nothing is cached.
+``wse-emu serve`` or ``run`` of a model, or a second experiment over the same layouts (which
+keeps them beside its stage tables, ``experiments.wafer_layouts``), reads it back (program.json
+and program.npz, digest checked: about a seventh of the compile's time for Llama-3.1-8B on a
+WSE-3) instead of compiling it again. The key holds everything a program is made from: the
+model's and the fabric's full descriptions, the systems, every compile option, and the source of
+the compiler and of the package modules it reads (so that an edit to any of them compiles
+afresh). A kernel pattern registered from outside the package (``patterns.register``) is code
+the key cannot see: with one registered, nothing is cached.
 
 The cache is a convenience, never a source of truth: an entry that cannot be read is compiled
 again, and one that cannot be written is skipped.
@@ -35,13 +36,21 @@ from wse_emu.util.cachedir import user_cache_dir
 MAX_PROGRAMS = 64
 # The package folders whose code a compiled program depends on, besides the compiler's own.
 COMPILED_FROM = ("hardware", "kernels", "models", "program", "util")
+# The folder programs are kept in, under a cache folder that may hold other things too (the
+# stage tables).
+PROGRAMS = "programs"
+
+
+def programs_in(cache_dir: Path | None) -> Path:
+    """Where programs are kept under the cache folder ``cache_dir`` (None: the user's)."""
+    return (Path(cache_dir) if cache_dir is not None else user_cache_dir()) / PROGRAMS
 
 
 def compile_cached(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                    compile_fn, cache_dir: Path | None = None) -> WaferProgram:
     """``compile_fn(model, cluster, options)``'s program, read from the cache when it holds
     one for these inputs and this code, else compiled and kept there."""
-    folder = Path(cache_dir) if cache_dir is not None else user_cache_dir() / "programs"
+    folder = Path(cache_dir) if cache_dir is not None else programs_in(None)
     key = program_key(model, cluster, options)
     if key is None:
         return compile_fn(model, cluster, options)

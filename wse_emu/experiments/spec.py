@@ -305,15 +305,16 @@ class Execution:
     """Where the work runs: a dask ``scheduler``'s address, else ``workers`` local processes
     (0: one per core; 1: none, run here; without dask they are started fresh, so a script
     with ``workers`` other than 1 needs the usual ``if __name__ == "__main__":`` guard); stage
-    tables kept in ``cache_dir`` (None: the user's cache); ``progress(text)`` told of each
-    step of the work."""
+    tables and the layouts' programs kept in ``cache_dir`` (None: the user's cache);
+    ``progress(text)`` told of each step of the work."""
 
     scheduler: str | None = flagged(
         "dask scheduler address (default: local worker processes)", None, one_of="where")
     workers: int = flagged("local worker processes (0: one per core; 1: none, run here)", 0,
                            one_of="where")
     cache_dir: Path | str | None = flagged(
-        "where stage-time tables are kept (default: the user's cache)", None)
+        "where stage-time tables and the layouts' compiled programs are kept (default: "
+        "the user's cache)", None)
     progress: Callable | None = None  # the command line's progress lines
 
     def __post_init__(self):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wse_emu.compiler.cache import compile_cached, programs_in
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
@@ -37,8 +38,10 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     targets, so which layouts are tried does not depend on how long the runs are. ``probes``
     (every set of requests the experiment may serve) are checked against the model's
     positions. Layouts are compiled, and their stage tables timed over the space's grid, on
-    ``pool``'s workers (in this process without one). Returns (plan, name) -> Layout, and the
-    skipped."""
+    ``pool``'s workers (in this process without one); both are kept in ``cache`` for the next
+    experiment (the programs where ``wse-emu serve`` keeps them in it: a ``--cache-dir``
+    given by hand holds them too, so an empty one compiles them afresh).
+    Returns (plan, name) -> Layout, and the skipped."""
     copies, grid, layers_per_stage = space.copies, space.grid, space.layers_per_stage
     routing, attention_tile = timing.routing, timing.attention_tile
     splits = proposed_splits(model, cluster, space.splits)
@@ -65,7 +68,8 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
                                 attention_tile=attention_tile, layers_per_stage=depth,
                                 draft=timing.draft, draft_columns=columns, **split),)
                 for plan, _, split, depth, columns in batch]
-        run = (pool or HERE).bind(compile_or_why, (model, cluster))
+        run = (pool or HERE).bind(compile_or_why, (model, cluster,
+                                                    None if cache is None else programs_in(cache)))
         out = {}
         for (plan, name, split, depth, columns), (program, why) in zip(batch, run(jobs)):
             if program is not None:
@@ -151,11 +155,15 @@ def proposed_splits(model: ModelSpec, cluster: ClusterSpec, which: str = "all") 
     return splits if which == "all" else splits[len(splits) // 2:][:1]
 
 
-def compile_or_why(model: ModelSpec, cluster: ClusterSpec,
+def compile_or_why(model: ModelSpec, cluster: ClusterSpec, programs: Path | None,
                    options: CompileOptions) -> tuple[WaferProgram | None, str | None]:
-    """The program, or None and why it does not compile (a job for a worker pool)."""
+    """The program (read back from ``programs``, a ``compiler.cache`` folder, when it holds
+    it, else compiled and kept there; None: compiled, not kept), or None and why it does not
+    compile (a job for a worker pool)."""
     try:
-        return compile_model(model, cluster, options), None
+        if programs is None:
+            return compile_model(model, cluster, options), None
+        return compile_cached(model, cluster, options, compile_model, programs), None
     except CompileError as exc:
         return None, str(exc)
 
