@@ -39,9 +39,9 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
     (every set of requests the experiment may serve) are checked against the model's
     positions. Layouts are compiled, and their stage tables timed over the space's grid, on
     ``pool``'s workers (in this process without one); both are kept in ``cache`` for the next
-    experiment (the programs where ``wse-emu serve`` keeps them in it: a ``--cache-dir``
-    given by hand holds them too, so an empty one compiles them afresh).
-    Returns (plan, name) -> Layout, and the skipped."""
+    experiment, the programs in its ``programs`` folder (under the user's cache, the one
+    ``wse-emu serve`` reads; a cache given by hand holds them too, so an empty one compiles
+    them afresh). Returns (plan, name) -> Layout, and the skipped."""
     copies, grid, layers_per_stage = space.copies, space.grid, space.layers_per_stage
     routing, attention_tile = timing.routing, timing.attention_tile
     splits = proposed_splits(model, cluster, space.splits)
