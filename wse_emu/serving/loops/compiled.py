@@ -44,6 +44,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic, lower_getattr_generic, models, register_model
 from numba.core.typing.templates import AttributeTemplate, infer_getattr
 
+from wse_emu.util.hints import unlikely
 from wse_emu.util.progress import slow
 
 # Region roles and event kinds, as the arrays hold them.
@@ -853,7 +854,8 @@ def _pass(st, r, enter, d, p, label) -> float:
     t = enter
     if st.lz_on[r] == 0:
         # The stages' times first, so that the recurrence's chain of additions and maxima
-        # is all that is left in its loop.
+        # is all that is left in its loop. A stage still busy is a branch, not a maximum
+        # (``util.hints``): the chain then waits on its additions alone.
         times = st.times
         for s in range(stages):
             times[s] = _stage(lines, d, p, s)
@@ -861,7 +863,7 @@ def _pass(st, r, enter, d, p, label) -> float:
             if s:
                 t += hop
             f = free[w + s]
-            if f > t:
+            if unlikely(f > t):
                 t = f
             starts[w + s] = t
             t += times[s]
@@ -878,7 +880,7 @@ def _pass(st, r, enter, d, p, label) -> float:
                 ahead += lone_hop
             ahead += _stage(lines, ld, lp, s)
             f = ahead if s < stages - 1 else last
-            if f > t:
+            if unlikely(f > t):
                 t = f
             starts[w + s] = t
             t += _stage(lines, d, p, s)
