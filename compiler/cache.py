@@ -46,6 +46,15 @@ def programs_in(cache_dir: Path | None) -> Path:
     return (Path(cache_dir) if cache_dir is not None else user_cache_dir()) / PROGRAMS
 
 
+def compile_kept(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions, compile_fn,
+                 cache: Path | None) -> WaferProgram:
+    """``compile_cached`` into the programs folder of the cache folder ``cache``, where stage
+    tables are kept too (None: compiled, not kept)."""
+    if cache is None:
+        return compile_fn(model, cluster, options)
+    return compile_cached(model, cluster, options, compile_fn, programs_in(cache))
+
+
 def compile_cached(model: ModelSpec, cluster: ClusterSpec, options: CompileOptions,
                    compile_fn, cache_dir: Path | None = None) -> WaferProgram:
     """``compile_fn(model, cluster, options)``'s program, read from the cache when it holds

@@ -21,13 +21,13 @@ def test_programs_are_kept_under_the_cache_folder_given(tmp_path):
 def test_a_layout_compiled_once_is_read_back(tmp_path, monkeypatch):
     model, cluster = _inputs()
     folder = cache.programs_in(tmp_path)
-    first, why = wafer_layouts.compile_or_why(model, cluster, folder, CompileOptions())
+    first, why = wafer_layouts.compile_or_why(model, cluster, tmp_path, CompileOptions())
     assert why is None and len(list(folder.iterdir())) == 1
 
     def refuse(*args):
         raise AssertionError("compiled again, where the cache holds the program")
     monkeypatch.setattr(wafer_layouts, "compile_model", refuse)
-    second, why = wafer_layouts.compile_or_why(model, cluster, folder, CompileOptions())
+    second, why = wafer_layouts.compile_or_why(model, cluster, tmp_path, CompileOptions())
     assert why is None
     assert second.to_json() == first.to_json()
 
@@ -44,7 +44,7 @@ def test_a_layout_that_does_not_compile_says_why_and_keeps_nothing(tmp_path):
     model, cluster = _inputs()
     folder = cache.programs_in(tmp_path)
     # A region too small for the weights.
-    program, why = wafer_layouts.compile_or_why(model, cluster, folder,
+    program, why = wafer_layouts.compile_or_why(model, cluster, tmp_path,
                                                 CompileOptions(region=(2, 2)))
     assert program is None and "do not fit" in why
     assert not folder.exists() or not any(p for p in folder.iterdir()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wse_emu.compiler.cache import compile_cached, programs_in
+from wse_emu.compiler.cache import compile_kept
 from wse_emu.compiler.mapper import compile_model
 from wse_emu.compiler.options import CompileOptions
 from wse_emu.compiler.partition import disaggregated_splits, wafers_needed
@@ -68,8 +68,7 @@ def build_layouts(model: ModelSpec, cluster: ClusterSpec, probes: list[Requests]
                                 attention_tile=attention_tile, layers_per_stage=depth,
                                 draft=timing.draft, draft_columns=columns, **split),)
                 for plan, _, split, depth, columns in batch]
-        run = (pool or HERE).bind(compile_or_why, (model, cluster,
-                                                    None if cache is None else programs_in(cache)))
+        run = (pool or HERE).bind(compile_or_why, (model, cluster, cache))
         out = {}
         for (plan, name, split, depth, columns), (program, why) in zip(batch, run(jobs)):
             if program is not None:
@@ -155,15 +154,13 @@ def proposed_splits(model: ModelSpec, cluster: ClusterSpec, which: str = "all") 
     return splits if which == "all" else splits[len(splits) // 2:][:1]
 
 
-def compile_or_why(model: ModelSpec, cluster: ClusterSpec, programs: Path | None,
+def compile_or_why(model: ModelSpec, cluster: ClusterSpec, cache: Path | None,
                    options: CompileOptions) -> tuple[WaferProgram | None, str | None]:
-    """The program (read back from ``programs``, a ``compiler.cache`` folder, when it holds
-    it, else compiled and kept there; None: compiled, not kept), or None and why it does not
-    compile (a job for a worker pool)."""
+    """The program (read back from the cache folder ``cache`` when it holds it, else
+    compiled and kept there: ``compiler.cache.compile_kept``; None: compiled, not kept), or
+    None and why it does not compile (a job for a worker pool)."""
     try:
-        if programs is None:
-            return compile_model(model, cluster, options), None
-        return compile_cached(model, cluster, options, compile_model, programs), None
+        return compile_kept(model, cluster, options, compile_model, cache), None
     except CompileError as exc:
         return None, str(exc)
 

@@ -69,15 +69,13 @@ class WaferKind(PoolKind):
         fabric = name.hardware
         bands = {"region": (fabric.width // copies, fabric.height)} if copies > 1 else {}
         status(f"compiling {model.name} onto {self.label(side)} ({role})")
-        from wse_emu.compiler.cache import compile_cached, programs_in
+        from wse_emu.compiler.cache import compile_kept
         from wse_emu.compiler.mapper import compile_model  # with the engines under it
 
         try:
             # Kept beside the tables, as an experiment's wafer layouts are.
-            options = CompileOptions(plan="colocated", layers_per_stage=side.depth, **bands)
-            cluster = ClusterSpec(fabric, name.count)
-            program = (compile_model(model, cluster, options) if cache is None else
-                       compile_cached(model, cluster, options, compile_model, programs_in(cache)))
+            program = compile_kept(model, ClusterSpec(fabric, name.count), CompileOptions(
+                plan="colocated", layers_per_stage=side.depth, **bands), compile_model, cache)
         except CompileError as exc:  # its advice in this command's terms: wse3x4
             advice = re.sub(r"`systems=(\d+)`", rf"{fabric.name}x\1", str(exc))
             raise UserError(f"{role} pool {name.text}: {advice}") from None
