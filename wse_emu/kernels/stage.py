@@ -22,13 +22,14 @@ last layer's residual add (in the last stage: the LM head's argmax) is done.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from wse_emu.kernels import patterns
 from wse_emu.kernels.experts import RoutedAxis, deliver_route, layer_loads
-from wse_emu.kernels.graph import GraphBuilder
+from wse_emu.kernels.graph import GraphBuilder, GraphForm
 from wse_emu.kernels.patterns import Tile
 from wse_emu.kernels.patterns.vector import vector_tasks
 from wse_emu.kernels.primitives import (
@@ -194,10 +195,11 @@ class StageGraph:
     def entry_pes(self, st: Strip) -> np.ndarray:
         return st.pe[np.arange(st.pe.shape[0]), self.entries(st)]
 
-    def build(self):
+    def build(self, like: GraphForm | None = None):
         """The whole stage for the step: a prefill's token tiles one after another (their
         tasks interleave on the PEs, so tiles stream through the kernels). Returns the graph
-        and, per tile, the tasks that finish it."""
+        (on ``like``'s arrays where it is of that form, ``GraphBuilder.build``) and, per tile,
+        the tasks that finish it."""
         finals = []
         keys = None  # per layer, the tasks that placed the earlier tiles' keys
         for i, step in enumerate(self.step.tiles()):
@@ -205,7 +207,7 @@ class StageGraph:
             with self.g.prioritized(i):  # an earlier tile's work goes first on every PE
                 finals.append(self.build_tile(tile))
             keys = tile.keys_placed
-        return self.g.build(), finals
+        return self.g.build(like), finals
 
     def build_tile(self, tile: Tile) -> np.ndarray:
         ks, model = self.kernels, self.model
@@ -410,10 +412,29 @@ class StageGraph:
         return ready, at
 
 
+# The forms of the stage graphs built last (``GraphForm``), by program, stage and phase: a
+# stage table times one stage at shape after shape, and a decode's graph differs from one
+# shape to the next only in its costs. A form is a hint, checked whole before it is taken;
+# each is as large as its graph (a whole-wafer stage's, about a hundred megabytes), so only
+# a few are kept.
+FORMS_KEPT = 2
+_forms: dict = {}
+_forms_lock = threading.Lock()
+
+
 def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch):
     """(task graph, final tasks per token tile, kernel names by task kind) for one stage."""
     sg = StageGraph(program, stage, step)
-    graph, finals = sg.build()
+    key = (id(program), stage.id, step.phase, step.drafted)
+    with _forms_lock:
+        like = _forms.get(key)
+    graph, finals = sg.build(like)
+    if sg.g.form is not like:
+        with _forms_lock:
+            _forms.pop(key, None)
+            _forms[key] = sg.g.form
+            while len(_forms) > FORMS_KEPT:
+                del _forms[next(iter(_forms))]
     return graph, finals, sg.kind_names
 
 
