@@ -85,10 +85,17 @@ def test_stage_graphs_made_on_forms_are_those_made_from_nothing(program):
     for stage in p.stages:
         for step in steps():
             like = stages._forms.get((id(p), stage.id, step.phase, step.drafted))
-            got, finals, _ = stage_graph(p, stage, step)
+            got, finals, _ = stage_graph(p, stage, step, on_forms=True)
             want, want_finals = StageGraph(p, stage, step).build()
             assert_same_graph(got, want)
             assert all(np.array_equal(a, b) for a, b in zip(finals, want_finals))
             taken += like is not None and got.succ_ptr is like.graph.succ_ptr
     assert taken > 0  # most shapes of a stage's step are one graph with other costs
     assert len(stages._forms) <= stages.FORMS_KEPT
+
+
+def test_a_graph_built_alone_keeps_no_form(tiny_8x8):
+    stages._forms.clear()
+    for stage in tiny_8x8.stages:
+        stage_graph(tiny_8x8, stage, MicroBatch("decode", batch=2, context=64))
+    assert not stages._forms  # a step's stages built once each: nothing held for later

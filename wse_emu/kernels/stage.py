@@ -412,19 +412,25 @@ class StageGraph:
         return ready, at
 
 
-# The forms of the stage graphs built last (``GraphForm``), by program, stage and phase: a
-# stage table times one stage at shape after shape, and a decode's graph differs from one
-# shape to the next only in its costs. A form is a hint, checked whole before it is taken;
-# each is as large as its graph (a whole-wafer stage's, about a hundred megabytes), so only
-# a few are kept.
+# The forms of the stage graphs built last (``GraphForm``), by program, stage and phase, for
+# ``stage_graph(on_forms=True)``: a stage table times one stage at shape after shape, and a
+# decode's graph differs from one shape to the next only in its costs. A form is a hint,
+# checked whole before it is taken; each is as large as its graph (a whole-wafer stage's,
+# about a hundred megabytes), so only a few are kept.
 FORMS_KEPT = 2
 _forms: dict = {}
 _forms_lock = threading.Lock()
 
 
-def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch):
-    """(task graph, final tasks per token tile, kernel names by task kind) for one stage."""
+def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch, on_forms: bool = False):
+    """(task graph, final tasks per token tile, kernel names by task kind) for one stage;
+    with ``on_forms``, on the arrays of the last graph of the stage and phase where it is
+    of the same form (and kept as the next one's), for a caller that builds shape after
+    shape."""
     sg = StageGraph(program, stage, step)
+    if not on_forms:
+        graph, finals = sg.build()
+        return graph, finals, sg.kind_names
     key = (id(program), stage.id, step.phase, step.drafted)
     with _forms_lock:
         like = _forms.get(key)
@@ -436,7 +442,6 @@ def stage_graph(program: WaferProgram, stage: Stage, step: MicroBatch):
             while len(_forms) > FORMS_KEPT:
                 del _forms[next(iter(_forms))]
     return graph, finals, sg.kind_names
-
 
 
 def kernel_graph(program: WaferProgram, stage: Stage, name: str, step: MicroBatch):

@@ -392,7 +392,8 @@ def time_shape(program: WaferProgram, region: str, phase: str, engine: str, stag
     if stage >= 0:
         # A verify step whole: ``build_tables`` takes its first tile's cycles off, from the
         # decode table's at the same shape, which times that tile alone.
-        return float(stage_cycles(program, program.stages[stage], step, engine))
+        return float(stage_cycles(program, program.stages[stage], step, engine,
+                                  on_forms=True))
     stages = [program.stages[i] for i in program.region(region).stage_ids]
     return float(sum(region_transfers(program, stages, step, engine)[0]))
 

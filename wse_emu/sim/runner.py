@@ -301,11 +301,14 @@ def simulate_stage(program: WaferProgram, stage: Stage, step: MicroBatch, engine
                     graph.tasks, len(graph.msgs))
 
 
-def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str) -> int:
-    """The cycles ``step`` takes through ``stage`` on ``engine``, and nothing else."""
+def stage_cycles(program: WaferProgram, stage: Stage, step: MicroBatch, engine: str,
+                 on_forms: bool = False) -> int:
+    """The cycles ``step`` takes through ``stage`` on ``engine``, and nothing else
+    (``on_forms``: its graph built as ``kernels.stage.stage_graph`` says, for a caller timing
+    shape after shape)."""
     from wse_emu.kernels.stage import stage_graph
 
-    graph, _, _ = stage_graph(program, stage, step)
+    graph, _, _ = stage_graph(program, stage, step, on_forms)
     return makespan_of(*execute(graph, program.fabric, engine)[1:3])
 
 
