@@ -5,7 +5,8 @@ is often the same graph with other costs: the same calls with the same tasks, ed
 message routes, only the tasks' cycles and the messages' lengths differ. ``build`` given the
 form of a graph built before (``GraphForm``) checks that, call by call and array by array, and
 when it holds gives the new costs on the earlier graph's own arrays, rather than assembling
-them again (half of a graph's making); when it does not, it assembles the graph as ever.
+them again (about a third of a graph's making); when it does not, it assembles the graph as
+ever.
 """
 
 from __future__ import annotations
