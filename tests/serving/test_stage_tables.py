@@ -95,7 +95,7 @@ def test_a_stage_timed_for_one_program_is_not_timed_again_for_another(program, t
                           CompileOptions(region=(64, 64), bound_decode_context=1024))
     assert other.to_json() != program.to_json()
 
-    def timed(*args):
+    def timed(*args, **kwargs):
         raise AssertionError("a stage was simulated")
     monkeypatch.setattr(tables, "stage_cycles", timed)
     again = build_table(other, "mixed0", "decode", axes=((1, 2), (64, 128)),
