@@ -124,31 +124,21 @@ class GraphBuilder:
 
     def _made_like(self, form: GraphForm) -> bool:
         """Whether every call made the same tasks, edges and messages as ``form``'s did,
-        their cycles and lengths aside: the sizes first, which differ where the graph does
-        most often, then every array."""
+        their cycles and lengths aside (``_same`` compares shapes before bytes)."""
         if ((self.width, self.height) != (form.width, form.height)
                 or len(self._tasks) != len(form.tasks) or len(self._succ) != len(form.edges)
                 or len(self._msgs) != len(form.messages)):
             return False
-        if any(len(mine[0]) != len(theirs[0]) for mine, theirs in zip(self._tasks, form.tasks)) \
-                or any(len(mine[0]) != len(theirs[0])
-                       for mine, theirs in zip(self._succ, form.edges)) \
-                or any(len(mine[1]) != len(theirs[1]) or len(mine[6]) != len(theirs[5])
-                       for mine, theirs in zip(self._msgs, form.messages)):
-            return False
-        for (pe, _, kind, prio), (f_pe, f_kind, f_prio) in zip(self._tasks, form.tasks):
-            if kind != f_kind or prio != f_prio or not _same(pe, f_pe):
-                return False
-        for (before, after), (f_before, f_after) in zip(self._succ, form.edges):
-            if not (_same(before, f_before) and _same(after, f_after)):
-                return False
-        for (sender, src, dst, _, mode, vc, targets), theirs in zip(self._msgs, form.messages):
-            if mode != theirs[3] or not all(
-                    _same(a, b) for a, b in zip((sender, src, dst, vc, targets),
-                                                (theirs[0], theirs[1], theirs[2], theirs[4],
-                                                 theirs[5]))):
-                return False
-        return True
+        return (all(kind == f_kind and prio == f_prio and _same(pe, f_pe)
+                    for (pe, _, kind, prio), (f_pe, f_kind, f_prio)
+                    in zip(self._tasks, form.tasks))
+                and all(_same(before, f_before) and _same(after, f_after)
+                        for (before, after), (f_before, f_after) in zip(self._succ, form.edges))
+                and all(mode == f_mode and _same(sender, f_sender) and _same(src, f_src)
+                        and _same(dst, f_dst) and _same(vc, f_vc) and _same(targets, f_targets)
+                        for (sender, src, dst, _, mode, vc, targets),
+                        (f_sender, f_src, f_dst, f_mode, f_vc, f_targets)
+                        in zip(self._msgs, form.messages)))
 
     def _costed(self, graph: TaskGraph) -> TaskGraph:
         """``graph`` with this builder's task cycles and message lengths."""
