@@ -416,8 +416,10 @@ class StageGraph:
 # ``stage_graph(on_forms=True)``: a stage table times one stage at shape after shape, and a
 # decode's graph differs from one shape to the next only in its costs. A form is a hint,
 # checked whole before it is taken; each is as large as its graph (a whole-wafer stage's,
-# about a hundred megabytes), so only a few are kept.
-FORMS_KEPT = 2
+# about a hundred megabytes). A table worker takes one stage's shapes one after another, so
+# the last form is the one it asks for: a second kept cost a worker about 130 MiB of its peak
+# and bought no time (the quick-grid frontier's tables, timed both ways).
+FORMS_KEPT = 1
 _forms: dict = {}
 _forms_lock = threading.Lock()
 
