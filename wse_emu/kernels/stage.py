@@ -416,9 +416,10 @@ class StageGraph:
 # ``stage_graph(on_forms=True)``: a stage table times one stage at shape after shape, and a
 # decode's graph differs from one shape to the next only in its costs. A form is a hint,
 # checked whole before it is taken; each is as large as its graph (a whole-wafer stage's,
-# about a hundred megabytes). A table worker takes one stage's shapes one after another, so
-# the last form is the one it asks for: a second kept cost a worker about 130 MiB of its peak
-# and bought no time (the quick-grid frontier's tables, timed both ways).
+# about a hundred megabytes). Tables are timed stage by stage, a stage's shapes in turn (on
+# worker processes or threads alike), so the form asked for is the last one made: a second
+# kept cost a worker about 130 MiB of its peak and bought no time (the quick-grid frontier's
+# tables, timed both ways).
 FORMS_KEPT = 1
 _forms: dict = {}
 _forms_lock = threading.Lock()
