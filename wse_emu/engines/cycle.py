@@ -92,9 +92,16 @@ class CycleResult:
 
 def queue_bytes(width: int, height: int, vcs: int, queue_wavelets: int) -> int:
     """Bytes of the router queues the cycle engine allocates for a mesh: per router, five
-    input ports of ``vcs`` queues of ``queue_wavelets`` 8-byte entries, with 12 bytes of
-    head, length and credit per queue."""
-    return width * height * PORTS * vcs * (8 * queue_wavelets + 12)
+    input ports of ``vcs`` queues, each its first wavelet, ring index and length (16 bytes),
+    its credit (4 bytes) and a ring of 8-byte entries for the ``queue_wavelets - 1``
+    wavelets behind the first (one entry at least)."""
+    return width * height * PORTS * vcs * (8 * _ring_slots(queue_wavelets) + 20)
+
+
+def _ring_slots(queue_wavelets: int) -> int:
+    """Entries of a queue's ring: the wavelets behind its first (``Routers.qinfo``), at least
+    one so that no array has a dimension of zero."""
+    return max(queue_wavelets - 1, 1)
 
 
 def run(width: int, height: int, vcs: int, queue_wavelets: int, hop: int, ramp: int,
@@ -216,8 +223,13 @@ class Routers:
     """Every router's input queues, credits and link counts."""
 
     rinfo: np.int32  # (routers, _RINFO): per-router scalars (see the _POCC... offsets)
-    qinfo: np.int32  # (routers, PORTS, vcs, 2): per queue, its head's index in qbuf, its length
-    qbuf: np.int64  # (routers, PORTS, vcs, qcap): the queues' ring buffers of packed wavelets
+    # (routers, PORTS, vcs, 2): per queue, its first wavelet (``_pack``), and the index in
+    # its ring of the wavelet behind it (low 32 bits) with the queue's length (high 32 bits).
+    # A queue's first wavelet is kept beside its length, not in its ring, so that a router
+    # switching reads one line per queue: a queue seldom holds more than one wavelet below
+    # saturation, and then its ring is not touched at all.
+    qinfo: np.int64
+    qbuf: np.int64  # (routers, PORTS, vcs, ring): the rings of the wavelets behind the first
     # (routers, PORTS, vcs): free slots in the queue each output may still fill (0..3: the
     # neighbour's facing input port; RAMP: this router's injection queue)
     cred: np.int32
@@ -265,7 +277,7 @@ def _new_routers(mesh: Mesh) -> Routers:
     n, w = mesh.width * mesh.height, mesh.width
     routers = make(Routers, rinfo=Fill((n, _RINFO), 0),
                    qinfo=Fill((n, PORTS, mesh.vcs, 2), 0),
-                   qbuf=Fill((n, PORTS, mesh.vcs, mesh.qcap), 0),
+                   qbuf=Fill((n, PORTS, mesh.vcs, _ring_slots(mesh.qcap)), 0),
                    cred=Fill((n, PORTS, mesh.vcs), mesh.qcap), links=Fill((n, 4), 0),
                    active=Fill((n + 63) // 64, 0), step=[-w, 1, w, -1], opposite=[2, 3, 0, 1],
                    freed=Fill(n * PORTS, 0))
@@ -353,7 +365,7 @@ def _shaped(routers, mesh):
     n, vcs = mesh.width * mesh.height, mesh.vcs
     return Routers(with_shape(routers.rinfo, (n, _RINFO)),
                    with_shape(routers.qinfo, (n, PORTS, vcs, 2)),
-                   with_shape(routers.qbuf, (n, PORTS, vcs, mesh.qcap)),
+                   with_shape(routers.qbuf, (n, PORTS, vcs, max(mesh.qcap - 1, 1))),
                    with_shape(routers.cred, (n, PORTS, vcs)),
                    with_shape(routers.links, (n, 4)), routers.active, routers.step,
                    routers.opposite, routers.freed)
@@ -520,15 +532,10 @@ def _xy_port(x, y, dx, dy):
         The output port: EAST (1) or WEST (3) while x differs, then SOUTH (2, y grows) or
         NORTH (0), and RAMP (4) at the destination.
     """
-    if dx > x:
-        return 1  # EAST
-    if dx < x:
-        return 3  # WEST
-    if dy > y:
-        return 2  # SOUTH
-    if dy < y:
-        return 0  # NORTH
-    return RAMP
+    # Without branches: the port hangs on the destination, which no predictor guesses.
+    along_y = 4 - 2 * int(dy != y) - 2 * int(dy < y)  # SOUTH, NORTH or RAMP
+    along_x = 1 + 2 * int(dx < x)  # EAST or WEST
+    return along_y + int(dx != x) * (along_x - along_y)
 
 
 # A queued wavelet is one int64: its message id (low 32 bits) and what routing needs, so that
@@ -596,31 +603,48 @@ def _rotate(mask, first, size):
     return ((mask >> first) | (mask << (size - first))) & full
 
 
-@njit(cache=True)
+_LOW = (1 << 32) - 1  # the ring index in a queue's second word (``Routers.qinfo``)
+
+
+@njit(cache=True, inline="always")
 def _enqueue(routers, mesh, r, p, v, e):
     """Wavelet ``e`` (``_pack``) joins queue (port ``p``, color ``v``) of router ``r``, which
-    has room (its sender held a credit); the router becomes active."""
+    has room (its sender held a credit): as its first wavelet if it is empty, else at the
+    end of its ring; the router becomes active."""
     rinfo, qinfo = routers.rinfo, routers.qinfo
-    pos = qinfo[r, p, v, 0] + qinfo[r, p, v, 1]
-    if pos >= mesh.qcap:
-        pos -= mesh.qcap
-    routers.qbuf[r, p, v, pos] = e
-    qinfo[r, p, v, 1] += 1
+    state = qinfo[r, p, v, 1]
+    length = state >> 32
+    if length == 0:
+        qinfo[r, p, v, 0] = e
+    else:
+        pos = (state & _LOW) + length - 1
+        if pos >= mesh.qcap - 1:
+            pos -= mesh.qcap - 1
+        routers.qbuf[r, p, v, pos] = e
+    qinfo[r, p, v, 1] = state + (1 << 32)
     rinfo[r, p] |= 1 << v
     rinfo[r, _PMASK] |= 1 << p
     rinfo[r, _ROCC] += 1
     routers.active[r >> 6] |= 1 << (r & 63)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _dequeue(routers, mesh, r, p, v):
-    """The head wavelet of the non-empty queue (port ``p``, color ``v``) of router ``r``
-    leaves, and the port's color pointer moves past ``v``."""
+    """The first wavelet of the non-empty queue (port ``p``, color ``v``) of router ``r``
+    leaves, the next (if any) moving up from the ring, and the port's color pointer moves
+    past ``v``."""
     rinfo, qinfo = routers.rinfo, routers.qinfo
-    h = qinfo[r, p, v, 0] + 1
-    qinfo[r, p, v, 0] = 0 if h == mesh.qcap else h
-    qinfo[r, p, v, 1] -= 1
-    if qinfo[r, p, v, 1] == 0:
+    state = qinfo[r, p, v, 1]
+    length = state >> 32
+    head = state & _LOW
+    if length > 1:
+        qinfo[r, p, v, 0] = routers.qbuf[r, p, v, head]
+        head += 1
+        if head == mesh.qcap - 1:
+            head = 0
+    length -= 1
+    qinfo[r, p, v, 1] = head | (length << 32)
+    if length == 0:
         rinfo[r, p] &= ~(1 << v)
         if rinfo[r, p] == 0:
             rinfo[r, _PMASK] &= ~(1 << p)
@@ -689,7 +713,7 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
     Returns the three lists' new lengths, the wavelets that left a queue, and the extra
     copies made by line multicasts (a wavelet both passed on and delivered).
     """
-    rinfo, qinfo, qbuf, cred = routers.rinfo, routers.qinfo, routers.qbuf, routers.cred
+    rinfo, qinfo, cred = routers.rinfo, routers.qinfo, routers.cred
     vcs = mesh.vcs
     rx = rinfo[r, _X]
     ry = rinfo[r, _Y]
@@ -712,7 +736,7 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
             colors &= colors - 1
             if v >= vcs:
                 v -= vcs
-            e = qbuf[r, p, v, qinfo[r, p, v, 0]]
+            e = qinfo[r, p, v, 0]
             out = _xy_port(rx, ry, (e >> 32) & 0x7FFF, (e >> 47) & 0x7FFF)
             # A line multicast taps the ramp at every router after its source (where it
             # entered from the ramp).
