@@ -200,6 +200,10 @@ def test_router_queues_beyond_the_memory_limit_are_refused():
         cycle.run(128, 128, 32, 1024, 1, 2, msgs, 10)
     with pytest.raises(ValueError, match="1 to 32 virtual channels"):
         cycle.run(2, 2, 33, 8, 1, 2, Messages.build([0], [0], [1], [1], vc=32), 10)
+    # A credit is two bytes: a deeper queue than the fabric allows is refused, not wrapped.
+    for depth in (0, 1025):
+        with pytest.raises(ValueError, match="queues of 1 to 1024 wavelets"):
+            cycle.run(2, 2, 1, depth, 1, 2, msgs, 10)
 
 
 def test_noc_runs_on_the_fabric_routers():

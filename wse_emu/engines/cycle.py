@@ -64,7 +64,7 @@ from wse_emu.engines.records import (
     with_shape,
 )
 from wse_emu.engines.taskgraph import TaskGraph
-from wse_emu.hardware.fabric import MAX_VCS
+from wse_emu.hardware.fabric import MAX_QUEUE_WAVELETS, MAX_VCS
 
 # The router queues' memory (bytes) beyond which a run is refused: a typo in the queue depth
 # must not ask for tens of GiB.
@@ -93,9 +93,9 @@ class CycleResult:
 def queue_bytes(width: int, height: int, vcs: int, queue_wavelets: int) -> int:
     """Bytes of the router queues the cycle engine allocates for a mesh: per router, five
     input ports of ``vcs`` queues, each its first wavelet, ring index and length (16 bytes),
-    its credit (4 bytes) and a ring of 8-byte entries for the ``queue_wavelets - 1``
+    its credit (2 bytes) and a ring of 8-byte entries for the ``queue_wavelets - 1``
     wavelets behind the first (one entry at least)."""
-    return width * height * PORTS * vcs * (8 * _ring_slots(queue_wavelets) + 20)
+    return width * height * PORTS * vcs * (8 * _ring_slots(queue_wavelets) + 18)
 
 
 def _ring_slots(queue_wavelets: int) -> int:
@@ -115,7 +115,8 @@ def run(width: int, height: int, vcs: int, queue_wavelets: int, hop: int, ramp: 
     vcs : int
         Virtual channels per router port, 1..MAX_VCS (``FabricSpec.virtual_channels``).
     queue_wavelets : int
-        Wavelets each virtual channel's queue holds, >= 1 (``FabricSpec.queue_wavelets``).
+        Wavelets each virtual channel's queue holds, 1..MAX_QUEUE_WAVELETS
+        (``FabricSpec.queue_wavelets``).
     hop : int
         Cycles for a wavelet to cross one link, >= 1 (``FabricSpec.hop_latency_cycles``).
     ramp : int
@@ -157,8 +158,9 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
         Virtual channels per router port, 1..MAX_VCS (``FabricSpec.virtual_channels``): a
         message of color class ``c`` (``graph.msgs.vc``, >= 0) waits in queue ``c % vcs``.
     queue_wavelets : int
-        Wavelets each virtual channel's queue holds, >= 1 (``FabricSpec.queue_wavelets``);
-        with ``vcs`` it sets the queues' memory, refused beyond ``MAX_QUEUE_BYTES``.
+        Wavelets each virtual channel's queue holds, 1..MAX_QUEUE_WAVELETS
+        (``FabricSpec.queue_wavelets``); with ``vcs`` it sets the queues' memory, refused
+        beyond ``MAX_QUEUE_BYTES``.
     hop : int
         Cycles for a wavelet to cross one link, >= 1 (``FabricSpec.hop_latency_cycles``).
     ramp : int
@@ -185,8 +187,9 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
         raise ValueError("the cycle engine needs hop and ramp latency of at least one cycle")
     if not 1 <= vcs <= MAX_VCS:
         raise ValueError(f"the cycle engine models 1 to {MAX_VCS} virtual channels, got {vcs}")
-    if queue_wavelets < 1:
-        raise ValueError(f"queues must hold at least one wavelet, got {queue_wavelets}")
+    if not 1 <= queue_wavelets <= MAX_QUEUE_WAVELETS:
+        raise ValueError(f"the cycle engine models queues of 1 to {MAX_QUEUE_WAVELETS} "
+                         f"wavelets, got {queue_wavelets}")
     need = queue_bytes(graph.width, graph.height, vcs, queue_wavelets)
     if need > MAX_QUEUE_BYTES:
         raise ValueError(
@@ -231,8 +234,9 @@ class Routers:
     qinfo: np.int64
     qbuf: np.int64  # (routers, PORTS, vcs, ring): the rings of the wavelets behind the first
     # (routers, PORTS, vcs): free slots in the queue each output may still fill (0..3: the
-    # neighbour's facing input port; RAMP: this router's injection queue)
-    cred: np.int32
+    # neighbour's facing input port; RAMP: this router's injection queue); at most
+    # MAX_QUEUE_WAVELETS, so two bytes each: half the memory a switching router reads for them
+    cred: np.int16
     links: np.int64  # (routers, 4): wavelets sent per direction N, E, S, W
     active: np.int64  # (ceil(routers / 64),): bit set of the routers with queued wavelets
     step: np.int64  # (4,): router index offset of the neighbour in each direction
@@ -717,6 +721,20 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
     vcs = mesh.vcs
     rx = rinfo[r, _X]
     ry = rinfo[r, _Y]
+    if rinfo[r, _ROCC] == 1:
+        # One wavelet queued (most routers, below saturation): no port or color to arbitrate,
+        # no output taken before it; what the round-robin below would grant it, without the
+        # walk.
+        p = _lowest_bit(rinfo[r, _PMASK])
+        v = _lowest_bit(rinfo[r, p])
+        e = qinfo[r, p, v, 0]
+        out = _xy_port(rx, ry, (e >> 32) & 0x7FFF, (e >> 47) & 0x7FFF)
+        if out < 4 and cred[r, out, v] == 0:
+            return n_link, n_out, n_freed, 0, 0
+        tap = (e >> 62) & 1 == 1 and out != RAMP and p != RAMP
+        n_link, n_out, n_freed = _grant(r, p, v, e, out, tap, mesh, routers, moves, n_link,
+                                        n_out, n_freed)
+        return n_link, n_out, n_freed, 1, 1 if tap else 0
     used = 0  # bit mask of output ports taken this cycle
     moved = 0
     copies = 0
@@ -747,28 +765,37 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
                 continue
             if tap and used & (1 << RAMP):
                 continue
-            # Granted: the slot it frees is a credit for whoever feeds this queue.
-            _dequeue(routers, mesh, r, p, v)
+            n_link, n_out, n_freed = _grant(r, p, v, e, out, tap, mesh, routers, moves,
+                                            n_link, n_out, n_freed)
             moved += 1
-            if p < 4:
-                moves.freed[n_freed] = _queue_id(r + routers.step[p], routers.opposite[p], v)
-            else:
-                moves.freed[n_freed] = _queue_id(r, RAMP, v)
-            n_freed += 1
             used |= 1 << out
-            if out < 4:
-                moves.link_q[n_link] = _queue_id(r + routers.step[out], routers.opposite[out],
-                                                 v)
-                moves.link_e[n_link] = e
-                n_link += 1
-                cred[r, out, v] -= 1
-                routers.links[r, out] += 1
-            if out == RAMP or tap:
-                moves.out_r[n_out] = r
-                moves.out_m[n_out] = e & _MSG_MASK
-                n_out += 1
-                if tap:
-                    used |= 1 << RAMP
-                    copies += 1
+            if tap:
+                used |= 1 << RAMP
+                copies += 1
             break
     return n_link, n_out, n_freed, moved, copies
+
+
+@njit(cache=True, inline="always")
+def _grant(r, p, v, e, out, tap, mesh, routers, moves, n_link, n_out, n_freed):
+    """Wavelet ``e``, first in queue (port ``p``, color ``v``) of router ``r``, is granted
+    output ``out`` (and the ramp out too where it ``tap``s it): it leaves the queue, the slot
+    it frees goes on the freed list (a credit for whoever feeds the queue), and it goes on the
+    link list and/or the ramp-out list. Returns the three lists' new lengths."""
+    _dequeue(routers, mesh, r, p, v)
+    if p < 4:
+        moves.freed[n_freed] = _queue_id(r + routers.step[p], routers.opposite[p], v)
+    else:
+        moves.freed[n_freed] = _queue_id(r, RAMP, v)
+    n_freed += 1
+    if out < 4:
+        moves.link_q[n_link] = _queue_id(r + routers.step[out], routers.opposite[out], v)
+        moves.link_e[n_link] = e
+        n_link += 1
+        routers.cred[r, out, v] -= 1
+        routers.links[r, out] += 1
+    if out == RAMP or tap:
+        moves.out_r[n_out] = r
+        moves.out_m[n_out] = e & _MSG_MASK
+        n_out += 1
+    return n_link, n_out, n_freed
