@@ -94,8 +94,9 @@ def queue_bytes(width: int, height: int, vcs: int, queue_wavelets: int) -> int:
     """Bytes of the router queues the cycle engine allocates for a mesh: per router, five
     input ports of ``vcs`` queues, each its first wavelet, ring index and length (16 bytes),
     its credit (2 bytes) and a ring of 8-byte entries for the ``queue_wavelets - 1``
-    wavelets behind the first (one entry at least)."""
-    return width * height * PORTS * vcs * (8 * _ring_slots(queue_wavelets) + 18)
+    wavelets behind the first (one entry at least); and the router's lone wavelet (8
+    bytes, ``Routers.lone``)."""
+    return width * height * (PORTS * vcs * (8 * _ring_slots(queue_wavelets) + 18) + 8)
 
 
 def _ring_slots(queue_wavelets: int) -> int:
@@ -217,8 +218,9 @@ def run_graph(graph: TaskGraph, vcs: int, queue_wavelets: int, hop: int, ramp: i
 
 # Per-router scalars packed in one 64-byte row (one cache line): per input port a bit mask of
 # its non-empty color queues, the total of queued wavelets, a bit mask of the input ports with
-# anything queued, the arbitration start port, color round-robin pointers, x, y.
-_POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _RINFO = 0, 5, 6, 7, 8, 13, 14, 16
+# anything queued, the arbitration start port, color round-robin pointers, x, y, and where the
+# router's lone wavelet waits (``Routers.lone``).
+_POCC, _ROCC, _PMASK, _START, _VRR, _X, _Y, _LONE, _RINFO = 0, 5, 6, 7, 8, 13, 14, 15, 16
 
 
 @record
@@ -238,6 +240,11 @@ class Routers:
     # MAX_QUEUE_WAVELETS, so two bytes each: half the memory a switching router reads for them
     cred: np.int16
     links: np.int64  # (routers, 4): wavelets sent per direction N, E, S, W
+    # (routers,): the wavelet that arrived at a router holding none, kept here rather than in
+    # its queue while it is the router's only one (rinfo's _LONE: its queue, port << 5 |
+    # color; -1: none). Below saturation most wavelets move on the cycle they arrive, so most
+    # never touch a queue: this array is a few pages, where the queues are megabytes.
+    lone: np.int64
     active: np.int64  # (ceil(routers / 64),): bit set of the routers with queued wavelets
     step: np.int64  # (4,): router index offset of the neighbour in each direction
     opposite: np.int64  # (4,): the input port a wavelet sent in each direction arrives on
@@ -283,12 +290,13 @@ def _new_routers(mesh: Mesh) -> Routers:
                    qinfo=Fill((n, PORTS, mesh.vcs, 2), 0),
                    qbuf=Fill((n, PORTS, mesh.vcs, _ring_slots(mesh.qcap)), 0),
                    cred=Fill((n, PORTS, mesh.vcs), mesh.qcap), links=Fill((n, 4), 0),
-                   active=Fill((n + 63) // 64, 0), step=[-w, 1, w, -1], opposite=[2, 3, 0, 1],
-                   freed=Fill(n * PORTS, 0))
+                   lone=Fill(n, 0), active=Fill((n + 63) // 64, 0), step=[-w, 1, w, -1],
+                   opposite=[2, 3, 0, 1], freed=Fill(n * PORTS, 0))
     r = np.arange(n)
     routers.rinfo[:, _START] = r % PORTS
     routers.rinfo[:, _X] = r % w
     routers.rinfo[:, _Y] = r // w
+    routers.rinfo[:, _LONE] = -1
     return routers
 
 
@@ -371,8 +379,8 @@ def _shaped(routers, mesh):
                    with_shape(routers.qinfo, (n, PORTS, vcs, 2)),
                    with_shape(routers.qbuf, (n, PORTS, vcs, max(mesh.qcap - 1, 1))),
                    with_shape(routers.cred, (n, PORTS, vcs)),
-                   with_shape(routers.links, (n, 4)), routers.active, routers.step,
-                   routers.opposite, routers.freed)
+                   with_shape(routers.links, (n, 4)), routers.lone, routers.active,
+                   routers.step, routers.opposite, routers.freed)
 
 
 @njit(cache=True, inline="always")
@@ -435,12 +443,12 @@ def _land_in_queues(ls, rs, mesh, msgs, routers, flight):
     their router's queue (which has room: their sender held its credit). Returns how many."""
     for i in range(flight.link_count[ls]):
         r, p, v = _queue_parts(flight.link_q[ls, i])
-        _enqueue(routers, mesh, r, p, v, flight.link_e[ls, i])
+        _arrive(routers, mesh, r, p, v, flight.link_e[ls, i])
     for i in range(flight.in_count[rs]):
         m = flight.in_m[rs, i]
         _, _, dx, dy, line = route_ends(msgs.route[m])
         e = _pack(m, dx, dy, 1 if line else 0)
-        _enqueue(routers, mesh, flight.in_r[rs, i], RAMP, msgs.vc[m], e)
+        _arrive(routers, mesh, flight.in_r[rs, i], RAMP, msgs.vc[m], e)
     landed = flight.link_count[ls] + flight.in_count[rs]
     flight.link_count[ls] = 0
     flight.in_count[rs] = 0
@@ -611,6 +619,27 @@ _LOW = (1 << 32) - 1  # the ring index in a queue's second word (``Routers.qinfo
 
 
 @njit(cache=True, inline="always")
+def _arrive(routers, mesh, r, p, v, e):
+    """Wavelet ``e`` (``_pack``) arrives in queue (port ``p``, color ``v``) of router ``r``:
+    at a router holding nothing it waits as the router's lone wavelet (``Routers.lone``);
+    else it joins its queue, after the router's lone wavelet, if any, has joined its own
+    (each queue takes at most one wavelet a cycle, so their order is of no matter)."""
+    rinfo = routers.rinfo
+    if rinfo[r, _ROCC] == 0:
+        routers.lone[r] = e
+        rinfo[r, _LONE] = (p << 5) | v
+        rinfo[r, _ROCC] = 1
+        routers.active[r >> 6] |= 1 << (r & 63)
+        return
+    lone = rinfo[r, _LONE]
+    if lone >= 0:
+        rinfo[r, _LONE] = -1
+        rinfo[r, _ROCC] = 0
+        _enqueue(routers, mesh, r, lone >> 5, lone & 31, routers.lone[r])
+    _enqueue(routers, mesh, r, p, v, e)
+
+
+@njit(cache=True, inline="always")
 def _enqueue(routers, mesh, r, p, v, e):
     """Wavelet ``e`` (``_pack``) joins queue (port ``p``, color ``v``) of router ``r``, which
     has room (its sender held a credit): as its first wavelet if it is empty, else at the
@@ -722,12 +751,16 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
     rx = rinfo[r, _X]
     ry = rinfo[r, _Y]
     if rinfo[r, _ROCC] == 1:
-        # One wavelet queued (most routers, below saturation): no port or color to arbitrate,
+        # One wavelet held (most routers, below saturation): no port or color to arbitrate,
         # no output taken before it; what the round-robin below would grant it, without the
-        # walk.
-        p = _lowest_bit(rinfo[r, _PMASK])
-        v = _lowest_bit(rinfo[r, p])
-        e = qinfo[r, p, v, 0]
+        # walk. It is the router's lone wavelet unless it came to a queue behind others.
+        lone = rinfo[r, _LONE]
+        if lone >= 0:
+            p, v, e = lone >> 5, lone & 31, routers.lone[r]
+        else:
+            p = _lowest_bit(rinfo[r, _PMASK])
+            v = _lowest_bit(rinfo[r, p])
+            e = qinfo[r, p, v, 0]
         out = _xy_port(rx, ry, (e >> 32) & 0x7FFF, (e >> 47) & 0x7FFF)
         if out < 4 and cred[r, out, v] == 0:
             return n_link, n_out, n_freed, 0, 0
@@ -778,11 +811,17 @@ def _switch_router(r, t_port, mesh, routers, moves, n_link, n_out, n_freed):
 
 @njit(cache=True, inline="always")
 def _grant(r, p, v, e, out, tap, mesh, routers, moves, n_link, n_out, n_freed):
-    """Wavelet ``e``, first in queue (port ``p``, color ``v``) of router ``r``, is granted
-    output ``out`` (and the ramp out too where it ``tap``s it): it leaves the queue, the slot
-    it frees goes on the freed list (a credit for whoever feeds the queue), and it goes on the
-    link list and/or the ramp-out list. Returns the three lists' new lengths."""
-    _dequeue(routers, mesh, r, p, v)
+    """Wavelet ``e``, router ``r``'s lone wavelet or first in its queue (port ``p``, color
+    ``v``), is granted output ``out`` (and the ramp out too where it ``tap``s it): it leaves,
+    the slot it frees goes on the freed list (a credit for whoever feeds the queue), and it
+    goes on the link list and/or the ramp-out list. Returns the three lists' new lengths."""
+    if routers.rinfo[r, _LONE] >= 0:
+        # As its queue's dequeue would leave the router: empty, the color pointer moved.
+        routers.rinfo[r, _LONE] = -1
+        routers.rinfo[r, _ROCC] = 0
+        routers.rinfo[r, _VRR + p] = 0 if v + 1 == mesh.vcs else v + 1
+    else:
+        _dequeue(routers, mesh, r, p, v)
     if p < 4:
         moves.freed[n_freed] = _queue_id(r + routers.step[p], routers.opposite[p], v)
     else:
