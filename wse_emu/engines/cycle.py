@@ -23,9 +23,12 @@ injects at most one wavelet (``_inject``); freed credits return (``_return_credi
 multicast moves only when all the outputs it needs (the next hop and the local ramp) are free
 at once.
 
-Only routers with queued wavelets are visited, in index order. The order cannot change the
-outcome: a router's grants depend on its own queues and credits alone, each queue takes at most
-one arriving wavelet per cycle, and freed credits return only at the end of the cycle.
+Only routers holding wavelets are visited, in index order. (A wavelet that arrives at a router
+holding none waits outside the queues, as the router's lone wavelet, until it leaves or another
+arrives: ``Routers.lone``; it is granted as its queue's first would be.) The order cannot
+change the outcome: a router's grants depend on its own queues and credits alone, each queue
+takes at most one arriving wavelet per cycle, and freed credits return only at the end of the
+cycle.
 
 Zero-load latency of an M-wavelet message over H hops is H*hop + 2*ramp + (M - 1) cycles from
 the cycle it may start to the cycle its last wavelet reaches the PE.
@@ -245,7 +248,7 @@ class Routers:
     # color; -1: none). Below saturation most wavelets move on the cycle they arrive, so most
     # never touch a queue: this array is a few pages, where the queues are megabytes.
     lone: np.int64
-    active: np.int64  # (ceil(routers / 64),): bit set of the routers with queued wavelets
+    active: np.int64  # (ceil(routers / 64),): bit set of the routers holding wavelets
     step: np.int64  # (4,): router index offset of the neighbour in each direction
     opposite: np.int64  # (4,): the input port a wavelet sent in each direction arrives on
     # (PORTS * routers,): queues freed of a wavelet this cycle (``_queue_id``), whose feeder
