@@ -203,3 +203,20 @@ def test_the_engine_is_made_ready_before_the_workers_get_shapes(program, monkeyp
     monkeypatch.setattr(tables, "warm_engine", lambda engine: seen.append(("warm", engine)))
     build_table(program, "mixed0", "decode", axes=((1,), (64,)), pool=RecordingPool(seen))
     assert seen == [("warm", "fast"), "jobs"]
+
+
+def test_a_table_is_keyed_by_its_own_engines_code_alone():
+    """A change to one engine keeps the other's tables: each engine's timing code holds its
+    own module and what the engines share, not the other's, nor the plain-Python twins."""
+    from pathlib import Path
+
+    from wse_emu.engines import cycle, fast, reference, taskgraph
+    from wse_emu.serving.tables import _timing_sources
+
+    def held(engine, module):
+        return Path(module.__file__).read_bytes() in _timing_sources(engine)
+
+    assert held("fast", fast) and not held("fast", cycle)
+    assert held("cycle", cycle) and not held("cycle", fast)
+    assert held("fast", taskgraph) and held("cycle", taskgraph)
+    assert not held("fast", reference) and not held("cycle", reference)

@@ -241,12 +241,17 @@ def _position(x: list, a: float) -> tuple[int, float]:
     return i, (0.0 if len(x) == 1 else (a - x[i]) / (x[i + 1] - x[i]))
 
 
-def _timing_sources() -> bytes:
-    """The code a stage's time comes from (kernel patterns, the layouts their kernels name, the
-    layer description, the engines, the runner, the experts' routing): a cached table is reused
-    only while all of it is unchanged."""
+def _timing_sources(engine: str) -> bytes:
+    """The code a stage's time on ``engine`` comes from (kernel patterns, the layouts their
+    kernels name, the layer description, that engine and what the engines share, the runner,
+    the experts' routing): a cached table is reused only while all of it is unchanged. The
+    other engine's module and the engines' plain-Python twins are not in it: a change to the
+    cycle engine leaves the fast engine's tables as they were."""
     root = Path(__file__).resolve().parent.parent
-    files = sorted([*(root / "kernels").rglob("*.py"), *(root / "engines").glob("*.py"),
+    others = {module for name, module in ENGINE_MODULES.items() if name != engine}
+    engines = [f for f in (root / "engines").glob("*.py")
+               if f.name not in others and f.name != "reference.py"]
+    files = sorted([*(root / "kernels").rglob("*.py"), *engines,
                     *(root / "program" / name for name in TIMED_LAYOUTS),
                     root / "models" / "layer.py", root / "models" / "routing.py",
                     root / "sim" / "runner.py", root / "sim" / "shared_ends.py"])
@@ -255,19 +260,21 @@ def _timing_sources() -> bytes:
 
 # The program format's modules a stage's task graph reads (its other modules only describe it).
 TIMED_LAYOUTS = ("trees.py", "kvlayout.py", "expert_runs.py")
+# Each engine's own module in ``engines`` (the rest of the package the two share).
+ENGINE_MODULES = {"fast": "fast.py", "cycle": "cycle.py"}
 
 
-@lru_cache(maxsize=1)
-def _timing_digest() -> str:
-    """Read once, when a table is first looked up (not at import)."""
-    return hashlib.sha256(_timing_sources()).hexdigest()
+@lru_cache(maxsize=None)
+def _timing_digest(engine: str) -> str:
+    """Read once per engine, when a table is first looked up (not at import)."""
+    return hashlib.sha256(_timing_sources(engine)).hexdigest()
 
 
 def _key(what: str, where: list, phase: str, engine: str, axes) -> str:
     """A cache key: the timing code, ``what`` is timed (a program, or a stage's content),
     ``where`` in it (a region, or nothing), the phase, the engine and the grid."""
     digest = hashlib.sha256()
-    digest.update(_timing_digest().encode())
+    digest.update(_timing_digest(engine).encode())
     digest.update(what.encode())
     digest.update(json.dumps([*where, phase, engine, [list(map(int, a)) for a in axes]]).encode())
     return digest.hexdigest()[:24]
