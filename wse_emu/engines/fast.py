@@ -85,7 +85,10 @@ class Network:
     (``router_links`` turns the planes back into a per-router table)."""
 
     link_free: np.int64  # (4 * routers,): cycle each output link is free from, by plane
-    link_wavelets: np.int64  # (4 * routers,): wavelets each link sent, by plane
+    # (4 * routers + 1,): the wavelets each link sent, by plane, as differences while the
+    # engine runs: a message's straight run adds its length at its first link and takes it
+    # off after its last, so that a hop costs no write of its own; summed when it ends.
+    link_wavelets: np.int64
     ramp_in_free: np.int64  # (routers,): cycle each PE's ramp into its router is free from
     ramp_out_free: np.int64  # (routers,): the same for its ramp out (deliveries)
 
@@ -93,7 +96,7 @@ class Network:
 def _new_network(mesh: Mesh) -> Network:
     """Every link and ramp free from cycle 0, nothing sent."""
     n = mesh.width * mesh.height
-    return make(Network, link_free=Fill(4 * n, 0), link_wavelets=Fill(4 * n, 0),
+    return make(Network, link_free=Fill(4 * n, 0), link_wavelets=Fill(4 * n + 1, 0),
                 ramp_in_free=Fill(n, 0), ramp_out_free=Fill(n, 0))
 
 
@@ -146,7 +149,8 @@ def run(graph: TaskGraph, hop: int, ramp: int,
     last = _simulate(mesh, tasks, msgs, progress, cores, times, network, events)
     return RunResult(int(last), progress.start, progress.end, times.first, times.done,
                      times.point_done, cores.busy.reshape(graph.height, graph.width),
-                     router_links(network.link_wavelets, graph.width, graph.height))
+                     router_links(np.cumsum(network.link_wavelets[:-1]), graph.width,
+                                  graph.height))
 
 
 @njit(cache=True, nogil=True)  # stages of a step are timed on parallel threads
@@ -258,11 +262,9 @@ def _prefetch_cycle(mesh, events, tasks, progress, cores, msgs, network):
                 if dx != x:
                     li = (EAST if dx > x else WEST) * n + y * mesh.width + x
                     prefetch(network.link_free, li)
-                    prefetch(network.link_wavelets, li)
                 if dy != y:
                     li = (SOUTH if dy > y else NORTH) * n + dx * mesh.height + y
                     prefetch(network.link_free, li)
-                    prefetch(network.link_wavelets, li)
                 prefetch(network.ramp_out_free, dy * mesh.width + dx)
     for i in range(count):
         key = keys[i]
@@ -340,7 +342,7 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     queues ahead (``qcap`` per router), as a wormhole does.
     """
     width, height, hop, ramp = mesh.width, mesh.height, mesh.hop, mesh.ramp
-    link_free, link_wavelets = network.link_free, network.link_wavelets
+    link_free, link_wavelets = network.link_free, network.link_wavelets  # (differences)
     x, y, dx, dy, line = route_ends(msgs.route[m])
     s = y * width + x
     M = msgs.length[m]
@@ -370,6 +372,10 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
     for leg in range(2):
         count, stride, step, li = (count0, stride0, step0, li0) if leg == 0 else (
             count1, stride1, step1, li1)
+        if count > 0:  # the run's links, li to li + (count - 1) * step, each carry M
+            first = li if step > 0 else li + (count - 1) * step
+            link_wavelets[first] += M
+            link_wavelets[first + count] -= M
         for _ in range(count):
             t = link_free[li]
             if t > head:
@@ -377,7 +383,6 @@ def _send(m, now, mesh, msgs, tasks, progress, times, network, events, size):
             else:
                 t = head
             link_free[li] = t + M
-            link_wavelets[li] += M
             last_start = t
             crossed += 1
             r += stride
