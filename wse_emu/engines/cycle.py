@@ -380,7 +380,7 @@ def _shaped(routers, mesh):
     n, vcs = mesh.width * mesh.height, mesh.vcs
     return Routers(with_shape(routers.rinfo, (n, _RINFO)),
                    with_shape(routers.qinfo, (n, PORTS, vcs, 2)),
-                   with_shape(routers.qbuf, (n, PORTS, vcs, max(mesh.qcap - 1, 1))),
+                   with_shape(routers.qbuf, (n, PORTS, vcs, routers.qbuf.shape[3])),
                    with_shape(routers.cred, (n, PORTS, vcs)),
                    with_shape(routers.links, (n, 4)), routers.lone, routers.active,
                    routers.step, routers.opposite, routers.freed)
