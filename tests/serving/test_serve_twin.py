@@ -89,6 +89,7 @@ def assert_twins(requests, pools, options):
                  "from_cache", "from_host", "to_host"):
         assert np.array_equal(getattr(plain, name), getattr(compiled, name)), name
     assert plain.region == compiled.region
+    assert plain.caps == compiled.caps  # what the running cap and batch limit decided
     assert plain.regions == compiled.regions  # utilization, stall, KV peaks and means
     assert plain.kv_traces.keys() == compiled.kv_traces.keys()
     assert all(np.array_equal(plain.kv_traces[k], compiled.kv_traces[k]) for k in plain.kv_traces)

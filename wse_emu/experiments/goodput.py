@@ -26,6 +26,8 @@ import numpy as np
 
 from wse_emu.errors import UserError
 from wse_emu.experiments.intervals import interval, ratio_interval
+from wse_emu.serving.caps import CapUse
+from wse_emu.serving.knobs import ServingKnobs
 from wse_emu.serving.metrics import RunMetrics, UserSpeeds, judged_window, on_target, run_metrics
 from wse_emu.serving.policies import warm_loop
 from wse_emu.serving.serve import ServeOptions, serve
@@ -187,6 +189,7 @@ class Run:
     tpot_s: np.ndarray
     window: np.ndarray
     span_s: float
+    caps: CapUse = field(default_factory=CapUse)  # what its caps decided
 
 
 def serve_run(config: Config, requests: Requests, factor: float) -> Run:
@@ -201,7 +204,7 @@ def serve_run(config: Config, requests: Requests, factor: float) -> Run:
     metrics = run_metrics(result, reqs, None, None, steady=True, judged=judged)
     return Run(requests.offered_rate() * factor, metrics,
                _pressure(result.regions, metrics.duration_s), result.ttft_s(), result.tpot_s(),
-               judged.mask, metrics.duration_s)
+               judged.mask, metrics.duration_s, result.caps)
 
 
 def judge(run: Run, targets: Targets) -> Point:
@@ -220,11 +223,15 @@ def evaluate(config: Config, requests: Requests, factor: float, targets: Targets
 class RunBook:
     """The serving runs of an experiment, kept by what they served (the requests, the layouts
     and options, the configuration and the rate): judged against another target, a run is not
-    served again. ``run_points`` gives what ``run_searches`` calls."""
+    served again; nor is one its caps prove the same as a run served already (``caps``: a
+    configuration alike in all but its running cap and batch limit, at the same rate, whose
+    caps never stopped anything the other's would not). ``run_points`` gives what
+    ``run_searches`` calls."""
 
     def __init__(self, pool, serve_job):
         self.pool, self.serve_job = pool, serve_job  # serve_job(*shared, *job) -> Run
         self.runs: dict = {}
+        self.alike: dict = {}  # (shared key, job less its caps) -> [(caps, Run)]
         self.bound: dict = {}  # shared key -> (shared, bound function); keeps shared alive
 
     def run_points(self, shared: tuple, requests: Requests, targets: Targets):
@@ -240,18 +247,79 @@ class RunBook:
 
         def run_points(jobs, done=None):
             todo = [job for job in dict.fromkeys(jobs) if (key, job) not in self.runs]
-            known = len(jobs) - len(todo)
-            if todo:
+            finished = len(jobs) - len(todo)
+            # The loosest caps of each family first: their runs may stand for the others'.
+            for wave in loosest_first(todo):
+                left = [job for job in wave if not self._stand_in(key, job)]
+                if len(left) < len(wave):
+                    finished += len(wave) - len(left)
+                    if done is not None:
+                        done(finished)
+                if not left:
+                    continue
                 if self.pool.parallel:
                     # Compiled here once, a line saying so, for the workers to load.
                     warm_loop()
-                counted = None if done is None else (lambda count: done(known + count))
-                for job, run in zip(todo, serve_jobs(todo, done=counted)):
-                    self.runs[(key, job)] = run
-            elif done is not None and jobs:
+                counted = None if done is None else (
+                    lambda count, before=finished: done(before + count))
+                for job, run in zip(left, serve_jobs(left, done=counted)):
+                    self._keep(key, job, run)
+                finished += len(left)
+            if done is not None and jobs and not todo:
                 done(len(jobs))
             return [judge(self.runs[(key, job)], targets) for job in jobs]
         return run_points
+
+    def _keep(self, key, job, run: Run) -> None:
+        self.runs[(key, job)] = run
+        family, caps = split_caps(job)
+        if caps is not None:
+            self.alike.setdefault((key, family), []).append((caps, run))
+
+    def _stand_in(self, key, job) -> bool:
+        """Whether a run served already is proven the same as ``job``'s by its caps (kept as
+        ``job``'s if so)."""
+        family, caps = split_caps(job)
+        if caps is None:
+            return False
+        for ran, run in self.alike.get((key, family), ()):
+            if run.caps.same_under(ran, caps):
+                self.runs[(key, job)] = run
+                return True
+        return False
+
+
+def split_caps(job: tuple) -> tuple:
+    """A (configuration, factor) job less its caps (the configuration's running cap and batch
+    limit set to fixed values, so that jobs alike in all else share it), and its caps (None:
+    a configuration without serving knobs, which nothing stands in for)."""
+    choice, factor = job
+    if not isinstance(choice, ServingKnobs):
+        return job, None
+    return ((replace(choice, max_running=0, batch_limit=1), factor),
+            (choice.max_running, choice.batch_limit))
+
+
+def _looser(a: tuple | None, b: tuple | None) -> bool:
+    """Whether caps ``a`` (running cap, batch limit) stop no more than caps ``b`` do, and
+    differ from them."""
+    if a is None or b is None:
+        return False
+    running = a[0] == 0 or (b[0] != 0 and a[0] >= b[0])
+    return a != b and running and a[1] >= b[1]
+
+
+def loosest_first(jobs: list) -> list[list]:
+    """``jobs`` in two waves: those no other job of their family (``split_caps``) is looser
+    than, then the rest, which the first wave's runs may stand for."""
+    split = {job: split_caps(job) for job in jobs}
+    caps = {}
+    for family, cap in split.values():
+        caps.setdefault(family, []).append(cap)
+    tighter = {job for job, (family, cap) in split.items()
+               if any(_looser(other, cap) for other in caps[family])}
+    waves = ([job for job in jobs if job not in tighter], [job for job in jobs if job in tighter])
+    return [wave for wave in waves if wave]
 
 
 def _pressure(regions: dict, duration_s: float) -> Pressure:

@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit
 
 from wse_emu.errors import UserError
+from wse_emu.serving.caps import CapUse
 from wse_emu.serving.knobs import ServingKnobs
 from wse_emu.serving.loops.plain import serve_plain
 from wse_emu.serving.loops.state import serve_compiled
@@ -179,6 +180,9 @@ class ServeResult:
     from_cache: np.ndarray | None = None
     from_host: np.ndarray | None = None
     to_host: np.ndarray | None = None
+    # What its running cap and batch limit decided (``caps``), which says what other caps
+    # would have served it the same way.
+    caps: CapUse = field(default_factory=CapUse)
 
     def __post_init__(self):
         n = len(self.finish)
@@ -365,7 +369,7 @@ def _refusing(requests: Requests, pools: list, options, loop: str) -> ServeResul
         out.region[i] = inner.region[k]
     out.regions, out.kv_traces, out.timeline = inner.regions, inner.kv_traces, inner.timeline
     out.gap_request, out.gap_cycles = index[inner.gap_request], inner.gap_cycles
-    out.loop_s = inner.loop_s
+    out.loop_s, out.caps = inner.loop_s, inner.caps
     return out
 
 
@@ -389,7 +393,8 @@ class LoopOutput(NamedTuple):
     gap_request: np.ndarray
     gap_cycles: np.ndarray
     stats: list  # per pool: busy_prefill, busy_decode, decoded, stall, work, kv_blocked,
-    # reused, kv_used, trace (rows of cycle, KV tokens), events [(stage, start, end, label)]
+    # reused, kv_used, trace (rows of cycle, KV tokens), events [(stage, start, end, label)],
+    # and what its caps decided (``caps.CAP_COUNTERS``)
     loop_s: float  # wall seconds of the event loop itself
 
 
@@ -427,7 +432,8 @@ def _result(requests: Requests, pools: list, options, out: LoopOutput) -> ServeR
     return ServeResult(arrival, first, finish, made, where, clock, regions, timeline,
                        {p.name: s["trace"] for p, s in zip(pools, stats)},
                        gap_request, gap_cycles, requests, loop_s=loop_s,
-                       from_cache=from_cache, from_host=from_host, to_host=to_host)
+                       from_cache=from_cache, from_host=from_host, to_host=to_host,
+                       caps=CapUse.of(stats))
 
 
 def _mean_kv(trace: np.ndarray, start: float, end: float) -> float:

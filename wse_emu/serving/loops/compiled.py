@@ -178,6 +178,13 @@ FIELDS = (
     Field("work", REAL, BY_REGION),
     Field("kv_blocked", REAL, BY_REGION),
     Field("blocked_since", REAL, BY_REGION, NAN),
+    # What the caps decided (``serving.caps``): the most sequences a running-cap check found
+    # holding KV, and the checks that found the cap reached; the most sequences a decode
+    # micro-batch asked for, and the micro-batches the limit cut.
+    Field("running_peak", INT, BY_REGION),
+    Field("running_met", INT, BY_REGION),
+    Field("batch_peak", INT, BY_REGION),
+    Field("batch_met", INT, BY_REGION),
     Field("dispatching", INT, BY_REGION),  # its one dispatch is in the heap
     # --- each region's queues, as linked lists: prompts, ready and in-flight sequences
     Field("pq_head", INT, BY_REGION),
@@ -730,12 +737,31 @@ def serves_prefill(st, r) -> bool:
 @njit(cache=True, inline="always")
 def batch_size(st, r, limit) -> int:
     """Sequences for the next decode micro-batch: the decoding sequences spread over as many
-    micro-batches as the pipeline has stages, at most ``limit``."""
+    micro-batches as the pipeline has stages, at most ``limit``. What it asks for of the
+    ready sequences, and whether ``limit`` cut that, is noted (``serving.caps``)."""
     decoding = st.rq_len[r] + st.in_flight[r]
     stages = st.stages[r]
-    if decoding <= stages:  # the common case, without a division
-        return 1
-    return min(limit, (decoding + stages - 1) // stages)
+    # (the common case, without a division, first)
+    want = 1 if decoding <= stages else (decoding + stages - 1) // stages
+    asked = min(want, st.rq_len[r])  # the callers take no more than are ready
+    if asked > st.batch_peak[r]:
+        st.batch_peak[r] = asked
+    if asked > limit:
+        st.batch_met[r] += 1
+    return min(limit, want)
+
+
+@njit(cache=True, inline="always")
+def _capped(st, r) -> bool:
+    """Whether region ``r``'s running cap stops another sequence now; what it found is noted
+    (``serving.caps``)."""
+    n = st.running[r]
+    if n > st.running_peak[r]:
+        st.running_peak[r] = n
+    if st.maxrun[r] > 0 and n >= st.maxrun[r]:
+        st.running_met[r] += 1
+        return True
+    return False
 
 
 @njit(cache=True)
@@ -746,7 +772,7 @@ def admit(st, r, i, now) -> bool:
     tokens = st.need[i] if st.role[r] == MIXED else st.prompt[i]
     s = st.session[i]
     blocky = st.params[BLOCK_TOKENS] > 0
-    capped = st.maxrun[r] > 0 and st.role[r] != PREFILL and st.running[r] >= st.maxrun[r]
+    capped = st.role[r] != PREFILL and _capped(st, r)
     if capped or not (_block_room(st, r, i, tokens) if blocky
                       else _make_room(st, r, tokens, s, i)):
         if np.isnan(st.blocked_since[r]):
@@ -1076,7 +1102,7 @@ def _handoff_target(st, i) -> int:
     for q in range(st.params[REGIONS]):
         if st.role[q] == PREFILL or st.kv_used[q] + st.need[i] > st.cap[q]:
             continue
-        if st.maxrun[q] > 0 and st.running[q] >= st.maxrun[q]:
+        if _capped(st, q):
             continue
         if best < 0 or st.kv_used[q] < st.kv_used[best] or (
                 st.kv_used[q] == st.kv_used[best] and st.rank[q] < st.rank[best]):

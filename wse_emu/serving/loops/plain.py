@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wse_emu.serving.caps import CAP_COUNTERS
 from wse_emu.serving.loops.flowshop import advance
 from wse_emu.serving.speculation import acceptance_runs, draft_stages_of, speculating
 
@@ -167,6 +168,13 @@ class Counters:
     reused: int = 0  # prompt tokens not computed because their KV was cached
     restored: int = 0  # of those, tokens brought back from the host tier first
     parked: int = 0  # KV tokens sent to the host tier
+    # What the caps decided (``serving.caps``): the most sequences a running-cap check found
+    # holding KV, and the checks that found the cap reached; the most sequences a decode
+    # micro-batch asked for, and the micro-batches the limit cut.
+    running_peak: int = 0
+    running_met: int = 0
+    batch_peak: int = 0
+    batch_met: int = 0
 
 
 class RegionState:
@@ -186,6 +194,15 @@ class RegionState:
         # follow the first through the stages at ``verify``'s times (None, 0: plain decode).
         self.verify, self.drafts = speculating(pool)
         self.draft_stages = draft_stages_of(pool)
+
+    def capped(self) -> bool:
+        """Whether its running cap stops another sequence now; what it found is noted."""
+        c, n = self.counters, self.kv.running
+        c.running_peak = max(c.running_peak, n)
+        if self.max_running and n >= self.max_running:
+            c.running_met += 1
+            return True
+        return False
 
 
 class Event:
@@ -547,7 +564,7 @@ class Simulation:
         while self.handoffs:
             i, src = self.handoffs[0]
             room = [q for q in self.decoders if q.kv.used + self.need[i] <= q.kv.capacity
-                    and not (q.max_running and q.kv.running >= q.max_running)]
+                    and not q.capped()]
             if not room:
                 if self.head_blocked is None:
                     self.head_blocked = now
@@ -594,9 +611,15 @@ class Simulation:
     def batch_size(self, r: RegionState, limit: int) -> int:
         """Sequences for the next decode micro-batch: the decoding sequences spread over as
         many micro-batches as the pipeline has stages (so that every stage has one to work
-        on), at most ``limit``."""
+        on), at most ``limit``. What it asks for of the ready sequences, and whether
+        ``limit`` cut that, is noted (``serving.caps``)."""
         decoding = len(r.queues.ready) + r.queues.flying
-        return max(1, min(limit, -(-decoding // len(r.pipeline.free))))
+        want = max(1, -(-decoding // len(r.pipeline.free)))
+        asked = min(want, len(r.queues.ready))  # the callers take no more than are ready
+        c = r.counters
+        c.batch_peak = max(c.batch_peak, asked)
+        c.batch_met += asked > limit
+        return min(limit, want)
 
     def admit(self, r: RegionState, i: int, now: float) -> bool:
         """Admit request ``i``, at the head of ``r``'s queue, if its KV fits (giving up
@@ -606,7 +629,7 @@ class Simulation:
         tokens = self.holds(r, i)
         session = self.session[i]
         c = r.counters
-        capped = r.max_running and r.role != "prefill" and r.kv.running >= r.max_running
+        capped = r.role != "prefill" and r.capped()
         hits = self.cached_blocks(r, i) if self.block_ids is not None else ()
         parked = None if capped else r.kv.make_room(
             tokens, hits if self.block_ids is not None else (session,))
@@ -747,7 +770,7 @@ def serve_plain(requests, pools: list, options, policies: dict, caching: bool) -
               "decoded": c.decoded, "stall": c.stall, "work": c.work,
               "kv_blocked": c.kv_blocked, "reused": c.reused, "restored": c.restored,
               "parked": c.parked,
-              "kv_used": used,
+              "kv_used": used, **{name: getattr(c, name) for name in CAP_COUNTERS},
               "trace": np.array(trace, dtype=np.float64).reshape(-1, 2), "events": events}
              for c, used, trace, events in per_region]
     return (sim.arrival, sim.first, sim.finish, np.array(sim.made, dtype=np.int64), sim.where,

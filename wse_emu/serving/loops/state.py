@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from wse_emu.serving.caps import CAP_COUNTERS
 from wse_emu.serving.loops import compiled as cl
 from wse_emu.serving.policies import ROUTERS
 from wse_emu.serving.speculation import acceptance_runs, draft_stages_of, speculating
@@ -47,6 +48,7 @@ def serve_compiled(requests: Requests, pools: list, options, policies: dict,
                       "reused": int(st.reused[r]), "restored": int(st.restored[r]),
                       "parked": int(st.parked[r]),
                       "kv_used": int(st.kv_used[r]),
+                      **{name: int(getattr(st, name)[r]) for name in CAP_COUNTERS},
                       "trace": trace[owner == r] if len(pools) > 1 else trace,
                       "events": events})
     where = [names[w] if w >= 0 else "" for w in st.where.tolist()]
